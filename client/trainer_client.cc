@@ -1,0 +1,322 @@
+#include "client/trainer_client.h"
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/retry.h"
+#include "common/grpc_status.h"
+#include "common/proto_convert.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+
+namespace shardopt {
+namespace {
+
+// Room for a chunk plus its header, with margin for larger chunk_bytes.
+constexpr int kMaxMessageBytes = 64 << 20;
+
+// Runs fn(i) for i in [0, n) concurrently; returns the first error by index.
+absl::Status ForEachShard(size_t n, const std::function<absl::Status(size_t)>& fn) {
+  std::vector<absl::Status> statuses(n);
+  if (n == 1) {
+    statuses[0] = fn(0);
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] { statuses[i] = fn(i); });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (const absl::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct TrainerClient::Shard {
+  uint32_t index = 0;
+  std::string address;
+  std::unique_ptr<v1::ShardService::Stub> stub;
+  FlatRange range;
+
+  // "shard 1 (127.0.0.1:5000): <what>: <cause>", keeping the cause's code.
+  absl::Status Annotate(const absl::Status& status, const std::string& what) const {
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat("shard ", index, " (", address, "): ",
+                                                    what, ": ", status.message()));
+  }
+};
+
+absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
+    const std::vector<std::string>& shard_addresses, const TrainerClientOptions& options) {
+  if (shard_addresses.empty()) {
+    return absl::InvalidArgumentError("no shard addresses given");
+  }
+  if (options.chunk_bytes < sizeof(float) ||
+      options.chunk_bytes > static_cast<size_t>(kMaxMessageBytes) / 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes ", options.chunk_bytes, " is not in [4, 32 MiB]"));
+  }
+  std::vector<std::unique_ptr<Shard>> shards;
+  for (size_t i = 0; i < shard_addresses.size(); ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    // Each shard gets its own connection even when addresses repeat.
+    args.SetInt("shardopt.shard_index", static_cast<int>(i));
+    auto shard = std::make_unique<Shard>();
+    shard->index = static_cast<uint32_t>(i);
+    shard->address = shard_addresses[i];
+    shard->stub = v1::ShardService::NewStub(grpc::CreateCustomChannel(
+        shard_addresses[i], grpc::InsecureChannelCredentials(), args));
+    shards.push_back(std::move(shard));
+  }
+  return std::unique_ptr<TrainerClient>(new TrainerClient(options, std::move(shards)));
+}
+
+TrainerClient::TrainerClient(const TrainerClientOptions& options,
+                             std::vector<std::unique_ptr<Shard>> shards)
+    : options_(options), shards_(std::move(shards)) {}
+
+TrainerClient::~TrainerClient() = default;
+
+std::vector<float> TrainerClient::NewFlatBuffer() const {
+  return std::vector<float>(layout_ ? layout_->total_elements() : 0, 0.0f);
+}
+
+absl::Status TrainerClient::CheckBuffer(size_t size, const char* what) const {
+  if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
+  if (size != layout_->total_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", size,
+                                                   " elements; the layout needs ",
+                                                   layout_->total_elements()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainerClient::Register(const ModelSpec& spec,
+                                     absl::Span<const float> initial_params) {
+  return RegisterOrAttach(spec, initial_params);
+}
+
+absl::Status TrainerClient::Attach(const ModelSpec& spec) {
+  return RegisterOrAttach(spec, std::nullopt);
+}
+
+absl::Status TrainerClient::RegisterOrAttach(
+    const ModelSpec& spec, std::optional<absl::Span<const float>> initial_params) {
+  if (options_.trainer_rank >= spec.num_trainers) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", options_.trainer_rank,
+                                                   " is not below num_trainers ",
+                                                   spec.num_trainers));
+  }
+  absl::StatusOr<ModelLayout> layout =
+      ModelLayout::Create(spec.tensors, spec.alignment, shard_count());
+  if (!layout.ok()) return layout.status();
+  if (absl::Status s = spec.optimizer.Validate(); !s.ok()) return s;
+  if (initial_params && initial_params->size() != layout->total_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat("initial parameters have ",
+                                                   initial_params->size(),
+                                                   " elements; the layout needs ",
+                                                   layout->total_elements()));
+  }
+  v1::ModelConfig config;
+  config.set_model_id(spec.model_id);
+  *config.mutable_layout() = LayoutToProto(*layout);
+  config.mutable_layout()->set_alignment(spec.alignment);
+  *config.mutable_optimizer() = OptimizerConfigToProto(spec.optimizer);
+  config.set_num_trainers(spec.num_trainers);
+  config.set_reduction(spec.reduction == GradientReduction::kSum ? v1::GRADIENT_REDUCTION_SUM
+                                                                 : v1::GRADIENT_REDUCTION_MEAN);
+  config.set_shard_count(shard_count());
+
+  std::vector<int64_t> versions(shards_.size(), 0);
+  absl::Status status = ForEachShard(shards_.size(), [&](size_t i) -> absl::Status {
+    Shard& shard = *shards_[i];
+    const FlatRange range = layout->ShardRange(shard.index);
+    RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
+                       options_.initial_backoff, options_.max_backoff};
+    auto attempt = [&]() -> absl::Status {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      v1::RegisterModelResponse response;
+      std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
+          shard.stub->RegisterModel(&context, &response);
+      v1::RegisterModelRequest request;
+      v1::RegisterHeader* header = request.mutable_header();
+      *header->mutable_config() = config;
+      header->set_shard_index(shard.index);
+      header->set_attach_only(!initial_params);
+      bool open = writer->Write(request);
+      if (initial_params) {
+        const size_t chunk = options_.chunk_bytes / sizeof(float);
+        for (uint64_t off = 0; open && off < range.size(); off += chunk) {
+          const uint64_t count = std::min<uint64_t>(chunk, range.size() - off);
+          v1::TensorChunk* values = request.mutable_values();
+          values->set_offset(off);
+          values->set_data(initial_params->data() + range.begin + off, count * sizeof(float));
+          open = writer->Write(request);
+        }
+      }
+      // A server that answers early (the model already exists) closes the
+      // stream: Finish() then carries its answer.
+      if (open) writer->WritesDone();
+      absl::Status s = ToAbslStatus(writer->Finish());
+      if (!s.ok()) return s;
+      if (response.range().begin() != range.begin || response.range().end() != range.end) {
+        return absl::InternalError(absl::StrCat(
+            "server reports range [", response.range().begin(), ", ", response.range().end(),
+            ") but the layout gives [", range.begin, ", ", range.end, ")"));
+      }
+      versions[i] = response.version();
+      return absl::OkStatus();
+    };
+    auto retryable = [&](const absl::Status& s) {
+      return IsRetryable(s) || (!initial_params && absl::IsNotFound(s));
+    };
+    return shard.Annotate(RetryWithBackoff(policy, attempt, retryable),
+                          initial_params ? "RegisterModel" : "RegisterModel (attach)");
+  });
+  if (!status.ok()) return status;
+  for (auto& shard : shards_) shard->range = layout->ShardRange(shard->index);
+  layout_ = std::move(*layout);
+  model_id_ = spec.model_id;
+  registered_version_ = *std::min_element(versions.begin(), versions.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const float> flat_grads) {
+  if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
+  std::vector<v1::PushGradientsResponse> responses(shards_.size());
+  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff,
+                           options_.max_backoff};
+  absl::Status status = ForEachShard(shards_.size(), [&](size_t i) -> absl::Status {
+    Shard& shard = *shards_[i];
+    auto attempt = [&]() -> absl::Status {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      v1::PushGradientsResponse& response = responses[i];
+      std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
+          shard.stub->PushGradients(&context, &response);
+      v1::PushGradientsRequest request;
+      v1::PushHeader* header = request.mutable_header();
+      header->set_model_id(model_id_);
+      header->set_trainer_rank(options_.trainer_rank);
+      header->set_step(step);
+      header->set_shard_index(shard.index);
+      header->set_num_elements(shard.range.size());
+      header->set_dtype(v1::DTYPE_FLOAT32);
+      bool open = writer->Write(request);
+      const size_t chunk = options_.chunk_bytes / sizeof(float);
+      for (uint64_t off = 0; open && off < shard.range.size(); off += chunk) {
+        const uint64_t count = std::min<uint64_t>(chunk, shard.range.size() - off);
+        v1::TensorChunk* data = request.mutable_chunk();
+        data->set_offset(off);
+        data->set_data(flat_grads.data() + shard.range.begin + off, count * sizeof(float));
+        open = writer->Write(request);
+      }
+      if (open) writer->WritesDone();
+      return ToAbslStatus(writer->Finish());
+    };
+    return shard.Annotate(RetryWithBackoff(policy, attempt),
+                          absl::StrCat("PushGradients step ", step));
+  });
+  if (!status.ok()) return status;
+  StepResult result;
+  result.step = step;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const v1::PushGradientsResponse& r = responses[i];
+    if (r.outcome() == v1::PushGradientsResponse::OUTCOME_APPLIED) result.applied_here = true;
+    if (r.outcome() == v1::PushGradientsResponse::OUTCOME_DUPLICATE ||
+        r.outcome() == v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
+      ++result.duplicate_pushes;
+    }
+    result.bytes_pushed += shards_[i]->range.size() * sizeof(float);
+  }
+  return result;
+}
+
+absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<float> flat_params) {
+  if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
+  std::vector<int64_t> versions(shards_.size(), -1);
+  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff,
+                           options_.max_backoff};
+  absl::Status status = ForEachShard(shards_.size(), [&](size_t i) -> absl::Status {
+    Shard& shard = *shards_[i];
+    auto attempt = [&]() -> absl::Status {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      v1::PullParametersRequest request;
+      request.set_model_id(model_id_);
+      request.set_min_version(min_version);
+      request.set_shard_index(shard.index);
+      request.set_dtype(v1::DTYPE_FLOAT32);
+      std::unique_ptr<grpc::ClientReader<v1::PullParametersResponse>> reader =
+          shard.stub->PullParameters(&context, request);
+      v1::PullParametersResponse response;
+      uint64_t received = 0;
+      int64_t version = -1;
+      absl::Status bad;
+      while (reader->Read(&response)) {
+        const v1::TensorChunk& chunk = response.chunk();
+        const std::string& data = chunk.data();
+        if (version < 0) version = response.version();
+        if (response.version() != version || chunk.offset() != received ||
+            data.size() % sizeof(float) != 0 ||
+            data.size() / sizeof(float) > shard.range.size() - received) {
+          bad = absl::InternalError(absl::StrCat("malformed pull chunk at element ",
+                                                 chunk.offset(), " (version ",
+                                                 response.version(), ")"));
+          context.TryCancel();
+          break;
+        }
+        std::memcpy(flat_params.data() + shard.range.begin + received, data.data(),
+                    data.size());
+        received += data.size() / sizeof(float);
+      }
+      absl::Status s = ToAbslStatus(reader->Finish());
+      if (!bad.ok()) return bad;
+      if (!s.ok()) return s;
+      if (received != shard.range.size()) {
+        return absl::InternalError(absl::StrCat("pull ended after ", received, " of ",
+                                                shard.range.size(), " elements"));
+      }
+      versions[i] = version;
+      return absl::OkStatus();
+    };
+    return shard.Annotate(RetryWithBackoff(policy, attempt),
+                          absl::StrCat("PullParameters version >= ", min_version));
+  });
+  if (!status.ok()) return status;
+  for (size_t i = 1; i < versions.size(); ++i) {
+    if (versions[i] != versions[0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shards disagree on the version: shard 0 is at ", versions[0], ", shard ", i,
+          " at ", versions[i]));
+    }
+  }
+  return versions[0];
+}
+
+absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const float> flat_grads,
+                                               absl::Span<float> flat_params) {
+  absl::StatusOr<StepResult> result = Push(step, flat_grads);
+  if (!result.ok()) return result;
+  absl::StatusOr<int64_t> version = Pull(step, flat_params);
+  if (!version.ok()) return version.status();
+  result->version = *version;
+  result->bytes_pulled = flat_params.size() * sizeof(float);
+  return result;
+}
+
+}  // namespace shardopt

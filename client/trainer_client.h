@@ -1,0 +1,129 @@
+// TrainerClient: what a trainer process links to train against shardopt.
+//
+// One TrainerClient is one trainer (rank r of T) of one model, connected to
+// the model's S shard servers (addresses in shard order). It never includes
+// server code: it speaks only the wire contract in proto/.
+//
+//   auto client = TrainerClient::Connect(addresses, options);   // rank, model
+//   (*client)->Register(spec, initial_flat_params);  // rank 0
+//   (*client)->Attach(spec);                         // every other rank
+//   for (step = 1..N):
+//     compute grads into a flat buffer laid out by (*client)->layout()
+//     (*client)->Step(step, grads, params);  // push to all shards, pull version `step`
+//
+// Tensors live in flat buffers of layout().total_elements() floats (see
+// common/layout.h); the client slices them by shard, talks to all shards
+// concurrently, streams chunks of `chunk_bytes`, and writes pulled values
+// straight into the caller's buffer. Calls that are idempotent on the server
+// (register, attach, push per (rank, step), pull) are retried with
+// exponential backoff on UNAVAILABLE, ABORTED and DEADLINE_EXCEEDED of a
+// single attempt. Errors name the shard, its address and the cause. A
+// TrainerClient is not thread-safe: one trainer thread drives it.
+#ifndef SHARDOPT_CLIENT_TRAINER_CLIENT_H_
+#define SHARDOPT_CLIENT_TRAINER_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/layout.h"
+#include "common/optimizer_config.h"
+
+namespace shardopt {
+
+enum class GradientReduction { kMean, kSum };
+
+// The model every trainer of a job declares identically.
+struct ModelSpec {
+  std::string model_id;
+  std::vector<TensorSpec> tensors;
+  uint32_t alignment = 0;  // 0: ModelLayout::kDefaultAlignment.
+  OptimizerConfig optimizer;
+  uint32_t num_trainers = 1;
+  GradientReduction reduction = GradientReduction::kMean;
+};
+
+struct TrainerClientOptions {
+  uint32_t trainer_rank = 0;
+  // Deadline of each single RPC attempt (a pull waiting for slower trainers
+  // counts against it).
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  // Total time a call keeps retrying retryable failures.
+  absl::Duration retry_budget = absl::Seconds(60);
+  absl::Duration initial_backoff = absl::Milliseconds(20);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // How long Attach() waits for rank 0 to register the model.
+  absl::Duration attach_timeout = absl::Seconds(60);
+  // Bytes of tensor data per streamed message.
+  size_t chunk_bytes = 4 << 20;
+};
+
+// What one step did, as the shards reported it.
+struct StepResult {
+  int64_t step = 0;
+  int64_t version = 0;       // Version pulled (== step when pulled).
+  bool applied_here = false;  // This trainer's push completed the step on some shard.
+  int duplicate_pushes = 0;   // Shards that already had this push (e.g. after a retry).
+  uint64_t bytes_pushed = 0;
+  uint64_t bytes_pulled = 0;
+};
+
+class TrainerClient {
+ public:
+  // Opens one channel per shard. Does not contact the servers.
+  static absl::StatusOr<std::unique_ptr<TrainerClient>> Connect(
+      const std::vector<std::string>& shard_addresses, const TrainerClientOptions& options);
+  ~TrainerClient();
+
+  // Registers the model on every shard with `initial_params` (a flat buffer
+  // of the spec's layout; padding must be zero). Idempotent: a shard that
+  // already holds an equal model keeps its state. FAILED_PRECONDITION when a
+  // shard holds a different model under the same id.
+  absl::Status Register(const ModelSpec& spec, absl::Span<const float> initial_params);
+  // Joins a model that another trainer registers, waiting up to
+  // attach_timeout for it to appear on every shard.
+  absl::Status Attach(const ModelSpec& spec);
+
+  // Valid after Register or Attach.
+  const ModelLayout& layout() const { return *layout_; }
+  uint32_t trainer_rank() const { return options_.trainer_rank; }
+  uint32_t shard_count() const { return static_cast<uint32_t>(shards_.size()); }
+  // The shard versions seen by the last Register/Attach (min over shards).
+  int64_t registered_version() const { return registered_version_; }
+
+  // Pushes this trainer's gradient for `step` to every shard.
+  absl::StatusOr<StepResult> Push(int64_t step, absl::Span<const float> flat_grads);
+  // Pulls every shard's parameters at version >= min_version into
+  // `flat_params`; returns the version (the same on every shard, else
+  // FAILED_PRECONDITION).
+  absl::StatusOr<int64_t> Pull(int64_t min_version, absl::Span<float> flat_params);
+  // Push(step) then Pull(step).
+  absl::StatusOr<StepResult> Step(int64_t step, absl::Span<const float> flat_grads,
+                                  absl::Span<float> flat_params);
+
+  // A zero-filled flat buffer of the layout's size.
+  std::vector<float> NewFlatBuffer() const;
+
+ private:
+  struct Shard;
+  TrainerClient(const TrainerClientOptions& options, std::vector<std::unique_ptr<Shard>> shards);
+
+  absl::Status RegisterOrAttach(const ModelSpec& spec,
+                                std::optional<absl::Span<const float>> initial_params);
+  absl::Status CheckBuffer(size_t size, const char* what) const;
+
+  TrainerClientOptions options_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::optional<ModelLayout> layout_;
+  std::string model_id_;
+  int64_t registered_version_ = 0;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_CLIENT_TRAINER_CLIENT_H_

@@ -1,0 +1,15 @@
+// Scans of fp32 payloads for values that must never reach an optimizer.
+#ifndef SHARDOPT_COMMON_FINITE_H_
+#define SHARDOPT_COMMON_FINITE_H_
+
+#include <cstddef>
+
+namespace shardopt {
+
+// Index of the first NaN or infinity in data[0, n), or n when all are finite.
+// Branch-free per block so that the common all-finite case vectorises.
+size_t FindNonFinite(const float* data, size_t n);
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_COMMON_FINITE_H_

@@ -1,0 +1,100 @@
+// ModelLayout: where every tensor of a model lives in one flat buffer, and
+// which contiguous range of that buffer each of S optimizer shards owns.
+//
+// Megatron/ZeRO-1 style. Tensors are placed in declaration order, each starting
+// at a multiple of `alignment` elements; the buffer is then padded to a
+// multiple of shard_count * alignment, so it splits into shard_count ranges of
+// exactly equal size, each starting on an alignment boundary. Shard i owns
+// [i * total / S, (i + 1) * total / S). A tensor may straddle shards. Gaps and
+// the tail are padding: zeros that receive zero gradients.
+//
+// The same code computes the layout on trainers and servers, so both agree on
+// every offset. A ModelLayout is immutable and cheap to copy.
+#ifndef SHARDOPT_COMMON_LAYOUT_H_
+#define SHARDOPT_COMMON_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+
+namespace shardopt {
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // Empty: a scalar.
+  DType dtype = DType::kFloat32;
+
+  // Product of the dimensions (1 for a scalar).
+  uint64_t num_elements() const;
+};
+
+// A tensor and its place in the flat buffer.
+struct TensorPlacement {
+  TensorSpec spec;
+  uint64_t offset = 0;  // First element in the flat buffer.
+  uint64_t size = 0;    // Number of elements.
+};
+
+// A half-open range [begin, end) of flat-buffer elements.
+struct FlatRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t size() const { return end - begin; }
+};
+
+// The part of one tensor that lies inside a given flat range.
+struct TensorPiece {
+  size_t tensor_index = 0;
+  uint64_t tensor_offset = 0;  // First element of the tensor in the piece.
+  uint64_t flat_offset = 0;    // Where that element lies in the flat buffer.
+  uint64_t size = 0;
+};
+
+class ModelLayout {
+ public:
+  static constexpr uint32_t kDefaultAlignment = 64;
+
+  // INVALID_ARGUMENT for an empty or duplicate name, a negative dimension, a
+  // size that overflows, alignment not a power of two (0 selects the default),
+  // or shard_count == 0.
+  static absl::StatusOr<ModelLayout> Create(std::vector<TensorSpec> tensors,
+                                            uint32_t alignment, uint32_t shard_count);
+
+  const std::vector<TensorPlacement>& tensors() const { return tensors_; }
+  uint32_t alignment() const { return alignment_; }
+  uint32_t shard_count() const { return shard_count_; }
+
+  // Elements in the padded flat buffer (a multiple of shard_count * alignment).
+  uint64_t total_elements() const { return total_elements_; }
+  // Elements actually used by tensors (no padding).
+  uint64_t used_elements() const { return used_elements_; }
+  // Elements of each shard's range (all equal).
+  uint64_t shard_size() const { return total_elements_ / shard_count_; }
+
+  // The range shard `shard_index` (< shard_count) owns.
+  FlatRange ShardRange(uint32_t shard_index) const;
+
+  // Index of the tensor called `name`, or NOT_FOUND.
+  absl::StatusOr<size_t> Find(absl::string_view name) const;
+
+  // The pieces of tensors inside `range`, in flat order (padding omitted).
+  std::vector<TensorPiece> PiecesIn(FlatRange range) const;
+
+ private:
+  ModelLayout() = default;
+
+  std::vector<TensorPlacement> tensors_;
+  uint32_t alignment_ = kDefaultAlignment;
+  uint32_t shard_count_ = 1;
+  uint64_t total_elements_ = 0;
+  uint64_t used_elements_ = 0;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_COMMON_LAYOUT_H_

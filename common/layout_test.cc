@@ -1,0 +1,179 @@
+#include "common/layout.h"
+
+#include <random>
+#include <vector>
+
+#include "common/proto_convert.h"
+#include "gtest/gtest.h"
+
+namespace shardopt {
+namespace {
+
+std::vector<TensorSpec> RandomTensors(std::mt19937_64& rng, int count) {
+  std::vector<TensorSpec> specs;
+  std::uniform_int_distribution<int> rank_dist(0, 3);
+  std::uniform_int_distribution<int> dim_dist(0, 37);
+  for (int i = 0; i < count; ++i) {
+    TensorSpec spec;
+    spec.name = "t" + std::to_string(i);
+    const int rank = rank_dist(rng);
+    for (int d = 0; d < rank; ++d) spec.shape.push_back(dim_dist(rng));
+    specs.push_back(spec);
+  }
+  return specs;
+}
+
+// Every element owned by exactly one shard, ranges equal and aligned, tensors
+// placed without overlap, and tensors reassembled exactly from shard pieces.
+TEST(ModelLayoutTest, PartitionPropertiesOnRandomModels) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const uint32_t shards = 1 + trial % 7;
+    const uint32_t alignment = 1u << (trial % 8);
+    absl::StatusOr<ModelLayout> layout =
+        ModelLayout::Create(RandomTensors(rng, 1 + trial % 9), alignment, shards);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    const uint64_t total = layout->total_elements();
+    ASSERT_EQ(total % (uint64_t{alignment} * shards), 0u);
+
+    std::vector<int> owners(total, 0);
+    for (uint32_t s = 0; s < shards; ++s) {
+      const FlatRange r = layout->ShardRange(s);
+      EXPECT_EQ(r.size(), layout->shard_size());
+      EXPECT_EQ(r.begin % alignment, 0u);
+      for (uint64_t i = r.begin; i < r.end; ++i) owners[i]++;
+    }
+    for (uint64_t i = 0; i < total; ++i) ASSERT_EQ(owners[i], 1) << "element " << i;
+
+    // Tensors: aligned, disjoint, inside the buffer.
+    std::vector<int> used(total, 0);
+    uint64_t used_count = 0;
+    for (const TensorPlacement& t : layout->tensors()) {
+      EXPECT_EQ(t.offset % alignment, 0u);
+      EXPECT_EQ(t.size, t.spec.num_elements());
+      ASSERT_LE(t.offset + t.size, total);
+      for (uint64_t i = t.offset; i < t.offset + t.size; ++i) used[i]++;
+      used_count += t.size;
+    }
+    for (uint64_t i = 0; i < total; ++i) ASSERT_LE(used[i], 1);
+    EXPECT_EQ(used_count, layout->used_elements());
+
+    // Reassemble: write each tensor's element index through the shard pieces,
+    // then read every tensor back through its placement.
+    std::vector<int64_t> flat(total, -1);
+    for (uint32_t s = 0; s < shards; ++s) {
+      for (const TensorPiece& p : layout->PiecesIn(layout->ShardRange(s))) {
+        for (uint64_t k = 0; k < p.size; ++k) {
+          ASSERT_EQ(flat[p.flat_offset + k], -1) << "element written twice";
+          flat[p.flat_offset + k] =
+              static_cast<int64_t>(p.tensor_index * 100000 + p.tensor_offset + k);
+        }
+      }
+    }
+    for (size_t ti = 0; ti < layout->tensors().size(); ++ti) {
+      const TensorPlacement& t = layout->tensors()[ti];
+      for (uint64_t k = 0; k < t.size; ++k) {
+        ASSERT_EQ(flat[t.offset + k], static_cast<int64_t>(ti * 100000 + k));
+      }
+    }
+  }
+}
+
+TEST(ModelLayoutTest, KnownPlacement) {
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(
+      {{"w", {3, 5}, DType::kFloat32}, {"b", {5}, DType::kFloat32}, {"s", {}, DType::kFloat32}},
+      /*alignment=*/8, /*shard_count=*/3);
+  ASSERT_TRUE(layout.ok());
+  ASSERT_EQ(layout->tensors().size(), 3u);
+  EXPECT_EQ(layout->tensors()[0].offset, 0u);
+  EXPECT_EQ(layout->tensors()[1].offset, 16u);  // 15 rounded up to 8.
+  EXPECT_EQ(layout->tensors()[2].offset, 24u);
+  EXPECT_EQ(layout->tensors()[2].size, 1u);     // A scalar.
+  EXPECT_EQ(layout->total_elements(), 48u);     // 25 rounded up to 3 * 8.
+  EXPECT_EQ(layout->used_elements(), 21u);
+  EXPECT_EQ(layout->ShardRange(1).begin, 16u);
+  EXPECT_EQ(layout->ShardRange(2).end, 48u);
+  // Shard 0 [0,16) holds w[0..15); shard 1 [16,32) holds b and s.
+  std::vector<TensorPiece> pieces = layout->PiecesIn(layout->ShardRange(1));
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0].tensor_index, 1u);
+  EXPECT_EQ(pieces[1].tensor_index, 2u);
+  EXPECT_TRUE(layout->PiecesIn(layout->ShardRange(2)).empty());
+  EXPECT_EQ(*layout->Find("b"), 1u);
+  EXPECT_EQ(layout->Find("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ModelLayoutTest, StraddlingTensorSplitsAcrossShards) {
+  absl::StatusOr<ModelLayout> layout =
+      ModelLayout::Create({{"big", {100}, DType::kFloat32}}, 4, 4);
+  ASSERT_TRUE(layout.ok());
+  uint64_t covered = 0;
+  for (uint32_t s = 0; s < 4; ++s) {
+    for (const TensorPiece& p : layout->PiecesIn(layout->ShardRange(s))) {
+      EXPECT_EQ(p.tensor_offset, covered);
+      covered += p.size;
+    }
+  }
+  EXPECT_EQ(covered, 100u);
+}
+
+TEST(ModelLayoutTest, RejectsInvalidLayouts) {
+  EXPECT_EQ(ModelLayout::Create({{"a", {2}}, {"a", {3}}}, 0, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelLayout::Create({{"", {2}}}, 0, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelLayout::Create({{"a", {2, -1}}}, 0, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelLayout::Create({{"a", {2}}}, 3, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelLayout::Create({{"a", {2}}}, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelLayout::Create({{"a", {1 << 30, 1 << 30}}}, 0, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelLayoutTest, EmptyModelStillGivesEveryShardARange) {
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create({}, 16, 3);
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(layout->shard_size(), 16u);
+}
+
+TEST(ModelLayoutTest, ProtoRoundTripGivesTheSameLayout) {
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(
+      {{"w", {4, 7}, DType::kBFloat16}, {"b", {7}, DType::kFloat32}}, 32, 2);
+  ASSERT_TRUE(layout.ok());
+  absl::StatusOr<ModelLayout> back = LayoutFromProto(LayoutToProto(*layout), 2);
+  ASSERT_TRUE(back.ok());
+  ASSERT_EQ(back->tensors().size(), 2u);
+  EXPECT_EQ(back->tensors()[0].spec.dtype, DType::kBFloat16);
+  EXPECT_EQ(back->tensors()[1].offset, layout->tensors()[1].offset);
+  EXPECT_EQ(back->total_elements(), layout->total_elements());
+}
+
+TEST(OptimizerConfigProtoTest, RoundTripAndValidation) {
+  OptimizerConfig sgd = OptimizerConfig::Sgd(0.1);
+  sgd.momentum = 0.9;
+  sgd.nesterov = true;
+  absl::StatusOr<OptimizerConfig> back = OptimizerConfigFromProto(OptimizerConfigToProto(sgd));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->kind, OptimizerKind::kSgd);
+  EXPECT_TRUE(back->nesterov);
+  EXPECT_DOUBLE_EQ(back->momentum, 0.9);
+
+  OptimizerConfig adamw = OptimizerConfig::AdamW(3e-4);
+  adamw.amsgrad = true;
+  back = OptimizerConfigFromProto(OptimizerConfigToProto(adamw));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->kind, OptimizerKind::kAdamW);
+  EXPECT_TRUE(back->amsgrad);
+  EXPECT_DOUBLE_EQ(back->weight_decay, 1e-2);
+
+  EXPECT_EQ(OptimizerConfigFromProto(v1::OptimizerConfig()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::OptimizerConfig bad;
+  bad.mutable_adam()->set_beta1(1.0);
+  EXPECT_EQ(OptimizerConfigFromProto(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace shardopt

@@ -1,0 +1,126 @@
+#include "common/optimizer_config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace shardopt {
+
+const char* OptimizerKindName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+    case OptimizerKind::kAdagrad:
+      return "adagrad";
+  }
+  return "unknown";
+}
+
+OptimizerConfig OptimizerConfig::Sgd(double lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  c.lr = lr;
+  return c;
+}
+
+OptimizerConfig OptimizerConfig::Adam(double lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdam;
+  c.lr = lr;
+  return c;
+}
+
+OptimizerConfig OptimizerConfig::AdamW(double lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdamW;
+  c.lr = lr;
+  c.weight_decay = 1e-2;
+  return c;
+}
+
+OptimizerConfig OptimizerConfig::Adagrad(double lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdagrad;
+  c.lr = lr;
+  c.eps = 1e-10;
+  return c;
+}
+
+namespace {
+
+absl::Status NonNegative(const char* name, double value) {
+  if (!(value >= 0.0) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid ", name, ": ", value, " (must be finite and >= 0)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Beta(const char* name, double value) {
+  if (!(value >= 0.0 && value < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid ", name, ": ", value, " (must be in [0, 1))"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status OptimizerConfig::Validate() const {
+  if (absl::Status s = NonNegative("lr", lr); !s.ok()) return s;
+  if (absl::Status s = NonNegative("weight_decay", weight_decay); !s.ok()) return s;
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      if (absl::Status s = NonNegative("momentum", momentum); !s.ok()) return s;
+      if (absl::Status s = NonNegative("dampening", dampening); !s.ok()) return s;
+      if (nesterov && (momentum <= 0.0 || dampening != 0.0)) {
+        return absl::InvalidArgumentError(
+            "nesterov momentum requires a momentum and zero dampening");
+      }
+      return absl::OkStatus();
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      if (absl::Status s = Beta("beta1", beta1); !s.ok()) return s;
+      if (absl::Status s = Beta("beta2", beta2); !s.ok()) return s;
+      return NonNegative("eps", eps);
+    case OptimizerKind::kAdagrad:
+      if (absl::Status s = NonNegative("lr_decay", lr_decay); !s.ok()) return s;
+      if (absl::Status s = NonNegative("initial_accumulator_value",
+                                       initial_accumulator_value);
+          !s.ok()) {
+        return s;
+      }
+      return NonNegative("eps", eps);
+  }
+  return absl::InvalidArgumentError("unknown optimizer kind");
+}
+
+std::string OptimizerConfig::DebugString() const {
+  std::string s = absl::StrFormat("%s(lr=%g, weight_decay=%g", OptimizerKindName(kind),
+                                  lr, weight_decay);
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      absl::StrAppendFormat(&s, ", momentum=%g, dampening=%g, nesterov=%d", momentum,
+                            dampening, nesterov);
+      break;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      absl::StrAppendFormat(&s, ", betas=(%g, %g), eps=%g, amsgrad=%d", beta1, beta2,
+                            eps, amsgrad);
+      break;
+    case OptimizerKind::kAdagrad:
+      absl::StrAppendFormat(&s, ", lr_decay=%g, initial_accumulator_value=%g, eps=%g",
+                            lr_decay, initial_accumulator_value, eps);
+      break;
+  }
+  if (maximize) s += ", maximize=1";
+  s += ")";
+  return s;
+}
+
+}  // namespace shardopt

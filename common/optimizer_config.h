@@ -1,0 +1,64 @@
+// OptimizerConfig: the optimizer and hyperparameters of a model, as plain data.
+//
+// Shared by the client (which fills it and sends it on the wire) and the
+// server's kernels (which apply it); neither the kernels nor this header know
+// anything of gRPC. Field meanings and defaults follow torch.optim 1.13.
+#ifndef SHARDOPT_COMMON_OPTIMIZER_CONFIG_H_
+#define SHARDOPT_COMMON_OPTIMIZER_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace shardopt {
+
+enum class OptimizerKind {
+  kSgd,      // torch.optim.SGD
+  kAdam,     // torch.optim.Adam (weight decay added to the gradient)
+  kAdamW,    // torch.optim.AdamW (decoupled weight decay)
+  kAdagrad,  // torch.optim.Adagrad
+};
+
+// "sgd", "adam", "adamw", "adagrad".
+const char* OptimizerKindName(OptimizerKind kind);
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  bool maximize = false;
+
+  // SGD.
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;
+
+  // Adam, AdamW.
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  bool amsgrad = false;
+
+  // Adam, AdamW, Adagrad. PyTorch's defaults differ: 1e-8 for Adam(W),
+  // 1e-10 for Adagrad; the factories below set the right one.
+  double eps = 1e-8;
+
+  // Adagrad.
+  double lr_decay = 0.0;
+  double initial_accumulator_value = 0.0;
+
+  // PyTorch's defaults for each optimizer.
+  static OptimizerConfig Sgd(double lr);
+  static OptimizerConfig Adam(double lr = 1e-3);
+  static OptimizerConfig AdamW(double lr = 1e-3);  // weight_decay 1e-2
+  static OptimizerConfig Adagrad(double lr = 1e-2);
+
+  // The checks torch.optim makes in its constructors (INVALID_ARGUMENT).
+  absl::Status Validate() const;
+
+  // Short human-readable form, e.g. "adamw(lr=0.001, betas=(0.9, 0.999), ...)".
+  std::string DebugString() const;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_COMMON_OPTIMIZER_CONFIG_H_

@@ -1,0 +1,148 @@
+#include "common/proto_convert.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardopt {
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType proto) {
+  switch (proto) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return DType::kFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(proto)));
+  }
+}
+
+v1::DType DTypeToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+    case DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<ModelLayout> LayoutFromProto(const v1::Layout& proto, uint32_t shard_count) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(proto.tensors_size());
+  for (const v1::TensorSpec& t : proto.tensors()) {
+    absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name(), "': ", dtype.status().message()));
+    }
+    specs.push_back(TensorSpec{t.name(), {t.shape().begin(), t.shape().end()}, *dtype});
+  }
+  return ModelLayout::Create(std::move(specs), proto.alignment(), shard_count);
+}
+
+v1::Layout LayoutToProto(const ModelLayout& layout) {
+  v1::Layout proto;
+  proto.set_alignment(layout.alignment());
+  for (const TensorPlacement& t : layout.tensors()) {
+    v1::TensorSpec* spec = proto.add_tensors();
+    spec->set_name(t.spec.name);
+    for (int64_t d : t.spec.shape) spec->add_shape(d);
+    spec->set_dtype(DTypeToProto(t.spec.dtype));
+  }
+  return proto;
+}
+
+absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerConfig& proto) {
+  OptimizerConfig c;
+  switch (proto.kind_case()) {
+    case v1::OptimizerConfig::kSgd: {
+      const v1::SgdConfig& s = proto.sgd();
+      c.kind = OptimizerKind::kSgd;
+      c.lr = s.lr();
+      c.momentum = s.momentum();
+      c.dampening = s.dampening();
+      c.nesterov = s.nesterov();
+      c.weight_decay = s.weight_decay();
+      c.maximize = s.maximize();
+      break;
+    }
+    case v1::OptimizerConfig::kAdam:
+    case v1::OptimizerConfig::kAdamw: {
+      const bool decoupled = proto.kind_case() == v1::OptimizerConfig::kAdamw;
+      const v1::AdamConfig& a = decoupled ? proto.adamw() : proto.adam();
+      c.kind = decoupled ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+      c.lr = a.lr();
+      c.beta1 = a.beta1();
+      c.beta2 = a.beta2();
+      c.eps = a.eps();
+      c.weight_decay = a.weight_decay();
+      c.amsgrad = a.amsgrad();
+      c.maximize = a.maximize();
+      break;
+    }
+    case v1::OptimizerConfig::kAdagrad: {
+      const v1::AdagradConfig& a = proto.adagrad();
+      c.kind = OptimizerKind::kAdagrad;
+      c.lr = a.lr();
+      c.lr_decay = a.lr_decay();
+      c.weight_decay = a.weight_decay();
+      c.initial_accumulator_value = a.initial_accumulator_value();
+      c.eps = a.eps();
+      c.maximize = a.maximize();
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("no optimizer set in OptimizerConfig");
+  }
+  if (absl::Status s = c.Validate(); !s.ok()) return s;
+  return c;
+}
+
+v1::OptimizerConfig OptimizerConfigToProto(const OptimizerConfig& c) {
+  v1::OptimizerConfig proto;
+  switch (c.kind) {
+    case OptimizerKind::kSgd: {
+      v1::SgdConfig* s = proto.mutable_sgd();
+      s->set_lr(c.lr);
+      s->set_momentum(c.momentum);
+      s->set_dampening(c.dampening);
+      s->set_nesterov(c.nesterov);
+      s->set_weight_decay(c.weight_decay);
+      s->set_maximize(c.maximize);
+      break;
+    }
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: {
+      v1::AdamConfig* a =
+          c.kind == OptimizerKind::kAdam ? proto.mutable_adam() : proto.mutable_adamw();
+      a->set_lr(c.lr);
+      a->set_beta1(c.beta1);
+      a->set_beta2(c.beta2);
+      a->set_eps(c.eps);
+      a->set_weight_decay(c.weight_decay);
+      a->set_amsgrad(c.amsgrad);
+      a->set_maximize(c.maximize);
+      break;
+    }
+    case OptimizerKind::kAdagrad: {
+      v1::AdagradConfig* a = proto.mutable_adagrad();
+      a->set_lr(c.lr);
+      a->set_lr_decay(c.lr_decay);
+      a->set_weight_decay(c.weight_decay);
+      a->set_initial_accumulator_value(c.initial_accumulator_value);
+      a->set_eps(c.eps);
+      a->set_maximize(c.maximize);
+      break;
+    }
+  }
+  return proto;
+}
+
+}  // namespace shardopt

@@ -1,0 +1,28 @@
+// Conversions between the wire contract (proto/shardopt/v1) and the plain
+// C++ types of common/. Validation happens here, once, for both sides.
+#ifndef SHARDOPT_COMMON_PROTO_CONVERT_H_
+#define SHARDOPT_COMMON_PROTO_CONVERT_H_
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/layout.h"
+#include "common/optimizer_config.h"
+#include "proto/shardopt/v1/shard_service.pb.h"
+
+namespace shardopt {
+
+// INVALID_ARGUMENT for an invalid layout (see ModelLayout::Create).
+absl::StatusOr<ModelLayout> LayoutFromProto(const v1::Layout& proto, uint32_t shard_count);
+v1::Layout LayoutToProto(const ModelLayout& layout);
+
+// INVALID_ARGUMENT when no optimizer is set or a hyperparameter is invalid.
+absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerConfig& proto);
+v1::OptimizerConfig OptimizerConfigToProto(const OptimizerConfig& config);
+
+// DTYPE_UNSPECIFIED maps to kFloat32; unknown values are INVALID_ARGUMENT.
+absl::StatusOr<DType> DTypeFromProto(v1::DType proto);
+v1::DType DTypeToProto(DType dtype);
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_COMMON_PROTO_CONVERT_H_

@@ -1,0 +1,108 @@
+// shardopt_server: the optimizer-shard daemon.
+//
+//   shardopt_server --listen=127.0.0.1:50051 --shard_index=0 --shard_count=2
+//
+// Serves shardopt.v1.ShardService, grpc.health.v1.Health and reflection.
+// Logs to stderr. SIGTERM / SIGINT shut it down cleanly (blocked pulls get
+// UNAVAILABLE, calls in flight get a grace period) and it exits 0.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "server/shard_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "Address to listen on; port 0 picks a free port (see --port_file).");
+ABSL_FLAG(uint32_t, shard_index, 0, "This server's shard index, in [0, shard_count).");
+ABSL_FLAG(uint32_t, shard_count, 1, "Number of shards the models are split into.");
+ABSL_FLAG(std::string, device, "auto",
+          "Where updates run: cpu, auto (the CPU in this build) or cuda:N.");
+ABSL_FLAG(int, threads, 0, "Optimizer threads; 0 = number of CPUs.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the bound port is written to this file (atomically) once serving.");
+ABSL_FLAG(int, pull_chunk_kib, 4096, "KiB of parameters per PullParameters message.");
+
+namespace {
+
+bool WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << port << "\n";
+    if (!out.good()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("shardopt optimizer-shard server");
+  absl::ParseCommandLine(argc, argv);
+  shardopt::SetLogTag(
+      absl::StrCat("shardopt_server[", absl::GetFlag(FLAGS_shard_index), "]"));
+
+  // Block the shutdown signals before any thread starts, so that only the
+  // sigwait below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  shardopt::ShardServerOptions options;
+  options.shard_index = absl::GetFlag(FLAGS_shard_index);
+  options.shard_count = absl::GetFlag(FLAGS_shard_count);
+  if (options.shard_count == 0 || options.shard_index >= options.shard_count) {
+    shardopt::LogError("--shard_index=%d must be below --shard_count=%d", options.shard_index,
+                       options.shard_count);
+    return 2;
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "auto") {
+    shardopt::LogInfo("--device=auto: this build has no CUDA backend; updating on the CPU");
+  } else if (device != "cpu") {
+    shardopt::LogError("--device=%s is not available: this build updates on the CPU only "
+                       "(use --device=cpu or --device=auto)",
+                       device);
+    return 2;
+  }
+  options.threads = absl::GetFlag(FLAGS_threads);
+  if (options.threads <= 0) {
+    options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  options.pull_chunk_bytes = static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_pull_chunk_kib))) << 10;
+
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  absl::StatusOr<std::unique_ptr<shardopt::ShardServer>> server =
+      shardopt::ShardServer::Start(listen, options);
+  if (!server.ok()) {
+    shardopt::LogError("%s", server.status().ToString());
+    return 1;
+  }
+  shardopt::LogInfo("shard %d of %d serving on port %d (%s), %d optimizer threads, device cpu",
+                    options.shard_index, options.shard_count, (*server)->port(), listen,
+                    options.threads);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
+    shardopt::LogError("cannot write --port_file=%s", port_file);
+    return 1;
+  }
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  shardopt::LogInfo("received %s; shutting down", strsignal(signal_number));
+  (*server)->Shutdown(absl::Seconds(5));
+  (*server)->Wait();
+  shardopt::LogInfo("stopped");
+  return 0;
+}

@@ -1,0 +1,324 @@
+#include "server/model_shard.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/finite.h"
+
+namespace shardopt {
+namespace {
+
+// Elements reduced and updated together, small enough to stay in L2 between
+// the reduction and the optimizer pass.
+constexpr size_t kBlockElements = 8192;
+// Pieces handed to threads start on 64-byte boundaries.
+constexpr size_t kGrainElements = 16;
+// WaitForVersion re-checks cancellation this often.
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(
+    ModelShardOptions options, std::vector<float> initial_values, ThreadPool* pool) {
+  if (options.num_trainers == 0) {
+    return absl::InvalidArgumentError("num_trainers must be at least 1");
+  }
+  if (options.shard_index >= options.layout.shard_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard index ", options.shard_index,
+                                                   " is not below the shard count ",
+                                                   options.layout.shard_count()));
+  }
+  const uint64_t size = options.layout.shard_size();
+  if (initial_values.size() != size) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", size,
+                                                   " initial values for the shard range, got ",
+                                                   initial_values.size()));
+  }
+  if (size_t bad = FindNonFinite(initial_values.data(), size); bad != size) {
+    return absl::InvalidArgumentError(absl::StrCat("initial value ", bad, " of the range is ",
+                                                   initial_values[bad]));
+  }
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
+      Optimizer::Create(options.optimizer, size);
+  if (!optimizer.ok()) return optimizer.status();
+  return std::unique_ptr<ModelShard>(new ModelShard(
+      std::move(options), std::move(initial_values), std::move(*optimizer), pool));
+}
+
+ModelShard::ModelShard(ModelShardOptions options, std::vector<float> params,
+                       std::unique_ptr<Optimizer> optimizer, ThreadPool* pool)
+    : options_(std::move(options)),
+      range_(options_.layout.ShardRange(options_.shard_index)),
+      pool_(pool),
+      slots_(options_.num_trainers, SlotState::kEmpty),
+      params_(std::move(params)),
+      optimizer_(std::move(optimizer)),
+      staging_(options_.num_trainers, std::vector<float>(range_.size())) {}
+
+ModelShard::~ModelShard() { Shutdown(); }
+
+int64_t ModelShard::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+void ModelShard::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+uint32_t ModelShard::PendingLocked() const {
+  return static_cast<uint32_t>(
+      std::count_if(slots_.begin(), slots_.end(),
+                    [](SlotState s) { return s != SlotState::kComplete; }));
+}
+
+absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_rank,
+                                                            int64_t step,
+                                                            uint64_t num_elements) {
+  if (trainer_rank >= options_.num_trainers) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", trainer_rank,
+                                                   " is not below num_trainers ",
+                                                   options_.num_trainers));
+  }
+  if (step <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
+  }
+  if (num_elements != range_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("push declares ", num_elements,
+                                                   " elements; shard ", options_.shard_index,
+                                                   " owns ", range_.size()));
+  }
+  absl::MutexLock lock(&mu_);
+  PushStart start;
+  if (step <= version_) {
+    start.immediate = PushResult{PushOutcome::kAlreadyApplied, step, version_, PendingLocked()};
+    return start;
+  }
+  if (step > version_ + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " is ahead of the shard: it is at version ", version_,
+                     " and waits for step ", version_ + 1));
+  }
+  switch (slots_[trainer_rank]) {
+    case SlotState::kComplete:
+      start.immediate = PushResult{PushOutcome::kDuplicate, step, version_, PendingLocked()};
+      return start;
+    case SlotState::kReceiving:
+      return absl::AbortedError(absl::StrCat("a push from trainer ", trainer_rank,
+                                             " for step ", step,
+                                             " is already in progress; retry"));
+    case SlotState::kEmpty:
+      break;
+  }
+  slots_[trainer_rank] = SlotState::kReceiving;
+  start.writer.reset(new PushWriter(this, trainer_rank, step));
+  return start;
+}
+
+std::string ModelShard::DescribeElement(uint64_t index) const {
+  const uint64_t flat = range_.begin + index;
+  for (const TensorPiece& p : options_.layout.PiecesIn(FlatRange{flat, flat + 1})) {
+    return absl::StrCat("tensor '", options_.layout.tensors()[p.tensor_index].spec.name, "'[",
+                        p.tensor_offset, "]");
+  }
+  return absl::StrCat("padding element ", flat);
+}
+
+ModelShard::PushWriter::~PushWriter() {
+  if (!finished_) shard_->AbortPush(rank_, step_);
+}
+
+absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, size_t bytes) {
+  if (bytes % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of ", bytes, " bytes is not a whole number of float32 elements"));
+  }
+  if (offset != received_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk starts at element ", offset, " but ", received_,
+                     " were received: chunks must arrive in order, without gaps or overlaps"));
+  }
+  const uint64_t count = bytes / sizeof(float);
+  if (count > shard_->range_.size() - received_) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk [", offset, ", ", offset + count,
+                                                   ") overruns the shard range of ",
+                                                   shard_->range_.size(), " elements"));
+  }
+  float* dst = shard_->staging_[rank_].data() + offset;
+  std::memcpy(dst, data, bytes);
+  if (size_t bad = FindNonFinite(dst, count); bad != count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of ", shard_->DescribeElement(offset + bad), " from trainer ", rank_,
+        " for step ", step_, " is ", dst[bad], "; the push is rejected"));
+  }
+  received_ += count;
+  shard_->gradient_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PushResult> ModelShard::PushWriter::Commit() {
+  if (received_ != shard_->range_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("push ended after ", received_, " of ",
+                                                   shard_->range_.size(), " elements"));
+  }
+  finished_ = true;
+  return shard_->CommitPush(rank_, step_);
+}
+
+void ModelShard::AbortPush(uint32_t rank, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (version_ + 1 == step && slots_[rank] == SlotState::kReceiving) {
+    slots_[rank] = SlotState::kEmpty;
+  }
+}
+
+absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step) {
+  {
+    absl::MutexLock lock(&mu_);
+    slots_[rank] = SlotState::kComplete;
+    const uint32_t pending = PendingLocked();
+    if (pending > 0) {
+      return PushResult{PushOutcome::kAccepted, step, version_, pending};
+    }
+  }
+  // Every slot is complete, so no writer touches staging and no other commit
+  // can reach here for this step: the update runs without holding mu_, and
+  // pushes for step + 1 are refused until version_ moves on below.
+  ApplyStep(step);
+  absl::MutexLock lock(&mu_);
+  version_ = step;
+  std::fill(slots_.begin(), slots_.end(), SlotState::kEmpty);
+  return PushResult{PushOutcome::kApplied, step, version_, PendingLocked()};
+}
+
+void ModelShard::ApplyStep(int64_t step) {
+  const uint32_t trainers = options_.num_trainers;
+  const bool divide = options_.mean_reduction && trainers > 1;
+  const float divisor = static_cast<float>(trainers);
+  float* const sum = staging_[0].data();
+  absl::WriterMutexLock lock(&params_mu_);
+  float* const params = params_.data();
+  pool_->ParallelFor(range_.size(), kGrainElements, [&](size_t begin, size_t end) {
+    for (size_t block = begin; block < end; block += kBlockElements) {
+      const size_t block_end = std::min(end, block + kBlockElements);
+      for (uint32_t t = 1; t < trainers; ++t) {
+        const float* __restrict other = staging_[t].data();
+        for (size_t i = block; i < block_end; ++i) sum[i] += other[i];
+      }
+      if (divide) {
+        for (size_t i = block; i < block_end; ++i) sum[i] /= divisor;
+      }
+      optimizer_->Update(step, params, sum, block, block_end);
+    }
+  });
+  params_version_ = step;
+}
+
+absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Time deadline,
+                                                   const std::function<bool()>& cancelled) {
+  struct Waiting {
+    const ModelShard* shard;
+    int64_t min_version;
+  } waiting{this, min_version};
+  const absl::Condition ready(
+      +[](Waiting* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return w->shard->shutdown_ || w->shard->version_ >= w->min_version;
+      },
+      &waiting);
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    const absl::Time slice_end = std::min(deadline, absl::Now() + kCancelPoll);
+    mu_.AwaitWithDeadline(ready, slice_end);
+    if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
+    if (version_ >= min_version) return version_;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "version ", min_version, " not reached before the deadline (at ", version_, ")"));
+    }
+    if (cancelled && cancelled()) return absl::CancelledError("pull cancelled by the client");
+  }
+}
+
+absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64_t count,
+                                        float* out) {
+  if (offset > range_.size() || count > range_.size() - offset) {
+    return absl::OutOfRangeError(absl::StrCat("read [", offset, ", ", offset + count,
+                                              ") is outside the range"));
+  }
+  absl::ReaderMutexLock lock(&params_mu_);
+  if (params_version_ != version) {
+    return absl::AbortedError(absl::StrCat("parameters moved from version ", version, " to ",
+                                           params_version_, " during the pull; retry"));
+  }
+  std::memcpy(out, params_.data() + offset, count * sizeof(float));
+  parameter_bytes_sent_.fetch_add(count * sizeof(float), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_name,
+                                                   uint64_t slice_offset,
+                                                   uint32_t slice_length,
+                                                   bool with_tensor_stats) {
+  if (slice_offset >= range_.size() && slice_length > 0) {
+    return absl::OutOfRangeError(absl::StrCat("slice offset ", slice_offset,
+                                              " is past the range of ", range_.size(),
+                                              " elements"));
+  }
+  std::optional<size_t> only;
+  if (!tensor_name.empty()) {
+    absl::StatusOr<size_t> index = options_.layout.Find(tensor_name);
+    if (!index.ok()) return index.status();
+    only = *index;
+  }
+  ShardSnapshot snap;
+  {
+    absl::MutexLock lock(&mu_);
+    snap.version = version_;
+    for (uint32_t r = 0; r < slots_.size(); ++r) {
+      if (slots_[r] == SlotState::kComplete) snap.trainers_pushed.push_back(r);
+    }
+  }
+  absl::ReaderMutexLock lock(&params_mu_);
+  for (const TensorPiece& piece : options_.layout.PiecesIn(range_)) {
+    if (!with_tensor_stats) break;
+    if (only && piece.tensor_index != *only) continue;
+    TensorPieceStats stats;
+    stats.piece = piece;
+    const float* v = params_.data() + (piece.flat_offset - range_.begin);
+    double sum = 0, sum_sq = 0;
+    double lo = std::numeric_limits<double>::infinity();
+    double hi = -lo;
+    for (uint64_t i = 0; i < piece.size; ++i) {
+      const double x = v[i];
+      sum += x;
+      sum_sq += x * x;
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+    stats.l2_norm = std::sqrt(sum_sq);
+    stats.min = lo;
+    stats.max = hi;
+    stats.mean = sum / static_cast<double>(piece.size);
+    snap.tensors.push_back(stats);
+  }
+  if (with_tensor_stats && only && snap.tensors.empty()) {
+    return absl::NotFoundError(absl::StrCat("tensor '", tensor_name, "' has no elements on shard ",
+                                            options_.shard_index));
+  }
+  if (slice_length > 0) {
+    const uint64_t end = std::min<uint64_t>(range_.size(), slice_offset + slice_length);
+    snap.values.assign(params_.begin() + slice_offset, params_.begin() + end);
+  }
+  snap.parameter_bytes = params_.size() * sizeof(float);
+  snap.optimizer_state_bytes = optimizer_->state_bytes();
+  snap.staging_bytes = staging_.size() * range_.size() * sizeof(float);
+  snap.gradient_bytes_received = gradient_bytes_received_.load(std::memory_order_relaxed);
+  snap.parameter_bytes_sent = parameter_bytes_sent_.load(std::memory_order_relaxed);
+  return snap;
+}
+
+}  // namespace shardopt

@@ -1,0 +1,198 @@
+// ModelShard: one model's optimizer state on one shard, and the synchronous
+// step protocol around it. Knows nothing of gRPC; the service translates.
+//
+// State: fp32 master parameters of this shard's flat range, the optimizer's
+// slots, and one staging buffer per trainer. Versions: 0 is the initial
+// values; applying step k makes version k.
+//
+// Push protocol (exactly once per (trainer, step)):
+// - BeginPush(rank, step) answers at once for a step already applied
+//   (kAlreadyApplied) or already pushed by this rank (kDuplicate); rejects a
+//   step beyond version + 1 (FAILED_PRECONDITION) or a rank whose push for
+//   the step is in flight (ABORTED, retry later); otherwise hands out a
+//   PushWriter that owns the rank's staging buffer.
+// - The writer takes chunks in order; each is checked for size and for
+//   NaN/inf before the next. Commit() marks the rank complete only if every
+//   element arrived. A writer destroyed before Commit() (bad chunk, broken
+//   stream) frees its slot: nothing of it is ever used.
+// - The commit that completes the step reduces the T staging buffers in rank
+//   order (sum, then / T for the mean), applies the optimizer on the thread
+//   pool, and publishes version k. Arithmetic does not depend on arrival order.
+//
+// Pulls: WaitForVersion blocks until version >= v; ReadParameters copies a
+// piece of the parameters if they are still at the expected version (else
+// ABORTED), so a pull that spans an update is detected, never torn.
+#ifndef SHARDOPT_SERVER_MODEL_SHARD_H_
+#define SHARDOPT_SERVER_MODEL_SHARD_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/layout.h"
+#include "common/optimizer_config.h"
+#include "server/optim/optimizer.h"
+#include "server/parallel_for.h"
+
+namespace shardopt {
+
+struct ModelShardOptions {
+  std::string model_id;
+  ModelLayout layout;
+  uint32_t shard_index = 0;
+  OptimizerConfig optimizer;
+  uint32_t num_trainers = 1;
+  bool mean_reduction = true;  // false: sum over trainers.
+};
+
+enum class PushOutcome { kAccepted, kApplied, kDuplicate, kAlreadyApplied };
+
+struct PushResult {
+  PushOutcome outcome = PushOutcome::kAccepted;
+  int64_t step = 0;
+  int64_t version = 0;            // After this push.
+  uint32_t trainers_pending = 0;  // For the step still waiting, if any.
+};
+
+// Statistics of the part of one tensor in this shard's range.
+struct TensorPieceStats {
+  TensorPiece piece;
+  double l2_norm = 0, min = 0, max = 0, mean = 0;
+};
+
+// A consistent view of the shard for inspection.
+struct ShardSnapshot {
+  int64_t version = 0;
+  std::vector<uint32_t> trainers_pushed;  // For step version + 1.
+  std::vector<TensorPieceStats> tensors;
+  std::vector<float> values;  // The requested slice.
+  uint64_t parameter_bytes = 0;
+  uint64_t optimizer_state_bytes = 0;
+  uint64_t staging_bytes = 0;
+  uint64_t gradient_bytes_received = 0;
+  uint64_t parameter_bytes_sent = 0;
+};
+
+class ModelShard {
+ public:
+  class PushWriter;
+
+  // `initial_values` holds the whole range (layout.shard_size() elements).
+  // INVALID_ARGUMENT for a bad optimizer config, a wrong size or a non-finite
+  // initial value. `pool` must outlive the shard.
+  static absl::StatusOr<std::unique_ptr<ModelShard>> Create(ModelShardOptions options,
+                                                            std::vector<float> initial_values,
+                                                            ThreadPool* pool);
+  ~ModelShard();
+
+  // Either `immediate` (nothing to send) or `writer` is set.
+  struct PushStart {
+    std::optional<PushResult> immediate;
+    std::unique_ptr<PushWriter> writer;
+  };
+  absl::StatusOr<PushStart> BeginPush(uint32_t trainer_rank, int64_t step,
+                                      uint64_t num_elements);
+
+  // Returns the version reached (>= min_version). DEADLINE_EXCEEDED at
+  // `deadline`, CANCELLED once `cancelled()` is true (polled), UNAVAILABLE
+  // after Shutdown().
+  absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Time deadline,
+                                         const std::function<bool()>& cancelled);
+
+  // Copies parameters [offset, offset + count) of the range into `out`.
+  // ABORTED when the parameters are no longer at `version`.
+  absl::Status ReadParameters(int64_t version, uint64_t offset, uint64_t count,
+                              float* out);
+
+  // Statistics of every tensor piece (or only `tensor_name`'s, NOT_FOUND if
+  // it has none here) and values [slice_offset, slice_offset + slice_length)
+  // clipped to the range (OUT_OF_RANGE when slice_offset is past the end).
+  // Without `with_tensor_stats` only the version, ranks and byte counts are
+  // filled (cheap: no pass over the parameters).
+  absl::StatusOr<ShardSnapshot> Snapshot(const std::string& tensor_name,
+                                         uint64_t slice_offset, uint32_t slice_length,
+                                         bool with_tensor_stats);
+
+  int64_t version() const;
+  // Wakes every waiter with UNAVAILABLE; later waits fail at once.
+  void Shutdown();
+
+  const ModelShardOptions& options() const { return options_; }
+  const ModelLayout& layout() const { return options_.layout; }
+  FlatRange range() const { return range_; }
+  uint64_t size() const { return range_.size(); }
+
+ private:
+  enum class SlotState { kEmpty, kReceiving, kComplete };
+
+  ModelShard(ModelShardOptions options, std::vector<float> params,
+             std::unique_ptr<Optimizer> optimizer, ThreadPool* pool);
+
+  absl::StatusOr<PushResult> CommitPush(uint32_t rank, int64_t step);
+  void AbortPush(uint32_t rank, int64_t step);
+  void ApplyStep(int64_t step);
+  uint32_t PendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Describes flat-range element `index` as "tensor 'w'[12]" for messages.
+  std::string DescribeElement(uint64_t index) const;
+
+  const ModelShardOptions options_;
+  const FlatRange range_;
+  ThreadPool* const pool_;
+
+  // Step protocol.
+  mutable absl::Mutex mu_;
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<SlotState> slots_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Parameters and optimizer state; written only by ApplyStep.
+  absl::Mutex params_mu_;
+  int64_t params_version_ ABSL_GUARDED_BY(params_mu_) = 0;
+  std::vector<float> params_;
+  std::unique_ptr<Optimizer> optimizer_;
+
+  // staging_[r] is written only by rank r's PushWriter while its slot is
+  // kReceiving, and read only by ApplyStep once every slot is kComplete.
+  std::vector<std::vector<float>> staging_;
+
+  std::atomic<uint64_t> gradient_bytes_received_{0};
+  std::atomic<uint64_t> parameter_bytes_sent_{0};
+};
+
+// Receives one trainer's gradient for one step into its staging buffer.
+class ModelShard::PushWriter {
+ public:
+  ~PushWriter();
+  PushWriter(const PushWriter&) = delete;
+  PushWriter& operator=(const PushWriter&) = delete;
+
+  // `bytes` of little-endian fp32 starting at range-local element `offset`,
+  // which must be where the previous chunk ended. INVALID_ARGUMENT otherwise,
+  // or when the chunk overruns the range or holds a NaN/inf.
+  absl::Status Write(uint64_t offset, const void* data, size_t bytes);
+
+  // INVALID_ARGUMENT unless every element arrived.
+  absl::StatusOr<PushResult> Commit();
+
+ private:
+  friend class ModelShard;
+  PushWriter(ModelShard* shard, uint32_t rank, int64_t step)
+      : shard_(shard), rank_(rank), step_(step) {}
+
+  ModelShard* const shard_;
+  const uint32_t rank_;
+  const int64_t step_;
+  uint64_t received_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_MODEL_SHARD_H_

@@ -1,0 +1,75 @@
+// Optimizer: the optimizer slots of one contiguous range of fp32 parameters,
+// and the update that torch.optim 1.13 would apply to them.
+//
+// Contract:
+// - Create() allocates the slots (momentum buffer, exp_avg/exp_avg_sq/
+//   max_exp_avg_sq, or Adagrad's sum) for `size` elements, initialised as
+//   PyTorch does (zeros; Adagrad: initial_accumulator_value).
+// - Update(step, params, grad, begin, end) applies step `step` (>= 1, the
+//   1-based count of updates, as PyTorch's state['step']) to elements
+//   [begin, end) of `params` (indexed like the slots) with gradient `grad`
+//   (same indexing). Step-dependent scalars (bias corrections, lr decay) are
+//   computed in double precision as PyTorch computes them on the host;
+//   per-element arithmetic is fp32 in PyTorch's operation order.
+//   PyTorch's operation order is that of its CPU kernels without FMA (as
+//   with ATEN_CPU_CAPABILITY=default); PyTorch's AVX2 kernels fuse some
+//   multiply-adds, so they can differ from these by an fp32 rounding.
+//   PyTorch keeps the step count in a float32, which stops growing at 2^24;
+//   the step-dependent scalars use min(step, 2^24) accordingly.
+//   `params` and `grad` must not overlap each other or the slots. The result
+//   is bit-identical however [0, size()) is split into ranges.
+// - Update is safe to call concurrently from several threads on disjoint
+//   [begin, end) ranges with the same step. It knows nothing of threads,
+//   networks or trainers: the caller splits the range and reduces gradients.
+// - The caller must apply steps 1, 2, 3, ... in order over the whole range.
+#ifndef SHARDOPT_SERVER_OPTIM_OPTIMIZER_H_
+#define SHARDOPT_SERVER_OPTIM_OPTIMIZER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/optimizer_config.h"
+
+namespace shardopt {
+
+class Optimizer {
+ public:
+  // INVALID_ARGUMENT when config.Validate() fails.
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config,
+                                                           size_t size);
+
+  virtual ~Optimizer() = default;
+
+  virtual void Update(int64_t step, float* params, const float* grad, size_t begin,
+                      size_t end) = 0;
+
+  const OptimizerConfig& config() const { return config_; }
+  size_t size() const { return size_; }
+
+  // Names of the state slots in PyTorch's terms ("momentum_buffer", "exp_avg",
+  // "exp_avg_sq", "max_exp_avg_sq", "sum"), each `size()` floats.
+  const std::vector<std::string>& slot_names() const { return slot_names_; }
+  absl::Span<float> slot(size_t i) { return absl::MakeSpan(slots_[i]); }
+  absl::Span<const float> slot(size_t i) const { return slots_[i]; }
+  size_t state_bytes() const;
+
+ protected:
+  Optimizer(const OptimizerConfig& config, size_t size) : config_(config), size_(size) {}
+  // Adds a slot of `size()` elements, each `initial_value`; returns its data.
+  float* AddSlot(const std::string& name, float initial_value);
+
+ private:
+  OptimizerConfig config_;
+  size_t size_;
+  std::vector<std::string> slot_names_;
+  std::vector<std::vector<float>> slots_;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_OPTIM_OPTIMIZER_H_

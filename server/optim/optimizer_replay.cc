@@ -1,0 +1,217 @@
+// optimizer_replay IN OUT: runs a sequence of gradients through an Optimizer.
+//
+// IN is one text line, then raw little-endian float32 data:
+//   shardopt-replay-v1 kind=adam lr=0.001 ... n=N steps=S [chunks=C]\n
+//   N floats: the initial parameters
+//   S * N floats: the gradients of steps 1..S, one step after the other
+// The keys are the OptimizerConfig field names (kind as OptimizerKindName,
+// bools as 0/1, doubles in any strtod form); absent keys keep the defaults of
+// the kind's OptimizerConfig factory. chunks (default 1) splits every step's
+// Update into that many uneven, consecutive ranges.
+//
+// OUT is one text line, then raw little-endian float32 data:
+//   slots=NAME,NAME,...\n
+//   N floats: the final parameters
+//   N floats per slot, in slot_names() order
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/optimizer_config.h"
+#include "server/optim/optimizer.h"
+
+namespace shardopt {
+namespace {
+
+constexpr char kMagic[] = "shardopt-replay-v1";
+
+struct Replay {
+  OptimizerConfig config;
+  size_t n = 0;
+  int64_t steps = 0;
+  size_t chunks = 1;
+};
+
+absl::StatusOr<OptimizerKind> ParseKind(absl::string_view name) {
+  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
+                          OptimizerKind::kAdagrad}) {
+    if (name == OptimizerKindName(k)) return k;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown kind: ", name));
+}
+
+absl::StatusOr<Replay> ParseHeader(const std::string& line) {
+  std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (fields.empty() || fields[0] != kMagic) {
+    return absl::InvalidArgumentError(absl::StrCat("not a ", kMagic, " file"));
+  }
+  Replay r;
+  // The kind first, so that its factory supplies the defaults.
+  for (absl::string_view f : fields) {
+    if (absl::StartsWith(f, "kind=")) {
+      absl::StatusOr<OptimizerKind> kind = ParseKind(f.substr(5));
+      if (!kind.ok()) return kind.status();
+      switch (*kind) {
+        case OptimizerKind::kSgd:
+          r.config = OptimizerConfig::Sgd(1e-3);
+          break;
+        case OptimizerKind::kAdam:
+          r.config = OptimizerConfig::Adam();
+          break;
+        case OptimizerKind::kAdamW:
+          r.config = OptimizerConfig::AdamW();
+          break;
+        case OptimizerKind::kAdagrad:
+          r.config = OptimizerConfig::Adagrad();
+          break;
+      }
+    }
+  }
+  OptimizerConfig& c = r.config;
+  struct DoubleField {
+    const char* name;
+    double* value;
+  };
+  const DoubleField doubles[] = {
+      {"lr", &c.lr},
+      {"weight_decay", &c.weight_decay},
+      {"momentum", &c.momentum},
+      {"dampening", &c.dampening},
+      {"beta1", &c.beta1},
+      {"beta2", &c.beta2},
+      {"eps", &c.eps},
+      {"lr_decay", &c.lr_decay},
+      {"initial_accumulator_value", &c.initial_accumulator_value},
+  };
+  struct BoolField {
+    const char* name;
+    bool* value;
+  };
+  const BoolField bools[] = {
+      {"maximize", &c.maximize}, {"nesterov", &c.nesterov}, {"amsgrad", &c.amsgrad}};
+  for (size_t i = 1; i < fields.size(); ++i) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(fields[i], '=');
+    const absl::string_view key = kv.first;
+    const absl::string_view value = kv.second;
+    bool ok = false;
+    bool known = false;
+    if (key == "kind") {
+      known = ok = true;
+    } else if (key == "n") {
+      uint64_t n = 0;
+      known = true;
+      ok = absl::SimpleAtoi(value, &n);
+      r.n = n;
+    } else if (key == "steps") {
+      known = true;
+      ok = absl::SimpleAtoi(value, &r.steps) && r.steps >= 0;
+    } else if (key == "chunks") {
+      uint64_t chunks = 0;
+      known = true;
+      ok = absl::SimpleAtoi(value, &chunks) && chunks >= 1;
+      r.chunks = chunks;
+    }
+    for (const DoubleField& d : doubles) {
+      if (key == d.name) {
+        known = true;
+        ok = absl::SimpleAtod(value, d.value);
+      }
+    }
+    for (const BoolField& b : bools) {
+      if (key == b.name) {
+        known = true;
+        ok = value == "0" || value == "1";
+        *b.value = value == "1";
+      }
+    }
+    if (!known || !ok) {
+      return absl::InvalidArgumentError(absl::StrCat("bad header field: ", fields[i]));
+    }
+  }
+  return r;
+}
+
+absl::Status ReadFloats(std::istream& in, std::vector<float>& out) {
+  in.read(reinterpret_cast<char*>(out.data()),
+          static_cast<std::streamsize>(out.size() * sizeof(float)));
+  if (static_cast<size_t>(in.gcount()) != out.size() * sizeof(float)) {
+    return absl::DataLossError("input file is too short");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(const char* in_path, const char* out_path) {
+  static_assert(sizeof(float) == 4, "float32 expected");
+  std::ifstream in(in_path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", in_path));
+  std::string line;
+  if (!std::getline(in, line)) return absl::DataLossError("missing header line");
+  absl::StatusOr<Replay> replay = ParseHeader(line);
+  if (!replay.ok()) return replay.status();
+  const size_t n = replay->n;
+
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(replay->config, n);
+  if (!opt.ok()) return opt.status();
+
+  std::vector<float> params(n);
+  if (absl::Status s = ReadFloats(in, params); !s.ok()) return s;
+  std::vector<float> grad(n);
+  const size_t chunks = replay->chunks;
+  for (int64_t step = 1; step <= replay->steps; ++step) {
+    if (absl::Status s = ReadFloats(in, grad); !s.ok()) return s;
+    // Uneven consecutive ranges: piece k ends at n * (k+1)^2 / chunks^2.
+    size_t begin = 0;
+    for (size_t k = 1; k <= chunks; ++k) {
+      const size_t end = k == chunks ? n : static_cast<size_t>(
+                                               static_cast<unsigned __int128>(n) * k * k /
+                                               (chunks * chunks));
+      (*opt)->Update(step, params.data(), grad.data(), begin, end);
+      begin = end;
+    }
+  }
+  if (in.peek() != std::char_traits<char>::eof()) {
+    return absl::DataLossError("trailing data after the last gradient");
+  }
+
+  std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", out_path));
+  out << "slots=" << absl::StrJoin((*opt)->slot_names(), ",") << "\n";
+  out.write(reinterpret_cast<const char*>(params.data()),
+            static_cast<std::streamsize>(n * sizeof(float)));
+  for (size_t i = 0; i < (*opt)->slot_names().size(); ++i) {
+    absl::Span<const float> slot = static_cast<const Optimizer&>(**opt).slot(i);
+    out.write(reinterpret_cast<const char*>(slot.data()),
+              static_cast<std::streamsize>(slot.size() * sizeof(float)));
+  }
+  out.close();
+  if (!out) return absl::DataLossError(absl::StrCat("error writing ", out_path));
+  std::cerr << "optimizer_replay: " << replay->config.DebugString() << ", n=" << n
+            << ", steps=" << replay->steps << ", chunks=" << chunks << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace shardopt
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: optimizer_replay IN OUT\n";
+    return 2;
+  }
+  absl::Status s = shardopt::Run(argv[1], argv[2]);
+  if (!s.ok()) {
+    std::cerr << "optimizer_replay: " << s << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,42 @@
+#include "server/shard_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardopt {
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
+    const std::string& listen_address, const ShardServerOptions& options) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::unique_ptr<ShardServer> server(new ShardServer());
+  server->service_ = std::make_unique<ShardServiceImpl>(options);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
+  }
+  return server;
+}
+
+ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+
+void ShardServer::Shutdown(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  service_->Shutdown();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+}
+
+void ShardServer::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
+
+}  // namespace shardopt

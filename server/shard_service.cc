@@ -1,0 +1,356 @@
+#include "server/shard_service.h"
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/proto_convert.h"
+
+namespace shardopt {
+namespace {
+
+constexpr uint32_t kMaxTrainers = 4096;
+constexpr uint32_t kDefaultSliceLength = 8;
+constexpr uint32_t kMaxSliceLength = 4096;
+
+grpc::Status Error(const absl::Status& status) { return ToGrpcStatus(status); }
+
+void SetRange(const FlatRange& range, v1::ShardRange* proto) {
+  proto->set_begin(range.begin);
+  proto->set_end(range.end);
+}
+
+void FillByteCounts(const ShardSnapshot& snap, v1::ByteCounts* bytes) {
+  bytes->set_parameter_bytes(snap.parameter_bytes);
+  bytes->set_optimizer_state_bytes(snap.optimizer_state_bytes);
+  bytes->set_staging_bytes(snap.staging_bytes);
+  bytes->set_gradient_bytes_received(snap.gradient_bytes_received);
+  bytes->set_parameter_bytes_sent(snap.parameter_bytes_sent);
+}
+
+v1::PushGradientsResponse::Outcome OutcomeToProto(PushOutcome outcome) {
+  switch (outcome) {
+    case PushOutcome::kAccepted:
+      return v1::PushGradientsResponse::OUTCOME_ACCEPTED;
+    case PushOutcome::kApplied:
+      return v1::PushGradientsResponse::OUTCOME_APPLIED;
+    case PushOutcome::kDuplicate:
+      return v1::PushGradientsResponse::OUTCOME_DUPLICATE;
+    case PushOutcome::kAlreadyApplied:
+      return v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED;
+  }
+  return v1::PushGradientsResponse::OUTCOME_UNSPECIFIED;
+}
+
+void FillPushResponse(const PushResult& result, v1::PushGradientsResponse* response) {
+  response->set_outcome(OutcomeToProto(result.outcome));
+  response->set_step(result.step);
+  response->set_version(result.version);
+  response->set_trainers_pending(result.trainers_pending);
+}
+
+}  // namespace
+
+ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
+    : options_(options), start_time_(absl::Now()), pool_(options.threads) {}
+
+ShardServiceImpl::~ShardServiceImpl() { Shutdown(); }
+
+void ShardServiceImpl::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  for (auto& [id, model] : models_) model->shard->Shutdown();
+}
+
+absl::Status ShardServiceImpl::CheckShardIndex(uint32_t shard_index) const {
+  if (shard_index != options_.shard_index) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request meant for shard ", shard_index, " reached shard ",
+                     options_.shard_index, " (of ", options_.shard_count, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardServiceImpl::CheckFloat32Payload(v1::DType dtype) const {
+  absl::StatusOr<DType> d = DTypeFromProto(dtype);
+  if (!d.ok()) return d.status();
+  if (*d != DType::kFloat32) {
+    return absl::UnimplementedError(
+        absl::StrCat(DTypeName(*d), " payloads are not supported yet; send float32"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<ShardServiceImpl::Model>> ShardServiceImpl::FindModel(
+    const std::string& model_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = models_.find(model_id);
+  if (it == models_.end()) {
+    return absl::NotFoundError(absl::StrCat("model '", model_id,
+                                            "' is not registered on shard ",
+                                            options_.shard_index));
+  }
+  return it->second;
+}
+
+grpc::Status ShardServiceImpl::RegisterModel(
+    grpc::ServerContext* context, grpc::ServerReader<v1::RegisterModelRequest>* reader,
+    v1::RegisterModelResponse* response) {
+  v1::RegisterModelRequest request;
+  if (!reader->Read(&request) || !request.has_header()) {
+    return Error(absl::InvalidArgumentError("RegisterModel must start with a header"));
+  }
+  const v1::RegisterHeader header = request.header();
+  const v1::ModelConfig& config = header.config();
+  if (config.model_id().empty()) {
+    return Error(absl::InvalidArgumentError("model_id is empty"));
+  }
+  if (absl::Status s = CheckShardIndex(header.shard_index()); !s.ok()) return Error(s);
+  if (config.shard_count() != options_.shard_count) {
+    return Error(absl::FailedPreconditionError(
+        absl::StrCat("model '", config.model_id(), "' is split into ", config.shard_count(),
+                     " shards but this server is one of ", options_.shard_count)));
+  }
+  if (config.num_trainers() == 0 || config.num_trainers() > kMaxTrainers) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("num_trainers ", config.num_trainers(), " is not in [1, ", kMaxTrainers,
+                     "]")));
+  }
+  if (!v1::GradientReduction_IsValid(config.reduction())) {
+    return Error(absl::InvalidArgumentError("unknown gradient reduction"));
+  }
+  absl::StatusOr<ModelLayout> layout = LayoutFromProto(config.layout(), config.shard_count());
+  if (!layout.ok()) return Error(layout.status());
+  absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(config.optimizer());
+  if (!optimizer.ok()) return Error(optimizer.status());
+
+  // An existing model: equal configs attach, different ones are refused.
+  auto answer_existing = [&](const Model& model) {
+    if (!google::protobuf::util::MessageDifferencer::Equals(model.config, config)) {
+      return Error(absl::FailedPreconditionError(absl::StrCat(
+          "model '", config.model_id(), "' is already registered on shard ",
+          options_.shard_index, " with a different config")));
+    }
+    response->set_created(false);
+    response->set_version(model.shard->version());
+    SetRange(model.shard->range(), response->mutable_range());
+    return grpc::Status::OK;
+  };
+  if (absl::StatusOr<std::shared_ptr<Model>> existing = FindModel(config.model_id());
+      existing.ok()) {
+    return answer_existing(**existing);
+  }
+  if (header.attach_only()) {
+    return Error(absl::NotFoundError(absl::StrCat("model '", config.model_id(),
+                                                  "' is not registered on shard ",
+                                                  options_.shard_index, " yet")));
+  }
+
+  const uint64_t size = layout->shard_size();
+  std::vector<float> values(size);
+  uint64_t received = 0;
+  while (reader->Read(&request)) {
+    if (!request.has_values()) {
+      return Error(absl::InvalidArgumentError("RegisterModel sent a second header"));
+    }
+    const v1::TensorChunk& chunk = request.values();
+    const std::string& data = chunk.data();
+    if (data.size() % sizeof(float) != 0 || chunk.offset() != received ||
+        data.size() / sizeof(float) > size - received) {
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          "initial-value chunk at element ", chunk.offset(), " with ", data.size(),
+          " bytes does not continue the ", received, " of ", size, " elements received")));
+    }
+    std::memcpy(values.data() + received, data.data(), data.size());
+    received += data.size() / sizeof(float);
+  }
+  if (context->IsCancelled()) return grpc::Status(grpc::CANCELLED, "client cancelled");
+  if (received != size) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "RegisterModel sent ", received, " of the ", size, " initial values of the range")));
+  }
+  ModelShardOptions shard_options{config.model_id(),
+                                  *layout,
+                                  options_.shard_index,
+                                  *optimizer,
+                                  config.num_trainers(),
+                                  config.reduction() == v1::GRADIENT_REDUCTION_MEAN};
+  absl::StatusOr<std::unique_ptr<ModelShard>> shard =
+      ModelShard::Create(std::move(shard_options), std::move(values), &pool_);
+  if (!shard.ok()) return Error(shard.status());
+
+  auto model = std::make_shared<Model>();
+  model->config = config;
+  model->shard = std::move(*shard);
+  std::shared_ptr<Model> raced;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return Error(absl::UnavailableError("the shard server is shutting down"));
+    auto [it, inserted] = models_.emplace(config.model_id(), model);
+    if (!inserted) raced = it->second;
+  }
+  // Lost a race with a concurrent registration of the same model.
+  if (raced) return answer_existing(*raced);
+  LogInfo("registered model '%s': %d tensors, %d trainers, %s, range [%d, %d)",
+          config.model_id(), layout->tensors().size(), config.num_trainers(),
+          optimizer->DebugString(), model->shard->range().begin, model->shard->range().end);
+  response->set_created(true);
+  response->set_version(0);
+  SetRange(model->shard->range(), response->mutable_range());
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardServiceImpl::PushGradients(
+    grpc::ServerContext* context, grpc::ServerReader<v1::PushGradientsRequest>* reader,
+    v1::PushGradientsResponse* response) {
+  v1::PushGradientsRequest request;
+  if (!reader->Read(&request) || !request.has_header()) {
+    return Error(absl::InvalidArgumentError("PushGradients must start with a header"));
+  }
+  const v1::PushHeader header = request.header();
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(header.model_id());
+  if (!model.ok()) return Error(model.status());
+  if (absl::Status s = CheckShardIndex(header.shard_index()); !s.ok()) return Error(s);
+  if (absl::Status s = CheckFloat32Payload(header.dtype()); !s.ok()) return Error(s);
+  ModelShard& shard = *(*model)->shard;
+  absl::StatusOr<ModelShard::PushStart> start =
+      shard.BeginPush(header.trainer_rank(), header.step(), header.num_elements());
+  if (!start.ok()) return Error(start.status());
+  if (start->immediate) {
+    FillPushResponse(*start->immediate, response);
+    return grpc::Status::OK;
+  }
+  ModelShard::PushWriter& writer = *start->writer;
+  while (reader->Read(&request)) {
+    if (!request.has_chunk()) {
+      return Error(absl::InvalidArgumentError("PushGradients sent a second header"));
+    }
+    const v1::TensorChunk& chunk = request.chunk();
+    if (absl::Status s = writer.Write(chunk.offset(), chunk.data().data(), chunk.data().size());
+        !s.ok()) {
+      return Error(s);
+    }
+  }
+  if (context->IsCancelled()) {
+    return grpc::Status(grpc::CANCELLED, "push cancelled by the client; nothing was staged");
+  }
+  absl::StatusOr<PushResult> result = writer.Commit();
+  if (!result.ok()) return Error(result.status());
+  FillPushResponse(*result, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardServiceImpl::PullParameters(
+    grpc::ServerContext* context, const v1::PullParametersRequest* request,
+    grpc::ServerWriter<v1::PullParametersResponse>* writer) {
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return Error(model.status());
+  if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
+  if (absl::Status s = CheckFloat32Payload(request->dtype()); !s.ok()) return Error(s);
+  if (request->min_version() < 0) {
+    return Error(absl::InvalidArgumentError("min_version is negative"));
+  }
+  ModelShard& shard = *(*model)->shard;
+  const absl::Time deadline = absl::FromChrono(context->deadline());
+  absl::StatusOr<int64_t> version = shard.WaitForVersion(
+      request->min_version(), deadline, [context] { return context->IsCancelled(); });
+  if (!version.ok()) return Error(version.status());
+
+  const uint64_t chunk_elements =
+      std::max<uint64_t>(1, options_.pull_chunk_bytes / sizeof(float));
+  v1::PullParametersResponse response;
+  response.set_version(*version);
+  for (uint64_t offset = 0; offset < shard.size(); offset += chunk_elements) {
+    const uint64_t count = std::min(chunk_elements, shard.size() - offset);
+    v1::TensorChunk* chunk = response.mutable_chunk();
+    chunk->set_offset(offset);
+    std::string* data = chunk->mutable_data();
+    data->resize(count * sizeof(float));
+    absl::Status read =
+        shard.ReadParameters(*version, offset, count, reinterpret_cast<float*>(data->data()));
+    if (!read.ok()) return Error(read);
+    if (!writer->Write(response)) {
+      return grpc::Status(grpc::CANCELLED, "client went away during the pull");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
+                                       const v1::InspectRequest* request,
+                                       v1::InspectResponse* response) {
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return Error(model.status());
+  ModelShard& shard = *(*model)->shard;
+  uint32_t length = request->slice_length() == 0 ? kDefaultSliceLength : request->slice_length();
+  length = std::min(length, kMaxSliceLength);
+  absl::StatusOr<ShardSnapshot> snap =
+      shard.Snapshot(request->tensor_name(), request->slice_offset(), length,
+                     /*with_tensor_stats=*/true);
+  if (!snap.ok()) return Error(snap.status());
+
+  const v1::ModelConfig& config = (*model)->config;
+  response->set_model_id(config.model_id());
+  response->set_shard_index(options_.shard_index);
+  response->set_shard_count(options_.shard_count);
+  SetRange(shard.range(), response->mutable_range());
+  response->set_version(snap->version);
+  response->set_next_step(snap->version + 1);
+  response->set_num_trainers(config.num_trainers());
+  for (uint32_t r : snap->trainers_pushed) response->add_trainers_pushed(r);
+  *response->mutable_optimizer() = config.optimizer();
+  response->set_reduction(config.reduction());
+  for (const TensorPieceStats& t : snap->tensors) {
+    const TensorPlacement& placement = shard.layout().tensors()[t.piece.tensor_index];
+    v1::TensorStats* stats = response->add_tensors();
+    stats->set_name(placement.spec.name);
+    for (int64_t d : placement.spec.shape) stats->add_shape(d);
+    stats->set_tensor_offset(t.piece.tensor_offset);
+    stats->set_num_elements(t.piece.size);
+    stats->set_l2_norm(t.l2_norm);
+    stats->set_min(t.min);
+    stats->set_max(t.max);
+    stats->set_mean(t.mean);
+  }
+  response->set_slice_offset(request->slice_offset());
+  for (float v : snap->values) response->add_values(v);
+  FillByteCounts(*snap, response->mutable_bytes());
+  *response->mutable_layout() = config.layout();
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
+                                             const v1::GetServerInfoRequest* request,
+                                             v1::ServerInfo* response) {
+  response->set_shard_index(options_.shard_index);
+  response->set_shard_count(options_.shard_count);
+  response->set_device("cpu");
+  response->set_threads(pool_.threads());
+  response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  std::vector<std::shared_ptr<Model>> models;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, model] : models_) models.push_back(model);
+  }
+  for (const std::shared_ptr<Model>& model : models) {
+    v1::ModelSummary* summary = response->add_models();
+    summary->set_model_id(model->config.model_id());
+    summary->set_num_trainers(model->config.num_trainers());
+    summary->set_optimizer(OptimizerKindName(model->shard->options().optimizer.kind));
+    SetRange(model->shard->range(), summary->mutable_range());
+    absl::StatusOr<ShardSnapshot> snap =
+        model->shard->Snapshot("", 0, 0, /*with_tensor_stats=*/false);
+    if (snap.ok()) {
+      summary->set_version(snap->version);
+      FillByteCounts(*snap, summary->mutable_bytes());
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace shardopt

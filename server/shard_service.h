@@ -1,0 +1,75 @@
+// ShardServiceImpl: the gRPC face of one shard server (shardopt.v1.ShardService).
+//
+// Owns the models registered on this shard (model_id -> ModelShard) and
+// translates between the wire contract and ModelShard: it validates every
+// request before touching state, so a malformed call gets INVALID_ARGUMENT /
+// NOT_FOUND / FAILED_PRECONDITION / UNIMPLEMENTED and changes nothing.
+// Thread-safe; gRPC's sync server calls it from many threads.
+#ifndef SHARDOPT_SERVER_SHARD_SERVICE_H_
+#define SHARDOPT_SERVER_SHARD_SERVICE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "server/model_shard.h"
+#include "server/parallel_for.h"
+
+namespace shardopt {
+
+struct ShardServerOptions {
+  uint32_t shard_index = 0;
+  uint32_t shard_count = 1;
+  int threads = 1;
+  // Bytes of parameter data per PullParameters message.
+  size_t pull_chunk_bytes = 4 << 20;
+};
+
+class ShardServiceImpl final : public v1::ShardService::Service {
+ public:
+  explicit ShardServiceImpl(const ShardServerOptions& options);
+  ~ShardServiceImpl() override;
+
+  grpc::Status RegisterModel(grpc::ServerContext* context,
+                             grpc::ServerReader<v1::RegisterModelRequest>* reader,
+                             v1::RegisterModelResponse* response) override;
+  grpc::Status PushGradients(grpc::ServerContext* context,
+                             grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                             v1::PushGradientsResponse* response) override;
+  grpc::Status PullParameters(grpc::ServerContext* context,
+                              const v1::PullParametersRequest* request,
+                              grpc::ServerWriter<v1::PullParametersResponse>* writer) override;
+  grpc::Status Inspect(grpc::ServerContext* context, const v1::InspectRequest* request,
+                       v1::InspectResponse* response) override;
+  grpc::Status GetServerInfo(grpc::ServerContext* context,
+                             const v1::GetServerInfoRequest* request,
+                             v1::ServerInfo* response) override;
+
+  // Wakes blocked pulls with UNAVAILABLE; call before grpc::Server::Shutdown.
+  void Shutdown();
+
+ private:
+  struct Model {
+    v1::ModelConfig config;
+    std::unique_ptr<ModelShard> shard;
+  };
+
+  // NOT_FOUND naming the model and this shard.
+  absl::StatusOr<std::shared_ptr<Model>> FindModel(const std::string& model_id);
+  absl::Status CheckShardIndex(uint32_t shard_index) const;
+  absl::Status CheckFloat32Payload(v1::DType dtype) const;
+
+  const ShardServerOptions options_;
+  const absl::Time start_time_;
+  ThreadPool pool_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Model>> models_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_SHARD_SERVICE_H_

@@ -1,0 +1,89 @@
+// Synchronous data-parallel training across real processes on loopback:
+// S shard servers x T trainer processes, every optimizer, compared with a
+// single-process run of the same optimizer on the same reduced gradients.
+// The per-element arithmetic is the same whatever S is, so the match must be
+// bit-identical.
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "tests/support/process.h"
+#include "tests/support/synthetic.h"
+
+namespace shardopt::testing {
+namespace {
+
+constexpr int kSteps = 25;
+constexpr uint64_t kSeed = 42;
+const std::vector<std::string> kOptimizers = {"sgd",   "sgd_momentum", "sgd_nesterov",
+                                              "adam",  "adam_l2",      "adamw",
+                                              "adamw_amsgrad", "adagrad"};
+
+class EndToEndTest : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t>> {};
+
+TEST_P(EndToEndTest, MatchesSingleProcessRunBitForBit) {
+  const auto [shards, trainers] = GetParam();
+  absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers = StartCluster(shards);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::string out_root = MakeTempDir("e2e");
+
+  std::vector<std::unique_ptr<ChildProcess>> trainer_procs;
+  for (uint32_t r = 0; r < trainers; ++r) {
+    const std::string out_dir = absl::StrCat(out_root, "/rank", r);
+    ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
+    absl::StatusOr<std::unique_ptr<ChildProcess>> proc = ChildProcess::Start(
+        Runfile("tests/test_trainer"),
+        {"--servers=" + absl::StrJoin(Addresses(*servers), ","), absl::StrCat("--rank=", r),
+         absl::StrCat("--num_trainers=", trainers), "--models=" + absl::StrJoin(kOptimizers, ","),
+         absl::StrCat("--steps=", kSteps), absl::StrCat("--seed=", kSeed),
+         "--out_dir=" + out_dir});
+    ASSERT_TRUE(proc.ok()) << proc.status();
+    trainer_procs.push_back(std::move(*proc));
+  }
+  for (auto& proc : trainer_procs) {
+    std::optional<int> rc = proc->Wait(absl::Seconds(240));
+    ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
+    ASSERT_EQ(*rc, 0) << "trainer failed";
+  }
+
+  for (const std::string& name : kOptimizers) {
+    const ModelSpec spec = SyntheticModelSpec(name, OptimizerByName(name).value(), trainers);
+    const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, shards).value();
+    const std::vector<float> expected = ReferenceRun(spec, layout, kSteps, kSeed);
+    const std::vector<float> initial = SyntheticInitialParams(layout, kSeed);
+    ASSERT_NE(std::memcmp(expected.data(), initial.data(), expected.size() * sizeof(float)), 0)
+        << name << ": the reference did not move";
+    for (uint32_t r = 0; r < trainers; ++r) {
+      absl::StatusOr<std::vector<float>> got =
+          ReadFloats(absl::StrCat(out_root, "/rank", r, "/", name, ".bin"));
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->size(), expected.size()) << name;
+      size_t mismatches = 0;
+      for (const TensorPlacement& t : layout.tensors()) {
+        for (uint64_t i = 0; i < t.size; ++i) {
+          const float a = (*got)[t.offset + i], b = expected[t.offset + i];
+          if (std::memcmp(&a, &b, sizeof(float)) != 0 && mismatches++ < 5) {
+            ADD_FAILURE() << name << " rank " << r << " " << t.spec.name << "[" << i
+                          << "]: " << a << " != " << b;
+          }
+        }
+      }
+      EXPECT_EQ(mismatches, 0u) << name << " rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ShardsByTrainers, EndToEndTest,
+                         ::testing::Combine(::testing::Values(1u, 2u, 3u),
+                                            ::testing::Values(1u, 2u)),
+                         [](const auto& info) {
+                           return absl::StrCat("S", std::get<0>(info.param), "_T",
+                                               std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace shardopt::testing

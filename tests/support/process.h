@@ -1,0 +1,65 @@
+// Test support: real child processes (shard servers, trainers) for tests.
+//
+// ChildProcess runs a binary with arguments, its stdout/stderr going to the
+// test's log, and is killed (SIGKILL) and reaped when destroyed if still
+// running. ServerProcess starts `shardopt_server` on 127.0.0.1 with port 0
+// and waits (bounded) for the port file, so ports never collide.
+#ifndef SHARDOPT_TESTS_SUPPORT_PROCESS_H_
+#define SHARDOPT_TESTS_SUPPORT_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace shardopt::testing {
+
+// Absolute path of a file in the test's runfiles ("server/shardopt_server").
+std::string Runfile(const std::string& workspace_relative_path);
+
+// A fresh empty directory under the test's temporary directory.
+std::string MakeTempDir(const std::string& prefix);
+
+class ChildProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const std::string& binary,
+                                                             const std::vector<std::string>& args);
+  ~ChildProcess();
+
+  pid_t pid() const { return pid_; }
+  void Signal(int signal_number);
+  // Waits up to `timeout`; returns the exit code (128 + signal when killed),
+  // or nullopt if still running.
+  std::optional<int> Wait(absl::Duration timeout);
+
+ private:
+  explicit ChildProcess(pid_t pid) : pid_(pid) {}
+  pid_t pid_;
+  std::optional<int> exit_code_;
+};
+
+class ServerProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
+      uint32_t shard_index, uint32_t shard_count, const std::vector<std::string>& extra_flags = {});
+
+  const std::string& address() const { return address_; }
+  ChildProcess& process() { return *process_; }
+
+ private:
+  std::unique_ptr<ChildProcess> process_;
+  std::string address_;
+};
+
+// Starts S servers (shard 0..S-1 of S); their addresses in shard order.
+absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(uint32_t shard_count);
+std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProcess>>& servers);
+
+}  // namespace shardopt::testing
+
+#endif  // SHARDOPT_TESTS_SUPPORT_PROCESS_H_

@@ -1,0 +1,143 @@
+#include "tests/support/synthetic.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "server/optim/optimizer.h"
+
+namespace shardopt::testing {
+namespace {
+
+// SplitMix64: a well-mixed hash of the element's coordinates.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [-1, 1), exactly representable in fp32.
+float UnitNoise(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  const uint64_t h = Mix(Mix(Mix(Mix(a) ^ b) ^ c) ^ d);
+  return static_cast<float>(static_cast<int64_t>(h >> 40) - (int64_t{1} << 23)) /
+         static_cast<float>(int64_t{1} << 23);
+}
+
+}  // namespace
+
+absl::StatusOr<OptimizerConfig> OptimizerByName(const std::string& name) {
+  if (name == "sgd") return OptimizerConfig::Sgd(0.05);
+  if (name == "sgd_momentum") {
+    OptimizerConfig c = OptimizerConfig::Sgd(0.05);
+    c.momentum = 0.9;
+    c.dampening = 0.1;
+    c.weight_decay = 1e-3;
+    return c;
+  }
+  if (name == "sgd_nesterov") {
+    OptimizerConfig c = OptimizerConfig::Sgd(0.05);
+    c.momentum = 0.9;
+    c.nesterov = true;
+    return c;
+  }
+  if (name == "adam") return OptimizerConfig::Adam(1e-2);
+  if (name == "adam_l2") {
+    OptimizerConfig c = OptimizerConfig::Adam(1e-2);
+    c.weight_decay = 1e-2;
+    return c;
+  }
+  if (name == "adamw") return OptimizerConfig::AdamW(1e-2);
+  if (name == "adamw_amsgrad") {
+    OptimizerConfig c = OptimizerConfig::AdamW(1e-2);
+    c.amsgrad = true;
+    return c;
+  }
+  if (name == "adagrad") {
+    OptimizerConfig c = OptimizerConfig::Adagrad(0.1);
+    c.lr_decay = 1e-3;
+    c.initial_accumulator_value = 0.1;
+    return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown optimizer name '", name, "'"));
+}
+
+ModelSpec SyntheticModelSpec(const std::string& model_id, const OptimizerConfig& optimizer,
+                             uint32_t num_trainers) {
+  ModelSpec spec;
+  spec.model_id = model_id;
+  spec.tensors = {
+      {"embed.weight", {37, 19}, DType::kFloat32}, {"layer1.weight", {19, 23}, DType::kFloat32},
+      {"layer1.bias", {23}, DType::kFloat32},      {"layer2.weight", {23, 5}, DType::kFloat32},
+      {"layer2.bias", {5}, DType::kFloat32},       {"temperature", {}, DType::kFloat32},
+  };
+  spec.alignment = 16;
+  spec.optimizer = optimizer;
+  spec.num_trainers = num_trainers;
+  return spec;
+}
+
+std::vector<float> SyntheticInitialParams(const ModelLayout& layout, uint64_t seed) {
+  std::vector<float> params(layout.total_elements(), 0.0f);
+  for (const TensorPlacement& t : layout.tensors()) {
+    for (uint64_t i = 0; i < t.size; ++i) {
+      params[t.offset + i] = 0.5f * UnitNoise(seed, 0xA11, t.offset, i);
+    }
+  }
+  return params;
+}
+
+void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params,
+                       uint32_t rank, int64_t step, uint64_t seed, absl::Span<float> grad) {
+  std::fill(grad.begin(), grad.end(), 0.0f);
+  for (const TensorPlacement& t : layout.tensors()) {
+    for (uint64_t i = 0; i < t.size; ++i) {
+      const uint64_t flat = t.offset + i;
+      const float target = 0.25f * UnitNoise(seed, 0x7A6, t.offset, i);
+      const float noise = 0.1f * UnitNoise(seed ^ rank, static_cast<uint64_t>(step), flat, 3);
+      grad[flat] = 0.5f * params[flat] - target + noise + 0.01f * static_cast<float>(rank);
+    }
+  }
+}
+
+std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout, int steps,
+                                uint64_t seed) {
+  std::vector<float> params = SyntheticInitialParams(layout, seed);
+  std::unique_ptr<Optimizer> optimizer =
+      std::move(Optimizer::Create(spec.optimizer, params.size()).value());
+  std::vector<float> sum(params.size()), grad(params.size());
+  for (int64_t step = 1; step <= steps; ++step) {
+    for (uint32_t r = 0; r < spec.num_trainers; ++r) {
+      SyntheticGradient(layout, params, r, step, seed, r == 0 ? absl::MakeSpan(sum)
+                                                              : absl::MakeSpan(grad));
+      if (r > 0) {
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += grad[i];
+      }
+    }
+    if (spec.reduction == GradientReduction::kMean && spec.num_trainers > 1) {
+      const float divisor = static_cast<float>(spec.num_trainers);
+      for (float& v : sum) v /= divisor;
+    }
+    optimizer->Update(step, params.data(), sum.data(), 0, params.size());
+  }
+  return params;
+}
+
+absl::Status WriteFloats(const std::string& path, absl::Span<const float> values) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(values.data()),
+            static_cast<std::streamsize>(values.size() * sizeof(float)));
+  if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> ReadFloats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in.good()) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  const std::streamsize bytes = in.tellg();
+  in.seekg(0);
+  std::vector<float> values(static_cast<size_t>(bytes) / sizeof(float));
+  in.read(reinterpret_cast<char*>(values.data()), bytes);
+  return values;
+}
+
+}  // namespace shardopt::testing

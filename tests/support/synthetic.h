@@ -1,0 +1,52 @@
+// Test support: a deterministic synthetic training workload, and the
+// single-process reference run it must reproduce.
+//
+// The gradient of trainer r at step k depends on the parameters it pulled
+// (g = 0.5 * p - target + noise(seed, r, k, i)), so a trainer that trained on
+// stale or torn parameters ends somewhere else: comparing final parameters
+// checks the whole push/reduce/update/pull loop, not just the kernels.
+#ifndef SHARDOPT_TESTS_SUPPORT_SYNTHETIC_H_
+#define SHARDOPT_TESTS_SUPPORT_SYNTHETIC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/trainer_client.h"
+#include "common/layout.h"
+#include "common/optimizer_config.h"
+
+namespace shardopt::testing {
+
+// Optimizer configs by short name: "sgd", "sgd_momentum", "sgd_nesterov",
+// "adam", "adam_l2", "adamw", "adamw_amsgrad", "adagrad". INVALID_ARGUMENT
+// otherwise.
+absl::StatusOr<OptimizerConfig> OptimizerByName(const std::string& name);
+
+// A model of odd-shaped tensors (so tensors straddle shards), named model_id.
+ModelSpec SyntheticModelSpec(const std::string& model_id, const OptimizerConfig& optimizer,
+                             uint32_t num_trainers);
+
+// Initial values: deterministic per (seed, element), zero in padding.
+std::vector<float> SyntheticInitialParams(const ModelLayout& layout, uint64_t seed);
+
+// Trainer `rank`'s gradient for `step` given the parameters it holds.
+void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params,
+                       uint32_t rank, int64_t step, uint64_t seed, absl::Span<float> grad);
+
+// Trains `spec` for `steps` steps in one process, reducing the trainers'
+// gradients as the shards do (sum in rank order, then / T for the mean).
+// Returns the flat parameters of `layout` (any shard count: tensors sit at
+// the same offsets).
+std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout, int steps,
+                                uint64_t seed);
+
+// Reads / writes a flat fp32 buffer as raw bytes.
+absl::Status WriteFloats(const std::string& path, absl::Span<const float> values);
+absl::StatusOr<std::vector<float>> ReadFloats(const std::string& path);
+
+}  // namespace shardopt::testing
+
+#endif  // SHARDOPT_TESTS_SUPPORT_SYNTHETIC_H_

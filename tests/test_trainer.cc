@@ -1,0 +1,100 @@
+// test_trainer: one trainer process of the end-to-end tests.
+//
+// Trains one synthetic model per name in --models against the shard servers
+// in --servers, as rank --rank of --num_trainers, for --steps steps, and
+// writes each model's final flat parameters to <out_dir>/<model>.bin.
+// Exits non-zero with the client's error on any failure.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "client/trainer_client.h"
+#include "tests/support/synthetic.h"
+
+ABSL_FLAG(std::string, servers, "", "Comma-separated shard addresses, in shard order.");
+ABSL_FLAG(uint32_t, rank, 0, "This trainer's rank.");
+ABSL_FLAG(uint32_t, num_trainers, 1, "Number of trainers.");
+ABSL_FLAG(std::string, models, "adamw", "Comma-separated optimizer names, one model each.");
+ABSL_FLAG(int, steps, 20, "Steps to train.");
+ABSL_FLAG(uint64_t, seed, 1, "Data seed.");
+ABSL_FLAG(std::string, out_dir, "", "Where to write <model>.bin.");
+ABSL_FLAG(uint64_t, chunk_bytes, 1000, "Bytes per streamed chunk (small: many chunks).");
+
+namespace shardopt::testing {
+namespace {
+
+int Train(const std::string& name) {
+  absl::StatusOr<OptimizerConfig> optimizer = OptimizerByName(name);
+  if (!optimizer.ok()) {
+    fprintf(stderr, "%s\n", optimizer.status().ToString().c_str());
+    return 2;
+  }
+  const std::vector<std::string> servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',');
+  TrainerClientOptions options;
+  options.trainer_rank = absl::GetFlag(FLAGS_rank);
+  options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  options.rpc_timeout = absl::Seconds(30);
+  absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(servers, options);
+  if (!client.ok()) {
+    fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  const ModelSpec spec = SyntheticModelSpec(name, *optimizer, absl::GetFlag(FLAGS_num_trainers));
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  absl::Status status;
+  std::vector<float> params;
+  if (options.trainer_rank == 0) {
+    const ModelLayout layout =
+        ModelLayout::Create(spec.tensors, spec.alignment, servers.size()).value();
+    params = SyntheticInitialParams(layout, seed);
+    status = (*client)->Register(spec, params);
+  } else {
+    status = (*client)->Attach(spec);
+    if (status.ok()) {
+      params = (*client)->NewFlatBuffer();
+      status = (*client)->Pull(0, absl::MakeSpan(params)).status();
+    }
+  }
+  if (!status.ok()) {
+    fprintf(stderr, "rank %u: %s\n", options.trainer_rank, status.ToString().c_str());
+    return 1;
+  }
+  std::vector<float> grad = (*client)->NewFlatBuffer();
+  for (int64_t step = 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
+    SyntheticGradient((*client)->layout(), params, options.trainer_rank, step, seed,
+                      absl::MakeSpan(grad));
+    absl::StatusOr<StepResult> result =
+        (*client)->Step(step, grad, absl::MakeSpan(params));
+    if (!result.ok()) {
+      fprintf(stderr, "rank %u step %ld: %s\n", options.trainer_rank, static_cast<long>(step),
+              result.status().ToString().c_str());
+      return 1;
+    }
+    if (result->version != step) {
+      fprintf(stderr, "rank %u pulled version %ld after step %ld\n", options.trainer_rank,
+              static_cast<long>(result->version), static_cast<long>(step));
+      return 1;
+    }
+  }
+  const std::string out = absl::GetFlag(FLAGS_out_dir) + "/" + name + ".bin";
+  if (absl::Status s = WriteFloats(out, params); !s.ok()) {
+    fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardopt::testing
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_models), ',');
+  for (const std::string& name : names) {
+    if (int rc = shardopt::testing::Train(name); rc != 0) return rc;
+  }
+  return 0;
+}
