@@ -324,9 +324,9 @@ TEST_P(ReferenceTest, MatchesFloat64) {
     max_abs_p = std::max(max_abs_p, std::fabs(traj[i].p));
   }
   std::printf("%-50s single-step worst (x FLT_EPSILON * scale): p %.3f slots %.3f %.3f %.3f; "
-              "trajectory max rel err %.3g (max |p| %.3g)\n",
+              "trajectory max rel err %.3g (bound %.0e, max |p| %.3g)\n",
               GetParam().name.c_str(), worst_ulps[0], worst_ulps[1], worst_ulps[2],
-              worst_ulps[3], traj_err, max_abs_p);
+              worst_ulps[3], traj_err, GetParam().trajectory_bound, max_abs_p);
   g_worst_single_step_ulps = std::max(
       {g_worst_single_step_ulps, worst_ulps[0], worst_ulps[1], worst_ulps[2], worst_ulps[3]});
   g_worst_trajectory = std::max(g_worst_trajectory, traj_err);

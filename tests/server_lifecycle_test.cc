@@ -1,0 +1,146 @@
+// The shard daemon as an operator sees it: health and reflection answer (so
+// grpcurl works), GetServerInfo describes it, bad flags fail at start, and
+// SIGTERM / SIGINT stop it cleanly, waking blocked pulls with UNAVAILABLE.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <google/protobuf/descriptor.pb.h>
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/trainer_client.h"
+#include "gtest/gtest.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "tests/protos/health.grpc.pb.h"
+#include "tests/protos/reflection.grpc.pb.h"
+#include "tests/support/process.h"
+#include "tests/support/synthetic.h"
+
+namespace shardopt::testing {
+namespace {
+
+namespace refl = ::grpc::reflection::v1alpha;
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+}
+
+TEST(ServerLifecycleTest, HealthServiceReportsServing) {
+  auto server = ServerProcess::Start(0, 1);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto health = ::grpc::health::v1::Health::NewStub(Channel((*server)->address()));
+  grpc::ClientContext context;
+  ::grpc::health::v1::HealthCheckRequest request;
+  ::grpc::health::v1::HealthCheckResponse response;
+  grpc::Status s = health->Check(&context, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.status(), ::grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST(ServerLifecycleTest, ReflectionListsServicesAndServesTheContract) {
+  auto server = ServerProcess::Start(0, 1);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto reflection = refl::ServerReflection::NewStub(Channel((*server)->address()));
+  grpc::ClientContext context;
+  auto stream = reflection->ServerReflectionInfo(&context);
+
+  refl::ServerReflectionRequest list;
+  list.set_list_services("");
+  ASSERT_TRUE(stream->Write(list));
+  refl::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> services;
+  for (const auto& s : response.list_services_response().service()) services.push_back(s.name());
+  EXPECT_NE(std::find(services.begin(), services.end(), "shardopt.v1.ShardService"),
+            services.end());
+  EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"),
+            services.end());
+
+  refl::ServerReflectionRequest symbol;
+  symbol.set_file_containing_symbol("shardopt.v1.ShardService");
+  ASSERT_TRUE(stream->Write(symbol));
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_GT(response.file_descriptor_response().file_descriptor_proto_size(), 0);
+  google::protobuf::FileDescriptorProto file;
+  ASSERT_TRUE(file.ParseFromString(response.file_descriptor_response().file_descriptor_proto(0)));
+  EXPECT_EQ(file.package(), "shardopt.v1");
+  bool has_push = false;
+  for (const auto& service : file.service()) {
+    for (const auto& method : service.method()) has_push |= method.name() == "PushGradients";
+  }
+  EXPECT_TRUE(has_push);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(ServerLifecycleTest, ServerInfoDescribesShardAndModels) {
+  auto servers = StartCluster(2);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  TrainerClientOptions options;
+  auto client = TrainerClient::Connect(Addresses(*servers), options);
+  ASSERT_TRUE(client.ok());
+  const ModelSpec spec = SyntheticModelSpec("info", OptimizerConfig::AdamW(), 1);
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 2).value();
+  ASSERT_TRUE((*client)->Register(spec, SyntheticInitialParams(layout, 1)).ok());
+
+  auto stub = v1::ShardService::NewStub(Channel((*servers)[1]->address()));
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.shard_index(), 1u);
+  EXPECT_EQ(info.shard_count(), 2u);
+  EXPECT_EQ(info.device(), "cpu");
+  EXPECT_EQ(info.threads(), 2u);
+  ASSERT_EQ(info.models_size(), 1);
+  EXPECT_EQ(info.models(0).model_id(), "info");
+  EXPECT_EQ(info.models(0).optimizer(), "adamw");
+  EXPECT_EQ(info.models(0).range().begin(), layout.ShardRange(1).begin);
+  EXPECT_EQ(info.models(0).bytes().parameter_bytes(), layout.shard_size() * 4);
+}
+
+TEST(ServerLifecycleTest, SigtermStopsCleanlyAndWakesBlockedPulls) {
+  for (int signal_number : {SIGTERM, SIGINT}) {
+    auto servers = StartCluster(1);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    TrainerClientOptions options;
+    options.retry_budget = absl::ZeroDuration();  // Report the first failure.
+    auto client = TrainerClient::Connect(Addresses(*servers), options);
+    ASSERT_TRUE(client.ok());
+    const ModelSpec spec = SyntheticModelSpec("m", OptimizerConfig::Sgd(0.1), 2);
+    const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
+    std::vector<float> params = SyntheticInitialParams(layout, 1);
+    ASSERT_TRUE((*client)->Register(spec, params).ok());
+
+    // Version 1 never comes (trainer 1 never pushes): the pull blocks.
+    absl::StatusOr<int64_t> pulled;
+    std::thread puller([&] { pulled = (*client)->Pull(1, absl::MakeSpan(params)); });
+    absl::SleepFor(absl::Milliseconds(300));
+    (*servers)[0]->process().Signal(signal_number);
+    std::optional<int> rc = (*servers)[0]->process().Wait(absl::Seconds(20));
+    puller.join();
+    ASSERT_TRUE(rc.has_value()) << "server did not stop";
+    EXPECT_EQ(*rc, 0);
+    EXPECT_EQ(pulled.status().code(), absl::StatusCode::kUnavailable) << pulled.status();
+  }
+}
+
+TEST(ServerLifecycleTest, BadFlagsFailAtStartWithAMessage) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--shard_index=2", "--shard_count=2"},
+                                              {"--device=cuda:0"},
+                                              {"--device=tpu"}}) {
+    std::vector<std::string> full = {"--listen=127.0.0.1:0"};
+    full.insert(full.end(), args.begin(), args.end());
+    auto proc = ChildProcess::Start(Runfile("server/shardopt_server"), full);
+    ASSERT_TRUE(proc.ok());
+    std::optional<int> rc = (*proc)->Wait(absl::Seconds(20));
+    ASSERT_TRUE(rc.has_value());
+    EXPECT_EQ(*rc, 2) << args[0];
+  }
+}
+
+}  // namespace
+}  // namespace shardopt::testing
