@@ -14,8 +14,8 @@
 #include "client/trainer_client.h"
 #include "gtest/gtest.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
-#include "tests/protos/health.grpc.pb.h"
-#include "tests/protos/reflection.grpc.pb.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "proto/grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic.h"
 

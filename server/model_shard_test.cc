@@ -1,0 +1,235 @@
+// ModelShard without gRPC: arrival order, concurrency, torn-pull detection.
+#include "server/model_shard.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardopt {
+namespace {
+
+constexpr uint32_t kShards = 2;
+constexpr uint32_t kShard = 1;
+
+ModelLayout TestLayout() {
+  return ModelLayout::Create({{"a", {1000, 3}}, {"b", {77}}}, 16, kShards).value();
+}
+
+std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
+                                      OptimizerConfig optimizer = OptimizerConfig::AdamW(0.01)) {
+  ModelShardOptions options{"m", TestLayout(), kShard, optimizer, trainers, true};
+  std::vector<float> init(options.layout.shard_size());
+  for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 97);
+  return ModelShard::Create(std::move(options), std::move(init), pool).value();
+}
+
+std::vector<float> Grad(uint32_t rank, int64_t step, size_t n) {
+  std::mt19937 rng(rank * 1000003u + static_cast<uint32_t>(step));
+  std::normal_distribution<float> dist;
+  std::vector<float> g(n);
+  for (float& v : g) v = dist(rng);
+  return g;
+}
+
+absl::StatusOr<PushResult> PushAll(ModelShard& shard, uint32_t rank, int64_t step,
+                                   size_t chunk = 333) {
+  const std::vector<float> g = Grad(rank, step, shard.size());
+  absl::StatusOr<ModelShard::PushStart> start = shard.BeginPush(rank, step, shard.size());
+  if (!start.ok()) return start.status();
+  if (start->immediate) return *start->immediate;
+  for (size_t off = 0; off < g.size(); off += chunk) {
+    const size_t count = std::min(chunk, g.size() - off);
+    absl::Status s = start->writer->Write(off, g.data() + off, count * sizeof(float));
+    if (!s.ok()) return s;
+  }
+  return start->writer->Commit();
+}
+
+std::vector<float> ReadAll(ModelShard& shard, int64_t version) {
+  std::vector<float> out(shard.size());
+  EXPECT_TRUE(shard.ReadParameters(version, 0, out.size(), out.data()).ok());
+  return out;
+}
+
+TEST(ModelShardTest, ResultDoesNotDependOnArrivalOrder) {
+  ThreadPool pool(2);
+  std::vector<std::vector<float>> results;
+  std::vector<uint32_t> order = {0, 1, 2};
+  do {
+    std::unique_ptr<ModelShard> shard = MakeShard(&pool, 3);
+    for (int64_t step = 1; step <= 5; ++step) {
+      for (uint32_t rank : order) {
+        absl::StatusOr<PushResult> r = PushAll(*shard, rank, step);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->outcome, rank == order.back() ? PushOutcome::kApplied
+                                                   : PushOutcome::kAccepted);
+      }
+    }
+    results.push_back(ReadAll(*shard, 5));
+  } while (std::next_permutation(order.begin(), order.end()));
+  for (const auto& r : results) {
+    ASSERT_EQ(std::memcmp(r.data(), results[0].data(), r.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(ModelShardTest, ThreadCountDoesNotChangeTheResult) {
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    std::unique_ptr<ModelShard> shard = MakeShard(&pool, 2);
+    for (int64_t step = 1; step <= 4; ++step) {
+      ASSERT_TRUE(PushAll(*shard, 1, step).ok());
+      ASSERT_TRUE(PushAll(*shard, 0, step).ok());
+    }
+    results.push_back(ReadAll(*shard, 4));
+  }
+  for (const auto& r : results) {
+    ASSERT_EQ(std::memcmp(r.data(), results[0].data(), r.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(ModelShardTest, ConcurrentTrainersStepInLockstep) {
+  ThreadPool pool(2);
+  constexpr uint32_t kTrainers = 4;
+  constexpr int64_t kSteps = 60;
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, kTrainers);
+  std::vector<std::thread> trainers;
+  std::vector<std::string> errors(kTrainers);
+  std::vector<std::vector<float>> finals(kTrainers);
+  for (uint32_t rank = 0; rank < kTrainers; ++rank) {
+    trainers.emplace_back([&, rank] {
+      for (int64_t step = 1; step <= kSteps; ++step) {
+        absl::StatusOr<PushResult> r = PushAll(*shard, rank, step, 100 + rank);
+        if (!r.ok()) {
+          errors[rank] = r.status().ToString();
+          return;
+        }
+        absl::StatusOr<int64_t> v = shard->WaitForVersion(
+            step, absl::Now() + absl::Seconds(30), [] { return false; });
+        if (!v.ok() || *v != step) {
+          errors[rank] = "wait failed at step " + std::to_string(step);
+          return;
+        }
+        std::vector<float> out(shard->size());
+        // Nobody can push step + 1 before this trainer does: the read is stable.
+        absl::Status s = shard->ReadParameters(step, 0, out.size(), out.data());
+        if (!s.ok()) {
+          errors[rank] = s.ToString();
+          return;
+        }
+        if (step == kSteps) finals[rank] = out;
+      }
+    });
+  }
+  for (std::thread& t : trainers) t.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(shard->version(), kSteps);
+
+  // Sequential replay of the same pushes gives the same bits.
+  std::unique_ptr<ModelShard> serial = MakeShard(&pool, kTrainers);
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    for (uint32_t rank = 0; rank < kTrainers; ++rank) ASSERT_TRUE(PushAll(*serial, rank, step).ok());
+  }
+  const std::vector<float> expected = ReadAll(*serial, kSteps);
+  for (const auto& f : finals) {
+    ASSERT_EQ(f.size(), expected.size());
+    EXPECT_EQ(std::memcmp(f.data(), expected.data(), f.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(ModelShardTest, ReadOfAnOldVersionIsAborted) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, 1);
+  std::vector<float> out(10);
+  ASSERT_TRUE(shard->ReadParameters(0, 0, 10, out.data()).ok());
+  ASSERT_TRUE(PushAll(*shard, 0, 1).ok());
+  EXPECT_EQ(shard->ReadParameters(0, 0, 10, out.data()).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(shard->ReadParameters(1, 0, 10, out.data()).ok());
+  EXPECT_EQ(shard->ReadParameters(1, shard->size() - 5, 10, out.data()).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+TEST(ModelShardTest, ConcurrentPushOfTheSameRankIsAbortedUntilTheFirstEnds) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, 2);
+  absl::StatusOr<ModelShard::PushStart> first = shard->BeginPush(0, 1, shard->size());
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(first->writer != nullptr);
+  EXPECT_EQ(shard->BeginPush(0, 1, shard->size()).status().code(), absl::StatusCode::kAborted);
+  first->writer.reset();  // The first stream broke off.
+  absl::StatusOr<PushResult> retry = PushAll(*shard, 0, 1);
+  ASSERT_TRUE(retry.ok());
+  EXPECT_EQ(retry->outcome, PushOutcome::kAccepted);
+}
+
+TEST(ModelShardTest, WaitHonoursDeadlineCancellationAndShutdown) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, 1);
+  EXPECT_EQ(shard->WaitForVersion(1, absl::Now() + absl::Milliseconds(100), nullptr)
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(shard->WaitForVersion(1, absl::Now() + absl::Seconds(30), [] { return true; })
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    shard->Shutdown();
+  });
+  EXPECT_EQ(shard->WaitForVersion(1, absl::Now() + absl::Seconds(30), nullptr).status().code(),
+            absl::StatusCode::kUnavailable);
+  stopper.join();
+}
+
+TEST(ModelShardTest, SumReductionAndSnapshot) {
+  ThreadPool pool(1);
+  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(1.0), 2, false};
+  std::vector<float> init(options.layout.shard_size(), 1.0f);
+  std::unique_ptr<ModelShard> shard =
+      ModelShard::Create(options, init, &pool).value();
+  ASSERT_TRUE(PushAll(*shard, 0, 1).ok());
+  ShardSnapshot pending = shard->Snapshot("", 0, 4, true).value();
+  EXPECT_EQ(pending.trainers_pushed, std::vector<uint32_t>{0});
+  EXPECT_EQ(pending.values, std::vector<float>(4, 1.0f));
+  ASSERT_TRUE(PushAll(*shard, 1, 1).ok());
+  const std::vector<float> g0 = Grad(0, 1, shard->size()), g1 = Grad(1, 1, shard->size());
+  const std::vector<float> out = ReadAll(*shard, 1);
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(out[i], 1.0f + (-1.0f) * (g0[i] + g1[i])) << i;
+  }
+  ShardSnapshot snap = shard->Snapshot("b", 0, 2, true).value();
+  ASSERT_EQ(snap.tensors.size(), 1u);
+  EXPECT_EQ(snap.tensors[0].piece.size, 77u);
+  EXPECT_EQ(snap.gradient_bytes_received, 2 * shard->size() * sizeof(float));
+  EXPECT_EQ(shard->Snapshot("nope", 0, 1, true).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ModelShardTest, CreateRejectsBadInput) {
+  ThreadPool pool(1);
+  const ModelLayout layout = TestLayout();
+  std::vector<float> init(layout.shard_size(), 0.0f);
+  EXPECT_EQ(ModelShard::Create({"m", layout, kShard, OptimizerConfig::Adam(), 0, true}, init,
+                               &pool)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelShard::Create({"m", layout, kShards, OptimizerConfig::Adam(), 1, true}, init,
+                               &pool)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> short_init(layout.shard_size() - 1);
+  EXPECT_EQ(ModelShard::Create({"m", layout, kShard, OptimizerConfig::Adam(), 1, true},
+                               short_init, &pool)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace shardopt

@@ -1,0 +1,151 @@
+#include "tools/ctl/commands.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "tools/ctl/table.h"
+
+namespace shardopt::ctl {
+namespace {
+
+using ::grpc::health::v1::Health;
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f", bytes / 1048576.0); }
+
+std::string Range(const v1::ShardRange& r) { return absl::StrCat("[", r.begin(), ", ", r.end(), ")"); }
+
+std::string Failure(const grpc::Status& s) {
+  return absl::StrCat("error: ", s.error_code(), " ", s.error_message());
+}
+
+}  // namespace
+
+int Status(const CommandOptions& options, FILE* out) {
+  int rc = 0;
+  Table servers({"SHARD", "ADDRESS", "HEALTH", "DEVICE", "THREADS", "MODELS", "UPTIME_S"});
+  Table models({"MODEL", "SHARD", "RANGE", "VERSION", "TRAINERS", "PUSHED", "OPTIMIZER",
+                "PARAM_MB", "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
+  for (const std::string& address : options.servers) {
+    std::shared_ptr<grpc::Channel> channel = Channel(address);
+    std::string health = "?";
+    {
+      grpc::ClientContext context;
+      SetDeadline(&context, options.timeout);
+      HealthCheckResponse response;
+      grpc::Status s = Health::NewStub(channel)->Check(&context, HealthCheckRequest(), &response);
+      health = s.ok() ? HealthCheckResponse::ServingStatus_Name(response.status())
+                      : Failure(s);
+    }
+    auto stub = v1::ShardService::NewStub(channel);
+    grpc::ClientContext context;
+    SetDeadline(&context, options.timeout);
+    v1::ServerInfo info;
+    grpc::Status s = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+    if (!s.ok()) {
+      rc = 1;
+      servers.AddRow({"?", address, health == "?" ? Failure(s) : health, "", "", "", ""});
+      continue;
+    }
+    servers.AddRow({absl::StrCat(info.shard_index(), "/", info.shard_count()), address, health,
+                    info.device(), absl::StrCat(info.threads()),
+                    absl::StrCat(info.models_size()),
+                    absl::StrFormat("%.0f", info.uptime_seconds())});
+    for (const v1::ModelSummary& m : info.models()) {
+      // Which ranks have pushed the pending step comes from Inspect.
+      std::string pushed = "-";
+      grpc::ClientContext inspect_context;
+      SetDeadline(&inspect_context, options.timeout);
+      v1::InspectRequest request;
+      request.set_model_id(m.model_id());
+      request.set_slice_length(1);
+      request.set_tensor_name("");
+      v1::InspectResponse inspect;
+      if (stub->Inspect(&inspect_context, request, &inspect).ok()) {
+        pushed = absl::StrCat(inspect.trainers_pushed_size(), "/", m.num_trainers());
+      }
+      models.AddRow({m.model_id(), absl::StrCat(info.shard_index()), Range(m.range()),
+                     absl::StrCat(m.version()), absl::StrCat(m.num_trainers()), pushed,
+                     m.optimizer(), Mib(m.bytes().parameter_bytes()),
+                     Mib(m.bytes().optimizer_state_bytes()), Mib(m.bytes().staging_bytes()),
+                     Mib(m.bytes().gradient_bytes_received()),
+                     Mib(m.bytes().parameter_bytes_sent())});
+    }
+  }
+  servers.Print(out);
+  fprintf(out, "\n");
+  models.Print(out);
+  return rc;
+}
+
+int Inspect(const CommandOptions& options, FILE* out) {
+  if (options.model.empty()) {
+    fprintf(stderr, "shardoptctl inspect: --model is required\n");
+    return 2;
+  }
+  int rc = 0;
+  for (const std::string& address : options.servers) {
+    auto stub = v1::ShardService::NewStub(Channel(address));
+    grpc::ClientContext context;
+    SetDeadline(&context, options.timeout);
+    v1::InspectRequest request;
+    request.set_model_id(options.model);
+    request.set_tensor_name(options.tensor);
+    request.set_slice_offset(options.offset);
+    request.set_slice_length(options.length);
+    v1::InspectResponse info;
+    grpc::Status s = stub->Inspect(&context, request, &info);
+    if (!s.ok()) {
+      fprintf(out, "%s: %s\n", address.c_str(), Failure(s).c_str());
+      rc = 1;
+      continue;
+    }
+    if (options.json) {
+      std::string json;
+      google::protobuf::util::JsonPrintOptions print;
+      print.add_whitespace = true;
+      (void)google::protobuf::util::MessageToJsonString(info, &json, print);
+      fprintf(out, "%s\n", json.c_str());
+      continue;
+    }
+    fprintf(out, "%s  model %s  shard %u/%u  range %s  version %ld  next step %ld  pushed [%s] of %u\n",
+            address.c_str(), info.model_id().c_str(), info.shard_index(), info.shard_count(),
+            Range(info.range()).c_str(), static_cast<long>(info.version()),
+            static_cast<long>(info.next_step()),
+            absl::StrJoin(info.trainers_pushed(), ",").c_str(), info.num_trainers());
+    Table tensors({"TENSOR", "SHAPE", "OFFSET", "ELEMENTS", "L2_NORM", "MIN", "MAX", "MEAN"});
+    for (const v1::TensorStats& t : info.tensors()) {
+      tensors.AddRow({t.name(), absl::StrCat("[", absl::StrJoin(t.shape(), ","), "]"),
+                      absl::StrCat(t.tensor_offset()), absl::StrCat(t.num_elements()),
+                      absl::StrFormat("%.6g", t.l2_norm()), absl::StrFormat("%.6g", t.min()),
+                      absl::StrFormat("%.6g", t.max()), absl::StrFormat("%.6g", t.mean())});
+    }
+    tensors.Print(out);
+    std::vector<std::string> values;
+    for (float v : info.values()) values.push_back(absl::StrFormat("%.7g", v));
+    fprintf(out, "values[%lu:%lu] = [%s]\n\n", static_cast<unsigned long>(info.slice_offset()),
+            static_cast<unsigned long>(info.slice_offset() + info.values_size()),
+            absl::StrJoin(values, ", ").c_str());
+  }
+  return rc;
+}
+
+}  // namespace shardopt::ctl

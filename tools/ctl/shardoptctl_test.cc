@@ -1,0 +1,73 @@
+// shardoptctl against a real 2-shard cluster: the status table shows both
+// shards and the model's version and ranks, inspect shows tensor statistics
+// and JSON, and an unreachable server makes status exit 1.
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/trainer_client.h"
+#include "gtest/gtest.h"
+#include "tests/support/process.h"
+#include "tests/support/synthetic.h"
+
+namespace shardopt::testing {
+namespace {
+
+// Runs shardoptctl with `args`; returns (exit code, stdout).
+std::pair<int, std::string> RunCtl(const std::string& args) {
+  const std::string command = absl::StrCat(Runfile("tools/ctl/shardoptctl"), " ", args, " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WEXITSTATUS(status), output};
+}
+
+TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
+  auto servers = StartCluster(2);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::string addresses = absl::StrJoin(Addresses(*servers), ",");
+  auto client = TrainerClient::Connect(Addresses(*servers), TrainerClientOptions());
+  ASSERT_TRUE(client.ok());
+  const ModelSpec spec = SyntheticModelSpec("ctl_model", OptimizerConfig::Adam(), 2);
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 2).value();
+  std::vector<float> params = SyntheticInitialParams(layout, 3);
+  ASSERT_TRUE((*client)->Register(spec, params).ok());
+  std::vector<float> grad(params.size(), 0.5f);
+  ASSERT_TRUE((*client)->Push(1, grad).ok());  // Rank 0 of 2: step 1 stays pending.
+
+  auto [rc, out] = RunCtl("status --servers=" + addresses);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
+  EXPECT_NE(out.find("0/2"), std::string::npos) << out;
+  EXPECT_NE(out.find("1/2"), std::string::npos) << out;
+  EXPECT_NE(out.find("ctl_model"), std::string::npos) << out;
+  EXPECT_NE(out.find("adam"), std::string::npos) << out;
+  EXPECT_NE(out.find(absl::StrCat("[0, ", layout.shard_size(), ")")), std::string::npos) << out;
+
+  std::tie(rc, out) = RunCtl("inspect --model=ctl_model --servers=" + addresses);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("pushed [0] of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("embed.weight"), std::string::npos) << out;
+  EXPECT_NE(out.find("L2_NORM"), std::string::npos) << out;
+
+  std::tie(rc, out) =
+      RunCtl("inspect --json --model=ctl_model --tensor=layer2.bias --servers=" +
+             (*servers)[1]->address());
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"modelId\": \"ctl_model\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"name\": \"layer2.bias\""), std::string::npos) << out;
+
+  std::tie(rc, out) = RunCtl("inspect --model=missing --servers=" + addresses);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("not registered"), std::string::npos) << out;
+
+  std::tie(rc, out) = RunCtl("status --timeout_s=1 --servers=" + addresses + ",127.0.0.1:1");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("127.0.0.1:1"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace shardopt::testing

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Prints "N passed, N failed" for a `bazel test` run.
+
+Counts test cases from the JUnit XML files Bazel leaves under bazel-testlogs
+(one per GoogleTest case; one per shell test), for the test targets the run
+reported. A target that failed to build, timed out or crashed without XML
+counts as one failed case. Exits 1 when anything failed or nothing ran.
+"""
+import argparse
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+RESULT = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY|"
+                    r"FAILED TO BUILD|INCOMPLETE|SKIPPED)\b")
+
+
+def count_xml(path):
+    """Returns (passed, failed) test cases in one JUnit XML file."""
+    root = ET.parse(path).getroot()
+    passed = failed = 0
+    for case in root.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        elif case.get("result") == "suppressed" or case.find("skipped") is not None:
+            continue
+        else:
+            passed += 1
+    return passed, failed
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bazel_log", required=True)
+    parser.add_argument("--testlogs", required=True)
+    args = parser.parse_args()
+
+    passed = failed = 0
+    targets = {}
+    with open(args.bazel_log, errors="replace") as log:
+        for line in log:
+            m = RESULT.match(line.strip())
+            if m:
+                targets[m.group(1)] = m.group(2)
+    for target, status in sorted(targets.items()):
+        if status == "SKIPPED":
+            print(f"skipped (incompatible on this machine): {target}")
+            continue
+        rel = target[2:].replace(":", "/")
+        xml = os.path.join(args.testlogs, rel, "test.xml")
+        p = f = 0
+        if status in ("PASSED", "FAILED", "FLAKY") and os.path.exists(xml):
+            try:
+                p, f = count_xml(xml)
+            except ET.ParseError:
+                p, f = 0, 0
+        if status not in ("PASSED", "FLAKY") and f == 0:
+            f = 1  # Failed to build, timed out, or crashed before writing XML.
+        if p + f == 0:
+            p = 1  # A passing target without cases (e.g. a script): one case.
+        passed += p
+        failed += f
+    if not targets:
+        print("no test results found in the bazel log", file=sys.stderr)
+        failed += 1
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
