@@ -51,6 +51,19 @@ OptimizerConfig OptimizerConfig::Adagrad(double lr) {
   return c;
 }
 
+int OptimizerConfig::StateSlotsPerElement() const {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return momentum != 0.0 ? 1 : 0;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      return amsgrad ? 3 : 2;
+    case OptimizerKind::kAdagrad:
+      return 1;
+  }
+  return 0;
+}
+
 namespace {
 
 absl::Status NonNegative(const char* name, double value) {

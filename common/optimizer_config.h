@@ -52,6 +52,10 @@ struct OptimizerConfig {
   static OptimizerConfig AdamW(double lr = 1e-3);  // weight_decay 1e-2
   static OptimizerConfig Adagrad(double lr = 1e-2);
 
+  // fp32 state slots kept per parameter: SGD 1 with momentum (else 0),
+  // Adam/AdamW 2 (3 with amsgrad), Adagrad 1.
+  int StateSlotsPerElement() const;
+
   // The checks torch.optim makes in its constructors (INVALID_ARGUMENT).
   absl::Status Validate() const;
 

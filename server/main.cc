@@ -30,6 +30,9 @@ ABSL_FLAG(int, threads, 0, "Optimizer threads; 0 = number of CPUs.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written to this file (atomically) once serving.");
 ABSL_FLAG(int, pull_chunk_kib, 4096, "KiB of parameters per PullParameters message.");
+ABSL_FLAG(uint64_t, max_state_mib, 0,
+          "Refuse registrations past this much model state (parameters, optimizer slots, "
+          "per-trainer staging) in MiB; 0 = 3/4 of physical memory.");
 
 namespace {
 
@@ -80,7 +83,15 @@ int main(int argc, char** argv) {
   if (options.threads <= 0) {
     options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
-  options.pull_chunk_bytes = static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_pull_chunk_kib))) << 10;
+  options.pull_chunk_bytes =
+      static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_pull_chunk_kib))) << 10;
+
+  options.max_state_bytes = absl::GetFlag(FLAGS_max_state_mib) << 20;
+  if (options.max_state_bytes == 0) {
+    const uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                              static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    options.max_state_bytes = physical / 4 * 3;
+  }
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<std::unique_ptr<shardopt::ShardServer>> server =
@@ -89,9 +100,11 @@ int main(int argc, char** argv) {
     shardopt::LogError("%s", server.status().ToString());
     return 1;
   }
-  shardopt::LogInfo("shard %d of %d serving on port %d (%s), %d optimizer threads, device cpu",
-                    options.shard_index, options.shard_count, (*server)->port(), listen,
-                    options.threads);
+  shardopt::LogInfo(
+      "shard %d of %d serving on port %d (%s), %d optimizer threads, device cpu, "
+      "state budget %d MiB",
+      options.shard_index, options.shard_count, (*server)->port(), listen, options.threads,
+      options.max_state_bytes >> 20);
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
     shardopt::LogError("cannot write --port_file=%s", port_file);

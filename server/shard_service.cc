@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -86,6 +87,23 @@ absl::Status ShardServiceImpl::CheckFloat32Payload(v1::DType dtype) const {
   return absl::OkStatus();
 }
 
+absl::Status ShardServiceImpl::ReserveStateBytes(const std::string& model_id, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (bytes > options_.max_state_bytes - reserved_state_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model '", model_id, "' needs ", bytes, " bytes of state on shard ",
+        options_.shard_index, "; ", options_.max_state_bytes - reserved_state_bytes_, " of ",
+        options_.max_state_bytes, " are free (--max_state_mib)"));
+  }
+  reserved_state_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void ShardServiceImpl::ReleaseStateBytes(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  reserved_state_bytes_ -= bytes;
+}
+
 absl::StatusOr<std::shared_ptr<ShardServiceImpl::Model>> ShardServiceImpl::FindModel(
     const std::string& model_id) {
   absl::MutexLock lock(&mu_);
@@ -152,6 +170,18 @@ grpc::Status ShardServiceImpl::RegisterModel(
   }
 
   const uint64_t size = layout->shard_size();
+  // Parameters, optimizer slots and one staging buffer per trainer. Checked
+  // before allocating anything, so an absurd layout cannot take the server down.
+  const uint64_t state_bytes =
+      size * sizeof(float) *
+      (1 + static_cast<uint64_t>(optimizer->StateSlotsPerElement()) + config.num_trainers());
+  if (absl::Status s = ReserveStateBytes(config.model_id(), state_bytes); !s.ok()) {
+    return Error(s);
+  }
+  bool keep_reservation = false;
+  absl::Cleanup release = [&] {
+    if (!keep_reservation) ReleaseStateBytes(state_bytes);
+  };
   std::vector<float> values(size);
   uint64_t received = 0;
   while (reader->Read(&request)) {
@@ -196,6 +226,7 @@ grpc::Status ShardServiceImpl::RegisterModel(
   }
   // Lost a race with a concurrent registration of the same model.
   if (raced) return answer_existing(*raced);
+  keep_reservation = true;
   LogInfo("registered model '%s': %d tensors, %d trainers, %s, range [%d, %d)",
           config.model_id(), layout->tensors().size(), config.num_trainers(),
           optimizer->DebugString(), model->shard->range().begin, model->shard->range().end);

@@ -26,6 +26,10 @@ struct ShardServerOptions {
   int threads = 1;
   // Bytes of parameter data per PullParameters message.
   size_t pull_chunk_bytes = 4 << 20;
+  // Registrations whose state (parameters, optimizer slots, per-trainer
+  // staging) would take the models on this server past this many bytes are
+  // refused with RESOURCE_EXHAUSTED instead of exhausting memory.
+  uint64_t max_state_bytes = uint64_t{1} << 40;
 };
 
 class ShardServiceImpl final : public v1::ShardService::Service {
@@ -61,12 +65,17 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   absl::StatusOr<std::shared_ptr<Model>> FindModel(const std::string& model_id);
   absl::Status CheckShardIndex(uint32_t shard_index) const;
   absl::Status CheckFloat32Payload(v1::DType dtype) const;
+  // Reserves `bytes` of the state budget, or RESOURCE_EXHAUSTED.
+  absl::Status ReserveStateBytes(const std::string& model_id, uint64_t bytes);
+  void ReleaseStateBytes(uint64_t bytes);
 
   const ShardServerOptions options_;
   const absl::Time start_time_;
   ThreadPool pool_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Model>> models_ ABSL_GUARDED_BY(mu_);
+  // State bytes of the models in models_ plus registrations in progress.
+  uint64_t reserved_state_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

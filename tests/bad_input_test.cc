@@ -481,5 +481,53 @@ TEST_F(BadInputTest, InspectReportsTheShardAndRejectsBadSlices) {
   EXPECT_EQ(stub_->Inspect(&c3, request, &info).error_code(), grpc::NOT_FOUND);
 }
 
+// The state budget (--max_state_mib) refuses models that do not fit, before
+// allocating, and a refused or broken registration gives its bytes back.
+TEST(StateBudgetTest, OversizedModelsAreRefusedAndReservationsReleased) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--max_state_mib=4"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::ShardService::NewStub(
+      grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+  // 2^20 elements with SGD (no slots) and 1 trainer: 4 MiB params + 4 MiB staging.
+  auto register_model = [&](const std::string& id, int64_t elements, uint64_t values_to_send) {
+    v1::ModelConfig config;
+    config.set_model_id(id);
+    v1::TensorSpec* t = config.mutable_layout()->add_tensors();
+    t->set_name("w");
+    t->add_shape(elements);
+    config.mutable_optimizer()->mutable_sgd()->set_lr(0.1);
+    config.set_num_trainers(1);
+    config.set_shard_count(1);
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    auto writer = stub->RegisterModel(&context, &response);
+    v1::RegisterModelRequest request;
+    *request.mutable_header()->mutable_config() = config;
+    writer->Write(request);
+    std::vector<float> zeros(values_to_send, 0.0f);
+    request.mutable_values()->set_offset(0);
+    request.mutable_values()->set_data(zeros.data(), zeros.size() * sizeof(float));
+    if (values_to_send > 0) writer->Write(request);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  grpc::Status s = register_model("huge", int64_t{1} << 40, 0);
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--max_state_mib"), std::string::npos) << s.error_message();
+  s = register_model("big", int64_t{1} << 20, 0);
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+  // 2^18 elements need 2 MiB (params + staging). Broken attempts must not keep
+  // their reservation: after three of them, 2 MiB still fit, then 2 MiB + 8 KiB do not.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    s = register_model("ok", int64_t{1} << 18, 100);  // Too few values.
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message();
+  }
+  s = register_model("ok", int64_t{1} << 18, uint64_t{1} << 18);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = register_model("ok2", (int64_t{1} << 18) + 1024, 0);
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+}
+
 }  // namespace
 }  // namespace shardopt::testing
