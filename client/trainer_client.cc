@@ -104,6 +104,10 @@ absl::Status TrainerClient::CheckBuffer(size_t size, const char* what) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ModelLayout> TrainerClient::LayoutFor(const ModelSpec& spec) const {
+  return ModelLayout::Create(spec.tensors, spec.alignment, shard_count());
+}
+
 absl::Status TrainerClient::Register(const ModelSpec& spec,
                                      absl::Span<const float> initial_params) {
   return RegisterOrAttach(spec, initial_params);
@@ -120,8 +124,7 @@ absl::Status TrainerClient::RegisterOrAttach(
                                                    " is not below num_trainers ",
                                                    spec.num_trainers));
   }
-  absl::StatusOr<ModelLayout> layout =
-      ModelLayout::Create(spec.tensors, spec.alignment, shard_count());
+  absl::StatusOr<ModelLayout> layout = LayoutFor(spec);
   if (!layout.ok()) return layout.status();
   if (absl::Status s = spec.optimizer.Validate(); !s.ok()) return s;
   if (initial_params && initial_params->size() != layout->total_elements()) {

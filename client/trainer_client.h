@@ -81,13 +81,19 @@ class TrainerClient {
   ~TrainerClient();
 
   // Registers the model on every shard with `initial_params` (a flat buffer
-  // of the spec's layout; padding must be zero). Idempotent: a shard that
-  // already holds an equal model keeps its state. FAILED_PRECONDITION when a
+  // laid out by LayoutFor(spec); padding must be zero). Idempotent: a shard
+  // that already holds an equal model keeps its state, and
+  // registered_version() then tells how far that model has trained (pull it
+  // instead of assuming the initial values). FAILED_PRECONDITION when a
   // shard holds a different model under the same id.
   absl::Status Register(const ModelSpec& spec, absl::Span<const float> initial_params);
   // Joins a model that another trainer registers, waiting up to
   // attach_timeout for it to appear on every shard.
   absl::Status Attach(const ModelSpec& spec);
+
+  // The layout `spec` gets on this client's shards: where rank 0 puts the
+  // initial values it passes to Register. INVALID_ARGUMENT for a bad spec.
+  absl::StatusOr<ModelLayout> LayoutFor(const ModelSpec& spec) const;
 
   // Valid after Register or Attach.
   const ModelLayout& layout() const { return *layout_; }

@@ -47,8 +47,7 @@ int Train(const std::string& name) {
   absl::Status status;
   std::vector<float> params;
   if (options.trainer_rank == 0) {
-    const ModelLayout layout =
-        ModelLayout::Create(spec.tensors, spec.alignment, servers.size()).value();
+    const ModelLayout layout = (*client)->LayoutFor(spec).value();
     params = SyntheticInitialParams(layout, seed);
     status = (*client)->Register(spec, params);
   } else {

@@ -1,7 +1,8 @@
-// SplitMix64: a tiny seeded generator whose output is fixed by this code
-// alone, unlike <random>'s distributions, whose results differ between
-// standard libraries. Every trainer must derive the same data and batches
-// from the same seed, so nothing here may depend on the platform.
+// SplitMix64: a tiny seeded generator. Every trainer must derive the same
+// data and batches from the same seed; <random>'s distributions are not
+// specified bit-for-bit (they differ between standard libraries), so the
+// integer stream here is fixed by this code and the real-valued draws only
+// by it and libm.
 #ifndef SHARDOPT_TOOLS_TRAIN_RANDOM_H_
 #define SHARDOPT_TOOLS_TRAIN_RANDOM_H_
 
