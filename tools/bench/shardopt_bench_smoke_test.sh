@@ -1,0 +1,37 @@
+#!/bin/sh
+# Smoke test for //tools/bench:shardopt_bench: runs it with tiny sizes and
+# checks that every table row and the push+pull / raw-TCP ratio are printed.
+# $1: the shardopt_bench binary.
+set -u
+bench="$1"
+out="${TEST_TMPDIR:-/tmp}/shardopt_bench_smoke.out"
+
+if ! "$bench" --sizes_mib=1 --optimizer_params=1048576 --seconds_per_case=0.2 \
+    --tcp_mib=64 --memcpy_mib=16 >"$out" 2>"$out.stderr"; then
+  echo "shardopt_bench failed; stdout:"; cat "$out"; echo "stderr:"; cat "$out.stderr"
+  exit 1
+fi
+cat "$out"
+
+status=0
+expect() {
+  # $1: description, $2: extended regular expression a line must match.
+  if ! grep -Eq -- "$2" "$out"; then
+    echo "MISSING: $1 (no line matches /$2/)"
+    status=1
+  fi
+}
+num='[0-9]+\.[0-9]+'
+expect "header command line" '^  command: +.*--sizes_mib=1'
+expect "header cpu" '^  cpu: +.+'
+expect "TCP repetition rows" "^  repetition 1 +64 +$num +$num\$"
+expect "TCP best row" "^  best \(used for ratios\) +$num\$"
+expect "push+pull main row with ratio" "^  1 MiB +262144 +[0-9]+ +$num +$num +$num +2\.1 +$num +${num}x\$"
+expect "push+pull breakdown row" "^  1 MiB +[0-9]+ +$num +$num +$num +$num +$num +$num +$num\$"
+expect "memcpy row" "^  16 MiB +[0-9]+ +$num +$num\$"
+for opt in adamw sgd-momentum adagrad; do
+  expect "$opt row" "^  $opt +[0-9]+ +[0-9]+ +.* +$num +[0-9]+ +$num +$num +$num\$"
+done
+expect "summary ratio" "^  push\+pull 1 MiB: $num ms/step, $num GB/s payload = ${num}x raw TCP best\$"
+expect "peak RSS" '^  peak RSS: [0-9]+ MiB'
+exit $status
