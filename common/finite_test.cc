@@ -1,6 +1,7 @@
 #include "common/finite.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -31,6 +32,22 @@ TEST(FindNonFiniteTest, FindsFirstNanOrInfAnywhere) {
       EXPECT_EQ(FindNonFinite(v.data(), v.size()), pos) << b << " at " << pos;
     }
   }
+}
+
+TEST(CopyAndFindNonFiniteTest, CopiesEverythingUpToTheFirstBadBlockAndFindsIt) {
+  std::vector<float> src(5000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = 0.25f * static_cast<float>(i) - 7.0f;
+  // Unaligned source, as a payload inside a protobuf string may be.
+  std::vector<char> raw(src.size() * sizeof(float) + 1);
+  std::memcpy(raw.data() + 1, src.data(), src.size() * sizeof(float));
+  std::vector<float> dst(src.size(), -1.0f);
+  EXPECT_EQ(CopyAndFindNonFinite(dst.data(), raw.data() + 1, src.size()), src.size());
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), src.size() * sizeof(float)), 0);
+
+  src[3333] = std::numeric_limits<float>::infinity();
+  std::memcpy(raw.data() + 1, src.data(), src.size() * sizeof(float));
+  EXPECT_EQ(CopyAndFindNonFinite(dst.data(), raw.data() + 1, src.size()), 3333u);
+  EXPECT_EQ(CopyAndFindNonFinite(dst.data(), raw.data() + 1, 0), 0u);
 }
 
 }  // namespace

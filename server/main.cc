@@ -18,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "server/malloc_tuning.h"
 #include "server/shard_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -53,6 +54,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   shardopt::SetLogTag(
       absl::StrCat("shardopt_server[", absl::GetFlag(FLAGS_shard_index), "]"));
+
+  if (!shardopt::TuneMallocForLargeMessages()) {
+    shardopt::LogWarning("glibc refused the malloc settings for large messages");
+  }
 
   // Block the shutdown signals before any thread starts, so that only the
   // sigwait below receives them.

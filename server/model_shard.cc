@@ -149,8 +149,7 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
                                                    shard_->range_.size(), " elements"));
   }
   float* dst = shard_->staging_[rank_].data() + offset;
-  std::memcpy(dst, data, bytes);
-  if (size_t bad = FindNonFinite(dst, count); bad != count) {
+  if (size_t bad = CopyAndFindNonFinite(dst, data, count); bad != count) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient of ", shard_->DescribeElement(offset + bad), " from trainer ", rank_,
         " for step ", step_, " is ", dst[bad], "; the push is rejected"));

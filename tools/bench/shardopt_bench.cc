@@ -52,6 +52,7 @@
 #include "common/optimizer_config.h"
 #include "server/optim/optimizer.h"
 #include "server/parallel_for.h"
+#include "server/malloc_tuning.h"
 #include "server/shard_server.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"4", "64", "256"}),
@@ -72,6 +73,8 @@ ABSL_FLAG(int64_t, tcp_mib, 1024, "MiB sent per raw TCP repetition.");
 ABSL_FLAG(int, tcp_repeats, 3, "Raw TCP repetitions (after one short warm-up).");
 ABSL_FLAG(int64_t, memcpy_mib, 1024, "MiB copied per memcpy repetition in (c).");
 ABSL_FLAG(int, warmup_steps, 2, "Untimed push+pull steps before the timed ones.");
+ABSL_FLAG(bool, tune_malloc, true,
+          "Apply shardopt_server's malloc settings (server/malloc_tuning.h) to this process.");
 ABSL_FLAG(int, chunk_kib, 4096,
           "KiB of tensor data per streamed message in (b): the client's chunk_bytes and the "
           "server's pull_chunk_bytes (4096 is both defaults; the client allows at most 32768).");
@@ -644,6 +647,10 @@ int Main(int argc, char** argv) {
       "shardopt throughput benchmark: raw TCP loopback, push+pull, optimizer update rate");
   absl::ParseCommandLine(argc, argv);
   SetLogTag("shardopt_bench");
+  // The daemon tunes malloc at start-up (server/malloc_tuning.h); so does the
+  // in-process server here, which also tunes the client side of (b).
+  const bool malloc_tuned =
+      absl::GetFlag(FLAGS_tune_malloc) && TuneMallocForLargeMessages();
 
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -674,6 +681,10 @@ int Main(int argc, char** argv) {
   }
 
   PrintHeader(argc, argv, threads);
+  absl::PrintF("  malloc:    %s\n",
+               malloc_tuned ? "tuned as in shardopt_server (server/malloc_tuning.h; applies "
+                              "to the client half of (b) too)"
+                            : "glibc defaults (--notune_malloc)");
   const Clock::time_point run_start = Clock::now();
 
   std::optional<TcpResult> tcp;
