@@ -7,11 +7,11 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
-#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/retry.h"
+#include "client/wire_frames.h"
 #include "common/grpc_status.h"
 #include "common/proto_convert.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
@@ -41,11 +41,21 @@ absl::Status ForEachShard(size_t n, const std::function<absl::Status(size_t)>& f
   return absl::OkStatus();
 }
 
+// The streaming methods called with zero-copy frames (client/wire_frames.h)
+// instead of the generated stub's message types.
+const grpc::internal::RpcMethod::RpcType kClientStreaming =
+    grpc::internal::RpcMethod::CLIENT_STREAMING;
+const grpc::internal::RpcMethod::RpcType kServerStreaming =
+    grpc::internal::RpcMethod::SERVER_STREAMING;
+constexpr char kPushMethod[] = "/shardopt.v1.ShardService/PushGradients";
+constexpr char kPullMethod[] = "/shardopt.v1.ShardService/PullParameters";
+
 }  // namespace
 
 struct TrainerClient::Shard {
   uint32_t index = 0;
   std::string address;
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::ShardService::Stub> stub;
   FlatRange range;
 
@@ -77,8 +87,9 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
     auto shard = std::make_unique<Shard>();
     shard->index = static_cast<uint32_t>(i);
     shard->address = shard_addresses[i];
-    shard->stub = v1::ShardService::NewStub(grpc::CreateCustomChannel(
-        shard_addresses[i], grpc::InsecureChannelCredentials(), args));
+    shard->channel =
+        grpc::CreateCustomChannel(shard_addresses[i], grpc::InsecureChannelCredentials(), args);
+    shard->stub = v1::ShardService::NewStub(shard->channel);
     shards.push_back(std::move(shard));
   }
   return std::unique_ptr<TrainerClient>(new TrainerClient(options, std::move(shards)));
@@ -209,24 +220,29 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
       v1::PushGradientsResponse& response = responses[i];
-      std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
-          shard.stub->PushGradients(&context, &response);
-      v1::PushGradientsRequest request;
-      v1::PushHeader* header = request.mutable_header();
+      std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
+          grpc::internal::ClientWriterFactory<PushFrame>::Create(
+              shard.channel.get(),
+              grpc::internal::RpcMethod(kPushMethod, kClientStreaming, shard.channel),
+              &context, &response));
+      v1::PushGradientsRequest header_message;
+      v1::PushHeader* header = header_message.mutable_header();
       header->set_model_id(model_id_);
       header->set_trainer_rank(options_.trainer_rank);
       header->set_step(step);
       header->set_shard_index(shard.index);
       header->set_num_elements(shard.range.size());
       header->set_dtype(v1::DTYPE_FLOAT32);
-      bool open = writer->Write(request);
+      PushFrame frame;
+      frame.header = &header_message;
+      bool open = writer->Write(frame);
+      frame.header = nullptr;
       const size_t chunk = options_.chunk_bytes / sizeof(float);
       for (uint64_t off = 0; open && off < shard.range.size(); off += chunk) {
-        const uint64_t count = std::min<uint64_t>(chunk, shard.range.size() - off);
-        v1::TensorChunk* data = request.mutable_chunk();
-        data->set_offset(off);
-        data->set_data(flat_grads.data() + shard.range.begin + off, count * sizeof(float));
-        open = writer->Write(request);
+        frame.offset = off;
+        frame.data = flat_grads.data() + shard.range.begin + off;
+        frame.count = std::min<uint64_t>(chunk, shard.range.size() - off);
+        open = writer->Write(frame);
       }
       if (open) writer->WritesDone();
       return ToAbslStatus(writer->Finish());
@@ -264,28 +280,31 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
       request.set_min_version(min_version);
       request.set_shard_index(shard.index);
       request.set_dtype(v1::DTYPE_FLOAT32);
-      std::unique_ptr<grpc::ClientReader<v1::PullParametersResponse>> reader =
-          shard.stub->PullParameters(&context, request);
-      v1::PullParametersResponse response;
+      std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
+          grpc::internal::ClientReaderFactory<PullFrame>::Create(
+              shard.channel.get(),
+              grpc::internal::RpcMethod(kPullMethod, kServerStreaming, shard.channel),
+              &context, request));
+      PullFrame frame;
+      frame.destination = flat_params.data() + shard.range.begin;
+      frame.capacity = shard.range.size();
       uint64_t received = 0;
       int64_t version = -1;
       absl::Status bad;
-      while (reader->Read(&response)) {
-        const v1::TensorChunk& chunk = response.chunk();
-        const std::string& data = chunk.data();
-        if (version < 0) version = response.version();
-        if (response.version() != version || chunk.offset() != received ||
-            data.size() % sizeof(float) != 0 ||
-            data.size() / sizeof(float) > shard.range.size() - received) {
-          bad = absl::InternalError(absl::StrCat("malformed pull chunk at element ",
-                                                 chunk.offset(), " (version ",
-                                                 response.version(), ")"));
+      while (reader->Read(&frame)) {
+        if (version < 0) version = frame.version;
+        if (frame.version != version || frame.offset != received) {
+          bad = absl::InternalError(absl::StrCat("pull chunk at element ", frame.offset,
+                                                 " of version ", frame.version, " after ",
+                                                 received, " elements of version ", version));
           context.TryCancel();
           break;
         }
-        std::memcpy(flat_params.data() + shard.range.begin + received, data.data(),
-                    data.size());
-        received += data.size() / sizeof(float);
+        received += frame.count;
+      }
+      if (bad.ok() && !frame.error.empty()) {
+        bad = absl::InternalError(frame.error);
+        context.TryCancel();
       }
       absl::Status s = ToAbslStatus(reader->Finish());
       if (!bad.ok()) return bad;

@@ -1,0 +1,124 @@
+#include "client/wire_frames.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "proto/shardopt/v1/shard_service.pb.h"
+
+namespace shardopt {
+namespace {
+
+std::string Flatten(grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+// `bytes` as a ByteBuffer cut into slices of `piece` bytes, as gRPC may
+// deliver a message.
+grpc::ByteBuffer Sliced(const std::string& bytes, size_t piece) {
+  std::vector<grpc::Slice> slices;
+  for (size_t off = 0; off < bytes.size(); off += piece) {
+    slices.emplace_back(bytes.data() + off, std::min(piece, bytes.size() - off));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+TEST(WireFramesTest, PushFrameIsAPushGradientsRequestOnTheWire) {
+  std::vector<float> data(1000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = 0.5f * static_cast<float>(i) - 3.0f;
+  for (uint64_t offset : {uint64_t{0}, uint64_t{1}, uint64_t{300}, uint64_t{1} << 40}) {
+    for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{31}, uint64_t{1000}}) {
+      PushFrame frame{nullptr, offset, data.data(), count};
+      grpc::ByteBuffer buffer;
+      bool own = false;
+      ASSERT_TRUE((grpc::SerializationTraits<PushFrame>::Serialize(frame, &buffer, &own).ok()));
+      v1::PushGradientsRequest parsed;
+      ASSERT_TRUE(parsed.ParseFromString(Flatten(buffer))) << offset << " " << count;
+      ASSERT_TRUE(parsed.has_chunk());
+      EXPECT_EQ(parsed.chunk().offset(), offset);
+      ASSERT_EQ(parsed.chunk().data().size(), count * 4);
+      EXPECT_EQ(std::memcmp(parsed.chunk().data().data(), data.data(), count * 4), 0);
+    }
+  }
+  v1::PushGradientsRequest header;
+  header.mutable_header()->set_model_id("m");
+  header.mutable_header()->set_step(7);
+  PushFrame frame;
+  frame.header = &header;
+  grpc::ByteBuffer buffer;
+  bool own = false;
+  ASSERT_TRUE((grpc::SerializationTraits<PushFrame>::Serialize(frame, &buffer, &own).ok()));
+  v1::PushGradientsRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(buffer)));
+  EXPECT_EQ(parsed.header().model_id(), "m");
+  EXPECT_EQ(parsed.header().step(), 7);
+}
+
+TEST(WireFramesTest, PullFrameParsesAcrossSliceBoundariesIntoTheDestination) {
+  std::vector<float> values(257);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 1.25f;
+  v1::PullParametersResponse response;
+  response.set_version(123456789012);
+  response.mutable_chunk()->set_offset(40);
+  response.mutable_chunk()->set_data(values.data(), values.size() * 4);
+  const std::string wire = response.SerializeAsString();
+  for (size_t piece : {size_t{1}, size_t{3}, size_t{64}, wire.size()}) {
+    std::vector<float> destination(400, -1.0f);
+    PullFrame frame;
+    frame.destination = destination.data();
+    frame.capacity = destination.size();
+    grpc::ByteBuffer buffer = Sliced(wire, piece);
+    ASSERT_TRUE((grpc::SerializationTraits<PullFrame>::Deserialize(&buffer, &frame).ok()))
+        << frame.error;
+    EXPECT_EQ(frame.version, 123456789012);
+    EXPECT_EQ(frame.offset, 40u);
+    EXPECT_EQ(frame.count, values.size());
+    EXPECT_EQ(std::memcmp(destination.data() + 40, values.data(), values.size() * 4), 0);
+    EXPECT_EQ(destination[39], -1.0f);
+    EXPECT_EQ(destination[40 + values.size()], -1.0f);
+  }
+}
+
+TEST(WireFramesTest, PullFrameRejectsMalformedMessagesWithoutWritingOutside) {
+  std::vector<float> destination(100, -1.0f);
+  auto parse = [&](const std::string& wire) {
+    PullFrame frame;
+    frame.destination = destination.data();
+    frame.capacity = 64;  // Elements 64..99 must never be written.
+    grpc::ByteBuffer buffer = Sliced(wire, 7);
+    grpc::Status s = grpc::SerializationTraits<PullFrame>::Deserialize(&buffer, &frame);
+    return std::make_pair(s.ok(), frame.error);
+  };
+  std::vector<float> values(70, 9.0f);
+  v1::PullParametersResponse response;
+  response.mutable_chunk()->set_offset(0);
+  response.mutable_chunk()->set_data(values.data(), 70 * 4);  // Past the capacity.
+  EXPECT_FALSE(parse(response.SerializeAsString()).first);
+  response.mutable_chunk()->set_data(values.data(), 10 * 4);
+  response.mutable_chunk()->set_offset(60);  // [60, 70) overruns 64.
+  EXPECT_FALSE(parse(response.SerializeAsString()).first);
+  response.mutable_chunk()->set_offset(0);
+  response.mutable_chunk()->set_data(std::string(7, 'x'));  // Not whole floats.
+  auto [ok, error] = parse(response.SerializeAsString());
+  EXPECT_FALSE(ok);
+  EXPECT_NE(error.find("not whole floats"), std::string::npos) << error;
+  response.mutable_chunk()->set_data(values.data(), 8 * 4);
+  const std::string good = response.SerializeAsString();
+  EXPECT_TRUE(parse(good).first);
+  EXPECT_FALSE(parse(good.substr(0, good.size() - 3)).first);  // Truncated.
+  for (size_t i = 64; i < destination.size(); ++i) ASSERT_EQ(destination[i], -1.0f) << i;
+
+  // Unknown fields (a newer server) are skipped.
+  std::string with_unknown = good;
+  with_unknown += std::string("\x78\x05", 2);          // field 15, varint 5
+  with_unknown += std::string("\x82\x01\x02zz", 5);     // field 16, 2 bytes
+  EXPECT_TRUE(parse(with_unknown).first);
+}
+
+}  // namespace
+}  // namespace shardopt
