@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/random/random.h"
 #include "absl/time/clock.h"
 
 namespace shardopt {
@@ -14,16 +15,18 @@ bool IsRetryable(const absl::Status& status) {
 absl::Status RetryWithBackoff(const RetryPolicy& policy,
                               const std::function<absl::Status()>& attempt,
                               const std::function<bool(const absl::Status&)>& retryable) {
+  absl::Status status = attempt();
   const absl::Time give_up = absl::Now() + policy.budget;
-  absl::Duration backoff = policy.initial_backoff;
-  while (true) {
-    absl::Status status = attempt();
-    if (status.ok() || !retryable(status)) return status;
-    const absl::Time now = absl::Now();
-    if (now + backoff > give_up) return status;
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, policy.max_backoff);
+  absl::Duration backoff = std::max(policy.initial_backoff, absl::Milliseconds(1));
+  thread_local absl::BitGen random;
+  while (!status.ok() && retryable(status)) {
+    const absl::Duration sleep = backoff * absl::Uniform(random, 0.75, 1.25);
+    if (absl::Now() + sleep > give_up) break;
+    absl::SleepFor(sleep);
+    backoff = std::min(backoff * 2, std::max(policy.max_backoff, absl::Milliseconds(1)));
+    status = attempt();
   }
+  return status;
 }
 
 }  // namespace shardopt

@@ -10,8 +10,10 @@
 namespace shardopt {
 
 struct RetryPolicy {
-  absl::Duration budget = absl::Seconds(60);  // Total time spent retrying.
-  absl::Duration initial_backoff = absl::Milliseconds(20);
+  // How long to keep retrying, counted from the end of the first attempt (so
+  // an attempt that used its whole deadline can still be retried).
+  absl::Duration budget = absl::Seconds(60);
+  absl::Duration initial_backoff = absl::Milliseconds(20);  // At least 1 ms is used.
   absl::Duration max_backoff = absl::Seconds(2);
 };
 
@@ -21,8 +23,10 @@ struct RetryPolicy {
 bool IsRetryable(const absl::Status& status);
 
 // Calls `attempt` until it returns OK, a status `retryable` rejects, or the
-// budget is spent (then the last status is returned). `retryable` defaults to
-// IsRetryable.
+// budget is spent (then the last status is returned). Sleeps between attempts
+// grow from initial_backoff to max_backoff, each with up to +-25% random
+// jitter so that trainers refused together do not retry in lockstep.
+// `retryable` defaults to IsRetryable.
 absl::Status RetryWithBackoff(const RetryPolicy& policy,
                               const std::function<absl::Status()>& attempt,
                               const std::function<bool(const absl::Status&)>& retryable =

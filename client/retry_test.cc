@@ -41,6 +41,32 @@ TEST(RetryTest, GivesUpWhenTheBudgetIsSpentWithTheLastStatus) {
   EXPECT_LE(calls, 10);
 }
 
+TEST(RetryTest, BudgetCountsFromTheEndOfTheFirstAttempt) {
+  // The first attempt takes longer than the whole budget (a pull that waited
+  // its full deadline); it is still retried.
+  int calls = 0;
+  RetryPolicy policy{absl::Milliseconds(50), absl::Milliseconds(1), absl::Milliseconds(2)};
+  absl::Status s = RetryWithBackoff(policy, [&] {
+    if (++calls == 1) {
+      absl::SleepFor(absl::Milliseconds(80));
+      return absl::DeadlineExceededError("slow");
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok());
+  EXPECT_EQ(calls, 2);
+}
+
+TEST(RetryTest, ZeroBackoffDoesNotSpin) {
+  int calls = 0;
+  RetryPolicy policy{absl::Milliseconds(20), absl::ZeroDuration(), absl::ZeroDuration()};
+  RetryWithBackoff(policy, [&] {
+    ++calls;
+    return absl::UnavailableError("down");
+  });
+  EXPECT_LE(calls, 40);  // At most one attempt per ~1 ms of the 20 ms budget.
+}
+
 TEST(RetryTest, CustomPredicate) {
   int calls = 0;
   absl::Status s = RetryWithBackoff(

@@ -10,8 +10,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/retry.h"
 #include "client/wire_frames.h"
+#include "common/finite.h"
 #include "common/grpc_status.h"
 #include "common/proto_convert.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
@@ -57,6 +59,8 @@ struct TrainerClient::Shard {
   std::string address;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::ShardService::Stub> stub;
+  std::unique_ptr<grpc::internal::RpcMethod> push_method;
+  std::unique_ptr<grpc::internal::RpcMethod> pull_method;
   FlatRange range;
 
   // "shard 1 (127.0.0.1:5000): <what>: <cause>", keeping the cause's code.
@@ -84,12 +88,20 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
     args.SetMaxSendMessageSize(kMaxMessageBytes);
     // Each shard gets its own connection even when addresses repeat.
     args.SetInt("shardopt.shard_index", static_cast<int>(i));
+    // Detect a peer that died or froze while a call is open: its transport
+    // is closed, failing the call (and releasing zero-copy payload slices).
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
     auto shard = std::make_unique<Shard>();
     shard->index = static_cast<uint32_t>(i);
     shard->address = shard_addresses[i];
     shard->channel =
         grpc::CreateCustomChannel(shard_addresses[i], grpc::InsecureChannelCredentials(), args);
     shard->stub = v1::ShardService::NewStub(shard->channel);
+    shard->push_method = std::make_unique<grpc::internal::RpcMethod>(
+        kPushMethod, kClientStreaming, shard->channel);
+    shard->pull_method = std::make_unique<grpc::internal::RpcMethod>(
+        kPullMethod, kServerStreaming, shard->channel);
     shards.push_back(std::move(shard));
   }
   return std::unique_ptr<TrainerClient>(new TrainerClient(options, std::move(shards)));
@@ -155,6 +167,7 @@ absl::Status TrainerClient::RegisterOrAttach(
   config.set_shard_count(shard_count());
 
   std::vector<int64_t> versions(shards_.size(), 0);
+  std::vector<bool> created(shards_.size(), false);
   absl::Status status = ForEachShard(shards_.size(), [&](size_t i) -> absl::Status {
     Shard& shard = *shards_[i];
     const FlatRange range = layout->ShardRange(shard.index);
@@ -193,6 +206,7 @@ absl::Status TrainerClient::RegisterOrAttach(
             ") but the layout gives [", range.begin, ", ", range.end, ")"));
       }
       versions[i] = response.version();
+      created[i] = response.created();
       return absl::OkStatus();
     };
     auto retryable = [&](const absl::Status& s) {
@@ -202,16 +216,45 @@ absl::Status TrainerClient::RegisterOrAttach(
                           initial_params ? "RegisterModel" : "RegisterModel (attach)");
   });
   if (!status.ok()) return status;
+  // Shards at different versions (e.g. one restarted empty while the others
+  // trained on) must not be trained as one model.
+  for (size_t i = 1; i < shards_.size(); ++i) {
+    if (versions[i] != versions[0]) {
+      std::vector<std::string> each;
+      for (size_t j = 0; j < shards_.size(); ++j) {
+        each.push_back(absl::StrCat("shard ", j, " (", shards_[j]->address, ") at version ",
+                                    versions[j], created[j] ? " (just created)" : ""));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model '", spec.model_id, "': shards disagree on the version: ",
+          absl::StrJoin(each, ", ")));
+    }
+  }
   for (auto& shard : shards_) shard->range = layout->ShardRange(shard->index);
   layout_ = std::move(*layout);
   model_id_ = spec.model_id;
-  registered_version_ = *std::min_element(versions.begin(), versions.end());
+  registered_version_ = versions[0];
   return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const float> flat_grads) {
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
+  // Checked here, whole, before any shard sees the step: a NaN found by one
+  // shard only would leave the others holding (or applying) step `step`.
+  if (size_t bad = FindNonFinite(flat_grads.data(), flat_grads.size());
+      bad != flat_grads.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ",
+        flat_grads[bad], "; nothing was pushed"));
+  }
   std::vector<v1::PushGradientsResponse> responses(shards_.size());
+  // gRPC may hold the zero-copy payload slices a little past each call's
+  // Finish(); flat_grads must outlive them.
+  PayloadPins pins;
+  struct WaitForPins {
+    PayloadPins* pins;
+    ~WaitForPins() { pins->WaitUntilReleased(); }
+  } wait_for_pins{&pins};
   const RetryPolicy policy{options_.retry_budget, options_.initial_backoff,
                            options_.max_backoff};
   absl::Status status = ForEachShard(shards_.size(), [&](size_t i) -> absl::Status {
@@ -223,7 +266,7 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
       std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
           grpc::internal::ClientWriterFactory<PushFrame>::Create(
               shard.channel.get(),
-              grpc::internal::RpcMethod(kPushMethod, kClientStreaming, shard.channel),
+              *shard.push_method,
               &context, &response));
       v1::PushGradientsRequest header_message;
       v1::PushHeader* header = header_message.mutable_header();
@@ -234,6 +277,7 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
       header->set_num_elements(shard.range.size());
       header->set_dtype(v1::DTYPE_FLOAT32);
       PushFrame frame;
+      frame.pins = &pins;
       frame.header = &header_message;
       bool open = writer->Write(frame);
       frame.header = nullptr;
@@ -283,7 +327,7 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
       std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
           grpc::internal::ClientReaderFactory<PullFrame>::Create(
               shard.channel.get(),
-              grpc::internal::RpcMethod(kPullMethod, kServerStreaming, shard.channel),
+              *shard.pull_method,
               &context, request));
       PullFrame frame;
       frame.destination = flat_params.data() + shard.range.begin;
@@ -336,6 +380,13 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   if (!result.ok()) return result;
   absl::StatusOr<int64_t> version = Pull(step, flat_params);
   if (!version.ok()) return version.status();
+  if (*version != step) {
+    // The shards are past this step: this trainer is behind (e.g. restarted
+    // with a stale step count) and its gradient was not used.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "trainer ", options_.trainer_rank, " pushed step ", step,
+        " but the shards are at version ", *version, ": the trainer is behind"));
+  }
   result->version = *version;
   result->bytes_pulled = flat_params.size() * sizeof(float);
   return result;

@@ -122,6 +122,9 @@ grpc::Status ParseChunk(SliceCursor& in, uint64_t end, PullFrame* frame) {
       if (have_data) return Malformed(frame, "chunk offset after its data");
       if (!in.ReadVarint(&frame->offset)) return Malformed(frame, "truncated offset");
     } else if (field == 2 && wire_type == kLengthDelimited) {
+      // Protobuf would keep the last of repeated data fields; the server never
+      // sends two, and accepting them would hide elements never written.
+      if (have_data) return Malformed(frame, "two data fields in one chunk");
       uint64_t bytes;
       if (!in.ReadVarint(&bytes)) return Malformed(frame, "truncated data length");
       if (bytes % sizeof(float) != 0) {
@@ -136,7 +139,7 @@ grpc::Status ParseChunk(SliceCursor& in, uint64_t end, PullFrame* frame) {
       if (!in.Take(bytes, reinterpret_cast<uint8_t*>(frame->destination + frame->offset))) {
         return Malformed(frame, "truncated data");
       }
-      frame->count += count;
+      frame->count = count;
       have_data = true;
     } else if (!in.SkipField(wire_type)) {
       return Malformed(frame, "bad field in chunk");
@@ -145,7 +148,25 @@ grpc::Status ParseChunk(SliceCursor& in, uint64_t end, PullFrame* frame) {
   return in.position() == end ? grpc::Status::OK : Malformed(frame, "chunk overruns");
 }
 
+void ReleasePin(void* pins) { static_cast<PayloadPins*>(pins)->Release(); }
+
 }  // namespace
+
+void PayloadPins::Acquire() {
+  absl::MutexLock lock(&mu_);
+  ++held_;
+}
+
+void PayloadPins::Release() {
+  absl::MutexLock lock(&mu_);
+  --held_;
+}
+
+void PayloadPins::WaitUntilReleased() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int64_t* held) { return *held == 0; }, &held_));
+}
 
 grpc::Status SerializePushFrame(const PushFrame& frame, grpc::ByteBuffer* buffer) {
   if (frame.header != nullptr) {
@@ -158,7 +179,10 @@ grpc::Status SerializePushFrame(const PushFrame& frame, grpc::ByteBuffer* buffer
   const uint64_t data_bytes = frame.count * sizeof(float);
   const uint64_t chunk_bytes = (frame.offset != 0 ? 1 + VarintSize(frame.offset) : 0) + 1 +
                                VarintSize(data_bytes) + data_bytes;
-  uint8_t prefix[32];
+  if (frame.pins == nullptr && data_bytes > 0) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "PushFrame without PayloadPins");
+  }
+  uint8_t prefix[40];
   size_t n = 0;
   prefix[n++] = (2 << 3) | kLengthDelimited;
   n += PutVarint(chunk_bytes, prefix + n);
@@ -168,12 +192,19 @@ grpc::Status SerializePushFrame(const PushFrame& frame, grpc::ByteBuffer* buffer
   }
   prefix[n++] = (2 << 3) | kLengthDelimited;
   n += PutVarint(data_bytes, prefix + n);
+  if (data_bytes == 0) {
+    grpc::Slice slice(prefix, n);
+    *buffer = grpc::ByteBuffer(&slice, 1);
+    return grpc::Status::OK;
+  }
+  // Not copied: gRPC hands this memory to the socket as it is, and releases
+  // the pin when it no longer refers to it. gRPC never writes through it.
+  frame.pins->Acquire();
   grpc::Slice slices[2] = {
       grpc::Slice(prefix, n),
-      // Not copied: gRPC hands this memory to the socket as it is.
-      grpc::Slice(frame.data, data_bytes, grpc::Slice::STATIC_SLICE),
+      grpc::Slice(const_cast<float*>(frame.data), data_bytes, &ReleasePin, frame.pins),
   };
-  *buffer = grpc::ByteBuffer(slices, data_bytes > 0 ? 2 : 1);
+  *buffer = grpc::ByteBuffer(slices, 2);
   return grpc::Status::OK;
 }
 

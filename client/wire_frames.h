@@ -7,8 +7,10 @@
 // PullParametersResponse) through custom grpc::SerializationTraits instead:
 // - PushFrame serialises a chunk as a few bytes of protobuf framing followed
 //   by a slice that points at the caller's gradient memory, so the payload is
-//   copied only by the kernel. The memory must stay valid until the call has
-//   finished (TrainerClient waits for Finish() before returning).
+//   copied only by the kernel. gRPC may still hold such a slice after the
+//   call's Finish() (a server that answers early leaves data queued in the
+//   transport): each slice pins a PayloadPins, and the caller's memory must
+//   stay valid until PayloadPins::WaitUntilReleased() returns.
 // - PullFrame parses a response straight out of gRPC's received slices into
 //   the caller's parameter buffer: one copy.
 // The server is unaffected: on the wire these are ordinary protobuf messages.
@@ -24,7 +26,22 @@
 
 #include "proto/shardopt/v1/shard_service.pb.h"
 
+#include "absl/synchronization/mutex.h"
+
 namespace shardopt {
+
+// Counts the payload slices gRPC still holds.
+class PayloadPins {
+ public:
+  void Acquire();
+  void Release();
+  // Blocks until every acquired pin is released.
+  void WaitUntilReleased();
+
+ private:
+  absl::Mutex mu_;
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // One message of a PushGradients stream: the header, or a chunk of fp32
 // gradient elements starting at range-local element `offset`.
@@ -33,6 +50,7 @@ struct PushFrame {
   uint64_t offset = 0;
   const float* data = nullptr;
   uint64_t count = 0;  // Elements.
+  PayloadPins* pins = nullptr;  // Required with data.
 };
 
 // One message of a PullParameters stream, parsed into `destination`, the

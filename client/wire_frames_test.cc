@@ -33,12 +33,17 @@ TEST(WireFramesTest, PushFrameIsAPushGradientsRequestOnTheWire) {
   for (size_t i = 0; i < data.size(); ++i) data[i] = 0.5f * static_cast<float>(i) - 3.0f;
   for (uint64_t offset : {uint64_t{0}, uint64_t{1}, uint64_t{300}, uint64_t{1} << 40}) {
     for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{31}, uint64_t{1000}}) {
-      PushFrame frame{nullptr, offset, data.data(), count};
-      grpc::ByteBuffer buffer;
-      bool own = false;
-      ASSERT_TRUE((grpc::SerializationTraits<PushFrame>::Serialize(frame, &buffer, &own).ok()));
+      PayloadPins pins;
+      PushFrame frame{nullptr, offset, data.data(), count, &pins};
       v1::PushGradientsRequest parsed;
-      ASSERT_TRUE(parsed.ParseFromString(Flatten(buffer))) << offset << " " << count;
+      {
+        grpc::ByteBuffer buffer;
+        bool own = false;
+        ASSERT_TRUE(
+            (grpc::SerializationTraits<PushFrame>::Serialize(frame, &buffer, &own).ok()));
+        ASSERT_TRUE(parsed.ParseFromString(Flatten(buffer))) << offset << " " << count;
+      }
+      pins.WaitUntilReleased();  // The buffer is gone: nothing pins the data.
       ASSERT_TRUE(parsed.has_chunk());
       EXPECT_EQ(parsed.chunk().offset(), offset);
       ASSERT_EQ(parsed.chunk().data().size(), count * 4);
@@ -112,6 +117,20 @@ TEST(WireFramesTest, PullFrameRejectsMalformedMessagesWithoutWritingOutside) {
   EXPECT_TRUE(parse(good).first);
   EXPECT_FALSE(parse(good.substr(0, good.size() - 3)).first);  // Truncated.
   for (size_t i = 64; i < destination.size(); ++i) ASSERT_EQ(destination[i], -1.0f) << i;
+
+  // Two data fields in one chunk (never sent by the server) are refused.
+  {
+    v1::TensorChunk first, second;
+    first.set_data(values.data(), 8 * 4);
+    second.set_data(values.data(), 4 * 4);
+    // Concatenated TensorChunks parse as one chunk with two `data` fields.
+    const std::string chunk = first.SerializeAsString() + second.SerializeAsString();
+    std::string outer;
+    outer.push_back(static_cast<char>((2 << 3) | 2));
+    outer.push_back(static_cast<char>(chunk.size()));  // < 128 bytes here.
+    outer += chunk;
+    EXPECT_FALSE(parse(outer).first);
+  }
 
   // Unknown fields (a newer server) are skipped.
   std::string with_unknown = good;

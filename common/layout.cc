@@ -90,6 +90,14 @@ absl::StatusOr<size_t> ModelLayout::Find(absl::string_view name) const {
   return absl::NotFoundError(absl::StrCat("no tensor named '", name, "'"));
 }
 
+std::string ModelLayout::DescribeElement(uint64_t flat_index) const {
+  for (const TensorPiece& p : PiecesIn(FlatRange{flat_index, flat_index + 1})) {
+    return absl::StrCat("tensor '", tensors_[p.tensor_index].spec.name, "'[", p.tensor_offset,
+                        "]");
+  }
+  return absl::StrCat("padding element ", flat_index);
+}
+
 std::vector<TensorPiece> ModelLayout::PiecesIn(FlatRange range) const {
   std::vector<TensorPiece> pieces;
   // Tensors are sorted by offset: binary-search the first that ends after begin.

@@ -82,6 +82,10 @@ class ModelLayout {
   // Index of the tensor called `name`, or NOT_FOUND.
   absl::StatusOr<size_t> Find(absl::string_view name) const;
 
+  // Names flat-buffer element `flat_index` for messages: "tensor 'w'[12]"
+  // (row-major index within the tensor) or "padding element 1000".
+  std::string DescribeElement(uint64_t flat_index) const;
+
   // The pieces of tensors inside `range`, in flat order (padding omitted).
   std::vector<TensorPiece> PiecesIn(FlatRange range) const;
 

@@ -100,6 +100,10 @@ TEST(ModelLayoutTest, KnownPlacement) {
   EXPECT_EQ(pieces[1].tensor_index, 2u);
   EXPECT_TRUE(layout->PiecesIn(layout->ShardRange(2)).empty());
   EXPECT_EQ(*layout->Find("b"), 1u);
+  EXPECT_EQ(layout->DescribeElement(7), "tensor 'w'[7]");
+  EXPECT_EQ(layout->DescribeElement(18), "tensor 'b'[2]");
+  EXPECT_EQ(layout->DescribeElement(15), "padding element 15");
+  EXPECT_EQ(layout->DescribeElement(40), "padding element 40");
   EXPECT_EQ(layout->Find("nope").status().code(), absl::StatusCode::kNotFound);
 }
 

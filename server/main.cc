@@ -30,7 +30,14 @@ ABSL_FLAG(std::string, device, "auto",
 ABSL_FLAG(int, threads, 0, "Optimizer threads; 0 = number of CPUs.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written to this file (atomically) once serving.");
-ABSL_FLAG(int, pull_chunk_kib, 4096, "KiB of parameters per PullParameters message.");
+ABSL_FLAG(int, pull_chunk_kib, 1024,
+          "KiB of parameters per PullParameters message, in [1, 32768]. Clients must accept "
+          "messages this large plus a few bytes (gRPC's default limit is 4 MiB).");
+ABSL_FLAG(int, stream_idle_timeout_s, 60,
+          "Cancel push and register streams that send nothing for this many seconds "
+          "(0 = never).");
+ABSL_FLAG(int, max_threads, 1024,
+          "Most threads gRPC may use for calls; calls beyond get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint64_t, max_state_mib, 0,
           "Refuse registrations past this much model state (parameters, optimizer slots, "
           "per-trainer staging) in MiB; 0 = 3/4 of physical memory.");
@@ -88,10 +95,21 @@ int main(int argc, char** argv) {
   if (options.threads <= 0) {
     options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
-  options.pull_chunk_bytes =
-      static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_pull_chunk_kib))) << 10;
+  const int pull_chunk_kib = absl::GetFlag(FLAGS_pull_chunk_kib);
+  if (pull_chunk_kib < 1 || pull_chunk_kib > 32768) {
+    shardopt::LogError("--pull_chunk_kib=%d is not in [1, 32768]", pull_chunk_kib);
+    return 2;
+  }
+  options.pull_chunk_bytes = static_cast<size_t>(pull_chunk_kib) << 10;
+  options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
+  options.max_threads = absl::GetFlag(FLAGS_max_threads);
 
-  options.max_state_bytes = absl::GetFlag(FLAGS_max_state_mib) << 20;
+  const uint64_t max_state_mib = absl::GetFlag(FLAGS_max_state_mib);
+  if (max_state_mib > (~uint64_t{0} >> 20)) {
+    shardopt::LogError("--max_state_mib=%d is too large", max_state_mib);
+    return 2;
+  }
+  options.max_state_bytes = max_state_mib << 20;
   if (options.max_state_bytes == 0) {
     const uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                               static_cast<uint64_t>(sysconf(_SC_PAGESIZE));

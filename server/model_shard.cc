@@ -120,12 +120,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
 }
 
 std::string ModelShard::DescribeElement(uint64_t index) const {
-  const uint64_t flat = range_.begin + index;
-  for (const TensorPiece& p : options_.layout.PiecesIn(FlatRange{flat, flat + 1})) {
-    return absl::StrCat("tensor '", options_.layout.tensors()[p.tensor_index].spec.name, "'[",
-                        p.tensor_offset, "]");
-  }
-  return absl::StrCat("padding element ", flat);
+  return options_.layout.DescribeElement(range_.begin + index);
 }
 
 ModelShard::PushWriter::~PushWriter() {
@@ -228,16 +223,18 @@ absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Ti
         return w->shard->shutdown_ || w->shard->version_ >= w->min_version;
       },
       &waiting);
-  absl::MutexLock lock(&mu_);
   while (true) {
-    const absl::Time slice_end = std::min(deadline, absl::Now() + kCancelPoll);
-    mu_.AwaitWithDeadline(ready, slice_end);
-    if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
-    if (version_ >= min_version) return version_;
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "version ", min_version, " not reached before the deadline (at ", version_, ")"));
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithDeadline(ready, std::min(deadline, absl::Now() + kCancelPoll));
+      if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
+      if (version_ >= min_version) return version_;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "version ", min_version, " not reached before the deadline (at ", version_, ")"));
+      }
     }
+    // Polled without mu_: asking gRPC may take its own locks.
     if (cancelled && cancelled()) return absl::CancelledError("pull cancelled by the client");
   }
 }
@@ -281,7 +278,17 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
       if (slots_[r] == SlotState::kComplete) snap.trainers_pushed.push_back(r);
     }
   }
+  snap.parameter_bytes = params_.size() * sizeof(float);
+  snap.optimizer_state_bytes = optimizer_->state_bytes();
+  snap.staging_bytes = staging_.size() * range_.size() * sizeof(float);
+  snap.gradient_bytes_received = gradient_bytes_received_.load(std::memory_order_relaxed);
+  snap.parameter_bytes_sent = parameter_bytes_sent_.load(std::memory_order_relaxed);
+  if (!with_tensor_stats && slice_length == 0) return snap;
+
+  // Statistics and values must describe one version: read that version under
+  // the same lock as the values (an update may have finished since above).
   absl::ReaderMutexLock lock(&params_mu_);
+  snap.version = params_version_;
   for (const TensorPiece& piece : options_.layout.PiecesIn(range_)) {
     if (!with_tensor_stats) break;
     if (only && piece.tensor_index != *only) continue;
@@ -312,11 +319,6 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
     const uint64_t end = std::min<uint64_t>(range_.size(), slice_offset + slice_length);
     snap.values.assign(params_.begin() + slice_offset, params_.begin() + end);
   }
-  snap.parameter_bytes = params_.size() * sizeof(float);
-  snap.optimizer_state_bytes = optimizer_->state_bytes();
-  snap.staging_bytes = staging_.size() * range_.size() * sizeof(float);
-  snap.gradient_bytes_received = gradient_bytes_received_.load(std::memory_order_relaxed);
-  snap.parameter_bytes_sent = parameter_bytes_sent_.load(std::memory_order_relaxed);
   return snap;
 }
 

@@ -67,10 +67,11 @@ struct TensorPieceStats {
   double l2_norm = 0, min = 0, max = 0, mean = 0;
 };
 
-// A consistent view of the shard for inspection.
+// The shard as inspected. `version`, `tensors` and `values` describe one
+// version; `trainers_pushed` and the byte counters were read just before.
 struct ShardSnapshot {
   int64_t version = 0;
-  std::vector<uint32_t> trainers_pushed;  // For step version + 1.
+  std::vector<uint32_t> trainers_pushed;  // For the step after the version then.
   std::vector<TensorPieceStats> tensors;
   std::vector<float> values;  // The requested slice.
   uint64_t parameter_bytes = 0;

@@ -3,7 +3,10 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
@@ -20,6 +23,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Clients ping every 30 s while a call is open (a pull may wait long
+  // without data); accept that rather than answering with GOAWAY. The server
+  // pings too, so that it notices a vanished client holding a stream.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  grpc::ResourceQuota quota("shardopt_server");
+  quota.SetMaxThreads(std::max(options.max_threads, 4));
+  builder.SetResourceQuota(quota);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));

@@ -58,7 +58,10 @@ void FillPushResponse(const PushResult& result, v1::PushGradientsResponse* respo
 }  // namespace
 
 ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
-    : options_(options), start_time_(absl::Now()), pool_(options.threads) {}
+    : options_(options),
+      start_time_(absl::Now()),
+      pool_(options.threads),
+      watchdog_(options.stream_idle_timeout) {}
 
 ShardServiceImpl::~ShardServiceImpl() { Shutdown(); }
 
@@ -119,12 +122,13 @@ absl::StatusOr<std::shared_ptr<ShardServiceImpl::Model>> ShardServiceImpl::FindM
 grpc::Status ShardServiceImpl::RegisterModel(
     grpc::ServerContext* context, grpc::ServerReader<v1::RegisterModelRequest>* reader,
     v1::RegisterModelResponse* response) {
+  StreamWatchdog::Watch watch(&watchdog_, context);
   v1::RegisterModelRequest request;
   if (!reader->Read(&request) || !request.has_header()) {
     return Error(absl::InvalidArgumentError("RegisterModel must start with a header"));
   }
   const v1::RegisterHeader header = request.header();
-  const v1::ModelConfig& config = header.config();
+  v1::ModelConfig config = header.config();
   if (config.model_id().empty()) {
     return Error(absl::InvalidArgumentError("model_id is empty"));
   }
@@ -146,6 +150,10 @@ grpc::Status ShardServiceImpl::RegisterModel(
   if (!layout.ok()) return Error(layout.status());
   absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(config.optimizer());
   if (!optimizer.ok()) return Error(optimizer.status());
+  // Compare and store the canonical form, so that spellings of the same model
+  // (alignment 0 vs 64, dtype unspecified vs float32) count as equal.
+  *config.mutable_layout() = LayoutToProto(*layout);
+  *config.mutable_optimizer() = OptimizerConfigToProto(*optimizer);
 
   // An existing model: equal configs attach, different ones are refused.
   auto answer_existing = [&](const Model& model) {
@@ -185,8 +193,11 @@ grpc::Status ShardServiceImpl::RegisterModel(
   std::vector<float> values(size);
   uint64_t received = 0;
   while (reader->Read(&request)) {
+    watch.Touch();
     if (!request.has_values()) {
-      return Error(absl::InvalidArgumentError("RegisterModel sent a second header"));
+      return Error(absl::InvalidArgumentError(
+          request.has_header() ? "RegisterModel sent a second header"
+                               : "RegisterModel sent a message without values"));
     }
     const v1::TensorChunk& chunk = request.values();
     const std::string& data = chunk.data();
@@ -239,6 +250,7 @@ grpc::Status ShardServiceImpl::RegisterModel(
 grpc::Status ShardServiceImpl::PushGradients(
     grpc::ServerContext* context, grpc::ServerReader<v1::PushGradientsRequest>* reader,
     v1::PushGradientsResponse* response) {
+  StreamWatchdog::Watch watch(&watchdog_, context);
   v1::PushGradientsRequest request;
   if (!reader->Read(&request) || !request.has_header()) {
     return Error(absl::InvalidArgumentError("PushGradients must start with a header"));
@@ -258,8 +270,11 @@ grpc::Status ShardServiceImpl::PushGradients(
   }
   ModelShard::PushWriter& writer = *start->writer;
   while (reader->Read(&request)) {
+    watch.Touch();
     if (!request.has_chunk()) {
-      return Error(absl::InvalidArgumentError("PushGradients sent a second header"));
+      return Error(absl::InvalidArgumentError(
+          request.has_header() ? "PushGradients sent a second header"
+                               : "PushGradients sent a message without a chunk"));
     }
     const v1::TensorChunk& chunk = request.chunk();
     if (absl::Status s = writer.Write(chunk.offset(), chunk.data().data(), chunk.data().size());

@@ -17,6 +17,7 @@
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "server/model_shard.h"
 #include "server/parallel_for.h"
+#include "server/stream_watchdog.h"
 
 namespace shardopt {
 
@@ -24,8 +25,14 @@ struct ShardServerOptions {
   uint32_t shard_index = 0;
   uint32_t shard_count = 1;
   int threads = 1;
-  // Bytes of parameter data per PullParameters message.
-  size_t pull_chunk_bytes = 4 << 20;
+  // Bytes of parameter data per PullParameters message. 1 MiB keeps every
+  // message under gRPC's default 4 MiB receive limit (grpcurl, Python).
+  size_t pull_chunk_bytes = 1 << 20;
+  // Push and register streams that send nothing for this long are cancelled
+  // (see StreamWatchdog); zero disables.
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
+  // Most threads gRPC's sync server may use (every blocked pull holds one).
+  int max_threads = 1024;
   // Registrations whose state (parameters, optimizer slots, per-trainer
   // staging) would take the models on this server past this many bytes are
   // refused with RESOURCE_EXHAUSTED instead of exhausting memory.
@@ -72,6 +79,7 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   const ShardServerOptions options_;
   const absl::Time start_time_;
   ThreadPool pool_;
+  StreamWatchdog watchdog_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Model>> models_ ABSL_GUARDED_BY(mu_);
   // State bytes of the models in models_ plus registrations in progress.

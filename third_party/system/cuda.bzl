@@ -2,9 +2,15 @@
 
 Looks for $CUDA_PATH/bin/nvcc (default /usr/local/cuda). When present it
 exposes nvcc, the headers and the static runtime; when absent it writes the
-same target names as empty stubs plus `:available` = False, so that
-`bazel build //...` keeps working on machines without CUDA (Bazel 4.2.3
-resolves the dependencies even of skipped targets).
+same target names as empty stubs, and `defs.bzl` says CUDA_AVAILABLE = False,
+so that `bazel build //...` keeps working on machines without CUDA (Bazel 4.2.3
+resolves the dependencies even of skipped targets). //tools/build_defs:cuda.bzl
+reads defs.bzl and marks CUDA targets incompatible (skipped) when absent.
+
+Re-detection: the rule is `local` and declares environ = ["CUDA_PATH"], so it
+is re-run when CUDA_PATH changes in the environment Bazel hands repository
+rules (see //tools/build_defs:cuda.bzl for which flags do that in 4.2.3), or
+after `bazel sync --configure` / `bazel clean --expunge`.
 """
 
 def _cuda_toolkit_impl(ctx):
@@ -43,9 +49,16 @@ cc_library(
     copts = [],
 )
 
+# Every header (crt/, cuda/std/, the CCCL tree): the sandbox only shows
+# declared inputs, and cuda_runtime_api.h already pulls in crt/ headers.
 cc_library(
     name = "headers",
-    hdrs = glob(["cuda/include/*.h"]),
+    hdrs = glob([
+        "cuda/include/**/*.h",
+        "cuda/include/**/*.hpp",
+        "cuda/include/**/*.cuh",
+        "cuda/include/**/*.inl",
+    ]),
     includes = ["cuda/include"],
 )
 """.format(cuda = cuda_path))

@@ -1,0 +1,850 @@
+// The fused CUDA optimizer steps against server/optim's CPU Optimizer.
+//
+// Expectation: BIT-IDENTICAL parameters, state and bf16 copies after every
+// checked step (see fused_optimizers.h for why that is possible: the same
+// fp32 operations in the same order, each rounded once, the same host-side
+// scalars). Only NaN payloads may differ (none occur with these data).
+//
+// Runs without a GPU: argument validation and access planning (no CUDA call
+// happens before those fail or decide), the host bf16 conversion, device-spec
+// parsing, and the "no GPU" error of SelectDevice. Everything else skips with
+// GTEST_SKIP() and the reason when SelectDevice("auto") finds no usable GPU.
+//
+// SHARDOPT_GPU_TEST_SMALL=1 leaves out the 1M-element cases (for
+// compute-sanitizer, which is slow).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/optimizer_config.h"
+#include "gtest/gtest.h"
+#include "server/cuda/device.h"
+#include "server/cuda/fused_optimizers.h"
+#include "server/optim/optimizer.h"
+
+namespace shardopt {
+namespace gpu {
+namespace {
+
+constexpr int64_t kSteps = 100;
+constexpr size_t kGuard = 16;  // Sentinel elements around every device sub-buffer.
+constexpr uint32_t kSentinelBits = 0x7fa5a5a5u;  // A NaN no kernel produces.
+
+bool SmallOnly() {
+  const char* v = std::getenv("SHARDOPT_GPU_TEST_SMALL");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+
+uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+
+float FromBits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+// ---------------------------------------------------------------------------
+// Random data: varied magnitudes, exact zeros of both signs, subnormals and
+// large values, so that every rounding path is exercised. Deterministic in
+// (seed, index) whatever the thread count.
+
+uint64_t SplitMix64(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+float RandomValue(uint64_t& s, bool gradient) {
+  static constexpr float kScales[8] = {1e-4f, 1e-3f, 1e-2f, 1e-1f, 1.0f, 3.0f, 10.0f, 0.5f};
+  const uint64_t u = SplitMix64(s);
+  const float unit = static_cast<float>((u >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+  const unsigned sel = static_cast<unsigned>(u % 100);
+  if (sel < 3) return (u & (1ull << 32)) ? -0.0f : 0.0f;
+  if (gradient) {
+    if (sel < 5) return std::ldexp(unit, -130 + static_cast<int>((u >> 33) % 20));  // subnormal-ish
+    if (sel < 8) return unit * 1000.0f;
+  }
+  return unit * kScales[(u >> 36) & 7];
+}
+
+void FillRandom(std::vector<float>& v, uint64_t seed, bool gradient) {
+  constexpr size_t kChunk = size_t{1} << 16;
+  const size_t chunks = (v.size() + kChunk - 1) / kChunk;
+  auto fill_chunks = [&](size_t first, size_t step) {
+    for (size_t c = first; c < chunks; c += step) {
+      uint64_t s = seed * 0x100000001b3ull + c;
+      const size_t end = std::min(v.size(), (c + 1) * kChunk);
+      for (size_t i = c * kChunk; i < end; ++i) v[i] = RandomValue(s, gradient);
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(chunks, std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+  if (threads <= 1) {
+    fill_chunks(0, 1);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t) pool.emplace_back(fill_chunks, t, threads);
+  for (std::thread& t : pool) t.join();
+}
+
+// ---------------------------------------------------------------------------
+// An independent fp32 -> bf16 reference: the two bf16 neighbours of x, the
+// nearer one in exact (double) arithmetic, ties to the even bit pattern.
+
+double Bf16Value(uint16_t b) {
+  if ((b & 0x7fffu) == 0x7f80u) return (b & 0x8000u) ? -std::ldexp(1.0, 128) : std::ldexp(1.0, 128);
+  return static_cast<double>(FromBits(static_cast<uint32_t>(b) << 16));
+}
+
+// For non-NaN x.
+uint16_t ReferenceBf16(float x) {
+  const uint16_t lo = static_cast<uint16_t>(Bits(x) >> 16);  // toward zero
+  if (std::isinf(x) || (Bits(x) & 0xffffu) == 0) return lo;
+  const uint16_t hi = static_cast<uint16_t>(lo + 1);  // next away from zero
+  const double d_lo = std::fabs(static_cast<double>(x) - Bf16Value(lo));
+  const double d_hi = std::fabs(Bf16Value(hi) - static_cast<double>(x));
+  if (d_lo < d_hi) return lo;
+  if (d_hi < d_lo) return hi;
+  return (lo & 1u) ? hi : lo;
+}
+
+::testing::AssertionResult Bf16Matches(float x, uint16_t got) {
+  if (std::isnan(x)) {
+    const uint16_t want = static_cast<uint16_t>((Bits(x) >> 16) | 0x40u);
+    if (got == want) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << absl::StrFormat("NaN 0x%08x -> 0x%04x, want 0x%04x", Bits(x), got, want);
+  }
+  const uint16_t want = ReferenceBf16(x);
+  if (got == want) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << absl::StrFormat("%a (0x%08x) -> 0x%04x, want 0x%04x", x, Bits(x), got, want);
+}
+
+// Bit-identical, except that any NaN matches any NaN.
+::testing::AssertionResult SameFloats(const std::string& what, const float* want,
+                                      const float* got, size_t n) {
+  size_t bad = 0;
+  size_t first = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool same = Bits(want[i]) == Bits(got[i]) || (std::isnan(want[i]) && std::isnan(got[i]));
+    if (!same && bad++ == 0) first = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << absl::StrFormat(
+             "%s: %d of %d elements differ; first at %d: cpu %a (0x%08x), gpu %a (0x%08x)", what,
+             bad, n, first, want[first], Bits(want[first]), got[first], Bits(got[first]));
+}
+
+// ---------------------------------------------------------------------------
+// GPU availability: decided once; tests that need a GPU skip without one.
+
+const absl::Status& GpuStatus() {
+  static const absl::Status* status = [] {
+    absl::StatusOr<GpuInfo> gpu = SelectDevice("auto");
+    if (gpu.ok()) {
+      std::fprintf(stderr, "[gpu] using %s\n", gpu->DebugString().c_str());
+      return new absl::Status();
+    }
+    return new absl::Status(gpu.status());
+  }();
+  return *status;
+}
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!GpuStatus().ok()) GTEST_SKIP() << "no usable CUDA GPU here: " << GpuStatus();
+  }
+};
+
+#define ASSERT_OK(expr)                                 \
+  do {                                                  \
+    const absl::Status assert_ok_status_ = (expr);      \
+    ASSERT_TRUE(assert_ok_status_.ok()) << assert_ok_status_; \
+  } while (0)
+
+template <typename T>
+T ValueOrDie(absl::StatusOr<T> v) {
+  if (!v.ok()) {
+    ADD_FAILURE() << v.status();
+    std::abort();
+  }
+  return *std::move(v);
+}
+
+// A device allocation of n elements of T plus guards, with the data starting
+// `offset` elements after the first guard (so its address modulo 16 bytes is
+// offset * sizeof(T)); the guards hold a sentinel.
+template <typename T>
+class GuardedBuffer {
+ public:
+  GuardedBuffer(size_t n, size_t offset) : n_(n), offset_(offset) {
+    buf_ = ValueOrDie(DeviceBuffer::Allocate((n + 2 * kGuard) * sizeof(T)));
+    std::vector<T> init(n + 2 * kGuard);
+    SetSentinel(init);
+    EXPECT_TRUE(buf_.Upload(init.data(), init.size() * sizeof(T)).ok());
+  }
+  T* data() const { return buf_.as<T>() + kGuard + offset_; }
+  size_t n() const { return n_; }
+
+  absl::Status Upload(const std::vector<T>& v) {
+    return buf_.Upload(v.data(), n_ * sizeof(T), (kGuard + offset_) * sizeof(T));
+  }
+  absl::Status Poison() {  // Every byte 0xff: NaN for float, 0xffff for bf16.
+    return buf_.Fill(0xff, n_ * sizeof(T), (kGuard + offset_) * sizeof(T));
+  }
+  // The data, and whether the guards still hold the sentinel.
+  ::testing::AssertionResult Download(std::vector<T>* out) const {
+    std::vector<T> all(n_ + 2 * kGuard);
+    const absl::Status s = buf_.Download(all.data(), all.size() * sizeof(T));
+    if (!s.ok()) return ::testing::AssertionFailure() << s;
+    std::vector<T> sentinel(all.size());
+    SetSentinel(sentinel);
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (i >= kGuard + offset_ && i < kGuard + offset_ + n_) continue;
+      if (std::memcmp(&all[i], &sentinel[i], sizeof(T)) != 0) {
+        return ::testing::AssertionFailure()
+               << "write outside the buffer: guard element " << i << " of " << all.size()
+               << " (data at " << kGuard + offset_ << ".." << kGuard + offset_ + n_ << ")";
+      }
+    }
+    out->assign(all.begin() + kGuard + offset_, all.begin() + kGuard + offset_ + n_);
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  static void SetSentinel(std::vector<T>& v) {
+    for (T& x : v) {
+      if constexpr (sizeof(T) == 4) {
+        std::memcpy(&x, &kSentinelBits, 4);
+      } else {
+        const uint16_t s = 0x7fa5;
+        std::memcpy(&x, &s, 2);
+      }
+    }
+  }
+
+  DeviceBuffer buf_;
+  size_t n_;
+  size_t offset_;
+};
+
+// ---------------------------------------------------------------------------
+// Argument validation and planning: no GPU needed (no CUDA call is made).
+
+float* FakeDevicePointer(uintptr_t address) { return reinterpret_cast<float*>(address); }
+
+struct FakeBuffers {
+  std::vector<const float*> grads;
+  FusedStepBuffers b;
+  explicit FakeBuffers(int trainers, uintptr_t byte_offset = 0) {
+    for (int t = 0; t < trainers; ++t) grads.push_back(FakeDevicePointer(0x100000 * (t + 1) + byte_offset));
+    b.gradients = grads.data();
+    b.num_gradients = trainers;
+    b.params = FakeDevicePointer(0x10000000 + byte_offset);
+    b.slots = {FakeDevicePointer(0x20000000 + byte_offset), FakeDevicePointer(0x30000000 + byte_offset),
+               FakeDevicePointer(0x40000000 + byte_offset)};
+  }
+};
+
+TEST(FusedStepPlanTest, AlignedBuffersTakeTheVectorPath) {
+  FakeBuffers f(3);
+  const FusedStepPlan plan =
+      ValueOrDie(PlanFusedStep(OptimizerConfig::AdamW(), 1, 1000003, f.b));
+  EXPECT_TRUE(plan.vectorized) << plan.DebugString();
+  EXPECT_EQ(plan.head, 0u);
+  EXPECT_EQ(plan.vector_groups, 250000u);
+  EXPECT_EQ(plan.tail, 3u);
+  EXPECT_EQ(plan.state_slots, 2);
+}
+
+TEST(FusedStepPlanTest, SameMisalignmentPeelsAHead) {
+  for (uintptr_t off : {4u, 8u, 12u}) {
+    FakeBuffers f(2, off);
+    uint16_t* bf16 = reinterpret_cast<uint16_t*>(0x50000000 + off / 2);
+    f.b.params_bf16 = bf16;
+    const FusedStepPlan plan = ValueOrDie(PlanFusedStep(OptimizerConfig::Adam(), 7, 101, f.b));
+    const size_t head = (16 - off) / 4;
+    EXPECT_TRUE(plan.vectorized) << off << ": " << plan.DebugString();
+    EXPECT_EQ(plan.head, head);
+    EXPECT_EQ(plan.vector_groups, (101 - head) / 4);
+    EXPECT_EQ(plan.head + 4 * plan.vector_groups + plan.tail, 101u);
+  }
+}
+
+TEST(FusedStepPlanTest, DifferentMisalignmentsFallBackToScalar) {
+  FakeBuffers f(3);
+  f.b.slots[1] = FakeDevicePointer(0x30000004);
+  FusedStepPlan plan = ValueOrDie(PlanFusedStep(OptimizerConfig::AdamW(), 1, 4099, f.b));
+  EXPECT_FALSE(plan.vectorized);
+  EXPECT_EQ(plan.tail, 4099u);
+
+  // An unused slot does not matter (AdamW without amsgrad uses 2).
+  FakeBuffers g(1);
+  g.b.slots[2] = FakeDevicePointer(0x40000004);
+  EXPECT_TRUE(ValueOrDie(PlanFusedStep(OptimizerConfig::AdamW(), 1, 4099, g.b)).vectorized);
+
+  // A gradient at another offset.
+  FakeBuffers h(3);
+  h.grads[2] = FakeDevicePointer(0x300008);
+  EXPECT_FALSE(ValueOrDie(PlanFusedStep(OptimizerConfig::Sgd(0.1), 1, 4099, h.b)).vectorized);
+
+  // bf16 not 8-byte aligned where the floats are 16-byte aligned.
+  FakeBuffers k(1);
+  k.b.params_bf16 = reinterpret_cast<uint16_t*>(0x50000002);
+  EXPECT_FALSE(ValueOrDie(PlanFusedStep(OptimizerConfig::Sgd(0.1), 1, 4099, k.b)).vectorized);
+
+  // Too short for one float4 group.
+  FakeBuffers s(1);
+  EXPECT_FALSE(ValueOrDie(PlanFusedStep(OptimizerConfig::Sgd(0.1), 1, 3, s.b)).vectorized);
+}
+
+TEST(FusedStepValidationTest, RejectsBadArgumentsBeforeTouchingTheDevice) {
+  const OptimizerConfig adam = OptimizerConfig::Adam();
+  auto expect_invalid = [&](const OptimizerConfig& c, int64_t step, size_t n,
+                            const FusedStepBuffers& b, const std::string& why) {
+    const absl::Status plan = PlanFusedStep(c, step, n, b).status();
+    EXPECT_EQ(plan.code(), absl::StatusCode::kInvalidArgument) << why << ": " << plan;
+    const absl::Status run = FusedOptimizerStep(c, step, n, b);
+    EXPECT_EQ(run.code(), absl::StatusCode::kInvalidArgument) << why << ": " << run;
+  };
+  {
+    FakeBuffers f(1);
+    expect_invalid(adam, 0, 10, f.b, "step 0");
+  }
+  {
+    FakeBuffers f(1);
+    f.b.num_gradients = 0;
+    expect_invalid(adam, 1, 10, f.b, "no gradients");
+  }
+  {
+    std::vector<const float*> many(kMaxGradientBuffers + 1, FakeDevicePointer(0x1000));
+    FakeBuffers f(1);
+    f.b.gradients = many.data();
+    f.b.num_gradients = kMaxGradientBuffers + 1;
+    expect_invalid(adam, 1, 10, f.b, "too many gradients");
+  }
+  {
+    FakeBuffers f(1);
+    f.b.gradients = nullptr;
+    expect_invalid(adam, 1, 10, f.b, "null gradient array");
+  }
+  {
+    FakeBuffers f(3);
+    f.grads[1] = nullptr;
+    expect_invalid(adam, 1, 10, f.b, "null gradient");
+  }
+  {
+    FakeBuffers f(1);
+    f.b.params = nullptr;
+    expect_invalid(adam, 1, 10, f.b, "null params");
+  }
+  {
+    FakeBuffers f(1);
+    f.b.slots[1] = nullptr;
+    expect_invalid(adam, 1, 10, f.b, "missing exp_avg_sq");
+  }
+  {
+    OptimizerConfig amsgrad = adam;
+    amsgrad.amsgrad = true;
+    FakeBuffers f(1);
+    f.b.slots[2] = nullptr;
+    expect_invalid(amsgrad, 1, 10, f.b, "missing max_exp_avg_sq");
+  }
+  {
+    OptimizerConfig momentum = OptimizerConfig::Sgd(0.1);
+    momentum.momentum = 0.9;
+    FakeBuffers f(1);
+    f.b.slots[0] = nullptr;
+    expect_invalid(momentum, 1, 10, f.b, "missing momentum_buffer");
+  }
+  {
+    FakeBuffers f(1);
+    f.b.params = FakeDevicePointer(0x10000002);
+    expect_invalid(adam, 1, 10, f.b, "misaligned params");
+  }
+  {
+    FakeBuffers f(1);
+    f.b.params_bf16 = reinterpret_cast<uint16_t*>(0x50000001);
+    expect_invalid(adam, 1, 10, f.b, "misaligned bf16");
+  }
+  {
+    OptimizerConfig bad = adam;
+    bad.lr = -1.0;
+    FakeBuffers f(1);
+    expect_invalid(bad, 1, 10, f.b, "negative lr");
+  }
+  {
+    OptimizerConfig bad = OptimizerConfig::Sgd(0.1);
+    bad.nesterov = true;  // needs momentum > 0 and dampening 0
+    FakeBuffers f(1);
+    expect_invalid(bad, 1, 10, f.b, "nesterov without momentum");
+  }
+}
+
+TEST(FusedStepValidationTest, SgdWithoutMomentumNeedsNoSlotsAndEmptyRangesLaunchNothing) {
+  FakeBuffers f(2);
+  f.b.slots = {nullptr, nullptr, nullptr};
+  EXPECT_EQ(ValueOrDie(PlanFusedStep(OptimizerConfig::Sgd(0.1), 1, 10, f.b)).state_slots, 0);
+  // n == 0: nothing is touched, so null buffers are fine and no GPU is needed.
+  FusedStepBuffers empty;
+  const float* none[1] = {nullptr};
+  empty.gradients = none;
+  empty.num_gradients = 1;
+  EXPECT_TRUE(FusedOptimizerStep(OptimizerConfig::AdamW(), 1, 0, empty).ok());
+}
+
+// ---------------------------------------------------------------------------
+// bf16 conversion on the host (no GPU needed).
+
+std::vector<uint32_t> SpecialBits() {
+  return {
+      0x00000000u, 0x80000000u,                            // +-0
+      0x00000001u, 0x80000001u, 0x00008000u, 0x00018000u,  // subnormals, ties
+      0x007fffffu, 0x00800000u, 0x80800000u,               // subnormal max, FLT_MIN
+      0x3f800000u, 0xbf800000u,                            // +-1
+      0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu,  // ties to even, around ties
+      0xbf808000u, 0xbf818000u,                            // negative ties
+      0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu, 0xff7fffffu,  // near the top: to max or inf
+      0x7f7effffu, 0x7f7f0000u,                            //
+      0x7f800000u, 0xff800000u,                            // +-inf
+      0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u,  // NaNs (quiet, signalling)
+      0x7fffffffu, 0xffffffffu, 0x7fa5a5a5u, 0x7f810000u,  //
+  };
+}
+
+std::vector<uint32_t> RandomBits(size_t count, uint64_t seed) {
+  std::vector<uint32_t> v(count);
+  uint64_t s = seed;
+  for (uint32_t& x : v) {
+    const uint64_t u = SplitMix64(s);
+    x = static_cast<uint32_t>(u);
+    // A quarter of them exactly on or next to a rounding tie.
+    if ((u >> 32) % 4 == 0) x = (x & 0xffff0000u) | (0x7fffu + static_cast<uint32_t>((u >> 40) % 3));
+  }
+  return v;
+}
+
+TEST(Bf16Test, HostConversionRoundsToNearestEvenAndKeepsNaN) {
+  std::vector<uint32_t> all = SpecialBits();
+  const std::vector<uint32_t> random = RandomBits(1 << 20, 17);
+  all.insert(all.end(), random.begin(), random.end());
+  size_t failures = 0;
+  for (uint32_t u : all) {
+    const float x = FromBits(u);
+    const ::testing::AssertionResult r = Bf16Matches(x, Fp32ToBf16Bits(x));
+    if (!r && failures++ < 10) ADD_FAILURE() << r.message();
+  }
+  EXPECT_EQ(failures, 0u);
+  EXPECT_EQ(Fp32ToBf16Bits(FromBits(0x7f7fffffu)), 0x7f80u);  // FLT_MAX rounds to inf
+  EXPECT_EQ(Fp32ToBf16Bits(FromBits(0x7f800001u)), 0x7fc0u);  // signalling NaN stays NaN
+  EXPECT_EQ(Fp32ToBf16Bits(1.0f + 1.0f / 256), 0x3f80u);      // tie, even below
+  EXPECT_EQ(Fp32ToBf16Bits(1.0f + 3.0f / 256), 0x3f82u);      // tie, even above
+}
+
+// ---------------------------------------------------------------------------
+// Device selection.
+
+TEST(DeviceSpecTest, Parses) {
+  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("cpu")).kind, DeviceSpec::Kind::kCpu);
+  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("auto")).kind, DeviceSpec::Kind::kAuto);
+  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("CUDA")).index, 0);
+  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("cuda:0")).index, 0);
+  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("cuda:13")).index, 13);
+  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("cuda:13")).ToString(), "cuda:13");
+  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", "cuda:1x", "cuda:0:1",
+                          " cuda:0", "cuda:99999", "cuda0"}) {
+    const absl::Status s = ParseDeviceSpec(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "\"" << bad << "\": " << s;
+  }
+}
+
+TEST(DeviceSelectionTest, CpuIsNotAGpuAndSyntaxErrorsComeFirst) {
+  EXPECT_EQ(SelectDevice("cpu").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SelectDevice("tpu:0").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Runs where there is no usable GPU (as on a build machine): the error must
+// say so clearly, for every way of asking.
+TEST(DeviceSelectionTest, WithoutAGpuSaysSoClearly) {
+  if (GpuStatus().ok()) GTEST_SKIP() << "a usable GPU is present";
+  absl::StatusOr<std::vector<GpuInfo>> gpus = QueryGpus();
+  const bool none_at_all = !gpus.ok();
+  for (const char* spec : {"auto", "cuda", "cuda:0", "cuda:3"}) {
+    const absl::Status s = SelectDevice(spec).status();
+    EXPECT_FALSE(s.ok()) << spec;
+    if (none_at_all) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << spec << ": " << s;
+      EXPECT_NE(s.message().find("no CUDA GPU"), std::string::npos) << s;
+    }
+    std::fprintf(stderr, "[no gpu] SelectDevice(\"%s\"): %s\n", spec, s.ToString().c_str());
+  }
+  // A failed query leaves no error behind for later CUDA calls to report.
+  EXPECT_EQ(QueryGpus().status().code(), gpus.status().code());
+}
+
+TEST_F(GpuTest, SelectsEachGpuAndRejectsMissingOnes) {
+  const std::vector<GpuInfo> gpus = ValueOrDie(QueryGpus());
+  ASSERT_FALSE(gpus.empty());
+  for (const GpuInfo& g : gpus) {
+    std::fprintf(stderr, "[gpu] %s bus %s L2 %zu KiB\n", g.DebugString().c_str(),
+                 g.pci_bus_id.c_str(), g.l2_cache_bytes >> 10);
+    absl::StatusOr<GpuInfo> selected = SelectDevice(absl::StrCat("cuda:", g.index));
+    if (g.usable) {
+      EXPECT_TRUE(selected.ok()) << selected.status();
+    } else {
+      EXPECT_EQ(selected.status().code(), absl::StatusCode::kFailedPrecondition);
+    }
+  }
+  const absl::Status missing = SelectDevice(absl::StrCat("cuda:", gpus.size())).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  // Leave the first usable GPU current for the other tests.
+  ASSERT_TRUE(SelectDevice("auto").ok());
+}
+
+TEST_F(GpuTest, BuffersAllocateCopyAndReportOutOfMemory) {
+  DeviceBuffer b = ValueOrDie(DeviceBuffer::Allocate(1000 * sizeof(float)));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 256, 0u);
+  std::vector<float> in(1000), out(1000, 0.0f);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) * 0.5f - 7.0f;
+  ASSERT_OK(b.Upload(in.data(), in.size() * sizeof(float)));
+  DeviceBuffer moved = std::move(b);
+  EXPECT_EQ(b.data(), nullptr);
+  ASSERT_OK(moved.Download(out.data(), out.size() * sizeof(float)));
+  EXPECT_EQ(in, out);
+  EXPECT_EQ(moved.Upload(in.data(), 8, 1000 * sizeof(float) - 4).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(moved.Download(out.data(), 1001 * sizeof(float)).code(), absl::StatusCode::kOutOfRange);
+
+  PinnedBuffer pinned = ValueOrDie(PinnedBuffer::Allocate(1000 * sizeof(float)));
+  Stream stream = ValueOrDie(Stream::Create());
+  std::memcpy(pinned.data(), in.data(), 1000 * sizeof(float));
+  DeviceBuffer other = ValueOrDie(DeviceBuffer::Allocate(1000 * sizeof(float)));
+  ASSERT_OK(CopyToDevice(other.data(), pinned.data(), 1000 * sizeof(float), stream.get()));
+  ASSERT_OK(CopyDeviceToDevice(moved.data(), other.data(), 1000 * sizeof(float), stream.get()));
+  std::memset(pinned.data(), 0, 1000 * sizeof(float));
+  ASSERT_OK(CopyToHost(pinned.data(), moved.data(), 1000 * sizeof(float), stream.get()));
+  ASSERT_OK(stream.Synchronize());
+  EXPECT_EQ(std::memcmp(pinned.data(), in.data(), 1000 * sizeof(float)), 0);
+
+  // Far more than any GPU has: RESOURCE_EXHAUSTED, and the device stays usable.
+  const absl::Status huge = DeviceBuffer::Allocate(size_t{1} << 50).status();
+  EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted) << huge;
+  ASSERT_OK(ConvertToBf16(moved.as<float>(), other.as<uint16_t>(), 1000));
+  ASSERT_OK(SynchronizeStream());
+}
+
+TEST_F(GpuTest, DeviceBf16ConversionMatchesTheReference) {
+  std::vector<uint32_t> bits = SpecialBits();
+  const std::vector<uint32_t> random = RandomBits(1000003 - bits.size(), 99);
+  bits.insert(bits.end(), random.begin(), random.end());
+  std::vector<float> src(bits.size());
+  std::memcpy(src.data(), bits.data(), bits.size() * sizeof(float));
+  // (src offset, dst offset): vector path with and without a head; scalar.
+  for (auto [so, dof] : {std::pair<size_t, size_t>{0, 0}, {1, 1}, {3, 3}, {0, 1}, {2, 3}}) {
+    SCOPED_TRACE(absl::StrCat("src offset ", so, ", dst offset ", dof));
+    for (size_t n : {size_t{1}, size_t{3}, size_t{37}, src.size()}) {
+      std::vector<float> part(src.begin(), src.begin() + n);
+      GuardedBuffer<float> d_src(n, so);
+      GuardedBuffer<uint16_t> d_dst(n, dof);
+      ASSERT_OK(d_src.Upload(part));
+      ASSERT_OK(d_dst.Poison());
+      ASSERT_OK(ConvertToBf16(d_src.data(), d_dst.data(), n));
+      ASSERT_OK(SynchronizeStream());
+      std::vector<uint16_t> got;
+      ASSERT_TRUE(d_dst.Download(&got));
+      size_t failures = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const ::testing::AssertionResult r = Bf16Matches(part[i], got[i]);
+        if (!r && failures++ < 5) ADD_FAILURE() << "element " << i << ": " << r.message();
+      }
+      EXPECT_EQ(failures, 0u) << "n = " << n;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Fused steps vs the CPU Optimizer.
+
+struct NamedConfig {
+  std::string name;
+  OptimizerConfig config;
+};
+
+std::vector<NamedConfig> ParityConfigs() {
+  std::vector<NamedConfig> v;
+  auto add = [&](std::string name, OptimizerConfig c) { v.push_back({std::move(name), c}); };
+  {
+    add("sgd", OptimizerConfig::Sgd(0.1));
+    OptimizerConfig c = OptimizerConfig::Sgd(0.05);
+    c.weight_decay = 0.01;
+    c.maximize = true;
+    add("sgd_wd_maximize", c);
+    c = OptimizerConfig::Sgd(0.1);
+    c.momentum = 0.9;
+    add("sgd_momentum", c);
+    c = OptimizerConfig::Sgd(0.1);
+    c.momentum = 0.8;
+    c.dampening = 0.1;
+    c.weight_decay = 1e-4;
+    add("sgd_momentum_dampening_wd", c);
+    c = OptimizerConfig::Sgd(0.02);
+    c.momentum = 0.9;
+    c.nesterov = true;
+    c.weight_decay = 1e-2;
+    c.maximize = true;
+    add("sgd_nesterov_wd_maximize", c);
+  }
+  {
+    add("adam", OptimizerConfig::Adam(1e-3));
+    OptimizerConfig c = OptimizerConfig::Adam(2e-3);
+    c.weight_decay = 0.01;
+    c.amsgrad = true;
+    add("adam_wd_amsgrad", c);
+    c = OptimizerConfig::Adam(1e-2);
+    c.maximize = true;
+    c.eps = 1e-6;
+    c.beta1 = 0.8;
+    c.beta2 = 0.99;
+    add("adam_maximize_betas", c);
+    add("adamw", OptimizerConfig::AdamW(1e-3));
+    c = OptimizerConfig::AdamW(1e-2);
+    c.weight_decay = 0.1;
+    c.amsgrad = true;
+    c.maximize = true;
+    add("adamw_amsgrad_maximize", c);
+    c = OptimizerConfig::AdamW(1e-3);
+    c.weight_decay = 0.0;  // decay == 1: no decoupled multiply, as on the CPU
+    add("adamw_no_decay", c);
+  }
+  {
+    add("adagrad", OptimizerConfig::Adagrad(1e-2));
+    OptimizerConfig c = OptimizerConfig::Adagrad(5e-2);
+    c.lr_decay = 0.01;
+    c.weight_decay = 1e-3;
+    c.initial_accumulator_value = 0.1;
+    c.maximize = true;
+    add("adagrad_lrdecay_wd_init_maximize", c);
+  }
+  return v;
+}
+
+enum class Placement { kAligned, kSameOffset, kMixedOffsets };
+
+struct ParityCase {
+  size_t n;
+  int trainers;
+  Placement placement;
+  size_t offset;  // kSameOffset: elements past 16-byte alignment
+  bool bf16;
+  GradientReduction reduction;
+  bool own_stream;
+};
+
+std::vector<ParityCase> ParityCases() {
+  using P = Placement;
+  const GradientReduction kMean = GradientReduction::kMean;
+  std::vector<ParityCase> cases = {
+      {1, 1, P::kAligned, 0, true, kMean, false},            // scalar (too short)
+      {3, 3, P::kSameOffset, 1, true, kMean, true},          // scalar (too short)
+      {7, 2, P::kSameOffset, 2, true, kMean, false},         // head 2, 1 group, tail 1
+      {4101, 3, P::kSameOffset, 1, true, GradientReduction::kSum, true},  // head 3, tail 2
+      {4099, 3, P::kMixedOffsets, 0, true, kMean, false},    // scalar: offsets differ
+      {1000003, 1, P::kAligned, 0, false, kMean, false},     // the common case, tail 3
+      {1000003, 3, P::kSameOffset, 3, true, kMean, true},    // head 1, tail 2
+  };
+  if (SmallOnly()) {
+    cases.erase(std::remove_if(cases.begin(), cases.end(),
+                               [](const ParityCase& c) { return c.n > 100000; }),
+                cases.end());
+  }
+  return cases;
+}
+
+// Element offsets for buffer k (0..T-1 gradients, then params, slots, bf16).
+size_t OffsetFor(const ParityCase& c, size_t k) {
+  switch (c.placement) {
+    case Placement::kAligned:
+      return 0;
+    case Placement::kSameOffset:
+      return c.offset;  // bf16 too: then bf16 + head elements is 8-byte aligned
+    case Placement::kMixedOffsets:
+      return (k * 3 + 1) % 4;
+  }
+  return 0;
+}
+
+// One case: kSteps steps on the CPU and the GPU from the same start with the
+// same gradients, compared bit for bit after steps 1, 2, 3, kSteps / 2 and
+// kSteps. `first_step` > 1 starts the step count there (the 2^24 cap test).
+void RunParity(const NamedConfig& nc, const ParityCase& c, uint64_t seed, int64_t first_step = 1,
+               int64_t steps = kSteps) {
+  const OptimizerConfig& config = nc.config;
+  const size_t n = c.n;
+  const int T = c.trainers;
+  std::unique_ptr<Optimizer> cpu = ValueOrDie(Optimizer::Create(config, n));
+  const int slots = config.StateSlotsPerElement();
+  ASSERT_EQ(static_cast<size_t>(slots), cpu->slot_names().size());
+
+  std::vector<float> params(n);
+  FillRandom(params, seed, /*gradient=*/false);
+
+  // Device buffers.
+  std::vector<std::unique_ptr<GuardedBuffer<float>>> d_grads;
+  for (int t = 0; t < T; ++t) {
+    d_grads.push_back(std::make_unique<GuardedBuffer<float>>(n, OffsetFor(c, t)));
+  }
+  GuardedBuffer<float> d_params(n, OffsetFor(c, T));
+  std::vector<std::unique_ptr<GuardedBuffer<float>>> d_slots;
+  for (int k = 0; k < slots; ++k) {
+    d_slots.push_back(std::make_unique<GuardedBuffer<float>>(n, OffsetFor(c, T + 1 + k)));
+  }
+  std::unique_ptr<GuardedBuffer<uint16_t>> d_bf16;
+  if (c.bf16) d_bf16 = std::make_unique<GuardedBuffer<uint16_t>>(n, OffsetFor(c, T + 4));
+  ASSERT_OK(d_params.Upload(params));
+
+  std::vector<const float*> grad_ptrs;
+  for (auto& g : d_grads) grad_ptrs.push_back(g->data());
+  FusedStepBuffers b;
+  b.gradients = grad_ptrs.data();
+  b.num_gradients = T;
+  b.reduction = c.reduction;
+  b.params = d_params.data();
+  for (int k = 0; k < slots; ++k) b.slots[k] = d_slots[k]->data();
+  b.params_bf16 = c.bf16 ? d_bf16->data() : nullptr;
+
+  // The plan must be the one the case is meant to exercise.
+  const FusedStepPlan plan = ValueOrDie(PlanFusedStep(config, first_step, n, b));
+  {
+    bool want_vec = false;
+    size_t want_head = 0;
+    if (c.placement != Placement::kMixedOffsets) {
+      want_head = std::min(n, (4 - c.offset % 4) % 4);
+      want_vec = (n - want_head) / 4 > 0;
+    }
+    EXPECT_EQ(plan.vectorized, want_vec) << plan.DebugString();
+    if (want_vec) EXPECT_EQ(plan.head, want_head) << plan.DebugString();
+  }
+
+  std::unique_ptr<Stream> stream;
+  if (c.own_stream) stream = std::make_unique<Stream>(ValueOrDie(Stream::Create()));
+  void* s = stream ? stream->get() : nullptr;
+
+  ASSERT_OK(InitializeOptimizerState(config, n, b.slots, s));
+  // SGD's first step must not read the momentum buffer (PyTorch clones g).
+  if (config.kind == OptimizerKind::kSgd && slots == 1 && first_step == 1) {
+    ASSERT_OK(SynchronizeStream(s));
+    ASSERT_OK(d_slots[0]->Poison());
+  }
+
+  std::vector<std::vector<float>> grads(T, std::vector<float>(n));
+  std::vector<float> sum(n);
+  for (int64_t step = first_step; step < first_step + steps; ++step) {
+    for (int t = 0; t < T; ++t) {
+      FillRandom(grads[t], seed * 1000003 + static_cast<uint64_t>(step) * 131 + t, true);
+      ASSERT_OK(d_grads[t]->Upload(grads[t]));
+    }
+    // CPU: ModelShard::ApplyStep's reduction, then Optimizer::Update.
+    sum = grads[0];
+    for (int t = 1; t < T; ++t) {
+      const float* other = grads[t].data();
+      for (size_t i = 0; i < n; ++i) sum[i] += other[i];
+    }
+    if (c.reduction == GradientReduction::kMean && T > 1) {
+      const float divisor = static_cast<float>(T);
+      for (size_t i = 0; i < n; ++i) sum[i] /= divisor;
+    }
+    cpu->Update(step, params.data(), sum.data(), 0, n);
+
+    // GPU.
+    if (c.bf16) {
+      ASSERT_OK(SynchronizeStream(s));
+      ASSERT_OK(d_bf16->Poison());
+    }
+    ASSERT_OK(FusedOptimizerStep(config, step, n, b, s));
+    ASSERT_OK(SynchronizeStream(s));
+
+    const int64_t k = step - first_step + 1;
+    if (!(k <= 3 || k == steps / 2 || k == steps)) continue;
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    std::vector<float> got;
+    ASSERT_TRUE(d_params.Download(&got));
+    ASSERT_TRUE(SameFloats("params", params.data(), got.data(), n));
+    for (int j = 0; j < slots; ++j) {
+      ASSERT_TRUE(d_slots[j]->Download(&got));
+      ASSERT_TRUE(SameFloats(cpu->slot_names()[j], cpu->slot(j).data(), got.data(), n));
+    }
+    for (auto& g : d_grads) {
+      std::vector<float> unchanged;
+      ASSERT_TRUE(g->Download(&unchanged));  // guards only: gradients are inputs
+    }
+    if (c.bf16) {
+      std::vector<uint16_t> got16;
+      ASSERT_TRUE(d_bf16->Download(&got16));
+      size_t failures = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const ::testing::AssertionResult r = Bf16Matches(params[i], got16[i]);
+        if (!r && failures++ < 5) ADD_FAILURE() << "bf16 element " << i << ": " << r.message();
+      }
+      ASSERT_EQ(failures, 0u);
+    }
+  }
+}
+
+class FusedParityTest : public GpuTest, public ::testing::WithParamInterface<NamedConfig> {};
+
+TEST_P(FusedParityTest, BitIdenticalToCpuOptimizer) {
+  const std::vector<ParityCase> cases = ParityCases();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const ParityCase& c = cases[i];
+    SCOPED_TRACE(absl::StrFormat("%s n=%d T=%d placement=%d offset=%d bf16=%d %s", GetParam().name,
+                                 c.n, c.trainers, static_cast<int>(c.placement), c.offset, c.bf16,
+                                 c.reduction == GradientReduction::kMean ? "mean" : "sum"));
+    RunParity(GetParam(), c, 1 + 7919 * i + std::hash<std::string>()(GetParam().name) % 100000);
+    if (HasFatalFailure() || HasFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFamilies, FusedParityTest, ::testing::ValuesIn(ParityConfigs()),
+                         [](const ::testing::TestParamInfo<NamedConfig>& info) {
+                           return info.param.name;
+                         });
+
+TEST_F(GpuTest, StepCountCapsAt2To24LikeTheCpu) {
+  for (const NamedConfig& nc : ParityConfigs()) {
+    if (nc.config.kind == OptimizerKind::kSgd) continue;  // no step-dependent scalars
+    SCOPED_TRACE(nc.name);
+    const ParityCase c{1027, 2, Placement::kAligned, 0, true, GradientReduction::kMean, false};
+    RunParity(nc, c, 4242, (int64_t{1} << 24) - 3, 7);
+    if (HasFailure()) return;
+  }
+}
+
+TEST_F(GpuTest, MaximumTrainerCount) {
+  const NamedConfig nc{"adamw", OptimizerConfig::AdamW(1e-3)};
+  const ParityCase c{37, kMaxGradientBuffers, Placement::kSameOffset, 2, true,
+                     GradientReduction::kMean, false};
+  RunParity(nc, c, 777, 1, 5);
+}
+
+}  // namespace
+}  // namespace gpu
+}  // namespace shardopt

@@ -1,0 +1,65 @@
+// StreamWatchdog: cancels client-streaming calls that stop sending.
+//
+// A push or register stream holds state while it is open (a trainer's staging
+// slot, a memory reservation). A client that opens one and then stalls
+// without a deadline (a hung process, grpcurl left open) would hold it for as
+// long as its connection lives, blocking that trainer's retries. Handlers
+// register each stream with Watch() and Touch() it after every message; a
+// background thread TryCancel()s streams idle for longer than the timeout, so
+// their blocked Read() returns and the handler releases what it held.
+#ifndef SHARDOPT_SERVER_STREAM_WATCHDOG_H_
+#define SHARDOPT_SERVER_STREAM_WATCHDOG_H_
+
+#include <grpcpp/server_context.h>
+
+#include <cstdint>
+#include <map>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace shardopt {
+
+class StreamWatchdog {
+ public:
+  // A zero or negative timeout disables the watchdog.
+  explicit StreamWatchdog(absl::Duration idle_timeout);
+  ~StreamWatchdog();
+  StreamWatchdog(const StreamWatchdog&) = delete;
+  StreamWatchdog& operator=(const StreamWatchdog&) = delete;
+
+  // Watches one stream from construction to destruction.
+  class Watch {
+   public:
+    Watch(StreamWatchdog* watchdog, grpc::ServerContext* context);
+    ~Watch();
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+    // Records activity: a message arrived.
+    void Touch();
+
+   private:
+    StreamWatchdog* const watchdog_;
+    uint64_t id_ = 0;
+  };
+
+ private:
+  struct Entry {
+    grpc::ServerContext* context;
+    absl::Time last_activity;
+  };
+
+  void Loop();
+
+  const absl::Duration idle_timeout_;
+  absl::Mutex mu_;
+  std::map<uint64_t, Entry> streams_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_STREAM_WATCHDOG_H_
