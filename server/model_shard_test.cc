@@ -2,6 +2,8 @@
 #include "server/model_shard.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -139,6 +141,44 @@ TEST(ModelShardTest, ConcurrentTrainersStepInLockstep) {
     ASSERT_EQ(f.size(), expected.size());
     EXPECT_EQ(std::memcmp(f.data(), expected.data(), f.size() * sizeof(float)), 0);
   }
+}
+
+TEST(ModelShardTest, ReadsRacingUpdatesAreWholeVersionsOrAborted) {
+  ThreadPool pool(2);
+  constexpr int64_t kSteps = 150;
+  // Every version's parameters, from a sequential run.
+  std::vector<std::vector<float>> expected;
+  {
+    std::unique_ptr<ModelShard> serial = MakeShard(&pool, 1);
+    expected.push_back(ReadAll(*serial, 0));
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      ASSERT_TRUE(PushAll(*serial, 0, step).ok());
+      expected.push_back(ReadAll(*serial, step));
+    }
+  }
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, 1);
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int64_t step = 1; step <= kSteps; ++step) ASSERT_TRUE(PushAll(*shard, 0, step).ok());
+    done = true;
+  });
+  int whole = 0, aborted = 0;
+  std::vector<float> out(shard->size());
+  while (!done.load()) {
+    const int64_t v = shard->version();
+    absl::Status s = shard->ReadParameters(v, 0, out.size(), out.data());
+    if (s.ok()) {
+      ++whole;
+      ASSERT_EQ(std::memcmp(out.data(), expected[v].data(), out.size() * sizeof(float)), 0)
+          << "torn read at version " << v;
+    } else {
+      ASSERT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+      ++aborted;
+    }
+  }
+  writer.join();
+  EXPECT_GT(whole, 0);
+  std::printf("reads: %d whole, %d aborted\n", whole, aborted);
 }
 
 TEST(ModelShardTest, ReadOfAnOldVersionIsAborted) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace shardopt {
 
@@ -44,8 +45,15 @@ ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
 
 void ShardServer::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
+  // Drain our own calls first, then give gRPC at most a second to deliver
+  // their last statuses: its Shutdown(deadline) also waits for idle client
+  // connections to close, which can take the whole grace period for nothing.
+  const absl::Time deadline = absl::Now() + grace;
   service_->Shutdown();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  if (!service_->WaitForIdle(deadline)) {
+    LogWarning("calls still in flight after %s; cancelling them", absl::FormatDuration(grace));
+  }
+  server_->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
 }
 
 void ShardServer::Wait() {

@@ -71,6 +71,27 @@ void ShardServiceImpl::Shutdown() {
   for (auto& [id, model] : models_) model->shard->Shutdown();
 }
 
+bool ShardServiceImpl::WaitForIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithDeadline(
+      absl::Condition(
+          +[](int* in_flight) { return *in_flight == 0; }, &calls_in_flight_),
+      deadline);
+}
+
+ShardServiceImpl::CallScope::CallScope(ShardServiceImpl* service) : service_(service) {
+  absl::MutexLock lock(&service_->mu_);
+  if (service_->shutdown_) {
+    admitted_ = absl::UnavailableError("the shard server is shutting down");
+  }
+  ++service_->calls_in_flight_;
+}
+
+ShardServiceImpl::CallScope::~CallScope() {
+  absl::MutexLock lock(&service_->mu_);
+  --service_->calls_in_flight_;
+}
+
 absl::Status ShardServiceImpl::CheckShardIndex(uint32_t shard_index) const {
   if (shard_index != options_.shard_index) {
     return absl::FailedPreconditionError(
@@ -122,6 +143,8 @@ absl::StatusOr<std::shared_ptr<ShardServiceImpl::Model>> ShardServiceImpl::FindM
 grpc::Status ShardServiceImpl::RegisterModel(
     grpc::ServerContext* context, grpc::ServerReader<v1::RegisterModelRequest>* reader,
     v1::RegisterModelResponse* response) {
+  CallScope call(this);
+  if (!call.admitted().ok()) return Error(call.admitted());
   StreamWatchdog::Watch watch(&watchdog_, context);
   v1::RegisterModelRequest request;
   if (!reader->Read(&request) || !request.has_header()) {
@@ -250,6 +273,8 @@ grpc::Status ShardServiceImpl::RegisterModel(
 grpc::Status ShardServiceImpl::PushGradients(
     grpc::ServerContext* context, grpc::ServerReader<v1::PushGradientsRequest>* reader,
     v1::PushGradientsResponse* response) {
+  CallScope call(this);
+  if (!call.admitted().ok()) return Error(call.admitted());
   StreamWatchdog::Watch watch(&watchdog_, context);
   v1::PushGradientsRequest request;
   if (!reader->Read(&request) || !request.has_header()) {
@@ -294,6 +319,8 @@ grpc::Status ShardServiceImpl::PushGradients(
 grpc::Status ShardServiceImpl::PullParameters(
     grpc::ServerContext* context, const v1::PullParametersRequest* request,
     grpc::ServerWriter<v1::PullParametersResponse>* writer) {
+  CallScope call(this);
+  if (!call.admitted().ok()) return Error(call.admitted());
   absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
   if (!model.ok()) return Error(model.status());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);

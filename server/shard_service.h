@@ -59,8 +59,12 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                              const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
 
-  // Wakes blocked pulls with UNAVAILABLE; call before grpc::Server::Shutdown.
+  // Refuses new calls with UNAVAILABLE and wakes blocked pulls; calls in
+  // flight (a push being received, an update) run on. Then WaitForIdle()
+  // until they are done, before grpc::Server::Shutdown.
   void Shutdown();
+  // True once no call is in flight; false if `deadline` came first.
+  bool WaitForIdle(absl::Time deadline);
 
  private:
   struct Model {
@@ -70,6 +74,17 @@ class ShardServiceImpl final : public v1::ShardService::Service {
 
   // NOT_FOUND naming the model and this shard.
   absl::StatusOr<std::shared_ptr<Model>> FindModel(const std::string& model_id);
+  // Counts one call in flight for WaitForIdle; UNAVAILABLE after Shutdown().
+  class CallScope {
+   public:
+    explicit CallScope(ShardServiceImpl* service);
+    ~CallScope();
+    const absl::Status& admitted() const { return admitted_; }
+
+   private:
+    ShardServiceImpl* const service_;
+    absl::Status admitted_;
+  };
   absl::Status CheckShardIndex(uint32_t shard_index) const;
   absl::Status CheckFloat32Payload(v1::DType dtype) const;
   // Reserves `bytes` of the state budget, or RESOURCE_EXHAUSTED.
@@ -85,6 +100,7 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // State bytes of the models in models_ plus registrations in progress.
   uint64_t reserved_state_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardopt

@@ -481,6 +481,77 @@ TEST_F(BadInputTest, InspectReportsTheShardAndRejectsBadSlices) {
   EXPECT_EQ(stub_->Inspect(&c3, request, &info).error_code(), grpc::NOT_FOUND);
 }
 
+// A push stream that stalls (client alive, sending nothing) is cancelled by
+// the server after --stream_idle_timeout_s, freeing the trainer's slot.
+TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--stream_idle_timeout_s=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::ShardService::NewStub(
+      grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+  const ModelLayout layout =
+      ModelLayout::Create({{"w", {100}, DType::kFloat32}}, 16, 1).value();
+  std::vector<float> values(layout.shard_size(), 0.5f);
+  {
+    v1::ModelConfig config;
+    config.set_model_id("m");
+    *config.mutable_layout() = LayoutToProto(layout);
+    *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Sgd(0.1));
+    config.set_num_trainers(2);
+    config.set_shard_count(1);
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    auto writer = stub->RegisterModel(&context, &response);
+    v1::RegisterModelRequest request;
+    *request.mutable_header()->mutable_config() = config;
+    writer->Write(request);
+    request.mutable_values()->set_data(values.data(), values.size() * 4);
+    writer->Write(request);
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  auto push = [&](grpc::ClientContext* context, v1::PushGradientsResponse* response,
+                  bool finish) -> std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> {
+    auto writer = stub->PushGradients(context, response);
+    v1::PushGradientsRequest request;
+    v1::PushHeader* h = request.mutable_header();
+    h->set_model_id("m");
+    h->set_step(1);
+    h->set_num_elements(values.size());
+    writer->Write(request);
+    request.mutable_chunk()->set_data(values.data(), 16 * 4);  // Part of the range.
+    writer->Write(request);
+    if (!finish) return writer;
+    request.mutable_chunk()->set_offset(16);
+    request.mutable_chunk()->set_data(values.data() + 16, (values.size() - 16) * 4);
+    writer->Write(request);
+    writer->WritesDone();
+    return writer;
+  };
+  // The stalled stream: header and one chunk, then nothing, without a deadline.
+  grpc::ClientContext stalled_context;
+  v1::PushGradientsResponse stalled_response;
+  auto stalled = push(&stalled_context, &stalled_response, /*finish=*/false);
+
+  const absl::Time start = absl::Now();
+  grpc::Status status;
+  v1::PushGradientsResponse response;
+  int aborted = 0;
+  while (absl::Now() - start < absl::Seconds(15)) {
+    grpc::ClientContext context;
+    auto writer = push(&context, &response, /*finish=*/true);
+    status = writer->Finish();
+    if (status.error_code() != grpc::ABORTED) break;
+    ++aborted;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_ACCEPTED);
+  EXPECT_GT(aborted, 0);  // The slot was busy at first...
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // ...and freed after ~1 s.
+  EXPECT_EQ(stalled->Finish().error_code(), grpc::CANCELLED);
+}
+
 // The state budget (--max_state_mib) refuses models that do not fit, before
 // allocating, and a refused or broken registration gives its bytes back.
 TEST(StateBudgetTest, OversizedModelsAreRefusedAndReservationsReleased) {

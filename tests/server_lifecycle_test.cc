@@ -116,14 +116,27 @@ TEST(ServerLifecycleTest, SigtermStopsCleanlyAndWakesBlockedPulls) {
 
     // Version 1 never comes (trainer 1 never pushes): the pull blocks.
     absl::StatusOr<int64_t> pulled;
-    std::thread puller([&] { pulled = (*client)->Pull(1, absl::MakeSpan(params)); });
+    absl::Time pull_returned;
+    std::thread puller([&] {
+      pulled = (*client)->Pull(1, absl::MakeSpan(params));
+      pull_returned = absl::Now();
+    });
     absl::SleepFor(absl::Milliseconds(300));
+    const absl::Time signalled = absl::Now();
     (*servers)[0]->process().Signal(signal_number);
     std::optional<int> rc = (*servers)[0]->process().Wait(absl::Seconds(20));
+    const absl::Duration stop_time = absl::Now() - signalled;
     puller.join();
     ASSERT_TRUE(rc.has_value()) << "server did not stop";
     EXPECT_EQ(*rc, 0);
+    // Nothing was in flight but the pull: no need for the 5 s grace period.
+    EXPECT_LT(stop_time, absl::Seconds(3));
+    // Woken by the server's shutdown itself, not by the grace period (5 s)
+    // running out and the connection being torn down.
     EXPECT_EQ(pulled.status().code(), absl::StatusCode::kUnavailable) << pulled.status();
+    EXPECT_NE(pulled.status().message().find("shutting down"), std::string::npos)
+        << pulled.status();
+    EXPECT_LT(pull_returned - signalled, absl::Seconds(3));
   }
 }
 

@@ -1,0 +1,227 @@
+// The trainer library against real shard processes, on the paths where the
+// cluster-wide guarantees live: a repeated push (lost reply), a NaN anywhere,
+// a trainer that fell behind, shards that disagree, equal configs spelled
+// differently, and a server that answers a large push early.
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/trainer_client.h"
+#include "common/proto_convert.h"
+#include "gtest/gtest.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "tests/support/process.h"
+#include "tests/support/synthetic.h"
+
+namespace shardopt::testing {
+namespace {
+
+v1::InspectResponse Inspect(const std::string& address, const std::string& model) {
+  auto stub = v1::ShardService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::InspectRequest request;
+  request.set_model_id(model);
+  v1::InspectResponse response;
+  EXPECT_TRUE(stub->Inspect(&context, request, &response).ok());
+  return response;
+}
+
+class ClientSemanticsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto servers = StartCluster(2);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    servers_ = std::move(*servers);
+  }
+
+  std::unique_ptr<TrainerClient> Connect(uint32_t rank) {
+    TrainerClientOptions options;
+    options.trainer_rank = rank;
+    options.rpc_timeout = absl::Seconds(10);
+    options.retry_budget = absl::Seconds(5);
+    return TrainerClient::Connect(Addresses(servers_), options).value();
+  }
+
+  std::vector<std::unique_ptr<ServerProcess>> servers_;
+};
+
+TEST_F(ClientSemanticsTest, RepeatedPushIsCountedAsDuplicateAndTheStepStillCompletes) {
+  const ModelSpec spec = SyntheticModelSpec("dup", OptimizerConfig::Adam(0.01), 2);
+  auto rank0 = Connect(0), rank1 = Connect(1);
+  std::vector<float> params = SyntheticInitialParams(rank0->LayoutFor(spec).value(), 5);
+  ASSERT_TRUE(rank0->Register(spec, params).ok());
+  ASSERT_TRUE(rank1->Attach(spec).ok());
+  std::vector<float> grad(params.size()), params1 = params;
+  SyntheticGradient(rank0->layout(), params, 0, 1, 5, absl::MakeSpan(grad));
+
+  absl::StatusOr<StepResult> first = rank0->Push(1, grad);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->duplicate_pushes, 0);
+  EXPECT_FALSE(first->applied_here);
+  // The reply was "lost": the trainer pushes again. Nothing is added twice.
+  absl::StatusOr<StepResult> again = rank0->Push(1, grad);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->duplicate_pushes, 2);
+
+  std::vector<float> grad1(params.size());
+  SyntheticGradient(rank1->layout(), params1, 1, 1, 5, absl::MakeSpan(grad1));
+  absl::StatusOr<StepResult> last = rank1->Step(1, grad1, absl::MakeSpan(params1));
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(last->applied_here);
+  EXPECT_EQ(last->version, 1);
+  // Pushing an applied step again: acknowledged, still nothing added.
+  absl::StatusOr<StepResult> late = rank0->Push(1, grad);
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->duplicate_pushes, 2);
+  ASSERT_EQ(*rank0->Pull(1, absl::MakeSpan(params)), 1);
+  EXPECT_EQ(std::memcmp(params.data(), params1.data(), params.size() * sizeof(float)), 0);
+
+  // Exactly the single-process result of one step on the mean gradient.
+  const std::vector<float> expected = ReferenceRun(spec, rank0->layout(), 1, 5);
+  EXPECT_EQ(std::memcmp(params.data(), expected.data(), params.size() * sizeof(float)), 0);
+}
+
+TEST_F(ClientSemanticsTest, NonFiniteGradientAnywhereReachesNoShard) {
+  const ModelSpec spec = SyntheticModelSpec("nan", OptimizerConfig::Sgd(0.1), 1);
+  auto client = Connect(0);
+  std::vector<float> params = SyntheticInitialParams(client->LayoutFor(spec).value(), 1);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  const ModelLayout& layout = client->layout();
+  // Put the NaN in the LAST shard's range: the first shard must not get the step.
+  const TensorPlacement& last = layout.tensors()[layout.tensors().size() - 2];
+  ASSERT_GE(last.offset, layout.ShardRange(1).begin);
+  std::vector<float> grad(params.size(), 0.25f);
+  grad[last.offset + 1] = std::numeric_limits<float>::quiet_NaN();
+  absl::StatusOr<StepResult> r = client->Step(1, grad, absl::MakeSpan(params));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(absl::StrCat("tensor '", last.spec.name, "'[1]")),
+            std::string::npos)
+      << r.status();
+  for (const auto& server : servers_) {
+    const v1::InspectResponse info = Inspect(server->address(), "nan");
+    EXPECT_EQ(info.version(), 0);
+    EXPECT_EQ(info.trainers_pushed_size(), 0);
+    EXPECT_EQ(info.bytes().gradient_bytes_received(), 0u);
+  }
+  // The step can be retried with a clean gradient.
+  grad[last.offset + 1] = 0.0f;
+  r = client->Step(1, grad, absl::MakeSpan(params));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version, 1);
+}
+
+TEST_F(ClientSemanticsTest, TrainerThatFellBehindIsToldSo) {
+  const ModelSpec spec = SyntheticModelSpec("behind", OptimizerConfig::Sgd(0.1), 1);
+  auto client = Connect(0);
+  std::vector<float> params = SyntheticInitialParams(client->LayoutFor(spec).value(), 1);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  std::vector<float> grad(params.size(), 0.5f);
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(client->Step(step, grad, absl::MakeSpan(params)).ok());
+  }
+  // A restarted trainer that believes it is at step 2.
+  auto restarted = Connect(0);
+  ASSERT_TRUE(restarted->Register(spec, params).ok());
+  EXPECT_EQ(restarted->registered_version(), 3);
+  absl::StatusOr<StepResult> r = restarted->Step(2, grad, absl::MakeSpan(params));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("behind"), std::string::npos) << r.status();
+  // Nothing was applied by it.
+  EXPECT_EQ(Inspect(servers_[0]->address(), "behind").version(), 3);
+}
+
+TEST_F(ClientSemanticsTest, RegisterRefusesShardsAtDifferentVersions) {
+  const ModelSpec spec = SyntheticModelSpec("split", OptimizerConfig::Sgd(0.1), 1);
+  auto client = Connect(0);
+  const ModelLayout layout = client->LayoutFor(spec).value();
+  std::vector<float> params = SyntheticInitialParams(layout, 1);
+  // Only shard 0 holds the model and has trained it one step (as if shard 1
+  // had been restarted empty): set that up with raw calls to shard 0.
+  auto stub = v1::ShardService::NewStub(
+      grpc::CreateChannel(servers_[0]->address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    auto writer = stub->RegisterModel(&context, &response);
+    v1::RegisterModelRequest request;
+    v1::ModelConfig* config = request.mutable_header()->mutable_config();
+    config->set_model_id("split");
+    *config->mutable_layout() = LayoutToProto(layout);
+    *config->mutable_optimizer() = OptimizerConfigToProto(spec.optimizer);
+    config->set_num_trainers(1);
+    config->set_shard_count(2);
+    ASSERT_TRUE(writer->Write(request));
+    request.mutable_values()->set_data(params.data(), layout.shard_size() * sizeof(float));
+    ASSERT_TRUE(writer->Write(request));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  {
+    grpc::ClientContext context;
+    v1::PushGradientsResponse response;
+    auto writer = stub->PushGradients(&context, &response);
+    v1::PushGradientsRequest request;
+    v1::PushHeader* header = request.mutable_header();
+    header->set_model_id("split");
+    header->set_step(1);
+    header->set_num_elements(layout.shard_size());
+    ASSERT_TRUE(writer->Write(request));
+    std::vector<float> grad(layout.shard_size(), 1.0f);
+    request.mutable_chunk()->set_data(grad.data(), grad.size() * sizeof(float));
+    ASSERT_TRUE(writer->Write(request));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+    ASSERT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
+  }
+  absl::Status s = client->Register(spec, params);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("shard 0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("at version 1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("at version 0 (just created)"), std::string::npos) << s;
+}
+
+TEST_F(ClientSemanticsTest, SameModelSpelledDifferentlyAttaches) {
+  // alignment 0 means the default (64): a raw registration with 64 and a
+  // client attaching with 0 describe the same model.
+  ModelSpec spec = SyntheticModelSpec("canon", OptimizerConfig::AdamW(), 2);
+  spec.alignment = 64;
+  auto rank0 = Connect(0);
+  std::vector<float> params = SyntheticInitialParams(rank0->LayoutFor(spec).value(), 1);
+  ASSERT_TRUE(rank0->Register(spec, params).ok());
+  spec.alignment = 0;
+  auto rank1 = Connect(1);
+  EXPECT_TRUE(rank1->Attach(spec).ok());
+}
+
+TEST_F(ClientSemanticsTest, LargePushAnsweredEarlyReturnsAndReleasesTheBuffer) {
+  // 16M elements (64 MiB): the server answers ALREADY_APPLIED after the
+  // header, while the client still has most of the payload queued.
+  ModelSpec spec;
+  spec.model_id = "large";
+  spec.tensors = {{"w", {int64_t{1} << 24}}};
+  spec.optimizer = OptimizerConfig::Sgd(0.0);
+  auto client = Connect(0);
+  std::vector<float> params(client->LayoutFor(spec).value().total_elements(), 0.0f);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  auto grad = std::make_unique<std::vector<float>>(params.size(), 1.0f);
+  ASSERT_TRUE(client->Step(1, *grad, absl::MakeSpan(params)).ok());
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    absl::StatusOr<StepResult> r = client->Push(1, *grad);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->duplicate_pushes, 2);
+  }
+  grad.reset();  // Freed right after Push returned: gRPC must not touch it any more.
+  std::vector<float> grad2(params.size(), 2.0f);
+  absl::StatusOr<StepResult> r = client->Step(2, grad2, absl::MakeSpan(params));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version, 2);
+}
+
+}  // namespace
+}  // namespace shardopt::testing
