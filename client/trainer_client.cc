@@ -7,6 +7,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -24,23 +25,90 @@ namespace {
 // Room for a chunk plus its header, with margin for larger chunk_bytes.
 constexpr int kMaxMessageBytes = 64 << 20;
 
-// Runs fn(i) for i in [0, n) concurrently; returns the first error by index.
-absl::Status ForEachShard(size_t n, const std::function<absl::Status(size_t)>& fn) {
+// The calls of one client operation to all shards. When one shard fails for
+// good, the calls to the others are cancelled: a pull waiting for a version
+// that can no longer come would otherwise sit out its whole deadline.
+class ShardCalls {
+ public:
+  // Registers an attempt's context; false once the operation has failed.
+  bool Begin(grpc::ClientContext* context) {
+    absl::MutexLock lock(&mu_);
+    if (failed_) return false;
+    contexts_.insert(context);
+    return true;
+  }
+  void End(grpc::ClientContext* context) {
+    absl::MutexLock lock(&mu_);
+    contexts_.erase(context);
+  }
+  void Fail() {
+    absl::MutexLock lock(&mu_);
+    failed_ = true;
+    for (grpc::ClientContext* c : contexts_) c->TryCancel();
+  }
+  bool failed() {
+    absl::MutexLock lock(&mu_);
+    return failed_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+};
+
+// One attempt's context, registered with its ShardCalls for its lifetime.
+class AttemptContext {
+ public:
+  AttemptContext(ShardCalls* calls, absl::Duration timeout) : calls_(calls) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    active_ = calls_->Begin(&context_);
+  }
+  ~AttemptContext() {
+    if (active_) calls_->End(&context_);
+  }
+  // False when another shard already failed: do not start the call.
+  bool active() const { return active_; }
+  grpc::ClientContext* get() { return &context_; }
+
+ private:
+  ShardCalls* const calls_;
+  grpc::ClientContext context_;
+  bool active_ = false;
+};
+
+absl::Status CancelledBySibling() {
+  return absl::CancelledError("cancelled: another shard failed");
+}
+
+// Runs fn(i, calls) for i in [0, n) concurrently. The first shard to fail
+// after its retries cancels the others; its error is returned.
+absl::Status ForEachShard(size_t n,
+                          const std::function<absl::Status(size_t, ShardCalls*)>& fn) {
+  ShardCalls calls;
   std::vector<absl::Status> statuses(n);
+  absl::Mutex mu;
+  int first_failure = -1;
+  auto run = [&](size_t i) {
+    absl::Status s = fn(i, &calls);
+    if (!s.ok()) {
+      {
+        absl::MutexLock lock(&mu);
+        if (first_failure < 0) first_failure = static_cast<int>(i);
+      }
+      calls.Fail();
+    }
+    statuses[i] = std::move(s);
+  };
   if (n == 1) {
-    statuses[0] = fn(0);
+    run(0);
   } else {
     std::vector<std::thread> threads;
     threads.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] { statuses[i] = fn(i); });
-    }
+    for (size_t i = 0; i < n; ++i) threads.emplace_back(run, i);
     for (std::thread& t : threads) t.join();
   }
-  for (const absl::Status& s : statuses) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return first_failure < 0 ? absl::OkStatus() : statuses[first_failure];
 }
 
 // The streaming methods called with zero-copy frames (client/wire_frames.h)
@@ -168,14 +236,15 @@ absl::Status TrainerClient::RegisterOrAttach(
 
   std::vector<int64_t> versions(shards_.size(), 0);
   std::vector<bool> created(shards_.size(), false);
-  absl::Status status = ForEachShard(shards_.size(), [&](size_t i) -> absl::Status {
+  absl::Status status = ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
     Shard& shard = *shards_[i];
     const FlatRange range = layout->ShardRange(shard.index);
     RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
                        options_.initial_backoff, options_.max_backoff};
     auto attempt = [&]() -> absl::Status {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      AttemptContext attempt_context(calls, options_.rpc_timeout);
+      if (!attempt_context.active()) return CancelledBySibling();
+      grpc::ClientContext& context = *attempt_context.get();
       v1::RegisterModelResponse response;
       std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
           shard.stub->RegisterModel(&context, &response);
@@ -257,11 +326,12 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   } wait_for_pins{&pins};
   const RetryPolicy policy{options_.retry_budget, options_.initial_backoff,
                            options_.max_backoff};
-  absl::Status status = ForEachShard(shards_.size(), [&](size_t i) -> absl::Status {
+  absl::Status status = ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
     Shard& shard = *shards_[i];
     auto attempt = [&]() -> absl::Status {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      AttemptContext attempt_context(calls, options_.rpc_timeout);
+      if (!attempt_context.active()) return CancelledBySibling();
+      grpc::ClientContext& context = *attempt_context.get();
       v1::PushGradientsResponse& response = responses[i];
       std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
           grpc::internal::ClientWriterFactory<PushFrame>::Create(
@@ -314,11 +384,12 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
   std::vector<int64_t> versions(shards_.size(), -1);
   const RetryPolicy policy{options_.retry_budget, options_.initial_backoff,
                            options_.max_backoff};
-  absl::Status status = ForEachShard(shards_.size(), [&](size_t i) -> absl::Status {
+  absl::Status status = ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
     Shard& shard = *shards_[i];
     auto attempt = [&]() -> absl::Status {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      AttemptContext attempt_context(calls, options_.rpc_timeout);
+      if (!attempt_context.active()) return CancelledBySibling();
+      grpc::ClientContext& context = *attempt_context.get();
       v1::PullParametersRequest request;
       request.set_model_id(model_id_);
       request.set_min_version(min_version);

@@ -223,5 +223,59 @@ TEST_F(ClientSemanticsTest, LargePushAnsweredEarlyReturnsAndReleasesTheBuffer) {
   EXPECT_EQ(r->version, 2);
 }
 
+// A shard that accepts registration but fails every pull for good.
+class BrokenPullShard final : public v1::ShardService::Service {
+ public:
+  explicit BrokenPullShard(FlatRange range) : range_(range) {}
+  grpc::Status RegisterModel(grpc::ServerContext*,
+                             grpc::ServerReader<v1::RegisterModelRequest>* reader,
+                             v1::RegisterModelResponse* response) override {
+    v1::RegisterModelRequest request;
+    while (reader->Read(&request)) {
+    }
+    response->set_created(true);
+    response->mutable_range()->set_begin(range_.begin);
+    response->mutable_range()->set_end(range_.end);
+    return grpc::Status::OK;
+  }
+  grpc::Status PullParameters(grpc::ServerContext*, const v1::PullParametersRequest*,
+                              grpc::ServerWriter<v1::PullParametersResponse>*) override {
+    return grpc::Status(grpc::NOT_FOUND, "model lost");
+  }
+
+ private:
+  FlatRange range_;
+};
+
+TEST(ClientCancellationTest, APermanentFailureOnOneShardCancelsTheOthers) {
+  auto real = ServerProcess::Start(1, 2);
+  ASSERT_TRUE(real.ok()) << real.status();
+  const ModelSpec spec = SyntheticModelSpec("lost", OptimizerConfig::Sgd(0.1), 2);
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 2).value();
+  BrokenPullShard broken(layout.ShardRange(0));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&broken);
+  std::unique_ptr<grpc::Server> fake = builder.BuildAndStart();
+  ASSERT_GT(port, 0);
+
+  TrainerClientOptions options;
+  options.rpc_timeout = absl::Seconds(20);
+  auto client = TrainerClient::Connect({absl::StrCat("127.0.0.1:", port), (*real)->address()},
+                                       options)
+                    .value();
+  std::vector<float> params = SyntheticInitialParams(layout, 1);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  // Shard 1 would block for version 1 (rank 1 never pushes) until the 20 s
+  // deadline; shard 0's NOT_FOUND must end the whole pull at once.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int64_t> pulled = client->Pull(1, absl::MakeSpan(params));
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kNotFound) << pulled.status();
+  EXPECT_NE(pulled.status().message().find("shard 0"), std::string::npos) << pulled.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  fake->Shutdown();
+}
+
 }  // namespace
 }  // namespace shardopt::testing
