@@ -7,22 +7,21 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/finite.h"
+#include "server/cpu_backend.h"
 
 namespace shardopt {
 namespace {
 
-// Elements reduced and updated together, small enough to stay in L2 between
-// the reduction and the optimizer pass.
-constexpr size_t kBlockElements = 8192;
-// Pieces handed to threads start on 64-byte boundaries.
-constexpr size_t kGrainElements = 16;
+// Parameters read at a time for inspection statistics.
+constexpr uint64_t kStatsBlockElements = 1 << 16;
 // WaitForVersion re-checks cancellation this often.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(
-    ModelShardOptions options, std::vector<float> initial_values, ThreadPool* pool) {
+    ModelShardOptions options, std::vector<float> initial_values,
+    const BackendFactory& backend) {
   if (options.num_trainers == 0) {
     return absl::InvalidArgumentError("num_trainers must be at least 1");
   }
@@ -31,6 +30,7 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(
                                                    " is not below the shard count ",
                                                    options.layout.shard_count()));
   }
+  if (absl::Status s = options.optimizer.Validate(); !s.ok()) return s;
   const uint64_t size = options.layout.shard_size();
   if (initial_values.size() != size) {
     return absl::InvalidArgumentError(absl::StrCat("expected ", size,
@@ -41,22 +41,29 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(
     return absl::InvalidArgumentError(absl::StrCat("initial value ", bad, " of the range is ",
                                                    initial_values[bad]));
   }
-  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
-      Optimizer::Create(options.optimizer, size);
-  if (!optimizer.ok()) return optimizer.status();
-  return std::unique_ptr<ModelShard>(new ModelShard(
-      std::move(options), std::move(initial_values), std::move(*optimizer), pool));
+  absl::StatusOr<std::unique_ptr<UpdateBackend>> made =
+      backend(options, std::move(initial_values));
+  if (!made.ok()) return made.status();
+  return std::unique_ptr<ModelShard>(new ModelShard(std::move(options), std::move(*made)));
 }
 
-ModelShard::ModelShard(ModelShardOptions options, std::vector<float> params,
-                       std::unique_ptr<Optimizer> optimizer, ThreadPool* pool)
+absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(
+    ModelShardOptions options, std::vector<float> initial_values, ThreadPool* pool) {
+  return Create(std::move(options), std::move(initial_values),
+                [pool](const ModelShardOptions& o, std::vector<float> values)
+                    -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+                  absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
+                      CpuBackend::Create(o.optimizer, o.num_trainers, std::move(values), pool);
+                  if (!cpu.ok()) return cpu.status();
+                  return std::unique_ptr<UpdateBackend>(std::move(*cpu));
+                });
+}
+
+ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend)
     : options_(std::move(options)),
       range_(options_.layout.ShardRange(options_.shard_index)),
-      pool_(pool),
       slots_(options_.num_trainers, SlotState::kEmpty),
-      params_(std::move(params)),
-      optimizer_(std::move(optimizer)),
-      staging_(options_.num_trainers, std::vector<float>(range_.size())) {}
+      backend_(std::move(backend)) {}
 
 ModelShard::~ModelShard() { Shutdown(); }
 
@@ -93,6 +100,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
                                                    " owns ", range_.size()));
   }
   absl::MutexLock lock(&mu_);
+  if (!broken_.ok()) return broken_;
   PushStart start;
   if (step <= version_) {
     start.immediate = PushResult{PushOutcome::kAlreadyApplied, step, version_, PendingLocked()};
@@ -143,11 +151,14 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
                                                    ") overruns the shard range of ",
                                                    shard_->range_.size(), " elements"));
   }
-  float* dst = shard_->staging_[rank_].data() + offset;
-  if (size_t bad = CopyAndFindNonFinite(dst, data, count); bad != count) {
+  absl::StatusOr<size_t> bad = shard_->backend_->Stage(rank_, offset, data, count);
+  if (!bad.ok()) return bad.status();
+  if (*bad != count) {
+    float value;
+    std::memcpy(&value, static_cast<const char*>(data) + *bad * sizeof(float), sizeof(value));
     return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of ", shard_->DescribeElement(offset + bad), " from trainer ", rank_,
-        " for step ", step_, " is ", dst[bad], "; the push is rejected"));
+        "gradient of ", shard_->DescribeElement(offset + *bad), " from trainer ", rank_,
+        " for step ", step_, " is ", value, "; the push is rejected"));
   }
   received_ += count;
   shard_->gradient_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
@@ -159,6 +170,7 @@ absl::StatusOr<PushResult> ModelShard::PushWriter::Commit() {
     return absl::InvalidArgumentError(absl::StrCat("push ended after ", received_, " of ",
                                                    shard_->range_.size(), " elements"));
   }
+  if (absl::Status s = shard_->backend_->FinishStaging(rank_); !s.ok()) return s;
   finished_ = true;
   return shard_->CommitPush(rank_, step_);
 }
@@ -182,34 +194,25 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step) {
   // Every slot is complete, so no writer touches staging and no other commit
   // can reach here for this step: the update runs without holding mu_, and
   // pushes for step + 1 are refused until version_ moves on below.
-  ApplyStep(step);
+  const absl::Status applied = ApplyStep(step);
   absl::MutexLock lock(&mu_);
+  if (!applied.ok()) {
+    broken_ = absl::InternalError(absl::StrCat("shard ", options_.shard_index, " of model '",
+                                               options_.model_id, "' failed applying step ",
+                                               step, " and stopped: ", applied.message()));
+    shutdown_ = true;  // Wakes and fails every waiting pull.
+    return broken_;
+  }
   version_ = step;
   std::fill(slots_.begin(), slots_.end(), SlotState::kEmpty);
   return PushResult{PushOutcome::kApplied, step, version_, PendingLocked()};
 }
 
-void ModelShard::ApplyStep(int64_t step) {
-  const uint32_t trainers = options_.num_trainers;
-  const bool divide = options_.mean_reduction && trainers > 1;
-  const float divisor = static_cast<float>(trainers);
-  float* const sum = staging_[0].data();
+absl::Status ModelShard::ApplyStep(int64_t step) {
   absl::WriterMutexLock lock(&params_mu_);
-  float* const params = params_.data();
-  pool_->ParallelFor(range_.size(), kGrainElements, [&](size_t begin, size_t end) {
-    for (size_t block = begin; block < end; block += kBlockElements) {
-      const size_t block_end = std::min(end, block + kBlockElements);
-      for (uint32_t t = 1; t < trainers; ++t) {
-        const float* __restrict other = staging_[t].data();
-        for (size_t i = block; i < block_end; ++i) sum[i] += other[i];
-      }
-      if (divide) {
-        for (size_t i = block; i < block_end; ++i) sum[i] /= divisor;
-      }
-      optimizer_->Update(step, params, sum, block, block_end);
-    }
-  });
+  if (absl::Status s = backend_->Apply(step, options_.mean_reduction); !s.ok()) return s;
   params_version_ = step;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Time deadline,
@@ -227,6 +230,7 @@ absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Ti
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithDeadline(ready, std::min(deadline, absl::Now() + kCancelPoll));
+      if (!broken_.ok()) return broken_;
       if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
       if (version_ >= min_version) return version_;
       if (absl::Now() >= deadline) {
@@ -250,7 +254,7 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
     return absl::AbortedError(absl::StrCat("parameters moved from version ", version, " to ",
                                            params_version_, " during the pull; retry"));
   }
-  std::memcpy(out, params_.data() + offset, count * sizeof(float));
+  if (absl::Status s = backend_->Read(offset, count, out); !s.ok()) return s;
   parameter_bytes_sent_.fetch_add(count * sizeof(float), std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -278,9 +282,9 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
       if (slots_[r] == SlotState::kComplete) snap.trainers_pushed.push_back(r);
     }
   }
-  snap.parameter_bytes = params_.size() * sizeof(float);
-  snap.optimizer_state_bytes = optimizer_->state_bytes();
-  snap.staging_bytes = staging_.size() * range_.size() * sizeof(float);
+  snap.parameter_bytes = backend_->parameter_bytes();
+  snap.optimizer_state_bytes = backend_->optimizer_state_bytes();
+  snap.staging_bytes = backend_->staging_bytes();
   snap.gradient_bytes_received = gradient_bytes_received_.load(std::memory_order_relaxed);
   snap.parameter_bytes_sent = parameter_bytes_sent_.load(std::memory_order_relaxed);
   if (!with_tensor_stats && slice_length == 0) return snap;
@@ -289,21 +293,30 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
   // the same lock as the values (an update may have finished since above).
   absl::ReaderMutexLock lock(&params_mu_);
   snap.version = params_version_;
+  std::vector<float> block;
   for (const TensorPiece& piece : options_.layout.PiecesIn(range_)) {
     if (!with_tensor_stats) break;
     if (only && piece.tensor_index != *only) continue;
     TensorPieceStats stats;
     stats.piece = piece;
-    const float* v = params_.data() + (piece.flat_offset - range_.begin);
     double sum = 0, sum_sq = 0;
     double lo = std::numeric_limits<double>::infinity();
     double hi = -lo;
-    for (uint64_t i = 0; i < piece.size; ++i) {
-      const double x = v[i];
-      sum += x;
-      sum_sq += x * x;
-      lo = std::min(lo, x);
-      hi = std::max(hi, x);
+    // In blocks: the backend may hold the parameters in device memory.
+    for (uint64_t done = 0; done < piece.size;) {
+      const uint64_t n = std::min<uint64_t>(piece.size - done, kStatsBlockElements);
+      block.resize(n);
+      absl::Status read =
+          backend_->Read(piece.flat_offset - range_.begin + done, n, block.data());
+      if (!read.ok()) return read;
+      for (float f : block) {
+        const double x = f;
+        sum += x;
+        sum_sq += x * x;
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+      }
+      done += n;
     }
     stats.l2_norm = std::sqrt(sum_sq);
     stats.min = lo;
@@ -317,7 +330,9 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
   }
   if (slice_length > 0) {
     const uint64_t end = std::min<uint64_t>(range_.size(), slice_offset + slice_length);
-    snap.values.assign(params_.begin() + slice_offset, params_.begin() + end);
+    snap.values.resize(end - slice_offset);
+    absl::Status read = backend_->Read(slice_offset, end - slice_offset, snap.values.data());
+    if (!read.ok()) return read;
   }
   return snap;
 }

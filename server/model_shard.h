@@ -38,8 +38,8 @@
 #include "absl/time/time.h"
 #include "common/layout.h"
 #include "common/optimizer_config.h"
-#include "server/optim/optimizer.h"
 #include "server/parallel_for.h"
+#include "server/update_backend.h"
 
 namespace shardopt {
 
@@ -85,9 +85,18 @@ class ModelShard {
  public:
   class PushWriter;
 
+  // Makes the backend that holds the shard's data, from the validated
+  // initial values of the whole range.
+  using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<UpdateBackend>>(
+      const ModelShardOptions& options, std::vector<float> initial_values)>;
+
   // `initial_values` holds the whole range (layout.shard_size() elements).
   // INVALID_ARGUMENT for a bad optimizer config, a wrong size or a non-finite
-  // initial value. `pool` must outlive the shard.
+  // initial value; the factory's error otherwise.
+  static absl::StatusOr<std::unique_ptr<ModelShard>> Create(ModelShardOptions options,
+                                                            std::vector<float> initial_values,
+                                                            const BackendFactory& backend);
+  // The same with a CpuBackend on `pool` (which must outlive the shard).
   static absl::StatusOr<std::unique_ptr<ModelShard>> Create(ModelShardOptions options,
                                                             std::vector<float> initial_values,
                                                             ThreadPool* pool);
@@ -126,6 +135,7 @@ class ModelShard {
   void Shutdown();
 
   const ModelShardOptions& options() const { return options_; }
+  std::string device() const { return backend_->device(); }
   const ModelLayout& layout() const { return options_.layout; }
   FlatRange range() const { return range_; }
   uint64_t size() const { return range_.size(); }
@@ -133,35 +143,34 @@ class ModelShard {
  private:
   enum class SlotState { kEmpty, kReceiving, kComplete };
 
-  ModelShard(ModelShardOptions options, std::vector<float> params,
-             std::unique_ptr<Optimizer> optimizer, ThreadPool* pool);
+  ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend);
 
   absl::StatusOr<PushResult> CommitPush(uint32_t rank, int64_t step);
   void AbortPush(uint32_t rank, int64_t step);
-  void ApplyStep(int64_t step);
+  // INTERNAL (and the shard refuses all later work) if the backend failed.
+  absl::Status ApplyStep(int64_t step);
   uint32_t PendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Describes flat-range element `index` as "tensor 'w'[12]" for messages.
   std::string DescribeElement(uint64_t index) const;
 
   const ModelShardOptions options_;
   const FlatRange range_;
-  ThreadPool* const pool_;
 
   // Step protocol.
   mutable absl::Mutex mu_;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<SlotState> slots_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // Set when the backend failed during an update: the state is unknown.
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
 
-  // Parameters and optimizer state; written only by ApplyStep.
+  // Guards the backend's parameters: Apply holds it exclusively, reads
+  // shared. Staging of rank r is written only by rank r's PushWriter while
+  // its slot is kReceiving, and read only by Apply once every slot is
+  // kComplete, so it needs no lock.
   absl::Mutex params_mu_;
   int64_t params_version_ ABSL_GUARDED_BY(params_mu_) = 0;
-  std::vector<float> params_;
-  std::unique_ptr<Optimizer> optimizer_;
-
-  // staging_[r] is written only by rank r's PushWriter while its slot is
-  // kReceiving, and read only by ApplyStep once every slot is kComplete.
-  std::vector<std::vector<float>> staging_;
+  std::unique_ptr<UpdateBackend> backend_;
 
   std::atomic<uint64_t> gradient_bytes_received_{0};
   std::atomic<uint64_t> parameter_bytes_sent_{0};

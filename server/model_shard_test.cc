@@ -249,6 +249,49 @@ TEST(ModelShardTest, SumReductionAndSnapshot) {
   EXPECT_EQ(shard->Snapshot("nope", 0, 1, true).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A backend whose update fails (e.g. a GPU error): the shard stops for good
+// with INTERNAL instead of serving parameters of unknown state.
+class FailingBackend final : public UpdateBackend {
+ public:
+  explicit FailingBackend(size_t size) : size_(size) {}
+  std::string device() const override { return "failing"; }
+  absl::StatusOr<size_t> Stage(uint32_t, uint64_t, const void*, size_t count) override {
+    return count;
+  }
+  absl::Status FinishStaging(uint32_t) override { return absl::OkStatus(); }
+  absl::Status Apply(int64_t, bool) override { return absl::DataLossError("device lost"); }
+  absl::Status Read(uint64_t, uint64_t count, float* out) override {
+    std::fill(out, out + count, 0.0f);
+    return absl::OkStatus();
+  }
+  uint64_t parameter_bytes() const override { return size_ * 4; }
+  uint64_t optimizer_state_bytes() const override { return 0; }
+  uint64_t staging_bytes() const override { return 0; }
+
+ private:
+  size_t size_;
+};
+
+TEST(ModelShardTest, BackendFailureStopsTheShard) {
+  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(0.1), 1, true};
+  std::vector<float> init(options.layout.shard_size(), 0.0f);
+  std::unique_ptr<ModelShard> shard =
+      ModelShard::Create(options, init,
+                         [](const ModelShardOptions& o, std::vector<float> v)
+                             -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+                           return std::unique_ptr<UpdateBackend>(new FailingBackend(v.size()));
+                         })
+          .value();
+  EXPECT_EQ(shard->device(), "failing");
+  absl::StatusOr<PushResult> r = PushAll(*shard, 0, 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(r.status().message().find("device lost"), std::string::npos) << r.status();
+  EXPECT_EQ(shard->version(), 0);
+  EXPECT_EQ(PushAll(*shard, 0, 1).status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(shard->WaitForVersion(1, absl::Now() + absl::Seconds(5), nullptr).status().code(),
+            absl::StatusCode::kInternal);
+}
+
 TEST(ModelShardTest, CreateRejectsBadInput) {
   ThreadPool pool(1);
   const ModelLayout layout = TestLayout();

@@ -1,0 +1,68 @@
+#include "server/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/finite.h"
+
+namespace shardopt {
+namespace {
+
+// Elements reduced and updated together, small enough to stay in L2 between
+// the reduction and the optimizer pass.
+constexpr size_t kBlockElements = 8192;
+// Pieces handed to threads start on 64-byte boundaries.
+constexpr size_t kGrainElements = 16;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(
+    const OptimizerConfig& optimizer, uint32_t num_trainers, std::vector<float> initial_params,
+    ThreadPool* pool) {
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      Optimizer::Create(optimizer, initial_params.size());
+  if (!opt.ok()) return opt.status();
+  return std::unique_ptr<CpuBackend>(
+      new CpuBackend(std::move(initial_params), std::move(*opt), num_trainers, pool));
+}
+
+CpuBackend::CpuBackend(std::vector<float> params, std::unique_ptr<Optimizer> optimizer,
+                       uint32_t num_trainers, ThreadPool* pool)
+    : pool_(pool),
+      params_(std::move(params)),
+      optimizer_(std::move(optimizer)),
+      staging_(num_trainers, std::vector<float>(params_.size())) {}
+
+absl::StatusOr<size_t> CpuBackend::Stage(uint32_t rank, uint64_t offset, const void* data,
+                                         size_t count) {
+  return CopyAndFindNonFinite(staging_[rank].data() + offset, data, count);
+}
+
+absl::Status CpuBackend::Apply(int64_t step, bool mean) {
+  const size_t trainers = staging_.size();
+  const bool divide = mean && trainers > 1;
+  const float divisor = static_cast<float>(trainers);
+  float* const sum = staging_[0].data();
+  float* const params = params_.data();
+  pool_->ParallelFor(params_.size(), kGrainElements, [&](size_t begin, size_t end) {
+    for (size_t block = begin; block < end; block += kBlockElements) {
+      const size_t block_end = std::min(end, block + kBlockElements);
+      for (size_t t = 1; t < trainers; ++t) {
+        const float* __restrict other = staging_[t].data();
+        for (size_t i = block; i < block_end; ++i) sum[i] += other[i];
+      }
+      if (divide) {
+        for (size_t i = block; i < block_end; ++i) sum[i] /= divisor;
+      }
+      optimizer_->Update(step, params, sum, block, block_end);
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
+  std::memcpy(out, params_.data() + offset, count * sizeof(float));
+  return absl::OkStatus();
+}
+
+}  // namespace shardopt

@@ -1,0 +1,54 @@
+// CpuBackend: an UpdateBackend in host memory, updating on a ThreadPool.
+//
+// Staging copies each chunk once, checking for NaN/inf in the same pass.
+// Apply() walks the range in cache-sized blocks: each block is reduced over
+// the trainers (in rank order) and then updated by the optimizer while it is
+// still in cache, the blocks spread over the pool's threads. The result does
+// not depend on the number of threads or on how the range is split.
+#ifndef SHARDOPT_SERVER_CPU_BACKEND_H_
+#define SHARDOPT_SERVER_CPU_BACKEND_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/optimizer_config.h"
+#include "server/optim/optimizer.h"
+#include "server/parallel_for.h"
+#include "server/update_backend.h"
+
+namespace shardopt {
+
+class CpuBackend final : public UpdateBackend {
+ public:
+  // `initial_params` holds the whole range. `pool` must outlive the backend.
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const OptimizerConfig& optimizer,
+                                                            uint32_t num_trainers,
+                                                            std::vector<float> initial_params,
+                                                            ThreadPool* pool);
+
+  std::string device() const override { return "cpu"; }
+  absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data,
+                               size_t count) override;
+  absl::Status FinishStaging(uint32_t rank) override { return absl::OkStatus(); }
+  absl::Status Apply(int64_t step, bool mean) override;
+  absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
+  uint64_t parameter_bytes() const override { return params_.size() * sizeof(float); }
+  uint64_t optimizer_state_bytes() const override { return optimizer_->state_bytes(); }
+  uint64_t staging_bytes() const override {
+    return staging_.size() * params_.size() * sizeof(float);
+  }
+
+ private:
+  CpuBackend(std::vector<float> params, std::unique_ptr<Optimizer> optimizer,
+             uint32_t num_trainers, ThreadPool* pool);
+
+  ThreadPool* const pool_;
+  std::vector<float> params_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<std::vector<float>> staging_;  // One per trainer.
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_CPU_BACKEND_H_

@@ -1,0 +1,58 @@
+// UpdateBackend: where one model shard's numbers live and are updated.
+//
+// ModelShard runs the step protocol (versions, trainer slots, locking) and
+// delegates the data to a backend: the fp32 master parameters of the range,
+// the optimizer slots, and one staging buffer per trainer. The CPU backend
+// keeps them in host memory and updates on a thread pool; a GPU backend keeps
+// them in device memory. Both must produce the same bits.
+//
+// Threading contract (ModelShard guarantees it):
+// - Stage(rank, ...) for one rank is called by one thread at a time, with
+//   consecutive chunks; different ranks may stage concurrently.
+// - FinishStaging(rank) is called once a rank's whole range has been staged;
+//   when it returns, the data must be where Apply() reads it.
+// - Apply() runs only when every rank has finished staging, and never
+//   concurrently with Stage, Read or another Apply.
+// - Read() may run concurrently with other Reads (not with Apply).
+#ifndef SHARDOPT_SERVER_UPDATE_BACKEND_H_
+#define SHARDOPT_SERVER_UPDATE_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace shardopt {
+
+class UpdateBackend {
+ public:
+  virtual ~UpdateBackend() = default;
+
+  // "cpu", "cuda:0", ...
+  virtual std::string device() const = 0;
+
+  // Copies `count` fp32 elements from `data` (any alignment) into rank's
+  // staging buffer at range-local `offset`. Returns the index (relative to
+  // `data`) of the first NaN/inf, or `count` when all are finite; nothing
+  // staged by a push that saw one is ever applied.
+  virtual absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data,
+                                       size_t count) = 0;
+  virtual absl::Status FinishStaging(uint32_t rank) = 0;
+
+  // Reduces the staging buffers in rank order (sum, then divided by the
+  // number of trainers when `mean`) and applies optimizer step `step`.
+  virtual absl::Status Apply(int64_t step, bool mean) = 0;
+
+  // Copies parameters [offset, offset + count) of the range into `out`.
+  virtual absl::Status Read(uint64_t offset, uint64_t count, float* out) = 0;
+
+  virtual uint64_t parameter_bytes() const = 0;
+  virtual uint64_t optimizer_state_bytes() const = 0;
+  virtual uint64_t staging_bytes() const = 0;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_UPDATE_BACKEND_H_
