@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every shardopt test from a fresh Debian 12 machine: installs the
 # packages (tools/setup.sh), runs `bazel test //...`, and ends with one line
-# "N passed, N failed" counting test cases (GoogleTest cases, shell tests).
+# "N passed, N failed, N skipped" counting test cases (GoogleTest cases,
+# shell tests; GPU cases skip themselves where there is no GPU).
 # Exit status: 0 only when every test target passed.
 set -uo pipefail
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints "N passed, N failed" for a `bazel test` run.
+"""Prints "N passed, N failed, N skipped" for a `bazel test` run.
 
 Counts test cases from the JUnit XML files Bazel leaves under bazel-testlogs
 (one per GoogleTest case; one per shell test), for the test targets the run
@@ -17,17 +17,18 @@ RESULT = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STA
 
 
 def count_xml(path):
-    """Returns (passed, failed) test cases in one JUnit XML file."""
+    """Returns (passed, failed, skipped) test cases in one JUnit XML file."""
     root = ET.parse(path).getroot()
-    passed = failed = 0
+    passed = failed = skipped = 0
     for case in root.iter("testcase"):
         if case.find("failure") is not None or case.find("error") is not None:
             failed += 1
-        elif case.get("result") == "suppressed" or case.find("skipped") is not None:
-            continue
+        elif (case.get("result") in ("suppressed", "skipped") or
+              case.find("skipped") is not None):
+            skipped += 1
         else:
             passed += 1
-    return passed, failed
+    return passed, failed, skipped
 
 
 def main():
@@ -36,7 +37,7 @@ def main():
     parser.add_argument("--testlogs", required=True)
     args = parser.parse_args()
 
-    passed = failed = 0
+    passed = failed = skipped = 0
     targets = {}
     with open(args.bazel_log, errors="replace") as log:
         for line in log:
@@ -49,22 +50,25 @@ def main():
             continue
         rel = target[2:].replace(":", "/")
         xml = os.path.join(args.testlogs, rel, "test.xml")
-        p = f = 0
+        p = f = k = 0
         if status in ("PASSED", "FAILED", "FLAKY") and os.path.exists(xml):
             try:
-                p, f = count_xml(xml)
+                p, f, k = count_xml(xml)
             except ET.ParseError:
-                p, f = 0, 0
+                p, f, k = 0, 0, 0
         if status not in ("PASSED", "FLAKY") and f == 0:
             f = 1  # Failed to build, timed out, or crashed before writing XML.
-        if p + f == 0:
+        if p + f + k == 0:
             p = 1  # A passing target without cases (e.g. a script): one case.
+        if k:
+            print(f"{k} test cases skipped in {target} (see its test.log for why)")
         passed += p
         failed += f
+        skipped += k
     if not targets:
         print("no test results found in the bazel log", file=sys.stderr)
         failed += 1
-    print(f"{passed} passed, {failed} failed")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
 

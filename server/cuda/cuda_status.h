@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -22,7 +22,7 @@ namespace gpu {
 // usable driver or device, INVALID_ARGUMENT for bad values or launch
 // configurations, INTERNAL for everything else (kernel faults included:
 // those are sticky, and the process must stop using that device).
-inline absl::Status CudaStatus(cudaError_t err, std::string_view what) {
+inline absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
   const std::string message =
       absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");

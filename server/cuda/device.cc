@@ -88,7 +88,7 @@ std::string DeviceSpec::ToString() const {
   return "?";
 }
 
-absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text) {
+absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text) {
   DeviceSpec spec;
   const std::string lower = absl::AsciiStrToLower(text);
   if (lower == "cpu") {
@@ -104,9 +104,9 @@ absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text) {
     spec.index = 0;
     return spec;
   }
-  constexpr std::string_view kPrefix = "cuda:";
-  if (lower.size() > kPrefix.size() && lower.compare(0, kPrefix.size(), kPrefix) == 0) {
-    const std::string digits = lower.substr(kPrefix.size());
+  const std::string prefix = "cuda:";
+  if (lower.size() > prefix.size() && lower.compare(0, prefix.size(), prefix) == 0) {
+    const std::string digits = lower.substr(prefix.size());
     bool all_digits = digits.size() <= 4;
     for (char c : digits) all_digits = all_digits && c >= '0' && c <= '9';
     int index = -1;
@@ -120,7 +120,7 @@ absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text) {
       "invalid device \"", text, "\": expected cpu, auto, cuda or cuda:N (N = 0, 1, ...)"));
 }
 
-absl::StatusOr<GpuInfo> SelectDevice(std::string_view text) {
+absl::StatusOr<GpuInfo> SelectDevice(absl::string_view text) {
   absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(text);
   if (!spec.ok()) return spec.status();
   if (spec->kind == DeviceSpec::Kind::kCpu) {
@@ -233,6 +233,9 @@ absl::Status DeviceBuffer::Upload(const void* host_src, size_t bytes, size_t off
   if (bytes == 0) return absl::OkStatus();
   SHARDOPT_CUDA_RETURN_IF_ERROR(cudaMemcpy(static_cast<char*>(data_) + offset, host_src, bytes,
                                            cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return once the data is staged, before
+  // the DMA lands; work on a non-blocking stream would not wait for it.
+  SHARDOPT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
   return absl::OkStatus();
 }
 
@@ -242,6 +245,9 @@ absl::Status DeviceBuffer::Download(void* host_dst, size_t bytes, size_t offset)
         absl::StrCat("Download of ", bytes, " bytes at ", offset, " from a buffer of ", bytes_));
   }
   if (bytes == 0) return absl::OkStatus();
+  // Waits for the work of every stream (the kernels of non-blocking streams
+  // included) before copying.
+  SHARDOPT_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   SHARDOPT_CUDA_RETURN_IF_ERROR(cudaMemcpy(host_dst, static_cast<const char*>(data_) + offset,
                                            bytes, cudaMemcpyDeviceToHost));
   return absl::OkStatus();
@@ -253,6 +259,7 @@ absl::Status DeviceBuffer::Fill(uint8_t byte_value, size_t bytes, size_t offset)
         absl::StrCat("Fill of ", bytes, " bytes at ", offset, " in a buffer of ", bytes_));
   }
   if (bytes == 0) return absl::OkStatus();
+  SHARDOPT_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // as Download: after all streams
   SHARDOPT_CUDA_RETURN_IF_ERROR(
       cudaMemset(static_cast<char*>(data_) + offset, byte_value, bytes));
   SHARDOPT_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());

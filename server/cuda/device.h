@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
@@ -62,12 +62,12 @@ struct DeviceSpec {
 
 // INVALID_ARGUMENT for anything but "cpu", "auto", "cuda", "cuda:N" (N a
 // decimal number without sign, at most 1023).
-absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text);
+absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text);
 
 // "auto" / "cuda" / "cuda:N" as described at the top; "cpu" is
 // INVALID_ARGUMENT (no GPU to select). On success the GPU is the calling
 // thread's current device and its runtime context is initialised.
-absl::StatusOr<GpuInfo> SelectDevice(std::string_view spec);
+absl::StatusOr<GpuInfo> SelectDevice(absl::string_view spec);
 
 // cudaSetDevice for the calling thread.
 absl::Status SetCurrentDevice(int index);
@@ -108,11 +108,13 @@ class DeviceBuffer {
     return static_cast<T*>(data_);
   }
 
-  // Synchronous copies of [offset, offset + bytes) of this buffer;
-  // OUT_OF_RANGE if that is not inside the buffer.
+  // Synchronous copies of [offset, offset + bytes) of this buffer, complete
+  // on return (Download first waits for all work on the device, Upload for
+  // its own DMA); OUT_OF_RANGE if that is not inside the buffer.
   absl::Status Upload(const void* host_src, size_t bytes, size_t offset = 0);
   absl::Status Download(void* host_dst, size_t bytes, size_t offset = 0) const;
-  // cudaMemset of [offset, offset + bytes) to `byte_value` (synchronous).
+  // cudaMemset of [offset, offset + bytes) to `byte_value`, after all work on
+  // the device and complete on return.
   absl::Status Fill(uint8_t byte_value, size_t bytes, size_t offset = 0);
 
   // Frees now (errors are ignored: there is nothing a caller could do).

@@ -275,14 +275,7 @@ absl::Status InitializeOptimizerState(const OptimizerConfig& config, size_t n,
     const float value = config.kind == OptimizerKind::kAdagrad
                             ? static_cast<float>(config.initial_accumulator_value)
                             : 0.0f;
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof(bits));
-    if (bits == 0) {
-      SHARDOPT_CUDA_RETURN_IF_ERROR(
-          cudaMemsetAsync(slots[k], 0, n * sizeof(float), AsStream(stream)));
-    } else {
-      SHARDOPT_CUDA_RETURN_IF_ERROR(internal::LaunchFill(slots[k], value, n, AsStream(stream)));
-    }
+    SHARDOPT_CUDA_RETURN_IF_ERROR(internal::LaunchFill(slots[k], value, n, AsStream(stream)));
   }
   return absl::OkStatus();
 }

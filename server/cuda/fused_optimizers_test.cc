@@ -31,11 +31,23 @@
 #include "gtest/gtest.h"
 #include "server/cuda/device.h"
 #include "server/cuda/fused_optimizers.h"
+#include "server/cuda/fused_test_util.h"
 #include "server/optim/optimizer.h"
 
 namespace shardopt {
 namespace gpu {
 namespace {
+
+using ::shardopt::gpu::testing::Bf16Matches;
+using ::shardopt::gpu::testing::Bits;
+using ::shardopt::gpu::testing::CountBf16Mismatches;
+using ::shardopt::gpu::testing::FillRandom;
+using ::shardopt::gpu::testing::FromBits;
+using ::shardopt::gpu::testing::NamedConfig;
+using ::shardopt::gpu::testing::ParityConfigs;
+using ::shardopt::gpu::testing::RandomBits;
+using ::shardopt::gpu::testing::SameFloats;
+using ::shardopt::gpu::testing::SpecialBits;
 
 constexpr int64_t kSteps = 100;
 constexpr size_t kGuard = 16;  // Sentinel elements around every device sub-buffer.
@@ -44,113 +56,6 @@ constexpr uint32_t kSentinelBits = 0x7fa5a5a5u;  // A NaN no kernel produces.
 bool SmallOnly() {
   const char* v = std::getenv("SHARDOPT_GPU_TEST_SMALL");
   return v != nullptr && v[0] != '\0' && v[0] != '0';
-}
-
-uint32_t Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return u;
-}
-
-float FromBits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof(x));
-  return x;
-}
-
-// ---------------------------------------------------------------------------
-// Random data: varied magnitudes, exact zeros of both signs, subnormals and
-// large values, so that every rounding path is exercised. Deterministic in
-// (seed, index) whatever the thread count.
-
-uint64_t SplitMix64(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-float RandomValue(uint64_t& s, bool gradient) {
-  static constexpr float kScales[8] = {1e-4f, 1e-3f, 1e-2f, 1e-1f, 1.0f, 3.0f, 10.0f, 0.5f};
-  const uint64_t u = SplitMix64(s);
-  const float unit = static_cast<float>((u >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
-  const unsigned sel = static_cast<unsigned>(u % 100);
-  if (sel < 3) return (u & (1ull << 32)) ? -0.0f : 0.0f;
-  if (gradient) {
-    if (sel < 5) return std::ldexp(unit, -130 + static_cast<int>((u >> 33) % 20));  // subnormal-ish
-    if (sel < 8) return unit * 1000.0f;
-  }
-  return unit * kScales[(u >> 36) & 7];
-}
-
-void FillRandom(std::vector<float>& v, uint64_t seed, bool gradient) {
-  constexpr size_t kChunk = size_t{1} << 16;
-  const size_t chunks = (v.size() + kChunk - 1) / kChunk;
-  auto fill_chunks = [&](size_t first, size_t step) {
-    for (size_t c = first; c < chunks; c += step) {
-      uint64_t s = seed * 0x100000001b3ull + c;
-      const size_t end = std::min(v.size(), (c + 1) * kChunk);
-      for (size_t i = c * kChunk; i < end; ++i) v[i] = RandomValue(s, gradient);
-    }
-  };
-  const size_t threads =
-      std::min<size_t>(chunks, std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
-  if (threads <= 1) {
-    fill_chunks(0, 1);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (size_t t = 0; t < threads; ++t) pool.emplace_back(fill_chunks, t, threads);
-  for (std::thread& t : pool) t.join();
-}
-
-// ---------------------------------------------------------------------------
-// An independent fp32 -> bf16 reference: the two bf16 neighbours of x, the
-// nearer one in exact (double) arithmetic, ties to the even bit pattern.
-
-double Bf16Value(uint16_t b) {
-  if ((b & 0x7fffu) == 0x7f80u) return (b & 0x8000u) ? -std::ldexp(1.0, 128) : std::ldexp(1.0, 128);
-  return static_cast<double>(FromBits(static_cast<uint32_t>(b) << 16));
-}
-
-// For non-NaN x.
-uint16_t ReferenceBf16(float x) {
-  const uint16_t lo = static_cast<uint16_t>(Bits(x) >> 16);  // toward zero
-  if (std::isinf(x) || (Bits(x) & 0xffffu) == 0) return lo;
-  const uint16_t hi = static_cast<uint16_t>(lo + 1);  // next away from zero
-  const double d_lo = std::fabs(static_cast<double>(x) - Bf16Value(lo));
-  const double d_hi = std::fabs(Bf16Value(hi) - static_cast<double>(x));
-  if (d_lo < d_hi) return lo;
-  if (d_hi < d_lo) return hi;
-  return (lo & 1u) ? hi : lo;
-}
-
-::testing::AssertionResult Bf16Matches(float x, uint16_t got) {
-  if (std::isnan(x)) {
-    const uint16_t want = static_cast<uint16_t>((Bits(x) >> 16) | 0x40u);
-    if (got == want) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure()
-           << absl::StrFormat("NaN 0x%08x -> 0x%04x, want 0x%04x", Bits(x), got, want);
-  }
-  const uint16_t want = ReferenceBf16(x);
-  if (got == want) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << absl::StrFormat("%a (0x%08x) -> 0x%04x, want 0x%04x", x, Bits(x), got, want);
-}
-
-// Bit-identical, except that any NaN matches any NaN.
-::testing::AssertionResult SameFloats(const std::string& what, const float* want,
-                                      const float* got, size_t n) {
-  size_t bad = 0;
-  size_t first = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const bool same = Bits(want[i]) == Bits(got[i]) || (std::isnan(want[i]) && std::isnan(got[i]));
-    if (!same && bad++ == 0) first = i;
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << absl::StrFormat(
-             "%s: %d of %d elements differ; first at %d: cpu %a (0x%08x), gpu %a (0x%08x)", what,
-             bad, n, first, want[first], Bits(want[first]), got[first], Bits(got[first]));
 }
 
 // ---------------------------------------------------------------------------
@@ -415,34 +320,6 @@ TEST(FusedStepValidationTest, SgdWithoutMomentumNeedsNoSlotsAndEmptyRangesLaunch
 // ---------------------------------------------------------------------------
 // bf16 conversion on the host (no GPU needed).
 
-std::vector<uint32_t> SpecialBits() {
-  return {
-      0x00000000u, 0x80000000u,                            // +-0
-      0x00000001u, 0x80000001u, 0x00008000u, 0x00018000u,  // subnormals, ties
-      0x007fffffu, 0x00800000u, 0x80800000u,               // subnormal max, FLT_MIN
-      0x3f800000u, 0xbf800000u,                            // +-1
-      0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu,  // ties to even, around ties
-      0xbf808000u, 0xbf818000u,                            // negative ties
-      0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu, 0xff7fffffu,  // near the top: to max or inf
-      0x7f7effffu, 0x7f7f0000u,                            //
-      0x7f800000u, 0xff800000u,                            // +-inf
-      0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u,  // NaNs (quiet, signalling)
-      0x7fffffffu, 0xffffffffu, 0x7fa5a5a5u, 0x7f810000u,  //
-  };
-}
-
-std::vector<uint32_t> RandomBits(size_t count, uint64_t seed) {
-  std::vector<uint32_t> v(count);
-  uint64_t s = seed;
-  for (uint32_t& x : v) {
-    const uint64_t u = SplitMix64(s);
-    x = static_cast<uint32_t>(u);
-    // A quarter of them exactly on or next to a rounding tie.
-    if ((u >> 32) % 4 == 0) x = (x & 0xffff0000u) | (0x7fffu + static_cast<uint32_t>((u >> 40) % 3));
-  }
-  return v;
-}
-
 TEST(Bf16Test, HostConversionRoundsToNearestEvenAndKeepsNaN) {
   std::vector<uint32_t> all = SpecialBits();
   const std::vector<uint32_t> random = RandomBits(1 << 20, 17);
@@ -584,69 +461,6 @@ TEST_F(GpuTest, DeviceBf16ConversionMatchesTheReference) {
 // ---------------------------------------------------------------------------
 // Fused steps vs the CPU Optimizer.
 
-struct NamedConfig {
-  std::string name;
-  OptimizerConfig config;
-};
-
-std::vector<NamedConfig> ParityConfigs() {
-  std::vector<NamedConfig> v;
-  auto add = [&](std::string name, OptimizerConfig c) { v.push_back({std::move(name), c}); };
-  {
-    add("sgd", OptimizerConfig::Sgd(0.1));
-    OptimizerConfig c = OptimizerConfig::Sgd(0.05);
-    c.weight_decay = 0.01;
-    c.maximize = true;
-    add("sgd_wd_maximize", c);
-    c = OptimizerConfig::Sgd(0.1);
-    c.momentum = 0.9;
-    add("sgd_momentum", c);
-    c = OptimizerConfig::Sgd(0.1);
-    c.momentum = 0.8;
-    c.dampening = 0.1;
-    c.weight_decay = 1e-4;
-    add("sgd_momentum_dampening_wd", c);
-    c = OptimizerConfig::Sgd(0.02);
-    c.momentum = 0.9;
-    c.nesterov = true;
-    c.weight_decay = 1e-2;
-    c.maximize = true;
-    add("sgd_nesterov_wd_maximize", c);
-  }
-  {
-    add("adam", OptimizerConfig::Adam(1e-3));
-    OptimizerConfig c = OptimizerConfig::Adam(2e-3);
-    c.weight_decay = 0.01;
-    c.amsgrad = true;
-    add("adam_wd_amsgrad", c);
-    c = OptimizerConfig::Adam(1e-2);
-    c.maximize = true;
-    c.eps = 1e-6;
-    c.beta1 = 0.8;
-    c.beta2 = 0.99;
-    add("adam_maximize_betas", c);
-    add("adamw", OptimizerConfig::AdamW(1e-3));
-    c = OptimizerConfig::AdamW(1e-2);
-    c.weight_decay = 0.1;
-    c.amsgrad = true;
-    c.maximize = true;
-    add("adamw_amsgrad_maximize", c);
-    c = OptimizerConfig::AdamW(1e-3);
-    c.weight_decay = 0.0;  // decay == 1: no decoupled multiply, as on the CPU
-    add("adamw_no_decay", c);
-  }
-  {
-    add("adagrad", OptimizerConfig::Adagrad(1e-2));
-    OptimizerConfig c = OptimizerConfig::Adagrad(5e-2);
-    c.lr_decay = 0.01;
-    c.weight_decay = 1e-3;
-    c.initial_accumulator_value = 0.1;
-    c.maximize = true;
-    add("adagrad_lrdecay_wd_init_maximize", c);
-  }
-  return v;
-}
-
 enum class Placement { kAligned, kSameOffset, kMixedOffsets };
 
 struct ParityCase {
@@ -741,7 +555,9 @@ void RunParity(const NamedConfig& nc, const ParityCase& c, uint64_t seed, int64_
       want_vec = (n - want_head) / 4 > 0;
     }
     EXPECT_EQ(plan.vectorized, want_vec) << plan.DebugString();
-    if (want_vec) EXPECT_EQ(plan.head, want_head) << plan.DebugString();
+    if (want_vec) {
+      EXPECT_EQ(plan.head, want_head) << plan.DebugString();
+    }
   }
 
   std::unique_ptr<Stream> stream;
@@ -799,12 +615,7 @@ void RunParity(const NamedConfig& nc, const ParityCase& c, uint64_t seed, int64_
     if (c.bf16) {
       std::vector<uint16_t> got16;
       ASSERT_TRUE(d_bf16->Download(&got16));
-      size_t failures = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const ::testing::AssertionResult r = Bf16Matches(params[i], got16[i]);
-        if (!r && failures++ < 5) ADD_FAILURE() << "bf16 element " << i << ": " << r.message();
-      }
-      ASSERT_EQ(failures, 0u);
+      ASSERT_EQ(CountBf16Mismatches(params.data(), got16.data(), n), 0u);
     }
   }
 }

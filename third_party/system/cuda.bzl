@@ -9,8 +9,9 @@ reads defs.bzl and marks CUDA targets incompatible (skipped) when absent.
 
 Re-detection: the rule is `local` and declares environ = ["CUDA_PATH"], so it
 is re-run when CUDA_PATH changes in the environment Bazel hands repository
-rules (see //tools/build_defs:cuda.bzl for which flags do that in 4.2.3), or
-after `bazel sync --configure` / `bazel clean --expunge`.
+rules: `--repo_env=CUDA_PATH=/nonexistent` simulates a machine without CUDA
+without rebuilding anything else (measured; see //tools/build_defs:cuda.bzl
+for the other ways and their cost), and `bazel clean --expunge` starts over.
 """
 
 def _cuda_toolkit_impl(ctx):

@@ -17,10 +17,11 @@ What it makes:
                   the genrule only sees the files it lists.
   <name>_import   cc_import(alwayslink = True) of that archive (kernels are
                   registered by static constructors, so nothing may be dropped).
-  <name>          cc_library: `hdrs`, the non-.cu `srcs` (compiled by the
-                  normal C++ toolchain, with CUDA's headers on the include
-                  path), the archive, `deps`, and the static CUDA runtime
-                  (@local_cuda//:cudart: libcudart_static.a -ldl -lpthread -lrt).
+  <name>          cc_library (linkstatic): `hdrs`, the non-.cu `srcs`
+                  (compiled by the normal C++ toolchain, with CUDA's headers
+                  on the include path), the archive, `deps`, and the static
+                  CUDA runtime (@local_cuda//:cudart: libcudart_static.a
+                  -ldl -lpthread -lrt).
 
 nvcc flags: -O3 -std=c++17 -Xcompiler -fPIC -lib, SASS for sm_90 (H100/H200)
 plus compute_90 PTX (so GPUs newer than Hopper JIT-compile it; older ones
@@ -45,21 +46,28 @@ and binaries that depend on a cuda_library CUDA_TARGET_COMPATIBLE_WITH too
 saying so keeps the intent visible). cc_import has no target_compatible_with
 in 4.2.3; it is skipped with its genrule.
 
-Simulating a machine without CUDA (measured with Bazel 4.2.3 here, on a
-separate --output_base so that a shared workspace's server is not disturbed):
-  * `bazel build --repo_env=CUDA_PATH=/nonexistent //...`  re-runs @local_cuda
-    with CUDA_PATH=/nonexistent (stubs, CUDA_AVAILABLE = False): the CUDA
-    targets are skipped and everything else builds. Dropping the flag again
-    re-runs it with CUDA found. Only the repository sees the value: other
-    actions keep their cache keys. This is the way to do it.
-  * `CUDA_PATH=/nonexistent bazel build //...` (exported to the client) works
-    too, but the workspace's .bazelrc has `build --action_env=CUDA_PATH`,
-    which copies the client's value into every action's environment: every
-    action's key changes and the whole tree rebuilds, once there and once
-    back.
-  * `bazel build --action_env=CUDA_PATH=/nonexistent //...` also re-runs
-    @local_cuda (action_env values are part of the repository environment
-    in 4.2.3) and, like the previous one, changes every action's key.
+Simulating a machine without CUDA (measured with this Bazel 4.2.3, on a
+separate --output_base so that the shared workspace's server was not
+disturbed; every way below re-runs @local_cuda, whose defs.bzl then says
+CUDA_AVAILABLE = False, and dropping it again re-runs it with CUDA found):
+  * `bazel test --repo_env=CUDA_PATH=/nonexistent //...`  THE WAY TO DO IT.
+    Only repository rules see the value; no action's key changes, so
+    nothing else rebuilds, there or back. Measured: all 16 other tests
+    passed and the 3 CUDA tests were reported SKIPPED ("Executed 16 out of
+    19 tests: 16 tests pass and 3 were skipped"); `bazel test
+    //server/cuda/...` alone exits 0 with "3 were skipped". Naming a CUDA
+    target explicitly fails ("is incompatible and cannot be built, but was
+    explicitly requested"), as Bazel does for any incompatible target.
+  * `CUDA_PATH=/nonexistent bazel ...` (in the client's environment) works
+    too, but this workspace's .bazelrc has `build --action_env=CUDA_PATH`,
+    which hands the client's value to actions: the C++ compiles etc. re-run
+    (measured), once there and once back.
+  * `bazel ... --action_env=CUDA_PATH=/nonexistent` likewise re-runs
+    @local_cuda (action_env values reach repository rules in 4.2.3) and,
+    likewise, re-runs the actions.
+  With another --output_base, pass --symlink_prefix=/ (or the workspace's
+  bazel-* links get re-pointed) and list the top-level packages instead of
+  //... (without its own convenience links Bazel descends into bazel-main/).
 """
 
 load("@local_cuda//:defs.bzl", "CUDA_AVAILABLE", "CUDA_PATH")
@@ -102,6 +110,7 @@ def cuda_library(
         hdrs = [],
         deps = [],
         copts = [],
+        host_copts = [],
         visibility = None,
         testonly = False):
     """A C++ library with CUDA sources.
@@ -113,6 +122,7 @@ def cuda_library(
       hdrs: public headers.
       deps: cc targets; their headers are visible to nvcc, and they are linked.
       copts: extra nvcc flags (only for the .cu files).
+      host_copts: extra C++ compiler flags for the non-.cu srcs.
       visibility: of the cc_library.
       testonly: as usual.
     """
@@ -177,11 +187,17 @@ def cuda_library(
         name = name,
         srcs = cc_srcs,
         hdrs = hdrs,
+        copts = host_copts,
         deps = [
             ":" + name + "_import",
             "@local_cuda//:cudart",
             "@local_cuda//:headers",
         ] + deps,
+        # Only ever linked into the final binary (no lib<name>.so, not even
+        # for fastbuild tests): libcudart_static.a comes in through linkopts,
+        # and the linker does not pull archive members for a shared
+        # library's undefined symbols.
+        linkstatic = True,
         testonly = testonly,
         target_compatible_with = compat,
         visibility = visibility,

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds the GPU test, the host-emulation test and the GPU benchmark HERE
+# (with Bazel, offline) and copies them into .gpu_bundle/ (git-ignored) with
+# every shared library they load that is not part of the C library, so that a
+# lent GPU machine with no gRPC/Abseil/GoogleTest and no package registry can
+# run them: tools/gpu/gpu_check.sh runs them there.
+#
+#   bash tools/gpu/make_gpu_bundle.sh     # then carry .gpu_bundle to the GPU machine
+#
+# .gpu_bundle/
+#   run.sh NAME ARGS...   runs bin/NAME with LD_LIBRARY_PATH=lib (which wins
+#                         over the binaries' Bazel RUNPATH)
+#   bin/                  fused_optimizers_test, fused_kernels_emulation_test,
+#                         gpu_bench (debug info stripped)
+#   lib/                  the ldd-resolved libraries (Abseil, the Bazel solibs
+#                         of the project's own libraries, libstdc++, libgcc_s)
+#   MANIFEST              git commit (+ dirty), build host, sizes, newest glibc
+#                         symbol version needed
+# CUDA's runtime is linked statically (libcudart_static.a); the driver
+# (libcuda.so.1) is the GPU machine's own. GoogleTest is static here.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+targets=(
+  //server/cuda:fused_optimizers_test
+  //server/cuda:fused_kernels_emulation_test
+  //tools/gpu:gpu_bench
+)
+bazel build "${targets[@]}"
+bin_root=$(bazel info bazel-bin 2>/dev/null)
+
+bundle=.gpu_bundle
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib"
+binaries=(
+  "$bin_root/server/cuda/fused_optimizers_test"
+  "$bin_root/server/cuda/fused_kernels_emulation_test"
+  "$bin_root/tools/gpu/gpu_bench"
+)
+
+# Part of glibc (and the kernel's vDSO): always the GPU machine's own.
+is_system() {
+  case "$(basename "$1")" in
+    linux-vdso.so.*|ld-linux*.so.*|libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|\
+    libresolv.so.*|libutil.so.*|libcuda.so.*) return 0 ;;
+  esac
+  return 1
+}
+
+for b in "${binaries[@]}"; do
+  [ -x "$b" ] || { echo "missing $b" >&2; exit 1; }
+  cp -L "$b" "$bundle/bin/"
+  chmod u+w "$bundle/bin/$(basename "$b")"
+  strip --strip-debug "$bundle/bin/$(basename "$b")"
+  # "name => /path (0x...)" lines; "not found" is an error.
+  if ldd "$b" | grep -q "not found"; then
+    ldd "$b" >&2
+    echo "unresolved libraries for $b" >&2
+    exit 1
+  fi
+  ldd "$b" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+    is_system "$lib" && continue
+    dest="$bundle/lib/$(basename "$lib")"
+    [ -e "$dest" ] && continue
+    cp -L "$lib" "$dest"
+    chmod u+w "$dest"
+    strip --strip-debug "$dest" 2>/dev/null || true
+  done
+done
+
+cat >"$bundle/run.sh" <<'WRAP'
+#!/bin/sh
+# Runs bin/NAME from this bundle with its libraries: run.sh NAME [ARGS...]
+here=$(cd "$(dirname "$0")" && pwd)
+name=$1
+shift
+LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/bin/$name" "$@"
+WRAP
+chmod +x "$bundle/run.sh"
+
+glibc_needed=$(for f in "$bundle"/bin/* "$bundle"/lib/*; do
+  objdump -T "$f" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' || true
+done | sort -u -V | tail -1)
+{
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (plus uncommitted changes)')"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1)"
+  echo "needs: glibc with $glibc_needed, an NVIDIA driver for CUDA 13, a GPU of compute capability >= 9.0"
+  echo "size: $(du -sh "$bundle" | cut -f1)"
+  (cd "$bundle" && find bin lib -type f -printf '%10s  %p\n' | sort -k2)
+} >"$bundle/MANIFEST"
+cat "$bundle/MANIFEST"
