@@ -18,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "server/device_support.h"
 #include "server/malloc_tuning.h"
 #include "server/shard_server.h"
 
@@ -26,7 +27,11 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(uint32_t, shard_index, 0, "This server's shard index, in [0, shard_count).");
 ABSL_FLAG(uint32_t, shard_count, 1, "Number of shards the models are split into.");
 ABSL_FLAG(std::string, device, "auto",
-          "Where updates run: cpu, auto (the CPU in this build) or cuda:N.");
+          "Where model state lives and updates run: cpu, cuda:N, or auto (the first usable "
+          "GPU, else the CPU).");
+ABSL_FLAG(bool, device_fallback_to_cpu, false,
+          "With --device=cuda:N: use the CPU (with a warning) when that GPU is not usable, "
+          "instead of exiting.");
 ABSL_FLAG(int, threads, 0, "Optimizer threads; 0 = number of CPUs.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written to this file (atomically) once serving.");
@@ -82,15 +87,19 @@ int main(int argc, char** argv) {
                        options.shard_count);
     return 2;
   }
-  const std::string device = absl::GetFlag(FLAGS_device);
-  if (device == "auto") {
-    shardopt::LogInfo("--device=auto: this build has no CUDA backend; updating on the CPU");
-  } else if (device != "cpu") {
-    shardopt::LogError("--device=%s is not available: this build updates on the CPU only "
-                       "(use --device=cpu or --device=auto)",
-                       device);
+  absl::StatusOr<shardopt::DeviceSelection> device = shardopt::SelectShardDevice(
+      absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_device_fallback_to_cpu));
+  if (!device.ok()) {
+    shardopt::LogError("%s (use --device=cpu, or --device_fallback_to_cpu)",
+                       device.status().ToString());
     return 2;
   }
+  if (!device->note.empty()) {
+    shardopt::LogWarning("--device=%s: %s; updating on the CPU", absl::GetFlag(FLAGS_device),
+                         device->note);
+  }
+  shardopt::LogInfo("model state and updates on %s", device->description);
+  options.gpu_index = device->gpu_index;
   options.threads = absl::GetFlag(FLAGS_threads);
   if (options.threads <= 0) {
     options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -124,10 +133,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   shardopt::LogInfo(
-      "shard %d of %d serving on port %d (%s), %d optimizer threads, device cpu, "
+      "shard %d of %d serving on port %d (%s), device %s, %d CPU threads, "
       "state budget %d MiB",
-      options.shard_index, options.shard_count, (*server)->port(), listen, options.threads,
-      options.max_state_bytes >> 20);
+      options.shard_index, options.shard_count, (*server)->port(), listen,
+      device->gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", device->gpu_index),
+      options.threads, options.max_state_bytes >> 20);
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
     shardopt::LogError("cannot write --port_file=%s", port_file);

@@ -11,6 +11,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
+#include "server/device_support.h"
 
 namespace shardopt {
 namespace {
@@ -245,7 +246,12 @@ grpc::Status ShardServiceImpl::RegisterModel(
                                   config.num_trainers(),
                                   config.reduction() == v1::GRADIENT_REDUCTION_MEAN};
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
-      ModelShard::Create(std::move(shard_options), std::move(values), &pool_);
+      options_.gpu_index < 0
+          ? ModelShard::Create(std::move(shard_options), std::move(values), &pool_)
+          : ModelShard::Create(std::move(shard_options), std::move(values),
+                               [this](const ModelShardOptions& o, std::vector<float> v) {
+                                 return MakeGpuBackend(options_.gpu_index, o, std::move(v));
+                               });
   if (!shard.ok()) return Error(shard.status());
 
   auto model = std::make_shared<Model>();
@@ -261,9 +267,10 @@ grpc::Status ShardServiceImpl::RegisterModel(
   // Lost a race with a concurrent registration of the same model.
   if (raced) return answer_existing(*raced);
   keep_reservation = true;
-  LogInfo("registered model '%s': %d tensors, %d trainers, %s, range [%d, %d)",
+  LogInfo("registered model '%s': %d tensors, %d trainers, %s, range [%d, %d) on %s",
           config.model_id(), layout->tensors().size(), config.num_trainers(),
-          optimizer->DebugString(), model->shard->range().begin, model->shard->range().end);
+          optimizer->DebugString(), model->shard->range().begin, model->shard->range().end,
+          model->shard->device());
   response->set_created(true);
   response->set_version(0);
   SetRange(model->shard->range(), response->mutable_range());
@@ -402,7 +409,8 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
                                              v1::ServerInfo* response) {
   response->set_shard_index(options_.shard_index);
   response->set_shard_count(options_.shard_count);
-  response->set_device("cpu");
+  response->set_device(options_.gpu_index < 0 ? "cpu"
+                                              : absl::StrCat("cuda:", options_.gpu_index));
   response->set_threads(pool_.threads());
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
   std::vector<std::shared_ptr<Model>> models;

@@ -25,6 +25,9 @@ struct ShardServerOptions {
   uint32_t shard_index = 0;
   uint32_t shard_count = 1;
   int threads = 1;
+  // Where models live and are updated: -1 the CPU (on `threads` threads),
+  // else this GPU (see server/device_support.h).
+  int gpu_index = -1;
   // Bytes of parameter data per PullParameters message. 1 MiB keeps every
   // message under gRPC's default 4 MiB receive limit (grpcurl, Python).
   size_t pull_chunk_bytes = 1 << 20;

@@ -3,7 +3,10 @@
 // single-process run of the same optimizer on the same reduced gradients.
 // The per-element arithmetic is the same whatever S is, so the match must be
 // bit-identical.
+#include <signal.h>
+
 #include <cstring>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -23,11 +26,13 @@ const std::vector<std::string> kOptimizers = {"sgd",   "sgd_momentum", "sgd_nest
                                               "adam",  "adam_l2",      "adamw",
                                               "adamw_amsgrad", "adagrad"};
 
-class EndToEndTest : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t>> {};
-
-TEST_P(EndToEndTest, MatchesSingleProcessRunBitForBit) {
-  const auto [shards, trainers] = GetParam();
-  absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers = StartCluster(shards);
+// Trains every optimizer on S servers started with `server_flags` and T
+// trainer processes, and checks each trainer's final parameters against the
+// single-process CPU reference, bit for bit.
+void RunAndCompare(uint32_t shards, uint32_t trainers,
+                   const std::vector<std::string>& server_flags) {
+  absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers =
+      StartCluster(shards, server_flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::string out_root = MakeTempDir("e2e");
 
@@ -75,6 +80,29 @@ TEST_P(EndToEndTest, MatchesSingleProcessRunBitForBit) {
       EXPECT_EQ(mismatches, 0u) << name << " rank " << r;
     }
   }
+}
+
+class EndToEndTest : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t>> {};
+
+TEST_P(EndToEndTest, MatchesSingleProcessRunBitForBit) {
+  const auto [shards, trainers] = GetParam();
+  RunAndCompare(shards, trainers, {"--device=cpu"});
+}
+
+// The same multi-trainer runs with the model state on GPU 0: the fused CUDA
+// kernels must reproduce the CPU run exactly. Skips where shardopt_server
+// cannot use a GPU (it refuses --device=cuda:0 at start).
+TEST(EndToEndGpuTest, CudaShardsMatchTheCpuRunBitForBit) {
+  auto probe = ChildProcess::Start(Runfile("server/shardopt_server"),
+                                   {"--listen=127.0.0.1:0", "--device=cuda:0"});
+  ASSERT_TRUE(probe.ok());
+  if (std::optional<int> rc = (*probe)->Wait(absl::Seconds(5)); rc.has_value()) {
+    GTEST_SKIP() << "no usable GPU: shardopt_server --device=cuda:0 exited with " << *rc
+                 << " (see its message above)";
+  }
+  (*probe)->Signal(SIGTERM);
+  (*probe)->Wait(absl::Seconds(10));
+  for (uint32_t shards : {1u, 2u}) RunAndCompare(shards, 2, {"--device=cuda:0"});
 }
 
 INSTANTIATE_TEST_SUITE_P(ShardsByTrainers, EndToEndTest,

@@ -140,10 +140,22 @@ TEST(ServerLifecycleTest, SigtermStopsCleanlyAndWakesBlockedPulls) {
   }
 }
 
+TEST(ServerLifecycleTest, DeviceFallbackToCpuOnlyWhenAsked) {
+  // No machine has GPU 1023: refused without the flag (BadFlags below),
+  // served from the CPU with it.
+  auto server = ServerProcess::Start(0, 1, {"--device=cuda:1023", "--device_fallback_to_cpu"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::ShardService::NewStub(Channel((*server)->address()));
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.device(), "cpu");
+}
+
 TEST(ServerLifecycleTest, BadFlagsFailAtStartWithAMessage) {
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{{"--shard_index=2", "--shard_count=2"},
-                                              {"--device=cuda:0"},
+                                              {"--device=cuda:1023"},
                                               {"--device=tpu"}}) {
     std::vector<std::string> full = {"--listen=127.0.0.1:0"};
     full.insert(full.end(), args.begin(), args.end());

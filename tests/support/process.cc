@@ -113,10 +113,12 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   return absl::DeadlineExceededError("shardopt_server did not report its port in 30 s");
 }
 
-absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(uint32_t shard_count) {
+absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
+    uint32_t shard_count, const std::vector<std::string>& extra_flags) {
   std::vector<std::unique_ptr<ServerProcess>> servers;
   for (uint32_t i = 0; i < shard_count; ++i) {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> s = ServerProcess::Start(i, shard_count);
+    absl::StatusOr<std::unique_ptr<ServerProcess>> s =
+        ServerProcess::Start(i, shard_count, extra_flags);
     if (!s.ok()) return s.status();
     servers.push_back(std::move(*s));
   }

@@ -56,8 +56,10 @@ class ServerProcess {
   std::string address_;
 };
 
-// Starts S servers (shard 0..S-1 of S); their addresses in shard order.
-absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(uint32_t shard_count);
+// Starts S servers (shard 0..S-1 of S) with `extra_flags`; their addresses
+// in shard order.
+absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
+    uint32_t shard_count, const std::vector<std::string>& extra_flags = {});
 std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProcess>>& servers);
 
 }  // namespace shardopt::testing

@@ -1,0 +1,134 @@
+#include "server/cuda/gpu_backend.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/finite.h"
+#include "server/cuda/fused_optimizers.h"
+
+namespace shardopt {
+
+absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
+    int device_index, const OptimizerConfig& optimizer, uint32_t num_trainers,
+    const std::vector<float>& initial) {
+  if (num_trainers == 0 || num_trainers > static_cast<uint32_t>(gpu::kMaxGradientBuffers)) {
+    return absl::InvalidArgumentError(absl::StrCat("the GPU backend reduces 1 to ",
+                                                   gpu::kMaxGradientBuffers,
+                                                   " trainers, not ", num_trainers));
+  }
+  if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
+  if (absl::Status s = gpu::SetCurrentDevice(device_index); !s.ok()) return s;
+  const size_t n = initial.size();
+  std::unique_ptr<GpuBackend> backend(
+      new GpuBackend(device_index, optimizer, n, num_trainers));
+  auto allocate = [](size_t bytes, gpu::DeviceBuffer* out) -> absl::Status {
+    absl::StatusOr<gpu::DeviceBuffer> buffer = gpu::DeviceBuffer::Allocate(bytes);
+    if (!buffer.ok()) return buffer.status();
+    *out = std::move(*buffer);
+    return absl::OkStatus();
+  };
+  if (absl::Status s = allocate(n * sizeof(float), &backend->params_); !s.ok()) return s;
+  for (int i = 0; i < optimizer.StateSlotsPerElement(); ++i) {
+    if (absl::Status s = allocate(n * sizeof(float), &backend->slots_[i]); !s.ok()) return s;
+  }
+  if (absl::Status s = allocate(num_trainers * n * sizeof(float), &backend->staging_); !s.ok()) {
+    return s;
+  }
+  for (gpu::Stream* stream : {&backend->apply_stream_, &backend->read_stream_}) {
+    absl::StatusOr<gpu::Stream> created = gpu::Stream::Create();
+    if (!created.ok()) return created.status();
+    *stream = std::move(*created);
+  }
+  for (Lane& lane : backend->lanes_) {
+    absl::StatusOr<gpu::Stream> created = gpu::Stream::Create();
+    if (!created.ok()) return created.status();
+    lane.stream = std::move(*created);
+  }
+  if (absl::Status s = backend->params_.Upload(initial.data(), n * sizeof(float)); !s.ok()) {
+    return s;
+  }
+  std::array<float*, 3> slots = {backend->slots_[0].as<float>(), backend->slots_[1].as<float>(),
+                                 backend->slots_[2].as<float>()};
+  if (absl::Status s = gpu::InitializeOptimizerState(optimizer, n, slots,
+                                                     backend->apply_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = backend->apply_stream_.Synchronize(); !s.ok()) return s;
+  return backend;
+}
+
+std::string GpuBackend::device() const { return absl::StrCat("cuda:", device_index_); }
+
+absl::StatusOr<size_t> GpuBackend::Stage(uint32_t rank, uint64_t offset, const void* data,
+                                         size_t count) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  Lane& lane = lanes_[rank];
+  const char* source = static_cast<const char*>(data);
+  for (size_t done = 0; done < count;) {
+    const size_t piece = std::min(count - done, kPinnedElements);
+    gpu::PinnedBuffer& pinned = lane.pinned[lane.next];
+    if (pinned.data() == nullptr) {
+      absl::StatusOr<gpu::PinnedBuffer> allocated =
+          gpu::PinnedBuffer::Allocate(kPinnedElements * sizeof(float));
+      if (!allocated.ok()) return allocated.status();
+      pinned = std::move(*allocated);
+    }
+    if (lane.in_flight[lane.next]) {
+      // Its copy was queued two pieces ago; the previous piece's copy keeps
+      // the DMA engine busy while this thread waits and then fills it.
+      if (absl::Status s = lane.stream.Synchronize(); !s.ok()) return s;
+      lane.in_flight = {false, false};
+    }
+    float* host = pinned.as<float>();
+    const size_t bad = CopyAndFindNonFinite(host, source + done * sizeof(float), piece);
+    if (bad != piece) return done + bad;
+    if (absl::Status s = gpu::CopyToDevice(staging(rank) + offset + done, host,
+                                           piece * sizeof(float), lane.stream.get());
+        !s.ok()) {
+      return s;
+    }
+    lane.in_flight[lane.next] = true;
+    lane.next ^= 1;
+    done += piece;
+  }
+  return count;
+}
+
+absl::Status GpuBackend::FinishStaging(uint32_t rank) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  Lane& lane = lanes_[rank];
+  absl::Status s = lane.stream.Synchronize();
+  lane.in_flight = {false, false};
+  return s;
+}
+
+absl::Status GpuBackend::Apply(int64_t step, bool mean) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  std::vector<const float*> gradients(lanes_.size());
+  for (uint32_t r = 0; r < lanes_.size(); ++r) gradients[r] = staging(r);
+  gpu::FusedStepBuffers buffers;
+  buffers.gradients = gradients.data();
+  buffers.num_gradients = static_cast<int>(gradients.size());
+  buffers.reduction = mean ? gpu::GradientReduction::kMean : gpu::GradientReduction::kSum;
+  buffers.params = params_.as<float>();
+  buffers.slots = {slots_[0].as<float>(), slots_[1].as<float>(), slots_[2].as<float>()};
+  if (absl::Status s =
+          gpu::FusedOptimizerStep(optimizer_, step, size_, buffers, apply_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  return apply_stream_.Synchronize();
+}
+
+absl::Status GpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = gpu::CopyToHost(out, params_.as<float>() + offset,
+                                       count * sizeof(float), read_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  return read_stream_.Synchronize();
+}
+
+}  // namespace shardopt

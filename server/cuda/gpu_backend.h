@@ -1,0 +1,82 @@
+// GpuBackend: an UpdateBackend whose shard state lives in GPU memory.
+//
+// Device memory (plain cudaMalloc): fp32 master parameters, the optimizer
+// slots, and one staging buffer per trainer. A received chunk is copied once
+// on the host into a pinned buffer (checking for NaN/inf in the same pass)
+// and sent to the trainer's staging buffer with cudaMemcpyAsync on that
+// trainer's stream; two pinned buffers per trainer alternate, so the copy of
+// one chunk overlaps the receipt of the next. Apply() runs one fused kernel
+// (server/cuda/fused_optimizers.h) that reduces the trainers' gradients in
+// rank order and applies the update: bit-identical to CpuBackend.
+//
+// Every CUDA call is checked; errors come back as absl::Status (a failed
+// Apply stops the shard, see ModelShard). Each method makes the backend's GPU
+// current on the calling thread first.
+#ifndef SHARDOPT_SERVER_CUDA_GPU_BACKEND_H_
+#define SHARDOPT_SERVER_CUDA_GPU_BACKEND_H_
+
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/optimizer_config.h"
+#include "server/cuda/device.h"
+#include "server/update_backend.h"
+
+namespace shardopt {
+
+class GpuBackend final : public UpdateBackend {
+ public:
+  // Elements per pinned staging buffer (two per trainer, allocated on the
+  // trainer's first push).
+  static constexpr size_t kPinnedElements = size_t{1} << 20;
+
+  // RESOURCE_EXHAUSTED when the state does not fit in the GPU's memory.
+  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(int device_index,
+                                                            const OptimizerConfig& optimizer,
+                                                            uint32_t num_trainers,
+                                                            const std::vector<float>& initial);
+
+  std::string device() const override;
+  absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data,
+                               size_t count) override;
+  absl::Status FinishStaging(uint32_t rank) override;
+  absl::Status Apply(int64_t step, bool mean) override;
+  absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
+  uint64_t parameter_bytes() const override { return size_ * sizeof(float); }
+  uint64_t optimizer_state_bytes() const override {
+    return static_cast<uint64_t>(optimizer_.StateSlotsPerElement()) * size_ * sizeof(float);
+  }
+  uint64_t staging_bytes() const override { return staging_.size(); }
+
+ private:
+  // One trainer's path from the network to its staging buffer.
+  struct Lane {
+    gpu::Stream stream;
+    std::array<gpu::PinnedBuffer, 2> pinned;
+    std::array<bool, 2> in_flight = {false, false};
+    int next = 0;
+  };
+
+  GpuBackend(int device_index, const OptimizerConfig& optimizer, size_t size,
+             uint32_t num_trainers)
+      : device_index_(device_index), optimizer_(optimizer), size_(size),
+        lanes_(num_trainers) {}
+
+  float* staging(uint32_t rank) const { return staging_.as<float>() + rank * size_; }
+
+  const int device_index_;
+  const OptimizerConfig optimizer_;
+  const size_t size_;
+  gpu::DeviceBuffer params_;
+  std::array<gpu::DeviceBuffer, 3> slots_;
+  gpu::DeviceBuffer staging_;  // num_trainers x size_ floats.
+  gpu::Stream apply_stream_;
+  gpu::Stream read_stream_;
+  std::vector<Lane> lanes_;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_CUDA_GPU_BACKEND_H_

@@ -1,0 +1,138 @@
+// GpuBackend through ModelShard against CpuBackend, bit for bit: the same
+// pushes (odd sizes, several trainers, chunks larger than a pinned buffer,
+// arbitrary arrival order) must give the same parameters. Skips, with the
+// reason, where no usable GPU exists.
+#include "server/cuda/gpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/cuda/device.h"
+#include "server/model_shard.h"
+
+namespace shardopt {
+namespace {
+
+class GpuBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<gpu::GpuInfo> gpu = gpu::SelectDevice("auto");
+    if (!gpu.ok()) GTEST_SKIP() << "no usable GPU: " << gpu.status();
+    gpu_index_ = gpu->index;
+  }
+
+  std::unique_ptr<ModelShard> MakeShard(const ModelShardOptions& options,
+                                        const std::vector<float>& init, bool on_gpu) {
+    if (!on_gpu) return ModelShard::Create(options, init, &pool_).value();
+    return ModelShard::Create(options, init,
+                              [this](const ModelShardOptions& o, std::vector<float> v)
+                                  -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+                                auto b = GpuBackend::Create(gpu_index_, o.optimizer,
+                                                            o.num_trainers, v);
+                                if (!b.ok()) return b.status();
+                                return std::unique_ptr<UpdateBackend>(std::move(*b));
+                              })
+        .value();
+  }
+
+  int gpu_index_ = -1;
+  ThreadPool pool_{2};
+};
+
+std::vector<float> Gradient(uint32_t rank, int64_t step, size_t n) {
+  std::mt19937 rng(rank * 7919u + static_cast<uint32_t>(step));
+  std::normal_distribution<float> dist;
+  std::vector<float> g(n);
+  for (float& v : g) v = dist(rng);
+  return g;
+}
+
+absl::StatusOr<PushResult> Push(ModelShard& shard, uint32_t rank, int64_t step,
+                                const std::vector<float>& g, size_t chunk) {
+  absl::StatusOr<ModelShard::PushStart> start = shard.BeginPush(rank, step, shard.size());
+  if (!start.ok()) return start.status();
+  if (start->immediate) return *start->immediate;
+  for (size_t off = 0; off < g.size(); off += chunk) {
+    const size_t count = std::min(chunk, g.size() - off);
+    absl::Status s = start->writer->Write(off, g.data() + off, count * sizeof(float));
+    if (!s.ok()) return s;
+  }
+  return start->writer->Commit();
+}
+
+TEST_F(GpuBackendTest, MatchesTheCpuBackendBitForBit) {
+  std::vector<OptimizerConfig> configs = {OptimizerConfig::Sgd(0.05), OptimizerConfig::Adam(1e-2),
+                                          OptimizerConfig::AdamW(1e-2),
+                                          OptimizerConfig::Adagrad(0.1)};
+  configs[0].momentum = 0.9;
+  configs[0].nesterov = true;
+  configs[2].amsgrad = true;
+  configs[3].lr_decay = 1e-3;
+  // 3 shards; the middle one holds (1<<21) + 77 elements: pushes cross the
+  // 1M-element pinned buffers.
+  const ModelLayout layout =
+      ModelLayout::Create({{"w", {3 * ((1 << 21) + 77)}}}, 1, 3).value();
+  for (const OptimizerConfig& config : configs) {
+    ModelShardOptions options{"m", layout, 1, config, 3, true};
+    std::vector<float> init(layout.shard_size());
+    for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(0.001f * static_cast<float>(i));
+    std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
+    std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
+    EXPECT_EQ(gpu->device(), "cuda:" + std::to_string(gpu_index_));
+    for (int64_t step = 1; step <= 12; ++step) {
+      // Ranks arrive in another order on each side, with other chunk sizes.
+      for (uint32_t rank : {2u, 0u, 1u}) {
+        ASSERT_TRUE(Push(*cpu, rank, step, Gradient(rank, step, cpu->size()), 333333).ok());
+      }
+      for (uint32_t rank : {0u, 1u, 2u}) {
+        absl::StatusOr<PushResult> r =
+            Push(*gpu, rank, step, Gradient(rank, step, gpu->size()), (1 << 20) + 5);
+        ASSERT_TRUE(r.ok()) << r.status();
+      }
+    }
+    std::vector<float> a(cpu->size()), b(gpu->size(), std::nanf(""));
+    ASSERT_TRUE(cpu->ReadParameters(12, 0, a.size(), a.data()).ok());
+    ASSERT_TRUE(gpu->ReadParameters(12, 0, b.size(), b.data()).ok());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && mismatches++ < 5) {
+        ADD_FAILURE() << config.DebugString() << " element " << i << ": cpu " << a[i]
+                      << " gpu " << b[i];
+      }
+    }
+    EXPECT_EQ(mismatches, 0u) << config.DebugString();
+  }
+}
+
+TEST_F(GpuBackendTest, NonFiniteChunkIsRejectedAndTheRetryCounts) {
+  const ModelLayout layout = ModelLayout::Create({{"w", {5000}}}, 1, 1).value();
+  ModelShardOptions options{"m", layout, 0, OptimizerConfig::Sgd(1.0), 1, true};
+  std::vector<float> init(layout.shard_size(), 1.0f);
+  std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
+  std::vector<float> g(gpu->size(), 0.5f);
+  g[4321] = std::numeric_limits<float>::infinity();
+  absl::StatusOr<PushResult> r = Push(*gpu, 0, 1, g, 1000);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("tensor 'w'[4321]"), std::string::npos) << r.status();
+  g[4321] = 0.5f;
+  r = Push(*gpu, 0, 1, g, 1000);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, PushOutcome::kApplied);
+  std::vector<float> out(gpu->size());
+  ASSERT_TRUE(gpu->ReadParameters(1, 0, out.size(), out.data()).ok());
+  for (float v : out) ASSERT_EQ(v, 0.5f);
+}
+
+TEST(GpuDeviceSelectionTest, ReportsWhyThereIsNoGpu) {
+  absl::StatusOr<gpu::GpuInfo> gpu = gpu::SelectDevice("auto");
+  if (gpu.ok()) GTEST_SKIP() << "a GPU is present: " << gpu->DebugString();
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnavailable) << gpu.status();
+  EXPECT_FALSE(gpu.status().message().empty());
+}
+
+}  // namespace
+}  // namespace shardopt

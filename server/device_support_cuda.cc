@@ -1,0 +1,39 @@
+// device_support.h for builds with CUDA.
+#include "absl/strings/str_cat.h"
+#include "server/cuda/device.h"
+#include "server/cuda/gpu_backend.h"
+#include "server/device_support.h"
+
+namespace shardopt {
+
+absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device,
+                                                  bool fallback_to_cpu) {
+  absl::StatusOr<gpu::DeviceSpec> spec = gpu::ParseDeviceSpec(device);
+  if (!spec.ok()) return spec.status();
+  DeviceSelection cpu{-1, "cpu", ""};
+  if (spec->kind == gpu::DeviceSpec::Kind::kCpu) return cpu;
+  absl::StatusOr<gpu::GpuInfo> gpu = gpu::SelectDevice(device);
+  if (gpu.ok()) return DeviceSelection{gpu->index, gpu->DebugString(), ""};
+  if (spec->kind == gpu::DeviceSpec::Kind::kAuto) {
+    cpu.note = absl::StrCat("no usable GPU: ", gpu.status().message());
+    return cpu;
+  }
+  if (!fallback_to_cpu) {
+    return absl::Status(gpu.status().code(),
+                        absl::StrCat("--device=", device, ": ", gpu.status().message()));
+  }
+  cpu.note = absl::StrCat("--device=", device, " is not usable (", gpu.status().message(),
+                          "); falling back to the CPU as asked");
+  return cpu;
+}
+
+absl::StatusOr<std::unique_ptr<UpdateBackend>> MakeGpuBackend(int gpu_index,
+                                                              const ModelShardOptions& options,
+                                                              std::vector<float> initial) {
+  absl::StatusOr<std::unique_ptr<GpuBackend>> backend =
+      GpuBackend::Create(gpu_index, options.optimizer, options.num_trainers, initial);
+  if (!backend.ok()) return backend.status();
+  return std::unique_ptr<UpdateBackend>(std::move(*backend));
+}
+
+}  // namespace shardopt
