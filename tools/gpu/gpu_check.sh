@@ -80,6 +80,20 @@ if grep -q '^\[  SKIPPED \]' "$log/gpu_test.log"; then
   result[gpu]="${result[gpu]}: SKIPS ON A GPU MACHINE: $(grep -m1 -A1 'Skipped$' "$log/gpu_test.log" | tail -1 | cut -c1-120)"
 fi
 
+run_step "gpu backend tests" 300 "$log/gpu_backend_test.log" "$bundle/run.sh" gpu_backend_test
+rc=$?
+result[backend]="$(gtest_counts "$log/gpu_backend_test.log") (exit $rc)"
+[ $rc -eq 0 ] || overall=1
+
+mkdir -p "$log/e2e_tmp"
+run_step "end to end on cuda:0" 300 "$log/e2e_gpu.log" \
+  env TEST_SRCDIR="$PWD/$bundle/runfiles" TEST_WORKSPACE=shardopt TEST_TMPDIR="$log/e2e_tmp" \
+  "$bundle/run.sh" end_to_end_test --gtest_filter='EndToEndGpuTest.*:*S2_T2*'
+rc=$?
+result[e2e]="$(gtest_counts "$log/e2e_gpu.log") (exit $rc)"
+[ $rc -eq 0 ] || overall=1
+grep -q '^\[  SKIPPED \]' "$log/e2e_gpu.log" && { overall=1; result[e2e]="${result[e2e]}: SKIPPED ON A GPU MACHINE"; }
+
 run_step "emulation tests" 300 "$log/emulation_test.log" "$bundle/run.sh" fused_kernels_emulation_test
 rc=$?
 result[emu]="$(gtest_counts "$log/emulation_test.log") (exit $rc)"
@@ -135,6 +149,8 @@ echo
 echo "================ gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) ================"
 printf '%-30s %s\n' "check" "result"
 printf '%-30s %s\n' "gpu tests (bit-exact vs CPU)" "${result[gpu]}"
+printf '%-30s %s\n' "gpu backend vs cpu backend" "${result[backend]}"
+printf '%-30s %s\n' "end to end, shards on cuda:0" "${result[e2e]}"
 printf '%-30s %s\n' "emulation tests (host)" "${result[emu]}"
 printf '%-30s %s\n' "compute-sanitizer memcheck" "${result[san]}"
 printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]} / ${result[torch]}"

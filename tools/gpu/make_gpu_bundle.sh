@@ -11,7 +11,9 @@
 #   run.sh NAME ARGS...   runs bin/NAME with LD_LIBRARY_PATH=lib (which wins
 #                         over the binaries' Bazel RUNPATH)
 #   bin/                  fused_optimizers_test, fused_kernels_emulation_test,
-#                         gpu_bench (debug info stripped)
+#                         gpu_backend_test, gpu_bench, end_to_end_test with
+#                         shardopt_server and test_trainer (debug info stripped)
+#   runfiles/             the layout end_to_end_test expects (TEST_SRCDIR)
 #   lib/                  the ldd-resolved libraries (Abseil, the Bazel solibs
 #                         of the project's own libraries, libstdc++, libgcc_s)
 #   MANIFEST              git commit (+ dirty), build host, sizes, newest glibc
@@ -24,7 +26,11 @@ cd "$(dirname "$0")/../.."
 targets=(
   //server/cuda:fused_optimizers_test
   //server/cuda:fused_kernels_emulation_test
+  //server/cuda:gpu_backend_test
   //tools/gpu:gpu_bench
+  //tests:end_to_end_test
+  //tests:test_trainer
+  //server:shardopt_server
 )
 bazel build "${targets[@]}"
 bin_root=$(bazel info bazel-bin 2>/dev/null)
@@ -35,7 +41,11 @@ mkdir -p "$bundle/bin" "$bundle/lib"
 binaries=(
   "$bin_root/server/cuda/fused_optimizers_test"
   "$bin_root/server/cuda/fused_kernels_emulation_test"
+  "$bin_root/server/cuda/gpu_backend_test"
   "$bin_root/tools/gpu/gpu_bench"
+  "$bin_root/tests/end_to_end_test"
+  "$bin_root/tests/test_trainer"
+  "$bin_root/server/shardopt_server"
 )
 
 # Part of glibc (and the kernel's vDSO): always the GPU machine's own.
@@ -67,6 +77,12 @@ for b in "${binaries[@]}"; do
     strip --strip-debug "$dest" 2>/dev/null || true
   done
 done
+
+# The end-to-end test finds the server and trainer binaries through a
+# runfiles tree ($TEST_SRCDIR/shardopt/...), as under `bazel test`.
+mkdir -p "$bundle/runfiles/shardopt/server" "$bundle/runfiles/shardopt/tests"
+ln -s ../../../bin/shardopt_server "$bundle/runfiles/shardopt/server/shardopt_server"
+ln -s ../../../bin/test_trainer "$bundle/runfiles/shardopt/tests/test_trainer"
 
 cat >"$bundle/run.sh" <<'WRAP'
 #!/bin/sh
