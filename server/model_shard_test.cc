@@ -1,5 +1,6 @@
 // ModelShard without gRPC: arrival order, concurrency, torn-pull detection.
 #include "server/model_shard.h"
+#include "server/model_shard_testing.h"
 
 #include <algorithm>
 #include <atomic>
@@ -29,26 +30,15 @@ std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
   return ModelShard::Create(std::move(options), std::move(init), pool).value();
 }
 
+using testing::RandomGradient;
+
 std::vector<float> Grad(uint32_t rank, int64_t step, size_t n) {
-  std::mt19937 rng(rank * 1000003u + static_cast<uint32_t>(step));
-  std::normal_distribution<float> dist;
-  std::vector<float> g(n);
-  for (float& v : g) v = dist(rng);
-  return g;
+  return RandomGradient(rank, step, n);
 }
 
 absl::StatusOr<PushResult> PushAll(ModelShard& shard, uint32_t rank, int64_t step,
                                    size_t chunk = 333) {
-  const std::vector<float> g = Grad(rank, step, shard.size());
-  absl::StatusOr<ModelShard::PushStart> start = shard.BeginPush(rank, step, shard.size());
-  if (!start.ok()) return start.status();
-  if (start->immediate) return *start->immediate;
-  for (size_t off = 0; off < g.size(); off += chunk) {
-    const size_t count = std::min(chunk, g.size() - off);
-    absl::Status s = start->writer->Write(off, g.data() + off, count * sizeof(float));
-    if (!s.ok()) return s;
-  }
-  return start->writer->Commit();
+  return testing::PushInChunks(shard, rank, step, Grad(rank, step, shard.size()), chunk);
 }
 
 std::vector<float> ReadAll(ModelShard& shard, int64_t version) {

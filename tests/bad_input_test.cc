@@ -17,6 +17,7 @@
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "server/optim/optimizer.h"
 #include "tests/support/process.h"
+#include "tests/support/raw_calls.h"
 
 namespace shardopt::testing {
 namespace {
@@ -26,13 +27,10 @@ constexpr uint32_t kShardIndex = 1;  // Not 0, so a defaulted shard_index is wro
 constexpr uint32_t kTrainers = 2;
 const char kModel[] = "model";
 
-struct Chunk {
-  uint64_t offset;
-  std::string data;
-};
+using Chunk = RawChunk;
 
 std::string Bytes(const std::vector<float>& v, size_t begin, size_t end) {
-  return std::string(reinterpret_cast<const char*>(v.data() + begin), (end - begin) * 4);
+  return FloatBytes(v.data() + begin, end - begin);
 }
 
 class BadInputTest : public ::testing::Test {
@@ -42,8 +40,7 @@ class BadInputTest : public ::testing::Test {
         ServerProcess::Start(kShardIndex, kShardCount);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    stub_ = v1::ShardService::NewStub(
-        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+    stub_ = NewStub(server_->address());
 
     layout_ = std::make_unique<ModelLayout>(
         ModelLayout::Create({{"w", {10, 13}, DType::kFloat32}, {"b", {13}, DType::kFloat32}},
@@ -66,24 +63,7 @@ class BadInputTest : public ::testing::Test {
                         const std::vector<Chunk>& chunks,
                         v1::RegisterModelResponse* response_out = nullptr,
                         uint32_t shard_index = kShardIndex) {
-    grpc::ClientContext context;
-    v1::RegisterModelResponse response;
-    auto writer = stub_->RegisterModel(&context, &response);
-    v1::RegisterModelRequest request;
-    *request.mutable_header()->mutable_config() = config;
-    request.mutable_header()->set_shard_index(shard_index);
-    request.mutable_header()->set_attach_only(attach_only);
-    bool open = writer->Write(request);
-    for (const Chunk& c : chunks) {
-      if (!open) break;
-      request.mutable_values()->set_offset(c.offset);
-      request.mutable_values()->set_data(c.data);
-      open = writer->Write(request);
-    }
-    if (open) writer->WritesDone();
-    grpc::Status status = writer->Finish();
-    if (response_out != nullptr) *response_out = response;
-    return status;
+    return RawRegister(*stub_, config, shard_index, attach_only, chunks, response_out);
   }
 
   v1::PushHeader Header(uint32_t rank, int64_t step) const {
@@ -101,33 +81,22 @@ class BadInputTest : public ::testing::Test {
   // the call after that many chunks instead of finishing the stream.
   grpc::Status Push(const v1::PushHeader* header, const std::vector<Chunk>& chunks,
                     v1::PushGradientsResponse* response_out = nullptr, int cancel_after = -1) {
+    if (cancel_after < 0) return RawPush(*stub_, header, chunks, response_out);
     grpc::ClientContext context;
     v1::PushGradientsResponse response;
     auto writer = stub_->PushGradients(&context, &response);
     v1::PushGradientsRequest request;
-    bool open = true;
-    if (header != nullptr) {
-      *request.mutable_header() = *header;
+    *request.mutable_header() = *header;
+    bool open = writer->Write(request);
+    for (int sent = 0; open && sent < cancel_after && sent < static_cast<int>(chunks.size());
+         ++sent) {
+      request.mutable_chunk()->set_offset(chunks[sent].offset);
+      request.mutable_chunk()->set_data(chunks[sent].data);
       open = writer->Write(request);
     }
-    int sent = 0;
-    for (const Chunk& c : chunks) {
-      if (!open) break;
-      if (sent == cancel_after) break;
-      request.mutable_chunk()->set_offset(c.offset);
-      request.mutable_chunk()->set_data(c.data);
-      open = writer->Write(request);
-      ++sent;
-    }
-    if (cancel_after >= 0) {
-      context.TryCancel();
-      writer->Finish();
-      return grpc::Status(grpc::CANCELLED, "cancelled by test");
-    }
-    if (open) writer->WritesDone();
-    grpc::Status status = writer->Finish();
-    if (response_out != nullptr) *response_out = response;
-    return status;
+    context.TryCancel();
+    writer->Finish();
+    return grpc::Status(grpc::CANCELLED, "cancelled by test");
   }
 
   std::vector<Chunk> GoodChunks(const std::vector<float>& grad, size_t chunk = 16) const {
@@ -487,29 +456,18 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start(0, 1, {"--stream_idle_timeout_s=1"});
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = v1::ShardService::NewStub(
-      grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+  auto stub = NewStub((*server)->address());
   const ModelLayout layout =
       ModelLayout::Create({{"w", {100}, DType::kFloat32}}, 16, 1).value();
   std::vector<float> values(layout.shard_size(), 0.5f);
-  {
-    v1::ModelConfig config;
-    config.set_model_id("m");
-    *config.mutable_layout() = LayoutToProto(layout);
-    *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Sgd(0.1));
-    config.set_num_trainers(2);
-    config.set_shard_count(1);
-    grpc::ClientContext context;
-    v1::RegisterModelResponse response;
-    auto writer = stub->RegisterModel(&context, &response);
-    v1::RegisterModelRequest request;
-    *request.mutable_header()->mutable_config() = config;
-    writer->Write(request);
-    request.mutable_values()->set_data(values.data(), values.size() * 4);
-    writer->Write(request);
-    writer->WritesDone();
-    ASSERT_TRUE(writer->Finish().ok());
-  }
+  v1::ModelConfig config;
+  config.set_model_id("m");
+  *config.mutable_layout() = LayoutToProto(layout);
+  *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Sgd(0.1));
+  config.set_num_trainers(2);
+  config.set_shard_count(1);
+  ASSERT_TRUE(RawRegister(*stub, config, 0, false, {{0, FloatBytes(values.data(), values.size())}})
+                  .ok());
   auto push = [&](grpc::ClientContext* context, v1::PushGradientsResponse* response,
                   bool finish) -> std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> {
     auto writer = stub->PushGradients(context, response);
@@ -558,8 +516,7 @@ TEST(StateBudgetTest, OversizedModelsAreRefusedAndReservationsReleased) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start(0, 1, {"--max_state_mib=4"});
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = v1::ShardService::NewStub(
-      grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+  auto stub = NewStub((*server)->address());
   // 2^20 elements with SGD (no slots) and 1 trainer: 4 MiB params + 4 MiB staging.
   auto register_model = [&](const std::string& id, int64_t elements, uint64_t values_to_send) {
     v1::ModelConfig config;
@@ -570,18 +527,10 @@ TEST(StateBudgetTest, OversizedModelsAreRefusedAndReservationsReleased) {
     config.mutable_optimizer()->mutable_sgd()->set_lr(0.1);
     config.set_num_trainers(1);
     config.set_shard_count(1);
-    grpc::ClientContext context;
-    v1::RegisterModelResponse response;
-    auto writer = stub->RegisterModel(&context, &response);
-    v1::RegisterModelRequest request;
-    *request.mutable_header()->mutable_config() = config;
-    writer->Write(request);
     std::vector<float> zeros(values_to_send, 0.0f);
-    request.mutable_values()->set_offset(0);
-    request.mutable_values()->set_data(zeros.data(), zeros.size() * sizeof(float));
-    if (values_to_send > 0) writer->Write(request);
-    writer->WritesDone();
-    return writer->Finish();
+    std::vector<RawChunk> chunks;
+    if (values_to_send > 0) chunks.push_back({0, FloatBytes(zeros.data(), zeros.size())});
+    return RawRegister(*stub, config, 0, false, chunks);
   };
   grpc::Status s = register_model("huge", int64_t{1} << 40, 0);
   EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();

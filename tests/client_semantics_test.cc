@@ -16,14 +16,14 @@
 #include "gtest/gtest.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
 
 namespace shardopt::testing {
 namespace {
 
 v1::InspectResponse Inspect(const std::string& address, const std::string& model) {
-  auto stub = v1::ShardService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = NewStub(address);
   grpc::ClientContext context;
   v1::InspectRequest request;
   request.set_model_id(model);
@@ -143,42 +143,24 @@ TEST_F(ClientSemanticsTest, RegisterRefusesShardsAtDifferentVersions) {
   std::vector<float> params = SyntheticInitialParams(layout, 1);
   // Only shard 0 holds the model and has trained it one step (as if shard 1
   // had been restarted empty): set that up with raw calls to shard 0.
-  auto stub = v1::ShardService::NewStub(
-      grpc::CreateChannel(servers_[0]->address(), grpc::InsecureChannelCredentials()));
-  {
-    grpc::ClientContext context;
-    v1::RegisterModelResponse response;
-    auto writer = stub->RegisterModel(&context, &response);
-    v1::RegisterModelRequest request;
-    v1::ModelConfig* config = request.mutable_header()->mutable_config();
-    config->set_model_id("split");
-    *config->mutable_layout() = LayoutToProto(layout);
-    *config->mutable_optimizer() = OptimizerConfigToProto(spec.optimizer);
-    config->set_num_trainers(1);
-    config->set_shard_count(2);
-    ASSERT_TRUE(writer->Write(request));
-    request.mutable_values()->set_data(params.data(), layout.shard_size() * sizeof(float));
-    ASSERT_TRUE(writer->Write(request));
-    writer->WritesDone();
-    ASSERT_TRUE(writer->Finish().ok());
-  }
-  {
-    grpc::ClientContext context;
-    v1::PushGradientsResponse response;
-    auto writer = stub->PushGradients(&context, &response);
-    v1::PushGradientsRequest request;
-    v1::PushHeader* header = request.mutable_header();
-    header->set_model_id("split");
-    header->set_step(1);
-    header->set_num_elements(layout.shard_size());
-    ASSERT_TRUE(writer->Write(request));
-    std::vector<float> grad(layout.shard_size(), 1.0f);
-    request.mutable_chunk()->set_data(grad.data(), grad.size() * sizeof(float));
-    ASSERT_TRUE(writer->Write(request));
-    writer->WritesDone();
-    ASSERT_TRUE(writer->Finish().ok());
-    ASSERT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
-  }
+  auto stub = NewStub(servers_[0]->address());
+  v1::ModelConfig config;
+  config.set_model_id("split");
+  *config.mutable_layout() = LayoutToProto(layout);
+  *config.mutable_optimizer() = OptimizerConfigToProto(spec.optimizer);
+  config.set_num_trainers(1);
+  config.set_shard_count(2);
+  ASSERT_TRUE(
+      RawRegister(*stub, config, 0, false, {{0, FloatBytes(params.data(), layout.shard_size())}})
+          .ok());
+  v1::PushHeader header;
+  header.set_model_id("split");
+  header.set_step(1);
+  header.set_num_elements(layout.shard_size());
+  std::vector<float> grad(layout.shard_size(), 1.0f);
+  v1::PushGradientsResponse response;
+  ASSERT_TRUE(RawPush(*stub, &header, {{0, FloatBytes(grad.data(), grad.size())}}, &response).ok());
+  ASSERT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
   absl::Status s = client->Register(spec, params);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("shard 0"), std::string::npos) << s;

@@ -7,12 +7,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "server/cuda/device.h"
 #include "server/model_shard.h"
+#include "server/model_shard_testing.h"
 
 namespace shardopt {
 namespace {
@@ -43,26 +43,8 @@ class GpuBackendTest : public ::testing::Test {
   ThreadPool pool_{2};
 };
 
-std::vector<float> Gradient(uint32_t rank, int64_t step, size_t n) {
-  std::mt19937 rng(rank * 7919u + static_cast<uint32_t>(step));
-  std::normal_distribution<float> dist;
-  std::vector<float> g(n);
-  for (float& v : g) v = dist(rng);
-  return g;
-}
-
-absl::StatusOr<PushResult> Push(ModelShard& shard, uint32_t rank, int64_t step,
-                                const std::vector<float>& g, size_t chunk) {
-  absl::StatusOr<ModelShard::PushStart> start = shard.BeginPush(rank, step, shard.size());
-  if (!start.ok()) return start.status();
-  if (start->immediate) return *start->immediate;
-  for (size_t off = 0; off < g.size(); off += chunk) {
-    const size_t count = std::min(chunk, g.size() - off);
-    absl::Status s = start->writer->Write(off, g.data() + off, count * sizeof(float));
-    if (!s.ok()) return s;
-  }
-  return start->writer->Commit();
-}
+using testing::PushInChunks;
+using testing::RandomGradient;
 
 TEST_F(GpuBackendTest, MatchesTheCpuBackendBitForBit) {
   std::vector<OptimizerConfig> configs = {OptimizerConfig::Sgd(0.05), OptimizerConfig::Adam(1e-2),
@@ -86,11 +68,13 @@ TEST_F(GpuBackendTest, MatchesTheCpuBackendBitForBit) {
     for (int64_t step = 1; step <= 12; ++step) {
       // Ranks arrive in another order on each side, with other chunk sizes.
       for (uint32_t rank : {2u, 0u, 1u}) {
-        ASSERT_TRUE(Push(*cpu, rank, step, Gradient(rank, step, cpu->size()), 333333).ok());
+        ASSERT_TRUE(PushInChunks(*cpu, rank, step, RandomGradient(rank, step, cpu->size()), 333333)
+                        .ok());
       }
       for (uint32_t rank : {0u, 1u, 2u}) {
         absl::StatusOr<PushResult> r =
-            Push(*gpu, rank, step, Gradient(rank, step, gpu->size()), (1 << 20) + 5);
+            PushInChunks(*gpu, rank, step, RandomGradient(rank, step, gpu->size()),
+                         (1 << 20) + 5);
         ASSERT_TRUE(r.ok()) << r.status();
       }
     }
@@ -115,11 +99,11 @@ TEST_F(GpuBackendTest, NonFiniteChunkIsRejectedAndTheRetryCounts) {
   std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
   std::vector<float> g(gpu->size(), 0.5f);
   g[4321] = std::numeric_limits<float>::infinity();
-  absl::StatusOr<PushResult> r = Push(*gpu, 0, 1, g, 1000);
+  absl::StatusOr<PushResult> r = PushInChunks(*gpu, 0, 1, g, 1000);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("tensor 'w'[4321]"), std::string::npos) << r.status();
   g[4321] = 0.5f;
-  r = Push(*gpu, 0, 1, g, 1000);
+  r = PushInChunks(*gpu, 0, 1, g, 1000);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->outcome, PushOutcome::kApplied);
   std::vector<float> out(gpu->size());

@@ -1,0 +1,62 @@
+#include "tests/support/raw_calls.h"
+
+namespace shardopt::testing {
+
+std::string FloatBytes(const float* values, size_t count) {
+  return std::string(reinterpret_cast<const char*>(values), count * sizeof(float));
+}
+
+std::unique_ptr<v1::ShardService::Stub> NewStub(const std::string& address) {
+  return v1::ShardService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+grpc::Status RawRegister(v1::ShardService::Stub& stub, const v1::ModelConfig& config,
+                         uint32_t shard_index, bool attach_only,
+                         const std::vector<RawChunk>& chunks,
+                         v1::RegisterModelResponse* response_out) {
+  grpc::ClientContext context;
+  v1::RegisterModelResponse response;
+  auto writer = stub.RegisterModel(&context, &response);
+  v1::RegisterModelRequest request;
+  *request.mutable_header()->mutable_config() = config;
+  request.mutable_header()->set_shard_index(shard_index);
+  request.mutable_header()->set_attach_only(attach_only);
+  bool open = writer->Write(request);
+  for (const RawChunk& c : chunks) {
+    if (!open) break;
+    request.mutable_values()->set_offset(c.offset);
+    request.mutable_values()->set_data(c.data);
+    open = writer->Write(request);
+  }
+  if (open) writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (response_out != nullptr) *response_out = response;
+  return status;
+}
+
+grpc::Status RawPush(v1::ShardService::Stub& stub, const v1::PushHeader* header,
+                     const std::vector<RawChunk>& chunks,
+                     v1::PushGradientsResponse* response_out) {
+  grpc::ClientContext context;
+  v1::PushGradientsResponse response;
+  auto writer = stub.PushGradients(&context, &response);
+  v1::PushGradientsRequest request;
+  bool open = true;
+  if (header != nullptr) {
+    *request.mutable_header() = *header;
+    open = writer->Write(request);
+  }
+  for (const RawChunk& c : chunks) {
+    if (!open) break;
+    request.mutable_chunk()->set_offset(c.offset);
+    request.mutable_chunk()->set_data(c.data);
+    open = writer->Write(request);
+  }
+  if (open) writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (response_out != nullptr) *response_out = response;
+  return status;
+}
+
+}  // namespace shardopt::testing

@@ -1,0 +1,42 @@
+// Test support: shardopt.v1 calls made by hand, as a raw gRPC client (or
+// grpcurl) would, for tests of what the server does with any input.
+#ifndef SHARDOPT_TESTS_SUPPORT_RAW_CALLS_H_
+#define SHARDOPT_TESTS_SUPPORT_RAW_CALLS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+
+namespace shardopt::testing {
+
+// One streamed message's tensor data.
+struct RawChunk {
+  uint64_t offset;
+  std::string data;
+};
+
+// `count` floats from `values` as raw bytes.
+std::string FloatBytes(const float* values, size_t count);
+
+std::unique_ptr<v1::ShardService::Stub> NewStub(const std::string& address);
+
+// RegisterModel: a header, then `chunks` as values (stopping early if the
+// server has already answered).
+grpc::Status RawRegister(v1::ShardService::Stub& stub, const v1::ModelConfig& config,
+                         uint32_t shard_index, bool attach_only,
+                         const std::vector<RawChunk>& chunks,
+                         v1::RegisterModelResponse* response = nullptr);
+
+// PushGradients: the header (unless null), then `chunks`.
+grpc::Status RawPush(v1::ShardService::Stub& stub, const v1::PushHeader* header,
+                     const std::vector<RawChunk>& chunks,
+                     v1::PushGradientsResponse* response = nullptr);
+
+}  // namespace shardopt::testing
+
+#endif  // SHARDOPT_TESTS_SUPPORT_RAW_CALLS_H_
