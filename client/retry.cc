@@ -8,8 +8,7 @@
 namespace shardopt {
 
 bool IsRetryable(const absl::Status& status) {
-  return absl::IsUnavailable(status) || absl::IsAborted(status) ||
-         absl::IsDeadlineExceeded(status);
+  return absl::IsUnavailable(status) || absl::IsAborted(status) || absl::IsDeadlineExceeded(status);
 }
 
 absl::Status RetryWithBackoff(const RetryPolicy& policy,

@@ -27,10 +27,9 @@ bool IsRetryable(const absl::Status& status);
 // grow from initial_backoff to max_backoff, each with up to +-25% random
 // jitter so that trainers refused together do not retry in lockstep.
 // `retryable` defaults to IsRetryable.
-absl::Status RetryWithBackoff(const RetryPolicy& policy,
-                              const std::function<absl::Status()>& attempt,
-                              const std::function<bool(const absl::Status&)>& retryable =
-                                  IsRetryable);
+absl::Status RetryWithBackoff(
+    const RetryPolicy& policy, const std::function<absl::Status()>& attempt,
+    const std::function<bool(const absl::Status&)>& retryable = IsRetryable);
 
 }  // namespace shardopt
 

@@ -83,8 +83,7 @@ absl::Status CancelledBySibling() {
 
 // Runs fn(i, calls) for i in [0, n) concurrently. The first shard to fail
 // after its retries cancels the others; its error is returned.
-absl::Status ForEachShard(size_t n,
-                          const std::function<absl::Status(size_t, ShardCalls*)>& fn) {
+absl::Status ForEachShard(size_t n, const std::function<absl::Status(size_t, ShardCalls*)>& fn) {
   ShardCalls calls;
   std::vector<absl::Status> statuses(n);
   absl::Mutex mu;
@@ -134,8 +133,8 @@ struct TrainerClient::Shard {
   // "shard 1 (127.0.0.1:5000): <what>: <cause>", keeping the cause's code.
   absl::Status Annotate(const absl::Status& status, const std::string& what) const {
     if (status.ok()) return status;
-    return absl::Status(status.code(), absl::StrCat("shard ", index, " (", address, "): ",
-                                                    what, ": ", status.message()));
+    return absl::Status(status.code(), absl::StrCat("shard ", index, " (", address, "): ", what,
+                                                    ": ", status.message()));
   }
 };
 
@@ -166,10 +165,10 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
     shard->channel =
         grpc::CreateCustomChannel(shard_addresses[i], grpc::InsecureChannelCredentials(), args);
     shard->stub = v1::ShardService::NewStub(shard->channel);
-    shard->push_method = std::make_unique<grpc::internal::RpcMethod>(
-        kPushMethod, kClientStreaming, shard->channel);
-    shard->pull_method = std::make_unique<grpc::internal::RpcMethod>(
-        kPullMethod, kServerStreaming, shard->channel);
+    shard->push_method =
+        std::make_unique<grpc::internal::RpcMethod>(kPushMethod, kClientStreaming, shard->channel);
+    shard->pull_method =
+        std::make_unique<grpc::internal::RpcMethod>(kPullMethod, kServerStreaming, shard->channel);
     shards.push_back(std::move(shard));
   }
   return std::unique_ptr<TrainerClient>(new TrainerClient(options, std::move(shards)));
@@ -188,9 +187,8 @@ std::vector<float> TrainerClient::NewFlatBuffer() const {
 absl::Status TrainerClient::CheckBuffer(size_t size, const char* what) const {
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   if (size != layout_->total_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", size,
-                                                   " elements; the layout needs ",
-                                                   layout_->total_elements()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has ", size, " elements; the layout needs ", layout_->total_elements()));
   }
   return absl::OkStatus();
 }
@@ -211,18 +209,16 @@ absl::Status TrainerClient::Attach(const ModelSpec& spec) {
 absl::Status TrainerClient::RegisterOrAttach(
     const ModelSpec& spec, std::optional<absl::Span<const float>> initial_params) {
   if (options_.trainer_rank >= spec.num_trainers) {
-    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", options_.trainer_rank,
-                                                   " is not below num_trainers ",
-                                                   spec.num_trainers));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer rank ", options_.trainer_rank, " is not below num_trainers ", spec.num_trainers));
   }
   absl::StatusOr<ModelLayout> layout = LayoutFor(spec);
   if (!layout.ok()) return layout.status();
   if (absl::Status s = spec.optimizer.Validate(); !s.ok()) return s;
   if (initial_params && initial_params->size() != layout->total_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat("initial parameters have ",
-                                                   initial_params->size(),
-                                                   " elements; the layout needs ",
-                                                   layout->total_elements()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial parameters have ", initial_params->size(),
+                     " elements; the layout needs ", layout->total_elements()));
   }
   v1::ModelConfig config;
   config.set_model_id(spec.model_id);
@@ -236,54 +232,55 @@ absl::Status TrainerClient::RegisterOrAttach(
 
   std::vector<int64_t> versions(shards_.size(), 0);
   std::vector<bool> created(shards_.size(), false);
-  absl::Status status = ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
-    Shard& shard = *shards_[i];
-    const FlatRange range = layout->ShardRange(shard.index);
-    RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
-                       options_.initial_backoff, options_.max_backoff};
-    auto attempt = [&]() -> absl::Status {
-      AttemptContext attempt_context(calls, options_.rpc_timeout);
-      if (!attempt_context.active()) return CancelledBySibling();
-      grpc::ClientContext& context = *attempt_context.get();
-      v1::RegisterModelResponse response;
-      std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
-          shard.stub->RegisterModel(&context, &response);
-      v1::RegisterModelRequest request;
-      v1::RegisterHeader* header = request.mutable_header();
-      *header->mutable_config() = config;
-      header->set_shard_index(shard.index);
-      header->set_attach_only(!initial_params);
-      bool open = writer->Write(request);
-      if (initial_params) {
-        const size_t chunk = options_.chunk_bytes / sizeof(float);
-        for (uint64_t off = 0; open && off < range.size(); off += chunk) {
-          const uint64_t count = std::min<uint64_t>(chunk, range.size() - off);
-          v1::TensorChunk* values = request.mutable_values();
-          values->set_offset(off);
-          values->set_data(initial_params->data() + range.begin + off, count * sizeof(float));
-          open = writer->Write(request);
-        }
-      }
-      // A server that answers early (the model already exists) closes the
-      // stream: Finish() then carries its answer.
-      if (open) writer->WritesDone();
-      absl::Status s = ToAbslStatus(writer->Finish());
-      if (!s.ok()) return s;
-      if (response.range().begin() != range.begin || response.range().end() != range.end) {
-        return absl::InternalError(absl::StrCat(
-            "server reports range [", response.range().begin(), ", ", response.range().end(),
-            ") but the layout gives [", range.begin, ", ", range.end, ")"));
-      }
-      versions[i] = response.version();
-      created[i] = response.created();
-      return absl::OkStatus();
-    };
-    auto retryable = [&](const absl::Status& s) {
-      return IsRetryable(s) || (!initial_params && absl::IsNotFound(s));
-    };
-    return shard.Annotate(RetryWithBackoff(policy, attempt, retryable),
-                          initial_params ? "RegisterModel" : "RegisterModel (attach)");
-  });
+  absl::Status status =
+      ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
+        Shard& shard = *shards_[i];
+        const FlatRange range = layout->ShardRange(shard.index);
+        RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
+                           options_.initial_backoff, options_.max_backoff};
+        auto attempt = [&]() -> absl::Status {
+          AttemptContext attempt_context(calls, options_.rpc_timeout);
+          if (!attempt_context.active()) return CancelledBySibling();
+          grpc::ClientContext& context = *attempt_context.get();
+          v1::RegisterModelResponse response;
+          std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
+              shard.stub->RegisterModel(&context, &response);
+          v1::RegisterModelRequest request;
+          v1::RegisterHeader* header = request.mutable_header();
+          *header->mutable_config() = config;
+          header->set_shard_index(shard.index);
+          header->set_attach_only(!initial_params);
+          bool open = writer->Write(request);
+          if (initial_params) {
+            const size_t chunk = options_.chunk_bytes / sizeof(float);
+            for (uint64_t off = 0; open && off < range.size(); off += chunk) {
+              const uint64_t count = std::min<uint64_t>(chunk, range.size() - off);
+              v1::TensorChunk* values = request.mutable_values();
+              values->set_offset(off);
+              values->set_data(initial_params->data() + range.begin + off, count * sizeof(float));
+              open = writer->Write(request);
+            }
+          }
+          // A server that answers early (the model already exists) closes the
+          // stream: Finish() then carries its answer.
+          if (open) writer->WritesDone();
+          absl::Status s = ToAbslStatus(writer->Finish());
+          if (!s.ok()) return s;
+          if (response.range().begin() != range.begin || response.range().end() != range.end) {
+            return absl::InternalError(absl::StrCat(
+                "server reports range [", response.range().begin(), ", ", response.range().end(),
+                ") but the layout gives [", range.begin, ", ", range.end, ")"));
+          }
+          versions[i] = response.version();
+          created[i] = response.created();
+          return absl::OkStatus();
+        };
+        auto retryable = [&](const absl::Status& s) {
+          return IsRetryable(s) || (!initial_params && absl::IsNotFound(s));
+        };
+        return shard.Annotate(RetryWithBackoff(policy, attempt, retryable),
+                              initial_params ? "RegisterModel" : "RegisterModel (attach)");
+      });
   if (!status.ok()) return status;
   // Shards at different versions (e.g. one restarted empty while the others
   // trained on) must not be trained as one model.
@@ -294,9 +291,9 @@ absl::Status TrainerClient::RegisterOrAttach(
         each.push_back(absl::StrCat("shard ", j, " (", shards_[j]->address, ") at version ",
                                     versions[j], created[j] ? " (just created)" : ""));
       }
-      return absl::FailedPreconditionError(absl::StrCat(
-          "model '", spec.model_id, "': shards disagree on the version: ",
-          absl::StrJoin(each, ", ")));
+      return absl::FailedPreconditionError(
+          absl::StrCat("model '", spec.model_id,
+                       "': shards disagree on the version: ", absl::StrJoin(each, ", ")));
     }
   }
   for (auto& shard : shards_) shard->range = layout->ShardRange(shard->index);
@@ -310,11 +307,10 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   // Checked here, whole, before any shard sees the step: a NaN found by one
   // shard only would leave the others holding (or applying) step `step`.
-  if (size_t bad = FindNonFinite(flat_grads.data(), flat_grads.size());
-      bad != flat_grads.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ",
-        flat_grads[bad], "; nothing was pushed"));
+  if (size_t bad = FindNonFinite(flat_grads.data(), flat_grads.size()); bad != flat_grads.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient of ", layout_->DescribeElement(bad),
+                                                   " for step ", step, " is ", flat_grads[bad],
+                                                   "; nothing was pushed"));
   }
   std::vector<v1::PushGradientsResponse> responses(shards_.size());
   // gRPC may hold the zero-copy payload slices a little past each call's
@@ -324,46 +320,44 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
     PayloadPins* pins;
     ~WaitForPins() { pins->WaitUntilReleased(); }
   } wait_for_pins{&pins};
-  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff,
-                           options_.max_backoff};
-  absl::Status status = ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
-    Shard& shard = *shards_[i];
-    auto attempt = [&]() -> absl::Status {
-      AttemptContext attempt_context(calls, options_.rpc_timeout);
-      if (!attempt_context.active()) return CancelledBySibling();
-      grpc::ClientContext& context = *attempt_context.get();
-      v1::PushGradientsResponse& response = responses[i];
-      std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
-          grpc::internal::ClientWriterFactory<PushFrame>::Create(
-              shard.channel.get(),
-              *shard.push_method,
-              &context, &response));
-      v1::PushGradientsRequest header_message;
-      v1::PushHeader* header = header_message.mutable_header();
-      header->set_model_id(model_id_);
-      header->set_trainer_rank(options_.trainer_rank);
-      header->set_step(step);
-      header->set_shard_index(shard.index);
-      header->set_num_elements(shard.range.size());
-      header->set_dtype(v1::DTYPE_FLOAT32);
-      PushFrame frame;
-      frame.pins = &pins;
-      frame.header = &header_message;
-      bool open = writer->Write(frame);
-      frame.header = nullptr;
-      const size_t chunk = options_.chunk_bytes / sizeof(float);
-      for (uint64_t off = 0; open && off < shard.range.size(); off += chunk) {
-        frame.offset = off;
-        frame.data = flat_grads.data() + shard.range.begin + off;
-        frame.count = std::min<uint64_t>(chunk, shard.range.size() - off);
-        open = writer->Write(frame);
-      }
-      if (open) writer->WritesDone();
-      return ToAbslStatus(writer->Finish());
-    };
-    return shard.Annotate(RetryWithBackoff(policy, attempt),
-                          absl::StrCat("PushGradients step ", step));
-  });
+  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
+  absl::Status status =
+      ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
+        Shard& shard = *shards_[i];
+        auto attempt = [&]() -> absl::Status {
+          AttemptContext attempt_context(calls, options_.rpc_timeout);
+          if (!attempt_context.active()) return CancelledBySibling();
+          grpc::ClientContext& context = *attempt_context.get();
+          v1::PushGradientsResponse& response = responses[i];
+          std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
+              grpc::internal::ClientWriterFactory<PushFrame>::Create(
+                  shard.channel.get(), *shard.push_method, &context, &response));
+          v1::PushGradientsRequest header_message;
+          v1::PushHeader* header = header_message.mutable_header();
+          header->set_model_id(model_id_);
+          header->set_trainer_rank(options_.trainer_rank);
+          header->set_step(step);
+          header->set_shard_index(shard.index);
+          header->set_num_elements(shard.range.size());
+          header->set_dtype(v1::DTYPE_FLOAT32);
+          PushFrame frame;
+          frame.pins = &pins;
+          frame.header = &header_message;
+          bool open = writer->Write(frame);
+          frame.header = nullptr;
+          const size_t chunk = options_.chunk_bytes / sizeof(float);
+          for (uint64_t off = 0; open && off < shard.range.size(); off += chunk) {
+            frame.offset = off;
+            frame.data = flat_grads.data() + shard.range.begin + off;
+            frame.count = std::min<uint64_t>(chunk, shard.range.size() - off);
+            open = writer->Write(frame);
+          }
+          if (open) writer->WritesDone();
+          return ToAbslStatus(writer->Finish());
+        };
+        return shard.Annotate(RetryWithBackoff(policy, attempt),
+                              absl::StrCat("PushGradients step ", step));
+      });
   if (!status.ok()) return status;
   StepResult result;
   result.step = step;
@@ -382,64 +376,62 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
 absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<float> flat_params) {
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   std::vector<int64_t> versions(shards_.size(), -1);
-  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff,
-                           options_.max_backoff};
-  absl::Status status = ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
-    Shard& shard = *shards_[i];
-    auto attempt = [&]() -> absl::Status {
-      AttemptContext attempt_context(calls, options_.rpc_timeout);
-      if (!attempt_context.active()) return CancelledBySibling();
-      grpc::ClientContext& context = *attempt_context.get();
-      v1::PullParametersRequest request;
-      request.set_model_id(model_id_);
-      request.set_min_version(min_version);
-      request.set_shard_index(shard.index);
-      request.set_dtype(v1::DTYPE_FLOAT32);
-      std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
-          grpc::internal::ClientReaderFactory<PullFrame>::Create(
-              shard.channel.get(),
-              *shard.pull_method,
-              &context, request));
-      PullFrame frame;
-      frame.destination = flat_params.data() + shard.range.begin;
-      frame.capacity = shard.range.size();
-      uint64_t received = 0;
-      int64_t version = -1;
-      absl::Status bad;
-      while (reader->Read(&frame)) {
-        if (version < 0) version = frame.version;
-        if (frame.version != version || frame.offset != received) {
-          bad = absl::InternalError(absl::StrCat("pull chunk at element ", frame.offset,
-                                                 " of version ", frame.version, " after ",
-                                                 received, " elements of version ", version));
-          context.TryCancel();
-          break;
-        }
-        received += frame.count;
-      }
-      if (bad.ok() && !frame.error.empty()) {
-        bad = absl::InternalError(frame.error);
-        context.TryCancel();
-      }
-      absl::Status s = ToAbslStatus(reader->Finish());
-      if (!bad.ok()) return bad;
-      if (!s.ok()) return s;
-      if (received != shard.range.size()) {
-        return absl::InternalError(absl::StrCat("pull ended after ", received, " of ",
-                                                shard.range.size(), " elements"));
-      }
-      versions[i] = version;
-      return absl::OkStatus();
-    };
-    return shard.Annotate(RetryWithBackoff(policy, attempt),
-                          absl::StrCat("PullParameters version >= ", min_version));
-  });
+  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
+  absl::Status status =
+      ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
+        Shard& shard = *shards_[i];
+        auto attempt = [&]() -> absl::Status {
+          AttemptContext attempt_context(calls, options_.rpc_timeout);
+          if (!attempt_context.active()) return CancelledBySibling();
+          grpc::ClientContext& context = *attempt_context.get();
+          v1::PullParametersRequest request;
+          request.set_model_id(model_id_);
+          request.set_min_version(min_version);
+          request.set_shard_index(shard.index);
+          request.set_dtype(v1::DTYPE_FLOAT32);
+          std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
+              grpc::internal::ClientReaderFactory<PullFrame>::Create(
+                  shard.channel.get(), *shard.pull_method, &context, request));
+          PullFrame frame;
+          frame.destination = flat_params.data() + shard.range.begin;
+          frame.capacity = shard.range.size();
+          uint64_t received = 0;
+          int64_t version = -1;
+          absl::Status bad;
+          while (reader->Read(&frame)) {
+            if (version < 0) version = frame.version;
+            if (frame.version != version || frame.offset != received) {
+              bad = absl::InternalError(absl::StrCat("pull chunk at element ", frame.offset,
+                                                     " of version ", frame.version, " after ",
+                                                     received, " elements of version ", version));
+              context.TryCancel();
+              break;
+            }
+            received += frame.count;
+          }
+          if (bad.ok() && !frame.error.empty()) {
+            bad = absl::InternalError(frame.error);
+            context.TryCancel();
+          }
+          absl::Status s = ToAbslStatus(reader->Finish());
+          if (!bad.ok()) return bad;
+          if (!s.ok()) return s;
+          if (received != shard.range.size()) {
+            return absl::InternalError(absl::StrCat("pull ended after ", received, " of ",
+                                                    shard.range.size(), " elements"));
+          }
+          versions[i] = version;
+          return absl::OkStatus();
+        };
+        return shard.Annotate(RetryWithBackoff(policy, attempt),
+                              absl::StrCat("PullParameters version >= ", min_version));
+      });
   if (!status.ok()) return status;
   for (size_t i = 1; i < versions.size(); ++i) {
     if (versions[i] != versions[0]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shards disagree on the version: shard 0 is at ", versions[0], ", shard ", i,
-          " at ", versions[i]));
+      return absl::FailedPreconditionError(
+          absl::StrCat("shards disagree on the version: shard 0 is at ", versions[0], ", shard ", i,
+                       " at ", versions[i]));
     }
   }
   return versions[0];
@@ -454,9 +446,9 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   if (*version != step) {
     // The shards are past this step: this trainer is behind (e.g. restarted
     // with a stale step count) and its gradient was not used.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "trainer ", options_.trainer_rank, " pushed step ", step,
-        " but the shards are at version ", *version, ": the trainer is behind"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("trainer ", options_.trainer_rank, " pushed step ", step,
+                     " but the shards are at version ", *version, ": the trainer is behind"));
   }
   result->version = *version;
   result->bytes_pulled = flat_params.size() * sizeof(float);

@@ -66,7 +66,7 @@ struct TrainerClientOptions {
 // What one step did, as the shards reported it.
 struct StepResult {
   int64_t step = 0;
-  int64_t version = 0;       // Version pulled (== step when pulled).
+  int64_t version = 0;        // Version pulled (== step when pulled).
   bool applied_here = false;  // This trainer's push completed the step on some shard.
   int duplicate_pushes = 0;   // Shards that already had this push (e.g. after a retry).
   uint64_t bytes_pushed = 0;

@@ -132,9 +132,9 @@ grpc::Status ParseChunk(SliceCursor& in, uint64_t end, PullFrame* frame) {
       }
       const uint64_t count = bytes / sizeof(float);
       if (frame->offset > frame->capacity || count > frame->capacity - frame->offset) {
-        return Malformed(frame, absl::StrCat("chunk [", frame->offset, ", ",
-                                             frame->offset + count, ") outside the range of ",
-                                             frame->capacity, " elements"));
+        return Malformed(frame,
+                         absl::StrCat("chunk [", frame->offset, ", ", frame->offset + count,
+                                      ") outside the range of ", frame->capacity, " elements"));
       }
       if (!in.Take(bytes, reinterpret_cast<uint8_t*>(frame->destination + frame->offset))) {
         return Malformed(frame, "truncated data");

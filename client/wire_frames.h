@@ -17,16 +17,15 @@
 #ifndef SHARDOPT_CLIENT_WIRE_FRAMES_H_
 #define SHARDOPT_CLIENT_WIRE_FRAMES_H_
 
-#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/impl/serialization_traits.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 
 #include <cstdint>
 #include <string>
 
-#include "proto/shardopt/v1/shard_service.pb.h"
-
 #include "absl/synchronization/mutex.h"
+#include "proto/shardopt/v1/shard_service.pb.h"
 
 namespace shardopt {
 
@@ -49,7 +48,7 @@ struct PushFrame {
   const v1::PushGradientsRequest* header = nullptr;  // Set: send this message.
   uint64_t offset = 0;
   const float* data = nullptr;
-  uint64_t count = 0;  // Elements.
+  uint64_t count = 0;           // Elements.
   PayloadPins* pins = nullptr;  // Required with data.
 };
 
@@ -77,8 +76,7 @@ namespace grpc {
 template <>
 class SerializationTraits<shardopt::PushFrame, void> {
  public:
-  static Status Serialize(const shardopt::PushFrame& frame, ByteBuffer* buffer,
-                          bool* own_buffer) {
+  static Status Serialize(const shardopt::PushFrame& frame, ByteBuffer* buffer, bool* own_buffer) {
     *own_buffer = true;
     return shardopt::SerializePushFrame(frame, buffer);
   }

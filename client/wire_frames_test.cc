@@ -14,7 +14,8 @@ std::string Flatten(grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(buffer.Dump(&slices).ok());
   std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
 }
 
@@ -39,8 +40,7 @@ TEST(WireFramesTest, PushFrameIsAPushGradientsRequestOnTheWire) {
       {
         grpc::ByteBuffer buffer;
         bool own = false;
-        ASSERT_TRUE(
-            (grpc::SerializationTraits<PushFrame>::Serialize(frame, &buffer, &own).ok()));
+        ASSERT_TRUE((grpc::SerializationTraits<PushFrame>::Serialize(frame, &buffer, &own).ok()));
         ASSERT_TRUE(parsed.ParseFromString(Flatten(buffer))) << offset << " " << count;
       }
       pins.WaitUntilReleased();  // The buffer is gone: nothing pins the data.
@@ -134,8 +134,8 @@ TEST(WireFramesTest, PullFrameRejectsMalformedMessagesWithoutWritingOutside) {
 
   // Unknown fields (a newer server) are skipped.
   std::string with_unknown = good;
-  with_unknown += std::string("\x78\x05", 2);          // field 15, varint 5
-  with_unknown += std::string("\x82\x01\x02zz", 5);     // field 16, 2 bytes
+  with_unknown += std::string("\x78\x05", 2);        // field 15, varint 5
+  with_unknown += std::string("\x82\x01\x02zz", 5);  // field 16, 2 bytes
   EXPECT_TRUE(parse(with_unknown).first);
 }
 

@@ -20,10 +20,9 @@ TEST(FindNonFiniteTest, AllFiniteReturnsSize) {
 }
 
 TEST(FindNonFiniteTest, FindsFirstNanOrInfAnywhere) {
-  const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
-                       std::numeric_limits<float>::infinity(),
-                       -std::numeric_limits<float>::infinity(),
-                       -std::numeric_limits<float>::quiet_NaN()};
+  const float bad[] = {
+      std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+      -std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::quiet_NaN()};
   for (float b : bad) {
     for (size_t pos : {size_t{0}, size_t{1023}, size_t{1024}, size_t{3001}, size_t{4999}}) {
       std::vector<float> v(5000, -2.0f);

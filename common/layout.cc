@@ -25,8 +25,7 @@ uint64_t TensorSpec::num_elements() const {
   return n;
 }
 
-absl::StatusOr<ModelLayout> ModelLayout::Create(std::vector<TensorSpec> tensors,
-                                                uint32_t alignment,
+absl::StatusOr<ModelLayout> ModelLayout::Create(std::vector<TensorSpec> tensors, uint32_t alignment,
                                                 uint32_t shard_count) {
   if (alignment == 0) alignment = kDefaultAlignment;
   if ((alignment & (alignment - 1)) != 0) {
@@ -56,8 +55,7 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(std::vector<TensorSpec> tensors,
             absl::StrCat("tensor '", spec.name, "' has negative dimension ", d));
       }
       if (d != 0 && size > kMaxElements / static_cast<uint64_t>(d)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor '", spec.name, "' is too large"));
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' is too large"));
       }
       size *= static_cast<uint64_t>(d);
     }
@@ -92,8 +90,7 @@ absl::StatusOr<size_t> ModelLayout::Find(absl::string_view name) const {
 
 std::string ModelLayout::DescribeElement(uint64_t flat_index) const {
   for (const TensorPiece& p : PiecesIn(FlatRange{flat_index, flat_index + 1})) {
-    return absl::StrCat("tensor '", tensors_[p.tensor_index].spec.name, "'[", p.tensor_offset,
-                        "]");
+    return absl::StrCat("tensor '", tensors_[p.tensor_index].spec.name, "'[", p.tensor_offset, "]");
   }
   return absl::StrCat("padding element ", flat_index);
 }
@@ -101,15 +98,15 @@ std::string ModelLayout::DescribeElement(uint64_t flat_index) const {
 std::vector<TensorPiece> ModelLayout::PiecesIn(FlatRange range) const {
   std::vector<TensorPiece> pieces;
   // Tensors are sorted by offset: binary-search the first that ends after begin.
-  auto it = std::partition_point(
-      tensors_.begin(), tensors_.end(),
-      [&](const TensorPlacement& t) { return t.offset + t.size <= range.begin; });
+  auto it = std::partition_point(tensors_.begin(), tensors_.end(), [&](const TensorPlacement& t) {
+    return t.offset + t.size <= range.begin;
+  });
   for (; it != tensors_.end() && it->offset < range.end; ++it) {
     const uint64_t begin = std::max(it->offset, range.begin);
     const uint64_t end = std::min(it->offset + it->size, range.end);
     if (begin >= end) continue;  // Empty tensor.
-    pieces.push_back(TensorPiece{static_cast<size_t>(it - tensors_.begin()),
-                                 begin - it->offset, begin, end - begin});
+    pieces.push_back(TensorPiece{static_cast<size_t>(it - tensors_.begin()), begin - it->offset,
+                                 begin, end - begin});
   }
   return pieces;
 }

@@ -62,8 +62,8 @@ class ModelLayout {
   // INVALID_ARGUMENT for an empty or duplicate name, a negative dimension, a
   // size that overflows, alignment not a power of two (0 selects the default),
   // or shard_count == 0.
-  static absl::StatusOr<ModelLayout> Create(std::vector<TensorSpec> tensors,
-                                            uint32_t alignment, uint32_t shard_count);
+  static absl::StatusOr<ModelLayout> Create(std::vector<TensorSpec> tensors, uint32_t alignment,
+                                            uint32_t shard_count);
 
   const std::vector<TensorPlacement>& tensors() const { return tensors_; }
   uint32_t alignment() const { return alignment_; }

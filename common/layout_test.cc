@@ -88,8 +88,8 @@ TEST(ModelLayoutTest, KnownPlacement) {
   EXPECT_EQ(layout->tensors()[0].offset, 0u);
   EXPECT_EQ(layout->tensors()[1].offset, 16u);  // 15 rounded up to 8.
   EXPECT_EQ(layout->tensors()[2].offset, 24u);
-  EXPECT_EQ(layout->tensors()[2].size, 1u);     // A scalar.
-  EXPECT_EQ(layout->total_elements(), 48u);     // 25 rounded up to 3 * 8.
+  EXPECT_EQ(layout->tensors()[2].size, 1u);  // A scalar.
+  EXPECT_EQ(layout->total_elements(), 48u);  // 25 rounded up to 3 * 8.
   EXPECT_EQ(layout->used_elements(), 21u);
   EXPECT_EQ(layout->ShardRange(1).begin, 16u);
   EXPECT_EQ(layout->ShardRange(2).end, 48u);
@@ -108,8 +108,7 @@ TEST(ModelLayoutTest, KnownPlacement) {
 }
 
 TEST(ModelLayoutTest, StraddlingTensorSplitsAcrossShards) {
-  absl::StatusOr<ModelLayout> layout =
-      ModelLayout::Create({{"big", {100}, DType::kFloat32}}, 4, 4);
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create({{"big", {100}, DType::kFloat32}}, 4, 4);
   ASSERT_TRUE(layout.ok());
   uint64_t covered = 0;
   for (uint32_t s = 0; s < 4; ++s) {
@@ -143,8 +142,8 @@ TEST(ModelLayoutTest, EmptyModelStillGivesEveryShardARange) {
 }
 
 TEST(ModelLayoutTest, ProtoRoundTripGivesTheSameLayout) {
-  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(
-      {{"w", {4, 7}, DType::kBFloat16}, {"b", {7}, DType::kFloat32}}, 32, 2);
+  absl::StatusOr<ModelLayout> layout =
+      ModelLayout::Create({{"w", {4, 7}, DType::kBFloat16}, {"b", {7}, DType::kFloat32}}, 32, 2);
   ASSERT_TRUE(layout.ok());
   absl::StatusOr<ModelLayout> back = LayoutFromProto(LayoutToProto(*layout), 2);
   ASSERT_TRUE(back.ok());

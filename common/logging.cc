@@ -35,9 +35,8 @@ void LogLine(LogSeverity severity, absl::string_view message) {
     tag = Tag();
   }
   std::string line = absl::StrCat(
-      std::string(1, letter),
-      absl::FormatTime("%m%d %H:%M:%E6S", absl::Now(), absl::UTCTimeZone()), " ", tag,
-      "] ", message, "\n");
+      std::string(1, letter), absl::FormatTime("%m%d %H:%M:%E6S", absl::Now(), absl::UTCTimeZone()),
+      " ", tag, "] ", message, "\n");
   ssize_t ignored = write(STDERR_FILENO, line.data(), line.size());
   (void)ignored;
 }

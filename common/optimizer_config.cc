@@ -103,8 +103,7 @@ absl::Status OptimizerConfig::Validate() const {
       return NonNegative("eps", eps);
     case OptimizerKind::kAdagrad:
       if (absl::Status s = NonNegative("lr_decay", lr_decay); !s.ok()) return s;
-      if (absl::Status s = NonNegative("initial_accumulator_value",
-                                       initial_accumulator_value);
+      if (absl::Status s = NonNegative("initial_accumulator_value", initial_accumulator_value);
           !s.ok()) {
         return s;
       }
@@ -114,21 +113,20 @@ absl::Status OptimizerConfig::Validate() const {
 }
 
 std::string OptimizerConfig::DebugString() const {
-  std::string s = absl::StrFormat("%s(lr=%g, weight_decay=%g", OptimizerKindName(kind),
-                                  lr, weight_decay);
+  std::string s =
+      absl::StrFormat("%s(lr=%g, weight_decay=%g", OptimizerKindName(kind), lr, weight_decay);
   switch (kind) {
     case OptimizerKind::kSgd:
-      absl::StrAppendFormat(&s, ", momentum=%g, dampening=%g, nesterov=%d", momentum,
-                            dampening, nesterov);
+      absl::StrAppendFormat(&s, ", momentum=%g, dampening=%g, nesterov=%d", momentum, dampening,
+                            nesterov);
       break;
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:
-      absl::StrAppendFormat(&s, ", betas=(%g, %g), eps=%g, amsgrad=%d", beta1, beta2,
-                            eps, amsgrad);
+      absl::StrAppendFormat(&s, ", betas=(%g, %g), eps=%g, amsgrad=%d", beta1, beta2, eps, amsgrad);
       break;
     case OptimizerKind::kAdagrad:
-      absl::StrAppendFormat(&s, ", lr_decay=%g, initial_accumulator_value=%g, eps=%g",
-                            lr_decay, initial_accumulator_value, eps);
+      absl::StrAppendFormat(&s, ", lr_decay=%g, initial_accumulator_value=%g, eps=%g", lr_decay,
+                            initial_accumulator_value, eps);
       break;
   }
   if (maximize) s += ", maximize=1";

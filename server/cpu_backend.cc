@@ -16,9 +16,10 @@ constexpr size_t kGrainElements = 16;
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(
-    const OptimizerConfig& optimizer, uint32_t num_trainers, std::vector<float> initial_params,
-    ThreadPool* pool) {
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const OptimizerConfig& optimizer,
+                                                               uint32_t num_trainers,
+                                                               std::vector<float> initial_params,
+                                                               ThreadPool* pool) {
   absl::StatusOr<std::unique_ptr<Optimizer>> opt =
       Optimizer::Create(optimizer, initial_params.size());
   if (!opt.ok()) return opt.status();

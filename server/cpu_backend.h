@@ -40,8 +40,8 @@ class CpuBackend final : public UpdateBackend {
   }
 
  private:
-  CpuBackend(std::vector<float> params, std::unique_ptr<Optimizer> optimizer,
-             uint32_t num_trainers, ThreadPool* pool);
+  CpuBackend(std::vector<float> params, std::unique_ptr<Optimizer> optimizer, uint32_t num_trainers,
+             ThreadPool* pool);
 
   ThreadPool* const pool_;
   std::vector<float> params_;

@@ -16,9 +16,9 @@
 namespace shardopt {
 
 struct DeviceSelection {
-  int gpu_index = -1;        // -1: the CPU.
-  std::string description;   // "cpu", "cuda:0 NVIDIA H200 (sm_90, ...)".
-  std::string note;          // Why `auto` or a fallback chose the CPU, if it did.
+  int gpu_index = -1;       // -1: the CPU.
+  std::string description;  // "cpu", "cuda:0 NVIDIA H200 (sm_90, ...)".
+  std::string note;         // Why `auto` or a fallback chose the CPU, if it did.
 };
 
 // Resolves --device:
@@ -29,8 +29,7 @@ struct DeviceSelection {
 //                  UNIMPLEMENTED in a build without CUDA), or the CPU with a
 //                  note when `fallback_to_cpu`.
 // INVALID_ARGUMENT for anything else.
-absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device,
-                                                  bool fallback_to_cpu);
+absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device, bool fallback_to_cpu);
 
 // A backend for one model shard on GPU `gpu_index` (from SelectShardDevice).
 absl::StatusOr<std::unique_ptr<UpdateBackend>> MakeGpuBackend(int gpu_index,

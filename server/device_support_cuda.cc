@@ -6,8 +6,7 @@
 
 namespace shardopt {
 
-absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device,
-                                                  bool fallback_to_cpu) {
+absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device, bool fallback_to_cpu) {
   absl::StatusOr<gpu::DeviceSpec> spec = gpu::ParseDeviceSpec(device);
   if (!spec.ok()) return spec.status();
   DeviceSelection cpu{-1, "cpu", ""};

@@ -5,8 +5,7 @@
 
 namespace shardopt {
 
-absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device,
-                                                  bool fallback_to_cpu) {
+absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device, bool fallback_to_cpu) {
   DeviceSelection cpu{-1, "cpu", ""};
   if (device == "cpu") return cpu;
   if (device == "auto") {

@@ -64,8 +64,7 @@ bool WritePortFile(const std::string& path, int port) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("shardopt optimizer-shard server");
   absl::ParseCommandLine(argc, argv);
-  shardopt::SetLogTag(
-      absl::StrCat("shardopt_server[", absl::GetFlag(FLAGS_shard_index), "]"));
+  shardopt::SetLogTag(absl::StrCat("shardopt_server[", absl::GetFlag(FLAGS_shard_index), "]"));
 
   if (!shardopt::TuneMallocForLargeMessages()) {
     shardopt::LogWarning("glibc refused the malloc settings for large messages");
@@ -136,8 +135,8 @@ int main(int argc, char** argv) {
       "shard %d of %d serving on port %d (%s), device %s, %d CPU threads, "
       "state budget %d MiB",
       options.shard_index, options.shard_count, (*server)->port(), listen,
-      device->gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", device->gpu_index),
-      options.threads, options.max_state_bytes >> 20);
+      device->gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", device->gpu_index), options.threads,
+      options.max_state_bytes >> 20);
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
     shardopt::LogError("cannot write --port_file=%s", port_file);

@@ -19,9 +19,9 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(
-    ModelShardOptions options, std::vector<float> initial_values,
-    const BackendFactory& backend) {
+absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions options,
+                                                               std::vector<float> initial_values,
+                                                               const BackendFactory& backend) {
   if (options.num_trainers == 0) {
     return absl::InvalidArgumentError("num_trainers must be at least 1");
   }
@@ -33,30 +33,30 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(
   if (absl::Status s = options.optimizer.Validate(); !s.ok()) return s;
   const uint64_t size = options.layout.shard_size();
   if (initial_values.size() != size) {
-    return absl::InvalidArgumentError(absl::StrCat("expected ", size,
-                                                   " initial values for the shard range, got ",
-                                                   initial_values.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected ", size, " initial values for the shard range, got ", initial_values.size()));
   }
   if (size_t bad = FindNonFinite(initial_values.data(), size); bad != size) {
-    return absl::InvalidArgumentError(absl::StrCat("initial value ", bad, " of the range is ",
-                                                   initial_values[bad]));
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial value ", bad, " of the range is ", initial_values[bad]));
   }
-  absl::StatusOr<std::unique_ptr<UpdateBackend>> made =
-      backend(options, std::move(initial_values));
+  absl::StatusOr<std::unique_ptr<UpdateBackend>> made = backend(options, std::move(initial_values));
   if (!made.ok()) return made.status();
   return std::unique_ptr<ModelShard>(new ModelShard(std::move(options), std::move(*made)));
 }
 
-absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(
-    ModelShardOptions options, std::vector<float> initial_values, ThreadPool* pool) {
-  return Create(std::move(options), std::move(initial_values),
-                [pool](const ModelShardOptions& o, std::vector<float> values)
-                    -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-                  absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
-                      CpuBackend::Create(o.optimizer, o.num_trainers, std::move(values), pool);
-                  if (!cpu.ok()) return cpu.status();
-                  return std::unique_ptr<UpdateBackend>(std::move(*cpu));
-                });
+absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions options,
+                                                               std::vector<float> initial_values,
+                                                               ThreadPool* pool) {
+  return Create(
+      std::move(options), std::move(initial_values),
+      [pool](const ModelShardOptions& o,
+             std::vector<float> values) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+        absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
+            CpuBackend::Create(o.optimizer, o.num_trainers, std::move(values), pool);
+        if (!cpu.ok()) return cpu.status();
+        return std::unique_ptr<UpdateBackend>(std::move(*cpu));
+      });
 }
 
 ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend)
@@ -78,18 +78,15 @@ void ModelShard::Shutdown() {
 }
 
 uint32_t ModelShard::PendingLocked() const {
-  return static_cast<uint32_t>(
-      std::count_if(slots_.begin(), slots_.end(),
-                    [](SlotState s) { return s != SlotState::kComplete; }));
+  return static_cast<uint32_t>(std::count_if(
+      slots_.begin(), slots_.end(), [](SlotState s) { return s != SlotState::kComplete; }));
 }
 
-absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_rank,
-                                                            int64_t step,
+absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_rank, int64_t step,
                                                             uint64_t num_elements) {
   if (trainer_rank >= options_.num_trainers) {
-    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", trainer_rank,
-                                                   " is not below num_trainers ",
-                                                   options_.num_trainers));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer rank ", trainer_rank, " is not below num_trainers ", options_.num_trainers));
   }
   if (step <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
@@ -116,9 +113,8 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
       start.immediate = PushResult{PushOutcome::kDuplicate, step, version_, PendingLocked()};
       return start;
     case SlotState::kReceiving:
-      return absl::AbortedError(absl::StrCat("a push from trainer ", trainer_rank,
-                                             " for step ", step,
-                                             " is already in progress; retry"));
+      return absl::AbortedError(absl::StrCat("a push from trainer ", trainer_rank, " for step ",
+                                             step, " is already in progress; retry"));
     case SlotState::kEmpty:
       break;
   }
@@ -156,9 +152,9 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
   if (*bad != count) {
     float value;
     std::memcpy(&value, static_cast<const char*>(data) + *bad * sizeof(float), sizeof(value));
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of ", shard_->DescribeElement(offset + *bad), " from trainer ", rank_,
-        " for step ", step_, " is ", value, "; the push is rejected"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient of ", shard_->DescribeElement(offset + *bad), " from trainer ",
+                     rank_, " for step ", step_, " is ", value, "; the push is rejected"));
   }
   received_ += count;
   shard_->gradient_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
@@ -167,8 +163,8 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
 
 absl::StatusOr<PushResult> ModelShard::PushWriter::Commit() {
   if (received_ != shard_->range_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("push ended after ", received_, " of ",
-                                                   shard_->range_.size(), " elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("push ended after ", received_, " of ", shard_->range_.size(), " elements"));
   }
   if (absl::Status s = shard_->backend_->FinishStaging(rank_); !s.ok()) return s;
   finished_ = true;
@@ -198,8 +194,8 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step) {
   absl::MutexLock lock(&mu_);
   if (!applied.ok()) {
     broken_ = absl::InternalError(absl::StrCat("shard ", options_.shard_index, " of model '",
-                                               options_.model_id, "' failed applying step ",
-                                               step, " and stopped: ", applied.message()));
+                                               options_.model_id, "' failed applying step ", step,
+                                               " and stopped: ", applied.message()));
     shutdown_ = true;  // Wakes and fails every waiting pull.
     return broken_;
   }
@@ -246,8 +242,8 @@ absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Ti
 absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64_t count,
                                         float* out) {
   if (offset > range_.size() || count > range_.size() - offset) {
-    return absl::OutOfRangeError(absl::StrCat("read [", offset, ", ", offset + count,
-                                              ") is outside the range"));
+    return absl::OutOfRangeError(
+        absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
   }
   absl::ReaderMutexLock lock(&params_mu_);
   if (params_version_ != version) {
@@ -260,13 +256,11 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
 }
 
 absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_name,
-                                                   uint64_t slice_offset,
-                                                   uint32_t slice_length,
+                                                   uint64_t slice_offset, uint32_t slice_length,
                                                    bool with_tensor_stats) {
   if (slice_offset >= range_.size() && slice_length > 0) {
-    return absl::OutOfRangeError(absl::StrCat("slice offset ", slice_offset,
-                                              " is past the range of ", range_.size(),
-                                              " elements"));
+    return absl::OutOfRangeError(absl::StrCat(
+        "slice offset ", slice_offset, " is past the range of ", range_.size(), " elements"));
   }
   std::optional<size_t> only;
   if (!tensor_name.empty()) {
@@ -306,8 +300,7 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
     for (uint64_t done = 0; done < piece.size;) {
       const uint64_t n = std::min<uint64_t>(piece.size - done, kStatsBlockElements);
       block.resize(n);
-      absl::Status read =
-          backend_->Read(piece.flat_offset - range_.begin + done, n, block.data());
+      absl::Status read = backend_->Read(piece.flat_offset - range_.begin + done, n, block.data());
       if (!read.ok()) return read;
       for (float f : block) {
         const double x = f;
@@ -325,8 +318,8 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
     snap.tensors.push_back(stats);
   }
   if (with_tensor_stats && only && snap.tensors.empty()) {
-    return absl::NotFoundError(absl::StrCat("tensor '", tensor_name, "' has no elements on shard ",
-                                            options_.shard_index));
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", tensor_name, "' has no elements on shard ", options_.shard_index));
   }
   if (slice_length > 0) {
     const uint64_t end = std::min<uint64_t>(range_.size(), slice_offset + slice_length);

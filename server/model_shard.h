@@ -107,8 +107,7 @@ class ModelShard {
     std::optional<PushResult> immediate;
     std::unique_ptr<PushWriter> writer;
   };
-  absl::StatusOr<PushStart> BeginPush(uint32_t trainer_rank, int64_t step,
-                                      uint64_t num_elements);
+  absl::StatusOr<PushStart> BeginPush(uint32_t trainer_rank, int64_t step, uint64_t num_elements);
 
   // Returns the version reached (>= min_version). DEADLINE_EXCEEDED at
   // `deadline`, CANCELLED once `cancelled()` is true (polled), UNAVAILABLE
@@ -118,17 +117,15 @@ class ModelShard {
 
   // Copies parameters [offset, offset + count) of the range into `out`.
   // ABORTED when the parameters are no longer at `version`.
-  absl::Status ReadParameters(int64_t version, uint64_t offset, uint64_t count,
-                              float* out);
+  absl::Status ReadParameters(int64_t version, uint64_t offset, uint64_t count, float* out);
 
   // Statistics of every tensor piece (or only `tensor_name`'s, NOT_FOUND if
   // it has none here) and values [slice_offset, slice_offset + slice_length)
   // clipped to the range (OUT_OF_RANGE when slice_offset is past the end).
   // Without `with_tensor_stats` only the version, ranks and byte counts are
   // filled (cheap: no pass over the parameters).
-  absl::StatusOr<ShardSnapshot> Snapshot(const std::string& tensor_name,
-                                         uint64_t slice_offset, uint32_t slice_length,
-                                         bool with_tensor_stats);
+  absl::StatusOr<ShardSnapshot> Snapshot(const std::string& tensor_name, uint64_t slice_offset,
+                                         uint32_t slice_length, bool with_tensor_stats);
 
   int64_t version() const;
   // Wakes every waiter with UNAVAILABLE; later waits fail at once.

@@ -1,6 +1,5 @@
 // ModelShard without gRPC: arrival order, concurrency, torn-pull detection.
 #include "server/model_shard.h"
-#include "server/model_shard_testing.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/model_shard_testing.h"
 
 namespace shardopt {
 namespace {
@@ -57,8 +57,8 @@ TEST(ModelShardTest, ResultDoesNotDependOnArrivalOrder) {
       for (uint32_t rank : order) {
         absl::StatusOr<PushResult> r = PushAll(*shard, rank, step);
         ASSERT_TRUE(r.ok()) << r.status();
-        EXPECT_EQ(r->outcome, rank == order.back() ? PushOutcome::kApplied
-                                                   : PushOutcome::kAccepted);
+        EXPECT_EQ(r->outcome,
+                  rank == order.back() ? PushOutcome::kApplied : PushOutcome::kAccepted);
       }
     }
     results.push_back(ReadAll(*shard, 5));
@@ -100,8 +100,8 @@ TEST(ModelShardTest, ConcurrentTrainersStepInLockstep) {
           errors[rank] = r.status().ToString();
           return;
         }
-        absl::StatusOr<int64_t> v = shard->WaitForVersion(
-            step, absl::Now() + absl::Seconds(30), [] { return false; });
+        absl::StatusOr<int64_t> v =
+            shard->WaitForVersion(step, absl::Now() + absl::Seconds(30), [] { return false; });
         if (!v.ok() || *v != step) {
           errors[rank] = "wait failed at step " + std::to_string(step);
           return;
@@ -124,7 +124,8 @@ TEST(ModelShardTest, ConcurrentTrainersStepInLockstep) {
   // Sequential replay of the same pushes gives the same bits.
   std::unique_ptr<ModelShard> serial = MakeShard(&pool, kTrainers);
   for (int64_t step = 1; step <= kSteps; ++step) {
-    for (uint32_t rank = 0; rank < kTrainers; ++rank) ASSERT_TRUE(PushAll(*serial, rank, step).ok());
+    for (uint32_t rank = 0; rank < kTrainers; ++rank)
+      ASSERT_TRUE(PushAll(*serial, rank, step).ok());
   }
   const std::vector<float> expected = ReadAll(*serial, kSteps);
   for (const auto& f : finals) {
@@ -199,10 +200,9 @@ TEST(ModelShardTest, ConcurrentPushOfTheSameRankIsAbortedUntilTheFirstEnds) {
 TEST(ModelShardTest, WaitHonoursDeadlineCancellationAndShutdown) {
   ThreadPool pool(1);
   std::unique_ptr<ModelShard> shard = MakeShard(&pool, 1);
-  EXPECT_EQ(shard->WaitForVersion(1, absl::Now() + absl::Milliseconds(100), nullptr)
-                .status()
-                .code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      shard->WaitForVersion(1, absl::Now() + absl::Milliseconds(100), nullptr).status().code(),
+      absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(shard->WaitForVersion(1, absl::Now() + absl::Seconds(30), [] { return true; })
                 .status()
                 .code(),
@@ -220,8 +220,7 @@ TEST(ModelShardTest, SumReductionAndSnapshot) {
   ThreadPool pool(1);
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(1.0), 2, false};
   std::vector<float> init(options.layout.shard_size(), 1.0f);
-  std::unique_ptr<ModelShard> shard =
-      ModelShard::Create(options, init, &pool).value();
+  std::unique_ptr<ModelShard> shard = ModelShard::Create(options, init, &pool).value();
   ASSERT_TRUE(PushAll(*shard, 0, 1).ok());
   ShardSnapshot pending = shard->Snapshot("", 0, 4, true).value();
   EXPECT_EQ(pending.trainers_pushed, std::vector<uint32_t>{0});
@@ -266,11 +265,12 @@ TEST(ModelShardTest, BackendFailureStopsTheShard) {
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(0.1), 1, true};
   std::vector<float> init(options.layout.shard_size(), 0.0f);
   std::unique_ptr<ModelShard> shard =
-      ModelShard::Create(options, init,
-                         [](const ModelShardOptions& o, std::vector<float> v)
-                             -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-                           return std::unique_ptr<UpdateBackend>(new FailingBackend(v.size()));
-                         })
+      ModelShard::Create(
+          options, init,
+          [](const ModelShardOptions& o,
+             std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+            return std::unique_ptr<UpdateBackend>(new FailingBackend(v.size()));
+          })
           .value();
   EXPECT_EQ(shard->device(), "failing");
   absl::StatusOr<PushResult> r = PushAll(*shard, 0, 1);
@@ -286,22 +286,21 @@ TEST(ModelShardTest, CreateRejectsBadInput) {
   ThreadPool pool(1);
   const ModelLayout layout = TestLayout();
   std::vector<float> init(layout.shard_size(), 0.0f);
-  EXPECT_EQ(ModelShard::Create({"m", layout, kShard, OptimizerConfig::Adam(), 0, true}, init,
-                               &pool)
+  EXPECT_EQ(ModelShard::Create({"m", layout, kShard, OptimizerConfig::Adam(), 0, true}, init, &pool)
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ModelShard::Create({"m", layout, kShards, OptimizerConfig::Adam(), 1, true}, init,
-                               &pool)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ModelShard::Create({"m", layout, kShards, OptimizerConfig::Adam(), 1, true}, init, &pool)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   std::vector<float> short_init(layout.shard_size() - 1);
-  EXPECT_EQ(ModelShard::Create({"m", layout, kShard, OptimizerConfig::Adam(), 1, true},
-                               short_init, &pool)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ModelShard::Create({"m", layout, kShard, OptimizerConfig::Adam(), 1, true}, short_init, &pool)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -9,13 +9,12 @@
 #ifndef SHARDOPT_SERVER_PARALLEL_FOR_H_
 #define SHARDOPT_SERVER_PARALLEL_FOR_H_
 
+#include <condition_variable>
 #include <cstddef>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
-
-#include <condition_variable>
-#include <mutex>
 
 namespace shardopt {
 

@@ -2,8 +2,8 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/resource_quota.h>
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
 #include <algorithm>
@@ -13,8 +13,8 @@
 
 namespace shardopt {
 
-absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
-    const std::string& listen_address, const ShardServerOptions& options) {
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::string& listen_address,
+                                                                const ShardServerOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<ShardServer> server(new ShardServer());

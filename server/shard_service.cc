@@ -95,9 +95,9 @@ ShardServiceImpl::CallScope::~CallScope() {
 
 absl::Status ShardServiceImpl::CheckShardIndex(uint32_t shard_index) const {
   if (shard_index != options_.shard_index) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("request meant for shard ", shard_index, " reached shard ",
-                     options_.shard_index, " (of ", options_.shard_count, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("request meant for shard ", shard_index,
+                                                      " reached shard ", options_.shard_index,
+                                                      " (of ", options_.shard_count, ")"));
   }
   return absl::OkStatus();
 }
@@ -115,10 +115,10 @@ absl::Status ShardServiceImpl::CheckFloat32Payload(v1::DType dtype) const {
 absl::Status ShardServiceImpl::ReserveStateBytes(const std::string& model_id, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (bytes > options_.max_state_bytes - reserved_state_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "model '", model_id, "' needs ", bytes, " bytes of state on shard ",
-        options_.shard_index, "; ", options_.max_state_bytes - reserved_state_bytes_, " of ",
-        options_.max_state_bytes, " are free (--max_state_mib)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model '", model_id, "' needs ", bytes, " bytes of state on shard ",
+                     options_.shard_index, "; ", options_.max_state_bytes - reserved_state_bytes_,
+                     " of ", options_.max_state_bytes, " are free (--max_state_mib)"));
   }
   reserved_state_bytes_ += bytes;
   return absl::OkStatus();
@@ -134,16 +134,15 @@ absl::StatusOr<std::shared_ptr<ShardServiceImpl::Model>> ShardServiceImpl::FindM
   absl::MutexLock lock(&mu_);
   auto it = models_.find(model_id);
   if (it == models_.end()) {
-    return absl::NotFoundError(absl::StrCat("model '", model_id,
-                                            "' is not registered on shard ",
-                                            options_.shard_index));
+    return absl::NotFoundError(
+        absl::StrCat("model '", model_id, "' is not registered on shard ", options_.shard_index));
   }
   return it->second;
 }
 
-grpc::Status ShardServiceImpl::RegisterModel(
-    grpc::ServerContext* context, grpc::ServerReader<v1::RegisterModelRequest>* reader,
-    v1::RegisterModelResponse* response) {
+grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
+                                             grpc::ServerReader<v1::RegisterModelRequest>* reader,
+                                             v1::RegisterModelResponse* response) {
   CallScope call(this);
   if (!call.admitted().ok()) return Error(call.admitted());
   StreamWatchdog::Watch watch(&watchdog_, context);
@@ -163,9 +162,8 @@ grpc::Status ShardServiceImpl::RegisterModel(
                      " shards but this server is one of ", options_.shard_count)));
   }
   if (config.num_trainers() == 0 || config.num_trainers() > kMaxTrainers) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("num_trainers ", config.num_trainers(), " is not in [1, ", kMaxTrainers,
-                     "]")));
+    return Error(absl::InvalidArgumentError(absl::StrCat("num_trainers ", config.num_trainers(),
+                                                         " is not in [1, ", kMaxTrainers, "]")));
   }
   if (!v1::GradientReduction_IsValid(config.reduction())) {
     return Error(absl::InvalidArgumentError("unknown gradient reduction"));
@@ -182,9 +180,9 @@ grpc::Status ShardServiceImpl::RegisterModel(
   // An existing model: equal configs attach, different ones are refused.
   auto answer_existing = [&](const Model& model) {
     if (!google::protobuf::util::MessageDifferencer::Equals(model.config, config)) {
-      return Error(absl::FailedPreconditionError(absl::StrCat(
-          "model '", config.model_id(), "' is already registered on shard ",
-          options_.shard_index, " with a different config")));
+      return Error(absl::FailedPreconditionError(
+          absl::StrCat("model '", config.model_id(), "' is already registered on shard ",
+                       options_.shard_index, " with a different config")));
     }
     response->set_created(false);
     response->set_version(model.shard->version());
@@ -219,9 +217,9 @@ grpc::Status ShardServiceImpl::RegisterModel(
   while (reader->Read(&request)) {
     watch.Touch();
     if (!request.has_values()) {
-      return Error(absl::InvalidArgumentError(
-          request.has_header() ? "RegisterModel sent a second header"
-                               : "RegisterModel sent a message without values"));
+      return Error(absl::InvalidArgumentError(request.has_header()
+                                                  ? "RegisterModel sent a second header"
+                                                  : "RegisterModel sent a message without values"));
     }
     const v1::TensorChunk& chunk = request.values();
     const std::string& data = chunk.data();
@@ -239,12 +237,10 @@ grpc::Status ShardServiceImpl::RegisterModel(
     return Error(absl::InvalidArgumentError(absl::StrCat(
         "RegisterModel sent ", received, " of the ", size, " initial values of the range")));
   }
-  ModelShardOptions shard_options{config.model_id(),
-                                  *layout,
-                                  options_.shard_index,
-                                  *optimizer,
-                                  config.num_trainers(),
-                                  config.reduction() == v1::GRADIENT_REDUCTION_MEAN};
+  ModelShardOptions shard_options{
+      config.model_id(),     *layout,
+      options_.shard_index,  *optimizer,
+      config.num_trainers(), config.reduction() == v1::GRADIENT_REDUCTION_MEAN};
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
       options_.gpu_index < 0
           ? ModelShard::Create(std::move(shard_options), std::move(values), &pool_)
@@ -277,9 +273,9 @@ grpc::Status ShardServiceImpl::RegisterModel(
   return grpc::Status::OK;
 }
 
-grpc::Status ShardServiceImpl::PushGradients(
-    grpc::ServerContext* context, grpc::ServerReader<v1::PushGradientsRequest>* reader,
-    v1::PushGradientsResponse* response) {
+grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
+                                             grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                                             v1::PushGradientsResponse* response) {
   CallScope call(this);
   if (!call.admitted().ok()) return Error(call.admitted());
   StreamWatchdog::Watch watch(&watchdog_, context);
@@ -341,8 +337,7 @@ grpc::Status ShardServiceImpl::PullParameters(
       request->min_version(), deadline, [context] { return context->IsCancelled(); });
   if (!version.ok()) return Error(version.status());
 
-  const uint64_t chunk_elements =
-      std::max<uint64_t>(1, options_.pull_chunk_bytes / sizeof(float));
+  const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / sizeof(float));
   v1::PullParametersResponse response;
   response.set_version(*version);
   for (uint64_t offset = 0; offset < shard.size(); offset += chunk_elements) {
@@ -409,8 +404,7 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
                                              v1::ServerInfo* response) {
   response->set_shard_index(options_.shard_index);
   response->set_shard_count(options_.shard_count);
-  response->set_device(options_.gpu_index < 0 ? "cpu"
-                                              : absl::StrCat("cuda:", options_.gpu_index));
+  response->set_device(options_.gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", options_.gpu_index));
   response->set_threads(pool_.threads());
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
   std::vector<std::shared_ptr<Model>> models;

@@ -58,8 +58,7 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                               grpc::ServerWriter<v1::PullParametersResponse>* writer) override;
   grpc::Status Inspect(grpc::ServerContext* context, const v1::InspectRequest* request,
                        v1::InspectResponse* response) override;
-  grpc::Status GetServerInfo(grpc::ServerContext* context,
-                             const v1::GetServerInfoRequest* request,
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
 
   // Refuses new calls with UNAVAILABLE and wakes blocked pulls; calls in

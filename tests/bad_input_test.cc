@@ -43,8 +43,8 @@ class BadInputTest : public ::testing::Test {
     stub_ = NewStub(server_->address());
 
     layout_ = std::make_unique<ModelLayout>(
-        ModelLayout::Create({{"w", {10, 13}, DType::kFloat32}, {"b", {13}, DType::kFloat32}},
-                            16, kShardCount)
+        ModelLayout::Create({{"w", {10, 13}, DType::kFloat32}, {"b", {13}, DType::kFloat32}}, 16,
+                            kShardCount)
             .value());
     range_ = layout_->ShardRange(kShardIndex);
     config_.set_model_id(kModel);
@@ -114,9 +114,8 @@ class BadInputTest : public ::testing::Test {
   }
 
   grpc::Status Pull(int64_t min_version, std::vector<float>* values, int64_t* version,
-                    absl::Duration timeout = absl::Seconds(10),
-                    const std::string& model = kModel, uint32_t shard_index = kShardIndex,
-                    v1::DType dtype = v1::DTYPE_FLOAT32) {
+                    absl::Duration timeout = absl::Seconds(10), const std::string& model = kModel,
+                    uint32_t shard_index = kShardIndex, v1::DType dtype = v1::DTYPE_FLOAT32) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     v1::PullParametersRequest request;
@@ -154,15 +153,13 @@ class BadInputTest : public ::testing::Test {
     std::vector<uint32_t> pushed;
     std::vector<float> values;
     bool operator==(const State& o) const {
-      return version == o.version && pushed == o.pushed &&
-             values.size() == o.values.size() &&
+      return version == o.version && pushed == o.pushed && values.size() == o.values.size() &&
              std::memcmp(values.data(), o.values.data(), values.size() * 4) == 0;
     }
   };
   State Capture() {
     v1::InspectResponse info = Inspect();
-    State state{info.version(), {info.trainers_pushed().begin(), info.trainers_pushed().end()},
-                {}};
+    State state{info.version(), {info.trainers_pushed().begin(), info.trainers_pushed().end()}, {}};
     int64_t version = -1;
     grpc::Status s = Pull(0, &state.values, &version);
     EXPECT_TRUE(s.ok()) << s.error_message();
@@ -218,8 +215,7 @@ TEST_F(BadInputTest, MalformedPushesAreRejectedAndChangeNothing) {
   h.set_dtype(v1::DTYPE_BFLOAT16);
   ExpectRejected(Push(&h, good), grpc::UNIMPLEMENTED, "bfloat16", before);
 
-  ExpectRejected(Push(nullptr, good), grpc::INVALID_ARGUMENT, "must start with a header",
-                 before);
+  ExpectRejected(Push(nullptr, good), grpc::INVALID_ARGUMENT, "must start with a header", before);
 
   h = Header(0, 1);
   ExpectRejected(Push(&h, {good.begin(), good.end() - 1}), grpc::INVALID_ARGUMENT,
@@ -241,8 +237,7 @@ TEST_F(BadInputTest, MalformedPushesAreRejectedAndChangeNothing) {
   overrun.push_back({range_.size(), Bytes(grad, 0, 4)});
   ExpectRejected(Push(&h, overrun), grpc::INVALID_ARGUMENT, "overruns the shard range", before);
 
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
-                    std::numeric_limits<float>::infinity(),
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity()}) {
     std::vector<float> poisoned = grad;
     poisoned[range_.size() - 3] = bad;  // In the last chunk: earlier chunks were staged.
@@ -386,8 +381,7 @@ TEST_F(BadInputTest, RegistrationIsIdempotentAndRefusesADifferentModel) {
   // None of the refused registrations created the model.
   std::vector<float> values;
   int64_t version;
-  EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), "fresh").error_code(),
-            grpc::NOT_FOUND);
+  EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), "fresh").error_code(), grpc::NOT_FOUND);
 }
 
 TEST_F(BadInputTest, PullErrors) {
@@ -396,8 +390,7 @@ TEST_F(BadInputTest, PullErrors) {
   EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), "nope").error_code(), grpc::NOT_FOUND);
   EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), kModel, 0).error_code(),
             grpc::FAILED_PRECONDITION);
-  EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), kModel, kShardIndex,
-                 v1::DTYPE_FLOAT16)
+  EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), kModel, kShardIndex, v1::DTYPE_FLOAT16)
                 .error_code(),
             grpc::UNIMPLEMENTED);
   EXPECT_EQ(Pull(-1, &values, &version).error_code(), grpc::INVALID_ARGUMENT);
@@ -457,8 +450,7 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
       ServerProcess::Start(0, 1, {"--stream_idle_timeout_s=1"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = NewStub((*server)->address());
-  const ModelLayout layout =
-      ModelLayout::Create({{"w", {100}, DType::kFloat32}}, 16, 1).value();
+  const ModelLayout layout = ModelLayout::Create({{"w", {100}, DType::kFloat32}}, 16, 1).value();
   std::vector<float> values(layout.shard_size(), 0.5f);
   v1::ModelConfig config;
   config.set_model_id("m");
@@ -466,8 +458,8 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
   *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Sgd(0.1));
   config.set_num_trainers(2);
   config.set_shard_count(1);
-  ASSERT_TRUE(RawRegister(*stub, config, 0, false, {{0, FloatBytes(values.data(), values.size())}})
-                  .ok());
+  ASSERT_TRUE(
+      RawRegister(*stub, config, 0, false, {{0, FloatBytes(values.data(), values.size())}}).ok());
   auto push = [&](grpc::ClientContext* context, v1::PushGradientsResponse* response,
                   bool finish) -> std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> {
     auto writer = stub->PushGradients(context, response);
@@ -505,7 +497,7 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
   }
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_ACCEPTED);
-  EXPECT_GT(aborted, 0);  // The slot was busy at first...
+  EXPECT_GT(aborted, 0);                             // The slot was busy at first...
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // ...and freed after ~1 s.
   EXPECT_EQ(stalled->Finish().error_code(), grpc::CANCELLED);
 }

@@ -244,9 +244,9 @@ TEST(ClientCancellationTest, APermanentFailureOnOneShardCancelsTheOthers) {
 
   TrainerClientOptions options;
   options.rpc_timeout = absl::Seconds(20);
-  auto client = TrainerClient::Connect({absl::StrCat("127.0.0.1:", port), (*real)->address()},
-                                       options)
-                    .value();
+  auto client =
+      TrainerClient::Connect({absl::StrCat("127.0.0.1:", port), (*real)->address()}, options)
+          .value();
   std::vector<float> params = SyntheticInitialParams(layout, 1);
   ASSERT_TRUE(client->Register(spec, params).ok());
   // Shard 1 would block for version 1 (rank 1 never pushes) until the 20 s

@@ -22,9 +22,8 @@ namespace {
 
 constexpr int kSteps = 25;
 constexpr uint64_t kSeed = 42;
-const std::vector<std::string> kOptimizers = {"sgd",   "sgd_momentum", "sgd_nesterov",
-                                              "adam",  "adam_l2",      "adamw",
-                                              "adamw_amsgrad", "adagrad"};
+const std::vector<std::string> kOptimizers = {
+    "sgd", "sgd_momentum", "sgd_nesterov", "adam", "adam_l2", "adamw", "adamw_amsgrad", "adagrad"};
 
 // Trains every optimizer on S servers started with `server_flags` and T
 // trainer processes, and checks each trainer's final parameters against the
@@ -44,8 +43,7 @@ void RunAndCompare(uint32_t shards, uint32_t trainers,
         Runfile("tests/test_trainer"),
         {"--servers=" + absl::StrJoin(Addresses(*servers), ","), absl::StrCat("--rank=", r),
          absl::StrCat("--num_trainers=", trainers), "--models=" + absl::StrJoin(kOptimizers, ","),
-         absl::StrCat("--steps=", kSteps), absl::StrCat("--seed=", kSeed),
-         "--out_dir=" + out_dir});
+         absl::StrCat("--steps=", kSteps), absl::StrCat("--seed=", kSeed), "--out_dir=" + out_dir});
     ASSERT_TRUE(proc.ok()) << proc.status();
     trainer_procs.push_back(std::move(*proc));
   }
@@ -72,8 +70,8 @@ void RunAndCompare(uint32_t shards, uint32_t trainers,
         for (uint64_t i = 0; i < t.size; ++i) {
           const float a = (*got)[t.offset + i], b = expected[t.offset + i];
           if (std::memcmp(&a, &b, sizeof(float)) != 0 && mismatches++ < 5) {
-            ADD_FAILURE() << name << " rank " << r << " " << t.spec.name << "[" << i
-                          << "]: " << a << " != " << b;
+            ADD_FAILURE() << name << " rank " << r << " " << t.spec.name << "[" << i << "]: " << a
+                          << " != " << b;
           }
         }
       }

@@ -1,10 +1,9 @@
 // The shard daemon as an operator sees it: health and reflection answer (so
 // grpcurl works), GetServerInfo describes it, bad flags fail at start, and
 // SIGTERM / SIGINT stop it cleanly, waking blocked pulls with UNAVAILABLE.
+#include <google/protobuf/descriptor.pb.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
-
-#include <google/protobuf/descriptor.pb.h>
 
 #include <algorithm>
 #include <string>
@@ -13,9 +12,9 @@
 
 #include "client/trainer_client.h"
 #include "gtest/gtest.h"
-#include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic.h"
 
@@ -56,8 +55,7 @@ TEST(ServerLifecycleTest, ReflectionListsServicesAndServesTheContract) {
   for (const auto& s : response.list_services_response().service()) services.push_back(s.name());
   EXPECT_NE(std::find(services.begin(), services.end(), "shardopt.v1.ShardService"),
             services.end());
-  EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"),
-            services.end());
+  EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end());
 
   refl::ServerReflectionRequest symbol;
   symbol.set_file_containing_symbol("shardopt.v1.ShardService");
@@ -153,10 +151,8 @@ TEST(ServerLifecycleTest, DeviceFallbackToCpuOnlyWhenAsked) {
 }
 
 TEST(ServerLifecycleTest, BadFlagsFailAtStartWithAMessage) {
-  for (const std::vector<std::string>& args :
-       std::vector<std::vector<std::string>>{{"--shard_index=2", "--shard_count=2"},
-                                              {"--device=cuda:1023"},
-                                              {"--device=tpu"}}) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--shard_index=2", "--shard_count=2"}, {"--device=cuda:1023"}, {"--device=tpu"}}) {
     std::vector<std::string> full = {"--listen=127.0.0.1:0"};
     full.insert(full.end(), args.begin(), args.end());
     auto proc = ChildProcess::Start(Runfile("server/shardopt_server"), full);

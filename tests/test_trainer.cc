@@ -65,8 +65,7 @@ int Train(const std::string& name) {
   for (int64_t step = 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
     SyntheticGradient((*client)->layout(), params, options.trainer_rank, step, seed,
                       absl::MakeSpan(grad));
-    absl::StatusOr<StepResult> result =
-        (*client)->Step(step, grad, absl::MakeSpan(params));
+    absl::StatusOr<StepResult> result = (*client)->Step(step, grad, absl::MakeSpan(params));
     if (!result.ok()) {
       fprintf(stderr, "rank %u step %ld: %s\n", options.trainer_rank, static_cast<long>(step),
               result.status().ToString().c_str());

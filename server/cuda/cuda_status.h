@@ -7,10 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace shardopt {
 namespace gpu {
@@ -53,12 +52,12 @@ inline absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
 
 // Evaluates a CUDA runtime call; on failure returns its CudaStatus, naming
 // the call's source text.
-#define SHARDOPT_CUDA_RETURN_IF_ERROR(call)                                     \
-  do {                                                                         \
-    const cudaError_t shardopt_cuda_err_ = (call);                             \
-    if (shardopt_cuda_err_ != cudaSuccess) {                                   \
-      return ::shardopt::gpu::CudaStatus(shardopt_cuda_err_, #call);           \
-    }                                                                          \
+#define SHARDOPT_CUDA_RETURN_IF_ERROR(call)                          \
+  do {                                                               \
+    const cudaError_t shardopt_cuda_err_ = (call);                   \
+    if (shardopt_cuda_err_ != cudaSuccess) {                         \
+      return ::shardopt::gpu::CudaStatus(shardopt_cuda_err_, #call); \
+    }                                                                \
   } while (0)
 
 #endif  // SHARDOPT_SERVER_CUDA_CUDA_STATUS_H_

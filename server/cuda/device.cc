@@ -44,8 +44,9 @@ absl::StatusOr<std::vector<GpuInfo>> QueryGpus() {
                           : std::string("the driver reports 0 GPUs");
     std::string hint;
     if (err == cudaErrorInsufficientDriver) {
-      hint = "; no usable NVIDIA driver (libcuda.so.1) was found, or it is older than this "
-             "build's CUDA runtime";
+      hint =
+          "; no usable NVIDIA driver (libcuda.so.1) was found, or it is older than this "
+          "build's CUDA runtime";
     } else if (err == cudaErrorNoDevice || count == 0) {
       hint = "; check CUDA_VISIBLE_DEVICES and nvidia-smi";
     }
@@ -137,9 +138,9 @@ absl::StatusOr<GpuInfo> SelectDevice(absl::string_view text) {
       }
     }
     if (chosen == nullptr) {
-      return absl::UnavailableError(absl::StrCat(
-          "no usable CUDA GPU: this build runs on compute capability ",
-          kMinComputeCapabilityMajor, ".0 and later; found: ", GpuList(*gpus)));
+      return absl::UnavailableError(
+          absl::StrCat("no usable CUDA GPU: this build runs on compute capability ",
+                       kMinComputeCapabilityMajor, ".0 and later; found: ", GpuList(*gpus)));
     }
   } else {
     if (spec->index >= static_cast<int>(gpus->size())) {
@@ -148,9 +149,9 @@ absl::StatusOr<GpuInfo> SelectDevice(absl::string_view text) {
     }
     chosen = &(*gpus)[spec->index];
     if (!chosen->usable) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          chosen->DebugString(), ": this build runs on compute capability ",
-          kMinComputeCapabilityMajor, ".0 and later (sm_90 code, compute_90 PTX)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(chosen->DebugString(), ": this build runs on compute capability ",
+                       kMinComputeCapabilityMajor, ".0 and later (sm_90 code, compute_90 PTX)"));
     }
   }
   SHARDOPT_CUDA_RETURN_IF_ERROR(cudaSetDevice(chosen->index));
@@ -186,8 +187,8 @@ absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes, vo
 absl::Status CopyDeviceToDevice(void* device_dst, const void* device_src, size_t bytes,
                                 void* stream) {
   if (bytes == 0) return absl::OkStatus();
-  SHARDOPT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_dst, device_src, bytes,
-                                                cudaMemcpyDeviceToDevice, AsStream(stream)));
+  SHARDOPT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, AsStream(stream)));
   return absl::OkStatus();
 }
 
@@ -231,8 +232,8 @@ absl::Status DeviceBuffer::Upload(const void* host_src, size_t bytes, size_t off
         absl::StrCat("Upload of ", bytes, " bytes at ", offset, " into a buffer of ", bytes_));
   }
   if (bytes == 0) return absl::OkStatus();
-  SHARDOPT_CUDA_RETURN_IF_ERROR(cudaMemcpy(static_cast<char*>(data_) + offset, host_src, bytes,
-                                           cudaMemcpyHostToDevice));
+  SHARDOPT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(static_cast<char*>(data_) + offset, host_src, bytes, cudaMemcpyHostToDevice));
   // From pageable memory cudaMemcpy may return once the data is staged, before
   // the DMA lands; work on a non-blocking stream would not wait for it.
   SHARDOPT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
@@ -260,8 +261,7 @@ absl::Status DeviceBuffer::Fill(uint8_t byte_value, size_t bytes, size_t offset)
   }
   if (bytes == 0) return absl::OkStatus();
   SHARDOPT_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // as Download: after all streams
-  SHARDOPT_CUDA_RETURN_IF_ERROR(
-      cudaMemset(static_cast<char*>(data_) + offset, byte_value, bytes));
+  SHARDOPT_CUDA_RETURN_IF_ERROR(cudaMemset(static_cast<char*>(data_) + offset, byte_value, bytes));
   SHARDOPT_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
 }

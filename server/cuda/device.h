@@ -22,11 +22,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardopt {
 namespace gpu {
@@ -45,7 +45,7 @@ struct GpuInfo {
   size_t total_memory_bytes = 0;
   size_t l2_cache_bytes = 0;
   std::string pci_bus_id;
-  bool usable = false;  // compute capability >= kMinComputeCapabilityMajor.0.
+  bool usable = false;              // compute capability >= kMinComputeCapabilityMajor.0.
   std::string DebugString() const;  // "cuda:0 NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
 };
 
@@ -56,7 +56,7 @@ absl::StatusOr<std::vector<GpuInfo>> QueryGpus();
 struct DeviceSpec {
   enum class Kind { kCpu, kAuto, kCuda };
   Kind kind = Kind::kAuto;
-  int index = -1;  // kCuda only; "cuda" alone is cuda:0.
+  int index = -1;                // kCuda only; "cuda" alone is cuda:0.
   std::string ToString() const;  // "cpu", "auto", "cuda:3".
 };
 

@@ -137,15 +137,15 @@ SHARDOPT_KERNEL_FN float ReduceOne(const GradArgs& g, size_t i) {
 
 SHARDOPT_KERNEL_FN void ReduceFour(const GradArgs& g, size_t base, size_t j, float (&s)[4]) {
   Load4(g.ptr[0], base, j, s);
-SHARDOPT_UNROLL4
+  SHARDOPT_UNROLL4
   for (int t = 1; t < g.count; ++t) {
     float x[4];
     Load4(g.ptr[t], base, j, x);
-SHARDOPT_UNROLL
+    SHARDOPT_UNROLL
     for (int k = 0; k < 4; ++k) s[k] = Add(s[k], x[k]);
   }
   if (g.divide) {
-SHARDOPT_UNROLL
+    SHARDOPT_UNROLL
     for (int k = 0; k < 4; ++k) s[k] = Div(s[k], g.divisor);
   }
 }
@@ -168,8 +168,8 @@ SHARDOPT_KERNEL_FN void SgdElement(const SgdScalars& s, float grad, float& p, fl
 
 // adam.cc: AdamKernel.
 template <bool kAmsgrad>
-SHARDOPT_KERNEL_FN void AdamElement(const AdamScalars& s, float grad, float& p, float& m,
-                                    float& v, float& vmax) {
+SHARDOPT_KERNEL_FN void AdamElement(const AdamScalars& s, float grad, float& p, float& m, float& v,
+                                    float& vmax) {
   float g = s.maximize ? -grad : grad;
   float param = p;
   if (s.l2) g = Add(g, Mul(s.weight_decay, param));
@@ -221,7 +221,7 @@ SHARDOPT_KERNEL_FN void SgdFour(const SgdArgs& a, size_t j) {
   ReduceFour(a.grads, base, j, g);
   Load4(a.params, base, j, p);
   if (kMomentum && !a.s.first_step) Load4(a.momentum_buffer, base, j, b);
-SHARDOPT_UNROLL
+  SHARDOPT_UNROLL
   for (int k = 0; k < 4; ++k) SgdElement<kMomentum>(a.s, g[k], p[k], b[k]);
   Store4(a.params, base, j, p);
   if (kMomentum) Store4(a.momentum_buffer, base, j, b);
@@ -252,7 +252,7 @@ SHARDOPT_KERNEL_FN void AdamFour(const AdamArgs& a, size_t j) {
   Load4(a.exp_avg, base, j, m);
   Load4(a.exp_avg_sq, base, j, v);
   if (kAmsgrad) Load4(a.max_exp_avg_sq, base, j, vmax);
-SHARDOPT_UNROLL
+  SHARDOPT_UNROLL
   for (int k = 0; k < 4; ++k) AdamElement<kAmsgrad>(a.s, g[k], p[k], m[k], v[k], vmax[k]);
   Store4(a.params, base, j, p);
   Store4(a.exp_avg, base, j, m);
@@ -279,7 +279,7 @@ SHARDOPT_KERNEL_FN void AdagradFour(const AdagradArgs& a, size_t j) {
   ReduceFour(a.grads, base, j, g);
   Load4(a.params, base, j, p);
   Load4(a.sum, base, j, sum);
-SHARDOPT_UNROLL
+  SHARDOPT_UNROLL
   for (int k = 0; k < 4; ++k) AdagradElement(a.s, g[k], p[k], sum[k]);
   Store4(a.params, base, j, p);
   Store4(a.sum, base, j, sum);
@@ -335,8 +335,7 @@ SHARDOPT_KERNEL_FN void ConvertThread(const float* src, uint16_t* dst, const Ran
       });
 }
 
-SHARDOPT_KERNEL_FN void FillThread(float* dst, float value, size_t n, size_t tid,
-                                   size_t threads) {
+SHARDOPT_KERNEL_FN void FillThread(float* dst, float value, size_t n, size_t tid, size_t threads) {
   for (size_t i = tid; i < n; i += threads) dst[i] = value;
 }
 

@@ -31,8 +31,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) SgdKernel(const __grid_const
 }
 
 template <bool kVec, bool kBf16, bool kAmsgrad>
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    AdamKernel(const __grid_constant__ AdamArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) AdamKernel(const __grid_constant__ AdamArgs a) {
   body::AdamThread<kVec, kBf16, kAmsgrad>(a, ThreadIndex(), GridThreads());
 }
 

@@ -90,9 +90,8 @@ cudaError_t LaunchConvertToBf16(const float* src, uint16_t* dst, const RangeArgs
 }
 
 cudaError_t LaunchFill(float* dst, float value, size_t n, cudaStream_t) {
-  return RunGrid(n, [&](size_t tid, size_t threads) {
-    body::FillThread(dst, value, n, tid, threads);
-  });
+  return RunGrid(
+      n, [&](size_t tid, size_t threads) { body::FillThread(dst, value, n, tid, threads); });
 }
 
 }  // namespace internal

@@ -113,7 +113,8 @@ void RunCase(const NamedConfig& nc, const Case& c, uint64_t seed, int64_t first_
   std::vector<float> params(n);
   FillRandom(params, seed, false);
   std::vector<std::unique_ptr<HostBuffer<float>>> grads;
-  for (int t = 0; t < T; ++t) grads.push_back(std::make_unique<HostBuffer<float>>(n, OffsetFor(c, t)));
+  for (int t = 0; t < T; ++t)
+    grads.push_back(std::make_unique<HostBuffer<float>>(n, OffsetFor(c, t)));
   HostBuffer<float> p(n, OffsetFor(c, T));
   p.Set(params);
   std::vector<std::unique_ptr<HostBuffer<float>>> state;
@@ -145,8 +146,8 @@ void RunCase(const NamedConfig& nc, const Case& c, uint64_t seed, int64_t first_
 
   ASSERT_TRUE(InitializeOptimizerState(config, n, b.slots).ok());
   for (int k = 0; k < slots; ++k) {
-    ASSERT_TRUE(SameFloats("initial " + cpu->slot_names()[k], cpu->slot(k).data(),
-                           state[k]->data(), n));
+    ASSERT_TRUE(
+        SameFloats("initial " + cpu->slot_names()[k], cpu->slot(k).data(), state[k]->data(), n));
   }
   if (config.kind == OptimizerKind::kSgd && slots == 1 && first_step == 1) {
     state[0]->Poison();  // step 1 must not read the momentum buffer
@@ -239,8 +240,7 @@ TEST(EmulatedTest, MaximumTrainerCount) {
           {37, kMaxGradientBuffers, Placement::kSameOffset, 2, true, GradientReduction::kMean, 0},
           777, 1, 5);
   RunCase({"sgd", OptimizerConfig::Sgd(0.1)},
-          {37, kMaxGradientBuffers, Placement::kMixedOffsets, 0, false, GradientReduction::kSum,
-           0},
+          {37, kMaxGradientBuffers, Placement::kMixedOffsets, 0, false, GradientReduction::kSum, 0},
           778, 1, 3);
 }
 

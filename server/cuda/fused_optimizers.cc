@@ -87,9 +87,8 @@ absl::StatusOr<Validated> Validate(const OptimizerConfig& config, int64_t step, 
     return absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", step));
   }
   if (b.num_gradients < 1 || b.num_gradients > kMaxGradientBuffers) {
-    return absl::InvalidArgumentError(absl::StrCat("num_gradients must be in [1, ",
-                                                   kMaxGradientBuffers, "], got ",
-                                                   b.num_gradients));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_gradients must be in [1, ", kMaxGradientBuffers, "], got ", b.num_gradients));
   }
   if (b.gradients == nullptr) {
     return absl::InvalidArgumentError("gradients (the host array of device pointers) is null");
@@ -119,9 +118,8 @@ absl::StatusOr<Validated> Validate(const OptimizerConfig& config, int64_t step, 
     }
     for (int k = 0; k < count; ++k) {
       if (Address(floats[k]) % alignof(float) != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("device buffer ", absl::StrFormat("%p", floats[k]),
-                         " is not 4-byte aligned"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "device buffer ", absl::StrFormat("%p", floats[k]), " is not 4-byte aligned"));
       }
     }
     if (b.params_bf16 != nullptr && Address(b.params_bf16) % alignof(uint16_t) != 0) {
@@ -223,13 +221,12 @@ AdagradArgs MakeAdagrad(const OptimizerConfig& c, int64_t step, const FusedStepB
 }  // namespace
 
 std::string FusedStepPlan::DebugString() const {
-  return absl::StrFormat("%s head=%d groups=%d tail=%d slots=%d",
-                         vectorized ? "float4" : "scalar", head, vector_groups, tail,
-                         state_slots);
+  return absl::StrFormat("%s head=%d groups=%d tail=%d slots=%d", vectorized ? "float4" : "scalar",
+                         head, vector_groups, tail, state_slots);
 }
 
-absl::StatusOr<FusedStepPlan> PlanFusedStep(const OptimizerConfig& config, int64_t step,
-                                            size_t n, const FusedStepBuffers& buffers) {
+absl::StatusOr<FusedStepPlan> PlanFusedStep(const OptimizerConfig& config, int64_t step, size_t n,
+                                            const FusedStepBuffers& buffers) {
   absl::StatusOr<Validated> v = Validate(config, step, n, buffers);
   if (!v.ok()) return v.status();
   return v->plan;
@@ -254,8 +251,7 @@ absl::Status FusedOptimizerStep(const OptimizerConfig& config, int64_t step, siz
       break;
     case OptimizerKind::kAdagrad:
       what = "fused Adagrad step kernel launch";
-      err = internal::LaunchAdagrad(MakeAdagrad(config, step, buffers, v->range),
-                                    AsStream(stream));
+      err = internal::LaunchAdagrad(MakeAdagrad(config, step, buffers, v->range), AsStream(stream));
       break;
   }
   return CudaStatus(err, what);
@@ -268,9 +264,9 @@ absl::Status InitializeOptimizerState(const OptimizerConfig& config, size_t n,
   if (n == 0) return absl::OkStatus();
   for (int k = 0; k < count; ++k) {
     if (slots[k] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(OptimizerKindName(config.kind),
-                                                     " needs slot ", k, " (",
-                                                     SlotName(config.kind, k), "), which is null"));
+      return absl::InvalidArgumentError(absl::StrCat(OptimizerKindName(config.kind), " needs slot ",
+                                                     k, " (", SlotName(config.kind, k),
+                                                     "), which is null"));
     }
     const float value = config.kind == OptimizerKind::kAdagrad
                             ? static_cast<float>(config.initial_accumulator_value)
@@ -290,8 +286,7 @@ absl::Status ConvertToBf16(const float* src, uint16_t* dst, size_t n, void* stre
   }
   const float* floats[1] = {src};
   const RangeArgs range = PlanRange(n, floats, 1, dst);
-  SHARDOPT_CUDA_RETURN_IF_ERROR(
-      internal::LaunchConvertToBf16(src, dst, range, AsStream(stream)));
+  SHARDOPT_CUDA_RETURN_IF_ERROR(internal::LaunchConvertToBf16(src, dst, range, AsStream(stream)));
   return absl::OkStatus();
 }
 

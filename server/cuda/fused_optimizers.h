@@ -86,11 +86,11 @@ struct FusedStepBuffers {
 
 // How a step would run (for tests and diagnostics); no CUDA call.
 struct FusedStepPlan {
-  bool vectorized = false;  // float4 path
-  size_t head = 0;          // elements done singly before the first 16-byte group
-  size_t vector_groups = 0; // float4 groups
-  size_t tail = 0;          // elements done singly after them
-  int state_slots = 0;      // slots the optimizer uses
+  bool vectorized = false;   // float4 path
+  size_t head = 0;           // elements done singly before the first 16-byte group
+  size_t vector_groups = 0;  // float4 groups
+  size_t tail = 0;           // elements done singly after them
+  int state_slots = 0;       // slots the optimizer uses
   std::string DebugString() const;
 };
 
@@ -98,8 +98,8 @@ struct FusedStepPlan {
 // config.Validate() fails, step < 1, num_gradients is not in
 // [1, kMaxGradientBuffers], a needed pointer is null (for n > 0), or a float
 // pointer is not 4-byte (bf16: 2-byte) aligned. Then decides the access path.
-absl::StatusOr<FusedStepPlan> PlanFusedStep(const OptimizerConfig& config, int64_t step,
-                                            size_t n, const FusedStepBuffers& buffers);
+absl::StatusOr<FusedStepPlan> PlanFusedStep(const OptimizerConfig& config, int64_t step, size_t n,
+                                            const FusedStepBuffers& buffers);
 
 // Enqueues step `step` (>= 1: PyTorch's state['step'] after the increment,
 // as Optimizer::Update takes it) on `stream`. Steps must be applied 1, 2, 3,
@@ -112,8 +112,7 @@ absl::Status FusedOptimizerStep(const OptimizerConfig& config, int64_t step, siz
 // Fills the state slots as Optimizer::Create does: zeros, Adagrad's sum with
 // initial_accumulator_value. Asynchronous on `stream`.
 absl::Status InitializeOptimizerState(const OptimizerConfig& config, size_t n,
-                                      const std::array<float*, 3>& slots,
-                                      void* stream = nullptr);
+                                      const std::array<float*, 3>& slots, void* stream = nullptr);
 
 // dst[i] = Fp32ToBf16Bits(src[i]) for [0, n), on the device (vectorised where
 // src is 16-byte and dst 8-byte aligned at the same element). Asynchronous.

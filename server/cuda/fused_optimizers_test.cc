@@ -12,6 +12,8 @@
 //
 // SHARDOPT_GPU_TEST_SMALL=1 leaves out the 1M-element cases (for
 // compute-sanitizer, which is slow).
+#include "server/cuda/fused_optimizers.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,7 +32,6 @@
 #include "common/optimizer_config.h"
 #include "gtest/gtest.h"
 #include "server/cuda/device.h"
-#include "server/cuda/fused_optimizers.h"
 #include "server/cuda/fused_test_util.h"
 #include "server/optim/optimizer.h"
 
@@ -80,9 +81,9 @@ class GpuTest : public ::testing::Test {
   }
 };
 
-#define ASSERT_OK(expr)                                 \
-  do {                                                  \
-    const absl::Status assert_ok_status_ = (expr);      \
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    const absl::Status assert_ok_status_ = (expr);            \
     ASSERT_TRUE(assert_ok_status_.ok()) << assert_ok_status_; \
   } while (0)
 
@@ -161,19 +162,20 @@ struct FakeBuffers {
   std::vector<const float*> grads;
   FusedStepBuffers b;
   explicit FakeBuffers(int trainers, uintptr_t byte_offset = 0) {
-    for (int t = 0; t < trainers; ++t) grads.push_back(FakeDevicePointer(0x100000 * (t + 1) + byte_offset));
+    for (int t = 0; t < trainers; ++t)
+      grads.push_back(FakeDevicePointer(0x100000 * (t + 1) + byte_offset));
     b.gradients = grads.data();
     b.num_gradients = trainers;
     b.params = FakeDevicePointer(0x10000000 + byte_offset);
-    b.slots = {FakeDevicePointer(0x20000000 + byte_offset), FakeDevicePointer(0x30000000 + byte_offset),
+    b.slots = {FakeDevicePointer(0x20000000 + byte_offset),
+               FakeDevicePointer(0x30000000 + byte_offset),
                FakeDevicePointer(0x40000000 + byte_offset)};
   }
 };
 
 TEST(FusedStepPlanTest, AlignedBuffersTakeTheVectorPath) {
   FakeBuffers f(3);
-  const FusedStepPlan plan =
-      ValueOrDie(PlanFusedStep(OptimizerConfig::AdamW(), 1, 1000003, f.b));
+  const FusedStepPlan plan = ValueOrDie(PlanFusedStep(OptimizerConfig::AdamW(), 1, 1000003, f.b));
   EXPECT_TRUE(plan.vectorized) << plan.DebugString();
   EXPECT_EQ(plan.head, 0u);
   EXPECT_EQ(plan.vector_groups, 250000u);
@@ -477,13 +479,13 @@ std::vector<ParityCase> ParityCases() {
   using P = Placement;
   const GradientReduction kMean = GradientReduction::kMean;
   std::vector<ParityCase> cases = {
-      {1, 1, P::kAligned, 0, true, kMean, false},            // scalar (too short)
-      {3, 3, P::kSameOffset, 1, true, kMean, true},          // scalar (too short)
-      {7, 2, P::kSameOffset, 2, true, kMean, false},         // head 2, 1 group, tail 1
+      {1, 1, P::kAligned, 0, true, kMean, false},                         // scalar (too short)
+      {3, 3, P::kSameOffset, 1, true, kMean, true},                       // scalar (too short)
+      {7, 2, P::kSameOffset, 2, true, kMean, false},                      // head 2, 1 group, tail 1
       {4101, 3, P::kSameOffset, 1, true, GradientReduction::kSum, true},  // head 3, tail 2
-      {4099, 3, P::kMixedOffsets, 0, true, kMean, false},    // scalar: offsets differ
-      {1000003, 1, P::kAligned, 0, false, kMean, false},     // the common case, tail 3
-      {1000003, 3, P::kSameOffset, 3, true, kMean, true},    // head 1, tail 2
+      {4099, 3, P::kMixedOffsets, 0, true, kMean, false},                 // scalar: offsets differ
+      {1000003, 1, P::kAligned, 0, false, kMean, false},                  // the common case, tail 3
+      {1000003, 3, P::kSameOffset, 3, true, kMean, true},                 // head 1, tail 2
   };
   if (SmallOnly()) {
     cases.erase(std::remove_if(cases.begin(), cases.end(),
@@ -651,8 +653,8 @@ TEST_F(GpuTest, StepCountCapsAt2To24LikeTheCpu) {
 
 TEST_F(GpuTest, MaximumTrainerCount) {
   const NamedConfig nc{"adamw", OptimizerConfig::AdamW(1e-3)};
-  const ParityCase c{37, kMaxGradientBuffers, Placement::kSameOffset, 2, true,
-                     GradientReduction::kMean, false};
+  const ParityCase c{
+      37, kMaxGradientBuffers, Placement::kSameOffset, 2, true, GradientReduction::kMean, false};
   RunParity(nc, c, 777, 1, 5);
 }
 

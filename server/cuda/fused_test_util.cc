@@ -141,13 +141,12 @@ size_t CountBf16Mismatches(const float* x, const uint16_t* got, size_t n, int re
   return bad;
 }
 
-::testing::AssertionResult SameFloats(const std::string& what, const float* want,
-                                      const float* got, size_t n) {
+::testing::AssertionResult SameFloats(const std::string& what, const float* want, const float* got,
+                                      size_t n) {
   size_t bad = 0;
   size_t first = 0;
   for (size_t i = 0; i < n; ++i) {
-    const bool same =
-        Bits(want[i]) == Bits(got[i]) || (std::isnan(want[i]) && std::isnan(got[i]));
+    const bool same = Bits(want[i]) == Bits(got[i]) || (std::isnan(want[i]) && std::isnan(got[i]));
     if (!same && bad++ == 0) first = i;
   }
   if (bad == 0) return ::testing::AssertionSuccess();

@@ -43,8 +43,8 @@ uint16_t ReferenceBf16(float x);
 size_t CountBf16Mismatches(const float* x, const uint16_t* got, size_t n, int report = 5);
 
 // Bit-identical, except that any NaN matches any NaN.
-::testing::AssertionResult SameFloats(const std::string& what, const float* want,
-                                      const float* got, size_t n);
+::testing::AssertionResult SameFloats(const std::string& what, const float* want, const float* got,
+                                      size_t n);
 
 struct NamedConfig {
   std::string name;

@@ -8,19 +8,19 @@
 
 namespace shardopt {
 
-absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
-    int device_index, const OptimizerConfig& optimizer, uint32_t num_trainers,
-    const std::vector<float>& initial) {
+absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
+                                                               const OptimizerConfig& optimizer,
+                                                               uint32_t num_trainers,
+                                                               const std::vector<float>& initial) {
   if (num_trainers == 0 || num_trainers > static_cast<uint32_t>(gpu::kMaxGradientBuffers)) {
     return absl::InvalidArgumentError(absl::StrCat("the GPU backend reduces 1 to ",
-                                                   gpu::kMaxGradientBuffers,
-                                                   " trainers, not ", num_trainers));
+                                                   gpu::kMaxGradientBuffers, " trainers, not ",
+                                                   num_trainers));
   }
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
   if (absl::Status s = gpu::SetCurrentDevice(device_index); !s.ok()) return s;
   const size_t n = initial.size();
-  std::unique_ptr<GpuBackend> backend(
-      new GpuBackend(device_index, optimizer, n, num_trainers));
+  std::unique_ptr<GpuBackend> backend(new GpuBackend(device_index, optimizer, n, num_trainers));
   auto allocate = [](size_t bytes, gpu::DeviceBuffer* out) -> absl::Status {
     absl::StatusOr<gpu::DeviceBuffer> buffer = gpu::DeviceBuffer::Allocate(bytes);
     if (!buffer.ok()) return buffer.status();
@@ -49,8 +49,8 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
   }
   std::array<float*, 3> slots = {backend->slots_[0].as<float>(), backend->slots_[1].as<float>(),
                                  backend->slots_[2].as<float>()};
-  if (absl::Status s = gpu::InitializeOptimizerState(optimizer, n, slots,
-                                                     backend->apply_stream_.get());
+  if (absl::Status s =
+          gpu::InitializeOptimizerState(optimizer, n, slots, backend->apply_stream_.get());
       !s.ok()) {
     return s;
   }
@@ -123,8 +123,8 @@ absl::Status GpuBackend::Apply(int64_t step, bool mean) {
 
 absl::Status GpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = gpu::CopyToHost(out, params_.as<float>() + offset,
-                                       count * sizeof(float), read_stream_.get());
+  if (absl::Status s = gpu::CopyToHost(out, params_.as<float>() + offset, count * sizeof(float),
+                                       read_stream_.get());
       !s.ok()) {
     return s;
   }

@@ -59,10 +59,8 @@ class GpuBackend final : public UpdateBackend {
     int next = 0;
   };
 
-  GpuBackend(int device_index, const OptimizerConfig& optimizer, size_t size,
-             uint32_t num_trainers)
-      : device_index_(device_index), optimizer_(optimizer), size_(size),
-        lanes_(num_trainers) {}
+  GpuBackend(int device_index, const OptimizerConfig& optimizer, size_t size, uint32_t num_trainers)
+      : device_index_(device_index), optimizer_(optimizer), size_(size), lanes_(num_trainers) {}
 
   float* staging(uint32_t rank) const { return staging_.as<float>() + rank * size_; }
 

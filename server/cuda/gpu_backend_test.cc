@@ -28,14 +28,14 @@ class GpuBackendTest : public ::testing::Test {
   std::unique_ptr<ModelShard> MakeShard(const ModelShardOptions& options,
                                         const std::vector<float>& init, bool on_gpu) {
     if (!on_gpu) return ModelShard::Create(options, init, &pool_).value();
-    return ModelShard::Create(options, init,
-                              [this](const ModelShardOptions& o, std::vector<float> v)
-                                  -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-                                auto b = GpuBackend::Create(gpu_index_, o.optimizer,
-                                                            o.num_trainers, v);
-                                if (!b.ok()) return b.status();
-                                return std::unique_ptr<UpdateBackend>(std::move(*b));
-                              })
+    return ModelShard::Create(
+               options, init,
+               [this](const ModelShardOptions& o,
+                      std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+                 auto b = GpuBackend::Create(gpu_index_, o.optimizer, o.num_trainers, v);
+                 if (!b.ok()) return b.status();
+                 return std::unique_ptr<UpdateBackend>(std::move(*b));
+               })
         .value();
   }
 
@@ -56,8 +56,7 @@ TEST_F(GpuBackendTest, MatchesTheCpuBackendBitForBit) {
   configs[3].lr_decay = 1e-3;
   // 3 shards; the middle one holds (1<<21) + 77 elements: pushes cross the
   // 1M-element pinned buffers.
-  const ModelLayout layout =
-      ModelLayout::Create({{"w", {3 * ((1 << 21) + 77)}}}, 1, 3).value();
+  const ModelLayout layout = ModelLayout::Create({{"w", {3 * ((1 << 21) + 77)}}}, 1, 3).value();
   for (const OptimizerConfig& config : configs) {
     ModelShardOptions options{"m", layout, 1, config, 3, true};
     std::vector<float> init(layout.shard_size());
@@ -68,13 +67,12 @@ TEST_F(GpuBackendTest, MatchesTheCpuBackendBitForBit) {
     for (int64_t step = 1; step <= 12; ++step) {
       // Ranks arrive in another order on each side, with other chunk sizes.
       for (uint32_t rank : {2u, 0u, 1u}) {
-        ASSERT_TRUE(PushInChunks(*cpu, rank, step, RandomGradient(rank, step, cpu->size()), 333333)
-                        .ok());
+        ASSERT_TRUE(
+            PushInChunks(*cpu, rank, step, RandomGradient(rank, step, cpu->size()), 333333).ok());
       }
       for (uint32_t rank : {0u, 1u, 2u}) {
         absl::StatusOr<PushResult> r =
-            PushInChunks(*gpu, rank, step, RandomGradient(rank, step, gpu->size()),
-                         (1 << 20) + 5);
+            PushInChunks(*gpu, rank, step, RandomGradient(rank, step, gpu->size()), (1 << 20) + 5);
         ASSERT_TRUE(r.ok()) << r.status();
       }
     }
@@ -84,8 +82,8 @@ TEST_F(GpuBackendTest, MatchesTheCpuBackendBitForBit) {
     size_t mismatches = 0;
     for (size_t i = 0; i < a.size(); ++i) {
       if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && mismatches++ < 5) {
-        ADD_FAILURE() << config.DebugString() << " element " << i << ": cpu " << a[i]
-                      << " gpu " << b[i];
+        ADD_FAILURE() << config.DebugString() << " element " << i << ": cpu " << a[i] << " gpu "
+                      << b[i];
       }
     }
     EXPECT_EQ(mismatches, 0u) << config.DebugString();

@@ -36,8 +36,7 @@ class Adagrad final : public Optimizer {
     sum_ = AddSlot("sum", static_cast<float>(config.initial_accumulator_value));
   }
 
-  void Update(int64_t step, float* params, const float* grad, size_t begin,
-              size_t end) override {
+  void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) override {
     assert(step >= 1 && begin <= end && end <= size());
     const OptimizerConfig& c = config();
     const double clr = c.lr / (1.0 + (TorchStep(step) - 1.0) * c.lr_decay);

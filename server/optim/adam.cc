@@ -24,8 +24,8 @@ namespace optim_internal {
 namespace {
 
 struct AdamScalars {
-  float weight_decay;       // Adam's L2 term.
-  float decay;              // AdamW's 1 - lr * weight_decay.
+  float weight_decay;  // Adam's L2 term.
+  float decay;         // AdamW's 1 - lr * weight_decay.
   float beta1;
   float one_minus_beta1;
   float beta2;
@@ -66,8 +66,7 @@ class Adam final : public Optimizer {
     if (config.amsgrad) max_exp_avg_sq_ = AddSlot("max_exp_avg_sq", 0.0f);
   }
 
-  void Update(int64_t step, float* params, const float* grad, size_t begin,
-              size_t end) override {
+  void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) override {
     assert(step >= 1 && begin <= end && end <= size());
     const OptimizerConfig& c = config();
     const bool adamw = c.kind == OptimizerKind::kAdamW;
@@ -97,8 +96,8 @@ class Adam final : public Optimizer {
         DispatchBool(decoupled, [&](auto decoupled_c) {
           DispatchBool(c.amsgrad, [&](auto amsgrad) {
             AdamKernel<decltype(maximize)::value, decltype(l2_c)::value,
-                       decltype(decoupled_c)::value, decltype(amsgrad)::value>(
-                params, grad, m, v, vmax, begin, end, s);
+                       decltype(decoupled_c)::value, decltype(amsgrad)::value>(params, grad, m, v,
+                                                                               vmax, begin, end, s);
           });
         });
       });

@@ -45,8 +45,7 @@ class Optimizer {
 
   virtual ~Optimizer() = default;
 
-  virtual void Update(int64_t step, float* params, const float* grad, size_t begin,
-                      size_t end) = 0;
+  virtual void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) = 0;
 
   const OptimizerConfig& config() const { return config_; }
   size_t size() const { return size_; }

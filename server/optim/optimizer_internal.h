@@ -38,9 +38,7 @@ decltype(auto) DispatchBool(bool b, F&& f) {
 
 // torch.maximum for floats: NaN if either argument is NaN, else the larger.
 // Written as a select so that GCC vectorises it.
-inline float TorchMaximum(float a, float b) {
-  return (a < b || b != b) ? b : a;
-}
+inline float TorchMaximum(float a, float b) { return (a < b || b != b) ? b : a; }
 
 }  // namespace optim_internal
 }  // namespace shardopt

@@ -213,8 +213,8 @@ std::vector<Case> Cases() {
   }
   for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
     const std::string k = OptimizerKindName(kind);
-    OptimizerConfig base = kind == OptimizerKind::kAdam ? OptimizerConfig::Adam(1e-3)
-                                                        : OptimizerConfig::AdamW(1e-3);
+    OptimizerConfig base =
+        kind == OptimizerKind::kAdam ? OptimizerConfig::Adam(1e-3) : OptimizerConfig::AdamW(1e-3);
     OptimizerConfig c = base;
     add(k + "_default", c);
     c.amsgrad = true;
@@ -304,9 +304,9 @@ TEST_P(ReferenceTest, MatchesFloat64) {
         const double ulps = s > 0 ? err / (FLT_EPSILON * s) : (err == 0 ? 0 : HUGE_VAL);
         worst_ulps[q] = std::max(worst_ulps[q], ulps);
         if (!(ulps <= kSingleStepUlps)) {
-          ADD_FAILURE() << "step " << step << " element " << i << " quantity " << q
-                        << ": fp32 " << x32 << " float64 " << x64 << " scale " << s
-                        << " = " << ulps << " FLT_EPSILON * scale";
+          ADD_FAILURE() << "step " << step << " element " << i << " quantity " << q << ": fp32 "
+                        << x32 << " float64 " << x64 << " scale " << s << " = " << ulps
+                        << " FLT_EPSILON * scale";
         }
       };
       check(0, p32[i], from32[i].p, scale[i].p);
@@ -320,13 +320,15 @@ TEST_P(ReferenceTest, MatchesFloat64) {
   double traj_err = 0;
   double max_abs_p = 0;
   for (size_t i = 0; i < kSize; ++i) {
-    traj_err = std::max(traj_err, std::fabs(p32[i] - traj[i].p) / std::max(std::fabs(traj[i].p), 1.0));
+    traj_err =
+        std::max(traj_err, std::fabs(p32[i] - traj[i].p) / std::max(std::fabs(traj[i].p), 1.0));
     max_abs_p = std::max(max_abs_p, std::fabs(traj[i].p));
   }
-  std::printf("%-50s single-step worst (x FLT_EPSILON * scale): p %.3f slots %.3f %.3f %.3f; "
-              "trajectory max rel err %.3g (bound %.0e, max |p| %.3g)\n",
-              GetParam().name.c_str(), worst_ulps[0], worst_ulps[1], worst_ulps[2],
-              worst_ulps[3], traj_err, GetParam().trajectory_bound, max_abs_p);
+  std::printf(
+      "%-50s single-step worst (x FLT_EPSILON * scale): p %.3f slots %.3f %.3f %.3f; "
+      "trajectory max rel err %.3g (bound %.0e, max |p| %.3g)\n",
+      GetParam().name.c_str(), worst_ulps[0], worst_ulps[1], worst_ulps[2], worst_ulps[3], traj_err,
+      GetParam().trajectory_bound, max_abs_p);
   g_worst_single_step_ulps = std::max(
       {g_worst_single_step_ulps, worst_ulps[0], worst_ulps[1], worst_ulps[2], worst_ulps[3]});
   g_worst_trajectory = std::max(g_worst_trajectory, traj_err);
@@ -341,10 +343,11 @@ INSTANTIATE_TEST_SUITE_P(AllOptimizers, ReferenceTest, ::testing::ValuesIn(Cases
 class WorstCasePrinter : public ::testing::Environment {
  public:
   void TearDown() override {
-    std::printf("worst single-step error: %.3f FLT_EPSILON * scale (bound %.1f); worst "
-                "trajectory error: %.3g (bounds %.3g, %.3g)\n",
-                g_worst_single_step_ulps, kSingleStepUlps, g_worst_trajectory,
-                kTrajectoryBound, kTrajectoryBoundTinyDecay);
+    std::printf(
+        "worst single-step error: %.3f FLT_EPSILON * scale (bound %.1f); worst "
+        "trajectory error: %.3g (bounds %.3g, %.3g)\n",
+        g_worst_single_step_ulps, kSingleStepUlps, g_worst_trajectory, kTrajectoryBound,
+        kTrajectoryBoundTinyDecay);
   }
 };
 const ::testing::Environment* const kPrinter =
@@ -388,9 +391,8 @@ TEST_P(SplitTest, SplitAndConcurrentUpdatesAreBitIdentical) {
     }
     std::vector<std::thread> threads;
     for (size_t k = 1; k < cuts.size(); ++k) {
-      threads.emplace_back([&, k] {
-        threaded->Update(step, p_threaded.data(), g.data(), cuts[k - 1], cuts[k]);
-      });
+      threads.emplace_back(
+          [&, k] { threaded->Update(step, p_threaded.data(), g.data(), cuts[k - 1], cuts[k]); });
     }
     for (std::thread& t : threads) t.join();
   }
@@ -406,8 +408,7 @@ INSTANTIATE_TEST_SUITE_P(AllOptimizers, SplitTest, ::testing::ValuesIn(Cases()),
 // ---------------------------------------------------------------------------
 // Slots, Create's errors and smaller promises.
 
-void ExpectSlots(const OptimizerConfig& c, const std::vector<std::string>& names,
-                 float initial) {
+void ExpectSlots(const OptimizerConfig& c, const std::vector<std::string>& names, float initial) {
   std::unique_ptr<Optimizer> opt = MustCreate(c, 37);
   ASSERT_NE(opt, nullptr);
   EXPECT_EQ(opt->slot_names(), names) << c.DebugString();

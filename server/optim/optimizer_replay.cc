@@ -172,9 +172,10 @@ absl::Status Run(const char* in_path, const char* out_path) {
     // Uneven consecutive ranges: piece k ends at n * (k+1)^2 / chunks^2.
     size_t begin = 0;
     for (size_t k = 1; k <= chunks; ++k) {
-      const size_t end = k == chunks ? n : static_cast<size_t>(
-                                               static_cast<unsigned __int128>(n) * k * k /
-                                               (chunks * chunks));
+      const size_t end =
+          k == chunks
+              ? n
+              : static_cast<size_t>(static_cast<unsigned __int128>(n) * k * k / (chunks * chunks));
       (*opt)->Update(step, params.data(), grad.data(), begin, end);
       begin = end;
     }

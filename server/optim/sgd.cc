@@ -24,8 +24,8 @@ inline float Grad(const float* __restrict grad, const float* __restrict p, size_
 }
 
 template <bool kMaximize, bool kWeightDecay>
-void SgdPlain(float* __restrict p, const float* __restrict grad, size_t begin, size_t end,
-              float wd, float neg_lr) {
+void SgdPlain(float* __restrict p, const float* __restrict grad, size_t begin, size_t end, float wd,
+              float neg_lr) {
   for (size_t i = begin; i < end; ++i) {
     const float g = Grad<kMaximize, kWeightDecay>(grad, p, i, wd);
     p[i] = p[i] + neg_lr * g;
@@ -51,8 +51,7 @@ class Sgd final : public Optimizer {
     if (config.momentum != 0.0) buf_ = AddSlot("momentum_buffer", 0.0f);
   }
 
-  void Update(int64_t step, float* params, const float* grad, size_t begin,
-              size_t end) override {
+  void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) override {
     assert(step >= 1 && begin <= end && end <= size());
     const OptimizerConfig& c = config();
     // PyTorch passes these Python floats to tensor ops, which cast them to fp32.

@@ -28,8 +28,8 @@ std::string Runfile(const std::string& path) {
 std::string MakeTempDir(const std::string& prefix) {
   static std::atomic<int> counter{0};
   const char* base = getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(base != nullptr ? base : "/tmp", "/", prefix, "_", getpid(),
-                                 "_", counter.fetch_add(1));
+  std::string dir = absl::StrCat(base != nullptr ? base : "/tmp", "/", prefix, "_", getpid(), "_",
+                                 counter.fetch_add(1));
   mkdir(dir.c_str(), 0755);
   return dir;
 }
@@ -90,7 +90,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   std::vector<std::string> args = {"--listen=127.0.0.1:0",
                                    absl::StrCat("--shard_index=", shard_index),
                                    absl::StrCat("--shard_count=", shard_count),
-                                   "--threads=2", "--device=cpu",
+                                   "--threads=2",
+                                   "--device=cpu",
                                    "--port_file=" + port_file};
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   absl::StatusOr<std::unique_ptr<ChildProcess>> child =

@@ -36,8 +36,7 @@ grpc::Status RawRegister(v1::ShardService::Stub& stub, const v1::ModelConfig& co
 }
 
 grpc::Status RawPush(v1::ShardService::Stub& stub, const v1::PushHeader* header,
-                     const std::vector<RawChunk>& chunks,
-                     v1::PushGradientsResponse* response_out) {
+                     const std::vector<RawChunk>& chunks, v1::PushGradientsResponse* response_out) {
   grpc::ClientContext context;
   v1::PushGradientsResponse response;
   auto writer = stub.PushGradients(&context, &response);

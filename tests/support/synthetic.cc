@@ -86,8 +86,8 @@ std::vector<float> SyntheticInitialParams(const ModelLayout& layout, uint64_t se
   return params;
 }
 
-void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params,
-                       uint32_t rank, int64_t step, uint64_t seed, absl::Span<float> grad) {
+void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params, uint32_t rank,
+                       int64_t step, uint64_t seed, absl::Span<float> grad) {
   std::fill(grad.begin(), grad.end(), 0.0f);
   for (const TensorPlacement& t : layout.tensors()) {
     for (uint64_t i = 0; i < t.size; ++i) {
@@ -107,8 +107,8 @@ std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout
   std::vector<float> sum(params.size()), grad(params.size());
   for (int64_t step = 1; step <= steps; ++step) {
     for (uint32_t r = 0; r < spec.num_trainers; ++r) {
-      SyntheticGradient(layout, params, r, step, seed, r == 0 ? absl::MakeSpan(sum)
-                                                              : absl::MakeSpan(grad));
+      SyntheticGradient(layout, params, r, step, seed,
+                        r == 0 ? absl::MakeSpan(sum) : absl::MakeSpan(grad));
       if (r > 0) {
         for (size_t i = 0; i < sum.size(); ++i) sum[i] += grad[i];
       }

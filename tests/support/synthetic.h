@@ -33,8 +33,8 @@ ModelSpec SyntheticModelSpec(const std::string& model_id, const OptimizerConfig&
 std::vector<float> SyntheticInitialParams(const ModelLayout& layout, uint64_t seed);
 
 // Trainer `rank`'s gradient for `step` given the parameters it holds.
-void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params,
-                       uint32_t rank, int64_t step, uint64_t seed, absl::Span<float> grad);
+void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params, uint32_t rank,
+                       int64_t step, uint64_t seed, absl::Span<float> grad);
 
 // Trains `spec` for `steps` steps in one process, reducing the trainers'
 // gradients as the shards do (sum in rank order, then / T for the mean).

@@ -50,9 +50,9 @@
 #include "common/layout.h"
 #include "common/logging.h"
 #include "common/optimizer_config.h"
+#include "server/malloc_tuning.h"
 #include "server/optim/optimizer.h"
 #include "server/parallel_for.h"
-#include "server/malloc_tuning.h"
 #include "server/shard_server.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"4", "64", "256"}),
@@ -175,9 +175,7 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-std::string Trim(const std::string& s) {
-  return std::string(absl::StripAsciiWhitespace(s));
-}
+std::string Trim(const std::string& s) { return std::string(absl::StripAsciiWhitespace(s)); }
 
 struct CpuInfo {
   std::string model = "unknown";
@@ -231,11 +229,12 @@ void PrintHeader(int argc, char** argv, int threads) {
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) args.push_back(ShellQuote(argv[i]));
   absl::PrintF("shardopt_bench\n");
-  absl::PrintF("  date:      %s\n",
-              absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(), absl::LocalTimeZone()).c_str());
+  absl::PrintF(
+      "  date:      %s\n",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(), absl::LocalTimeZone()).c_str());
   absl::PrintF("  cpu:       %s\n", cpu.model.c_str());
   absl::PrintF("  cores:     %d logical CPUs in /proc/cpuinfo, hardware_concurrency=%u\n",
-              cpu.processors, std::thread::hardware_concurrency());
+               cpu.processors, std::thread::hardware_concurrency());
   absl::PrintF("  threads:   %d (server optimizer pool and multi-threaded rows of (c))\n", threads);
 #ifdef NDEBUG
   absl::PrintF("  build:     NDEBUG (-c opt)\n");
@@ -275,8 +274,8 @@ absl::Status SendBytes(int fd, const char* payload, size_t payload_size, uint64_
   uint64_t sent = 0;
   while (sent < total) {
     const size_t at = static_cast<size_t>(sent % payload_size);
-    const size_t n = static_cast<size_t>(
-        std::min<uint64_t>({write_bytes, total - sent, payload_size - at}));
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>({write_bytes, total - sent, payload_size - at}));
     const ssize_t w = send(fd, payload + at, n, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
@@ -336,12 +335,12 @@ absl::StatusOr<TcpResult> RunTcp(uint64_t total, int repeats) {
   getsockopt(sender.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, &optlen);
   optlen = sizeof(int);
   getsockopt(receiver.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, &optlen);
-  absl::PrintF("  sockets:   127.0.0.1:%d, one accept()ed connection; SO_SNDBUF/SO_RCVBUF left at\n"
-              "             the defaults (kernel autotuning; initially SO_SNDBUF=%d, SO_RCVBUF=%d;\n"
-              "             tcp_wmem=\"%s\", tcp_rmem=\"%s\")\n",
-              ntohs(addr.sin_port), sndbuf, rcvbuf,
-              Trim(ReadFile("/proc/sys/net/ipv4/tcp_wmem")).c_str(),
-              Trim(ReadFile("/proc/sys/net/ipv4/tcp_rmem")).c_str());
+  absl::PrintF(
+      "  sockets:   127.0.0.1:%d, one accept()ed connection; SO_SNDBUF/SO_RCVBUF left at\n"
+      "             the defaults (kernel autotuning; initially SO_SNDBUF=%d, SO_RCVBUF=%d;\n"
+      "             tcp_wmem=\"%s\", tcp_rmem=\"%s\")\n",
+      ntohs(addr.sin_port), sndbuf, rcvbuf, Trim(ReadFile("/proc/sys/net/ipv4/tcp_wmem")).c_str(),
+      Trim(ReadFile("/proc/sys/net/ipv4/tcp_rmem")).c_str());
 
   // The sender reads a large payload (the whole repetition, up to 1 GiB) so it
   // streams from memory rather than from a cache-resident buffer; the receiver
@@ -351,10 +350,11 @@ absl::StatusOr<TcpResult> RunTcp(uint64_t total, int repeats) {
   std::vector<char> payload(payload_size);
   for (size_t i = 0; i < payload_size; ++i) payload[i] = static_cast<char>(i * 131 + 7);
   std::vector<char> inbox(kTcpWriteBytes);
-  absl::PrintF("  transfer:  %s MiB per repetition in %zu-byte write() calls (payload buffer %zu MiB),\n"
-              "             read() into one %zu-byte buffer; 1 warm-up of %s MiB, then %d timed\n",
-              Fixed(static_cast<double>(total) / kMiB, 0), kTcpWriteBytes, payload_size / kMiB,
-              kTcpWriteBytes, Fixed(std::min<double>(total, 64.0 * kMiB) / kMiB, 0), repeats);
+  absl::PrintF(
+      "  transfer:  %s MiB per repetition in %zu-byte write() calls (payload buffer %zu MiB),\n"
+      "             read() into one %zu-byte buffer; 1 warm-up of %s MiB, then %d timed\n",
+      Fixed(static_cast<double>(total) / kMiB, 0), kTcpWriteBytes, payload_size / kMiB,
+      kTcpWriteBytes, Fixed(std::min<double>(total, 64.0 * kMiB) / kMiB, 0), repeats);
   std::fflush(stdout);
 
   auto transfer = [&](uint64_t bytes) -> absl::StatusOr<double> {
@@ -363,9 +363,8 @@ absl::StatusOr<TcpResult> RunTcp(uint64_t total, int repeats) {
     std::thread send_thread([&] {
       send_status = SendBytes(sender.get(), payload.data(), payload.size(), bytes, kTcpWriteBytes);
     });
-    std::thread receive_thread([&] {
-      receive_status = ReceiveBytes(receiver.get(), inbox.data(), inbox.size(), bytes);
-    });
+    std::thread receive_thread(
+        [&] { receive_status = ReceiveBytes(receiver.get(), inbox.data(), inbox.size(), bytes); });
     send_thread.join();
     receive_thread.join();
     const double seconds = Since(t0);
@@ -409,11 +408,13 @@ struct PushPullRow {
 };
 
 void FillGradients(std::vector<float>& g) {
-  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(static_cast<int>(i % 251) - 125) * 1e-3f;
+  for (size_t i = 0; i < g.size(); ++i)
+    g[i] = static_cast<float>(static_cast<int>(i % 251) - 125) * 1e-3f;
 }
 
 void FillParams(std::vector<float>& p) {
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(static_cast<int>(i % 97) - 48) * 1e-2f;
+  for (size_t i = 0; i < p.size(); ++i)
+    p[i] = static_cast<float>(static_cast<int>(i % 97) - 48) * 1e-2f;
 }
 
 OptimizerConfig BenchSgd() {
@@ -444,9 +445,8 @@ absl::Status EstimateServerCompute(uint64_t n, int threads, double budget_s, Pus
   });
   size_t bad = 0;
   std::vector<float> staging(n);
-  std::vector<double> scan = TimeRepeated(budget_s, 3, 1000, [&] {
-    bad += n - CopyAndFindNonFinite(staging.data(), grads.data(), n);
-  });
+  std::vector<double> scan = TimeRepeated(
+      budget_s, 3, 1000, [&] { bad += n - CopyAndFindNonFinite(staging.data(), grads.data(), n); });
   if (bad != 0) return absl::InternalError("benchmark gradients are not finite");
   row.update_s = Median(update);
   row.scan_s = Median(scan);
@@ -480,8 +480,8 @@ absl::StatusOr<PushPullRow> RunPushPull(int mib, int threads, double seconds, in
   TrainerClientOptions client_options;
   client_options.trainer_rank = 0;
   client_options.chunk_bytes = chunk_bytes;
-  absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(
-      {absl::StrCat("127.0.0.1:", (*server)->port())}, client_options);
+  absl::StatusOr<std::unique_ptr<TrainerClient>> client =
+      TrainerClient::Connect({absl::StrCat("127.0.0.1:", (*server)->port())}, client_options);
   if (!client.ok()) return client.status();
 
   ModelSpec spec;
@@ -505,8 +505,8 @@ absl::StatusOr<PushPullRow> RunPushPull(int mib, int threads, double seconds, in
     const double dt = Since(t0);
     if (!r.ok()) return r.status();
     if (r->version != step || !r->applied_here) {
-      return absl::InternalError(absl::StrCat("step ", step, " came back as version ",
-                                              r->version, " applied=", r->applied_here));
+      return absl::InternalError(absl::StrCat("step ", step, " came back as version ", r->version,
+                                              " applied=", r->applied_here));
     }
     row.bytes_per_step = r->bytes_pushed + r->bytes_pulled;
     return dt;
@@ -518,8 +518,8 @@ absl::StatusOr<PushPullRow> RunPushPull(int mib, int threads, double seconds, in
     if (!dt.ok()) return dt.status();
     warm_s = *dt;
   }
-  row.steps = static_cast<int>(
-      std::clamp(std::ceil(seconds / std::max(warm_s, 1e-6)), 3.0, 100000.0));
+  row.steps =
+      static_cast<int>(std::clamp(std::ceil(seconds / std::max(warm_s, 1e-6)), 3.0, 100000.0));
   for (int i = 0; i < row.steps; ++i) {
     absl::StatusOr<double> dt = do_step();
     if (!dt.ok()) return dt.status();
@@ -650,8 +650,7 @@ int Main(int argc, char** argv) {
   SetLogTag("shardopt_bench");
   // The daemon tunes malloc at start-up (server/malloc_tuning.h); so does the
   // in-process server here, which also tunes the client side of (b).
-  const bool malloc_tuned =
-      absl::GetFlag(FLAGS_tune_malloc) && TuneMallocForLargeMessages();
+  const bool malloc_tuned = absl::GetFlag(FLAGS_tune_malloc) && TuneMallocForLargeMessages();
 
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -676,8 +675,8 @@ int Main(int argc, char** argv) {
   }
   const size_t chunk_bytes = static_cast<size_t>(chunk_kib) << 10;
   if (optimizer_params <= 0 || tcp_mib <= 0 || memcpy_mib <= 0 || tcp_repeats <= 0) {
-    std::fprintf(stderr,
-                 "--optimizer_params, --tcp_mib, --memcpy_mib and --tcp_repeats must be positive\n");
+    std::fprintf(
+        stderr, "--optimizer_params, --tcp_mib, --memcpy_mib and --tcp_repeats must be positive\n");
     return 2;
   }
 
@@ -701,13 +700,14 @@ int Main(int argc, char** argv) {
 
   std::vector<PushPullRow> rows;
   if (!absl::GetFlag(FLAGS_skip_push_pull) && !sizes.empty()) {
-    absl::PrintF("\n(b) shardopt push+pull: TrainerClient::Step against an in-process ShardServer\n"
-                "  127.0.0.1:0, 1 shard, %d optimizer threads; 1 trainer; 1 fp32 tensor; plain SGD\n"
-                "  lr=1e-4 (no momentum); %d KiB per streamed message (client chunk_bytes and\n"
-                "  server pull_chunk_bytes%s); %d warm-up steps, then N steps for ~%s s;\n"
-                "  payload = push bytes + pull bytes\n",
-                threads, chunk_kib, chunk_kib == 4096 ? ", both defaults" : "; defaults: 4096",
-                std::max(1, absl::GetFlag(FLAGS_warmup_steps)), Fixed(seconds, 1));
+    absl::PrintF(
+        "\n(b) shardopt push+pull: TrainerClient::Step against an in-process ShardServer\n"
+        "  127.0.0.1:0, 1 shard, %d optimizer threads; 1 trainer; 1 fp32 tensor; plain SGD\n"
+        "  lr=1e-4 (no momentum); %d KiB per streamed message (client chunk_bytes and\n"
+        "  server pull_chunk_bytes%s); %d warm-up steps, then N steps for ~%s s;\n"
+        "  payload = push bytes + pull bytes\n",
+        threads, chunk_kib, chunk_kib == 4096 ? ", both defaults" : "; defaults: 4096",
+        std::max(1, absl::GetFlag(FLAGS_warmup_steps)), Fixed(seconds, 1));
     std::fflush(stdout);
     for (int mib : sizes) {
       absl::StatusOr<PushPullRow> r =
@@ -718,8 +718,8 @@ int Main(int argc, char** argv) {
       }
       rows.push_back(*r);
     }
-    Table main_table({"push+pull", "elements", "steps", "step ms mean", "median", "min",
-                      "MB/step", "payload GB/s", "vs raw TCP"});
+    Table main_table({"push+pull", "elements", "steps", "step ms mean", "median", "min", "MB/step",
+                      "payload GB/s", "vs raw TCP"});
     for (const PushPullRow& r : rows) {
       const double mean = Mean(r.step_s);
       const double gbps = r.bytes_per_step / mean / 1e9;
@@ -730,8 +730,9 @@ int Main(int argc, char** argv) {
                          tcp ? absl::StrFormat("%.3fx", gbps / tcp->best) : "n/a (no TCP)"});
     }
     main_table.Print();
-    absl::PrintF("\n  breakdown: Push and Pull timed separately (means over a second, shorter pass),\n"
-                "  and server compute measured standalone (medians; same split as ApplyStep)\n");
+    absl::PrintF(
+        "\n  breakdown: Push and Pull timed separately (means over a second, shorter pass),\n"
+        "  and server compute measured standalone (medians; same split as ApplyStep)\n");
     Table split({"push+pull", "steps", "push ms", "push GB/s", "pull ms", "pull GB/s",
                  "sgd update ms", "stage+scan ms", "update % of step"});
     for (const PushPullRow& r : rows) {
@@ -749,9 +750,10 @@ int Main(int argc, char** argv) {
     std::vector<int> thread_counts = {threads};
     if (threads != 1) thread_counts.push_back(1);
     const size_t copy_bytes = static_cast<size_t>(memcpy_mib) * kMiB;
-    absl::PrintF("\n(c) CPU optimizer update rate, %lld parameters, Update split over a ThreadPool\n"
-                "  (median per update); memcpy reference: %lld MiB buffer, read+write bytes\n",
-                static_cast<long long>(optimizer_params), static_cast<long long>(memcpy_mib));
+    absl::PrintF(
+        "\n(c) CPU optimizer update rate, %lld parameters, Update split over a ThreadPool\n"
+        "  (median per update); memcpy reference: %lld MiB buffer, read+write bytes\n",
+        static_cast<long long>(optimizer_params), static_cast<long long>(memcpy_mib));
     std::fflush(stdout);
     std::vector<CopyRate> copies = RunMemcpy(copy_bytes, thread_counts, seconds);
     Table copy_table({"memcpy", "threads", "ms/copy", "GB/s (r+w)"});
@@ -761,8 +763,8 @@ int Main(int argc, char** argv) {
     }
     copy_table.Print();
     absl::PrintF("\n");
-    if (absl::Status s = RunOptimizers(static_cast<uint64_t>(optimizer_params), thread_counts,
-                                       seconds, copies);
+    if (absl::Status s =
+            RunOptimizers(static_cast<uint64_t>(optimizer_params), thread_counts, seconds, copies);
         !s.ok()) {
       std::fprintf(stderr, "optimizer: %s\n", s.ToString().c_str());
       return 1;
@@ -772,19 +774,19 @@ int Main(int argc, char** argv) {
   absl::PrintF("\nsummary\n");
   if (tcp) {
     absl::PrintF("  raw TCP loopback: %s GB/s best, %s GB/s median of %zu\n",
-                Fixed(tcp->best, 2).c_str(), Fixed(tcp->median, 2).c_str(), tcp->gbps.size());
+                 Fixed(tcp->best, 2).c_str(), Fixed(tcp->median, 2).c_str(), tcp->gbps.size());
   }
   for (const PushPullRow& r : rows) {
     const double gbps = r.bytes_per_step / Mean(r.step_s) / 1e9;
     absl::PrintF("  push+pull %d MiB: %s ms/step, %s GB/s payload%s\n", r.mib,
-                Fixed(Mean(r.step_s) * 1e3, 2).c_str(), Fixed(gbps, 3).c_str(),
-                tcp ? absl::StrFormat(" = %.3fx raw TCP best", gbps / tcp->best).c_str() : "");
+                 Fixed(Mean(r.step_s) * 1e3, 2).c_str(), Fixed(gbps, 3).c_str(),
+                 tcp ? absl::StrFormat(" = %.3fx raw TCP best", gbps / tcp->best).c_str() : "");
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   absl::PrintF("  peak RSS: %s MiB; wall time: %s s; loadavg at end: %s\n",
-              Fixed(usage.ru_maxrss / 1024.0, 0).c_str(), Fixed(Since(run_start), 1).c_str(),
-              LoadAverage().c_str());
+               Fixed(usage.ru_maxrss / 1024.0, 0).c_str(), Fixed(Since(run_start), 1).c_str(),
+               LoadAverage().c_str());
   std::fflush(stdout);
   return 0;
 }

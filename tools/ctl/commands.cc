@@ -31,7 +31,9 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 
 std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f", bytes / 1048576.0); }
 
-std::string Range(const v1::ShardRange& r) { return absl::StrCat("[", r.begin(), ", ", r.end(), ")"); }
+std::string Range(const v1::ShardRange& r) {
+  return absl::StrCat("[", r.begin(), ", ", r.end(), ")");
+}
 
 std::string Failure(const grpc::Status& s) {
   return absl::StrCat("error: ", s.error_code(), " ", s.error_message());
@@ -42,8 +44,8 @@ std::string Failure(const grpc::Status& s) {
 int Status(const CommandOptions& options, FILE* out) {
   int rc = 0;
   Table servers({"SHARD", "ADDRESS", "HEALTH", "DEVICE", "THREADS", "MODELS", "UPTIME_S"});
-  Table models({"MODEL", "SHARD", "RANGE", "VERSION", "TRAINERS", "PUSHED", "OPTIMIZER",
-                "PARAM_MB", "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
+  Table models({"MODEL", "SHARD", "RANGE", "VERSION", "TRAINERS", "PUSHED", "OPTIMIZER", "PARAM_MB",
+                "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
   for (const std::string& address : options.servers) {
     std::shared_ptr<grpc::Channel> channel = Channel(address);
     std::string health = "?";
@@ -52,8 +54,7 @@ int Status(const CommandOptions& options, FILE* out) {
       SetDeadline(&context, options.timeout);
       HealthCheckResponse response;
       grpc::Status s = Health::NewStub(channel)->Check(&context, HealthCheckRequest(), &response);
-      health = s.ok() ? HealthCheckResponse::ServingStatus_Name(response.status())
-                      : Failure(s);
+      health = s.ok() ? HealthCheckResponse::ServingStatus_Name(response.status()) : Failure(s);
     }
     auto stub = v1::ShardService::NewStub(channel);
     grpc::ClientContext context;
@@ -66,8 +67,7 @@ int Status(const CommandOptions& options, FILE* out) {
       continue;
     }
     servers.AddRow({absl::StrCat(info.shard_index(), "/", info.shard_count()), address, health,
-                    info.device(), absl::StrCat(info.threads()),
-                    absl::StrCat(info.models_size()),
+                    info.device(), absl::StrCat(info.threads()), absl::StrCat(info.models_size()),
                     absl::StrFormat("%.0f", info.uptime_seconds())});
     for (const v1::ModelSummary& m : info.models()) {
       // Which ranks have pushed the pending step comes from Inspect.
@@ -126,11 +126,12 @@ int Inspect(const CommandOptions& options, FILE* out) {
       fprintf(out, "%s\n", json.c_str());
       continue;
     }
-    fprintf(out, "%s  model %s  shard %u/%u  range %s  version %ld  next step %ld  pushed [%s] of %u\n",
+    fprintf(out,
+            "%s  model %s  shard %u/%u  range %s  version %ld  next step %ld  pushed [%s] of %u\n",
             address.c_str(), info.model_id().c_str(), info.shard_index(), info.shard_count(),
             Range(info.range()).c_str(), static_cast<long>(info.version()),
-            static_cast<long>(info.next_step()),
-            absl::StrJoin(info.trainers_pushed(), ",").c_str(), info.num_trainers());
+            static_cast<long>(info.next_step()), absl::StrJoin(info.trainers_pushed(), ",").c_str(),
+            info.num_trainers());
     Table tensors({"TENSOR", "SHAPE", "OFFSET", "ELEMENTS", "L2_NORM", "MIN", "MAX", "MEAN"});
     for (const v1::TensorStats& t : info.tensors()) {
       tensors.AddRow({t.name(), absl::StrCat("[", absl::StrJoin(t.shape(), ","), "]"),

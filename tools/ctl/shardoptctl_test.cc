@@ -53,9 +53,8 @@ TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
   EXPECT_NE(out.find("embed.weight"), std::string::npos) << out;
   EXPECT_NE(out.find("L2_NORM"), std::string::npos) << out;
 
-  std::tie(rc, out) =
-      RunCtl("inspect --json --model=ctl_model --tensor=layer2.bias --servers=" +
-             (*servers)[1]->address());
+  std::tie(rc, out) = RunCtl("inspect --json --model=ctl_model --tensor=layer2.bias --servers=" +
+                             (*servers)[1]->address());
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"modelId\": \"ctl_model\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"name\": \"layer2.bias\""), std::string::npos) << out;

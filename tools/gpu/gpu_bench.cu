@@ -39,14 +39,14 @@ namespace shardopt {
 namespace gpu {
 namespace {
 
-#define BENCH_CHECK_CUDA(call)                                                             \
-  do {                                                                                     \
-    const cudaError_t bench_err_ = (call);                                                 \
-    if (bench_err_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                   \
-                   cudaGetErrorString(bench_err_));                                        \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+#define BENCH_CHECK_CUDA(call)                                           \
+  do {                                                                   \
+    const cudaError_t bench_err_ = (call);                               \
+    if (bench_err_ != cudaSuccess) {                                     \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
+                   cudaGetErrorString(bench_err_));                      \
+      std::exit(1);                                                      \
+    }                                                                    \
   } while (0)
 
 void CheckOk(const absl::Status& s, const char* what) {
@@ -74,10 +74,9 @@ __device__ __forceinline__ uint32_t Hash(uint64_t x) {
 // dst[i] = lo + (hi - lo) * u(seed, i), u uniform in [0, 1).
 __global__ void FillUniform(float* dst, size_t n, uint64_t seed, float lo, float hi) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const float u = static_cast<float>(Hash(seed * 0x9e3779b97f4a7c15ull + i) >> 8) *
-                    (1.0f / 16777216.0f);
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float u =
+        static_cast<float>(Hash(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * (1.0f / 16777216.0f);
     dst[i] = lo + (hi - lo) * u;
   }
 }
@@ -221,8 +220,8 @@ int Main(int argc, char** argv) {
     CheckOk(SynchronizeStream(), "warm-up");
 
     const double copy_ms = MedianMs(warmup, iters, [&] {
-      BENCH_CHECK_CUDA(cudaMemcpyAsync(copy_dst.data(), copy_src.data(), fbytes,
-                                       cudaMemcpyDeviceToDevice));
+      BENCH_CHECK_CUDA(
+          cudaMemcpyAsync(copy_dst.data(), copy_src.data(), fbytes, cudaMemcpyDeviceToDevice));
     });
     const double copy_gbps = 8.0 * n / (copy_ms * 1e-3) / 1e9;
     struct Variant {
@@ -256,17 +255,18 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::printf("%-7s %-24s %8s %10s %9s %9s\n", "params", "kernel", "B/param", "median ms",
-              "GB/s", "of copy");
+  std::printf("%-7s %-24s %8s %10s %9s %9s\n", "params", "kernel", "B/param", "median ms", "GB/s",
+              "of copy");
   for (const Row& r : rows) {
     std::printf("%-7s %-24s %8.0f %10.3f %9.1f %8.1f%%\n", r.size.c_str(), r.label.c_str(),
                 r.bytes_per_param, r.ms, r.gbps, 100.0 * r.frac);
   }
   std::printf("\n");
   for (const Row& r : rows) {
-    std::printf("RESULT kind=%s n=%zu median_ms=%.4f gbps=%.1f bytes_per_param=%.0f "
-                "frac_of_copy=%.4f\n",
-                r.kind.c_str(), r.n, r.ms, r.gbps, r.bytes_per_param, r.frac);
+    std::printf(
+        "RESULT kind=%s n=%zu median_ms=%.4f gbps=%.1f bytes_per_param=%.0f "
+        "frac_of_copy=%.4f\n",
+        r.kind.c_str(), r.n, r.ms, r.gbps, r.bytes_per_param, r.frac);
   }
   return 0;
 }
