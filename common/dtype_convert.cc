@@ -1,0 +1,108 @@
+#include "common/dtype_convert.h"
+
+#include <cstring>
+
+#include "common/finite.h"
+
+namespace shardopt {
+namespace {
+
+uint32_t Bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+float FromBits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+uint16_t Load16(const char* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+}  // namespace
+
+uint16_t FloatToBFloat16Bits(float value) {
+  const uint32_t bits = Bits(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0xffff;  // NaN, as PyTorch writes it.
+  // Round to nearest even on the 16 bits dropped; overflow carries into the
+  // exponent and yields inf, as IEEE rounding says.
+  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
+float BFloat16BitsToFloat(uint16_t bits) { return FromBits(static_cast<uint32_t>(bits) << 16); }
+
+uint16_t FloatToHalfBits(float value) {
+  const uint32_t bits = Bits(value);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return sign | 0x7e00u;  // NaN, as PyTorch writes it.
+  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520: rounds to inf.
+  if (magnitude < 0x38800000u) {
+    // Below 2^-14: a half subnormal (or zero). Adding 0.5 makes the FPU do
+    // the round-to-nearest-even at 2^-24 granularity.
+    const float rounded = FromBits(magnitude) + 0.5f;
+    return sign | static_cast<uint16_t>(Bits(rounded) - Bits(0.5f));
+  }
+  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits.
+  const uint32_t rebiased = magnitude - 0x38000000u;
+  const uint32_t rounding_bias = 0xfffu + ((rebiased >> 13) & 1u);
+  return sign | static_cast<uint16_t>((rebiased + rounding_bias) >> 13);
+}
+
+float HalfBitsToFloat(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0x1f) return FromBits(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, exact in fp32.
+    const float magnitude = static_cast<float>(mantissa) * FromBits(0x33800000u);
+    return FromBits(sign | Bits(magnitude));
+  }
+  return FromBits(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+void ConvertFromFloat(const float* src, size_t count, DType dtype, void* dst) {
+  char* out = static_cast<char*>(dst);
+  switch (dtype) {
+    case DType::kFloat32:
+      std::memcpy(out, src, count * sizeof(float));
+      return;
+    case DType::kBFloat16:
+      for (size_t i = 0; i < count; ++i) {
+        const uint16_t v = FloatToBFloat16Bits(src[i]);
+        std::memcpy(out + 2 * i, &v, 2);
+      }
+      return;
+    case DType::kFloat16:
+      for (size_t i = 0; i < count; ++i) {
+        const uint16_t v = FloatToHalfBits(src[i]);
+        std::memcpy(out + 2 * i, &v, 2);
+      }
+      return;
+  }
+}
+
+size_t ConvertToFloatAndFindNonFinite(const void* src, size_t count, DType dtype, float* dst) {
+  const char* in = static_cast<const char*>(src);
+  switch (dtype) {
+    case DType::kFloat32:
+      return CopyAndFindNonFinite(dst, src, count);
+    case DType::kBFloat16:
+      for (size_t i = 0; i < count; ++i) dst[i] = BFloat16BitsToFloat(Load16(in + 2 * i));
+      break;
+    case DType::kFloat16:
+      for (size_t i = 0; i < count; ++i) dst[i] = HalfBitsToFloat(Load16(in + 2 * i));
+      break;
+  }
+  return FindNonFinite(dst, count);
+}
+
+}  // namespace shardopt

@@ -1,0 +1,31 @@
+// Conversions between fp32 and the 16-bit wire types, bit-exact with
+// PyTorch 1.13 on the CPU: `.to(torch.bfloat16)` and `.half()` round to
+// nearest, ties to even; values beyond the type's range become +-inf; NaN
+// becomes PyTorch's NaN pattern (bf16: 0xFFFF; fp16: 0x7E00 with the sign
+// kept). The widening conversions are exact.
+#ifndef SHARDOPT_COMMON_DTYPE_CONVERT_H_
+#define SHARDOPT_COMMON_DTYPE_CONVERT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace shardopt {
+
+uint16_t FloatToBFloat16Bits(float value);
+float BFloat16BitsToFloat(uint16_t bits);
+uint16_t FloatToHalfBits(float value);
+float HalfBitsToFloat(uint16_t bits);
+
+// dst (`count` elements of `dtype`, any alignment) from fp32 `src`.
+void ConvertFromFloat(const float* src, size_t count, DType dtype, void* dst);
+
+// fp32 `dst` from `count` elements of `dtype` at `src` (any alignment).
+// Returns the index of the first NaN or infinity, or `count` when all are
+// finite (one pass: the check is done on the converted values).
+size_t ConvertToFloatAndFindNonFinite(const void* src, size_t count, DType dtype, float* dst);
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_COMMON_DTYPE_CONVERT_H_

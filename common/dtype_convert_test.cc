@@ -1,0 +1,132 @@
+#include "common/dtype_convert.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardopt {
+namespace {
+
+float F(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint32_t B(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return bits;
+}
+
+TEST(BFloat16Test, ExactBitPatterns) {
+  struct Case {
+    uint32_t in;
+    uint16_t out;
+  };
+  const Case cases[] = {
+      {0x3f800000, 0x3f80},  // 1
+      {0x3f808000, 0x3f80},  // tie, lower is even: down
+      {0x3f818000, 0x3f82},  // tie, upper is even: up
+      {0x3f808001, 0x3f81},  // just above the tie: up
+      {0x3f807fff, 0x3f80},  // just below the tie: down
+      {0x80000000, 0x8000},  // -0
+      {0x00000001, 0x0000},  // smallest fp32 subnormal rounds to +0
+      {0x00018000, 0x0002},  // subnormal tie to even (up)
+      {0x00008000, 0x0000},  // subnormal tie to even (down)
+      {0x7f7fffff, 0x7f80},  // fp32 max rounds past bf16 max: inf
+      {0x7f7f7fff, 0x7f7f},  // bf16 max
+      {0x7f800000, 0x7f80},  // inf
+      {0xff800000, 0xff80},  // -inf
+      {0x7fc00000, 0xffff},  // NaN: PyTorch's pattern
+      {0xffc00001, 0xffff},  // -NaN with payload
+      {0x7f800001, 0xffff},  // signalling NaN
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(FloatToBFloat16Bits(F(c.in)), c.out) << std::hex << c.in;
+  }
+  EXPECT_EQ(B(BFloat16BitsToFloat(0x3f82)), 0x3f820000u);
+  EXPECT_EQ(B(BFloat16BitsToFloat(0x0001)), 0x00010000u);  // subnormal, exact
+  EXPECT_TRUE(std::isnan(BFloat16BitsToFloat(0xffff)));
+  EXPECT_EQ(BFloat16BitsToFloat(0xff80), -std::numeric_limits<float>::infinity());
+}
+
+TEST(HalfTest, ExactBitPatterns) {
+  struct Case {
+    float in;
+    uint16_t out;
+  };
+  const Case cases[] = {
+      {1.0f, 0x3c00},
+      {-2.0f, 0xc000},
+      {65504.0f, 0x7bff},                 // max
+      {65519.0f, 0x7bff},                 // below the tie with 65536: down
+      {65520.0f, 0x7c00},                 // tie, 0x7bff is odd: up to inf
+      {1e10f, 0x7c00},                    // overflow
+      {std::ldexp(1.0f, -14), 0x0400},    // smallest normal
+      {std::ldexp(1.0f, -24), 0x0001},    // smallest subnormal
+      {std::ldexp(1.0f, -25), 0x0000},    // tie with 0, 0 is even: down
+      {std::ldexp(3.0f, -26), 0x0001},    // above the tie: up
+      {std::ldexp(3.0f, -25), 0x0002},    // 1.5 units, tie: to even 2
+      {std::ldexp(5.0f, -25), 0x0002},    // 2.5 units, tie: to even 2
+      {std::ldexp(1023.5f, -24), 0x0400}, // rounds up into the normals
+      {1.0f + std::ldexp(1.0f, -11), 0x3c00},        // tie, even down
+      {1.0f + std::ldexp(3.0f, -11), 0x3c02},        // tie, even up
+      {-0.0f, 0x8000},
+      {std::numeric_limits<float>::infinity(), 0x7c00},
+      {-std::numeric_limits<float>::infinity(), 0xfc00},
+      {std::numeric_limits<float>::quiet_NaN(), 0x7e00},
+      {-std::numeric_limits<float>::quiet_NaN(), 0xfe00},
+      {std::numeric_limits<float>::denorm_min(), 0x0000},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(FloatToHalfBits(c.in), c.out) << c.in;
+  }
+  EXPECT_EQ(HalfBitsToFloat(0x3c00), 1.0f);
+  EXPECT_EQ(HalfBitsToFloat(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(HalfBitsToFloat(0x03ff), std::ldexp(1023.0f, -24));
+  EXPECT_EQ(HalfBitsToFloat(0x7bff), 65504.0f);
+  EXPECT_EQ(B(HalfBitsToFloat(0x8000)), 0x80000000u);
+  EXPECT_EQ(HalfBitsToFloat(0xfc00), -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(HalfBitsToFloat(0x7e00)));
+}
+
+TEST(DTypeConvertTest, EveryHalfAndBFloat16RoundTripsExactly) {
+  for (uint32_t bits = 0; bits <= 0xffff; ++bits) {
+    const uint16_t b = static_cast<uint16_t>(bits);
+    const float h = HalfBitsToFloat(b);
+    if (!std::isnan(h)) ASSERT_EQ(FloatToHalfBits(h), b) << std::hex << bits;
+    const float bf = BFloat16BitsToFloat(b);
+    if (!std::isnan(bf)) ASSERT_EQ(FloatToBFloat16Bits(bf), b) << std::hex << bits;
+  }
+}
+
+TEST(DTypeConvertTest, BulkConversionsAndTheNonFiniteScan) {
+  std::vector<float> src = {1.0f, -3.5f, 65504.0f, 1e-6f, 0.0f};
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    std::vector<char> wire(src.size() * DTypeSize(dtype) + 1);
+    ConvertFromFloat(src.data(), src.size(), dtype, wire.data() + 1);  // misaligned
+    std::vector<float> back(src.size());
+    EXPECT_EQ(ConvertToFloatAndFindNonFinite(wire.data() + 1, src.size(), dtype, back.data()),
+              src.size());
+    for (size_t i = 0; i < src.size(); ++i) {
+      const float expected = dtype == DType::kFloat32    ? src[i]
+                             : dtype == DType::kBFloat16 ? BFloat16BitsToFloat(
+                                                               FloatToBFloat16Bits(src[i]))
+                                                         : HalfBitsToFloat(FloatToHalfBits(src[i]));
+      EXPECT_EQ(back[i], expected) << DTypeName(dtype) << " " << i;
+    }
+  }
+  // 1e5 overflows fp16: the converted value is inf and is found.
+  std::vector<float> big = {1.0f, 1e5f};
+  std::vector<uint16_t> half(2);
+  ConvertFromFloat(big.data(), 2, DType::kFloat16, half.data());
+  std::vector<float> back(2);
+  EXPECT_EQ(ConvertToFloatAndFindNonFinite(half.data(), 2, DType::kFloat16, back.data()), 1u);
+}
+
+}  // namespace
+}  // namespace shardopt
