@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/finite.h"
+#include "common/dtype_convert.h"
 
 namespace shardopt {
 namespace {
@@ -35,8 +35,8 @@ CpuBackend::CpuBackend(std::vector<float> params, std::unique_ptr<Optimizer> opt
       staging_(num_trainers, std::vector<float>(params_.size())) {}
 
 absl::StatusOr<size_t> CpuBackend::Stage(uint32_t rank, uint64_t offset, const void* data,
-                                         size_t count) {
-  return CopyAndFindNonFinite(staging_[rank].data() + offset, data, count);
+                                         DType dtype, size_t count) {
+  return ConvertToFloatAndFindNonFinite(data, count, dtype, staging_[rank].data() + offset);
 }
 
 absl::Status CpuBackend::Apply(int64_t step, bool mean) {

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype_convert.h"
 #include "common/finite.h"
 #include "server/cpu_backend.h"
 
@@ -83,7 +84,7 @@ uint32_t ModelShard::PendingLocked() const {
 }
 
 absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_rank, int64_t step,
-                                                            uint64_t num_elements) {
+                                                            uint64_t num_elements, DType dtype) {
   if (trainer_rank >= options_.num_trainers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "trainer rank ", trainer_rank, " is not below num_trainers ", options_.num_trainers));
@@ -119,7 +120,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
       break;
   }
   slots_[trainer_rank] = SlotState::kReceiving;
-  start.writer.reset(new PushWriter(this, trainer_rank, step));
+  start.writer.reset(new PushWriter(this, trainer_rank, step, dtype));
   return start;
 }
 
@@ -132,29 +133,32 @@ ModelShard::PushWriter::~PushWriter() {
 }
 
 absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, size_t bytes) {
-  if (bytes % sizeof(float) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk of ", bytes, " bytes is not a whole number of float32 elements"));
+  const size_t element = DTypeSize(dtype_);
+  if (bytes % element != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk of ", bytes,
+                                                   " bytes is not a whole number of ",
+                                                   DTypeName(dtype_), " elements"));
   }
   if (offset != received_) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk starts at element ", offset, " but ", received_,
                      " were received: chunks must arrive in order, without gaps or overlaps"));
   }
-  const uint64_t count = bytes / sizeof(float);
+  const uint64_t count = bytes / element;
   if (count > shard_->range_.size() - received_) {
     return absl::InvalidArgumentError(absl::StrCat("chunk [", offset, ", ", offset + count,
                                                    ") overruns the shard range of ",
                                                    shard_->range_.size(), " elements"));
   }
-  absl::StatusOr<size_t> bad = shard_->backend_->Stage(rank_, offset, data, count);
+  absl::StatusOr<size_t> bad = shard_->backend_->Stage(rank_, offset, data, dtype_, count);
   if (!bad.ok()) return bad.status();
   if (*bad != count) {
     float value;
-    std::memcpy(&value, static_cast<const char*>(data) + *bad * sizeof(float), sizeof(value));
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient of ", shard_->DescribeElement(offset + *bad), " from trainer ",
-                     rank_, " for step ", step_, " is ", value, "; the push is rejected"));
+    ConvertToFloatAndFindNonFinite(static_cast<const char*>(data) + *bad * element, 1, dtype_,
+                                   &value);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of ", shard_->DescribeElement(offset + *bad), " from trainer ", rank_,
+        " for step ", step_, " is ", value, "; the push is rejected"));
   }
   received_ += count;
   shard_->gradient_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
@@ -241,17 +245,32 @@ absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Ti
 
 absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64_t count,
                                         float* out) {
+  return ReadParameters(version, offset, count, DType::kFloat32, out);
+}
+
+absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64_t count,
+                                        DType dtype, void* out) {
   if (offset > range_.size() || count > range_.size() - offset) {
     return absl::OutOfRangeError(
         absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
   }
-  absl::ReaderMutexLock lock(&params_mu_);
-  if (params_version_ != version) {
-    return absl::AbortedError(absl::StrCat("parameters moved from version ", version, " to ",
-                                           params_version_, " during the pull; retry"));
+  // fp32 goes straight to `out`; the 16-bit types through an fp32 buffer.
+  std::vector<float> wide;
+  float* target = static_cast<float*>(out);
+  if (dtype != DType::kFloat32) {
+    wide.resize(count);
+    target = wide.data();
   }
-  if (absl::Status s = backend_->Read(offset, count, out); !s.ok()) return s;
-  parameter_bytes_sent_.fetch_add(count * sizeof(float), std::memory_order_relaxed);
+  {
+    absl::ReaderMutexLock lock(&params_mu_);
+    if (params_version_ != version) {
+      return absl::AbortedError(absl::StrCat("parameters moved from version ", version, " to ",
+                                             params_version_, " during the pull; retry"));
+    }
+    if (absl::Status s = backend_->Read(offset, count, target); !s.ok()) return s;
+  }
+  if (dtype != DType::kFloat32) ConvertFromFloat(wide.data(), count, dtype, out);
+  parameter_bytes_sent_.fetch_add(count * DTypeSize(dtype), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

@@ -107,7 +107,9 @@ class ModelShard {
     std::optional<PushResult> immediate;
     std::unique_ptr<PushWriter> writer;
   };
-  absl::StatusOr<PushStart> BeginPush(uint32_t trainer_rank, int64_t step, uint64_t num_elements);
+  // `dtype`: the element type of the chunks the writer will receive.
+  absl::StatusOr<PushStart> BeginPush(uint32_t trainer_rank, int64_t step, uint64_t num_elements,
+                                      DType dtype = DType::kFloat32);
 
   // Returns the version reached (>= min_version). DEADLINE_EXCEEDED at
   // `deadline`, CANCELLED once `cancelled()` is true (polled), UNAVAILABLE
@@ -115,9 +117,12 @@ class ModelShard {
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Time deadline,
                                          const std::function<bool()>& cancelled);
 
-  // Copies parameters [offset, offset + count) of the range into `out`.
-  // ABORTED when the parameters are no longer at `version`.
+  // Copies parameters [offset, offset + count) of the range into `out`, as
+  // `dtype` (rounded to nearest even for the 16-bit types). ABORTED when the
+  // parameters are no longer at `version`.
   absl::Status ReadParameters(int64_t version, uint64_t offset, uint64_t count, float* out);
+  absl::Status ReadParameters(int64_t version, uint64_t offset, uint64_t count, DType dtype,
+                              void* out);
 
   // Statistics of every tensor piece (or only `tensor_name`'s, NOT_FOUND if
   // it has none here) and values [slice_offset, slice_offset + slice_length)
@@ -180,9 +185,10 @@ class ModelShard::PushWriter {
   PushWriter(const PushWriter&) = delete;
   PushWriter& operator=(const PushWriter&) = delete;
 
-  // `bytes` of little-endian fp32 starting at range-local element `offset`,
-  // which must be where the previous chunk ended. INVALID_ARGUMENT otherwise,
-  // or when the chunk overruns the range or holds a NaN/inf.
+  // `bytes` of little-endian elements of the push's dtype starting at
+  // range-local element `offset`, which must be where the previous chunk
+  // ended. INVALID_ARGUMENT otherwise, or when the chunk overruns the range or
+  // holds a NaN/inf.
   absl::Status Write(uint64_t offset, const void* data, size_t bytes);
 
   // INVALID_ARGUMENT unless every element arrived.
@@ -190,12 +196,13 @@ class ModelShard::PushWriter {
 
  private:
   friend class ModelShard;
-  PushWriter(ModelShard* shard, uint32_t rank, int64_t step)
-      : shard_(shard), rank_(rank), step_(step) {}
+  PushWriter(ModelShard* shard, uint32_t rank, int64_t step, DType dtype)
+      : shard_(shard), rank_(rank), step_(step), dtype_(dtype) {}
 
   ModelShard* const shard_;
   const uint32_t rank_;
   const int64_t step_;
+  const DType dtype_;
   uint64_t received_ = 0;
   bool finished_ = false;
 };

@@ -244,7 +244,7 @@ class FailingBackend final : public UpdateBackend {
  public:
   explicit FailingBackend(size_t size) : size_(size) {}
   std::string device() const override { return "failing"; }
-  absl::StatusOr<size_t> Stage(uint32_t, uint64_t, const void*, size_t count) override {
+  absl::StatusOr<size_t> Stage(uint32_t, uint64_t, const void*, DType, size_t count) override {
     return count;
   }
   absl::Status FinishStaging(uint32_t) override { return absl::OkStatus(); }

@@ -102,16 +102,6 @@ absl::Status ShardServiceImpl::CheckShardIndex(uint32_t shard_index) const {
   return absl::OkStatus();
 }
 
-absl::Status ShardServiceImpl::CheckFloat32Payload(v1::DType dtype) const {
-  absl::StatusOr<DType> d = DTypeFromProto(dtype);
-  if (!d.ok()) return d.status();
-  if (*d != DType::kFloat32) {
-    return absl::UnimplementedError(
-        absl::StrCat(DTypeName(*d), " payloads are not supported yet; send float32"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ShardServiceImpl::ReserveStateBytes(const std::string& model_id, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (bytes > options_.max_state_bytes - reserved_state_bytes_) {
@@ -287,10 +277,11 @@ grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
   absl::StatusOr<std::shared_ptr<Model>> model = FindModel(header.model_id());
   if (!model.ok()) return Error(model.status());
   if (absl::Status s = CheckShardIndex(header.shard_index()); !s.ok()) return Error(s);
-  if (absl::Status s = CheckFloat32Payload(header.dtype()); !s.ok()) return Error(s);
+  absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype());
+  if (!dtype.ok()) return Error(dtype.status());
   ModelShard& shard = *(*model)->shard;
   absl::StatusOr<ModelShard::PushStart> start =
-      shard.BeginPush(header.trainer_rank(), header.step(), header.num_elements());
+      shard.BeginPush(header.trainer_rank(), header.step(), header.num_elements(), *dtype);
   if (!start.ok()) return Error(start.status());
   if (start->immediate) {
     FillPushResponse(*start->immediate, response);
@@ -327,7 +318,8 @@ grpc::Status ShardServiceImpl::PullParameters(
   absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
   if (!model.ok()) return Error(model.status());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
-  if (absl::Status s = CheckFloat32Payload(request->dtype()); !s.ok()) return Error(s);
+  absl::StatusOr<DType> dtype = DTypeFromProto(request->dtype());
+  if (!dtype.ok()) return Error(dtype.status());
   if (request->min_version() < 0) {
     return Error(absl::InvalidArgumentError("min_version is negative"));
   }
@@ -337,7 +329,8 @@ grpc::Status ShardServiceImpl::PullParameters(
       request->min_version(), deadline, [context] { return context->IsCancelled(); });
   if (!version.ok()) return Error(version.status());
 
-  const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / sizeof(float));
+  const size_t element = DTypeSize(*dtype);
+  const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / element);
   v1::PullParametersResponse response;
   response.set_version(*version);
   for (uint64_t offset = 0; offset < shard.size(); offset += chunk_elements) {
@@ -345,9 +338,8 @@ grpc::Status ShardServiceImpl::PullParameters(
     v1::TensorChunk* chunk = response.mutable_chunk();
     chunk->set_offset(offset);
     std::string* data = chunk->mutable_data();
-    data->resize(count * sizeof(float));
-    absl::Status read =
-        shard.ReadParameters(*version, offset, count, reinterpret_cast<float*>(data->data()));
+    data->resize(count * element);
+    absl::Status read = shard.ReadParameters(*version, offset, count, *dtype, data->data());
     if (!read.ok()) return Error(read);
     if (!writer->Write(response)) {
       return grpc::Status(grpc::CANCELLED, "client went away during the pull");

@@ -88,7 +88,6 @@ class ShardServiceImpl final : public v1::ShardService::Service {
     absl::Status admitted_;
   };
   absl::Status CheckShardIndex(uint32_t shard_index) const;
-  absl::Status CheckFloat32Payload(v1::DType dtype) const;
   // Reserves `bytes` of the state budget, or RESOURCE_EXHAUSTED.
   absl::Status ReserveStateBytes(const std::string& model_id, uint64_t bytes);
   void ReleaseStateBytes(uint64_t bytes);

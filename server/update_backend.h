@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/dtype.h"
 
 namespace shardopt {
 
@@ -33,12 +34,12 @@ class UpdateBackend {
   // "cpu", "cuda:0", ...
   virtual std::string device() const = 0;
 
-  // Copies `count` fp32 elements from `data` (any alignment) into rank's
-  // staging buffer at range-local `offset`. Returns the index (relative to
-  // `data`) of the first NaN/inf, or `count` when all are finite; nothing
-  // staged by a push that saw one is ever applied.
+  // Converts `count` elements of `dtype` from `data` (any alignment) to fp32
+  // into rank's staging buffer at range-local `offset`. Returns the index
+  // (relative to `data`) of the first NaN/inf, or `count` when all are
+  // finite; nothing staged by a push that saw one is ever applied.
   virtual absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data,
-                                       size_t count) = 0;
+                                       DType dtype, size_t count) = 0;
   virtual absl::Status FinishStaging(uint32_t rank) = 0;
 
   // Reduces the staging buffers in rank order (sum, then divided by the

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype_convert.h"
 #include "common/layout.h"
 #include "common/optimizer_config.h"
 #include "common/proto_convert.h"
@@ -113,9 +114,10 @@ class BadInputTest : public ::testing::Test {
     return g;
   }
 
-  grpc::Status Pull(int64_t min_version, std::vector<float>* values, int64_t* version,
-                    absl::Duration timeout = absl::Seconds(10), const std::string& model = kModel,
-                    uint32_t shard_index = kShardIndex, v1::DType dtype = v1::DTYPE_FLOAT32) {
+  // Pulls the raw payload bytes of `dtype` elements.
+  grpc::Status PullBytes(int64_t min_version, v1::DType dtype, std::string* bytes,
+                         int64_t* version, absl::Duration timeout = absl::Seconds(10),
+                         const std::string& model = kModel, uint32_t shard_index = kShardIndex) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     v1::PullParametersRequest request;
@@ -125,16 +127,25 @@ class BadInputTest : public ::testing::Test {
     request.set_dtype(dtype);
     auto reader = stub_->PullParameters(&context, request);
     v1::PullParametersResponse response;
-    values->clear();
+    const size_t element = dtype == v1::DTYPE_FLOAT32 ? 4 : 2;
+    bytes->clear();
     while (reader->Read(&response)) {
       *version = response.version();
-      const std::string& d = response.chunk().data();
-      EXPECT_EQ(response.chunk().offset(), values->size());
-      const size_t old = values->size();
-      values->resize(old + d.size() / 4);
-      std::memcpy(values->data() + old, d.data(), d.size());
+      EXPECT_EQ(response.chunk().offset(), bytes->size() / element);
+      *bytes += response.chunk().data();
     }
     return reader->Finish();
+  }
+
+  grpc::Status Pull(int64_t min_version, std::vector<float>* values, int64_t* version,
+                    absl::Duration timeout = absl::Seconds(10), const std::string& model = kModel,
+                    uint32_t shard_index = kShardIndex) {
+    std::string bytes;
+    grpc::Status status =
+        PullBytes(min_version, v1::DTYPE_FLOAT32, &bytes, version, timeout, model, shard_index);
+    values->resize(bytes.size() / 4);
+    std::memcpy(values->data(), bytes.data(), values->size() * 4);
+    return status;
   }
 
   v1::InspectResponse Inspect() {
@@ -212,8 +223,13 @@ TEST_F(BadInputTest, MalformedPushesAreRejectedAndChangeNothing) {
   ExpectRejected(Push(&h, good), grpc::FAILED_PRECONDITION, "meant for shard 0", before);
 
   h = Header(0, 1);
+  h.set_dtype(static_cast<v1::DType>(99));
+  ExpectRejected(Push(&h, good), grpc::INVALID_ARGUMENT, "unknown dtype", before);
+
+  h = Header(0, 1);
   h.set_dtype(v1::DTYPE_BFLOAT16);
-  ExpectRejected(Push(&h, good), grpc::UNIMPLEMENTED, "bfloat16", before);
+  ExpectRejected(Push(&h, {{0, std::string(3, 'x')}}), grpc::INVALID_ARGUMENT,
+                 "whole number of bfloat16 elements", before);
 
   ExpectRejected(Push(nullptr, good), grpc::INVALID_ARGUMENT, "must start with a header", before);
 
@@ -390,9 +406,9 @@ TEST_F(BadInputTest, PullErrors) {
   EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), "nope").error_code(), grpc::NOT_FOUND);
   EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), kModel, 0).error_code(),
             grpc::FAILED_PRECONDITION);
-  EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), kModel, kShardIndex, v1::DTYPE_FLOAT16)
-                .error_code(),
-            grpc::UNIMPLEMENTED);
+  std::string bytes;
+  EXPECT_EQ(PullBytes(0, static_cast<v1::DType>(99), &bytes, &version).error_code(),
+            grpc::INVALID_ARGUMENT);
   EXPECT_EQ(Pull(-1, &values, &version).error_code(), grpc::INVALID_ARGUMENT);
   // A version that does not come: the deadline ends the wait.
   const absl::Time start = absl::Now();
@@ -404,6 +420,62 @@ TEST_F(BadInputTest, PullErrors) {
   EXPECT_EQ(version, 0);
   ASSERT_EQ(values.size(), initial_.size());
   EXPECT_EQ(std::memcmp(values.data(), initial_.data(), values.size() * 4), 0);
+}
+
+TEST_F(BadInputTest, SixteenBitPushesAndPulls) {
+  const State before = Capture();
+  // An fp16 gradient holding +inf (0x7c00) is refused like an fp32 inf.
+  std::vector<uint16_t> half(range_.size());
+  for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToHalfBits(0.25f * (i % 7));
+  half[range_.size() / 2] = 0x7c00;
+  v1::PushHeader h = Header(0, 1);
+  h.set_dtype(v1::DTYPE_FLOAT16);
+  const std::string poisoned(reinterpret_cast<const char*>(half.data()), half.size() * 2);
+  ExpectRejected(Push(&h, {{0, poisoned}}), grpc::INVALID_ARGUMENT, "is inf", before);
+
+  // Valid 16-bit pushes from both ranks, in two dtypes: step 1 applies the
+  // mean of their exact fp32 values.
+  half[range_.size() / 2] = FloatToHalfBits(-1.5f);
+  std::vector<uint16_t> bf16(range_.size());
+  for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = FloatToBFloat16Bits(0.1f * (i % 5) - 0.2f);
+  v1::PushGradientsResponse r;
+  ASSERT_TRUE(Push(&h, {{0, std::string(reinterpret_cast<const char*>(half.data()), 2 * 10)},
+                        {10, std::string(reinterpret_cast<const char*>(half.data() + 10),
+                                         2 * (half.size() - 10))}},
+                   &r)
+                  .ok());
+  v1::PushHeader h1 = Header(1, 1);
+  h1.set_dtype(v1::DTYPE_BFLOAT16);
+  ASSERT_TRUE(Push(&h1, {{0, std::string(reinterpret_cast<const char*>(bf16.data()),
+                                         bf16.size() * 2)}},
+                   &r)
+                  .ok());
+  ASSERT_EQ(r.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
+  std::vector<float> mean(range_.size());
+  for (size_t i = 0; i < mean.size(); ++i) {
+    mean[i] = (HalfBitsToFloat(half[i]) + BFloat16BitsToFloat(bf16[i])) / 2.0f;
+  }
+  std::vector<float> expected = initial_;
+  auto optimizer = Optimizer::Create(OptimizerConfig::Adam(0.01), expected.size()).value();
+  optimizer->Update(1, expected.data(), mean.data(), 0, expected.size());
+  const State applied = Capture();
+  EXPECT_EQ(std::memcmp(applied.values.data(), expected.data(), expected.size() * 4), 0);
+
+  // Pulls in each 16-bit type: the fp32 master values rounded to nearest even.
+  for (v1::DType dtype : {v1::DTYPE_BFLOAT16, v1::DTYPE_FLOAT16}) {
+    std::string bytes;
+    int64_t version = -1;
+    ASSERT_TRUE(PullBytes(1, dtype, &bytes, &version).ok());
+    EXPECT_EQ(version, 1);
+    ASSERT_EQ(bytes.size(), range_.size() * 2);
+    for (size_t i = 0; i < range_.size(); ++i) {
+      uint16_t got;
+      std::memcpy(&got, bytes.data() + 2 * i, 2);
+      const uint16_t want = dtype == v1::DTYPE_BFLOAT16 ? FloatToBFloat16Bits(expected[i])
+                                                        : FloatToHalfBits(expected[i]);
+      ASSERT_EQ(got, want) << i;
+    }
+  }
 }
 
 TEST_F(BadInputTest, InspectReportsTheShardAndRejectsBadSlices) {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/finite.h"
+#include "common/dtype_convert.h"
 #include "server/cuda/fused_optimizers.h"
 
 namespace shardopt {
@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
 std::string GpuBackend::device() const { return absl::StrCat("cuda:", device_index_); }
 
 absl::StatusOr<size_t> GpuBackend::Stage(uint32_t rank, uint64_t offset, const void* data,
-                                         size_t count) {
+                                         DType dtype, size_t count) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   Lane& lane = lanes_[rank];
   const char* source = static_cast<const char*>(data);
@@ -81,7 +81,8 @@ absl::StatusOr<size_t> GpuBackend::Stage(uint32_t rank, uint64_t offset, const v
       lane.in_flight = {false, false};
     }
     float* host = pinned.as<float>();
-    const size_t bad = CopyAndFindNonFinite(host, source + done * sizeof(float), piece);
+    const size_t bad =
+        ConvertToFloatAndFindNonFinite(source + done * DTypeSize(dtype), piece, dtype, host);
     if (bad != piece) return done + bad;
     if (absl::Status s = gpu::CopyToDevice(staging(rank) + offset + done, host,
                                            piece * sizeof(float), lane.stream.get());

@@ -39,7 +39,7 @@ class GpuBackend final : public UpdateBackend {
                                                             const std::vector<float>& initial);
 
   std::string device() const override;
-  absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data,
+  absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
                                size_t count) override;
   absl::Status FinishStaging(uint32_t rank) override;
   absl::Status Apply(int64_t step, bool mean) override;
