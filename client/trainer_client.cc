@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "client/retry.h"
 #include "client/wire_frames.h"
+#include "common/dtype_convert.h"
 #include "common/finite.h"
 #include "common/grpc_status.h"
 #include "common/proto_convert.h"
@@ -312,9 +313,27 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
                                                    " for step ", step, " is ", flat_grads[bad],
                                                    "; nothing was pushed"));
   }
+  // 16-bit wire types: rounded once here (as PyTorch's .to() would), and
+  // checked again, since a finite fp32 value can overflow fp16.
+  const DType wire_dtype = options_.push_dtype;
+  const size_t element = DTypeSize(wire_dtype);
+  std::vector<char> narrowed;
+  const void* payload = flat_grads.data();
+  if (wire_dtype != DType::kFloat32) {
+    narrowed.resize(flat_grads.size() * element);
+    ConvertFromFloat(flat_grads.data(), flat_grads.size(), wire_dtype, narrowed.data());
+    if (size_t bad = FindNonFiniteOfType(narrowed.data(), flat_grads.size(), wire_dtype);
+        bad != flat_grads.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ",
+          flat_grads[bad], ", which overflows ", DTypeName(wire_dtype),
+          "; nothing was pushed (scale the loss down, or push bfloat16)"));
+    }
+    payload = narrowed.data();
+  }
   std::vector<v1::PushGradientsResponse> responses(shards_.size());
   // gRPC may hold the zero-copy payload slices a little past each call's
-  // Finish(); flat_grads must outlive them.
+  // Finish(); the payload must outlive them.
   PayloadPins pins;
   struct WaitForPins {
     PayloadPins* pins;
@@ -339,16 +358,17 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
           header->set_step(step);
           header->set_shard_index(shard.index);
           header->set_num_elements(shard.range.size());
-          header->set_dtype(v1::DTYPE_FLOAT32);
+          header->set_dtype(DTypeToProto(wire_dtype));
           PushFrame frame;
           frame.pins = &pins;
+          frame.element_size = element;
           frame.header = &header_message;
           bool open = writer->Write(frame);
           frame.header = nullptr;
-          const size_t chunk = options_.chunk_bytes / sizeof(float);
+          const size_t chunk = std::max<size_t>(1, options_.chunk_bytes / element);
           for (uint64_t off = 0; open && off < shard.range.size(); off += chunk) {
             frame.offset = off;
-            frame.data = flat_grads.data() + shard.range.begin + off;
+            frame.data = static_cast<const char*>(payload) + (shard.range.begin + off) * element;
             frame.count = std::min<uint64_t>(chunk, shard.range.size() - off);
             open = writer->Write(frame);
           }
@@ -368,7 +388,7 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
         r.outcome() == v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
       ++result.duplicate_pushes;
     }
-    result.bytes_pushed += shards_[i]->range.size() * sizeof(float);
+    result.bytes_pushed += shards_[i]->range.size() * element;
   }
   return result;
 }
@@ -388,13 +408,14 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
           request.set_model_id(model_id_);
           request.set_min_version(min_version);
           request.set_shard_index(shard.index);
-          request.set_dtype(v1::DTYPE_FLOAT32);
+          request.set_dtype(DTypeToProto(options_.pull_dtype));
           std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
               grpc::internal::ClientReaderFactory<PullFrame>::Create(
                   shard.channel.get(), *shard.pull_method, &context, request));
           PullFrame frame;
           frame.destination = flat_params.data() + shard.range.begin;
           frame.capacity = shard.range.size();
+          frame.dtype = options_.pull_dtype;
           uint64_t received = 0;
           int64_t version = -1;
           absl::Status bad;
@@ -451,7 +472,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
                      " but the shards are at version ", *version, ": the trainer is behind"));
   }
   result->version = *version;
-  result->bytes_pulled = flat_params.size() * sizeof(float);
+  result->bytes_pulled = flat_params.size() * DTypeSize(options_.pull_dtype);
   return result;
 }
 

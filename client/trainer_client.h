@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/dtype.h"
 #include "common/layout.h"
 #include "common/optimizer_config.h"
 
@@ -61,6 +62,12 @@ struct TrainerClientOptions {
   absl::Duration attach_timeout = absl::Seconds(60);
   // Bytes of tensor data per streamed message.
   size_t chunk_bytes = 4 << 20;
+  // Element types on the wire. Trainer buffers stay fp32; with bf16 / fp16
+  // the client rounds gradients to nearest even before pushing (refusing a
+  // step whose gradient overflows the type) and widens pulled parameters
+  // exactly. The server's master weights and optimizer state stay fp32.
+  DType push_dtype = DType::kFloat32;
+  DType pull_dtype = DType::kFloat32;
 };
 
 // What one step did, as the shards reported it.
@@ -69,8 +76,8 @@ struct StepResult {
   int64_t version = 0;        // Version pulled (== step when pulled).
   bool applied_here = false;  // This trainer's push completed the step on some shard.
   int duplicate_pushes = 0;   // Shards that already had this push (e.g. after a retry).
-  uint64_t bytes_pushed = 0;
-  uint64_t bytes_pulled = 0;
+  uint64_t bytes_pushed = 0;  // Payload bytes on the wire (push_dtype).
+  uint64_t bytes_pulled = 0;  // Payload bytes on the wire (pull_dtype).
 };
 
 class TrainerClient {

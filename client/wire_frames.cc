@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype_convert.h"
 
 namespace shardopt {
 namespace {
@@ -127,17 +128,28 @@ grpc::Status ParseChunk(SliceCursor& in, uint64_t end, PullFrame* frame) {
       if (have_data) return Malformed(frame, "two data fields in one chunk");
       uint64_t bytes;
       if (!in.ReadVarint(&bytes)) return Malformed(frame, "truncated data length");
-      if (bytes % sizeof(float) != 0) {
-        return Malformed(frame, absl::StrCat(bytes, " data bytes is not whole floats"));
+      const size_t element = DTypeSize(frame->dtype);
+      if (bytes % element != 0) {
+        return Malformed(frame, absl::StrCat(bytes, " data bytes is not whole ",
+                                             DTypeName(frame->dtype), " elements"));
       }
-      const uint64_t count = bytes / sizeof(float);
+      const uint64_t count = bytes / element;
       if (frame->offset > frame->capacity || count > frame->capacity - frame->offset) {
-        return Malformed(frame,
-                         absl::StrCat("chunk [", frame->offset, ", ", frame->offset + count,
-                                      ") outside the range of ", frame->capacity, " elements"));
+        return Malformed(frame, absl::StrCat("chunk [", frame->offset, ", ",
+                                             frame->offset + count, ") outside the range of ",
+                                             frame->capacity, " elements"));
       }
-      if (!in.Take(bytes, reinterpret_cast<uint8_t*>(frame->destination + frame->offset))) {
-        return Malformed(frame, "truncated data");
+      float* target = frame->destination + frame->offset;
+      if (frame->dtype == DType::kFloat32) {
+        if (!in.Take(bytes, reinterpret_cast<uint8_t*>(target))) {
+          return Malformed(frame, "truncated data");
+        }
+      } else {
+        frame->scratch.resize(bytes);
+        if (!in.Take(bytes, reinterpret_cast<uint8_t*>(frame->scratch.data()))) {
+          return Malformed(frame, "truncated data");
+        }
+        ConvertToFloatAndFindNonFinite(frame->scratch.data(), count, frame->dtype, target);
       }
       frame->count = count;
       have_data = true;
@@ -176,7 +188,7 @@ grpc::Status SerializePushFrame(const PushFrame& frame, grpc::ByteBuffer* buffer
     return grpc::Status::OK;
   }
   // PushGradientsRequest { TensorChunk chunk = 2 { offset = 1; data = 2 } }.
-  const uint64_t data_bytes = frame.count * sizeof(float);
+  const uint64_t data_bytes = frame.count * frame.element_size;
   const uint64_t chunk_bytes = (frame.offset != 0 ? 1 + VarintSize(frame.offset) : 0) + 1 +
                                VarintSize(data_bytes) + data_bytes;
   if (frame.pins == nullptr && data_bytes > 0) {
@@ -202,7 +214,7 @@ grpc::Status SerializePushFrame(const PushFrame& frame, grpc::ByteBuffer* buffer
   frame.pins->Acquire();
   grpc::Slice slices[2] = {
       grpc::Slice(prefix, n),
-      grpc::Slice(const_cast<float*>(frame.data), data_bytes, &ReleasePin, frame.pins),
+      grpc::Slice(const_cast<void*>(frame.data), data_bytes, &ReleasePin, frame.pins),
   };
   *buffer = grpc::ByteBuffer(slices, 2);
   return grpc::Status::OK;

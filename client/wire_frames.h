@@ -25,6 +25,9 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include <vector>
+
+#include "common/dtype.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
 
 namespace shardopt {
@@ -47,18 +50,22 @@ class PayloadPins {
 struct PushFrame {
   const v1::PushGradientsRequest* header = nullptr;  // Set: send this message.
   uint64_t offset = 0;
-  const float* data = nullptr;
+  const void* data = nullptr;
   uint64_t count = 0;           // Elements.
+  size_t element_size = 4;      // Bytes per element of the push's dtype.
   PayloadPins* pins = nullptr;  // Required with data.
 };
 
-// One message of a PullParameters stream, parsed into `destination`, the
-// first element of this shard's range in the caller's flat buffer, holding
-// `capacity` elements. After a Read: `version`, the chunk's `offset` and
-// `count`; a malformed message fails the Read and leaves `error` set.
+// One message of a PullParameters stream of `dtype` elements, parsed (and
+// widened exactly to fp32) into `destination`, the first element of this
+// shard's range in the caller's flat buffer, holding `capacity` elements.
+// After a Read: `version`, the chunk's `offset` and `count`; a malformed
+// message fails the Read and leaves `error` set.
 struct PullFrame {
   float* destination = nullptr;
   uint64_t capacity = 0;
+  DType dtype = DType::kFloat32;
+  std::vector<char> scratch;  // 16-bit payloads, before widening.
   int64_t version = 0;
   uint64_t offset = 0;
   uint64_t count = 0;

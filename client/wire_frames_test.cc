@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype_convert.h"
 #include "gtest/gtest.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
 
@@ -35,7 +36,7 @@ TEST(WireFramesTest, PushFrameIsAPushGradientsRequestOnTheWire) {
   for (uint64_t offset : {uint64_t{0}, uint64_t{1}, uint64_t{300}, uint64_t{1} << 40}) {
     for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{31}, uint64_t{1000}}) {
       PayloadPins pins;
-      PushFrame frame{nullptr, offset, data.data(), count, &pins};
+      PushFrame frame{nullptr, offset, data.data(), count, sizeof(float), &pins};
       v1::PushGradientsRequest parsed;
       {
         grpc::ByteBuffer buffer;
@@ -89,6 +90,30 @@ TEST(WireFramesTest, PullFrameParsesAcrossSliceBoundariesIntoTheDestination) {
   }
 }
 
+TEST(WireFramesTest, SixteenBitPullsAreWidenedExactly) {
+  std::vector<uint16_t> half = {0x3c00, 0x0001, 0xc000, 0x7bff, 0x8000};
+  v1::PullParametersResponse response;
+  response.set_version(3);
+  response.mutable_chunk()->set_offset(2);
+  response.mutable_chunk()->set_data(half.data(), half.size() * 2);
+  std::vector<float> destination(8, -7.0f);
+  PullFrame frame;
+  frame.destination = destination.data();
+  frame.capacity = destination.size();
+  frame.dtype = DType::kFloat16;
+  grpc::ByteBuffer buffer = Sliced(response.SerializeAsString(), 3);
+  ASSERT_TRUE((grpc::SerializationTraits<PullFrame>::Deserialize(&buffer, &frame).ok()))
+      << frame.error;
+  EXPECT_EQ(frame.count, half.size());
+  for (size_t i = 0; i < half.size(); ++i) EXPECT_EQ(destination[2 + i], HalfBitsToFloat(half[i]));
+  EXPECT_EQ(destination[1], -7.0f);
+  EXPECT_EQ(destination[7], -7.0f);
+  // An odd number of bytes is not whole fp16 elements.
+  response.mutable_chunk()->set_data(std::string(5, 'x'));
+  buffer = Sliced(response.SerializeAsString(), 3);
+  EXPECT_FALSE((grpc::SerializationTraits<PullFrame>::Deserialize(&buffer, &frame).ok()));
+}
+
 TEST(WireFramesTest, PullFrameRejectsMalformedMessagesWithoutWritingOutside) {
   std::vector<float> destination(100, -1.0f);
   auto parse = [&](const std::string& wire) {
@@ -111,7 +136,7 @@ TEST(WireFramesTest, PullFrameRejectsMalformedMessagesWithoutWritingOutside) {
   response.mutable_chunk()->set_data(std::string(7, 'x'));  // Not whole floats.
   auto [ok, error] = parse(response.SerializeAsString());
   EXPECT_FALSE(ok);
-  EXPECT_NE(error.find("not whole floats"), std::string::npos) << error;
+  EXPECT_NE(error.find("not whole float32 elements"), std::string::npos) << error;
   response.mutable_chunk()->set_data(values.data(), 8 * 4);
   const std::string good = response.SerializeAsString();
   EXPECT_TRUE(parse(good).first);

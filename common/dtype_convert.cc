@@ -90,6 +90,24 @@ void ConvertFromFloat(const float* src, size_t count, DType dtype, void* dst) {
   }
 }
 
+size_t FindNonFiniteOfType(const void* data, size_t count, DType dtype) {
+  const char* in = static_cast<const char*>(data);
+  if (dtype == DType::kFloat32) {
+    for (size_t i = 0; i < count; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, in + 4 * i, 4);
+      if ((bits & 0x7f800000u) == 0x7f800000u) return i;
+    }
+    return count;
+  }
+  // All-ones exponent: bf16 0x7f80, fp16 0x7c00.
+  const uint16_t exponent = dtype == DType::kBFloat16 ? 0x7f80 : 0x7c00;
+  for (size_t i = 0; i < count; ++i) {
+    if ((Load16(in + 2 * i) & exponent) == exponent) return i;
+  }
+  return count;
+}
+
 size_t ConvertToFloatAndFindNonFinite(const void* src, size_t count, DType dtype, float* dst) {
   const char* in = static_cast<const char*>(src);
   switch (dtype) {

@@ -21,6 +21,10 @@ float HalfBitsToFloat(uint16_t bits);
 // dst (`count` elements of `dtype`, any alignment) from fp32 `src`.
 void ConvertFromFloat(const float* src, size_t count, DType dtype, void* dst);
 
+// Index of the first NaN or infinity among `count` elements of `dtype` at
+// `data` (any alignment), or `count`.
+size_t FindNonFiniteOfType(const void* data, size_t count, DType dtype);
+
 // fp32 `dst` from `count` elements of `dtype` at `src` (any alignment).
 // Returns the index of the first NaN or infinity, or `count` when all are
 // finite (one pass: the check is done on the converted values).

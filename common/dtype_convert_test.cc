@@ -126,6 +126,11 @@ TEST(DTypeConvertTest, BulkConversionsAndTheNonFiniteScan) {
   ConvertFromFloat(big.data(), 2, DType::kFloat16, half.data());
   std::vector<float> back(2);
   EXPECT_EQ(ConvertToFloatAndFindNonFinite(half.data(), 2, DType::kFloat16, back.data()), 1u);
+  EXPECT_EQ(FindNonFiniteOfType(half.data(), 2, DType::kFloat16), 1u);
+  EXPECT_EQ(FindNonFiniteOfType(half.data(), 1, DType::kFloat16), 1u);
+  std::vector<uint16_t> bf = {0x3f80, 0x7fc0, 0xff80};
+  EXPECT_EQ(FindNonFiniteOfType(bf.data(), 3, DType::kBFloat16), 1u);
+  EXPECT_EQ(FindNonFiniteOfType(big.data(), 2, DType::kFloat32), 2u);
 }
 
 }  // namespace

@@ -116,6 +116,27 @@ TEST_F(ClientSemanticsTest, NonFiniteGradientAnywhereReachesNoShard) {
   EXPECT_EQ(r->version, 1);
 }
 
+TEST_F(ClientSemanticsTest, Float16OverflowIsRefusedBeforeAnyShardSeesIt) {
+  const ModelSpec spec = SyntheticModelSpec("fp16", OptimizerConfig::Sgd(0.1), 1);
+  TrainerClientOptions options;
+  options.push_dtype = DType::kFloat16;
+  auto client = TrainerClient::Connect(Addresses(servers_), options).value();
+  std::vector<float> params = SyntheticInitialParams(client->LayoutFor(spec).value(), 1);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  std::vector<float> grad(params.size(), 0.25f);
+  grad[3] = 1e5f;  // Finite in fp32, inf in fp16.
+  absl::StatusOr<StepResult> r = client->Step(1, grad, absl::MakeSpan(params));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("overflows float16"), std::string::npos) << r.status();
+  for (const auto& server : servers_) {
+    EXPECT_EQ(Inspect(server->address(), "fp16").bytes().gradient_bytes_received(), 0u);
+  }
+  grad[3] = 1e4f;
+  r = client->Step(1, grad, absl::MakeSpan(params));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->bytes_pushed, params.size() * 2);  // Half the fp32 payload.
+}
+
 TEST_F(ClientSemanticsTest, TrainerThatFellBehindIsToldSo) {
   const ModelSpec spec = SyntheticModelSpec("behind", OptimizerConfig::Sgd(0.1), 1);
   auto client = Connect(0);

@@ -28,8 +28,9 @@ const std::vector<std::string> kOptimizers = {
 // Trains every optimizer on S servers started with `server_flags` and T
 // trainer processes, and checks each trainer's final parameters against the
 // single-process CPU reference, bit for bit.
-void RunAndCompare(uint32_t shards, uint32_t trainers,
-                   const std::vector<std::string>& server_flags) {
+void RunAndCompare(uint32_t shards, uint32_t trainers, const std::vector<std::string>& server_flags,
+                   const std::vector<std::string>& optimizers = kOptimizers,
+                   DType push_dtype = DType::kFloat32, DType pull_dtype = DType::kFloat32) {
   absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers =
       StartCluster(shards, server_flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
@@ -42,7 +43,9 @@ void RunAndCompare(uint32_t shards, uint32_t trainers,
     absl::StatusOr<std::unique_ptr<ChildProcess>> proc = ChildProcess::Start(
         Runfile("tests/test_trainer"),
         {"--servers=" + absl::StrJoin(Addresses(*servers), ","), absl::StrCat("--rank=", r),
-         absl::StrCat("--num_trainers=", trainers), "--models=" + absl::StrJoin(kOptimizers, ","),
+         absl::StrCat("--num_trainers=", trainers), "--models=" + absl::StrJoin(optimizers, ","),
+         absl::StrCat("--push_dtype=", DTypeName(push_dtype)),
+         absl::StrCat("--pull_dtype=", DTypeName(pull_dtype)),
          absl::StrCat("--steps=", kSteps), absl::StrCat("--seed=", kSeed), "--out_dir=" + out_dir});
     ASSERT_TRUE(proc.ok()) << proc.status();
     trainer_procs.push_back(std::move(*proc));
@@ -53,10 +56,14 @@ void RunAndCompare(uint32_t shards, uint32_t trainers,
     ASSERT_EQ(*rc, 0) << "trainer failed";
   }
 
-  for (const std::string& name : kOptimizers) {
+  for (const std::string& name : optimizers) {
     const ModelSpec spec = SyntheticModelSpec(name, OptimizerByName(name).value(), trainers);
     const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, shards).value();
-    const std::vector<float> expected = ReferenceRun(spec, layout, kSteps, kSeed);
+    const std::vector<float> masters =
+        ReferenceRun(spec, layout, kSteps, kSeed, push_dtype, pull_dtype);
+    // What a trainer holds after its last pull.
+    std::vector<float> expected = masters;
+    RoundTo(pull_dtype, absl::MakeSpan(expected));
     const std::vector<float> initial = SyntheticInitialParams(layout, kSeed);
     ASSERT_NE(std::memcmp(expected.data(), initial.data(), expected.size() * sizeof(float)), 0)
         << name << ": the reference did not move";
@@ -85,6 +92,17 @@ class EndToEndTest : public ::testing::TestWithParam<std::tuple<uint32_t, uint32
 TEST_P(EndToEndTest, MatchesSingleProcessRunBitForBit) {
   const auto [shards, trainers] = GetParam();
   RunAndCompare(shards, trainers, {"--device=cpu"});
+}
+
+// 16-bit wire types: the trainers hold the parameters as the wire rounds
+// them and push rounded gradients, while the shards keep fp32 master weights.
+// The reference applies the same roundings, so the match is still exact; the
+// trainers' pulled buffers are the masters rounded to the pull type.
+TEST(EndToEndMixedPrecisionTest, SixteenBitWireMatchesTheRoundedReference) {
+  const std::vector<std::string> optimizers = {"adamw", "sgd_momentum"};
+  RunAndCompare(2, 2, {"--device=cpu"}, optimizers, DType::kBFloat16, DType::kBFloat16);
+  RunAndCompare(3, 2, {"--device=cpu"}, optimizers, DType::kFloat16, DType::kFloat32);
+  RunAndCompare(1, 1, {"--device=cpu"}, optimizers, DType::kFloat32, DType::kFloat16);
 }
 
 // The same multi-trainer runs with the model state on GPU 0: the fused CUDA

@@ -22,9 +22,18 @@ ABSL_FLAG(int, steps, 20, "Steps to train.");
 ABSL_FLAG(uint64_t, seed, 1, "Data seed.");
 ABSL_FLAG(std::string, out_dir, "", "Where to write <model>.bin.");
 ABSL_FLAG(uint64_t, chunk_bytes, 1000, "Bytes per streamed chunk (small: many chunks).");
+ABSL_FLAG(std::string, push_dtype, "float32", "Gradient type on the wire: float32|bfloat16|float16.");
+ABSL_FLAG(std::string, pull_dtype, "float32", "Parameter type on the wire: float32|bfloat16|float16.");
 
 namespace shardopt::testing {
 namespace {
+
+absl::StatusOr<DType> ParseDType(const std::string& name) {
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    if (name == DTypeName(d)) return d;
+  }
+  return absl::InvalidArgumentError("unknown dtype " + name);
+}
 
 int Train(const std::string& name) {
   absl::StatusOr<OptimizerConfig> optimizer = OptimizerByName(name);
@@ -37,6 +46,8 @@ int Train(const std::string& name) {
   options.trainer_rank = absl::GetFlag(FLAGS_rank);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.rpc_timeout = absl::Seconds(30);
+  options.push_dtype = ParseDType(absl::GetFlag(FLAGS_push_dtype)).value();
+  options.pull_dtype = ParseDType(absl::GetFlag(FLAGS_pull_dtype)).value();
   absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(servers, options);
   if (!client.ok()) {
     fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -52,10 +63,12 @@ int Train(const std::string& name) {
     status = (*client)->Register(spec, params);
   } else {
     status = (*client)->Attach(spec);
-    if (status.ok()) {
-      params = (*client)->NewFlatBuffer();
-      status = (*client)->Pull(0, absl::MakeSpan(params)).status();
-    }
+  }
+  // Every rank, rank 0 included, starts from version 0 as the wire delivers
+  // it (rounded when pull_dtype is 16-bit).
+  if (status.ok()) {
+    params = (*client)->NewFlatBuffer();
+    status = (*client)->Pull(0, absl::MakeSpan(params)).status();
   }
   if (!status.ok()) {
     fprintf(stderr, "rank %u: %s\n", options.trainer_rank, status.ToString().c_str());

@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype_convert.h"
 #include "server/optim/optimizer.h"
 
 namespace shardopt::testing {
@@ -99,16 +100,26 @@ void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params
   }
 }
 
+void RoundTo(DType dtype, absl::Span<float> values) {
+  if (dtype == DType::kFloat32) return;
+  std::vector<uint16_t> narrow(values.size());
+  ConvertFromFloat(values.data(), values.size(), dtype, narrow.data());
+  ConvertToFloatAndFindNonFinite(narrow.data(), values.size(), dtype, values.data());
+}
+
 std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout, int steps,
-                                uint64_t seed) {
+                                uint64_t seed, DType push_dtype, DType pull_dtype) {
   std::vector<float> params = SyntheticInitialParams(layout, seed);
   std::unique_ptr<Optimizer> optimizer =
       std::move(Optimizer::Create(spec.optimizer, params.size()).value());
-  std::vector<float> sum(params.size()), grad(params.size());
+  std::vector<float> sum(params.size()), grad(params.size()), visible(params.size());
   for (int64_t step = 1; step <= steps; ++step) {
+    visible = params;
+    RoundTo(pull_dtype, absl::MakeSpan(visible));
     for (uint32_t r = 0; r < spec.num_trainers; ++r) {
-      SyntheticGradient(layout, params, r, step, seed,
-                        r == 0 ? absl::MakeSpan(sum) : absl::MakeSpan(grad));
+      absl::Span<float> out = r == 0 ? absl::MakeSpan(sum) : absl::MakeSpan(grad);
+      SyntheticGradient(layout, visible, r, step, seed, out);
+      RoundTo(push_dtype, out);
       if (r > 0) {
         for (size_t i = 0; i < sum.size(); ++i) sum[i] += grad[i];
       }

@@ -38,10 +38,16 @@ void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params
 
 // Trains `spec` for `steps` steps in one process, reducing the trainers'
 // gradients as the shards do (sum in rank order, then / T for the mean).
-// Returns the flat parameters of `layout` (any shard count: tensors sit at
-// the same offsets).
+// With 16-bit wire types it also rounds as the wire does: trainers see the
+// fp32 master parameters rounded to `pull_dtype` and send gradients rounded
+// to `push_dtype`. Returns the flat fp32 master parameters of `layout` (any
+// shard count: tensors sit at the same offsets).
 std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout, int steps,
-                                uint64_t seed);
+                                uint64_t seed, DType push_dtype = DType::kFloat32,
+                                DType pull_dtype = DType::kFloat32);
+
+// x -> the fp32 value of x rounded to `dtype` (identity for fp32).
+void RoundTo(DType dtype, absl::Span<float> values);
 
 // Reads / writes a flat fp32 buffer as raw bytes.
 absl::Status WriteFloats(const std::string& path, absl::Span<const float> values);
