@@ -1,5 +1,6 @@
 #include "common/dtype_convert.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/finite.h"
@@ -18,6 +19,8 @@ float FromBits(uint32_t bits) {
   std::memcpy(&value, &bits, sizeof(value));
   return value;
 }
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % alignof(uint16_t) == 0; }
 
 uint16_t Load16(const char* p) {
   uint16_t v;
@@ -69,6 +72,26 @@ float HalfBitsToFloat(uint16_t bits) {
   return FromBits(sign | ((exponent + 112) << 23) | (mantissa << 13));
 }
 
+namespace {
+
+// Branch-free bodies over typed pointers so that GCC vectorises them; the
+// callers fall back to the byte-wise loops for misaligned 16-bit buffers.
+void NarrowToBFloat16(const float* __restrict src, size_t count, uint16_t* __restrict dst) {
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t bits = Bits(src[i]);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    dst[i] = nan ? uint16_t{0xffff} : static_cast<uint16_t>(rounded);
+  }
+}
+
+void WidenBFloat16(const uint16_t* __restrict src, size_t count, float* __restrict dst) {
+  for (size_t i = 0; i < count; ++i) dst[i] = FromBits(static_cast<uint32_t>(src[i]) << 16);
+}
+
+
+}  // namespace
+
 void ConvertFromFloat(const float* src, size_t count, DType dtype, void* dst) {
   char* out = static_cast<char*>(dst);
   switch (dtype) {
@@ -76,6 +99,10 @@ void ConvertFromFloat(const float* src, size_t count, DType dtype, void* dst) {
       std::memcpy(out, src, count * sizeof(float));
       return;
     case DType::kBFloat16:
+      if (Aligned16(dst)) {
+        NarrowToBFloat16(src, count, static_cast<uint16_t*>(dst));
+        return;
+      }
       for (size_t i = 0; i < count; ++i) {
         const uint16_t v = FloatToBFloat16Bits(src[i]);
         std::memcpy(out + 2 * i, &v, 2);
@@ -102,6 +129,22 @@ size_t FindNonFiniteOfType(const void* data, size_t count, DType dtype) {
   }
   // All-ones exponent: bf16 0x7f80, fp16 0x7c00.
   const uint16_t exponent = dtype == DType::kBFloat16 ? 0x7f80 : 0x7c00;
+  if (Aligned16(data)) {
+    // Blocks of branch-free (vectorisable) tests; the exact index only for a
+    // block that has a hit.
+    const uint16_t* values = static_cast<const uint16_t*>(data);
+    constexpr size_t kBlock = 1024;
+    for (size_t start = 0; start < count; start += kBlock) {
+      const size_t end = std::min(count, start + kBlock);
+      uint32_t hits = 0;
+      for (size_t i = start; i < end; ++i) hits |= (values[i] & exponent) == exponent;
+      if (hits == 0) continue;
+      for (size_t i = start; i < end; ++i) {
+        if ((values[i] & exponent) == exponent) return i;
+      }
+    }
+    return count;
+  }
   for (size_t i = 0; i < count; ++i) {
     if ((Load16(in + 2 * i) & exponent) == exponent) return i;
   }
@@ -114,6 +157,10 @@ size_t ConvertToFloatAndFindNonFinite(const void* src, size_t count, DType dtype
     case DType::kFloat32:
       return CopyAndFindNonFinite(dst, src, count);
     case DType::kBFloat16:
+      if (Aligned16(src)) {
+        WidenBFloat16(static_cast<const uint16_t*>(src), count, dst);
+        break;
+      }
       for (size_t i = 0; i < count; ++i) dst[i] = BFloat16BitsToFloat(Load16(in + 2 * i));
       break;
     case DType::kFloat16:

@@ -254,11 +254,12 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
     return absl::OutOfRangeError(
         absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
   }
-  // fp32 goes straight to `out`; the 16-bit types through an fp32 buffer.
-  std::vector<float> wide;
+  // fp32 goes straight to `out`; the 16-bit types through an fp32 buffer,
+  // kept per thread so that each pulled chunk does not allocate and clear one.
+  thread_local std::vector<float> wide;
   float* target = static_cast<float*>(out);
   if (dtype != DType::kFloat32) {
-    wide.resize(count);
+    if (wide.size() < count) wide.resize(count);
     target = wide.data();
   }
   {

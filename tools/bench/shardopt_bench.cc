@@ -8,7 +8,9 @@
 //     in-process ShardServer, one trainer, one shard, plain SGD, and its ratio
 //     to (a);
 // (c) CPU optimizer update rate (AdamW, SGD-momentum, Adagrad, plain SGD) over
-//     a ThreadPool, next to a memcpy bandwidth reference from the same run.
+//     a ThreadPool, next to a memcpy bandwidth reference from the same run;
+// (d) bytes on the wire and step time per step with fp32, bf16 and fp16
+//     gradients and parameters.
 //
 // GB means 10^9 bytes, MiB 2^20 bytes. Everything the tables need goes to
 // stdout; the server's own log lines go to stderr.
@@ -29,6 +31,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -66,6 +70,8 @@ ABSL_FLAG(double, seconds_per_case, 3.0,
 ABSL_FLAG(bool, skip_tcp, false, "Skip (a), the raw TCP loopback measurement.");
 ABSL_FLAG(bool, skip_push_pull, false, "Skip (b), the shardopt push+pull measurement.");
 ABSL_FLAG(bool, skip_optimizer, false, "Skip (c), the optimizer and memcpy measurement.");
+ABSL_FLAG(int, wire_mib, 64,
+          "(d): MiB of fp32 parameters for the wire element-type comparison; 0 skips it.");
 ABSL_FLAG(int, threads, 0,
           "Threads for the server's optimizer pool and for the multi-threaded rows of (c); "
           "0 = std::thread::hardware_concurrency().");
@@ -641,6 +647,113 @@ absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, do
   return absl::OkStatus();
 }
 
+// ------------------------------------------------- (d) wire element types
+
+// Bytes the loopback device has received so far (/proc/net/dev, "lo"): what
+// actually crossed the "wire", headers and framing included. Machine-wide,
+// so other loopback traffic during a run shows up too.
+uint64_t LoopbackBytes() {
+  std::ifstream in("/proc/net/dev");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (absl::StripAsciiWhitespace(line.substr(0, colon)) != "lo") continue;
+    std::istringstream fields(line.substr(colon + 1));
+    uint64_t rx_bytes = 0;
+    fields >> rx_bytes;
+    return rx_bytes;
+  }
+  return 0;
+}
+
+struct WireRow {
+  DType push = DType::kFloat32, pull = DType::kFloat32;
+  int steps = 0;
+  double step_ms = 0;
+  uint64_t payload_per_step = 0;
+  double loopback_per_step = 0;
+};
+
+// Push + pull steps of one model with the given wire types.
+absl::StatusOr<WireRow> RunWire(DType push, DType pull, uint64_t n, int threads, double seconds,
+                                size_t chunk_bytes) {
+  WireRow row;
+  row.push = push;
+  row.pull = pull;
+  ShardServerOptions server_options;
+  server_options.threads = threads;
+  server_options.pull_chunk_bytes = chunk_bytes;
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      ShardServer::Start("127.0.0.1:0", server_options);
+  if (!server.ok()) return server.status();
+  TrainerClientOptions client_options;
+  client_options.chunk_bytes = chunk_bytes;
+  client_options.push_dtype = push;
+  client_options.pull_dtype = pull;
+  absl::StatusOr<std::unique_ptr<TrainerClient>> client =
+      TrainerClient::Connect({absl::StrCat("127.0.0.1:", (*server)->port())}, client_options);
+  if (!client.ok()) return client.status();
+  ModelSpec spec;
+  spec.model_id = "wire";
+  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(n)}, DType::kFloat32}};
+  spec.optimizer = BenchSgd();
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(spec.tensors, spec.alignment, 1);
+  if (!layout.ok()) return layout.status();
+  std::vector<float> params(layout->total_elements()), grads(layout->total_elements());
+  FillParams(params);
+  FillGradients(grads);
+  if (absl::Status s = (*client)->Register(spec, params); !s.ok()) return s;
+  int64_t step = 0;
+  auto do_step = [&]() -> absl::Status {
+    absl::StatusOr<StepResult> r = (*client)->Step(++step, grads, absl::MakeSpan(params));
+    if (!r.ok()) return r.status();
+    row.payload_per_step = r->bytes_pushed + r->bytes_pulled;
+    return absl::OkStatus();
+  };
+  if (absl::Status s = do_step(); !s.ok()) return s;  // Warm-up.
+  const uint64_t lo_before = LoopbackBytes();
+  const Clock::time_point t0 = Clock::now();
+  do {
+    if (absl::Status s = do_step(); !s.ok()) return s;
+    ++row.steps;
+  } while (Since(t0) < seconds || row.steps < 3);
+  row.step_ms = 1e3 * Since(t0) / row.steps;
+  row.loopback_per_step = static_cast<double>(LoopbackBytes() - lo_before) / row.steps;
+  return row;
+}
+
+absl::Status RunWireTypes(int mib, int threads, double seconds, size_t chunk_bytes) {
+  const uint64_t n = static_cast<uint64_t>(mib) * (kMiB / sizeof(float));
+  absl::PrintF(
+      "\n(d) bytes on the wire per step by element type: %d MiB of fp32 parameters (%d "
+      "elements),\n  1 trainer, 1 shard; payload = push + pull bytes as counted by the "
+      "client; loopback = bytes\n  the lo device received (/proc/net/dev, machine-wide: "
+      "headers and framing included)\n",
+      mib, n);
+  const std::pair<DType, DType> cases[] = {{DType::kFloat32, DType::kFloat32},
+                                           {DType::kBFloat16, DType::kFloat32},
+                                           {DType::kBFloat16, DType::kBFloat16},
+                                           {DType::kFloat16, DType::kFloat16}};
+  std::vector<WireRow> rows;
+  for (const auto& [push, pull] : cases) {
+    absl::StatusOr<WireRow> row = RunWire(push, pull, n, threads, seconds, chunk_bytes);
+    if (!row.ok()) return row.status();
+    rows.push_back(*row);
+  }
+  Table table({"push / pull", "steps", "ms/step", "payload MB/step", "loopback MB/step",
+               "vs fp32 bytes", "vs fp32 time"});
+  for (const WireRow& r : rows) {
+    table.AddRow({absl::StrCat(DTypeName(r.push), " / ", DTypeName(r.pull)),
+                  absl::StrCat(r.steps), Fixed(r.step_ms, 2), Fixed(r.payload_per_step / 1e6, 1),
+                  Fixed(r.loopback_per_step / 1e6, 1),
+                  Fixed(r.loopback_per_step / rows[0].loopback_per_step, 3) + "x",
+                  Fixed(r.step_ms / rows[0].step_ms, 3) + "x"});
+  }
+  table.Print();
+  return absl::OkStatus();
+}
+
 // ------------------------------------------------------------------ main
 
 int Main(int argc, char** argv) {
@@ -767,6 +880,13 @@ int Main(int argc, char** argv) {
             RunOptimizers(static_cast<uint64_t>(optimizer_params), thread_counts, seconds, copies);
         !s.ok()) {
       std::fprintf(stderr, "optimizer: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+
+  if (const int wire_mib = absl::GetFlag(FLAGS_wire_mib); wire_mib > 0) {
+    if (absl::Status s = RunWireTypes(wire_mib, threads, seconds, chunk_bytes); !s.ok()) {
+      std::fprintf(stderr, "wire types: %s\n", s.ToString().c_str());
       return 1;
     }
   }

@@ -7,7 +7,7 @@ bench="$1"
 out="${TEST_TMPDIR:-/tmp}/shardopt_bench_smoke.out"
 
 if ! "$bench" --sizes_mib=1 --optimizer_params=1048576 --seconds_per_case=0.2 \
-    --tcp_mib=64 --memcpy_mib=16 >"$out" 2>"$out.stderr"; then
+    --tcp_mib=64 --memcpy_mib=16 --wire_mib=1 >"$out" 2>"$out.stderr"; then
   echo "shardopt_bench failed; stdout:"; cat "$out"; echo "stderr:"; cat "$out.stderr"
   exit 1
 fi
@@ -33,5 +33,7 @@ for opt in adamw sgd-momentum adagrad; do
   expect "$opt row" "^  $opt +[0-9]+ +[0-9]+ +.* +$num +[0-9]+ +$num +$num +$num\$"
 done
 expect "summary ratio" "^  push\+pull 1 MiB: $num ms/step, $num GB/s payload = ${num}x raw TCP best\$"
+expect "wire types fp32 row" "^  float32 / float32 +[0-9]+ +$num +$num +$num +1\\.000x +1\\.000x\$"
+expect "wire types bf16 row" "^  bfloat16 / bfloat16 +[0-9]+ +$num +$num +$num +${num}x +${num}x\$"
 expect "peak RSS" '^  peak RSS: [0-9]+ MiB'
 exit $status
