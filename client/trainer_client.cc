@@ -226,6 +226,8 @@ absl::Status TrainerClient::RegisterOrAttach(
   *config.mutable_layout() = LayoutToProto(*layout);
   config.mutable_layout()->set_alignment(spec.alignment);
   *config.mutable_optimizer() = OptimizerConfigToProto(spec.optimizer);
+  if (absl::Status s = spec.lr_schedule.Validate(); !s.ok()) return s;
+  *config.mutable_lr_schedule() = LrScheduleToProto(spec.lr_schedule);
   config.set_num_trainers(spec.num_trainers);
   config.set_reduction(spec.reduction == GradientReduction::kSum ? v1::GRADIENT_REDUCTION_SUM
                                                                  : v1::GRADIENT_REDUCTION_MEAN);
@@ -324,10 +326,10 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
     ConvertFromFloat(flat_grads.data(), flat_grads.size(), wire_dtype, narrowed.data());
     if (size_t bad = FindNonFiniteOfType(narrowed.data(), flat_grads.size(), wire_dtype);
         bad != flat_grads.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ",
-          flat_grads[bad], ", which overflows ", DTypeName(wire_dtype),
-          "; nothing was pushed (scale the loss down, or push bfloat16)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ",
+                       flat_grads[bad], ", which overflows ", DTypeName(wire_dtype),
+                       "; nothing was pushed (scale the loss down, or push bfloat16)"));
     }
     payload = narrowed.data();
   }
@@ -456,6 +458,32 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
     }
   }
   return versions[0];
+}
+
+absl::Status TrainerClient::SetHyperparameters(int64_t effective_step,
+                                               const OptimizerConfig& optimizer,
+                                               const LrSchedule& lr_schedule) {
+  if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
+  if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
+  if (absl::Status s = lr_schedule.Validate(); !s.ok()) return s;
+  v1::SetHyperparametersRequest request;
+  request.set_model_id(model_id_);
+  request.set_effective_step(effective_step);
+  *request.mutable_optimizer() = OptimizerConfigToProto(optimizer);
+  *request.mutable_lr_schedule() = LrScheduleToProto(lr_schedule);
+  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
+  return ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
+    Shard& shard = *shards_[i];
+    auto attempt = [&]() -> absl::Status {
+      AttemptContext attempt_context(calls, options_.rpc_timeout);
+      if (!attempt_context.active()) return CancelledBySibling();
+      v1::SetHyperparametersResponse response;
+      return ToAbslStatus(
+          shard.stub->SetHyperparameters(attempt_context.get(), request, &response));
+    };
+    return shard.Annotate(RetryWithBackoff(policy, attempt),
+                          absl::StrCat("SetHyperparameters from step ", effective_step));
+  });
 }
 
 absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const float> flat_grads,

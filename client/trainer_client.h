@@ -33,6 +33,7 @@
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/layout.h"
+#include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
 
 namespace shardopt {
@@ -45,6 +46,7 @@ struct ModelSpec {
   std::vector<TensorSpec> tensors;
   uint32_t alignment = 0;  // 0: ModelLayout::kDefaultAlignment.
   OptimizerConfig optimizer;
+  LrSchedule lr_schedule;  // Default: constant (optimizer.lr every step).
   uint32_t num_trainers = 1;
   GradientReduction reduction = GradientReduction::kMean;
 };
@@ -118,6 +120,13 @@ class TrainerClient {
   // Push(step) then Pull(step).
   absl::StatusOr<StepResult> Step(int64_t step, absl::Span<const float> flat_grads,
                                   absl::Span<float> flat_params);
+
+  // From step `effective_step` on, every shard uses `optimizer` and
+  // `lr_schedule` (same optimizer kind; see SetHyperparametersRequest in the
+  // proto). Safe to call from several trainers with the same arguments.
+  // FAILED_PRECONDITION when a shard has already reached that step.
+  absl::Status SetHyperparameters(int64_t effective_step, const OptimizerConfig& optimizer,
+                                  const LrSchedule& lr_schedule);
 
   // A zero-filled flat buffer of the layout's size.
   std::vector<float> NewFlatBuffer() const;

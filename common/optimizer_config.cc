@@ -64,6 +64,29 @@ int OptimizerConfig::StateSlotsPerElement() const {
   return 0;
 }
 
+bool OptimizerConfig::operator==(const OptimizerConfig& o) const {
+  return kind == o.kind && lr == o.lr && weight_decay == o.weight_decay && maximize == o.maximize &&
+         momentum == o.momentum && dampening == o.dampening && nesterov == o.nesterov &&
+         beta1 == o.beta1 && beta2 == o.beta2 && amsgrad == o.amsgrad && eps == o.eps &&
+         lr_decay == o.lr_decay && initial_accumulator_value == o.initial_accumulator_value;
+}
+
+absl::Status OptimizerConfig::CheckCanChangeTo(const OptimizerConfig& next) const {
+  if (next.kind != kind) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot change the optimizer from ",
+                                                      OptimizerKindName(kind), " to ",
+                                                      OptimizerKindName(next.kind)));
+  }
+  if (next.amsgrad != amsgrad) {
+    return absl::FailedPreconditionError("cannot turn amsgrad on or off on a live model");
+  }
+  if ((next.momentum != 0.0) != (momentum != 0.0)) {
+    return absl::FailedPreconditionError(
+        "cannot switch SGD momentum between zero and non-zero on a live model");
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 absl::Status NonNegative(const char* name, double value) {

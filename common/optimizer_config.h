@@ -56,8 +56,16 @@ struct OptimizerConfig {
   // Adam/AdamW 2 (3 with amsgrad), Adagrad 1.
   int StateSlotsPerElement() const;
 
+  // OK when `next` can replace this config on live optimizer state: same
+  // kind, same amsgrad, and SGD momentum zero in both or in neither (these
+  // decide which state slots exist). FAILED_PRECONDITION otherwise.
+  absl::Status CheckCanChangeTo(const OptimizerConfig& next) const;
+
   // The checks torch.optim makes in its constructors (INVALID_ARGUMENT).
   absl::Status Validate() const;
+
+  bool operator==(const OptimizerConfig& other) const;
+  bool operator!=(const OptimizerConfig& other) const { return !(*this == other); }
 
   // Short human-readable form, e.g. "adamw(lr=0.001, betas=(0.9, 0.999), ...)".
   std::string DebugString() const;

@@ -33,6 +33,60 @@ v1::DType DTypeToProto(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+absl::StatusOr<LrSchedule> LrScheduleFromProto(const v1::LrSchedule& proto) {
+  LrSchedule s;
+  switch (proto.kind()) {
+    case v1::LrSchedule::LR_SCHEDULE_CONSTANT:
+      s.kind = LrSchedule::Kind::kConstant;
+      break;
+    case v1::LrSchedule::LR_SCHEDULE_WARMUP:
+      s.kind = LrSchedule::Kind::kWarmup;
+      break;
+    case v1::LrSchedule::LR_SCHEDULE_WARMUP_LINEAR_DECAY:
+      s.kind = LrSchedule::Kind::kWarmupLinearDecay;
+      break;
+    case v1::LrSchedule::LR_SCHEDULE_WARMUP_COSINE:
+      s.kind = LrSchedule::Kind::kWarmupCosine;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown lr schedule kind ", static_cast<int>(proto.kind())));
+  }
+  switch (proto.warmup_type()) {
+    case v1::LrSchedule::WARMUP_LINEAR:
+      s.warmup_type = LrSchedule::WarmupType::kLinear;
+      break;
+    case v1::LrSchedule::WARMUP_LOG:
+      s.warmup_type = LrSchedule::WarmupType::kLog;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown warmup type ", static_cast<int>(proto.warmup_type())));
+  }
+  s.warmup_steps = proto.warmup_steps();
+  s.warmup_start_lr = proto.warmup_start_lr();
+  s.total_steps = proto.total_steps();
+  s.min_lr = proto.min_lr();
+  if (absl::Status status = s.Validate(); !status.ok()) return status;
+  return s;
+}
+
+v1::LrSchedule LrScheduleToProto(const LrSchedule& s) {
+  v1::LrSchedule proto;
+  const v1::LrSchedule::Kind kinds[] = {
+      v1::LrSchedule::LR_SCHEDULE_CONSTANT, v1::LrSchedule::LR_SCHEDULE_WARMUP,
+      v1::LrSchedule::LR_SCHEDULE_WARMUP_LINEAR_DECAY, v1::LrSchedule::LR_SCHEDULE_WARMUP_COSINE};
+  proto.set_kind(kinds[static_cast<int>(s.kind)]);
+  proto.set_warmup_type(s.warmup_type == LrSchedule::WarmupType::kLog
+                            ? v1::LrSchedule::WARMUP_LOG
+                            : v1::LrSchedule::WARMUP_LINEAR);
+  proto.set_warmup_steps(s.warmup_steps);
+  proto.set_warmup_start_lr(s.warmup_start_lr);
+  proto.set_total_steps(s.total_steps);
+  proto.set_min_lr(s.min_lr);
+  return proto;
+}
+
 absl::StatusOr<ModelLayout> LayoutFromProto(const v1::Layout& proto, uint32_t shard_count) {
   std::vector<TensorSpec> specs;
   specs.reserve(proto.tensors_size());

@@ -6,6 +6,7 @@
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "common/layout.h"
+#include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
 
@@ -18,6 +19,10 @@ v1::Layout LayoutToProto(const ModelLayout& layout);
 // INVALID_ARGUMENT when no optimizer is set or a hyperparameter is invalid.
 absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerConfig& proto);
 v1::OptimizerConfig OptimizerConfigToProto(const OptimizerConfig& config);
+
+// INVALID_ARGUMENT for unknown enum values or an invalid schedule.
+absl::StatusOr<LrSchedule> LrScheduleFromProto(const v1::LrSchedule& proto);
+v1::LrSchedule LrScheduleToProto(const LrSchedule& schedule);
 
 // DTYPE_UNSPECIFIED maps to kFloat32; unknown values are INVALID_ARGUMENT.
 absl::StatusOr<DType> DTypeFromProto(v1::DType proto);

@@ -39,7 +39,8 @@ absl::StatusOr<size_t> CpuBackend::Stage(uint32_t rank, uint64_t offset, const v
   return ConvertToFloatAndFindNonFinite(data, count, dtype, staging_[rank].data() + offset);
 }
 
-absl::Status CpuBackend::Apply(int64_t step, bool mean) {
+absl::Status CpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
+  if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
   const size_t trainers = staging_.size();
   const bool divide = mean && trainers > 1;
   const float divisor = static_cast<float>(trainers);

@@ -31,7 +31,7 @@ class CpuBackend final : public UpdateBackend {
   absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
                                size_t count) override;
   absl::Status FinishStaging(uint32_t rank) override { return absl::OkStatus(); }
-  absl::Status Apply(int64_t step, bool mean) override;
+  absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
   uint64_t parameter_bytes() const override { return params_.size() * sizeof(float); }
   uint64_t optimizer_state_bytes() const override { return optimizer_->state_bytes(); }

@@ -64,6 +64,7 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
     : options_(std::move(options)),
       range_(options_.layout.ShardRange(options_.shard_index)),
       slots_(options_.num_trainers, SlotState::kEmpty),
+      current_{options_.optimizer, options_.lr_schedule},
       backend_(std::move(backend)) {}
 
 ModelShard::~ModelShard() { Shutdown(); }
@@ -135,9 +136,8 @@ ModelShard::PushWriter::~PushWriter() {
 absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, size_t bytes) {
   const size_t element = DTypeSize(dtype_);
   if (bytes % element != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk of ", bytes,
-                                                   " bytes is not a whole number of ",
-                                                   DTypeName(dtype_), " elements"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of ", bytes, " bytes is not a whole number of ", DTypeName(dtype_), " elements"));
   }
   if (offset != received_) {
     return absl::InvalidArgumentError(
@@ -156,9 +156,9 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
     float value;
     ConvertToFloatAndFindNonFinite(static_cast<const char*>(data) + *bad * element, 1, dtype_,
                                    &value);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of ", shard_->DescribeElement(offset + *bad), " from trainer ", rank_,
-        " for step ", step_, " is ", value, "; the push is rejected"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient of ", shard_->DescribeElement(offset + *bad), " from trainer ",
+                     rank_, " for step ", step_, " is ", value, "; the push is rejected"));
   }
   received_ += count;
   shard_->gradient_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
@@ -183,6 +183,7 @@ void ModelShard::AbortPush(uint32_t rank, int64_t step) {
 }
 
 absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step) {
+  OptimizerConfig config;
   {
     absl::MutexLock lock(&mu_);
     slots_[rank] = SlotState::kComplete;
@@ -190,12 +191,22 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step) {
     if (pending > 0) {
       return PushResult{PushOutcome::kAccepted, step, version_, pending};
     }
+    // The hyperparameters of this step: scheduled changes up to it take effect.
+    while (!scheduled_.empty() && scheduled_.begin()->first <= step) {
+      current_ = scheduled_.begin()->second;
+      scheduled_.erase(scheduled_.begin());
+    }
+    config = current_.optimizer;
+    config.lr = current_.lr_schedule.LearningRate(current_.optimizer.lr, step);
+    last_lr_ = config.lr;
+    applying_ = true;
   }
   // Every slot is complete, so no writer touches staging and no other commit
   // can reach here for this step: the update runs without holding mu_, and
   // pushes for step + 1 are refused until version_ moves on below.
-  const absl::Status applied = ApplyStep(step);
+  const absl::Status applied = ApplyStep(step, config);
   absl::MutexLock lock(&mu_);
+  applying_ = false;
   if (!applied.ok()) {
     broken_ = absl::InternalError(absl::StrCat("shard ", options_.shard_index, " of model '",
                                                options_.model_id, "' failed applying step ", step,
@@ -208,9 +219,32 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step) {
   return PushResult{PushOutcome::kApplied, step, version_, PendingLocked()};
 }
 
-absl::Status ModelShard::ApplyStep(int64_t step) {
+absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperparameters& next) {
+  if (absl::Status s = next.optimizer.Validate(); !s.ok()) return s;
+  if (absl::Status s = next.lr_schedule.Validate(); !s.ok()) return s;
+  if (absl::Status s = options_.optimizer.CheckCanChangeTo(next.optimizer); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (!broken_.ok()) return broken_;
+  if (effective_step <= version_ || (effective_step == version_ + 1 && applying_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", effective_step, " is already ",
+                     effective_step <= version_ ? "applied" : "being applied", " (version ",
+                     version_, "); choose a later step"));
+  }
+  auto [it, inserted] = scheduled_.emplace(effective_step, next);
+  if (!inserted) {
+    const Hyperparameters& existing = it->second;
+    if (existing.optimizer != next.optimizer || !(existing.lr_schedule == next.lr_schedule)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a different hyperparameter change is already scheduled for step ", effective_step));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelShard::ApplyStep(int64_t step, const OptimizerConfig& config) {
   absl::WriterMutexLock lock(&params_mu_);
-  if (absl::Status s = backend_->Apply(step, options_.mean_reduction); !s.ok()) return s;
+  if (absl::Status s = backend_->Apply(step, options_.mean_reduction, config); !s.ok()) return s;
   params_version_ = step;
   return absl::OkStatus();
 }
@@ -295,6 +329,9 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
     for (uint32_t r = 0; r < slots_.size(); ++r) {
       if (slots_[r] == SlotState::kComplete) snap.trainers_pushed.push_back(r);
     }
+    snap.current = current_;
+    snap.last_lr = last_lr_;
+    for (const auto& [step, change] : scheduled_) snap.scheduled_changes.push_back(step);
   }
   snap.parameter_bytes = backend_->parameter_bytes();
   snap.optimizer_state_bytes = backend_->optimizer_state_bytes();

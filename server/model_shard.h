@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/layout.h"
+#include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
 #include "server/parallel_for.h"
 #include "server/update_backend.h"
@@ -50,6 +52,13 @@ struct ModelShardOptions {
   OptimizerConfig optimizer;
   uint32_t num_trainers = 1;
   bool mean_reduction = true;  // false: sum over trainers.
+  LrSchedule lr_schedule;      // Applied to optimizer.lr each step.
+};
+
+// The optimizer's hyperparameters and lr schedule from some step on.
+struct Hyperparameters {
+  OptimizerConfig optimizer;
+  LrSchedule lr_schedule;
 };
 
 enum class PushOutcome { kAccepted, kApplied, kDuplicate, kAlreadyApplied };
@@ -79,6 +88,9 @@ struct ShardSnapshot {
   uint64_t staging_bytes = 0;
   uint64_t gradient_bytes_received = 0;
   uint64_t parameter_bytes_sent = 0;
+  Hyperparameters current;                 // In force for the next step.
+  double last_lr = 0;                      // Of the last applied step.
+  std::vector<int64_t> scheduled_changes;  // Steps where a change takes effect.
 };
 
 class ModelShard {
@@ -132,6 +144,13 @@ class ModelShard {
   absl::StatusOr<ShardSnapshot> Snapshot(const std::string& tensor_name, uint64_t slice_offset,
                                          uint32_t slice_length, bool with_tensor_stats);
 
+  // From step `effective_step` on, use `next` (validated, and compatible with
+  // the live state: OptimizerConfig::CheckCanChangeTo). FAILED_PRECONDITION
+  // when that step is applied or being applied, or has another change
+  // scheduled; an identical repeat is OK. Every shard given the same request
+  // switches at the same step.
+  absl::Status SetHyperparameters(int64_t effective_step, const Hyperparameters& next);
+
   int64_t version() const;
   // Wakes every waiter with UNAVAILABLE; later waits fail at once.
   void Shutdown();
@@ -150,7 +169,7 @@ class ModelShard {
   absl::StatusOr<PushResult> CommitPush(uint32_t rank, int64_t step);
   void AbortPush(uint32_t rank, int64_t step);
   // INTERNAL (and the shard refuses all later work) if the backend failed.
-  absl::Status ApplyStep(int64_t step);
+  absl::Status ApplyStep(int64_t step, const OptimizerConfig& config);
   uint32_t PendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Describes flat-range element `index` as "tensor 'w'[12]" for messages.
   std::string DescribeElement(uint64_t index) const;
@@ -165,6 +184,11 @@ class ModelShard {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Set when the backend failed during an update: the state is unknown.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  // True while step version_ + 1 is being applied.
+  bool applying_ ABSL_GUARDED_BY(mu_) = false;
+  Hyperparameters current_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Hyperparameters> scheduled_ ABSL_GUARDED_BY(mu_);
+  double last_lr_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Guards the backend's parameters: Apply holds it exclusively, reads
   // shared. Staging of rank r is written only by rank r's PushWriter while

@@ -248,7 +248,9 @@ class FailingBackend final : public UpdateBackend {
     return count;
   }
   absl::Status FinishStaging(uint32_t) override { return absl::OkStatus(); }
-  absl::Status Apply(int64_t, bool) override { return absl::DataLossError("device lost"); }
+  absl::Status Apply(int64_t, bool, const OptimizerConfig&) override {
+    return absl::DataLossError("device lost");
+  }
   absl::Status Read(uint64_t, uint64_t count, float* out) override {
     std::fill(out, out + count, 0.0f);
     return absl::OkStatus();

@@ -162,10 +162,13 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   if (!layout.ok()) return Error(layout.status());
   absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(config.optimizer());
   if (!optimizer.ok()) return Error(optimizer.status());
+  absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(config.lr_schedule());
+  if (!schedule.ok()) return Error(schedule.status());
   // Compare and store the canonical form, so that spellings of the same model
   // (alignment 0 vs 64, dtype unspecified vs float32) count as equal.
   *config.mutable_layout() = LayoutToProto(*layout);
   *config.mutable_optimizer() = OptimizerConfigToProto(*optimizer);
+  *config.mutable_lr_schedule() = LrScheduleToProto(*schedule);
 
   // An existing model: equal configs attach, different ones are refused.
   auto answer_existing = [&](const Model& model) {
@@ -227,10 +230,13 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
     return Error(absl::InvalidArgumentError(absl::StrCat(
         "RegisterModel sent ", received, " of the ", size, " initial values of the range")));
   }
-  ModelShardOptions shard_options{
-      config.model_id(),     *layout,
-      options_.shard_index,  *optimizer,
-      config.num_trainers(), config.reduction() == v1::GRADIENT_REDUCTION_MEAN};
+  ModelShardOptions shard_options{config.model_id(),
+                                  *layout,
+                                  options_.shard_index,
+                                  *optimizer,
+                                  config.num_trainers(),
+                                  config.reduction() == v1::GRADIENT_REDUCTION_MEAN,
+                                  *schedule};
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
       options_.gpu_index < 0
           ? ModelShard::Create(std::move(shard_options), std::move(values), &pool_)
@@ -348,6 +354,27 @@ grpc::Status ShardServiceImpl::PullParameters(
   return grpc::Status::OK;
 }
 
+grpc::Status ShardServiceImpl::SetHyperparameters(grpc::ServerContext* context,
+                                                  const v1::SetHyperparametersRequest* request,
+                                                  v1::SetHyperparametersResponse* response) {
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return Error(model.status());
+  absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(request->optimizer());
+  if (!optimizer.ok()) return Error(optimizer.status());
+  absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(request->lr_schedule());
+  if (!schedule.ok()) return Error(schedule.status());
+  ModelShard& shard = *(*model)->shard;
+  if (absl::Status s = shard.SetHyperparameters(request->effective_step(), {*optimizer, *schedule});
+      !s.ok()) {
+    return Error(s);
+  }
+  LogInfo("model '%s': from step %d: %s, lr schedule %s", request->model_id(),
+          request->effective_step(), optimizer->DebugString(), schedule->DebugString());
+  response->set_effective_step(request->effective_step());
+  response->set_version(shard.version());
+  return grpc::Status::OK;
+}
+
 grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
                                        const v1::InspectRequest* request,
                                        v1::InspectResponse* response) {
@@ -388,6 +415,10 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
   for (float v : snap->values) response->add_values(v);
   FillByteCounts(*snap, response->mutable_bytes());
   *response->mutable_layout() = config.layout();
+  *response->mutable_current_optimizer() = OptimizerConfigToProto(snap->current.optimizer);
+  *response->mutable_lr_schedule() = LrScheduleToProto(snap->current.lr_schedule);
+  response->set_last_lr(snap->last_lr);
+  for (int64_t step : snap->scheduled_changes) response->add_scheduled_changes(step);
   return grpc::Status::OK;
 }
 

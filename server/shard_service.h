@@ -56,6 +56,9 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   grpc::Status PullParameters(grpc::ServerContext* context,
                               const v1::PullParametersRequest* request,
                               grpc::ServerWriter<v1::PullParametersResponse>* writer) override;
+  grpc::Status SetHyperparameters(grpc::ServerContext* context,
+                                  const v1::SetHyperparametersRequest* request,
+                                  v1::SetHyperparametersResponse* response) override;
   grpc::Status Inspect(grpc::ServerContext* context, const v1::InspectRequest* request,
                        v1::InspectResponse* response) override;
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,

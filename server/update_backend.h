@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "common/optimizer_config.h"
 
 namespace shardopt {
 
@@ -43,8 +44,10 @@ class UpdateBackend {
   virtual absl::Status FinishStaging(uint32_t rank) = 0;
 
   // Reduces the staging buffers in rank order (sum, then divided by the
-  // number of trainers when `mean`) and applies optimizer step `step`.
-  virtual absl::Status Apply(int64_t step, bool mean) = 0;
+  // number of trainers when `mean`) and applies optimizer step `step` with
+  // hyperparameters `config` (the registered optimizer, possibly changed
+  // since, with this step's lr).
+  virtual absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) = 0;
 
   // Copies parameters [offset, offset + count) of the range into `out`.
   virtual absl::Status Read(uint64_t offset, uint64_t count, float* out) = 0;

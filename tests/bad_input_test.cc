@@ -115,8 +115,8 @@ class BadInputTest : public ::testing::Test {
   }
 
   // Pulls the raw payload bytes of `dtype` elements.
-  grpc::Status PullBytes(int64_t min_version, v1::DType dtype, std::string* bytes,
-                         int64_t* version, absl::Duration timeout = absl::Seconds(10),
+  grpc::Status PullBytes(int64_t min_version, v1::DType dtype, std::string* bytes, int64_t* version,
+                         absl::Duration timeout = absl::Seconds(10),
                          const std::string& model = kModel, uint32_t shard_index = kShardIndex) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -400,6 +400,39 @@ TEST_F(BadInputTest, RegistrationIsIdempotentAndRefusesADifferentModel) {
   EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), "fresh").error_code(), grpc::NOT_FOUND);
 }
 
+TEST_F(BadInputTest, BadHyperparameterChangesAreRefused) {
+  const State before = Capture();
+  auto set = [&](const v1::SetHyperparametersRequest& request) {
+    grpc::ClientContext context;
+    v1::SetHyperparametersResponse response;
+    return stub_->SetHyperparameters(&context, request, &response);
+  };
+  v1::SetHyperparametersRequest request;
+  request.set_model_id("nope");
+  request.set_effective_step(3);
+  *request.mutable_optimizer() = config_.optimizer();
+  ExpectRejected(set(request), grpc::NOT_FOUND, "not registered", before);
+  request.set_model_id(kModel);
+  request.mutable_optimizer()->mutable_adam()->set_beta1(2.0);
+  ExpectRejected(set(request), grpc::INVALID_ARGUMENT, "beta1", before);
+  *request.mutable_optimizer() = config_.optimizer();
+  request.mutable_lr_schedule()->set_kind(v1::LrSchedule::LR_SCHEDULE_WARMUP_COSINE);
+  request.mutable_lr_schedule()->set_total_steps(0);
+  ExpectRejected(set(request), grpc::INVALID_ARGUMENT, "total_steps", before);
+  request.clear_lr_schedule();
+  request.mutable_optimizer()->mutable_adam()->set_amsgrad(true);
+  ExpectRejected(set(request), grpc::FAILED_PRECONDITION, "amsgrad", before);
+  request.mutable_optimizer()->mutable_adam()->set_amsgrad(false);
+  request.set_effective_step(0);
+  ExpectRejected(set(request), grpc::FAILED_PRECONDITION, "already applied", before);
+  // Registration with a bad schedule is refused too.
+  v1::ModelConfig bad = config_;
+  bad.set_model_id("sched");
+  bad.mutable_lr_schedule()->set_kind(static_cast<v1::LrSchedule::Kind>(42));
+  ExpectRejected(Register(bad, false, {{0, Bytes(initial_, 0, initial_.size())}}),
+                 grpc::INVALID_ARGUMENT, "unknown lr schedule kind", before);
+}
+
 TEST_F(BadInputTest, PullErrors) {
   std::vector<float> values;
   int64_t version = -1;
@@ -439,17 +472,17 @@ TEST_F(BadInputTest, SixteenBitPushesAndPulls) {
   std::vector<uint16_t> bf16(range_.size());
   for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = FloatToBFloat16Bits(0.1f * (i % 5) - 0.2f);
   v1::PushGradientsResponse r;
-  ASSERT_TRUE(Push(&h, {{0, std::string(reinterpret_cast<const char*>(half.data()), 2 * 10)},
-                        {10, std::string(reinterpret_cast<const char*>(half.data() + 10),
-                                         2 * (half.size() - 10))}},
+  ASSERT_TRUE(Push(&h,
+                   {{0, std::string(reinterpret_cast<const char*>(half.data()), 2 * 10)},
+                    {10, std::string(reinterpret_cast<const char*>(half.data() + 10),
+                                     2 * (half.size() - 10))}},
                    &r)
                   .ok());
   v1::PushHeader h1 = Header(1, 1);
   h1.set_dtype(v1::DTYPE_BFLOAT16);
-  ASSERT_TRUE(Push(&h1, {{0, std::string(reinterpret_cast<const char*>(bf16.data()),
-                                         bf16.size() * 2)}},
-                   &r)
-                  .ok());
+  ASSERT_TRUE(
+      Push(&h1, {{0, std::string(reinterpret_cast<const char*>(bf16.data()), bf16.size() * 2)}}, &r)
+          .ok());
   ASSERT_EQ(r.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
   std::vector<float> mean(range_.size());
   for (size_t i = 0; i < mean.size(); ++i) {

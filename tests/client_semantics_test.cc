@@ -137,6 +137,71 @@ TEST_F(ClientSemanticsTest, Float16OverflowIsRefusedBeforeAnyShardSeesIt) {
   EXPECT_EQ(r->bytes_pushed, params.size() * 2);  // Half the fp32 payload.
 }
 
+TEST_F(ClientSemanticsTest, ScheduleAndLiveHyperparameterChangeAgreeOnEveryShard) {
+  ModelSpec spec = SyntheticModelSpec("live", OptimizerConfig::AdamW(0.02), 2);
+  spec.lr_schedule.kind = LrSchedule::Kind::kWarmupLinearDecay;
+  spec.lr_schedule.warmup_steps = 3;
+  spec.lr_schedule.total_steps = 20;
+  auto rank0 = Connect(0), rank1 = Connect(1);
+  const ModelLayout layout = rank0->LayoutFor(spec).value();
+  std::vector<float> params0 = SyntheticInitialParams(layout, 9);
+  ASSERT_TRUE(rank0->Register(spec, params0).ok());
+  ASSERT_TRUE(rank1->Attach(spec).ok());
+  std::vector<float> params1 = params0, grad0(params0.size()), grad1(params0.size());
+  auto step = [&](int64_t k) {
+    SyntheticGradient(layout, params0, 0, k, 9, absl::MakeSpan(grad0));
+    SyntheticGradient(layout, params1, 1, k, 9, absl::MakeSpan(grad1));
+    ASSERT_TRUE(rank0->Push(k, grad0).ok());
+    ASSERT_TRUE(rank1->Push(k, grad1).ok());
+    ASSERT_EQ(*rank0->Pull(k, absl::MakeSpan(params0)), k);
+    ASSERT_EQ(*rank1->Pull(k, absl::MakeSpan(params1)), k);
+  };
+  for (int64_t k = 1; k <= 4; ++k) step(k);
+
+  // From step 7: another lr and weight decay, and a cosine schedule.
+  OptimizerConfig changed = OptimizerConfig::AdamW(0.005);
+  changed.weight_decay = 0.1;
+  LrSchedule cosine;
+  cosine.kind = LrSchedule::Kind::kWarmupCosine;
+  cosine.warmup_steps = 0;
+  cosine.total_steps = 12;
+  cosine.min_lr = 1e-4;
+  ASSERT_TRUE(rank0->SetHyperparameters(7, changed, cosine).ok());
+  ASSERT_TRUE(rank1->SetHyperparameters(7, changed, cosine).ok());  // Repeat: harmless.
+  for (const auto& server : servers_) {
+    const v1::InspectResponse info = Inspect(server->address(), "live");
+    ASSERT_EQ(info.scheduled_changes_size(), 1);
+    EXPECT_EQ(info.scheduled_changes(0), 7);
+    EXPECT_DOUBLE_EQ(info.last_lr(), spec.lr_schedule.LearningRate(0.02, 4));
+  }
+  // Refused: a step already applied, another change for step 7, a new kind.
+  EXPECT_EQ(rank0->SetHyperparameters(4, changed, cosine).code(),
+            absl::StatusCode::kFailedPrecondition);
+  OptimizerConfig other = changed;
+  other.lr = 0.5;
+  EXPECT_EQ(rank0->SetHyperparameters(7, other, cosine).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rank0->SetHyperparameters(9, OptimizerConfig::Adam(0.1), cosine).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  for (int64_t k = 5; k <= 10; ++k) step(k);
+  ReferenceOptions reference;
+  reference.changes[7] = {changed, cosine};
+  const std::vector<float> expected = ReferenceRun(spec, layout, 10, 9, reference);
+  EXPECT_EQ(std::memcmp(params0.data(), expected.data(), expected.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(params1.data(), expected.data(), expected.size() * sizeof(float)), 0);
+  for (const auto& server : servers_) {
+    const v1::InspectResponse info = Inspect(server->address(), "live");
+    EXPECT_EQ(info.scheduled_changes_size(), 0);
+    EXPECT_DOUBLE_EQ(info.last_lr(), cosine.LearningRate(0.005, 10));
+    EXPECT_DOUBLE_EQ(info.current_optimizer().adamw().weight_decay(), 0.1);
+    EXPECT_EQ(info.lr_schedule().kind(), v1::LrSchedule::LR_SCHEDULE_WARMUP_COSINE);
+  }
+  // Without the change the run would differ: the test can tell.
+  const std::vector<float> unchanged = ReferenceRun(spec, layout, 10, 9);
+  EXPECT_NE(std::memcmp(params0.data(), unchanged.data(), unchanged.size() * sizeof(float)), 0);
+}
+
 TEST_F(ClientSemanticsTest, TrainerThatFellBehindIsToldSo) {
   const ModelSpec spec = SyntheticModelSpec("behind", OptimizerConfig::Sgd(0.1), 1);
   auto client = Connect(0);

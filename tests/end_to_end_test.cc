@@ -45,8 +45,8 @@ void RunAndCompare(uint32_t shards, uint32_t trainers, const std::vector<std::st
         {"--servers=" + absl::StrJoin(Addresses(*servers), ","), absl::StrCat("--rank=", r),
          absl::StrCat("--num_trainers=", trainers), "--models=" + absl::StrJoin(optimizers, ","),
          absl::StrCat("--push_dtype=", DTypeName(push_dtype)),
-         absl::StrCat("--pull_dtype=", DTypeName(pull_dtype)),
-         absl::StrCat("--steps=", kSteps), absl::StrCat("--seed=", kSeed), "--out_dir=" + out_dir});
+         absl::StrCat("--pull_dtype=", DTypeName(pull_dtype)), absl::StrCat("--steps=", kSteps),
+         absl::StrCat("--seed=", kSeed), "--out_dir=" + out_dir});
     ASSERT_TRUE(proc.ok()) << proc.status();
     trainer_procs.push_back(std::move(*proc));
   }
@@ -60,7 +60,7 @@ void RunAndCompare(uint32_t shards, uint32_t trainers, const std::vector<std::st
     const ModelSpec spec = SyntheticModelSpec(name, OptimizerByName(name).value(), trainers);
     const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, shards).value();
     const std::vector<float> masters =
-        ReferenceRun(spec, layout, kSteps, kSeed, push_dtype, pull_dtype);
+        ReferenceRun(spec, layout, kSteps, kSeed, {push_dtype, pull_dtype, {}});
     // What a trainer holds after its last pull.
     std::vector<float> expected = masters;
     RoundTo(pull_dtype, absl::MakeSpan(expected));

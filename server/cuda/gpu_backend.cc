@@ -104,7 +104,8 @@ absl::Status GpuBackend::FinishStaging(uint32_t rank) {
   return s;
 }
 
-absl::Status GpuBackend::Apply(int64_t step, bool mean) {
+absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
+  if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   std::vector<const float*> gradients(lanes_.size());
   for (uint32_t r = 0; r < lanes_.size(); ++r) gradients[r] = staging(r);
@@ -114,8 +115,7 @@ absl::Status GpuBackend::Apply(int64_t step, bool mean) {
   buffers.reduction = mean ? gpu::GradientReduction::kMean : gpu::GradientReduction::kSum;
   buffers.params = params_.as<float>();
   buffers.slots = {slots_[0].as<float>(), slots_[1].as<float>(), slots_[2].as<float>()};
-  if (absl::Status s =
-          gpu::FusedOptimizerStep(optimizer_, step, size_, buffers, apply_stream_.get());
+  if (absl::Status s = gpu::FusedOptimizerStep(config, step, size_, buffers, apply_stream_.get());
       !s.ok()) {
     return s;
   }

@@ -42,7 +42,7 @@ class GpuBackend final : public UpdateBackend {
   absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
                                size_t count) override;
   absl::Status FinishStaging(uint32_t rank) override;
-  absl::Status Apply(int64_t step, bool mean) override;
+  absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
   uint64_t parameter_bytes() const override { return size_ * sizeof(float); }
   uint64_t optimizer_state_bytes() const override {

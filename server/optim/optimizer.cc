@@ -22,6 +22,13 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConf
   return absl::InvalidArgumentError("unknown optimizer kind");
 }
 
+absl::Status Optimizer::SetConfig(const OptimizerConfig& config) {
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  if (absl::Status s = config_.CheckCanChangeTo(config); !s.ok()) return s;
+  config_ = config;
+  return absl::OkStatus();
+}
+
 float* Optimizer::AddSlot(const std::string& name, float initial_value) {
   slot_names_.push_back(name);
   slots_.emplace_back(size_, initial_value);

@@ -48,6 +48,10 @@ class Optimizer {
   virtual void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) = 0;
 
   const OptimizerConfig& config() const { return config_; }
+  // Replaces the hyperparameters for the following updates (not during one):
+  // INVALID_ARGUMENT when invalid, FAILED_PRECONDITION when
+  // config().CheckCanChangeTo(config) refuses.
+  absl::Status SetConfig(const OptimizerConfig& config);
   size_t size() const { return size_; }
 
   // Names of the state slots in PyTorch's terms ("momentum_buffer", "exp_avg",

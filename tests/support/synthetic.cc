@@ -108,12 +108,22 @@ void RoundTo(DType dtype, absl::Span<float> values) {
 }
 
 std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout, int steps,
-                                uint64_t seed, DType push_dtype, DType pull_dtype) {
+                                uint64_t seed, const ReferenceOptions& options) {
+  const DType push_dtype = options.push_dtype, pull_dtype = options.pull_dtype;
+  OptimizerConfig base = spec.optimizer;
+  LrSchedule schedule = spec.lr_schedule;
   std::vector<float> params = SyntheticInitialParams(layout, seed);
   std::unique_ptr<Optimizer> optimizer =
       std::move(Optimizer::Create(spec.optimizer, params.size()).value());
   std::vector<float> sum(params.size()), grad(params.size()), visible(params.size());
   for (int64_t step = 1; step <= steps; ++step) {
+    if (auto change = options.changes.find(step); change != options.changes.end()) {
+      base = change->second.first;
+      schedule = change->second.second;
+    }
+    OptimizerConfig config = base;
+    config.lr = schedule.LearningRate(base.lr, step);
+    optimizer->SetConfig(config).IgnoreError();
     visible = params;
     RoundTo(pull_dtype, absl::MakeSpan(visible));
     for (uint32_t r = 0; r < spec.num_trainers; ++r) {

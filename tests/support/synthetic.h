@@ -9,7 +9,9 @@
 #define SHARDOPT_TESTS_SUPPORT_SYNTHETIC_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,9 +44,15 @@ void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params
 // fp32 master parameters rounded to `pull_dtype` and send gradients rounded
 // to `push_dtype`. Returns the flat fp32 master parameters of `layout` (any
 // shard count: tensors sit at the same offsets).
+// `changes[k]` replaces the optimizer and schedule from step k on (as
+// SetHyperparameters does); the lr of each step comes from the schedule.
+struct ReferenceOptions {
+  DType push_dtype = DType::kFloat32;
+  DType pull_dtype = DType::kFloat32;
+  std::map<int64_t, std::pair<OptimizerConfig, LrSchedule>> changes;
+};
 std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout, int steps,
-                                uint64_t seed, DType push_dtype = DType::kFloat32,
-                                DType pull_dtype = DType::kFloat32);
+                                uint64_t seed, const ReferenceOptions& options = {});
 
 // x -> the fp32 value of x rounded to `dtype` (identity for fp32).
 void RoundTo(DType dtype, absl::Span<float> values);
