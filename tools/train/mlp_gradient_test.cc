@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "client/gradient_accumulator.h"
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "tools/train/batches.h"
@@ -163,6 +164,33 @@ TEST(DataParallelTest, MeanOfShareGradientsIsFullBatchGradient) {
         EXPECT_NEAR(reduced[i], full[i], 1e-6f + 1e-5f * std::abs(full[i]))
             << "step " << step << ", " << trainers << " trainers, element " << i;
       }
+    }
+  }
+}
+
+// Gradient accumulation as the trainer does it: micro-batches of unequal
+// sizes, each a mean-loss gradient weighted by its size, give the gradient
+// of the whole share.
+TEST(DataParallelTest, AccumulatedMicroBatchesGiveTheShareGradient) {
+  const Fixture f = MakeFixture(Activation::kTanh);
+  BatchSchedule schedule = BatchSchedule::Create(f.data.size(), 11, /*seed=*/3).value();
+  const std::vector<int> batch = schedule.GlobalBatch(2);
+  std::vector<float> full(f.params.size(), 0.0f);
+  Loss<float>(f, f.params, batch, &full);
+  for (int micro_batches : {2, 3, 4}) {
+    GradientAccumulator accumulator(f.params.size());
+    for (int m = 0; m < micro_batches; ++m) {
+      const size_t begin = batch.size() * m / micro_batches;
+      const size_t end = batch.size() * (m + 1) / micro_batches;
+      std::vector<float> micro(f.params.size(), 0.0f);
+      Loss<float>(f, f.params, absl::MakeConstSpan(batch).subspan(begin, end - begin), &micro);
+      ASSERT_TRUE(accumulator.Add(micro, end - begin).ok());
+    }
+    std::vector<float> accumulated(f.params.size());
+    ASSERT_TRUE(accumulator.Mean(absl::MakeSpan(accumulated)).ok());
+    for (size_t i = 0; i < full.size(); ++i) {
+      EXPECT_NEAR(accumulated[i], full[i], 1e-6f + 1e-5f * std::abs(full[i]))
+          << micro_batches << " micro-batches, element " << i;
     }
   }
 }

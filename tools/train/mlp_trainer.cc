@@ -33,6 +33,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/gradient_accumulator.h"
 #include "client/trainer_client.h"
 #include "tools/train/batches.h"
 #include "tools/train/mlp.h"
@@ -55,6 +56,9 @@ ABSL_FLAG(double, lr, 0,
           "Learning rate; 0 picks the optimizer's default (adamw/adam 1e-2, "
           "sgd 0.1, adagrad 0.05).");
 ABSL_FLAG(std::string, model_id, "spirals_mlp", "Model id on the servers.");
+ABSL_FLAG(int, micro_batches, 1,
+          "Split this trainer's share of each batch into this many micro-batches and "
+          "accumulate their gradients (client/gradient_accumulator.h); one push per step.");
 ABSL_FLAG(std::string, hidden, "64,64", "Hidden layer widths.");
 ABSL_FLAG(std::string, activation, "relu", "Hidden activation: relu or tanh.");
 ABSL_FLAG(int, log_every, 25, "Rank 0 prints a progress line every this many steps.");
@@ -226,6 +230,12 @@ int Train(const Dataset& data, const JobConfig& job) {
           .value();
   const MlpTensors<float> grad_tensors =
       BindMlp(job.mlp, TensorViews<float>::Create(layout, absl::MakeSpan(grads)).value()).value();
+  const int micro_batches = std::max(1, absl::GetFlag(FLAGS_micro_batches));
+  std::vector<float> micro_grads(grads.size(), 0.0f);
+  const MlpTensors<float> micro_tensors =
+      BindMlp(job.mlp, TensorViews<float>::Create(layout, absl::MakeSpan(micro_grads)).value())
+          .value();
+  GradientAccumulator accumulator(grads.size());
   BatchSchedule schedule = BatchSchedule::Create(data.size(), job.batch, job.seed).value();
 
   ProgressReport progress(stdout, absl::Now());
@@ -239,8 +249,31 @@ int Train(const Dataset& data, const JobConfig& job) {
   const int eval_every = absl::GetFlag(FLAGS_eval_every);
   for (int64_t step = 1; step <= job.steps; ++step) {
     const std::vector<int> batch = schedule.GlobalBatch(step);
-    const double train_loss = MlpLossAndGradient<float>(
-        job.mlp, param_tensors, data, ShareOf(batch, job.rank, job.num_trainers), &grad_tensors);
+    const absl::Span<const int> share = ShareOf(batch, job.rank, job.num_trainers);
+    double train_loss = 0;
+    if (micro_batches == 1) {
+      train_loss = MlpLossAndGradient<float>(job.mlp, param_tensors, data, share, &grad_tensors);
+    } else {
+      // Contiguous micro-batches of the share; the accumulator weighs each
+      // micro-batch's mean-loss gradient by its size.
+      for (int m = 0; m < micro_batches; ++m) {
+        const size_t begin = share.size() * m / micro_batches;
+        const size_t end = share.size() * (m + 1) / micro_batches;
+        if (begin == end) continue;
+        const absl::Span<const int> micro = share.subspan(begin, end - begin);
+        train_loss +=
+            MlpLossAndGradient<float>(job.mlp, param_tensors, data, micro, &micro_tensors) *
+            static_cast<double>(micro.size()) / share.size();
+        if (absl::Status s = accumulator.Add(micro_grads, micro.size()); !s.ok()) {
+          fprintf(stderr, "mlp_trainer: %s\n", s.ToString().c_str());
+          return kExitError;
+        }
+      }
+      if (absl::Status s = accumulator.Mean(absl::MakeSpan(grads)); !s.ok()) {
+        fprintf(stderr, "mlp_trainer: %s\n", s.ToString().c_str());
+        return kExitError;
+      }
+    }
     if (!std::isfinite(train_loss)) {
       fprintf(stderr, "mlp_trainer rank %u: step %ld: the loss is %f; lower --lr\n", job.rank,
               static_cast<long>(step), train_loss);

@@ -11,9 +11,10 @@ out=$TEST_TMPDIR/launcher.out
 
 rc=0
 # 150 steps is enough to fall well below half the initial loss, and keeps
-# the test around 10 s on 2 cores.
+# the test around 10 s on 2 cores. Trainers accumulate 2 micro-batches per
+# step, so the accumulation path trains a real model too.
 bash "$launcher" --server_bin="$server" --trainer_bin="$trainer" --steps=150 --timeout=45 \
-  2>&1 | tee "$out" || rc=${PIPESTATUS[0]}
+  -- --micro_batches=2 2>&1 | tee "$out" || rc=${PIPESTATUS[0]}
 if ((rc != 0)); then
   echo "FAIL: the launcher exited with status $rc" >&2
   exit 1

@@ -1,0 +1,39 @@
+#include "client/gradient_accumulator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardopt {
+
+absl::Status GradientAccumulator::Add(absl::Span<const float> gradient, uint64_t samples) {
+  if (gradient.size() != sum_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch gradient has ", gradient.size(),
+                                                   " elements, expected ", sum_.size()));
+  }
+  if (samples == 0) return absl::InvalidArgumentError("a micro-batch needs at least 1 sample");
+  const float weight = static_cast<float>(samples);
+  if (micro_batches_ == 0) {
+    for (size_t i = 0; i < sum_.size(); ++i) sum_[i] = weight * gradient[i];
+  } else {
+    for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += weight * gradient[i];
+  }
+  samples_ += samples;
+  ++micro_batches_;
+  return absl::OkStatus();
+}
+
+absl::Status GradientAccumulator::Mean(absl::Span<float> out) {
+  if (micro_batches_ == 0) return absl::FailedPreconditionError("no micro-batch was added");
+  if (out.size() != sum_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output has ", out.size(), " elements, expected ", sum_.size()));
+  }
+  const float total = static_cast<float>(samples_);
+  for (size_t i = 0; i < sum_.size(); ++i) out[i] = sum_[i] / total;
+  samples_ = 0;
+  micro_batches_ = 0;
+  return absl::OkStatus();
+}
+
+}  // namespace shardopt
