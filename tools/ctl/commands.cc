@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/proto_convert.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tools/ctl/table.h"
@@ -132,6 +133,12 @@ int Inspect(const CommandOptions& options, FILE* out) {
             Range(info.range()).c_str(), static_cast<long>(info.version()),
             static_cast<long>(info.next_step()), absl::StrJoin(info.trainers_pushed(), ",").c_str(),
             info.num_trainers());
+    absl::StatusOr<OptimizerConfig> current = OptimizerConfigFromProto(info.current_optimizer());
+    absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(info.lr_schedule());
+    fprintf(out, "  optimizer %s  lr schedule %s  last lr %.6g  changes scheduled at [%s]\n",
+            current.ok() ? current->DebugString().c_str() : "?",
+            schedule.ok() ? schedule->DebugString().c_str() : "?", info.last_lr(),
+            absl::StrJoin(info.scheduled_changes(), ",").c_str());
     Table tensors({"TENSOR", "SHAPE", "OFFSET", "ELEMENTS", "L2_NORM", "MIN", "MAX", "MEAN"});
     for (const v1::TensorStats& t : info.tensors()) {
       tensors.AddRow({t.name(), absl::StrCat("[", absl::StrJoin(t.shape(), ","), "]"),

@@ -52,6 +52,8 @@ TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
   EXPECT_NE(out.find("pushed [0] of 2"), std::string::npos) << out;
   EXPECT_NE(out.find("embed.weight"), std::string::npos) << out;
   EXPECT_NE(out.find("L2_NORM"), std::string::npos) << out;
+  EXPECT_NE(out.find("optimizer adam(lr=0.001"), std::string::npos) << out;
+  EXPECT_NE(out.find("lr schedule constant"), std::string::npos) << out;
 
   std::tie(rc, out) = RunCtl("inspect --json --model=ctl_model --tensor=layer2.bias --servers=" +
                              (*servers)[1]->address());
