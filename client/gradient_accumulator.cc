@@ -12,10 +12,20 @@ absl::Status GradientAccumulator::Add(absl::Span<const float> gradient, uint64_t
                                                    " elements, expected ", sum_.size()));
   }
   if (samples == 0) return absl::InvalidArgumentError("a micro-batch needs at least 1 sample");
-  const float weight = static_cast<float>(samples);
   if (micro_batches_ == 0) {
-    for (size_t i = 0; i < sum_.size(); ++i) sum_[i] = weight * gradient[i];
+    std::copy(gradient.begin(), gradient.end(), sum_.begin());
+    first_samples_ = samples;
+    uniform_ = true;
+  } else if (uniform_ && samples == first_samples_) {
+    for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += gradient[i];
   } else {
+    if (uniform_) {
+      // Sizes differ after all: weigh what was summed so far.
+      const float first = static_cast<float>(first_samples_);
+      for (float& v : sum_) v *= first;
+      uniform_ = false;
+    }
+    const float weight = static_cast<float>(samples);
     for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += weight * gradient[i];
   }
   samples_ += samples;
@@ -29,8 +39,8 @@ absl::Status GradientAccumulator::Mean(absl::Span<float> out) {
     return absl::InvalidArgumentError(
         absl::StrCat("output has ", out.size(), " elements, expected ", sum_.size()));
   }
-  const float total = static_cast<float>(samples_);
-  for (size_t i = 0; i < sum_.size(); ++i) out[i] = sum_[i] / total;
+  const float divisor = static_cast<float>(uniform_ ? micro_batches_ : samples_);
+  for (size_t i = 0; i < sum_.size(); ++i) out[i] = sum_[i] / divisor;
   samples_ = 0;
   micro_batches_ = 0;
   return absl::OkStatus();

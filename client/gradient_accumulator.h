@@ -4,8 +4,10 @@
 // Add() each micro-batch's gradient (the gradient of that micro-batch's MEAN
 // loss) with its number of samples; Mean() returns the sample-weighted mean
 // sum_i(n_i * g_i) / sum_i(n_i), which is the gradient of the mean loss over
-// all the step's samples (with equal micro-batches: the plain mean). Sums are
-// kept in fp32 in Add() order, like PyTorch's `.grad +=` over backward passes.
+// all the step's samples. While every micro-batch has the same size, the
+// gradients are summed unweighted and Mean() is exactly (g_1 + ... + g_m) / m,
+// as PyTorch's `.grad +=` over backward passes followed by a division gives.
+// Sums are fp32, in Add() order.
 #ifndef SHARDOPT_CLIENT_GRADIENT_ACCUMULATOR_H_
 #define SHARDOPT_CLIENT_GRADIENT_ACCUMULATOR_H_
 
@@ -33,9 +35,11 @@ class GradientAccumulator {
   absl::Status Mean(absl::Span<float> out);
 
  private:
-  std::vector<float> sum_;
+  std::vector<float> sum_;  // Unweighted while `uniform_`, else weighted.
   uint64_t samples_ = 0;
   int micro_batches_ = 0;
+  uint64_t first_samples_ = 0;
+  bool uniform_ = true;
 };
 
 }  // namespace shardopt

@@ -34,12 +34,19 @@ TEST(GradientAccumulatorTest, WeightedMeanEqualsTheFullBatchGradient) {
 }
 
 TEST(GradientAccumulatorTest, EqualMicroBatchesGiveThePlainMeanExactly) {
-  GradientAccumulator acc(3);
-  ASSERT_TRUE(acc.Add(std::vector<float>{1.0f, 2.0f, 3.0f}).ok());
-  ASSERT_TRUE(acc.Add(std::vector<float>{3.0f, -2.0f, 0.5f}).ok());
-  std::vector<float> mean(3);
+  // Values whose weighted sums would round differently: (3a + 3b) / 6 is
+  // not always (a + b) / 2 in fp32.
+  std::vector<float> a(1000), b(1000);
+  for (int i = 0; i < 1000; ++i) {
+    a[i] = 0.1f * static_cast<float>(i) + 0.013f;
+    b[i] = -0.07f * static_cast<float>(i) + 0.5f;
+  }
+  GradientAccumulator acc(1000);
+  ASSERT_TRUE(acc.Add(a, 3).ok());
+  ASSERT_TRUE(acc.Add(b, 3).ok());
+  std::vector<float> mean(1000);
   ASSERT_TRUE(acc.Mean(absl::MakeSpan(mean)).ok());
-  EXPECT_EQ(mean, (std::vector<float>{2.0f, 0.0f, 1.75f}));
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(mean[i], (a[i] + b[i]) / 2.0f) << i;
 }
 
 TEST(GradientAccumulatorTest, BadInput) {

@@ -308,6 +308,8 @@ absl::Status TrainerClient::RegisterOrAttach(
 
 absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const float> flat_grads) {
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
+  // Counted before any shard can see the step (see SetHyperparameters).
+  last_pushed_step_ = std::max(last_pushed_step_, step);
   // Checked here, whole, before any shard sees the step: a NaN found by one
   // shard only would leave the others holding (or applying) step `step`.
   if (size_t bad = FindNonFinite(flat_grads.data(), flat_grads.size()); bad != flat_grads.size()) {
@@ -463,14 +465,31 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
 absl::Status TrainerClient::SetHyperparameters(int64_t effective_step,
                                                const OptimizerConfig& optimizer,
                                                const LrSchedule& lr_schedule) {
-  if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
   if (absl::Status s = lr_schedule.Validate(); !s.ok()) return s;
+  if (effective_step <= std::max(last_pushed_step_, registered_version_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", effective_step, " may already be applied on some shard (this trainer pushed step ",
+        last_pushed_step_, ", the model was at version ", registered_version_,
+        "): schedule the change for a later step"));
+  }
   v1::SetHyperparametersRequest request;
-  request.set_model_id(model_id_);
   request.set_effective_step(effective_step);
   *request.mutable_optimizer() = OptimizerConfigToProto(optimizer);
   *request.mutable_lr_schedule() = LrScheduleToProto(lr_schedule);
+  return SendHyperparameters(std::move(request));
+}
+
+absl::Status TrainerClient::CancelHyperparameters(int64_t effective_step) {
+  v1::SetHyperparametersRequest request;
+  request.set_effective_step(effective_step);
+  request.set_cancel(true);
+  return SendHyperparameters(std::move(request));
+}
+
+absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest request) {
+  if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
+  request.set_model_id(model_id_);
   const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
   return ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
     Shard& shard = *shards_[i];
@@ -481,8 +500,11 @@ absl::Status TrainerClient::SetHyperparameters(int64_t effective_step,
       return ToAbslStatus(
           shard.stub->SetHyperparameters(attempt_context.get(), request, &response));
     };
-    return shard.Annotate(RetryWithBackoff(policy, attempt),
-                          absl::StrCat("SetHyperparameters from step ", effective_step));
+    return shard.Annotate(
+        RetryWithBackoff(policy, attempt),
+        absl::StrCat(request.cancel() ? "cancelling the hyperparameter change at step "
+                                      : "SetHyperparameters from step ",
+                     request.effective_step()));
   });
 }
 

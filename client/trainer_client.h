@@ -37,6 +37,9 @@
 #include "common/optimizer_config.h"
 
 namespace shardopt {
+namespace v1 {
+class SetHyperparametersRequest;
+}  // namespace v1
 
 enum class GradientReduction { kMean, kSum };
 
@@ -124,9 +127,13 @@ class TrainerClient {
   // From step `effective_step` on, every shard uses `optimizer` and
   // `lr_schedule` (same optimizer kind; see SetHyperparametersRequest in the
   // proto). Safe to call from several trainers with the same arguments.
-  // FAILED_PRECONDITION when a shard has already reached that step.
+  // `effective_step` must be later than every step this trainer has pushed
+  // (FAILED_PRECONDITION otherwise): since no shard can apply a step before
+  // every trainer has pushed it, every shard then accepts the change.
   absl::Status SetHyperparameters(int64_t effective_step, const OptimizerConfig& optimizer,
                                   const LrSchedule& lr_schedule);
+  // Removes a change scheduled for `effective_step` on every shard.
+  absl::Status CancelHyperparameters(int64_t effective_step);
 
   // A zero-filled flat buffer of the layout's size.
   std::vector<float> NewFlatBuffer() const;
@@ -138,12 +145,14 @@ class TrainerClient {
   absl::Status RegisterOrAttach(const ModelSpec& spec,
                                 std::optional<absl::Span<const float>> initial_params);
   absl::Status CheckBuffer(size_t size, const char* what) const;
+  absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
 
   TrainerClientOptions options_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::optional<ModelLayout> layout_;
   std::string model_id_;
   int64_t registered_version_ = 0;
+  int64_t last_pushed_step_ = 0;  // Highest step Push() was called with.
 };
 
 }  // namespace shardopt

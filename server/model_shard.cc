@@ -15,6 +15,8 @@ namespace {
 
 // Parameters read at a time for inspection statistics.
 constexpr uint64_t kStatsBlockElements = 1 << 16;
+// Parameters converted at a time for 16-bit pulls.
+constexpr uint64_t kConvertBlockElements = 1 << 16;
 // WaitForVersion re-checks cancellation this often.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
@@ -194,6 +196,7 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step) {
     // The hyperparameters of this step: scheduled changes up to it take effect.
     while (!scheduled_.empty() && scheduled_.begin()->first <= step) {
       current_ = scheduled_.begin()->second;
+      took_effect_.insert(*scheduled_.begin());
       scheduled_.erase(scheduled_.begin());
     }
     config = current_.optimizer;
@@ -225,6 +228,14 @@ absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperp
   if (absl::Status s = options_.optimizer.CheckCanChangeTo(next.optimizer); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (!broken_.ok()) return broken_;
+  if (auto done = took_effect_.find(effective_step); done != took_effect_.end()) {
+    // A repeat (e.g. a retry after a lost reply) of a change already in force.
+    if (done->second.optimizer == next.optimizer && done->second.lr_schedule == next.lr_schedule) {
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("a different hyperparameter change took effect at step ", effective_step));
+  }
   if (effective_step <= version_ || (effective_step == version_ + 1 && applying_)) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", effective_step, " is already ",
@@ -239,6 +250,17 @@ absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperp
           "a different hyperparameter change is already scheduled for step ", effective_step));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ModelShard::CancelHyperparameters(int64_t effective_step) {
+  absl::MutexLock lock(&mu_);
+  if (took_effect_.count(effective_step) > 0 ||
+      (effective_step == version_ + 1 && applying_ && scheduled_.count(effective_step) > 0)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the change for step ", effective_step, " has already taken effect"));
+  }
+  scheduled_.erase(effective_step);
   return absl::OkStatus();
 }
 
@@ -288,23 +310,32 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
     return absl::OutOfRangeError(
         absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
   }
-  // fp32 goes straight to `out`; the 16-bit types through an fp32 buffer,
-  // kept per thread so that each pulled chunk does not allocate and clear one.
-  thread_local std::vector<float> wide;
-  float* target = static_cast<float*>(out);
-  if (dtype != DType::kFloat32) {
-    if (wide.size() < count) wide.resize(count);
-    target = wide.data();
+  absl::ReaderMutexLock lock(&params_mu_);
+  if (params_version_ != version) {
+    return absl::AbortedError(absl::StrCat("parameters moved from version ", version, " to ",
+                                           params_version_, " during the pull; retry"));
   }
-  {
-    absl::ReaderMutexLock lock(&params_mu_);
-    if (params_version_ != version) {
-      return absl::AbortedError(absl::StrCat("parameters moved from version ", version, " to ",
-                                             params_version_, " during the pull; retry"));
+  if (dtype == DType::kFloat32) {
+    if (absl::Status s = backend_->Read(offset, count, static_cast<float*>(out)); !s.ok()) {
+      return s;
     }
-    if (absl::Status s = backend_->Read(offset, count, target); !s.ok()) return s;
+  } else {
+    // Through a bounded fp32 buffer per thread, block by block.
+    thread_local std::vector<float> wide(kConvertBlockElements);
+    char* narrow = static_cast<char*>(out);
+    for (uint64_t done = 0; done < count; done += kConvertBlockElements) {
+      const uint64_t n = std::min<uint64_t>(kConvertBlockElements, count - done);
+      if (absl::Status s = backend_->Read(offset + done, n, wide.data()); !s.ok()) return s;
+      char* block = narrow + done * DTypeSize(dtype);
+      ConvertFromFloat(wide.data(), n, dtype, block);
+      // fp16 tops out at 65504: a larger master weight would arrive as inf.
+      if (size_t bad = FindNonFiniteOfType(block, n, dtype); bad != n) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("parameter ", DescribeElement(offset + done + bad), " is ", wide[bad],
+                         ", which overflows ", DTypeName(dtype), "; pull float32 or bfloat16"));
+      }
+    }
   }
-  if (dtype != DType::kFloat32) ConvertFromFloat(wide.data(), count, dtype, out);
   parameter_bytes_sent_.fetch_add(count * DTypeSize(dtype), std::memory_order_relaxed);
   return absl::OkStatus();
 }

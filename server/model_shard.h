@@ -147,9 +147,15 @@ class ModelShard {
   // From step `effective_step` on, use `next` (validated, and compatible with
   // the live state: OptimizerConfig::CheckCanChangeTo). FAILED_PRECONDITION
   // when that step is applied or being applied, or has another change
-  // scheduled; an identical repeat is OK. Every shard given the same request
-  // switches at the same step.
+  // scheduled or in force; an identical repeat is OK, also after the change
+  // took effect. Shards decide alone: a request for a step some shard has
+  // already applied is accepted by the others, so callers must name a step
+  // that no trainer has pushed yet (then every shard accepts it and switches
+  // at that step); TrainerClient enforces that.
   absl::Status SetHyperparameters(int64_t effective_step, const Hyperparameters& next);
+  // Removes the change scheduled for `effective_step`, if any (OK when there
+  // is none); FAILED_PRECONDITION once it has taken effect.
+  absl::Status CancelHyperparameters(int64_t effective_step);
 
   int64_t version() const;
   // Wakes every waiter with UNAVAILABLE; later waits fail at once.
@@ -188,6 +194,8 @@ class ModelShard {
   bool applying_ ABSL_GUARDED_BY(mu_) = false;
   Hyperparameters current_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Hyperparameters> scheduled_ ABSL_GUARDED_BY(mu_);
+  // Changes already in force, so that repeats of them stay harmless.
+  std::map<int64_t, Hyperparameters> took_effect_ ABSL_GUARDED_BY(mu_);
   double last_lr_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Guards the backend's parameters: Apply holds it exclusively, reads

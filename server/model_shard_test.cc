@@ -284,6 +284,61 @@ TEST(ModelShardTest, BackendFailureStopsTheShard) {
             absl::StatusCode::kInternal);
 }
 
+TEST(ModelShardTest, HyperparameterChangeTakesEffectAtItsStepAndRepeatsAreHarmless) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, 1, OptimizerConfig::Sgd(0.1));
+  const Hyperparameters next{OptimizerConfig::Sgd(0.5), LrSchedule()};
+  Hyperparameters other = next;
+  other.optimizer.lr = 0.7;
+  ASSERT_TRUE(shard->SetHyperparameters(2, next).ok());
+  EXPECT_TRUE(shard->SetHyperparameters(2, next).ok());  // Repeat.
+  EXPECT_EQ(shard->SetHyperparameters(2, other).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->SetHyperparameters(3, {OptimizerConfig::Adam(0.1), LrSchedule()}).code(),
+            absl::StatusCode::kFailedPrecondition);  // Another optimizer kind.
+
+  std::vector<float> expected = ReadAll(*shard, 0);
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(PushAll(*shard, 0, step).ok());
+    const std::vector<float> g = Grad(0, step, shard->size());
+    const float lr = step == 1 ? 0.1f : 0.5f;
+    for (size_t i = 0; i < expected.size(); ++i) expected[i] = expected[i] + (-lr) * g[i];
+  }
+  EXPECT_EQ(ReadAll(*shard, 2), expected);
+  ShardSnapshot snap = shard->Snapshot("", 0, 0, false).value();
+  EXPECT_DOUBLE_EQ(snap.last_lr, 0.5);
+  EXPECT_TRUE(snap.scheduled_changes.empty());
+
+  // After the change took effect: an identical repeat (a retry after a lost
+  // reply) is still OK, anything else is refused.
+  EXPECT_TRUE(shard->SetHyperparameters(2, next).ok());
+  EXPECT_EQ(shard->SetHyperparameters(2, other).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->SetHyperparameters(1, next).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->CancelHyperparameters(2).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(shard->SetHyperparameters(5, other).ok());
+  ASSERT_TRUE(shard->CancelHyperparameters(5).ok());
+  EXPECT_TRUE(shard->CancelHyperparameters(6).ok());  // Nothing there: still OK.
+  EXPECT_TRUE(shard->Snapshot("", 0, 0, false).value().scheduled_changes.empty());
+}
+
+// A change for a step one shard has applied and another has not: the first
+// refuses, the second accepts, and cancelling on the second makes them agree
+// again (why TrainerClient only schedules steps its trainer has not pushed).
+TEST(ModelShardTest, PartlyAcceptedChangeCanBeCancelled) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> a = MakeShard(&pool, 2, OptimizerConfig::Sgd(0.1));
+  std::unique_ptr<ModelShard> b = MakeShard(&pool, 2, OptimizerConfig::Sgd(0.1));
+  ASSERT_TRUE(PushAll(*a, 0, 1).ok());
+  ASSERT_TRUE(PushAll(*a, 1, 1).ok());  // Step 1 applied on a...
+  ASSERT_TRUE(PushAll(*b, 0, 1).ok());  // ...still waiting for rank 1 on b.
+  const Hyperparameters next{OptimizerConfig::Sgd(0.5), LrSchedule()};
+  EXPECT_EQ(a->SetHyperparameters(1, next).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(b->SetHyperparameters(1, next).ok());
+  ASSERT_TRUE(b->CancelHyperparameters(1).ok());
+  ASSERT_TRUE(PushAll(*b, 1, 1).ok());
+  EXPECT_DOUBLE_EQ(a->Snapshot("", 0, 0, false).value().last_lr, 0.1);
+  EXPECT_DOUBLE_EQ(b->Snapshot("", 0, 0, false).value().last_lr, 0.1);
+}
+
 TEST(ModelShardTest, CreateRejectsBadInput) {
   ThreadPool pool(1);
   const ModelLayout layout = TestLayout();

@@ -359,6 +359,15 @@ grpc::Status ShardServiceImpl::SetHyperparameters(grpc::ServerContext* context,
                                                   v1::SetHyperparametersResponse* response) {
   absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
   if (!model.ok()) return Error(model.status());
+  if (request->cancel()) {
+    ModelShard& shard = *(*model)->shard;
+    if (absl::Status s = shard.CancelHyperparameters(request->effective_step()); !s.ok()) {
+      return Error(s);
+    }
+    response->set_effective_step(request->effective_step());
+    response->set_version(shard.version());
+    return grpc::Status::OK;
+  }
   absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(request->optimizer());
   if (!optimizer.ok()) return Error(optimizer.status());
   absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(request->lr_schedule());

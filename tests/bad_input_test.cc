@@ -511,6 +511,42 @@ TEST_F(BadInputTest, SixteenBitPushesAndPulls) {
   }
 }
 
+TEST(Float16PullTest, AParameterBeyondFloat16IsRefusedNotSentAsInf) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(0, 1);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = NewStub((*server)->address());
+  const ModelLayout layout = ModelLayout::Create({{"w", {40}, DType::kFloat32}}, 16, 1).value();
+  std::vector<float> values(layout.shard_size(), 1.0f);
+  values[7] = 70000.0f;  // Finite in fp32 and bf16, beyond fp16's 65504.
+  v1::ModelConfig config;
+  config.set_model_id("m");
+  *config.mutable_layout() = LayoutToProto(layout);
+  *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Sgd(0.1));
+  config.set_num_trainers(1);
+  config.set_shard_count(1);
+  ASSERT_TRUE(
+      RawRegister(*stub, config, 0, false, {{0, FloatBytes(values.data(), values.size())}}).ok());
+  for (v1::DType dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
+    grpc::ClientContext context;
+    v1::PullParametersRequest request;
+    request.set_model_id("m");
+    request.set_dtype(dtype);
+    auto reader = stub->PullParameters(&context, request);
+    v1::PullParametersResponse response;
+    while (reader->Read(&response)) {
+    }
+    grpc::Status status = reader->Finish();
+    if (dtype == v1::DTYPE_FLOAT16) {
+      EXPECT_EQ(status.error_code(), grpc::FAILED_PRECONDITION) << status.error_message();
+      EXPECT_NE(status.error_message().find("tensor 'w'[7] is 70000, which overflows float16"),
+                std::string::npos)
+          << status.error_message();
+    } else {
+      EXPECT_TRUE(status.ok()) << status.error_message();
+    }
+  }
+}
+
 TEST_F(BadInputTest, InspectReportsTheShardAndRejectsBadSlices) {
   v1::InspectResponse info = Inspect();
   EXPECT_EQ(info.shard_index(), kShardIndex);
