@@ -1,8 +1,12 @@
 // LrSchedule: the learning rate of every step, computed the same way on every
 // shard (and by the reference in tests) from the base lr of the optimizer.
 //
-// Step t >= 1 is PyTorch's optimizer step; its iteration is i = t - 1 (the
-// DeepSpeed schedulers' last_batch_iteration when that step runs). With
+// Step t >= 1 is PyTorch's optimizer step; its iteration is i = t - 1. The
+// shapes are those of DeepSpeed's WarmupLR / WarmupDecayLR (linear or log
+// warmup from warmup_start_lr to the base lr, then linear decay to zero), but
+// the step alignment is our own: step 1 runs at i = 0, and W < 2 is taken as
+// given (DeepSpeed clamps it to 2). Steps are absolute: a schedule installed
+// mid-run continues from its position at that step. With
 // W = warmup_steps, N = total_steps, base = the optimizer's lr, lo =
 // warmup_start_lr:
 //   constant:             base

@@ -58,6 +58,14 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
   return backend;
 }
 
+GpuBackend::~GpuBackend() {
+  // Frees happen on the backend's GPU, after the copies still queued (an
+  // aborted push may have left some): errors here have no one to go to.
+  if (!gpu::SetCurrentDevice(device_index_).ok()) return;
+  for (Lane& lane : lanes_) lane.stream.Synchronize().IgnoreError();
+  apply_stream_.Synchronize().IgnoreError();
+}
+
 std::string GpuBackend::device() const { return absl::StrCat("cuda:", device_index_); }
 
 absl::StatusOr<size_t> GpuBackend::Stage(uint32_t rank, uint64_t offset, const void* data,

@@ -38,6 +38,9 @@ class GpuBackend final : public UpdateBackend {
                                                             uint32_t num_trainers,
                                                             const std::vector<float>& initial);
 
+  // Makes its GPU current and waits for its copies before freeing memory.
+  ~GpuBackend() override;
+
   std::string device() const override;
   absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
                                size_t count) override;

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "server/cuda/device.h"
 #include "server/model_shard.h"
+#include "common/dtype_convert.h"
 #include "server/model_shard_testing.h"
 
 namespace shardopt {
@@ -107,6 +108,47 @@ TEST_F(GpuBackendTest, NonFiniteChunkIsRejectedAndTheRetryCounts) {
   std::vector<float> out(gpu->size());
   ASSERT_TRUE(gpu->ReadParameters(1, 0, out.size(), out.data()).ok());
   for (float v : out) ASSERT_EQ(v, 0.5f);
+}
+
+// Per-step hyperparameters (a schedule, a live change) and 16-bit staging go
+// through the GPU backend exactly as through the CPU backend.
+TEST_F(GpuBackendTest, ScheduleChangesAndSixteenBitPushesMatchTheCpu) {
+  const ModelLayout layout = ModelLayout::Create({{"w", {10001}}}, 1, 1).value();
+  ModelShardOptions options{"m", layout, 0, OptimizerConfig::AdamW(0.01), 2, true};
+  options.lr_schedule.kind = LrSchedule::Kind::kWarmupCosine;
+  options.lr_schedule.warmup_steps = 2;
+  options.lr_schedule.total_steps = 10;
+  std::vector<float> init(layout.shard_size());
+  for (size_t i = 0; i < init.size(); ++i) init[i] = std::cos(0.01f * static_cast<float>(i));
+  std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
+  std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
+  OptimizerConfig changed = OptimizerConfig::AdamW(0.003);
+  changed.weight_decay = 0.2;
+  for (ModelShard* shard : {cpu.get(), gpu.get()}) {
+    ASSERT_TRUE(shard->SetHyperparameters(4, {changed, LrSchedule()}).ok());
+  }
+  for (int64_t step = 1; step <= 8; ++step) {
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      const DType dtype = rank == 0 ? DType::kBFloat16 : DType::kFloat16;
+      const std::vector<float> g = RandomGradient(rank, step, layout.shard_size());
+      std::vector<uint16_t> wire(g.size());
+      ConvertFromFloat(g.data(), g.size(), dtype, wire.data());
+      for (ModelShard* shard : {cpu.get(), gpu.get()}) {
+        auto start = shard->BeginPush(rank, step, wire.size(), dtype);
+        ASSERT_TRUE(start.ok() && start->writer != nullptr) << start.status();
+        for (size_t off = 0; off < wire.size(); off += 3001) {
+          const size_t n = std::min<size_t>(3001, wire.size() - off);
+          ASSERT_TRUE(start->writer->Write(off, wire.data() + off, n * 2).ok());
+        }
+        ASSERT_TRUE(start->writer->Commit().ok());
+      }
+    }
+  }
+  std::vector<float> a(cpu->size()), b(gpu->size());
+  ASSERT_TRUE(cpu->ReadParameters(8, 0, a.size(), a.data()).ok());
+  ASSERT_TRUE(gpu->ReadParameters(8, 0, b.size(), b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  EXPECT_DOUBLE_EQ(gpu->Snapshot("", 0, 0, false).value().last_lr, 0.003);
 }
 
 TEST(GpuDeviceSelectionTest, ReportsWhyThereIsNoGpu) {

@@ -1,5 +1,7 @@
 #include "tests/support/synthetic.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -123,7 +125,10 @@ std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout
     }
     OptimizerConfig config = base;
     config.lr = schedule.LearningRate(base.lr, step);
-    optimizer->SetConfig(config).IgnoreError();
+    if (absl::Status s = optimizer->SetConfig(config); !s.ok()) {
+      fprintf(stderr, "ReferenceRun: step %ld: %s\n", static_cast<long>(step), s.ToString().c_str());
+      abort();  // A reference that silently ignores a change would prove nothing.
+    }
     visible = params;
     RoundTo(pull_dtype, absl::MakeSpan(visible));
     for (uint32_t r = 0; r < spec.num_trainers; ++r) {
