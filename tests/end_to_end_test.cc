@@ -68,21 +68,26 @@ void RunAndCompare(uint32_t shards, uint32_t trainers, const std::vector<std::st
     ASSERT_NE(std::memcmp(expected.data(), initial.data(), expected.size() * sizeof(float)), 0)
         << name << ": the reference did not move";
     for (uint32_t r = 0; r < trainers; ++r) {
-      absl::StatusOr<std::vector<float>> got =
-          ReadFloats(absl::StrCat(out_root, "/rank", r, "/", name, ".bin"));
-      ASSERT_TRUE(got.ok()) << got.status();
-      ASSERT_EQ(got->size(), expected.size()) << name;
-      size_t mismatches = 0;
-      for (const TensorPlacement& t : layout.tensors()) {
-        for (uint64_t i = 0; i < t.size; ++i) {
-          const float a = (*got)[t.offset + i], b = expected[t.offset + i];
-          if (std::memcmp(&a, &b, sizeof(float)) != 0 && mismatches++ < 5) {
-            ADD_FAILURE() << name << " rank " << r << " " << t.spec.name << "[" << i << "]: " << a
-                          << " != " << b;
+      // What the trainer pulled, and the servers' fp32 masters.
+      const std::pair<std::string, const std::vector<float>*> outputs[] = {
+          {".bin", &expected}, {".master.bin", &masters}};
+      for (const auto& [suffix, want] : outputs) {
+        absl::StatusOr<std::vector<float>> got =
+            ReadFloats(absl::StrCat(out_root, "/rank", r, "/", name, suffix));
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ(got->size(), want->size()) << name;
+        size_t mismatches = 0;
+        for (const TensorPlacement& t : layout.tensors()) {
+          for (uint64_t i = 0; i < t.size; ++i) {
+            const float a = (*got)[t.offset + i], b = (*want)[t.offset + i];
+            if (std::memcmp(&a, &b, sizeof(float)) != 0 && mismatches++ < 5) {
+              ADD_FAILURE() << name << suffix << " rank " << r << " " << t.spec.name << "[" << i
+                            << "]: " << a << " != " << b;
+            }
           }
         }
+        EXPECT_EQ(mismatches, 0u) << name << suffix << " rank " << r;
       }
-      EXPECT_EQ(mismatches, 0u) << name << " rank " << r;
     }
   }
 }

@@ -22,8 +22,10 @@ ABSL_FLAG(int, steps, 20, "Steps to train.");
 ABSL_FLAG(uint64_t, seed, 1, "Data seed.");
 ABSL_FLAG(std::string, out_dir, "", "Where to write <model>.bin.");
 ABSL_FLAG(uint64_t, chunk_bytes, 1000, "Bytes per streamed chunk (small: many chunks).");
-ABSL_FLAG(std::string, push_dtype, "float32", "Gradient type on the wire: float32|bfloat16|float16.");
-ABSL_FLAG(std::string, pull_dtype, "float32", "Parameter type on the wire: float32|bfloat16|float16.");
+ABSL_FLAG(std::string, push_dtype, "float32",
+          "Gradient type on the wire: float32|bfloat16|float16.");
+ABSL_FLAG(std::string, pull_dtype, "float32",
+          "Parameter type on the wire: float32|bfloat16|float16.");
 
 namespace shardopt::testing {
 namespace {
@@ -93,6 +95,22 @@ int Train(const std::string& name) {
   const std::string out = absl::GetFlag(FLAGS_out_dir) + "/" + name + ".bin";
   if (absl::Status s = WriteFloats(out, params); !s.ok()) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  // The servers' fp32 master weights too (what a 16-bit pull rounds): a
+  // second client of the same rank that pulls fp32.
+  TrainerClientOptions fp32_options = options;
+  fp32_options.pull_dtype = DType::kFloat32;
+  auto masters_client = TrainerClient::Connect(servers, fp32_options);
+  std::vector<float> masters;
+  absl::Status s = masters_client.ok() ? (*masters_client)->Attach(spec) : masters_client.status();
+  if (s.ok()) {
+    masters = (*masters_client)->NewFlatBuffer();
+    s = (*masters_client)->Pull(absl::GetFlag(FLAGS_steps), absl::MakeSpan(masters)).status();
+  }
+  if (s.ok()) s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".master.bin", masters);
+  if (!s.ok()) {
+    fprintf(stderr, "masters: %s\n", s.ToString().c_str());
     return 1;
   }
   return 0;
