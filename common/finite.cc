@@ -38,6 +38,7 @@ size_t FindNonFinite(const float* data, size_t n) {
 size_t CopyAndFindNonFinite(float* dst, const void* src, size_t n) {
   const char* bytes = static_cast<const char*>(src);
   uint32_t* __restrict out = reinterpret_cast<uint32_t*>(dst);
+  size_t first_bad = n;
   for (size_t start = 0; start < n; start += kBlock) {
     const size_t end = start + kBlock < n ? start + kBlock : n;
     uint32_t any_bad = 0;
@@ -47,9 +48,9 @@ size_t CopyAndFindNonFinite(float* dst, const void* src, size_t n) {
       out[i] = bits;
       any_bad |= static_cast<uint32_t>((bits & kExponentMask) == kExponentMask);
     }
-    if (any_bad) return FirstNonFiniteInBlock(dst, start, end);
+    if (any_bad && first_bad == n) first_bad = FirstNonFiniteInBlock(dst, start, end);
   }
-  return n;
+  return first_bad;
 }
 
 }  // namespace shardopt

@@ -10,9 +10,9 @@ namespace shardopt {
 // Branch-free per block so that the common all-finite case vectorises.
 size_t FindNonFinite(const float* data, size_t n);
 
-// Copies n floats from `src` (any alignment, e.g. a received payload) to
-// `dst` and returns the index of the first NaN or infinity copied, or n. One
-// pass over the data instead of a copy and a scan.
+// Copies all n floats from `src` (any alignment, e.g. a received payload) to
+// `dst` and returns the index of the first NaN or infinity, or n. One pass
+// over the data instead of a copy and a scan.
 size_t CopyAndFindNonFinite(float* dst, const void* src, size_t n);
 
 }  // namespace shardopt

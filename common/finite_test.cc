@@ -33,7 +33,7 @@ TEST(FindNonFiniteTest, FindsFirstNanOrInfAnywhere) {
   }
 }
 
-TEST(CopyAndFindNonFiniteTest, CopiesEverythingUpToTheFirstBadBlockAndFindsIt) {
+TEST(CopyAndFindNonFiniteTest, CopiesEverythingAndFindsTheFirstNonFinite) {
   std::vector<float> src(5000);
   for (size_t i = 0; i < src.size(); ++i) src[i] = 0.25f * static_cast<float>(i) - 7.0f;
   // Unaligned source, as a payload inside a protobuf string may be.
@@ -45,7 +45,10 @@ TEST(CopyAndFindNonFiniteTest, CopiesEverythingUpToTheFirstBadBlockAndFindsIt) {
 
   src[3333] = std::numeric_limits<float>::infinity();
   std::memcpy(raw.data() + 1, src.data(), src.size() * sizeof(float));
+  std::fill(dst.begin(), dst.end(), -1.0f);
   EXPECT_EQ(CopyAndFindNonFinite(dst.data(), raw.data() + 1, src.size()), 3333u);
+  // Everything is copied, also past the first infinity.
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), src.size() * sizeof(float)), 0);
   EXPECT_EQ(CopyAndFindNonFinite(dst.data(), raw.data() + 1, 0), 0u);
 }
 

@@ -62,6 +62,58 @@ absl::Status CpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& c
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::Reduce(bool mean) {
+  const size_t trainers = staging_.size();
+  const float divisor = static_cast<float>(trainers);
+  float* const sum = staging_[0].data();
+  pool_->ParallelFor(params_.size(), kGrainElements, [&](size_t begin, size_t end) {
+    for (size_t t = 1; t < trainers; ++t) {
+      const float* __restrict other = staging_[t].data();
+      for (size_t i = begin; i < end; ++i) sum[i] += other[i];
+    }
+    if (mean && trainers > 1) {
+      for (size_t i = begin; i < end; ++i) sum[i] /= divisor;
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CpuBackend::SumOfSquares(float scale) {
+  const float* const g = staging_[0].data();
+  const size_t n = params_.size();
+  std::vector<double> blocks((n + kNormBlockElements - 1) / kNormBlockElements, 0.0);
+  pool_->ParallelFor(blocks.size(), 1, [&](size_t first, size_t last) {
+    for (size_t b = first; b < last; ++b) {
+      double s = 0;
+      const size_t end = std::min(n, (b + 1) * kNormBlockElements);
+      for (size_t i = b * kNormBlockElements; i < end; ++i) {
+        const double x = static_cast<double>(g[i] * scale);
+        s += x * x;
+      }
+      blocks[b] = s;
+    }
+  });
+  double total = 0;
+  for (double s : blocks) total += s;
+  return total;
+}
+
+absl::Status CpuBackend::Update(int64_t step, const OptimizerConfig& config, float multiplier) {
+  if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
+  float* const g = staging_[0].data();
+  float* const params = params_.data();
+  pool_->ParallelFor(params_.size(), kGrainElements, [&](size_t begin, size_t end) {
+    for (size_t block = begin; block < end; block += kBlockElements) {
+      const size_t block_end = std::min(end, block + kBlockElements);
+      if (multiplier != 1.0f) {
+        for (size_t i = block; i < block_end; ++i) g[i] *= multiplier;
+      }
+      optimizer_->Update(step, params, g, block, block_end);
+    }
+  });
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
   std::memcpy(out, params_.data() + offset, count * sizeof(float));
   return absl::OkStatus();

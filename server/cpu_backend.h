@@ -32,6 +32,9 @@ class CpuBackend final : public UpdateBackend {
                                size_t count) override;
   absl::Status FinishStaging(uint32_t rank) override { return absl::OkStatus(); }
   absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) override;
+  absl::Status Reduce(bool mean) override;
+  absl::StatusOr<double> SumOfSquares(float scale) override;
+  absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
   uint64_t parameter_bytes() const override { return params_.size() * sizeof(float); }
   uint64_t optimizer_state_bytes() const override { return optimizer_->state_bytes(); }

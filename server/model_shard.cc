@@ -87,7 +87,16 @@ uint32_t ModelShard::PendingLocked() const {
 }
 
 absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_rank, int64_t step,
-                                                            uint64_t num_elements, DType dtype) {
+                                                            uint64_t num_elements, DType dtype,
+                                                            double loss_scale) {
+  if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat("loss scale ", loss_scale, " is not positive"));
+  }
+  if (loss_scale != 1.0 && !options_.loss_scaling) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss scale ", loss_scale, ": model '", options_.model_id,
+        "' was registered without loss scaling"));
+  }
   if (trainer_rank >= options_.num_trainers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "trainer rank ", trainer_rank, " is not below num_trainers ", options_.num_trainers));
@@ -123,7 +132,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
       break;
   }
   slots_[trainer_rank] = SlotState::kReceiving;
-  start.writer.reset(new PushWriter(this, trainer_rank, step, dtype));
+  start.writer.reset(new PushWriter(this, trainer_rank, step, dtype, loss_scale));
   return start;
 }
 
@@ -154,7 +163,11 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
   }
   absl::StatusOr<size_t> bad = shard_->backend_->Stage(rank_, offset, data, dtype_, count);
   if (!bad.ok()) return bad.status();
-  if (*bad != count) {
+  if (*bad != count && shard_->options_.loss_scaling) {
+    // Overflow under loss scaling: legitimate, staged, and the step will be
+    // skipped on every shard.
+    found_inf_ = true;
+  } else if (*bad != count) {
     float value;
     ConvertToFloatAndFindNonFinite(static_cast<const char*>(data) + *bad * element, 1, dtype_,
                                    &value);
@@ -174,7 +187,7 @@ absl::StatusOr<PushResult> ModelShard::PushWriter::Commit() {
   }
   if (absl::Status s = shard_->backend_->FinishStaging(rank_); !s.ok()) return s;
   finished_ = true;
-  return shard_->CommitPush(rank_, step_);
+  return shard_->CommitPush(rank_, step_, found_inf_, loss_scale_);
 }
 
 void ModelShard::AbortPush(uint32_t rank, int64_t step) {
@@ -184,42 +197,184 @@ void ModelShard::AbortPush(uint32_t rank, int64_t step) {
   }
 }
 
-absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step) {
+OptimizerConfig ModelShard::ConfigForStepLocked(int64_t step) {
+  while (!scheduled_.empty() && scheduled_.begin()->first <= step) {
+    current_ = scheduled_.begin()->second;
+    took_effect_.insert(*scheduled_.begin());
+    scheduled_.erase(scheduled_.begin());
+  }
+  OptimizerConfig config = current_.optimizer;
+  config.lr = current_.lr_schedule.LearningRate(current_.optimizer.lr, step);
+  return config;
+}
+
+absl::Status ModelShard::FailLocked(int64_t step, const absl::Status& status) {
+  broken_ = absl::InternalError(absl::StrCat("shard ", options_.shard_index, " of model '",
+                                             options_.model_id, "' failed at step ", step,
+                                             " and stopped: ", status.message()));
+  shutdown_ = true;  // Wakes and fails every waiting pull.
+  return broken_;
+}
+
+absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, bool found_inf,
+                                                  double loss_scale) {
   OptimizerConfig config;
+  double scale = 1.0;
   {
     absl::MutexLock lock(&mu_);
+    if (has_pending_loss_scale_ && loss_scale != pending_stats_.loss_scale) {
+      slots_[rank] = SlotState::kEmpty;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "trainer ", rank, " pushed step ", step, " with loss scale ", loss_scale,
+          " but another trainer used ", pending_stats_.loss_scale));
+    }
+    has_pending_loss_scale_ = true;
+    pending_stats_.loss_scale = loss_scale;
+    pending_stats_.found_inf = pending_stats_.found_inf || found_inf;
     slots_[rank] = SlotState::kComplete;
     const uint32_t pending = PendingLocked();
     if (pending > 0) {
       return PushResult{PushOutcome::kAccepted, step, version_, pending};
     }
-    // The hyperparameters of this step: scheduled changes up to it take effect.
-    while (!scheduled_.empty() && scheduled_.begin()->first <= step) {
-      current_ = scheduled_.begin()->second;
-      took_effect_.insert(*scheduled_.begin());
-      scheduled_.erase(scheduled_.begin());
-    }
-    config = current_.optimizer;
-    config.lr = current_.lr_schedule.LearningRate(current_.optimizer.lr, step);
-    last_lr_ = config.lr;
     applying_ = true;
+    scale = pending_stats_.loss_scale;
+    if (!options_.needs_decision()) {
+      config = ConfigForStepLocked(step);
+      last_lr_ = config.lr;
+    }
   }
   // Every slot is complete, so no writer touches staging and no other commit
-  // can reach here for this step: the update runs without holding mu_, and
-  // pushes for step + 1 are refused until version_ moves on below.
+  // can reach here for this step: the work runs without holding mu_, and
+  // pushes for step + 1 are refused until version_ moves on.
+  if (options_.needs_decision()) {
+    // Reduce now and report this shard's part of the decision.
+    absl::Status reduced = backend_->Reduce(options_.mean_reduction);
+    absl::StatusOr<double> sum_of_squares =
+        reduced.ok() ? backend_->SumOfSquares(static_cast<float>(1.0 / scale)) : reduced;
+    absl::MutexLock lock(&mu_);
+    applying_ = false;
+    if (!sum_of_squares.ok()) return FailLocked(step, sum_of_squares.status());
+    pending_stats_.step = step;
+    pending_stats_.sum_of_squares = *sum_of_squares;
+    awaiting_decision_ = true;
+    return PushResult{PushOutcome::kAwaitingDecision, step, version_, 0};
+  }
   const absl::Status applied = ApplyStep(step, config);
   absl::MutexLock lock(&mu_);
   applying_ = false;
-  if (!applied.ok()) {
-    broken_ = absl::InternalError(absl::StrCat("shard ", options_.shard_index, " of model '",
-                                               options_.model_id, "' failed applying step ", step,
-                                               " and stopped: ", applied.message()));
-    shutdown_ = true;  // Wakes and fails every waiting pull.
-    return broken_;
-  }
+  if (!applied.ok()) return FailLocked(step, applied);
   version_ = step;
+  optimizer_steps_ = step;
   std::fill(slots_.begin(), slots_.end(), SlotState::kEmpty);
+  has_pending_loss_scale_ = false;
+  pending_stats_ = StepStats();
   return PushResult{PushOutcome::kApplied, step, version_, PendingLocked()};
+}
+
+absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time deadline,
+                                                       const std::function<bool()>& cancelled) {
+  if (!options_.needs_decision()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", options_.model_id, "' has no gradient clipping or loss scaling: its steps "
+        "need no decision"));
+  }
+  struct Waiting {
+    const ModelShard* shard;
+    int64_t step;
+  } waiting{this, step};
+  const absl::Condition ready(
+      +[](Waiting* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        const ModelShard& s = *w->shard;
+        return s.shutdown_ || s.version_ >= w->step ||
+               (s.awaiting_decision_ && s.pending_stats_.step == w->step);
+      },
+      &waiting);
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithDeadline(ready, std::min(deadline, absl::Now() + kCancelPoll));
+      if (!broken_.ok()) return broken_;
+      if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
+      if (awaiting_decision_ && pending_stats_.step == step) return pending_stats_;
+      if (version_ >= step) {
+        if (last_stats_.step == step) return last_stats_;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step ", step, " was decided before the last one (", last_stats_.step, ")"));
+      }
+      if (step > version_ + 1) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("step ", step, " is ahead of the shard (version ", version_, ")"));
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("the gradients of step ", step, " were not all in before the deadline"));
+      }
+    }
+    if (cancelled && cancelled()) return absl::CancelledError("cancelled by the client");
+  }
+}
+
+absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
+  if (!decision.skip && (!(decision.clip_coef > 0) || decision.clip_coef > 1 ||
+                         !std::isfinite(decision.clip_coef))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("clip coefficient ", decision.clip_coef, " is not in (0, 1]"));
+  }
+  OptimizerConfig config;
+  double scale;
+  int64_t optimizer_step;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return broken_;
+    if (step <= version_) {
+      if (step == last_step_.step && last_step_.decision == decision) return absl::OkStatus();
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step, " was already decided differently (or long ago)"));
+    }
+    if (step != version_ + 1 || !awaiting_decision_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step, " cannot be decided: the shard is at version ", version_,
+                       awaiting_decision_ ? "" : " and not every trainer's gradient is in"));
+    }
+    if (pending_stats_.found_inf && !decision.skip) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " must be skipped: a gradient on shard ", options_.shard_index,
+          " had inf or NaN"));
+    }
+    awaiting_decision_ = false;
+    applying_ = true;
+    config = ConfigForStepLocked(step);
+    scale = pending_stats_.loss_scale;
+    optimizer_step = optimizer_steps_ + 1;
+  }
+  absl::Status updated;
+  {
+    absl::WriterMutexLock lock(&params_mu_);
+    if (!decision.skip) {
+      // Unscale and clip in one multiply: both factors are exact powers of
+      // two or a single rounding, as (g / scale) * coef would be.
+      const float multiplier =
+          static_cast<float>(decision.clip_coef) * static_cast<float>(1.0 / scale);
+      updated = backend_->Update(optimizer_step, config, multiplier);
+    }
+    if (updated.ok()) params_version_ = step;
+  }
+  absl::MutexLock lock(&mu_);
+  applying_ = false;
+  if (!updated.ok()) return FailLocked(step, updated);
+  version_ = step;
+  if (decision.skip) {
+    ++skipped_steps_;
+  } else {
+    ++optimizer_steps_;
+    last_lr_ = config.lr;
+  }
+  last_step_ = StepRecord{step, decision, scale, config.lr};
+  last_stats_ = pending_stats_;
+  pending_stats_ = StepStats();
+  has_pending_loss_scale_ = false;
+  std::fill(slots_.begin(), slots_.end(), SlotState::kEmpty);
+  return absl::OkStatus();
 }
 
 absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperparameters& next) {
@@ -362,6 +517,9 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
     }
     snap.current = current_;
     snap.last_lr = last_lr_;
+    snap.last_step = last_step_;
+    snap.optimizer_steps = optimizer_steps_;
+    snap.skipped_steps = skipped_steps_;
     for (const auto& [step, change] : scheduled_) snap.scheduled_changes.push_back(step);
   }
   snap.parameter_bytes = backend_->parameter_bytes();

@@ -53,6 +53,39 @@ struct ModelShardOptions {
   uint32_t num_trainers = 1;
   bool mean_reduction = true;  // false: sum over trainers.
   LrSchedule lr_schedule;      // Applied to optimizer.lr each step.
+  // Gradient control. With either on, a step is applied only after a
+  // decision (Decide) that every shard receives alike: clipping needs the
+  // global norm, loss scaling a skip when any shard saw inf/NaN.
+  double max_grad_norm = 0;  // > 0: clip the global L2 norm to this.
+  bool loss_scaling = false;  // Pushes carry a loss scale; non-finite allowed.
+
+  bool needs_decision() const { return max_grad_norm > 0 || loss_scaling; }
+};
+
+// A shard's part of a step's global decision, once all trainers pushed.
+struct StepStats {
+  int64_t step = 0;
+  double sum_of_squares = 0;  // Of the unscaled reduced gradient, this range.
+  bool found_inf = false;     // Some trainer's gradient here had inf/NaN.
+  double loss_scale = 1;
+};
+
+// What every shard does with a step that needs a decision.
+struct StepDecision {
+  bool skip = false;       // Leave parameters and optimizer state as they are.
+  double clip_coef = 1.0;  // Gradient multiplier (after unscaling), <= 1.
+  double grad_norm = 0;    // The global norm it came from (for the record).
+  bool operator==(const StepDecision& o) const {
+    return skip == o.skip && clip_coef == o.clip_coef && grad_norm == o.grad_norm;
+  }
+};
+
+// What happened at a step, for inspection.
+struct StepRecord {
+  int64_t step = 0;
+  StepDecision decision;
+  double loss_scale = 1;
+  double lr = 0;
 };
 
 // The optimizer's hyperparameters and lr schedule from some step on.
@@ -61,7 +94,9 @@ struct Hyperparameters {
   LrSchedule lr_schedule;
 };
 
-enum class PushOutcome { kAccepted, kApplied, kDuplicate, kAlreadyApplied };
+// kAwaitingDecision: this push completed the step's gradients; the step
+// waits for Decide().
+enum class PushOutcome { kAccepted, kApplied, kDuplicate, kAlreadyApplied, kAwaitingDecision };
 
 struct PushResult {
   PushOutcome outcome = PushOutcome::kAccepted;
@@ -91,6 +126,9 @@ struct ShardSnapshot {
   Hyperparameters current;                 // In force for the next step.
   double last_lr = 0;                      // Of the last applied step.
   std::vector<int64_t> scheduled_changes;  // Steps where a change takes effect.
+  StepRecord last_step;                    // With gradient control.
+  int64_t optimizer_steps = 0;             // Updates applied (skips excluded).
+  int64_t skipped_steps = 0;
 };
 
 class ModelShard {
@@ -120,8 +158,21 @@ class ModelShard {
     std::unique_ptr<PushWriter> writer;
   };
   // `dtype`: the element type of the chunks the writer will receive.
+  // `loss_scale`: what the gradients were multiplied by (with loss scaling;
+  // every trainer's push of a step must carry the same one).
   absl::StatusOr<PushStart> BeginPush(uint32_t trainer_rank, int64_t step, uint64_t num_elements,
-                                      DType dtype = DType::kFloat32);
+                                      DType dtype = DType::kFloat32, double loss_scale = 1.0);
+
+  // With gradient control: blocks until every trainer's gradient for `step`
+  // is in (or the deadline, cancellation, shutdown) and returns this shard's
+  // stats. Also answers for the last decided step. FAILED_PRECONDITION for
+  // other steps or without gradient control.
+  absl::StatusOr<StepStats> WaitForStepStats(int64_t step, absl::Time deadline,
+                                             const std::function<bool()>& cancelled);
+  // Applies (or skips) `step` as decided. The first decision for a step is
+  // applied; a repeat of it is OK; a different one is FAILED_PRECONDITION,
+  // as is a step whose gradients are not all in.
+  absl::Status Decide(int64_t step, const StepDecision& decision);
 
   // Returns the version reached (>= min_version). DEADLINE_EXCEEDED at
   // `deadline`, CANCELLED once `cancelled()` is true (polled), UNAVAILABLE
@@ -172,7 +223,13 @@ class ModelShard {
 
   ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend);
 
-  absl::StatusOr<PushResult> CommitPush(uint32_t rank, int64_t step);
+  absl::StatusOr<PushResult> CommitPush(uint32_t rank, int64_t step, bool found_inf,
+                                        double loss_scale);
+  // The config of step `step`: scheduled changes up to it take effect.
+  OptimizerConfig ConfigForStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a backend failure: the shard refuses all later work.
+  absl::Status FailLocked(int64_t step, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortPush(uint32_t rank, int64_t step);
   // INTERNAL (and the shard refuses all later work) if the backend failed.
   absl::Status ApplyStep(int64_t step, const OptimizerConfig& config);
@@ -188,6 +245,16 @@ class ModelShard {
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<SlotState> slots_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // Gradient control: the step waiting for a decision, its stats so far, and
+  // the last decided step.
+  bool awaiting_decision_ ABSL_GUARDED_BY(mu_) = false;
+  StepStats pending_stats_ ABSL_GUARDED_BY(mu_);
+  bool has_pending_loss_scale_ ABSL_GUARDED_BY(mu_) = false;
+  StepRecord last_step_ ABSL_GUARDED_BY(mu_);
+  StepStats last_stats_ ABSL_GUARDED_BY(mu_);
+  int64_t optimizer_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
+
   // Set when the backend failed during an update: the state is unknown.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   // True while step version_ + 1 is being applied.
@@ -228,15 +295,17 @@ class ModelShard::PushWriter {
 
  private:
   friend class ModelShard;
-  PushWriter(ModelShard* shard, uint32_t rank, int64_t step, DType dtype)
-      : shard_(shard), rank_(rank), step_(step), dtype_(dtype) {}
+  PushWriter(ModelShard* shard, uint32_t rank, int64_t step, DType dtype, double loss_scale)
+      : shard_(shard), rank_(rank), step_(step), dtype_(dtype), loss_scale_(loss_scale) {}
 
   ModelShard* const shard_;
   const uint32_t rank_;
   const int64_t step_;
   const DType dtype_;
+  const double loss_scale_;
   uint64_t received_ = 0;
   bool finished_ = false;
+  bool found_inf_ = false;  // With loss scaling: inf/NaN seen, and kept.
 };
 
 }  // namespace shardopt

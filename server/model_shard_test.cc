@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -11,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "server/model_shard_testing.h"
+#include "server/optim/optimizer.h"
 
 namespace shardopt {
 namespace {
@@ -251,6 +253,11 @@ class FailingBackend final : public UpdateBackend {
   absl::Status Apply(int64_t, bool, const OptimizerConfig&) override {
     return absl::DataLossError("device lost");
   }
+  absl::Status Reduce(bool) override { return absl::DataLossError("device lost"); }
+  absl::StatusOr<double> SumOfSquares(float) override { return absl::DataLossError("lost"); }
+  absl::Status Update(int64_t, const OptimizerConfig&, float) override {
+    return absl::DataLossError("device lost");
+  }
   absl::Status Read(uint64_t, uint64_t count, float* out) override {
     std::fill(out, out + count, 0.0f);
     return absl::OkStatus();
@@ -337,6 +344,79 @@ TEST(ModelShardTest, PartlyAcceptedChangeCanBeCancelled) {
   ASSERT_TRUE(PushAll(*b, 1, 1).ok());
   EXPECT_DOUBLE_EQ(a->Snapshot("", 0, 0, false).value().last_lr, 0.1);
   EXPECT_DOUBLE_EQ(b->Snapshot("", 0, 0, false).value().last_lr, 0.1);
+}
+
+// Gradient control: the last push reduces and reports; nothing changes until
+// the decision; a skip leaves everything (also the optimizer's step count)
+// as it was; clipping and unscaling multiply the reduced gradient.
+TEST(ModelShardTest, StepsWithGradientControlWaitForTheirDecision) {
+  ThreadPool pool(2);
+  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Adam(0.01), 2, true};
+  options.max_grad_norm = 1.0;
+  options.loss_scaling = true;
+  std::vector<float> init(options.layout.shard_size(), 0.5f);
+  std::unique_ptr<ModelShard> shard = ModelShard::Create(options, init, &pool).value();
+  const size_t n = shard->size();
+  auto push = [&](uint32_t rank, int64_t step, std::vector<float> g, double scale) {
+    auto start = shard->BeginPush(rank, step, n, DType::kFloat32, scale);
+    if (!start.ok()) return start.status();
+    if (absl::Status s = start->writer->Write(0, g.data(), n * sizeof(float)); !s.ok()) return s;
+    return start->writer->Commit().status();
+  };
+  const double scale = 1024.0;
+  std::vector<float> g0 = RandomGradient(0, 1, n), g1 = RandomGradient(1, 1, n);
+  for (float& v : g0) v *= static_cast<float>(scale);
+  for (float& v : g1) v *= static_cast<float>(scale);
+  // Step 1: rank 1's gradient overflowed: accepted, and the step must be skipped.
+  std::vector<float> bad = g1;
+  bad[17] = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(push(0, 1, g0, scale).ok());
+  EXPECT_EQ(push(1, 1, bad, 2048.0).code(), absl::StatusCode::kFailedPrecondition);  // Scale.
+  ASSERT_TRUE(push(1, 1, bad, scale).ok());
+  StepStats stats = shard->WaitForStepStats(1, absl::Now() + absl::Seconds(5), nullptr).value();
+  EXPECT_TRUE(stats.found_inf);
+  EXPECT_EQ(shard->version(), 0);
+  EXPECT_EQ(shard->Decide(1, {false, 1.0, 0}).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(shard->Decide(1, {true, 1.0, 0}).ok());
+  EXPECT_TRUE(shard->Decide(1, {true, 1.0, 0}).ok());  // Repeat.
+  EXPECT_EQ(shard->Decide(1, {true, 0.5, 0}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->version(), 1);
+  EXPECT_EQ(ReadAll(*shard, 1), init);  // Skipped: nothing moved.
+
+  // Step 2: finite; the norm comes out of the stats; clip by half.
+  g0 = RandomGradient(0, 2, n);
+  g1 = RandomGradient(1, 2, n);
+  std::vector<float> s0 = g0, s1 = g1;
+  for (float& v : s0) v *= static_cast<float>(scale);
+  for (float& v : s1) v *= static_cast<float>(scale);
+  ASSERT_TRUE(push(0, 2, s0, scale).ok());
+  EXPECT_EQ(shard->Decide(2, {false, 0.5, 0}).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(push(1, 2, s1, scale).ok());
+  stats = shard->WaitForStepStats(2, absl::Now() + absl::Seconds(5), nullptr).value();
+  EXPECT_FALSE(stats.found_inf);
+  double expected_sum = 0;
+  std::vector<float> reduced(n);
+  for (size_t i = 0; i < n; ++i) {
+    reduced[i] = (s0[i] + s1[i]) / 2.0f;
+    const double u = static_cast<double>(reduced[i] * static_cast<float>(1.0 / scale));
+    expected_sum += u * u;
+  }
+  EXPECT_NEAR(stats.sum_of_squares, expected_sum, 1e-9 * expected_sum);
+  EXPECT_EQ(shard->version(), 1);
+  ASSERT_TRUE(shard->Decide(2, {false, 0.5, std::sqrt(stats.sum_of_squares)}).ok());
+  // Adam's FIRST update (the skipped step did not count), on g * 0.5 / scale.
+  std::vector<float> expected = init, g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = reduced[i] * (0.5f * static_cast<float>(1.0 / scale));
+  auto adam = Optimizer::Create(OptimizerConfig::Adam(0.01), n).value();
+  adam->Update(1, expected.data(), g.data(), 0, n);
+  EXPECT_EQ(ReadAll(*shard, 2), expected);
+  const ShardSnapshot snap = shard->Snapshot("", 0, 0, false).value();
+  EXPECT_EQ(snap.optimizer_steps, 1);
+  EXPECT_EQ(snap.skipped_steps, 1);
+  EXPECT_EQ(snap.last_step.step, 2);
+  EXPECT_DOUBLE_EQ(snap.last_step.decision.clip_coef, 0.5);
+  // The stats of the last decided step are still there for late askers.
+  EXPECT_TRUE(shard->WaitForStepStats(2, absl::Now() + absl::Seconds(1), nullptr).ok());
 }
 
 TEST(ModelShardTest, CreateRejectsBadInput) {

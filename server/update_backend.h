@@ -49,6 +49,17 @@ class UpdateBackend {
   // since, with this step's lr).
   virtual absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) = 0;
 
+  // The same in parts, for steps that need a decision first (clipping, loss
+  // scaling): Reduce() leaves the reduced gradient in place; SumOfSquares()
+  // returns the sum of (g * scale)^2 over it in double, summed in fixed
+  // blocks of kNormBlockElements in order (so the result depends on neither
+  // threads nor timing); Update() applies step `step` to gradient
+  // g * multiplier. UNIMPLEMENTED where a backend lacks them.
+  static constexpr size_t kNormBlockElements = 1 << 16;
+  virtual absl::Status Reduce(bool mean) = 0;
+  virtual absl::StatusOr<double> SumOfSquares(float scale) = 0;
+  virtual absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) = 0;
+
   // Copies parameters [offset, offset + count) of the range into `out`.
   virtual absl::Status Read(uint64_t offset, uint64_t count, float* out) = 0;
 

@@ -91,7 +91,7 @@ absl::StatusOr<size_t> GpuBackend::Stage(uint32_t rank, uint64_t offset, const v
     float* host = pinned.as<float>();
     const size_t bad =
         ConvertToFloatAndFindNonFinite(source + done * DTypeSize(dtype), piece, dtype, host);
-    if (bad != piece) return done + bad;
+    if (bad != piece) return done + bad;  // Refused (loss scaling is CPU-only for now).
     if (absl::Status s = gpu::CopyToDevice(staging(rank) + offset + done, host,
                                            piece * sizeof(float), lane.stream.get());
         !s.ok()) {
