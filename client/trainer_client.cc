@@ -7,6 +7,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <thread>
 
@@ -228,6 +229,11 @@ absl::Status TrainerClient::RegisterOrAttach(
   *config.mutable_optimizer() = OptimizerConfigToProto(spec.optimizer);
   if (absl::Status s = spec.lr_schedule.Validate(); !s.ok()) return s;
   *config.mutable_lr_schedule() = LrScheduleToProto(spec.lr_schedule);
+  if (spec.loss_scaling) {
+    if (absl::Status s = spec.loss_scaler.Validate(); !s.ok()) return s;
+  }
+  config.mutable_gradient_control()->set_max_grad_norm(spec.max_grad_norm);
+  config.mutable_gradient_control()->set_loss_scaling(spec.loss_scaling);
   config.set_num_trainers(spec.num_trainers);
   config.set_reduction(spec.reduction == GradientReduction::kSum ? v1::GRADIENT_REDUCTION_SUM
                                                                  : v1::GRADIENT_REDUCTION_MEAN);
@@ -303,6 +309,13 @@ absl::Status TrainerClient::RegisterOrAttach(
   layout_ = std::move(*layout);
   model_id_ = spec.model_id;
   registered_version_ = versions[0];
+  max_grad_norm_ = spec.max_grad_norm;
+  needs_decision_ = spec.max_grad_norm > 0 || spec.loss_scaling;
+  if (spec.loss_scaling) {
+    scaler_.emplace(spec.loss_scaler);
+  } else {
+    scaler_.reset();
+  }
   return absl::OkStatus();
 }
 
@@ -312,7 +325,10 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   last_pushed_step_ = std::max(last_pushed_step_, step);
   // Checked here, whole, before any shard sees the step: a NaN found by one
   // shard only would leave the others holding (or applying) step `step`.
-  if (size_t bad = FindNonFinite(flat_grads.data(), flat_grads.size()); bad != flat_grads.size()) {
+  // (With loss scaling an overflow is expected: every shard skips the step.)
+  if (size_t bad =
+          scaler_ ? flat_grads.size() : FindNonFinite(flat_grads.data(), flat_grads.size());
+      bad != flat_grads.size()) {
     return absl::InvalidArgumentError(absl::StrCat("gradient of ", layout_->DescribeElement(bad),
                                                    " for step ", step, " is ", flat_grads[bad],
                                                    "; nothing was pushed"));
@@ -326,7 +342,8 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   if (wire_dtype != DType::kFloat32) {
     narrowed.resize(flat_grads.size() * element);
     ConvertFromFloat(flat_grads.data(), flat_grads.size(), wire_dtype, narrowed.data());
-    if (size_t bad = FindNonFiniteOfType(narrowed.data(), flat_grads.size(), wire_dtype);
+    if (size_t bad = scaler_ ? flat_grads.size()
+                             : FindNonFiniteOfType(narrowed.data(), flat_grads.size(), wire_dtype);
         bad != flat_grads.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ",
@@ -363,6 +380,7 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
           header->set_shard_index(shard.index);
           header->set_num_elements(shard.range.size());
           header->set_dtype(DTypeToProto(wire_dtype));
+          if (scaler_) header->set_loss_scale(scaler_->scale());
           PushFrame frame;
           frame.pins = &pins;
           frame.element_size = element;
@@ -398,6 +416,50 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
 }
 
 absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<float> flat_params) {
+  return PullInternal(min_version, flat_params, nullptr);
+}
+
+absl::StatusOr<TrainerClient::Decision> TrainerClient::DecideStep(int64_t step) {
+  std::vector<v1::StepStats> stats(shards_.size());
+  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
+  absl::Status status =
+      ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
+        Shard& shard = *shards_[i];
+        v1::GetStepStatsRequest request;
+        request.set_model_id(model_id_);
+        request.set_step(step);
+        request.set_shard_index(shard.index);
+        auto attempt = [&]() -> absl::Status {
+          AttemptContext attempt_context(calls, options_.rpc_timeout);
+          if (!attempt_context.active()) return CancelledBySibling();
+          return ToAbslStatus(shard.stub->GetStepStats(attempt_context.get(), request, &stats[i]));
+        };
+        return shard.Annotate(RetryWithBackoff(policy, attempt),
+                              absl::StrCat("GetStepStats step ", step));
+      });
+  if (!status.ok()) return status;
+  // Every trainer computes this from the same numbers, in the same order:
+  // they all send the same decision.
+  Decision decision;
+  double total = 0;
+  for (const v1::StepStats& s : stats) {
+    total += s.sum_of_squares();
+    decision.skip = decision.skip || s.found_inf();
+  }
+  decision.skip = decision.skip || !std::isfinite(total);
+  if (!decision.skip) {
+    decision.grad_norm = std::sqrt(total);
+    if (max_grad_norm_ > 0) {
+      const double coef = max_grad_norm_ / (decision.grad_norm + 1e-6);
+      if (coef < 1.0) decision.clip_coef = coef;
+    }
+  }
+  return decision;
+}
+
+absl::StatusOr<int64_t> TrainerClient::PullInternal(int64_t min_version,
+                                                    absl::Span<float> flat_params,
+                                                    const Decision* decision) {
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   std::vector<int64_t> versions(shards_.size(), -1);
   const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
@@ -413,6 +475,11 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
           request.set_min_version(min_version);
           request.set_shard_index(shard.index);
           request.set_dtype(DTypeToProto(options_.pull_dtype));
+          if (decision != nullptr) {
+            request.mutable_decision()->set_skip(decision->skip);
+            request.mutable_decision()->set_clip_coef(decision->clip_coef);
+            request.mutable_decision()->set_grad_norm(decision->grad_norm);
+          }
           std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
               grpc::internal::ClientReaderFactory<PullFrame>::Create(
                   shard.channel.get(), *shard.pull_method, &context, request));
@@ -510,10 +577,25 @@ absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest re
 
 absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const float> flat_grads,
                                                absl::Span<float> flat_params) {
+  const double loss_scale = this->loss_scale();
   absl::StatusOr<StepResult> result = Push(step, flat_grads);
   if (!result.ok()) return result;
-  absl::StatusOr<int64_t> version = Pull(step, flat_params);
+  std::optional<Decision> decision;
+  if (needs_decision_) {
+    absl::StatusOr<Decision> decided = DecideStep(step);
+    if (!decided.ok()) return decided.status();
+    decision = *decided;
+  }
+  absl::StatusOr<int64_t> version =
+      PullInternal(step, flat_params, decision ? &*decision : nullptr);
   if (!version.ok()) return version.status();
+  if (decision) {
+    result->skipped = decision->skip;
+    result->grad_norm = decision->grad_norm;
+    result->clip_coef = decision->clip_coef;
+    result->loss_scale = loss_scale;
+    if (scaler_) scaler_->Update(decision->skip);
+  }
   if (*version != step) {
     // The shards are past this step: this trainer is behind (e.g. restarted
     // with a stale step count) and its gradient was not used.

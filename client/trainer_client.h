@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/loss_scaler.h"
 #include "common/dtype.h"
 #include "common/layout.h"
 #include "common/lr_schedule.h"
@@ -50,6 +51,11 @@ struct ModelSpec {
   uint32_t alignment = 0;  // 0: ModelLayout::kDefaultAlignment.
   OptimizerConfig optimizer;
   LrSchedule lr_schedule;  // Default: constant (optimizer.lr every step).
+  // Gradient control (GradientControl in the proto): with either on, Step()
+  // fetches every shard's statistics and sends all shards one decision.
+  double max_grad_norm = 0;   // > 0: clip the global L2 norm to this.
+  bool loss_scaling = false;  // Dynamic loss scaling (see LossScaler).
+  LossScalerOptions loss_scaler;
   uint32_t num_trainers = 1;
   GradientReduction reduction = GradientReduction::kMean;
 };
@@ -81,6 +87,11 @@ struct StepResult {
   int64_t version = 0;        // Version pulled (== step when pulled).
   bool applied_here = false;  // This trainer's push completed the step on some shard.
   int duplicate_pushes = 0;   // Shards that already had this push (e.g. after a retry).
+  // With gradient control: what every shard did with the step.
+  bool skipped = false;       // Some gradient had inf/NaN: nothing changed.
+  double grad_norm = 0;       // Global L2 norm of the unscaled gradient.
+  double clip_coef = 1.0;     // Applied multiplier (1: no clipping).
+  double loss_scale = 1.0;    // The scale this step's gradients carried.
   uint64_t bytes_pushed = 0;  // Payload bytes on the wire (push_dtype).
   uint64_t bytes_pulled = 0;  // Payload bytes on the wire (pull_dtype).
 };
@@ -120,7 +131,12 @@ class TrainerClient {
   // `flat_params`; returns the version (the same on every shard, else
   // FAILED_PRECONDITION).
   absl::StatusOr<int64_t> Pull(int64_t min_version, absl::Span<float> flat_params);
-  // Push(step) then Pull(step).
+  // The loss scale to multiply this step's loss (or gradients) by: 1 without
+  // loss scaling. Step() updates it from the step's outcome.
+  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+
+  // Push(step) then Pull(step); with gradient control, in between, every
+  // shard's statistics and one decision for all of them (StepResult says it).
   absl::StatusOr<StepResult> Step(int64_t step, absl::Span<const float> flat_grads,
                                   absl::Span<float> flat_params);
 
@@ -146,6 +162,14 @@ class TrainerClient {
                                 std::optional<absl::Span<const float>> initial_params);
   absl::Status CheckBuffer(size_t size, const char* what) const;
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
+  struct Decision {
+    bool skip = false;
+    double clip_coef = 1.0;
+    double grad_norm = 0;
+  };
+  absl::StatusOr<Decision> DecideStep(int64_t step);
+  absl::StatusOr<int64_t> PullInternal(int64_t min_version, absl::Span<float> flat_params,
+                                       const Decision* decision);
 
   TrainerClientOptions options_;
   std::vector<std::unique_ptr<Shard>> shards_;
@@ -153,6 +177,9 @@ class TrainerClient {
   std::string model_id_;
   int64_t registered_version_ = 0;
   int64_t last_pushed_step_ = 0;  // Highest step Push() was called with.
+  double max_grad_norm_ = 0;
+  bool needs_decision_ = false;
+  std::optional<LossScaler> scaler_;
 };
 
 }  // namespace shardopt

@@ -93,9 +93,9 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
     return absl::InvalidArgumentError(absl::StrCat("loss scale ", loss_scale, " is not positive"));
   }
   if (loss_scale != 1.0 && !options_.loss_scaling) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "loss scale ", loss_scale, ": model '", options_.model_id,
-        "' was registered without loss scaling"));
+    return absl::InvalidArgumentError(absl::StrCat("loss scale ", loss_scale, ": model '",
+                                                   options_.model_id,
+                                                   "' was registered without loss scaling"));
   }
   if (trainer_rank >= options_.num_trainers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -224,9 +224,9 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
     absl::MutexLock lock(&mu_);
     if (has_pending_loss_scale_ && loss_scale != pending_stats_.loss_scale) {
       slots_[rank] = SlotState::kEmpty;
-      return absl::FailedPreconditionError(absl::StrCat(
-          "trainer ", rank, " pushed step ", step, " with loss scale ", loss_scale,
-          " but another trainer used ", pending_stats_.loss_scale));
+      return absl::FailedPreconditionError(
+          absl::StrCat("trainer ", rank, " pushed step ", step, " with loss scale ", loss_scale,
+                       " but another trainer used ", pending_stats_.loss_scale));
     }
     has_pending_loss_scale_ = true;
     pending_stats_.loss_scale = loss_scale;
@@ -274,9 +274,10 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
 absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time deadline,
                                                        const std::function<bool()>& cancelled) {
   if (!options_.needs_decision()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model '", options_.model_id, "' has no gradient clipping or loss scaling: its steps "
-        "need no decision"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", options_.model_id,
+                     "' has no gradient clipping or loss scaling: its steps "
+                     "need no decision"));
   }
   struct Waiting {
     const ModelShard* shard;
@@ -315,8 +316,8 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
 }
 
 absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
-  if (!decision.skip && (!(decision.clip_coef > 0) || decision.clip_coef > 1 ||
-                         !std::isfinite(decision.clip_coef))) {
+  if (!decision.skip &&
+      (!(decision.clip_coef > 0) || decision.clip_coef > 1 || !std::isfinite(decision.clip_coef))) {
     return absl::InvalidArgumentError(
         absl::StrCat("clip coefficient ", decision.clip_coef, " is not in (0, 1]"));
   }
@@ -325,6 +326,12 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
   int64_t optimizer_step;
   {
     absl::MutexLock lock(&mu_);
+    // Another trainer's decision for this step may be being applied right
+    // now: wait for it, then this one is a repeat to compare.
+    mu_.Await(absl::Condition(
+        +[](ModelShard* s)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return !s->applying_ || !s->broken_.ok(); },
+        this));
     if (!broken_.ok()) return broken_;
     if (step <= version_) {
       if (step == last_step_.step && last_step_.decision == decision) return absl::OkStatus();
@@ -337,9 +344,9 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
                        awaiting_decision_ ? "" : " and not every trainer's gradient is in"));
     }
     if (pending_stats_.found_inf && !decision.skip) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step, " must be skipped: a gradient on shard ", options_.shard_index,
-          " had inf or NaN"));
+      return absl::FailedPreconditionError(absl::StrCat("step ", step,
+                                                        " must be skipped: a gradient on shard ",
+                                                        options_.shard_index, " had inf or NaN"));
     }
     awaiting_decision_ = false;
     applying_ = true;

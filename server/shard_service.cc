@@ -3,6 +3,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,8 @@ v1::PushGradientsResponse::Outcome OutcomeToProto(PushOutcome outcome) {
       return v1::PushGradientsResponse::OUTCOME_DUPLICATE;
     case PushOutcome::kAlreadyApplied:
       return v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED;
+    case PushOutcome::kAwaitingDecision:
+      return v1::PushGradientsResponse::OUTCOME_AWAITING_DECISION;
   }
   return v1::PushGradientsResponse::OUTCOME_UNSPECIFIED;
 }
@@ -164,6 +167,11 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   if (!optimizer.ok()) return Error(optimizer.status());
   absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(config.lr_schedule());
   if (!schedule.ok()) return Error(schedule.status());
+  const double max_grad_norm = config.gradient_control().max_grad_norm();
+  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("max_grad_norm ", max_grad_norm, " must be finite and >= 0")));
+  }
   // Compare and store the canonical form, so that spellings of the same model
   // (alignment 0 vs 64, dtype unspecified vs float32) count as equal.
   *config.mutable_layout() = LayoutToProto(*layout);
@@ -236,7 +244,9 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
                                   *optimizer,
                                   config.num_trainers(),
                                   config.reduction() == v1::GRADIENT_REDUCTION_MEAN,
-                                  *schedule};
+                                  *schedule,
+                                  max_grad_norm,
+                                  config.gradient_control().loss_scaling()};
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
       options_.gpu_index < 0
           ? ModelShard::Create(std::move(shard_options), std::move(values), &pool_)
@@ -287,7 +297,8 @@ grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
   if (!dtype.ok()) return Error(dtype.status());
   ModelShard& shard = *(*model)->shard;
   absl::StatusOr<ModelShard::PushStart> start =
-      shard.BeginPush(header.trainer_rank(), header.step(), header.num_elements(), *dtype);
+      shard.BeginPush(header.trainer_rank(), header.step(), header.num_elements(), *dtype,
+                      header.loss_scale() == 0 ? 1.0 : header.loss_scale());
   if (!start.ok()) return Error(start.status());
   if (start->immediate) {
     FillPushResponse(*start->immediate, response);
@@ -330,6 +341,14 @@ grpc::Status ShardServiceImpl::PullParameters(
     return Error(absl::InvalidArgumentError("min_version is negative"));
   }
   ModelShard& shard = *(*model)->shard;
+  if (request->has_decision()) {
+    const v1::StepDecision& d = request->decision();
+    if (absl::Status s =
+            shard.Decide(request->min_version(), {d.skip(), d.clip_coef(), d.grad_norm()});
+        !s.ok()) {
+      return Error(s);
+    }
+  }
   const absl::Time deadline = absl::FromChrono(context->deadline());
   absl::StatusOr<int64_t> version = shard.WaitForVersion(
       request->min_version(), deadline, [context] { return context->IsCancelled(); });
@@ -351,6 +370,25 @@ grpc::Status ShardServiceImpl::PullParameters(
       return grpc::Status(grpc::CANCELLED, "client went away during the pull");
     }
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardServiceImpl::GetStepStats(grpc::ServerContext* context,
+                                            const v1::GetStepStatsRequest* request,
+                                            v1::StepStats* response) {
+  CallScope call(this);
+  if (!call.admitted().ok()) return Error(call.admitted());
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return Error(model.status());
+  if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
+  absl::StatusOr<StepStats> stats =
+      (*model)->shard->WaitForStepStats(request->step(), absl::FromChrono(context->deadline()),
+                                        [context] { return context->IsCancelled(); });
+  if (!stats.ok()) return Error(stats.status());
+  response->set_step(stats->step);
+  response->set_sum_of_squares(stats->sum_of_squares);
+  response->set_found_inf(stats->found_inf);
+  response->set_loss_scale(stats->loss_scale);
   return grpc::Status::OK;
 }
 
@@ -428,6 +466,14 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
   *response->mutable_lr_schedule() = LrScheduleToProto(snap->current.lr_schedule);
   response->set_last_lr(snap->last_lr);
   for (int64_t step : snap->scheduled_changes) response->add_scheduled_changes(step);
+  *response->mutable_gradient_control() = config.gradient_control();
+  response->set_last_decided_step(snap->last_step.step);
+  response->mutable_last_decision()->set_skip(snap->last_step.decision.skip);
+  response->mutable_last_decision()->set_clip_coef(snap->last_step.decision.clip_coef);
+  response->mutable_last_decision()->set_grad_norm(snap->last_step.decision.grad_norm);
+  response->set_last_loss_scale(snap->last_step.loss_scale);
+  response->set_optimizer_steps(snap->optimizer_steps);
+  response->set_skipped_steps(snap->skipped_steps);
   return grpc::Status::OK;
 }
 

@@ -56,6 +56,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   grpc::Status PullParameters(grpc::ServerContext* context,
                               const v1::PullParametersRequest* request,
                               grpc::ServerWriter<v1::PullParametersResponse>* writer) override;
+  grpc::Status GetStepStats(grpc::ServerContext* context, const v1::GetStepStatsRequest* request,
+                            v1::StepStats* response) override;
   grpc::Status SetHyperparameters(grpc::ServerContext* context,
                                   const v1::SetHyperparametersRequest* request,
                                   v1::SetHyperparametersResponse* response) override;

@@ -14,7 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
 
 namespace shardopt::testing {
@@ -108,6 +110,76 @@ TEST(EndToEndMixedPrecisionTest, SixteenBitWireMatchesTheRoundedReference) {
   RunAndCompare(2, 2, {"--device=cpu"}, optimizers, DType::kBFloat16, DType::kBFloat16);
   RunAndCompare(3, 2, {"--device=cpu"}, optimizers, DType::kFloat16, DType::kFloat32);
   RunAndCompare(1, 1, {"--device=cpu"}, optimizers, DType::kFloat32, DType::kFloat16);
+}
+
+// Clipping and loss scaling across shards: rank 0's gradient overflows (on
+// the last shard only) at two steps; every shard must skip exactly those,
+// and the rest must match a reference that clips the same global norm.
+TEST(EndToEndGradientControlTest, SkipsAndClipsAlikeOnEveryShard) {
+  const std::vector<int64_t> planted = {3, 7};
+  for (uint32_t shards : {1u, 3u}) {
+    for (uint32_t trainers : {1u, 2u}) {
+      absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers =
+          StartCluster(shards, {"--device=cpu"});
+      ASSERT_TRUE(servers.ok()) << servers.status();
+      const std::string out_root = MakeTempDir("control");
+      std::vector<std::unique_ptr<ChildProcess>> procs;
+      for (uint32_t r = 0; r < trainers; ++r) {
+        const std::string out_dir = absl::StrCat(out_root, "/rank", r);
+        ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
+        auto proc = ChildProcess::Start(
+            Runfile("tests/test_trainer"),
+            {"--servers=" + absl::StrJoin(Addresses(*servers), ","), absl::StrCat("--rank=", r),
+             absl::StrCat("--num_trainers=", trainers), "--models=adamw,sgd_momentum",
+             absl::StrCat("--steps=", kSteps), absl::StrCat("--seed=", kSeed),
+             "--max_grad_norm=1.5", "--loss_scaling", "--initial_loss_scale=1024",
+             "--plant_inf_steps=3,7", "--out_dir=" + out_dir});
+        ASSERT_TRUE(proc.ok());
+        procs.push_back(std::move(*proc));
+      }
+      for (auto& proc : procs) {
+        std::optional<int> rc = proc->Wait(absl::Seconds(240));
+        ASSERT_TRUE(rc.has_value());
+        ASSERT_EQ(*rc, 0) << "trainer failed (S=" << shards << ", T=" << trainers << ")";
+      }
+      for (const std::string name : {"adamw", "sgd_momentum"}) {
+        ModelSpec spec = SyntheticModelSpec(name, OptimizerByName(name).value(), trainers);
+        spec.max_grad_norm = 1.5;
+        spec.loss_scaling = true;
+        spec.loss_scaler.initial_scale = 1024;
+        const ModelLayout layout =
+            ModelLayout::Create(spec.tensors, spec.alignment, shards).value();
+        ReferenceOptions reference;
+        reference.plant_inf_steps = {planted.begin(), planted.end()};
+        reference.plant_inf_element = layout.tensors().back().offset;
+        std::vector<int64_t> skipped;
+        reference.skipped_steps = &skipped;
+        const std::vector<float> expected = ReferenceRun(spec, layout, kSteps, kSeed, reference);
+        EXPECT_EQ(skipped, planted);
+        for (uint32_t r = 0; r < trainers; ++r) {
+          absl::StatusOr<std::vector<float>> got =
+              ReadFloats(absl::StrCat(out_root, "/rank", r, "/", name, ".bin"));
+          ASSERT_TRUE(got.ok()) << got.status();
+          ASSERT_EQ(got->size(), expected.size());
+          EXPECT_EQ(std::memcmp(got->data(), expected.data(), expected.size() * sizeof(float)), 0)
+              << name << " S=" << shards << " T=" << trainers << " rank " << r;
+        }
+        // Every shard skipped the same steps and counted the same updates.
+        for (const auto& server : *servers) {
+          auto stub = NewStub(server->address());
+          grpc::ClientContext context;
+          v1::InspectRequest request;
+          request.set_model_id(name);
+          v1::InspectResponse info;
+          ASSERT_TRUE(stub->Inspect(&context, request, &info).ok());
+          EXPECT_EQ(info.skipped_steps(), 2) << name;
+          EXPECT_EQ(info.optimizer_steps(), kSteps - 2) << name;
+          EXPECT_EQ(info.last_decided_step(), kSteps);
+          EXPECT_LT(info.last_decision().clip_coef(), 1.0) << "the norm was clipped";
+        }
+      }
+    }
+  }
 }
 
 // The same multi-trainer runs with the model state on GPU 0: the fused CUDA

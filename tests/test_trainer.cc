@@ -5,6 +5,8 @@
 // writes each model's final flat parameters to <out_dir>/<model>.bin.
 // Exits non-zero with the client's error on any failure.
 #include <cstdio>
+#include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,9 +28,18 @@ ABSL_FLAG(std::string, push_dtype, "float32",
           "Gradient type on the wire: float32|bfloat16|float16.");
 ABSL_FLAG(std::string, pull_dtype, "float32",
           "Parameter type on the wire: float32|bfloat16|float16.");
+ABSL_FLAG(double, max_grad_norm, 0, "Clip the global gradient norm to this (0: off).");
+ABSL_FLAG(bool, loss_scaling, false, "Dynamic loss scaling.");
+ABSL_FLAG(double, initial_loss_scale, 65536, "With --loss_scaling.");
+ABSL_FLAG(std::vector<std::string>, plant_inf_steps, {},
+          "Rank 0 puts +inf into its gradient at these steps (in the last tensor, so on the "
+          "last shard only).");
 
 namespace shardopt::testing {
 namespace {
+
+// Where rank 0 plants +inf: inside the last tensor, so on the last shard.
+uint64_t PlantedElement(const ModelLayout& layout) { return layout.tensors().back().offset; }
 
 absl::StatusOr<DType> ParseDType(const std::string& name) {
   for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
@@ -55,7 +66,12 @@ int Train(const std::string& name) {
     fprintf(stderr, "%s\n", client.status().ToString().c_str());
     return 1;
   }
-  const ModelSpec spec = SyntheticModelSpec(name, *optimizer, absl::GetFlag(FLAGS_num_trainers));
+  ModelSpec spec = SyntheticModelSpec(name, *optimizer, absl::GetFlag(FLAGS_num_trainers));
+  spec.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
+  spec.loss_scaling = absl::GetFlag(FLAGS_loss_scaling);
+  spec.loss_scaler.initial_scale = absl::GetFlag(FLAGS_initial_loss_scale);
+  std::set<int64_t> plant;
+  for (const std::string& s : absl::GetFlag(FLAGS_plant_inf_steps)) plant.insert(std::stoll(s));
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   absl::Status status;
   std::vector<float> params;
@@ -80,10 +96,22 @@ int Train(const std::string& name) {
   for (int64_t step = 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
     SyntheticGradient((*client)->layout(), params, options.trainer_rank, step, seed,
                       absl::MakeSpan(grad));
+    if (spec.loss_scaling) {
+      const float scale = static_cast<float>((*client)->loss_scale());
+      for (float& v : grad) v *= scale;
+    }
+    if (options.trainer_rank == 0 && plant.count(step) > 0) {
+      grad[PlantedElement((*client)->layout())] = std::numeric_limits<float>::infinity();
+    }
     absl::StatusOr<StepResult> result = (*client)->Step(step, grad, absl::MakeSpan(params));
     if (!result.ok()) {
       fprintf(stderr, "rank %u step %ld: %s\n", options.trainer_rank, static_cast<long>(step),
               result.status().ToString().c_str());
+      return 1;
+    }
+    if (spec.loss_scaling && result->skipped != (plant.count(step) > 0)) {
+      fprintf(stderr, "rank %u step %ld: skipped=%d, planted=%d\n", options.trainer_rank,
+              static_cast<long>(step), result->skipped, static_cast<int>(plant.count(step)));
       return 1;
     }
     if (result->version != step) {

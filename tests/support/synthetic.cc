@@ -1,10 +1,14 @@
 #include "tests/support/synthetic.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "client/loss_scaler.h"
 #include "common/dtype_convert.h"
 #include "server/optim/optimizer.h"
 
@@ -109,15 +113,42 @@ void RoundTo(DType dtype, absl::Span<float> values) {
   ConvertToFloatAndFindNonFinite(narrow.data(), values.size(), dtype, values.data());
 }
 
+namespace {
+
+// The shards' global norm: per shard, 65536-element blocks summed in order.
+double GlobalSumOfSquares(const ModelLayout& layout, const std::vector<float>& g, float scale) {
+  constexpr uint64_t kBlock = 1 << 16;
+  double total = 0;
+  for (uint32_t s = 0; s < layout.shard_count(); ++s) {
+    const FlatRange range = layout.ShardRange(s);
+    double shard_total = 0;
+    for (uint64_t b = range.begin; b < range.end; b += kBlock) {
+      double block = 0;
+      for (uint64_t i = b; i < std::min(range.end, b + kBlock); ++i) {
+        const double x = static_cast<double>(g[i] * scale);
+        block += x * x;
+      }
+      shard_total += block;
+    }
+    total += shard_total;
+  }
+  return total;
+}
+
+}  // namespace
+
 std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout, int steps,
                                 uint64_t seed, const ReferenceOptions& options) {
   const DType push_dtype = options.push_dtype, pull_dtype = options.pull_dtype;
   OptimizerConfig base = spec.optimizer;
   LrSchedule schedule = spec.lr_schedule;
+  const bool control = spec.max_grad_norm > 0 || spec.loss_scaling;
+  LossScaler scaler(spec.loss_scaler);
   std::vector<float> params = SyntheticInitialParams(layout, seed);
   std::unique_ptr<Optimizer> optimizer =
       std::move(Optimizer::Create(spec.optimizer, params.size()).value());
   std::vector<float> sum(params.size()), grad(params.size()), visible(params.size());
+  int64_t optimizer_step = 0;
   for (int64_t step = 1; step <= steps; ++step) {
     if (auto change = options.changes.find(step); change != options.changes.end()) {
       base = change->second.first;
@@ -126,15 +157,25 @@ std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout
     OptimizerConfig config = base;
     config.lr = schedule.LearningRate(base.lr, step);
     if (absl::Status s = optimizer->SetConfig(config); !s.ok()) {
-      fprintf(stderr, "ReferenceRun: step %ld: %s\n", static_cast<long>(step), s.ToString().c_str());
+      fprintf(stderr, "ReferenceRun: step %ld: %s\n", static_cast<long>(step),
+              s.ToString().c_str());
       abort();  // A reference that silently ignores a change would prove nothing.
     }
+    const float loss_scale = spec.loss_scaling ? static_cast<float>(scaler.scale()) : 1.0f;
     visible = params;
     RoundTo(pull_dtype, absl::MakeSpan(visible));
+    bool found_inf = false;
     for (uint32_t r = 0; r < spec.num_trainers; ++r) {
       absl::Span<float> out = r == 0 ? absl::MakeSpan(sum) : absl::MakeSpan(grad);
       SyntheticGradient(layout, visible, r, step, seed, out);
+      if (spec.loss_scaling) {
+        for (float& v : out) v *= loss_scale;
+      }
+      if (r == 0 && options.plant_inf_steps.count(step) > 0) {
+        out[options.plant_inf_element] = std::numeric_limits<float>::infinity();
+      }
       RoundTo(push_dtype, out);
+      for (float v : out) found_inf = found_inf || !std::isfinite(v);
       if (r > 0) {
         for (size_t i = 0; i < sum.size(); ++i) sum[i] += grad[i];
       }
@@ -143,7 +184,29 @@ std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout
       const float divisor = static_cast<float>(spec.num_trainers);
       for (float& v : sum) v /= divisor;
     }
-    optimizer->Update(step, params.data(), sum.data(), 0, params.size());
+    if (!control) {
+      optimizer->Update(step, params.data(), sum.data(), 0, params.size());
+      continue;
+    }
+    const float inverse_scale =
+        static_cast<float>(1.0 / (spec.loss_scaling ? scaler.scale() : 1.0));
+    const double total = found_inf ? 0 : GlobalSumOfSquares(layout, sum, inverse_scale);
+    if (found_inf || !std::isfinite(total)) {
+      if (options.skipped_steps != nullptr) options.skipped_steps->push_back(step);
+      scaler.Update(true);
+      continue;
+    }
+    double coef = 1.0;
+    if (spec.max_grad_norm > 0) {
+      const double c = spec.max_grad_norm / (std::sqrt(total) + 1e-6);
+      if (c < 1.0) coef = c;
+    }
+    const float multiplier = static_cast<float>(coef) * inverse_scale;
+    if (multiplier != 1.0f) {
+      for (float& v : sum) v *= multiplier;
+    }
+    optimizer->Update(++optimizer_step, params.data(), sum.data(), 0, params.size());
+    scaler.Update(false);
   }
   return params;
 }

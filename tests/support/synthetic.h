@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,10 +47,19 @@ void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params
 // shard count: tensors sit at the same offsets).
 // `changes[k]` replaces the optimizer and schedule from step k on (as
 // SetHyperparameters does); the lr of each step comes from the schedule.
+// Gradient control as the shards apply it (spec.max_grad_norm,
+// spec.loss_scaling): trainers multiply gradients by the loss scale, rank 0
+// plants +inf in `plant_inf_element` at the steps in `plant_inf_steps`, a
+// step with any inf/NaN is skipped, otherwise the global norm is summed the
+// way the shards sum it (per shard of `layout`, in 65536-element blocks,
+// shards in order) and the unscaled gradient clipped.
 struct ReferenceOptions {
   DType push_dtype = DType::kFloat32;
   DType pull_dtype = DType::kFloat32;
   std::map<int64_t, std::pair<OptimizerConfig, LrSchedule>> changes;
+  std::set<int64_t> plant_inf_steps;
+  uint64_t plant_inf_element = 0;
+  std::vector<int64_t>* skipped_steps = nullptr;  // Filled when set.
 };
 std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout, int steps,
                                 uint64_t seed, const ReferenceOptions& options = {});
