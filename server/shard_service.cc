@@ -177,6 +177,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   *config.mutable_layout() = LayoutToProto(*layout);
   *config.mutable_optimizer() = OptimizerConfigToProto(*optimizer);
   *config.mutable_lr_schedule() = LrScheduleToProto(*schedule);
+  config.mutable_gradient_control();  // Present either way: unset equals all zero.
 
   // An existing model: equal configs attach, different ones are refused.
   auto answer_existing = [&](const Model& model) {
