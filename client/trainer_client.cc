@@ -416,7 +416,7 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
 }
 
 absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<float> flat_params) {
-  return PullInternal(min_version, flat_params, nullptr);
+  return PullInternal(min_version, flat_params, nullptr, nullptr);
 }
 
 absl::StatusOr<TrainerClient::Decision> TrainerClient::DecideStep(int64_t step) {
@@ -459,9 +459,10 @@ absl::StatusOr<TrainerClient::Decision> TrainerClient::DecideStep(int64_t step) 
 
 absl::StatusOr<int64_t> TrainerClient::PullInternal(int64_t min_version,
                                                     absl::Span<float> flat_params,
-                                                    const Decision* decision) {
+                                                    const Decision* decision, double* lr) {
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   std::vector<int64_t> versions(shards_.size(), -1);
+  std::vector<double> lrs(shards_.size(), 0.0);
   const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
   absl::Status status =
       ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
@@ -491,7 +492,10 @@ absl::StatusOr<int64_t> TrainerClient::PullInternal(int64_t min_version,
           int64_t version = -1;
           absl::Status bad;
           while (reader->Read(&frame)) {
-            if (version < 0) version = frame.version;
+            if (version < 0) {
+              version = frame.version;
+              lrs[i] = frame.lr;
+            }
             if (frame.version != version || frame.offset != received) {
               bad = absl::InternalError(absl::StrCat("pull chunk at element ", frame.offset,
                                                      " of version ", frame.version, " after ",
@@ -526,6 +530,7 @@ absl::StatusOr<int64_t> TrainerClient::PullInternal(int64_t min_version,
                        " at ", versions[i]));
     }
   }
+  if (lr != nullptr) *lr = lrs[0];
   return versions[0];
 }
 
@@ -586,9 +591,11 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     if (!decided.ok()) return decided.status();
     decision = *decided;
   }
+  double lr = 0;
   absl::StatusOr<int64_t> version =
-      PullInternal(step, flat_params, decision ? &*decision : nullptr);
+      PullInternal(step, flat_params, decision ? &*decision : nullptr, &lr);
   if (!version.ok()) return version.status();
+  result->lr = lr;
   if (decision) {
     result->skipped = decision->skip;
     result->grad_norm = decision->grad_norm;

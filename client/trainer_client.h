@@ -92,6 +92,7 @@ struct StepResult {
   double grad_norm = 0;       // Global L2 norm of the unscaled gradient.
   double clip_coef = 1.0;     // Applied multiplier (1: no clipping).
   double loss_scale = 1.0;    // The scale this step's gradients carried.
+  double lr = 0;              // The learning rate the step ran with.
   uint64_t bytes_pushed = 0;  // Payload bytes on the wire (push_dtype).
   uint64_t bytes_pulled = 0;  // Payload bytes on the wire (pull_dtype).
 };
@@ -168,8 +169,9 @@ class TrainerClient {
     double grad_norm = 0;
   };
   absl::StatusOr<Decision> DecideStep(int64_t step);
+  // `lr` (if set) receives the lr of the pulled version.
   absl::StatusOr<int64_t> PullInternal(int64_t min_version, absl::Span<float> flat_params,
-                                       const Decision* decision);
+                                       const Decision* decision, double* lr = nullptr);
 
   TrainerClientOptions options_;
   std::vector<std::unique_ptr<Shard>> shards_;

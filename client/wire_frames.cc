@@ -135,9 +135,9 @@ grpc::Status ParseChunk(SliceCursor& in, uint64_t end, PullFrame* frame) {
       }
       const uint64_t count = bytes / element;
       if (frame->offset > frame->capacity || count > frame->capacity - frame->offset) {
-        return Malformed(frame, absl::StrCat("chunk [", frame->offset, ", ",
-                                             frame->offset + count, ") outside the range of ",
-                                             frame->capacity, " elements"));
+        return Malformed(frame,
+                         absl::StrCat("chunk [", frame->offset, ", ", frame->offset + count,
+                                      ") outside the range of ", frame->capacity, " elements"));
       }
       float* target = frame->destination + frame->offset;
       if (frame->dtype == DType::kFloat32) {
@@ -222,6 +222,7 @@ grpc::Status SerializePushFrame(const PushFrame& frame, grpc::ByteBuffer* buffer
 
 grpc::Status ParsePullResponse(grpc::ByteBuffer* buffer, PullFrame* frame) {
   frame->version = 0;
+  frame->lr = 0;
   frame->offset = 0;
   frame->count = 0;
   frame->error.clear();
@@ -238,6 +239,10 @@ grpc::Status ParsePullResponse(grpc::ByteBuffer* buffer, PullFrame* frame) {
       uint64_t version;
       if (!in.ReadVarint(&version)) return Malformed(frame, "truncated version");
       frame->version = static_cast<int64_t>(version);
+    } else if (field == 3 && wire_type == kFixed64) {
+      uint64_t bits = 0;
+      if (!in.Take(8, reinterpret_cast<uint8_t*>(&bits))) return Malformed(frame, "truncated lr");
+      std::memcpy(&frame->lr, &bits, sizeof(double));
     } else if (field == 2 && wire_type == kLengthDelimited) {
       if (have_chunk) return Malformed(frame, "two chunks in one message");
       uint64_t length;

@@ -23,10 +23,9 @@
 
 #include <cstdint>
 #include <string>
-
-#include "absl/synchronization/mutex.h"
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
 
@@ -67,6 +66,7 @@ struct PullFrame {
   DType dtype = DType::kFloat32;
   std::vector<char> scratch;  // 16-bit payloads, before widening.
   int64_t version = 0;
+  double lr = 0;
   uint64_t offset = 0;
   uint64_t count = 0;
   std::string error;

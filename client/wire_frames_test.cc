@@ -70,6 +70,7 @@ TEST(WireFramesTest, PullFrameParsesAcrossSliceBoundariesIntoTheDestination) {
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 1.25f;
   v1::PullParametersResponse response;
   response.set_version(123456789012);
+  response.set_lr(0.00125);
   response.mutable_chunk()->set_offset(40);
   response.mutable_chunk()->set_data(values.data(), values.size() * 4);
   const std::string wire = response.SerializeAsString();
@@ -82,6 +83,7 @@ TEST(WireFramesTest, PullFrameParsesAcrossSliceBoundariesIntoTheDestination) {
     ASSERT_TRUE((grpc::SerializationTraits<PullFrame>::Deserialize(&buffer, &frame).ok()))
         << frame.error;
     EXPECT_EQ(frame.version, 123456789012);
+    EXPECT_EQ(frame.lr, 0.00125);
     EXPECT_EQ(frame.offset, 40u);
     EXPECT_EQ(frame.count, values.size());
     EXPECT_EQ(std::memcmp(destination.data() + 40, values.data(), values.size() * 4), 0);

@@ -71,6 +71,11 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
 
 ModelShard::~ModelShard() { Shutdown(); }
 
+double ModelShard::LrOfVersion(int64_t version) const {
+  absl::MutexLock lock(&mu_);
+  return version == version_ ? version_lr_ : 0.0;
+}
+
 int64_t ModelShard::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
@@ -264,6 +269,7 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
   applying_ = false;
   if (!applied.ok()) return FailLocked(step, applied);
   version_ = step;
+  version_lr_ = config.lr;
   optimizer_steps_ = step;
   std::fill(slots_.begin(), slots_.end(), SlotState::kEmpty);
   has_pending_loss_scale_ = false;
@@ -377,6 +383,7 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
     last_lr_ = config.lr;
   }
   last_step_ = StepRecord{step, decision, scale, config.lr};
+  version_lr_ = config.lr;
   last_stats_ = pending_stats_;
   pending_stats_ = StepStats();
   has_pending_loss_scale_ = false;

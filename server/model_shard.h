@@ -56,7 +56,7 @@ struct ModelShardOptions {
   // Gradient control. With either on, a step is applied only after a
   // decision (Decide) that every shard receives alike: clipping needs the
   // global norm, loss scaling a skip when any shard saw inf/NaN.
-  double max_grad_norm = 0;  // > 0: clip the global L2 norm to this.
+  double max_grad_norm = 0;   // > 0: clip the global L2 norm to this.
   bool loss_scaling = false;  // Pushes carry a loss scale; non-finite allowed.
 
   bool needs_decision() const { return max_grad_norm > 0 || loss_scaling; }
@@ -209,6 +209,8 @@ class ModelShard {
   absl::Status CancelHyperparameters(int64_t effective_step);
 
   int64_t version() const;
+  // The lr of step `version` if that is the shard's current version, else 0.
+  double LrOfVersion(int64_t version) const;
   // Wakes every waiter with UNAVAILABLE; later waits fail at once.
   void Shutdown();
 
@@ -264,6 +266,7 @@ class ModelShard {
   // Changes already in force, so that repeats of them stay harmless.
   std::map<int64_t, Hyperparameters> took_effect_ ABSL_GUARDED_BY(mu_);
   double last_lr_ ABSL_GUARDED_BY(mu_) = 0;
+  double version_lr_ ABSL_GUARDED_BY(mu_) = 0;  // Of step version_, applied or skipped.
 
   // Guards the backend's parameters: Apply holds it exclusively, reads
   // shared. Staging of rank r is written only by rank r's PushWriter while

@@ -359,6 +359,7 @@ grpc::Status ShardServiceImpl::PullParameters(
   const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / element);
   v1::PullParametersResponse response;
   response.set_version(*version);
+  response.set_lr(shard.LrOfVersion(*version));
   for (uint64_t offset = 0; offset < shard.size(); offset += chunk_elements) {
     const uint64_t count = std::min(chunk_elements, shard.size() - offset);
     v1::TensorChunk* chunk = response.mutable_chunk();

@@ -135,6 +135,7 @@ TEST_F(ClientSemanticsTest, Float16OverflowIsRefusedBeforeAnyShardSeesIt) {
   r = client->Step(1, grad, absl::MakeSpan(params));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->bytes_pushed, params.size() * 2);  // Half the fp32 payload.
+  EXPECT_FLOAT_EQ(r->lr, 0.1);                    // The step's learning rate.
 }
 
 TEST_F(ClientSemanticsTest, ScheduleAndLiveHyperparameterChangeAgreeOnEveryShard) {

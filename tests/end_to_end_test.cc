@@ -116,7 +116,7 @@ TEST(EndToEndMixedPrecisionTest, SixteenBitWireMatchesTheRoundedReference) {
 // the last shard only) at two steps; every shard must skip exactly those,
 // and the rest must match a reference that clips the same global norm.
 TEST(EndToEndGradientControlTest, SkipsAndClipsAlikeOnEveryShard) {
-  const std::vector<int64_t> planted = {3, 7};
+  const std::vector<int64_t> planted = {3, 6};  // +inf, then NaN.
   for (uint32_t shards : {1u, 3u}) {
     for (uint32_t trainers : {1u, 2u}) {
       absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers =
@@ -133,7 +133,7 @@ TEST(EndToEndGradientControlTest, SkipsAndClipsAlikeOnEveryShard) {
              absl::StrCat("--num_trainers=", trainers), "--models=adamw,sgd_momentum",
              absl::StrCat("--steps=", kSteps), absl::StrCat("--seed=", kSeed),
              "--max_grad_norm=1.5", "--loss_scaling", "--initial_loss_scale=1024",
-             "--plant_inf_steps=3,7", "--out_dir=" + out_dir});
+             "--plant_inf_steps=3,6", "--out_dir=" + out_dir});
         ASSERT_TRUE(proc.ok());
         procs.push_back(std::move(*proc));
       }

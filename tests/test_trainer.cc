@@ -40,6 +40,11 @@ namespace {
 
 // Where rank 0 plants +inf: inside the last tensor, so on the last shard.
 uint64_t PlantedElement(const ModelLayout& layout) { return layout.tensors().back().offset; }
+// +inf at odd steps, NaN at even ones.
+float PlantedValue(int64_t step) {
+  return step % 2 == 1 ? std::numeric_limits<float>::infinity()
+                       : std::numeric_limits<float>::quiet_NaN();
+}
 
 absl::StatusOr<DType> ParseDType(const std::string& name) {
   for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
@@ -101,7 +106,7 @@ int Train(const std::string& name) {
       for (float& v : grad) v *= scale;
     }
     if (options.trainer_rank == 0 && plant.count(step) > 0) {
-      grad[PlantedElement((*client)->layout())] = std::numeric_limits<float>::infinity();
+      grad[PlantedElement((*client)->layout())] = PlantedValue(step);
     }
     absl::StatusOr<StepResult> result = (*client)->Step(step, grad, absl::MakeSpan(params));
     if (!result.ok()) {

@@ -172,7 +172,8 @@ std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout
         for (float& v : out) v *= loss_scale;
       }
       if (r == 0 && options.plant_inf_steps.count(step) > 0) {
-        out[options.plant_inf_element] = std::numeric_limits<float>::infinity();
+        out[options.plant_inf_element] = step % 2 == 1 ? std::numeric_limits<float>::infinity()
+                                                       : std::numeric_limits<float>::quiet_NaN();
       }
       RoundTo(push_dtype, out);
       for (float v : out) found_inf = found_inf || !std::isfinite(v);

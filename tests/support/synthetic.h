@@ -49,7 +49,8 @@ void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params
 // SetHyperparameters does); the lr of each step comes from the schedule.
 // Gradient control as the shards apply it (spec.max_grad_norm,
 // spec.loss_scaling): trainers multiply gradients by the loss scale, rank 0
-// plants +inf in `plant_inf_element` at the steps in `plant_inf_steps`, a
+// plants +inf (odd steps) or NaN (even steps) in `plant_inf_element` at the
+// steps in `plant_inf_steps`, a
 // step with any inf/NaN is skipped, otherwise the global norm is summed the
 // way the shards sum it (per shard of `layout`, in 65536-element blocks,
 // shards in order) and the unscaled gradient clipped.
