@@ -29,11 +29,6 @@ absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device, bool
 absl::StatusOr<std::unique_ptr<UpdateBackend>> MakeGpuBackend(int gpu_index,
                                                               const ModelShardOptions& options,
                                                               std::vector<float> initial) {
-  if (options.needs_decision()) {
-    return absl::UnimplementedError(
-        "gradient clipping and loss scaling run on the CPU backend only in this version "
-        "(start the shard servers with --device=cpu)");
-  }
   absl::StatusOr<std::unique_ptr<GpuBackend>> backend =
       GpuBackend::Create(gpu_index, options.optimizer, options.num_trainers, initial);
   if (!backend.ok()) return backend.status();

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype_convert.h"
 #include "server/cuda/fused_optimizers.h"
+#include "server/cuda/gradient_control.h"
 
 namespace shardopt {
 
@@ -73,6 +74,9 @@ absl::StatusOr<size_t> GpuBackend::Stage(uint32_t rank, uint64_t offset, const v
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   Lane& lane = lanes_[rank];
   const char* source = static_cast<const char*>(data);
+  // Everything is staged even past a NaN/inf: with loss scaling the step is
+  // skipped, not refused (ModelShard decides).
+  size_t first_bad = count;
   for (size_t done = 0; done < count;) {
     const size_t piece = std::min(count - done, kPinnedElements);
     gpu::PinnedBuffer& pinned = lane.pinned[lane.next];
@@ -91,7 +95,7 @@ absl::StatusOr<size_t> GpuBackend::Stage(uint32_t rank, uint64_t offset, const v
     float* host = pinned.as<float>();
     const size_t bad =
         ConvertToFloatAndFindNonFinite(source + done * DTypeSize(dtype), piece, dtype, host);
-    if (bad != piece) return done + bad;  // Refused (loss scaling is CPU-only for now).
+    if (bad != piece && first_bad == count) first_bad = done + bad;
     if (absl::Status s = gpu::CopyToDevice(staging(rank) + offset + done, host,
                                            piece * sizeof(float), lane.stream.get());
         !s.ok()) {
@@ -101,7 +105,7 @@ absl::StatusOr<size_t> GpuBackend::Stage(uint32_t rank, uint64_t offset, const v
     lane.next ^= 1;
     done += piece;
   }
-  return count;
+  return first_bad;
 }
 
 absl::Status GpuBackend::FinishStaging(uint32_t rank) {
@@ -121,6 +125,58 @@ absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& c
   buffers.gradients = gradients.data();
   buffers.num_gradients = static_cast<int>(gradients.size());
   buffers.reduction = mean ? gpu::GradientReduction::kMean : gpu::GradientReduction::kSum;
+  buffers.params = params_.as<float>();
+  buffers.slots = {slots_[0].as<float>(), slots_[1].as<float>(), slots_[2].as<float>()};
+  if (absl::Status s = gpu::FusedOptimizerStep(config, step, size_, buffers, apply_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  return apply_stream_.Synchronize();
+}
+
+absl::Status GpuBackend::Reduce(bool mean) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = gpu::ReduceInPlace(
+          staging_.as<float>(), size_, static_cast<int>(lanes_.size()), mean, apply_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  return apply_stream_.Synchronize();
+}
+
+absl::StatusOr<double> GpuBackend::SumOfSquares(float scale) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  const size_t blocks = (size_ + kNormBlockElements - 1) / kNormBlockElements;
+  if (blocks == 0) return 0.0;
+  absl::StatusOr<gpu::DeviceBuffer> sums = gpu::DeviceBuffer::Allocate(blocks * sizeof(double));
+  if (!sums.ok()) return sums.status();
+  if (absl::Status s = gpu::BlockSumsOfSquares(staging(0), size_, scale, kNormBlockElements,
+                                               sums->as<double>(), apply_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = apply_stream_.Synchronize(); !s.ok()) return s;
+  std::vector<double> host(blocks);
+  if (absl::Status s = sums->Download(host.data(), blocks * sizeof(double)); !s.ok()) return s;
+  double total = 0;  // In block order, as CpuBackend adds them.
+  for (double b : host) total += b;
+  return total;
+}
+
+absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, float multiplier) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
+  if (multiplier != 1.0f) {
+    if (absl::Status s = gpu::ScaleInPlace(staging(0), size_, multiplier, apply_stream_.get());
+        !s.ok()) {
+      return s;
+    }
+  }
+  const float* gradient = staging(0);
+  gpu::FusedStepBuffers buffers;
+  buffers.gradients = &gradient;
+  buffers.num_gradients = 1;  // Already reduced.
+  buffers.reduction = gpu::GradientReduction::kSum;
   buffers.params = params_.as<float>();
   buffers.slots = {slots_[0].as<float>(), slots_[1].as<float>(), slots_[2].as<float>()};
   if (absl::Status s = gpu::FusedOptimizerStep(config, step, size_, buffers, apply_stream_.get());

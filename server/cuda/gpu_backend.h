@@ -46,10 +46,9 @@ class GpuBackend final : public UpdateBackend {
                                size_t count) override;
   absl::Status FinishStaging(uint32_t rank) override;
   absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) override;
-  // Clipping and loss scaling are not on the GPU backend yet: UNIMPLEMENTED.
-  absl::Status Reduce(bool) override { return Unimplemented(); }
-  absl::StatusOr<double> SumOfSquares(float) override { return Unimplemented(); }
-  absl::Status Update(int64_t, const OptimizerConfig&, float) override { return Unimplemented(); }
+  absl::Status Reduce(bool mean) override;
+  absl::StatusOr<double> SumOfSquares(float scale) override;
+  absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
   uint64_t parameter_bytes() const override { return size_ * sizeof(float); }
   uint64_t optimizer_state_bytes() const override {
@@ -69,10 +68,6 @@ class GpuBackend final : public UpdateBackend {
   GpuBackend(int device_index, const OptimizerConfig& optimizer, size_t size, uint32_t num_trainers)
       : device_index_(device_index), optimizer_(optimizer), size_(size), lanes_(num_trainers) {}
 
-  static absl::Status Unimplemented() {
-    return absl::UnimplementedError(
-        "gradient clipping and loss scaling run on the CPU backend only in this version");
-  }
   float* staging(uint32_t rank) const { return staging_.as<float>() + rank * size_; }
 
   const int device_index_;

@@ -4,15 +4,16 @@
 // reason, where no usable GPU exists.
 #include "server/cuda/gpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "common/dtype_convert.h"
 #include "gtest/gtest.h"
 #include "server/cuda/device.h"
 #include "server/model_shard.h"
-#include "common/dtype_convert.h"
 #include "server/model_shard_testing.h"
 
 namespace shardopt {
@@ -149,6 +150,50 @@ TEST_F(GpuBackendTest, ScheduleChangesAndSixteenBitPushesMatchTheCpu) {
   ASSERT_TRUE(gpu->ReadParameters(8, 0, b.size(), b.data()).ok());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   EXPECT_DOUBLE_EQ(gpu->Snapshot("", 0, 0, false).value().last_lr, 0.003);
+}
+
+// Gradient control on the GPU: the same stats (bit for bit, so every shard
+// and backend reaches the same decision), the same skips, the same clipped
+// updates as the CPU backend.
+TEST_F(GpuBackendTest, GradientControlMatchesTheCpu) {
+  const ModelLayout layout = ModelLayout::Create({{"w", {200003}}}, 1, 1).value();
+  ModelShardOptions options{"m", layout, 0, OptimizerConfig::AdamW(0.01), 3, true};
+  options.max_grad_norm = 0.5;
+  options.loss_scaling = true;
+  std::vector<float> init(layout.shard_size(), 0.25f);
+  std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
+  std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
+  const double scale = 4096;
+  for (int64_t step = 1; step <= 6; ++step) {
+    StepStats stats[2];
+    int k = 0;
+    for (ModelShard* shard : {cpu.get(), gpu.get()}) {
+      for (uint32_t rank = 0; rank < 3; ++rank) {
+        std::vector<float> g = RandomGradient(rank, step, layout.shard_size());
+        for (float& v : g) v *= static_cast<float>(scale);
+        if (step == 4 && rank == 2) g[12345] = std::numeric_limits<float>::infinity();
+        auto start = shard->BeginPush(rank, step, g.size(), DType::kFloat32, scale);
+        ASSERT_TRUE(start.ok() && start->writer != nullptr) << start.status();
+        ASSERT_TRUE(start->writer->Write(0, g.data(), g.size() * sizeof(float)).ok());
+        ASSERT_TRUE(start->writer->Commit().ok());
+      }
+      stats[k++] = shard->WaitForStepStats(step, absl::Now() + absl::Seconds(30), nullptr).value();
+    }
+    EXPECT_EQ(stats[0].found_inf, stats[1].found_inf) << step;
+    if (!stats[0].found_inf) {
+      EXPECT_EQ(stats[0].sum_of_squares, stats[1].sum_of_squares) << step;  // Bit for bit.
+    }
+    const double norm = std::sqrt(stats[0].sum_of_squares);
+    const StepDecision decision{
+        stats[0].found_inf, stats[0].found_inf ? 1.0 : std::min(1.0, 0.5 / (norm + 1e-6)), norm};
+    ASSERT_TRUE(cpu->Decide(step, decision).ok());
+    ASSERT_TRUE(gpu->Decide(step, decision).ok());
+  }
+  std::vector<float> a(cpu->size()), b(gpu->size());
+  ASSERT_TRUE(cpu->ReadParameters(6, 0, a.size(), a.data()).ok());
+  ASSERT_TRUE(gpu->ReadParameters(6, 0, b.size(), b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(gpu->Snapshot("", 0, 0, false).value().skipped_steps, 1);
 }
 
 TEST(GpuDeviceSelectionTest, ReportsWhyThereIsNoGpu) {

@@ -1,0 +1,81 @@
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/cuda/gradient_control.h"
+
+namespace shardopt {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+absl::Status Check(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
+                                          cudaGetErrorString(error), ")"));
+}
+
+int Blocks(size_t work) {
+  const size_t blocks = (work + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 65535 * 32 ? (blocks == 0 ? 1 : blocks) : 65535 * 32);
+}
+
+__global__ void ReduceKernel(float* __restrict__ staging, size_t n, int trainers, bool mean) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float sum = staging[i];
+    for (int t = 1; t < trainers; ++t) sum = __fadd_rn(sum, staging[t * n + i]);
+    if (mean && trainers > 1) sum = __fdiv_rn(sum, static_cast<float>(trainers));
+    staging[i] = sum;
+  }
+}
+
+// One thread per block of the norm: the same sequential order as the CPU.
+__global__ void BlockSumsKernel(const float* __restrict__ g, size_t n, float scale,
+                                size_t block_elements, double* __restrict__ sums, size_t blocks) {
+  const size_t b = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  const size_t begin = b * block_elements;
+  const size_t end = begin + block_elements < n ? begin + block_elements : n;
+  double s = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const double x = static_cast<double>(__fmul_rn(g[i], scale));
+    s = __dadd_rn(s, __dmul_rn(x, x));
+  }
+  sums[b] = s;
+}
+
+__global__ void ScaleKernel(float* __restrict__ g, size_t n, float multiplier) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    g[i] = __fmul_rn(g[i], multiplier);
+  }
+}
+
+}  // namespace
+
+absl::Status ReduceInPlace(float* staging, size_t n, int trainers, bool mean, void* stream) {
+  if (n == 0) return absl::OkStatus();
+  ReduceKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(staging, n,
+                                                                              trainers, mean);
+  return Check(cudaGetLastError(), "ReduceKernel launch");
+}
+
+absl::Status BlockSumsOfSquares(const float* g, size_t n, float scale, size_t block_elements,
+                                double* block_sums, void* stream) {
+  const size_t blocks = (n + block_elements - 1) / block_elements;
+  if (blocks == 0) return absl::OkStatus();
+  BlockSumsKernel<<<static_cast<int>((blocks + 63) / 64), 64, 0,
+                    static_cast<cudaStream_t>(stream)>>>(g, n, scale, block_elements, block_sums,
+                                                         blocks);
+  return Check(cudaGetLastError(), "BlockSumsKernel launch");
+}
+
+absl::Status ScaleInPlace(float* g, size_t n, float multiplier, void* stream) {
+  if (n == 0) return absl::OkStatus();
+  ScaleKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(g, n, multiplier);
+  return Check(cudaGetLastError(), "ScaleKernel launch");
+}
+
+}  // namespace gpu
+}  // namespace shardopt

@@ -1,0 +1,31 @@
+// Device passes for steps with gradient control (clipping, loss scaling),
+// computing exactly what CpuBackend computes so both backends give the same
+// bits: the reduction over trainers in rank order, the sum of squares in
+// fixed blocks each summed sequentially in double, and one multiply.
+// Plain C++: streams are `void*` (cudaStream_t). Launches are asynchronous.
+#ifndef SHARDOPT_SERVER_CUDA_GRADIENT_CONTROL_H_
+#define SHARDOPT_SERVER_CUDA_GRADIENT_CONTROL_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+
+namespace shardopt {
+namespace gpu {
+
+// `staging` holds `trainers` buffers of `n` floats back to back. Buffer 0
+// becomes g0 + g1 + ... (in rank order), divided by `trainers` when `mean`.
+absl::Status ReduceInPlace(float* staging, size_t n, int trainers, bool mean, void* stream);
+
+// block_sums[b] = sum over i in block b (of `block_elements`) of
+// double(g[i] * scale)^2, each block summed sequentially from its start.
+absl::Status BlockSumsOfSquares(const float* g, size_t n, float scale, size_t block_elements,
+                                double* block_sums, void* stream);
+
+// g[i] *= multiplier.
+absl::Status ScaleInPlace(float* g, size_t n, float multiplier, void* stream);
+
+}  // namespace gpu
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_CUDA_GRADIENT_CONTROL_H_
