@@ -140,6 +140,25 @@ struct TrainerClient::Shard {
   }
 };
 
+RetryPolicy TrainerClient::DefaultRetryPolicy() const {
+  return RetryPolicy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
+}
+
+absl::Status TrainerClient::CallEveryShard(
+    const std::string& what, const RetryPolicy& policy,
+    const std::function<absl::Status(Shard&, grpc::ClientContext&)>& call,
+    const std::function<bool(const absl::Status&)>& retryable) {
+  return ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
+    Shard& shard = *shards_[i];
+    auto attempt = [&]() -> absl::Status {
+      AttemptContext attempt_context(calls, options_.rpc_timeout);
+      if (!attempt_context.active()) return CancelledBySibling();
+      return call(shard, *attempt_context.get());
+    };
+    return shard.Annotate(RetryWithBackoff(policy, attempt, retryable), what);
+  });
+}
+
 absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
     const std::vector<std::string>& shard_addresses, const TrainerClientOptions& options) {
   if (shard_addresses.empty()) {
@@ -240,55 +259,49 @@ absl::Status TrainerClient::RegisterOrAttach(
   config.set_shard_count(shard_count());
 
   std::vector<int64_t> versions(shards_.size(), 0);
-  std::vector<bool> created(shards_.size(), false);
-  absl::Status status =
-      ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
-        Shard& shard = *shards_[i];
-        const FlatRange range = layout->ShardRange(shard.index);
-        RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
+  // char, not bool: shards write their entries concurrently.
+  std::vector<char> created(shards_.size(), 0);
+  const RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
                            options_.initial_backoff, options_.max_backoff};
-        auto attempt = [&]() -> absl::Status {
-          AttemptContext attempt_context(calls, options_.rpc_timeout);
-          if (!attempt_context.active()) return CancelledBySibling();
-          grpc::ClientContext& context = *attempt_context.get();
-          v1::RegisterModelResponse response;
-          std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
-              shard.stub->RegisterModel(&context, &response);
-          v1::RegisterModelRequest request;
-          v1::RegisterHeader* header = request.mutable_header();
-          *header->mutable_config() = config;
-          header->set_shard_index(shard.index);
-          header->set_attach_only(!initial_params);
-          bool open = writer->Write(request);
-          if (initial_params) {
-            const size_t chunk = options_.chunk_bytes / sizeof(float);
-            for (uint64_t off = 0; open && off < range.size(); off += chunk) {
-              const uint64_t count = std::min<uint64_t>(chunk, range.size() - off);
-              v1::TensorChunk* values = request.mutable_values();
-              values->set_offset(off);
-              values->set_data(initial_params->data() + range.begin + off, count * sizeof(float));
-              open = writer->Write(request);
-            }
+  absl::Status status = CallEveryShard(
+      initial_params ? "RegisterModel" : "RegisterModel (attach)", policy,
+      [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
+        const FlatRange range = layout->ShardRange(shard.index);
+        v1::RegisterModelResponse response;
+        std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
+            shard.stub->RegisterModel(&context, &response);
+        v1::RegisterModelRequest request;
+        v1::RegisterHeader* header = request.mutable_header();
+        *header->mutable_config() = config;
+        header->set_shard_index(shard.index);
+        header->set_attach_only(!initial_params);
+        bool open = writer->Write(request);
+        if (initial_params) {
+          const size_t chunk = options_.chunk_bytes / sizeof(float);
+          for (uint64_t off = 0; open && off < range.size(); off += chunk) {
+            const uint64_t count = std::min<uint64_t>(chunk, range.size() - off);
+            v1::TensorChunk* values = request.mutable_values();
+            values->set_offset(off);
+            values->set_data(initial_params->data() + range.begin + off, count * sizeof(float));
+            open = writer->Write(request);
           }
-          // A server that answers early (the model already exists) closes the
-          // stream: Finish() then carries its answer.
-          if (open) writer->WritesDone();
-          absl::Status s = ToAbslStatus(writer->Finish());
-          if (!s.ok()) return s;
-          if (response.range().begin() != range.begin || response.range().end() != range.end) {
-            return absl::InternalError(absl::StrCat(
-                "server reports range [", response.range().begin(), ", ", response.range().end(),
-                ") but the layout gives [", range.begin, ", ", range.end, ")"));
-          }
-          versions[i] = response.version();
-          created[i] = response.created();
-          return absl::OkStatus();
-        };
-        auto retryable = [&](const absl::Status& s) {
-          return IsRetryable(s) || (!initial_params && absl::IsNotFound(s));
-        };
-        return shard.Annotate(RetryWithBackoff(policy, attempt, retryable),
-                              initial_params ? "RegisterModel" : "RegisterModel (attach)");
+        }
+        // A server that answers early (the model already exists) closes the
+        // stream: Finish() then carries its answer.
+        if (open) writer->WritesDone();
+        absl::Status s = ToAbslStatus(writer->Finish());
+        if (!s.ok()) return s;
+        if (response.range().begin() != range.begin || response.range().end() != range.end) {
+          return absl::InternalError(absl::StrCat(
+              "server reports range [", response.range().begin(), ", ", response.range().end(),
+              ") but the layout gives [", range.begin, ", ", range.end, ")"));
+        }
+        versions[shard.index] = response.version();
+        created[shard.index] = response.created();
+        return absl::OkStatus();
+      },
+      [&](const absl::Status& s) {
+        return IsRetryable(s) || (!initial_params && absl::IsNotFound(s));
       });
   if (!status.ok()) return status;
   // Shards at different versions (e.g. one restarted empty while the others
@@ -360,45 +373,37 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
     PayloadPins* pins;
     ~WaitForPins() { pins->WaitUntilReleased(); }
   } wait_for_pins{&pins};
-  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
-  absl::Status status =
-      ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
-        Shard& shard = *shards_[i];
-        auto attempt = [&]() -> absl::Status {
-          AttemptContext attempt_context(calls, options_.rpc_timeout);
-          if (!attempt_context.active()) return CancelledBySibling();
-          grpc::ClientContext& context = *attempt_context.get();
-          v1::PushGradientsResponse& response = responses[i];
-          std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
-              grpc::internal::ClientWriterFactory<PushFrame>::Create(
-                  shard.channel.get(), *shard.push_method, &context, &response));
-          v1::PushGradientsRequest header_message;
-          v1::PushHeader* header = header_message.mutable_header();
-          header->set_model_id(model_id_);
-          header->set_trainer_rank(options_.trainer_rank);
-          header->set_step(step);
-          header->set_shard_index(shard.index);
-          header->set_num_elements(shard.range.size());
-          header->set_dtype(DTypeToProto(wire_dtype));
-          if (scaler_) header->set_loss_scale(scaler_->scale());
-          PushFrame frame;
-          frame.pins = &pins;
-          frame.element_size = element;
-          frame.header = &header_message;
-          bool open = writer->Write(frame);
-          frame.header = nullptr;
-          const size_t chunk = std::max<size_t>(1, options_.chunk_bytes / element);
-          for (uint64_t off = 0; open && off < shard.range.size(); off += chunk) {
-            frame.offset = off;
-            frame.data = static_cast<const char*>(payload) + (shard.range.begin + off) * element;
-            frame.count = std::min<uint64_t>(chunk, shard.range.size() - off);
-            open = writer->Write(frame);
-          }
-          if (open) writer->WritesDone();
-          return ToAbslStatus(writer->Finish());
-        };
-        return shard.Annotate(RetryWithBackoff(policy, attempt),
-                              absl::StrCat("PushGradients step ", step));
+  absl::Status status = CallEveryShard(
+      absl::StrCat("PushGradients step ", step), DefaultRetryPolicy(),
+      [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::PushGradientsResponse& response = responses[shard.index];
+        std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
+            grpc::internal::ClientWriterFactory<PushFrame>::Create(
+                shard.channel.get(), *shard.push_method, &context, &response));
+        v1::PushGradientsRequest header_message;
+        v1::PushHeader* header = header_message.mutable_header();
+        header->set_model_id(model_id_);
+        header->set_trainer_rank(options_.trainer_rank);
+        header->set_step(step);
+        header->set_shard_index(shard.index);
+        header->set_num_elements(shard.range.size());
+        header->set_dtype(DTypeToProto(wire_dtype));
+        if (scaler_) header->set_loss_scale(scaler_->scale());
+        PushFrame frame;
+        frame.pins = &pins;
+        frame.element_size = element;
+        frame.header = &header_message;
+        bool open = writer->Write(frame);
+        frame.header = nullptr;
+        const size_t chunk = std::max<size_t>(1, options_.chunk_bytes / element);
+        for (uint64_t off = 0; open && off < shard.range.size(); off += chunk) {
+          frame.offset = off;
+          frame.data = static_cast<const char*>(payload) + (shard.range.begin + off) * element;
+          frame.count = std::min<uint64_t>(chunk, shard.range.size() - off);
+          open = writer->Write(frame);
+        }
+        if (open) writer->WritesDone();
+        return ToAbslStatus(writer->Finish());
       });
   if (!status.ok()) return status;
   StepResult result;
@@ -421,21 +426,14 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
 
 absl::StatusOr<TrainerClient::Decision> TrainerClient::DecideStep(int64_t step) {
   std::vector<v1::StepStats> stats(shards_.size());
-  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
-  absl::Status status =
-      ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
-        Shard& shard = *shards_[i];
+  absl::Status status = CallEveryShard(
+      absl::StrCat("GetStepStats step ", step), DefaultRetryPolicy(),
+      [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
         v1::GetStepStatsRequest request;
         request.set_model_id(model_id_);
         request.set_step(step);
         request.set_shard_index(shard.index);
-        auto attempt = [&]() -> absl::Status {
-          AttemptContext attempt_context(calls, options_.rpc_timeout);
-          if (!attempt_context.active()) return CancelledBySibling();
-          return ToAbslStatus(shard.stub->GetStepStats(attempt_context.get(), request, &stats[i]));
-        };
-        return shard.Annotate(RetryWithBackoff(policy, attempt),
-                              absl::StrCat("GetStepStats step ", step));
+        return ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats[shard.index]));
       });
   if (!status.ok()) return status;
   // Every trainer computes this from the same numbers, in the same order:
@@ -463,64 +461,56 @@ absl::StatusOr<int64_t> TrainerClient::PullInternal(int64_t min_version,
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   std::vector<int64_t> versions(shards_.size(), -1);
   std::vector<double> lrs(shards_.size(), 0.0);
-  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
-  absl::Status status =
-      ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
-        Shard& shard = *shards_[i];
-        auto attempt = [&]() -> absl::Status {
-          AttemptContext attempt_context(calls, options_.rpc_timeout);
-          if (!attempt_context.active()) return CancelledBySibling();
-          grpc::ClientContext& context = *attempt_context.get();
-          v1::PullParametersRequest request;
-          request.set_model_id(model_id_);
-          request.set_min_version(min_version);
-          request.set_shard_index(shard.index);
-          request.set_dtype(DTypeToProto(options_.pull_dtype));
-          if (decision != nullptr) {
-            request.mutable_decision()->set_skip(decision->skip);
-            request.mutable_decision()->set_clip_coef(decision->clip_coef);
-            request.mutable_decision()->set_grad_norm(decision->grad_norm);
+  absl::Status status = CallEveryShard(
+      absl::StrCat("PullParameters version >= ", min_version), DefaultRetryPolicy(),
+      [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::PullParametersRequest request;
+        request.set_model_id(model_id_);
+        request.set_min_version(min_version);
+        request.set_shard_index(shard.index);
+        request.set_dtype(DTypeToProto(options_.pull_dtype));
+        if (decision != nullptr) {
+          request.mutable_decision()->set_skip(decision->skip);
+          request.mutable_decision()->set_clip_coef(decision->clip_coef);
+          request.mutable_decision()->set_grad_norm(decision->grad_norm);
+        }
+        std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
+            grpc::internal::ClientReaderFactory<PullFrame>::Create(
+                shard.channel.get(), *shard.pull_method, &context, request));
+        PullFrame frame;
+        frame.destination = flat_params.data() + shard.range.begin;
+        frame.capacity = shard.range.size();
+        frame.dtype = options_.pull_dtype;
+        uint64_t received = 0;
+        int64_t version = -1;
+        absl::Status bad;
+        while (reader->Read(&frame)) {
+          if (version < 0) {
+            version = frame.version;
+            lrs[shard.index] = frame.lr;
           }
-          std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
-              grpc::internal::ClientReaderFactory<PullFrame>::Create(
-                  shard.channel.get(), *shard.pull_method, &context, request));
-          PullFrame frame;
-          frame.destination = flat_params.data() + shard.range.begin;
-          frame.capacity = shard.range.size();
-          frame.dtype = options_.pull_dtype;
-          uint64_t received = 0;
-          int64_t version = -1;
-          absl::Status bad;
-          while (reader->Read(&frame)) {
-            if (version < 0) {
-              version = frame.version;
-              lrs[i] = frame.lr;
-            }
-            if (frame.version != version || frame.offset != received) {
-              bad = absl::InternalError(absl::StrCat("pull chunk at element ", frame.offset,
-                                                     " of version ", frame.version, " after ",
-                                                     received, " elements of version ", version));
-              context.TryCancel();
-              break;
-            }
-            received += frame.count;
-          }
-          if (bad.ok() && !frame.error.empty()) {
-            bad = absl::InternalError(frame.error);
+          if (frame.version != version || frame.offset != received) {
+            bad = absl::InternalError(absl::StrCat("pull chunk at element ", frame.offset,
+                                                   " of version ", frame.version, " after ",
+                                                   received, " elements of version ", version));
             context.TryCancel();
+            break;
           }
-          absl::Status s = ToAbslStatus(reader->Finish());
-          if (!bad.ok()) return bad;
-          if (!s.ok()) return s;
-          if (received != shard.range.size()) {
-            return absl::InternalError(absl::StrCat("pull ended after ", received, " of ",
-                                                    shard.range.size(), " elements"));
-          }
-          versions[i] = version;
-          return absl::OkStatus();
-        };
-        return shard.Annotate(RetryWithBackoff(policy, attempt),
-                              absl::StrCat("PullParameters version >= ", min_version));
+          received += frame.count;
+        }
+        if (bad.ok() && !frame.error.empty()) {
+          bad = absl::InternalError(frame.error);
+          context.TryCancel();
+        }
+        absl::Status s = ToAbslStatus(reader->Finish());
+        if (!bad.ok()) return bad;
+        if (!s.ok()) return s;
+        if (received != shard.range.size()) {
+          return absl::InternalError(
+              absl::StrCat("pull ended after ", received, " of ", shard.range.size(), " elements"));
+        }
+        versions[shard.index] = version;
+        return absl::OkStatus();
       });
   if (!status.ok()) return status;
   for (size_t i = 1; i < versions.size(); ++i) {
@@ -562,22 +552,14 @@ absl::Status TrainerClient::CancelHyperparameters(int64_t effective_step) {
 absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest request) {
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   request.set_model_id(model_id_);
-  const RetryPolicy policy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
-  return ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
-    Shard& shard = *shards_[i];
-    auto attempt = [&]() -> absl::Status {
-      AttemptContext attempt_context(calls, options_.rpc_timeout);
-      if (!attempt_context.active()) return CancelledBySibling();
-      v1::SetHyperparametersResponse response;
-      return ToAbslStatus(
-          shard.stub->SetHyperparameters(attempt_context.get(), request, &response));
-    };
-    return shard.Annotate(
-        RetryWithBackoff(policy, attempt),
-        absl::StrCat(request.cancel() ? "cancelling the hyperparameter change at step "
-                                      : "SetHyperparameters from step ",
-                     request.effective_step()));
-  });
+  return CallEveryShard(
+      absl::StrCat(request.cancel() ? "cancelling the hyperparameter change at step "
+                                    : "SetHyperparameters from step ",
+                   request.effective_step()),
+      DefaultRetryPolicy(), [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::SetHyperparametersResponse response;
+        return ToAbslStatus(shard.stub->SetHyperparameters(&context, request, &response));
+      });
 }
 
 absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const float> flat_grads,

@@ -23,6 +23,7 @@
 #define SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,10 +33,15 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/loss_scaler.h"
+#include "client/retry.h"
 #include "common/dtype.h"
 #include "common/layout.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
+
+namespace grpc {
+class ClientContext;
+}  // namespace grpc
 
 namespace shardopt {
 namespace v1 {
@@ -162,6 +168,15 @@ class TrainerClient {
   absl::Status RegisterOrAttach(const ModelSpec& spec,
                                 std::optional<absl::Span<const float>> initial_params);
   absl::Status CheckBuffer(size_t size, const char* what) const;
+  RetryPolicy DefaultRetryPolicy() const;
+  // Runs `call` against every shard concurrently: each attempt gets its own
+  // context and deadline (rpc_timeout), failures `retryable` accepts are
+  // retried under `policy`, errors name `what` and the shard, and the first
+  // shard to fail for good cancels the calls to the others.
+  absl::Status CallEveryShard(
+      const std::string& what, const RetryPolicy& policy,
+      const std::function<absl::Status(Shard&, grpc::ClientContext&)>& call,
+      const std::function<bool(const absl::Status&)>& retryable = IsRetryable);
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
   struct Decision {
     bool skip = false;
