@@ -296,29 +296,25 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
                (s.awaiting_decision_ && s.pending_stats_.step == w->step);
       },
       &waiting);
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithDeadline(ready, std::min(deadline, absl::Now() + kCancelPoll));
-      if (!broken_.ok()) return broken_;
-      if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
-      if (awaiting_decision_ && pending_stats_.step == step) return pending_stats_;
-      if (version_ >= step) {
-        if (last_stats_.step == step) return last_stats_;
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step ", step, " was decided before the last one (", last_stats_.step, ")"));
-      }
-      if (step > version_ + 1) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("step ", step, " is ahead of the shard (version ", version_, ")"));
-      }
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("the gradients of step ", step, " were not all in before the deadline"));
-      }
-    }
-    if (cancelled && cancelled()) return absl::CancelledError("cancelled by the client");
+  absl::MutexLock lock(&mu_);
+  const absl::Status waited = AwaitOrCancel(ready, deadline, cancelled);
+  if (!broken_.ok()) return broken_;
+  if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
+  if (awaiting_decision_ && pending_stats_.step == step) return pending_stats_;
+  if (version_ >= step) {
+    if (last_stats_.step == step) return last_stats_;
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " was decided before the last one (", last_stats_.step, ")"));
   }
+  if (step > version_ + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " is ahead of the shard (version ", version_, ")"));
+  }
+  if (absl::IsDeadlineExceeded(waited)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the gradients of step ", step, " were not all in before the deadline"));
+  }
+  return waited;
 }
 
 absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
@@ -440,6 +436,19 @@ absl::Status ModelShard::ApplyStep(int64_t step, const OptimizerConfig& config) 
   return absl::OkStatus();
 }
 
+absl::Status ModelShard::AwaitOrCancel(const absl::Condition& ready, absl::Time deadline,
+                                       const std::function<bool()>& cancelled) {
+  while (!mu_.AwaitWithDeadline(ready, std::min(deadline, absl::Now() + kCancelPoll))) {
+    if (absl::Now() >= deadline) return absl::DeadlineExceededError("deadline");
+    // Polled without mu_: asking gRPC may take its own locks.
+    mu_.Unlock();
+    const bool stop = cancelled && cancelled();
+    mu_.Lock();
+    if (stop) return absl::CancelledError("cancelled by the client");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Time deadline,
                                                    const std::function<bool()>& cancelled) {
   struct Waiting {
@@ -451,21 +460,16 @@ absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Ti
         return w->shard->shutdown_ || w->shard->version_ >= w->min_version;
       },
       &waiting);
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithDeadline(ready, std::min(deadline, absl::Now() + kCancelPoll));
-      if (!broken_.ok()) return broken_;
-      if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
-      if (version_ >= min_version) return version_;
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "version ", min_version, " not reached before the deadline (at ", version_, ")"));
-      }
-    }
-    // Polled without mu_: asking gRPC may take its own locks.
-    if (cancelled && cancelled()) return absl::CancelledError("pull cancelled by the client");
+  absl::MutexLock lock(&mu_);
+  const absl::Status waited = AwaitOrCancel(ready, deadline, cancelled);
+  if (!broken_.ok()) return broken_;
+  if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
+  if (version_ >= min_version) return version_;
+  if (absl::IsDeadlineExceeded(waited)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "version ", min_version, " not reached before the deadline (at ", version_, ")"));
   }
+  return waited;
 }
 
 absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64_t count,

@@ -225,6 +225,11 @@ class ModelShard {
 
   ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend);
 
+  // Waits until `ready` holds (OK), the deadline passes (DEADLINE_EXCEEDED)
+  // or `cancelled()` says so (CANCELLED; polled without holding mu_).
+  absl::Status AwaitOrCancel(const absl::Condition& ready, absl::Time deadline,
+                             const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<PushResult> CommitPush(uint32_t rank, int64_t step, bool found_inf,
                                         double loss_scale);
   // The config of step `step`: scheduled changes up to it take effect.

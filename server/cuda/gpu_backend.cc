@@ -116,14 +116,11 @@ absl::Status GpuBackend::FinishStaging(uint32_t rank) {
   return s;
 }
 
-absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
-  if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
-  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  std::vector<const float*> gradients(lanes_.size());
-  for (uint32_t r = 0; r < lanes_.size(); ++r) gradients[r] = staging(r);
+absl::Status GpuBackend::RunFusedStep(int64_t step, const OptimizerConfig& config,
+                                      const float* const* gradients, int count, bool mean) {
   gpu::FusedStepBuffers buffers;
-  buffers.gradients = gradients.data();
-  buffers.num_gradients = static_cast<int>(gradients.size());
+  buffers.gradients = gradients;
+  buffers.num_gradients = count;
   buffers.reduction = mean ? gpu::GradientReduction::kMean : gpu::GradientReduction::kSum;
   buffers.params = params_.as<float>();
   buffers.slots = {slots_[0].as<float>(), slots_[1].as<float>(), slots_[2].as<float>()};
@@ -132,6 +129,14 @@ absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& c
     return s;
   }
   return apply_stream_.Synchronize();
+}
+
+absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
+  std::vector<const float*> gradients(lanes_.size());
+  for (uint32_t r = 0; r < lanes_.size(); ++r) gradients[r] = staging(r);
+  return RunFusedStep(step, config, gradients.data(), static_cast<int>(gradients.size()), mean);
 }
 
 absl::Status GpuBackend::Reduce(bool mean) {
@@ -173,17 +178,7 @@ absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, flo
     }
   }
   const float* gradient = staging(0);
-  gpu::FusedStepBuffers buffers;
-  buffers.gradients = &gradient;
-  buffers.num_gradients = 1;  // Already reduced.
-  buffers.reduction = gpu::GradientReduction::kSum;
-  buffers.params = params_.as<float>();
-  buffers.slots = {slots_[0].as<float>(), slots_[1].as<float>(), slots_[2].as<float>()};
-  if (absl::Status s = gpu::FusedOptimizerStep(config, step, size_, buffers, apply_stream_.get());
-      !s.ok()) {
-    return s;
-  }
-  return apply_stream_.Synchronize();
+  return RunFusedStep(step, config, &gradient, 1, /*mean=*/false);  // Already reduced.
 }
 
 absl::Status GpuBackend::Read(uint64_t offset, uint64_t count, float* out) {

@@ -68,6 +68,10 @@ class GpuBackend final : public UpdateBackend {
   GpuBackend(int device_index, const OptimizerConfig& optimizer, size_t size, uint32_t num_trainers)
       : device_index_(device_index), optimizer_(optimizer), size_(size), lanes_(num_trainers) {}
 
+  // One fused launch reducing `count` gradient buffers and updating, then a
+  // wait for it.
+  absl::Status RunFusedStep(int64_t step, const OptimizerConfig& config,
+                            const float* const* gradients, int count, bool mean);
   float* staging(uint32_t rank) const { return staging_.as<float>() + rank * size_; }
 
   const int device_index_;
