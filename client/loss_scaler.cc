@@ -1,15 +1,29 @@
 #include "client/loss_scaler.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace shardopt {
 
+namespace {
+
+bool PowerOfTwo(double x) {
+  int exponent = 0;
+  return x > 0 && std::isfinite(x) && std::frexp(x, &exponent) == 0.5;
+}
+
+}  // namespace
+
 absl::Status LossScalerOptions::Validate() const {
-  if (!(initial_scale > 0) || !(min_scale > 0) || !(growth_factor > 1) ||
-      !(backoff_factor > 0 && backoff_factor < 1) || growth_interval < 1 || hysteresis < 1) {
+  // Powers of two keep every scale a power of two, which keeps unscaling on
+  // the servers exact (and what the shards check).
+  if (!PowerOfTwo(initial_scale) || !PowerOfTwo(min_scale) || !PowerOfTwo(growth_factor) ||
+      !PowerOfTwo(backoff_factor) || !(growth_factor > 1) || !(backoff_factor < 1) ||
+      min_scale > initial_scale || growth_interval < 1 || hysteresis < 1) {
     return absl::InvalidArgumentError(
-        "loss scaler: scales > 0, growth_factor > 1, backoff_factor in (0, 1), "
-        "growth_interval and hysteresis >= 1");
+        "loss scaler: initial_scale, min_scale, growth_factor and backoff_factor must be "
+        "powers of two with min_scale <= initial_scale, growth_factor > 1 and "
+        "backoff_factor < 1; growth_interval and hysteresis >= 1");
   }
   return absl::OkStatus();
 }

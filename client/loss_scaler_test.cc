@@ -41,6 +41,12 @@ TEST(LossScalerTest, Validation) {
   bad = LossScalerOptions();
   bad.growth_interval = 0;
   EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+  bad = LossScalerOptions();
+  bad.initial_scale = 1000;  // Not a power of two.
+  EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+  bad = LossScalerOptions();
+  bad.min_scale = bad.initial_scale * 2;
+  EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

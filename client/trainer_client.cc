@@ -410,7 +410,10 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   result.step = step;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const v1::PushGradientsResponse& r = responses[i];
-    if (r.outcome() == v1::PushGradientsResponse::OUTCOME_APPLIED) result.applied_here = true;
+    if (r.outcome() == v1::PushGradientsResponse::OUTCOME_APPLIED ||
+        r.outcome() == v1::PushGradientsResponse::OUTCOME_AWAITING_DECISION) {
+      result.applied_here = true;  // This push completed the step's gradients.
+    }
     if (r.outcome() == v1::PushGradientsResponse::OUTCOME_DUPLICATE ||
         r.outcome() == v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
       ++result.duplicate_pushes;

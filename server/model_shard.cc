@@ -94,8 +94,13 @@ uint32_t ModelShard::PendingLocked() const {
 absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_rank, int64_t step,
                                                             uint64_t num_elements, DType dtype,
                                                             double loss_scale) {
-  if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
-    return absl::InvalidArgumentError(absl::StrCat("loss scale ", loss_scale, " is not positive"));
+  int exponent = 0;
+  if (!(loss_scale > 0) || !std::isfinite(loss_scale) || std::frexp(loss_scale, &exponent) != 0.5 ||
+      exponent < -100 || exponent > 101) {
+    // Powers of two keep unscaling exact (g * 2^-k), so clipping after it is
+    // one rounding, as g / scale * coef would be.
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss scale ", loss_scale, " is not a power of two in [2^-100, 2^100]"));
   }
   if (loss_scale != 1.0 && !options_.loss_scaling) {
     return absl::InvalidArgumentError(absl::StrCat("loss scale ", loss_scale, ": model '",
@@ -279,6 +284,7 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
 
 absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time deadline,
                                                        const std::function<bool()>& cancelled) {
+  if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
   if (!options_.needs_decision()) {
     return absl::FailedPreconditionError(
         absl::StrCat("model '", options_.model_id,
@@ -318,10 +324,27 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
 }
 
 absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
-  if (!decision.skip &&
-      (!(decision.clip_coef > 0) || decision.clip_coef > 1 || !std::isfinite(decision.clip_coef))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("clip coefficient ", decision.clip_coef, " is not in (0, 1]"));
+  if (!options_.needs_decision()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", options_.model_id,
+                     "' has no gradient clipping or loss scaling: its steps "
+                     "take no decision"));
+  }
+  if (!decision.skip) {
+    // The coefficient must be the one its norm gives: a client cannot make
+    // one shard clip differently from the others.
+    const double expected =
+        options_.max_grad_norm > 0
+            ? std::min(1.0, options_.max_grad_norm / (decision.grad_norm + 1e-6))
+            : 1.0;
+    if (!std::isfinite(decision.grad_norm) || decision.grad_norm < 0 ||
+        static_cast<float>(decision.clip_coef) != static_cast<float>(expected) ||
+        !(static_cast<float>(decision.clip_coef) >= std::numeric_limits<float>::min())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("clip coefficient ", decision.clip_coef, " does not follow from grad norm ",
+                       decision.grad_norm, " and max_grad_norm ", options_.max_grad_norm,
+                       " (expected ", expected, ")"));
+    }
   }
   OptimizerConfig config;
   double scale;
@@ -401,7 +424,10 @@ absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperp
     return absl::FailedPreconditionError(
         absl::StrCat("a different hyperparameter change took effect at step ", effective_step));
   }
-  if (effective_step <= version_ || (effective_step == version_ + 1 && applying_)) {
+  // A step waiting for its decision counts as being applied: some shards may
+  // have decided it already.
+  if (effective_step <= version_ ||
+      (effective_step == version_ + 1 && (applying_ || awaiting_decision_))) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", effective_step, " is already ",
                      effective_step <= version_ ? "applied" : "being applied", " (version ",
@@ -421,7 +447,8 @@ absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperp
 absl::Status ModelShard::CancelHyperparameters(int64_t effective_step) {
   absl::MutexLock lock(&mu_);
   if (took_effect_.count(effective_step) > 0 ||
-      (effective_step == version_ + 1 && applying_ && scheduled_.count(effective_step) > 0)) {
+      (effective_step == version_ + 1 && (applying_ || awaiting_decision_) &&
+       scheduled_.count(effective_step) > 0)) {
     return absl::FailedPreconditionError(
         absl::StrCat("the change for step ", effective_step, " has already taken effect"));
   }

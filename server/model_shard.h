@@ -75,8 +75,10 @@ struct StepDecision {
   bool skip = false;       // Leave parameters and optimizer state as they are.
   double clip_coef = 1.0;  // Gradient multiplier (after unscaling), <= 1.
   double grad_norm = 0;    // The global norm it came from (for the record).
+  // Equal when they apply the same: skip alike, or the same fp32 multiplier.
   bool operator==(const StepDecision& o) const {
-    return skip == o.skip && clip_coef == o.clip_coef && grad_norm == o.grad_norm;
+    return skip == o.skip &&
+           (skip || static_cast<float>(clip_coef) == static_cast<float>(o.clip_coef));
   }
 };
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 #include <vector>
@@ -379,7 +379,9 @@ TEST(ModelShardTest, StepsWithGradientControlWaitForTheirDecision) {
   EXPECT_EQ(shard->Decide(1, {false, 1.0, 0}).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(shard->Decide(1, {true, 1.0, 0}).ok());
   EXPECT_TRUE(shard->Decide(1, {true, 1.0, 0}).ok());  // Repeat.
-  EXPECT_EQ(shard->Decide(1, {true, 0.5, 0}).code(), absl::StatusCode::kFailedPrecondition);
+  // A skip is a skip, whatever else the request says.
+  EXPECT_TRUE(shard->Decide(1, {true, 0.5, 0}).ok());
+  EXPECT_EQ(shard->Decide(1, {false, 1.0, 0}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(shard->version(), 1);
   EXPECT_EQ(ReadAll(*shard, 1), init);  // Skipped: nothing moved.
 
@@ -389,9 +391,14 @@ TEST(ModelShardTest, StepsWithGradientControlWaitForTheirDecision) {
   std::vector<float> s0 = g0, s1 = g1;
   for (float& v : s0) v *= static_cast<float>(scale);
   for (float& v : s1) v *= static_cast<float>(scale);
+  EXPECT_EQ(push(0, 2, s0, 1000.0).code(), absl::StatusCode::kInvalidArgument);  // Not 2^k.
   ASSERT_TRUE(push(0, 2, s0, scale).ok());
-  EXPECT_EQ(shard->Decide(2, {false, 0.5, 0}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->Decide(2, {false, 1.0, 0}).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(push(1, 2, s1, scale).ok());
+  // While step 2 waits for its decision, a change for it is refused (some
+  // shards may have decided it already).
+  EXPECT_EQ(shard->SetHyperparameters(2, {OptimizerConfig::Adam(0.5), LrSchedule()}).code(),
+            absl::StatusCode::kFailedPrecondition);
   stats = shard->WaitForStepStats(2, absl::Now() + absl::Seconds(5), nullptr).value();
   EXPECT_FALSE(stats.found_inf);
   double expected_sum = 0;
@@ -403,10 +410,17 @@ TEST(ModelShardTest, StepsWithGradientControlWaitForTheirDecision) {
   }
   EXPECT_NEAR(stats.sum_of_squares, expected_sum, 1e-9 * expected_sum);
   EXPECT_EQ(shard->version(), 1);
-  ASSERT_TRUE(shard->Decide(2, {false, 0.5, std::sqrt(stats.sum_of_squares)}).ok());
-  // Adam's FIRST update (the skipped step did not count), on g * 0.5 / scale.
+  const double norm = std::sqrt(stats.sum_of_squares);
+  const double coef = std::min(1.0, 1.0 / (norm + 1e-6));
+  ASSERT_LT(coef, 1.0);
+  // A coefficient that does not follow from the norm is refused.
+  EXPECT_EQ(shard->Decide(2, {false, coef / 2, norm}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(shard->Decide(2, {false, coef, norm}).ok());
+  // Adam's FIRST update (the skipped step did not count), on g * coef / scale.
   std::vector<float> expected = init, g(n);
-  for (size_t i = 0; i < n; ++i) g[i] = reduced[i] * (0.5f * static_cast<float>(1.0 / scale));
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = reduced[i] * (static_cast<float>(coef) * static_cast<float>(1.0 / scale));
+  }
   auto adam = Optimizer::Create(OptimizerConfig::Adam(0.01), n).value();
   adam->Update(1, expected.data(), g.data(), 0, n);
   EXPECT_EQ(ReadAll(*shard, 2), expected);
@@ -414,9 +428,19 @@ TEST(ModelShardTest, StepsWithGradientControlWaitForTheirDecision) {
   EXPECT_EQ(snap.optimizer_steps, 1);
   EXPECT_EQ(snap.skipped_steps, 1);
   EXPECT_EQ(snap.last_step.step, 2);
-  EXPECT_DOUBLE_EQ(snap.last_step.decision.clip_coef, 0.5);
+  EXPECT_DOUBLE_EQ(snap.last_step.decision.clip_coef, coef);
   // The stats of the last decided step are still there for late askers.
   EXPECT_TRUE(shard->WaitForStepStats(2, absl::Now() + absl::Seconds(1), nullptr).ok());
+}
+
+TEST(ModelShardTest, DecisionsAreRefusedWithoutGradientControl) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, 1);
+  EXPECT_EQ(shard->Decide(1, {true, 1.0, 0}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->WaitForStepStats(1, absl::Now(), nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->BeginPush(0, 1, shard->size(), DType::kFloat32, 2.0).status().code(),
+            absl::StatusCode::kInvalidArgument);  // No loss scaling registered.
 }
 
 TEST(ModelShardTest, CreateRejectsBadInput) {
