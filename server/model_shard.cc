@@ -141,6 +141,13 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
     case SlotState::kEmpty:
       break;
   }
+  if (has_pending_loss_scale_ && loss_scale != pending_stats_.loss_scale) {
+    // Refused before any byte is streamed (CommitPush checks again).
+    return absl::FailedPreconditionError(
+        absl::StrCat("trainer ", trainer_rank, " pushes step ", step, " with loss scale ",
+                     loss_scale, " but another trainer's push of it used ",
+                     pending_stats_.loss_scale, "; all trainers must run identical scalers"));
+  }
   slots_[trainer_rank] = SlotState::kReceiving;
   start.writer.reset(new PushWriter(this, trainer_rank, step, dtype, loss_scale));
   return start;

@@ -372,6 +372,8 @@ TEST(ModelShardTest, StepsWithGradientControlWaitForTheirDecision) {
   bad[17] = std::numeric_limits<float>::infinity();
   ASSERT_TRUE(push(0, 1, g0, scale).ok());
   EXPECT_EQ(push(1, 1, bad, 2048.0).code(), absl::StatusCode::kFailedPrecondition);  // Scale.
+  EXPECT_EQ(shard->BeginPush(1, 1, n, DType::kFloat32, 2048.0).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // Refused before streaming.
   ASSERT_TRUE(push(1, 1, bad, scale).ok());
   StepStats stats = shard->WaitForStepStats(1, absl::Now() + absl::Seconds(5), nullptr).value();
   EXPECT_TRUE(stats.found_inf);
