@@ -4,21 +4,13 @@
 #include <cstring>
 
 #include "common/finite.h"
+#include "common/float_bits.h"
 
 namespace shardopt {
 namespace {
 
-uint32_t Bits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
-
-float FromBits(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
+uint32_t Bits(float value) { return FloatToBits(value); }
+float FromBits(uint32_t bits) { return BitsToFloat(bits); }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % alignof(uint16_t) == 0; }
 
@@ -45,7 +37,7 @@ uint16_t FloatToHalfBits(float value) {
   const uint32_t bits = Bits(value);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return sign | 0x7e00u;  // NaN, as PyTorch writes it.
+  if (magnitude > 0x7f800000u) return sign | 0x7e00u;   // NaN, as PyTorch writes it.
   if (magnitude >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520: rounds to inf.
   if (magnitude < 0x38800000u) {
     // Below 2^-14: a half subnormal (or zero). Adding 0.5 makes the FPU do
@@ -88,7 +80,6 @@ void NarrowToBFloat16(const float* __restrict src, size_t count, uint16_t* __res
 void WidenBFloat16(const uint16_t* __restrict src, size_t count, float* __restrict dst) {
   for (size_t i = 0; i < count; ++i) dst[i] = FromBits(static_cast<uint32_t>(src[i]) << 16);
 }
-
 
 }  // namespace
 

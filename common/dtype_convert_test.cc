@@ -5,22 +5,15 @@
 #include <limits>
 #include <vector>
 
+#include "common/float_bits.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {
 namespace {
 
-float F(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+float F(uint32_t bits) { return BitsToFloat(bits); }
 
-uint32_t B(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return bits;
-}
+uint32_t B(float f) { return FloatToBits(f); }
 
 TEST(BFloat16Test, ExactBitPatterns) {
   struct Case {
@@ -62,19 +55,19 @@ TEST(HalfTest, ExactBitPatterns) {
   const Case cases[] = {
       {1.0f, 0x3c00},
       {-2.0f, 0xc000},
-      {65504.0f, 0x7bff},                 // max
-      {65519.0f, 0x7bff},                 // below the tie with 65536: down
-      {65520.0f, 0x7c00},                 // tie, 0x7bff is odd: up to inf
-      {1e10f, 0x7c00},                    // overflow
-      {std::ldexp(1.0f, -14), 0x0400},    // smallest normal
-      {std::ldexp(1.0f, -24), 0x0001},    // smallest subnormal
-      {std::ldexp(1.0f, -25), 0x0000},    // tie with 0, 0 is even: down
-      {std::ldexp(3.0f, -26), 0x0001},    // above the tie: up
-      {std::ldexp(3.0f, -25), 0x0002},    // 1.5 units, tie: to even 2
-      {std::ldexp(5.0f, -25), 0x0002},    // 2.5 units, tie: to even 2
-      {std::ldexp(1023.5f, -24), 0x0400}, // rounds up into the normals
-      {1.0f + std::ldexp(1.0f, -11), 0x3c00},        // tie, even down
-      {1.0f + std::ldexp(3.0f, -11), 0x3c02},        // tie, even up
+      {65504.0f, 0x7bff},                      // max
+      {65519.0f, 0x7bff},                      // below the tie with 65536: down
+      {65520.0f, 0x7c00},                      // tie, 0x7bff is odd: up to inf
+      {1e10f, 0x7c00},                         // overflow
+      {std::ldexp(1.0f, -14), 0x0400},         // smallest normal
+      {std::ldexp(1.0f, -24), 0x0001},         // smallest subnormal
+      {std::ldexp(1.0f, -25), 0x0000},         // tie with 0, 0 is even: down
+      {std::ldexp(3.0f, -26), 0x0001},         // above the tie: up
+      {std::ldexp(3.0f, -25), 0x0002},         // 1.5 units, tie: to even 2
+      {std::ldexp(5.0f, -25), 0x0002},         // 2.5 units, tie: to even 2
+      {std::ldexp(1023.5f, -24), 0x0400},      // rounds up into the normals
+      {1.0f + std::ldexp(1.0f, -11), 0x3c00},  // tie, even down
+      {1.0f + std::ldexp(3.0f, -11), 0x3c02},  // tie, even up
       {-0.0f, 0x8000},
       {std::numeric_limits<float>::infinity(), 0x7c00},
       {-std::numeric_limits<float>::infinity(), 0xfc00},
@@ -113,10 +106,10 @@ TEST(DTypeConvertTest, BulkConversionsAndTheNonFiniteScan) {
     EXPECT_EQ(ConvertToFloatAndFindNonFinite(wire.data() + 1, src.size(), dtype, back.data()),
               src.size());
     for (size_t i = 0; i < src.size(); ++i) {
-      const float expected = dtype == DType::kFloat32    ? src[i]
-                             : dtype == DType::kBFloat16 ? BFloat16BitsToFloat(
-                                                               FloatToBFloat16Bits(src[i]))
-                                                         : HalfBitsToFloat(FloatToHalfBits(src[i]));
+      const float expected = dtype == DType::kFloat32 ? src[i]
+                             : dtype == DType::kBFloat16
+                                 ? BFloat16BitsToFloat(FloatToBFloat16Bits(src[i]))
+                                 : HalfBitsToFloat(FloatToHalfBits(src[i]));
       EXPECT_EQ(back[i], expected) << DTypeName(dtype) << " " << i;
     }
   }

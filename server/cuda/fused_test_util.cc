@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/float_bits.h"
 
 namespace shardopt {
 namespace gpu {
@@ -44,17 +45,8 @@ double Bf16Value(uint16_t b) {
 
 }  // namespace
 
-uint32_t Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return u;
-}
-
-float FromBits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof(x));
-  return x;
-}
+uint32_t Bits(float x) { return FloatToBits(x); }
+float FromBits(uint32_t u) { return BitsToFloat(u); }
 
 void FillRandom(std::vector<float>& v, uint64_t seed, bool gradient) {
   constexpr size_t kChunk = size_t{1} << 16;
