@@ -111,9 +111,12 @@ void ConvertFromFloat(const float* src, size_t count, DType dtype, void* dst) {
 size_t FindNonFiniteOfType(const void* data, size_t count, DType dtype) {
   const char* in = static_cast<const char*>(data);
   if (dtype == DType::kFloat32) {
+    if (reinterpret_cast<uintptr_t>(data) % alignof(float) == 0) {
+      return FindNonFinite(static_cast<const float*>(data), count);
+    }
     for (size_t i = 0; i < count; ++i) {
       uint32_t bits;
-      std::memcpy(&bits, in + 4 * i, 4);
+      std::memcpy(&bits, in + 4 * i, sizeof(bits));  // Misaligned: no float* access.
       if ((bits & 0x7f800000u) == 0x7f800000u) return i;
     }
     return count;
