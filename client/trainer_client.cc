@@ -7,6 +7,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <set>
 #include <thread>
@@ -125,6 +126,9 @@ constexpr char kPullMethod[] = "/shardopt.v1.ShardService/PullParameters";
 
 struct TrainerClient::Shard {
   uint32_t index = 0;
+  // The shard refused a step as ahead of it (it restarted from a checkpoint):
+  // the next attempt re-pushes the steps it lacks first.
+  std::atomic<bool> behind{false};
   std::string address;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::ShardService::Stub> stub;
@@ -373,41 +377,27 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
     PayloadPins* pins;
     ~WaitForPins() { pins->WaitUntilReleased(); }
   } wait_for_pins{&pins};
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const int64_t replayed_before = replayed_pushes_.load();
   absl::Status status = CallEveryShard(
       absl::StrCat("PushGradients step ", step), DefaultRetryPolicy(),
       [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
-        v1::PushGradientsResponse& response = responses[shard.index];
-        std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
-            grpc::internal::ClientWriterFactory<PushFrame>::Create(
-                shard.channel.get(), *shard.push_method, &context, &response));
-        v1::PushGradientsRequest header_message;
-        v1::PushHeader* header = header_message.mutable_header();
-        header->set_model_id(model_id_);
-        header->set_trainer_rank(options_.trainer_rank);
-        header->set_step(step);
-        header->set_shard_index(shard.index);
-        header->set_num_elements(shard.range.size());
-        header->set_dtype(DTypeToProto(wire_dtype));
-        if (scaler_) header->set_loss_scale(scaler_->scale());
-        PushFrame frame;
-        frame.pins = &pins;
-        frame.element_size = element;
-        frame.header = &header_message;
-        bool open = writer->Write(frame);
-        frame.header = nullptr;
-        const size_t chunk = std::max<size_t>(1, options_.chunk_bytes / element);
-        for (uint64_t off = 0; open && off < shard.range.size(); off += chunk) {
-          frame.offset = off;
-          frame.data = static_cast<const char*>(payload) + (shard.range.begin + off) * element;
-          frame.count = std::min<uint64_t>(chunk, shard.range.size() - off);
-          open = writer->Write(frame);
+        if (shard.behind) {
+          // Restarted from an older checkpoint: steps up to `step` - 1 first.
+          if (absl::Status s = CatchUp(shard, step - 1, /*wait_for_last=*/true); !s.ok()) {
+            return s;
+          }
         }
-        if (open) writer->WritesDone();
-        return ToAbslStatus(writer->Finish());
-      });
+        absl::Status s = PushToShard(shard, context, step, payload, wire_dtype, loss_scale, &pins,
+                                     &responses[shard.index]);
+        return MarkIfBehind(shard, s);
+      },
+      [this](const absl::Status& s) { return IsRetryable(s) || IsBehind(s); });
   if (!status.ok()) return status;
+  if (options_.replay_steps > 0) Remember(step, payload, flat_grads.size() * element, loss_scale);
   StepResult result;
   result.step = step;
+  result.replayed_pushes = static_cast<int>(replayed_pushes_.load() - replayed_before);
   for (size_t i = 0; i < shards_.size(); ++i) {
     const v1::PushGradientsResponse& r = responses[i];
     if (r.outcome() == v1::PushGradientsResponse::OUTCOME_APPLIED ||
@@ -464,57 +454,24 @@ absl::StatusOr<int64_t> TrainerClient::PullInternal(int64_t min_version,
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   std::vector<int64_t> versions(shards_.size(), -1);
   std::vector<double> lrs(shards_.size(), 0.0);
+  // A shard that lost this trainer's push of the step (it restarted) says so
+  // at once instead of waiting for a version that cannot come.
+  const int64_t pushed_step = min_version > 0 && last_pushed_step_ == min_version ? min_version : 0;
   absl::Status status = CallEveryShard(
       absl::StrCat("PullParameters version >= ", min_version), DefaultRetryPolicy(),
       [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
-        v1::PullParametersRequest request;
-        request.set_model_id(model_id_);
-        request.set_min_version(min_version);
-        request.set_shard_index(shard.index);
-        request.set_dtype(DTypeToProto(options_.pull_dtype));
-        if (decision != nullptr) {
-          request.mutable_decision()->set_skip(decision->skip);
-          request.mutable_decision()->set_clip_coef(decision->clip_coef);
-          request.mutable_decision()->set_grad_norm(decision->grad_norm);
-        }
-        std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
-            grpc::internal::ClientReaderFactory<PullFrame>::Create(
-                shard.channel.get(), *shard.pull_method, &context, request));
-        PullFrame frame;
-        frame.destination = flat_params.data() + shard.range.begin;
-        frame.capacity = shard.range.size();
-        frame.dtype = options_.pull_dtype;
-        uint64_t received = 0;
-        int64_t version = -1;
-        absl::Status bad;
-        while (reader->Read(&frame)) {
-          if (version < 0) {
-            version = frame.version;
-            lrs[shard.index] = frame.lr;
+        if (shard.behind && pushed_step > 0) {
+          if (absl::Status s = CatchUp(shard, pushed_step, /*wait_for_last=*/false); !s.ok()) {
+            return s;
           }
-          if (frame.version != version || frame.offset != received) {
-            bad = absl::InternalError(absl::StrCat("pull chunk at element ", frame.offset,
-                                                   " of version ", frame.version, " after ",
-                                                   received, " elements of version ", version));
-            context.TryCancel();
-            break;
-          }
-          received += frame.count;
         }
-        if (bad.ok() && !frame.error.empty()) {
-          bad = absl::InternalError(frame.error);
-          context.TryCancel();
-        }
-        absl::Status s = ToAbslStatus(reader->Finish());
-        if (!bad.ok()) return bad;
-        if (!s.ok()) return s;
-        if (received != shard.range.size()) {
-          return absl::InternalError(
-              absl::StrCat("pull ended after ", received, " of ", shard.range.size(), " elements"));
-        }
-        versions[shard.index] = version;
-        return absl::OkStatus();
-      });
+        absl::Status s =
+            PullFromShard(shard, context, min_version, decision, pushed_step,
+                          flat_params.data() + shard.range.begin, &versions[shard.index],
+                          &lrs[shard.index]);
+        return MarkIfBehind(shard, s);
+      },
+      [this](const absl::Status& s) { return IsRetryable(s) || IsBehind(s); });
   if (!status.ok()) return status;
   for (size_t i = 1; i < versions.size(); ++i) {
     if (versions[i] != versions[0]) {
@@ -525,6 +482,197 @@ absl::StatusOr<int64_t> TrainerClient::PullInternal(int64_t min_version,
   }
   if (lr != nullptr) *lr = lrs[0];
   return versions[0];
+}
+
+absl::Status TrainerClient::PushToShard(Shard& shard, grpc::ClientContext& context, int64_t step,
+                                        const void* payload, DType wire_dtype, double loss_scale,
+                                        PayloadPins* pins, v1::PushGradientsResponse* response) {
+  const size_t element = DTypeSize(wire_dtype);
+  std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
+      grpc::internal::ClientWriterFactory<PushFrame>::Create(
+          shard.channel.get(), *shard.push_method, &context, response));
+  v1::PushGradientsRequest header_message;
+  v1::PushHeader* header = header_message.mutable_header();
+  header->set_model_id(model_id_);
+  header->set_trainer_rank(options_.trainer_rank);
+  header->set_step(step);
+  header->set_shard_index(shard.index);
+  header->set_num_elements(shard.range.size());
+  header->set_dtype(DTypeToProto(wire_dtype));
+  if (scaler_) header->set_loss_scale(loss_scale);
+  PushFrame frame;
+  frame.pins = pins;
+  frame.element_size = element;
+  frame.header = &header_message;
+  bool open = writer->Write(frame);
+  frame.header = nullptr;
+  const size_t chunk = std::max<size_t>(1, options_.chunk_bytes / element);
+  for (uint64_t off = 0; open && off < shard.range.size(); off += chunk) {
+    frame.offset = off;
+    frame.data = static_cast<const char*>(payload) + (shard.range.begin + off) * element;
+    frame.count = std::min<uint64_t>(chunk, shard.range.size() - off);
+    open = writer->Write(frame);
+  }
+  if (open) writer->WritesDone();
+  return ToAbslStatus(writer->Finish());
+}
+
+absl::Status TrainerClient::PullFromShard(Shard& shard, grpc::ClientContext& context,
+                                          int64_t min_version, const Decision* decision,
+                                          int64_t pushed_step, float* destination,
+                                          int64_t* version_out, double* lr_out) {
+  v1::PullParametersRequest request;
+  request.set_model_id(model_id_);
+  request.set_min_version(min_version);
+  request.set_shard_index(shard.index);
+  request.set_dtype(DTypeToProto(options_.pull_dtype));
+  request.set_trainer_rank(options_.trainer_rank);
+  request.set_pushed_step(pushed_step);
+  if (decision != nullptr) {
+    request.mutable_decision()->set_skip(decision->skip);
+    request.mutable_decision()->set_clip_coef(decision->clip_coef);
+    request.mutable_decision()->set_grad_norm(decision->grad_norm);
+  }
+  std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
+      grpc::internal::ClientReaderFactory<PullFrame>::Create(shard.channel.get(),
+                                                             *shard.pull_method, &context, request));
+  PullFrame frame;
+  frame.destination = destination;
+  frame.capacity = shard.range.size();
+  frame.dtype = options_.pull_dtype;
+  uint64_t received = 0;
+  int64_t version = -1;
+  absl::Status bad;
+  while (reader->Read(&frame)) {
+    if (version < 0) {
+      version = frame.version;
+      *lr_out = frame.lr;
+    }
+    if (frame.version != version || frame.offset != received) {
+      bad = absl::InternalError(absl::StrCat("pull chunk at element ", frame.offset, " of version ",
+                                             frame.version, " after ", received,
+                                             " elements of version ", version));
+      context.TryCancel();
+      break;
+    }
+    received += frame.count;
+  }
+  if (bad.ok() && !frame.error.empty()) {
+    bad = absl::InternalError(frame.error);
+    context.TryCancel();
+  }
+  absl::Status s = ToAbslStatus(reader->Finish());
+  if (!bad.ok()) return bad;
+  if (!s.ok()) return s;
+  if (received != shard.range.size()) {
+    return absl::InternalError(
+        absl::StrCat("pull ended after ", received, " of ", shard.range.size(), " elements"));
+  }
+  *version_out = version;
+  return absl::OkStatus();
+}
+
+bool TrainerClient::IsBehind(const absl::Status& status) const {
+  return options_.replay_steps > 0 && absl::IsOutOfRange(status);
+}
+
+absl::Status TrainerClient::MarkIfBehind(Shard& shard, const absl::Status& status) {
+  if (!IsBehind(status)) return status;
+  shard.behind = true;
+  return status;
+}
+
+void TrainerClient::Remember(int64_t step, const void* payload, size_t bytes, double loss_scale) {
+  absl::MutexLock lock(&history_mu_);
+  while (!history_.empty() && history_.back().step >= step) history_.pop_back();
+  PushedStep entry;
+  entry.step = step;
+  entry.dtype = options_.push_dtype;
+  entry.loss_scale = loss_scale;
+  entry.payload.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + bytes);
+  history_.push_back(std::move(entry));
+  while (history_.size() > static_cast<size_t>(options_.replay_steps)) history_.pop_front();
+}
+
+void TrainerClient::RememberDecision(int64_t step, const Decision& decision) {
+  absl::MutexLock lock(&history_mu_);
+  for (PushedStep& entry : history_) {
+    if (entry.step == step) entry.decision = decision;
+  }
+}
+
+absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_for_last) {
+  // The shard's version now (GetServerInfo reads no tensor data).
+  int64_t version = -1;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    v1::ServerInfo info;
+    absl::Status s =
+        ToAbslStatus(shard.stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info));
+    if (!s.ok()) return s;
+    for (const v1::ModelSummary& m : info.models()) {
+      if (m.model_id() == model_id_) version = m.version();
+    }
+    if (version < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the shard came back without model '", model_id_,
+                       "' (started without --restore_from?): it cannot rejoin the job"));
+    }
+  }
+  std::vector<float> scratch;
+  for (int64_t step = version + 1; step <= last_step; ++step) {
+    PushedStep entry;
+    {
+      absl::MutexLock lock(&history_mu_);
+      auto it = std::find_if(history_.begin(), history_.end(),
+                             [step](const PushedStep& e) { return e.step == step; });
+      if (it == history_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the shard restarted at version ", version, " and needs step ", step,
+            " again, which this trainer no longer keeps (replay_steps = ", options_.replay_steps,
+            "; keep more steps than the servers' --checkpoint_every)"));
+      }
+      entry = *it;
+    }
+    {
+      PayloadPins pins;
+      absl::Status pushed;
+      {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+        v1::PushGradientsResponse response;
+        pushed = PushToShard(shard, context, step, entry.payload.data(), entry.dtype,
+                             entry.loss_scale, &pins, &response);
+        if (pushed.ok() && response.outcome() != v1::PushGradientsResponse::OUTCOME_DUPLICATE &&
+            response.outcome() != v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
+          replayed_pushes_.fetch_add(1);
+        }
+      }
+      pins.WaitUntilReleased();
+      if (!pushed.ok()) return pushed;
+    }
+    if (step == last_step && !wait_for_last) break;
+    // Wait for the step (every trainer re-pushes it) before the next one;
+    // with gradient control, send the decision all shards took then.
+    if (needs_decision_ && !entry.decision) {
+      return absl::InternalError(absl::StrCat("the replay history lacks step ", step,
+                                              "'s decision"));
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    scratch.resize(shard.range.size());
+    int64_t reached = 0;
+    double lr = 0;
+    const Decision* decision = entry.decision ? &*entry.decision : nullptr;
+    if (absl::Status s = PullFromShard(shard, context, step, decision, step, scratch.data(),
+                                       &reached, &lr);
+        !s.ok()) {
+      return s;
+    }
+  }
+  shard.behind = false;
+  return absl::OkStatus();
 }
 
 absl::Status TrainerClient::SetHyperparameters(int64_t effective_step,
@@ -581,6 +729,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
       PullInternal(step, flat_params, decision ? &*decision : nullptr, &lr);
   if (!version.ok()) return version.status();
   result->lr = lr;
+  if (decision && options_.replay_steps > 0) RememberDecision(step, *decision);
   if (decision) {
     result->skipped = decision->skip;
     result->grad_norm = decision->grad_norm;

@@ -22,7 +22,9 @@
 #ifndef SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 #define SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/loss_scaler.h"
@@ -45,8 +48,10 @@ class ClientContext;
 
 namespace shardopt {
 namespace v1 {
+class PushGradientsResponse;
 class SetHyperparametersRequest;
 }  // namespace v1
+class PayloadPins;
 
 enum class GradientReduction { kMean, kSum };
 
@@ -85,6 +90,14 @@ struct TrainerClientOptions {
   // exactly. The server's master weights and optimizer state stay fp32.
   DType push_dtype = DType::kFloat32;
   DType pull_dtype = DType::kFloat32;
+  // Crash recovery: keep this trainer's gradients (as pushed) and decisions
+  // of the last `replay_steps` steps. A shard restarted from a checkpoint at
+  // version v refuses later steps (OUT_OF_RANGE); the client then re-pushes
+  // steps v + 1 .. (each applied once, however many trainers re-push) and
+  // goes on. Make it larger than the servers' --checkpoint_every (twice that
+  // also covers a crash during a checkpoint). 0: off (a restarted shard then
+  // fails the step). Costs replay_steps gradient copies of memory.
+  int replay_steps = 0;
 };
 
 // What one step did, as the shards reported it.
@@ -101,6 +114,7 @@ struct StepResult {
   double lr = 0;              // The learning rate the step ran with.
   uint64_t bytes_pushed = 0;  // Payload bytes on the wire (push_dtype).
   uint64_t bytes_pulled = 0;  // Payload bytes on the wire (pull_dtype).
+  int replayed_pushes = 0;    // Earlier steps re-pushed to restarted shards.
 };
 
 class TrainerClient {
@@ -158,6 +172,9 @@ class TrainerClient {
   // Removes a change scheduled for `effective_step` on every shard.
   absl::Status CancelHyperparameters(int64_t effective_step);
 
+  // Earlier steps re-pushed to restarted shards so far (see replay_steps).
+  int64_t replayed_pushes() const { return replayed_pushes_.load(); }
+
   // A zero-filled flat buffer of the layout's size.
   std::vector<float> NewFlatBuffer() const;
 
@@ -187,6 +204,34 @@ class TrainerClient {
   // `lr` (if set) receives the lr of the pulled version.
   absl::StatusOr<int64_t> PullInternal(int64_t min_version, absl::Span<float> flat_params,
                                        const Decision* decision, double* lr = nullptr);
+  // One attempt of a push (`payload`: the whole flat gradient in
+  // `wire_dtype`) or of a pull (into the shard's part of the flat buffer).
+  absl::Status PushToShard(Shard& shard, grpc::ClientContext& context, int64_t step,
+                           const void* payload, DType wire_dtype, double loss_scale,
+                           PayloadPins* pins, v1::PushGradientsResponse* response);
+  absl::Status PullFromShard(Shard& shard, grpc::ClientContext& context, int64_t min_version,
+                             const Decision* decision, int64_t pushed_step, float* destination,
+                             int64_t* version, double* lr);
+
+  // Crash recovery (see TrainerClientOptions::replay_steps).
+  struct PushedStep {
+    int64_t step = 0;
+    DType dtype = DType::kFloat32;
+    double loss_scale = 1.0;
+    std::vector<char> payload;
+    std::optional<Decision> decision;
+  };
+  // OUT_OF_RANGE with replay on: the shard is behind this trainer.
+  bool IsBehind(const absl::Status& status) const;
+  // Notes a shard that is behind (its next attempt catches it up); returns
+  // `status`.
+  absl::Status MarkIfBehind(Shard& shard, const absl::Status& status);
+  void Remember(int64_t step, const void* payload, size_t bytes, double loss_scale);
+  void RememberDecision(int64_t step, const Decision& decision);
+  // Re-pushes to `shard` every remembered step after its version up to
+  // `last_step`, waiting for each to be applied (the last one only if
+  // `wait_for_last`).
+  absl::Status CatchUp(Shard& shard, int64_t last_step, bool wait_for_last);
 
   TrainerClientOptions options_;
   std::vector<std::unique_ptr<Shard>> shards_;
@@ -197,6 +242,9 @@ class TrainerClient {
   double max_grad_norm_ = 0;
   bool needs_decision_ = false;
   std::optional<LossScaler> scaler_;
+  absl::Mutex history_mu_;  // Shards catch up concurrently.
+  std::deque<PushedStep> history_ ABSL_GUARDED_BY(history_mu_);
+  std::atomic<int64_t> replayed_pushes_{0};
 };
 
 }  // namespace shardopt

@@ -51,6 +51,26 @@ OptimizerConfig OptimizerConfig::Adagrad(double lr) {
   return c;
 }
 
+std::vector<std::string> OptimizerConfig::StateSlotNames() const {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      if (momentum != 0.0) return {"momentum_buffer"};
+      return {};
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      if (amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+      return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::kAdagrad:
+      return {"sum"};
+  }
+  return {};
+}
+
+float OptimizerConfig::InitialSlotValue(int slot) const {
+  (void)slot;
+  return kind == OptimizerKind::kAdagrad ? static_cast<float>(initial_accumulator_value) : 0.0f;
+}
+
 int OptimizerConfig::StateSlotsPerElement() const {
   switch (kind) {
     case OptimizerKind::kSgd:

@@ -7,6 +7,7 @@
 #define SHARDOPT_COMMON_OPTIMIZER_CONFIG_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -54,6 +55,13 @@ struct OptimizerConfig {
 
   // fp32 state slots kept per parameter: SGD 1 with momentum (else 0),
   // Adam/AdamW 2 (3 with amsgrad), Adagrad 1.
+  // The state slots' names in PyTorch's terms, in the order every backend
+  // and checkpoint keeps them: "momentum_buffer"; "exp_avg", "exp_avg_sq",
+  // "max_exp_avg_sq"; "sum". StateSlotsPerElement() of them.
+  std::vector<std::string> StateSlotNames() const;
+  // What a slot holds before the first step: Adagrad's sum starts at
+  // initial_accumulator_value, everything else at zero.
+  float InitialSlotValue(int slot) const;
   int StateSlotsPerElement() const;
 
   // OK when `next` can replace this config on live optimizer state: same

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/dtype_convert.h"
 
 namespace shardopt {
@@ -116,6 +117,29 @@ absl::Status CpuBackend::Update(int64_t step, const OptimizerConfig& config, flo
 
 absl::Status CpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
   std::memcpy(out, params_.data() + offset, count * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CheckSlot(int slot, uint64_t offset, uint64_t count) const {
+  if (slot < 0 || static_cast<size_t>(slot) >= optimizer_->slot_names().size()) {
+    return absl::OutOfRangeError(absl::StrCat("the optimizer has no state slot ", slot));
+  }
+  if (offset > params_.size() || count > params_.size() - offset) {
+    return absl::OutOfRangeError(absl::StrCat("slot elements [", offset, ", ", offset + count,
+                                              ") are outside the range of ", params_.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) {
+  if (absl::Status s = CheckSlot(slot, offset, count); !s.ok()) return s;
+  std::memcpy(out, optimizer_->slot(slot).data() + offset, count * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) {
+  if (absl::Status s = CheckSlot(slot, offset, count); !s.ok()) return s;
+  std::memcpy(optimizer_->slot(slot).data() + offset, in, count * sizeof(float));
   return absl::OkStatus();
 }
 

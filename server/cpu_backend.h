@@ -36,6 +36,8 @@ class CpuBackend final : public UpdateBackend {
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
+  absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override;
+  absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) override;
   uint64_t parameter_bytes() const override { return params_.size() * sizeof(float); }
   uint64_t optimizer_state_bytes() const override { return optimizer_->state_bytes(); }
   uint64_t staging_bytes() const override {
@@ -45,6 +47,8 @@ class CpuBackend final : public UpdateBackend {
  private:
   CpuBackend(std::vector<float> params, std::unique_ptr<Optimizer> optimizer, uint32_t num_trainers,
              ThreadPool* pool);
+
+  absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
 
   ThreadPool* const pool_;
   std::vector<float> params_;

@@ -46,6 +46,15 @@ ABSL_FLAG(int, max_threads, 1024,
 ABSL_FLAG(uint64_t, max_state_mib, 0,
           "Refuse registrations past this much model state (parameters, optimizer slots, "
           "per-trainer staging) in MiB; 0 = 3/4 of physical memory.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Periodic checkpoints (with --checkpoint_every) go to DIR/<model_id>/step-<N>/. "
+          "A directory every shard of the job can write (shared filesystem).");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "Save every model at each version that is a multiple of this (0 = off).");
+ABSL_FLAG(std::string, restore_from, "",
+          "Before serving, load models from this checkpoint directory, or from the latest "
+          "committed checkpoint of each model under this --checkpoint_dir-style root (none "
+          "there is fine: start empty). The checkpoint may come from any shard count.");
 
 namespace {
 
@@ -123,6 +132,15 @@ int main(int argc, char** argv) {
                               static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     options.max_state_bytes = physical / 4 * 3;
   }
+
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  if (options.checkpoint_every < 0 ||
+      (options.checkpoint_every > 0) != !options.checkpoint_dir.empty()) {
+    shardopt::LogError("--checkpoint_every (> 0) and --checkpoint_dir go together");
+    return 2;
+  }
+  options.restore_from = absl::GetFlag(FLAGS_restore_from);
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<std::unique_ptr<shardopt::ShardServer>> server =

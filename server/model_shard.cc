@@ -76,6 +76,19 @@ double ModelShard::LrOfVersion(int64_t version) const {
   return version == version_ ? version_lr_ : 0.0;
 }
 
+absl::Status ModelShard::CheckHoldsPush(uint32_t trainer_rank, int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  if (step <= version_ ||
+      (step == version_ + 1 && trainer_rank < slots_.size() &&
+       slots_[trainer_rank] == SlotState::kComplete)) {
+    return absl::OkStatus();
+  }
+  return absl::OutOfRangeError(absl::StrCat(
+      "shard ", options_.shard_index, " does not hold trainer ", trainer_rank, "'s push of step ",
+      step, ": it is at version ", version_,
+      " (restarted from a checkpoint?); push the steps after it again"));
+}
+
 int64_t ModelShard::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
@@ -127,9 +140,11 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
     return start;
   }
   if (step > version_ + 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step ", step, " is ahead of the shard: it is at version ", version_,
-                     " and waits for step ", version_ + 1));
+    // OUT_OF_RANGE: the trainer can fix it by pushing the missing steps (a
+    // shard restarted from a checkpoint is behind its trainers).
+    return absl::OutOfRangeError(absl::StrCat("step ", step,
+                                              " is ahead of the shard: it is at version ",
+                                              version_, " and waits for step ", version_ + 1));
   }
   switch (slots_[trainer_rank]) {
     case SlotState::kComplete:
@@ -149,6 +164,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
                      pending_stats_.loss_scale, "; all trainers must run identical scalers"));
   }
   slots_[trainer_rank] = SlotState::kReceiving;
+  pushed_ = true;
   start.writer.reset(new PushWriter(this, trainer_rank, step, dtype, loss_scale));
   return start;
 }
@@ -253,6 +269,8 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
     if (pending > 0) {
       return PushResult{PushOutcome::kAccepted, step, version_, pending};
     }
+    AwaitNoCheckpointHoldLocked();
+    if (!broken_.ok()) return broken_;
     applying_ = true;
     scale = pending_stats_.loss_scale;
     if (!options_.needs_decision()) {
@@ -380,6 +398,12 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
                                                         " must be skipped: a gradient on shard ",
                                                         options_.shard_index, " had inf or NaN"));
     }
+    AwaitNoCheckpointHoldLocked();
+    if (!broken_.ok()) return broken_;
+    if (!awaiting_decision_ || step != version_ + 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step, " was decided while this decision waited for a checkpoint"));
+    }
     awaiting_decision_ = false;
     applying_ = true;
     config = ConfigForStepLocked(step);
@@ -460,6 +484,129 @@ absl::Status ModelShard::CancelHyperparameters(int64_t effective_step) {
         absl::StrCat("the change for step ", effective_step, " has already taken effect"));
   }
   scheduled_.erase(effective_step);
+  return absl::OkStatus();
+}
+
+void ModelShard::AwaitNoCheckpointHoldLocked() {
+  mu_.Await(absl::Condition(
+      +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return s->checkpoint_holds_.count(s->version_) == 0 || !s->broken_.ok();
+      },
+      this));
+}
+
+absl::Status ModelShard::CheckpointAt(
+    int64_t step, absl::Time deadline, const std::function<bool()>& cancelled,
+    const std::function<absl::Status(const ShardProgress&, const ShardStateReadFn&)>& write) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
+  ShardProgress progress;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return broken_;
+    if (version_ > step || (version_ == step && applying_)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", options_.shard_index, " of model '", options_.model_id, "' is at version ",
+          version_, applying_ ? " (applying the next step)" : "", ", past step ", step,
+          ": checkpoint a later step"));
+    }
+    ++checkpoint_holds_[step];
+    struct Waiting {
+      const ModelShard* shard;
+      int64_t step;
+    } waiting{this, step};
+    const absl::Condition reached(
+        +[](Waiting* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return w->shard->shutdown_ || w->shard->version_ >= w->step;
+        },
+        &waiting);
+    absl::Status waited = AwaitOrCancel(reached, deadline, cancelled);
+    if (waited.ok() && version_ != step) {
+      waited = !broken_.ok() ? broken_ : absl::UnavailableError("the shard server is shutting down");
+    }
+    if (!waited.ok()) {
+      if (--checkpoint_holds_[step] == 0) checkpoint_holds_.erase(step);
+      if (absl::IsDeadlineExceeded(waited)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "version ", step, " was not reached before the deadline (at ", version_, ")"));
+      }
+      return waited;
+    }
+    progress.version = version_;
+    progress.optimizer_steps = optimizer_steps_;
+    progress.skipped_steps = skipped_steps_;
+    progress.current = current_;
+    progress.scheduled = scheduled_;
+    progress.took_effect = took_effect_;
+    progress.last_lr = last_lr_;
+    progress.version_lr = version_lr_;
+    progress.last_step = last_step_;
+  }
+  absl::Status written;
+  {
+    absl::ReaderMutexLock lock(&params_mu_);
+    const ShardStateReadFn read = [this](int slot, uint64_t offset, uint64_t count,
+                                         float* out) -> absl::Status {
+      if (slot < 0) {
+        if (offset > range_.size() || count > range_.size() - offset) {
+          return absl::OutOfRangeError("read outside the range");
+        }
+        return backend_->Read(offset, count, out);
+      }
+      return backend_->ReadSlot(slot, offset, count, out);
+    };
+    written = write(progress, read);
+  }
+  absl::MutexLock lock(&mu_);
+  if (--checkpoint_holds_[step] == 0) checkpoint_holds_.erase(step);
+  return written;
+}
+
+absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardStateReadFn& read_slot) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (pushed_ || version_ != 0) {
+      return absl::FailedPreconditionError("a shard that has taken pushes cannot be restored");
+    }
+  }
+  if (progress.version < 0 || progress.optimizer_steps < 0 || progress.skipped_steps < 0 ||
+      progress.optimizer_steps + progress.skipped_steps > progress.version) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "inconsistent progress: version ", progress.version, ", ", progress.optimizer_steps,
+        " updates and ", progress.skipped_steps, " skipped steps"));
+  }
+  if (absl::Status s = progress.current.optimizer.Validate(); !s.ok()) return s;
+  if (absl::Status s = options_.optimizer.CheckCanChangeTo(progress.current.optimizer); !s.ok()) {
+    return s;
+  }
+  // Through a bounded buffer: a range can be gigabytes.
+  constexpr uint64_t kBlock = uint64_t{1} << 20;
+  std::vector<float> block;
+  const int slots = options_.optimizer.StateSlotsPerElement();
+  for (int slot = 0; slot < slots; ++slot) {
+    for (uint64_t done = 0; done < range_.size(); done += kBlock) {
+      const uint64_t n = std::min<uint64_t>(kBlock, range_.size() - done);
+      block.resize(n);
+      if (absl::Status s = read_slot(slot, done, n, block.data()); !s.ok()) return s;
+      if (size_t bad = FindNonFinite(block.data(), n); bad != n) {
+        return absl::DataLossError(absl::StrCat("saved optimizer state ",
+                                                options_.optimizer.StateSlotNames()[slot], " of ",
+                                                DescribeElement(done + bad), " is ", block[bad]));
+      }
+      if (absl::Status s = backend_->WriteSlot(slot, done, n, block.data()); !s.ok()) return s;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  version_ = progress.version;
+  optimizer_steps_ = progress.optimizer_steps;
+  skipped_steps_ = progress.skipped_steps;
+  current_ = progress.current;
+  scheduled_ = progress.scheduled;
+  took_effect_ = progress.took_effect;
+  last_lr_ = progress.last_lr;
+  version_lr_ = progress.version_lr;
+  last_step_ = progress.last_step;
+  absl::MutexLock params_lock(&params_mu_);
+  params_version_ = progress.version;
   return absl::OkStatus();
 }
 

@@ -8,7 +8,7 @@
 // Push protocol (exactly once per (trainer, step)):
 // - BeginPush(rank, step) answers at once for a step already applied
 //   (kAlreadyApplied) or already pushed by this rank (kDuplicate); rejects a
-//   step beyond version + 1 (FAILED_PRECONDITION) or a rank whose push for
+//   step beyond version + 1 (OUT_OF_RANGE) or a rank whose push for
 //   the step is in flight (ABORTED, retry later); otherwise hands out a
 //   PushWriter that owns the rank's staging buffer.
 // - The writer takes chunks in order; each is checked for size and for
@@ -113,6 +113,26 @@ struct TensorPieceStats {
   double l2_norm = 0, min = 0, max = 0, mean = 0;
 };
 
+// The step protocol's state besides the numbers: what a checkpoint keeps so
+// that a restored shard continues exactly where the saved one was.
+struct ShardProgress {
+  int64_t version = 0;
+  int64_t optimizer_steps = 0;  // Updates applied (skips excluded).
+  int64_t skipped_steps = 0;
+  Hyperparameters current;      // In force for step version + 1.
+  std::map<int64_t, Hyperparameters> scheduled;    // Changes still to come.
+  std::map<int64_t, Hyperparameters> took_effect;  // Changes in force, for repeats.
+  double last_lr = 0;           // Of the last applied step.
+  double version_lr = 0;        // Of step `version`, applied or skipped.
+  StepRecord last_step;         // With gradient control.
+};
+
+// Reads the state at one version (see ModelShard::CheckpointAt). `slot` -1 is
+// the parameters, 0.. the optimizer slots in OptimizerConfig::StateSlotNames()
+// order; offsets are range-local.
+using ShardStateReadFn =
+    std::function<absl::Status(int slot, uint64_t offset, uint64_t count, float* out)>;
+
 // The shard as inspected. `version`, `tensors` and `values` describe one
 // version; `trainers_pushed` and the byte counters were read just before.
 struct ShardSnapshot {
@@ -210,6 +230,26 @@ class ModelShard {
   // is none); FAILED_PRECONDITION once it has taken effect.
   absl::Status CancelHyperparameters(int64_t effective_step);
 
+  // Runs `write` with the shard's progress and a reader of its state exactly
+  // at version `step`, after waiting (up to `deadline`, or until
+  // `cancelled()`) for that version: step `step` + 1 is not applied until
+  // `write` returns, so every shard asked for the same step saves the same
+  // step boundary. FAILED_PRECONDITION when the shard is already past `step`.
+  // `write`'s error is returned as is.
+  absl::Status CheckpointAt(
+      int64_t step, absl::Time deadline, const std::function<bool()>& cancelled,
+      const std::function<absl::Status(const ShardProgress&, const ShardStateReadFn&)>& write);
+
+  // Sets a shard just created (no push yet) to a saved state: the progress,
+  // and every optimizer slot read through `read_slot` (range-local offsets;
+  // the parameters came as Create's initial values). FAILED_PRECONDITION once
+  // the shard has taken a push.
+  absl::Status Restore(const ShardProgress& progress, const ShardStateReadFn& read_slot);
+
+  // OK when the shard has applied `step` or holds `trainer_rank`'s complete
+  // push of it; OUT_OF_RANGE otherwise (it lost the push: restarted).
+  absl::Status CheckHoldsPush(uint32_t trainer_rank, int64_t step) const;
+
   int64_t version() const;
   // The lr of step `version` if that is the shard's current version, else 0.
   double LrOfVersion(int64_t version) const;
@@ -240,6 +280,9 @@ class ModelShard {
   absl::Status FailLocked(int64_t step, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortPush(uint32_t rank, int64_t step);
+  // Waits while a checkpoint holds the current version (see CheckpointAt);
+  // then the caller may start applying the next step.
+  void AwaitNoCheckpointHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INTERNAL (and the shard refuses all later work) if the backend failed.
   absl::Status ApplyStep(int64_t step, const OptimizerConfig& config);
   uint32_t PendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -274,6 +317,9 @@ class ModelShard {
   std::map<int64_t, Hyperparameters> took_effect_ ABSL_GUARDED_BY(mu_);
   double last_lr_ ABSL_GUARDED_BY(mu_) = 0;
   double version_lr_ ABSL_GUARDED_BY(mu_) = 0;  // Of step version_, applied or skipped.
+  // Checkpoints waiting for or writing a version: its next step waits.
+  std::map<int64_t, int> checkpoint_holds_ ABSL_GUARDED_BY(mu_);
+  bool pushed_ ABSL_GUARDED_BY(mu_) = false;  // Some push has begun.
 
   // Guards the backend's parameters: Apply holds it exclusively, reads
   // shared. Staging of rank r is written only by rank r's PushWriter while

@@ -262,6 +262,12 @@ class FailingBackend final : public UpdateBackend {
     std::fill(out, out + count, 0.0f);
     return absl::OkStatus();
   }
+  absl::Status ReadSlot(int, uint64_t, uint64_t, float*) override {
+    return absl::OutOfRangeError("no slots");
+  }
+  absl::Status WriteSlot(int, uint64_t, uint64_t, const float*) override {
+    return absl::OutOfRangeError("no slots");
+  }
   uint64_t parameter_bytes() const override { return size_ * 4; }
   uint64_t optimizer_state_bytes() const override { return 0; }
   uint64_t staging_bytes() const override { return 0; }

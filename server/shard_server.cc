@@ -19,6 +19,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->service_ = std::make_unique<ShardServiceImpl>(options);
+  // Restored before the port opens: no trainer sees the shard half-loaded.
+  if (!options.restore_from.empty()) {
+    if (absl::Status s = server->service_->RestoreFrom(options.restore_from); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--restore_from=", options.restore_from, ": ",
+                                                 s.message()));
+    }
+  }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());

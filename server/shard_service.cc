@@ -2,6 +2,9 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -12,12 +15,13 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
+#include "server/checkpointing.h"
+#include "server/cpu_backend.h"
 #include "server/device_support.h"
 
 namespace shardopt {
 namespace {
 
-constexpr uint32_t kMaxTrainers = 4096;
 constexpr uint32_t kDefaultSliceLength = 8;
 constexpr uint32_t kMaxSliceLength = 4096;
 
@@ -67,7 +71,17 @@ ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
       pool_(options.threads),
       watchdog_(options.stream_idle_timeout) {}
 
-ShardServiceImpl::~ShardServiceImpl() { Shutdown(); }
+ShardServiceImpl::~ShardServiceImpl() {
+  Shutdown();
+  std::vector<std::shared_ptr<Model>> models;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, model] : models_) models.push_back(model);
+  }
+  for (auto& model : models) {
+    if (model->checkpointer.joinable()) model->checkpointer.join();
+  }
+}
 
 void ShardServiceImpl::Shutdown() {
   absl::MutexLock lock(&mu_);
@@ -154,30 +168,11 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
         absl::StrCat("model '", config.model_id(), "' is split into ", config.shard_count(),
                      " shards but this server is one of ", options_.shard_count)));
   }
-  if (config.num_trainers() == 0 || config.num_trainers() > kMaxTrainers) {
-    return Error(absl::InvalidArgumentError(absl::StrCat("num_trainers ", config.num_trainers(),
-                                                         " is not in [1, ", kMaxTrainers, "]")));
-  }
-  if (!v1::GradientReduction_IsValid(config.reduction())) {
-    return Error(absl::InvalidArgumentError("unknown gradient reduction"));
-  }
-  absl::StatusOr<ModelLayout> layout = LayoutFromProto(config.layout(), config.shard_count());
-  if (!layout.ok()) return Error(layout.status());
-  absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(config.optimizer());
-  if (!optimizer.ok()) return Error(optimizer.status());
-  absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(config.lr_schedule());
-  if (!schedule.ok()) return Error(schedule.status());
-  const double max_grad_norm = config.gradient_control().max_grad_norm();
-  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("max_grad_norm ", max_grad_norm, " must be finite and >= 0")));
-  }
-  // Compare and store the canonical form, so that spellings of the same model
-  // (alignment 0 vs 64, dtype unspecified vs float32) count as equal.
-  *config.mutable_layout() = LayoutToProto(*layout);
-  *config.mutable_optimizer() = OptimizerConfigToProto(*optimizer);
-  *config.mutable_lr_schedule() = LrScheduleToProto(*schedule);
-  config.mutable_gradient_control();  // Present either way: unset equals all zero.
+  absl::StatusOr<ShardPlan> plan =
+      PlanShard(std::move(config), options_.shard_index, options_.shard_count);
+  if (!plan.ok()) return Error(plan.status());
+  config = plan->config;
+  const ModelLayout& layout = plan->options.layout;
 
   // An existing model: equal configs attach, different ones are refused.
   auto answer_existing = [&](const Model& model) {
@@ -201,12 +196,10 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
                                                   options_.shard_index, " yet")));
   }
 
-  const uint64_t size = layout->shard_size();
-  // Parameters, optimizer slots and one staging buffer per trainer. Checked
-  // before allocating anything, so an absurd layout cannot take the server down.
-  const uint64_t state_bytes =
-      size * sizeof(float) *
-      (1 + static_cast<uint64_t>(optimizer->StateSlotsPerElement()) + config.num_trainers());
+  const uint64_t size = layout.shard_size();
+  // Checked before allocating anything, so an absurd layout cannot take the
+  // server down.
+  const uint64_t state_bytes = plan->state_bytes;
   if (absl::Status s = ReserveStateBytes(config.model_id(), state_bytes); !s.ok()) {
     return Error(s);
   }
@@ -239,19 +232,10 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
     return Error(absl::InvalidArgumentError(absl::StrCat(
         "RegisterModel sent ", received, " of the ", size, " initial values of the range")));
   }
-  ModelShardOptions shard_options{config.model_id(),
-                                  *layout,
-                                  options_.shard_index,
-                                  *optimizer,
-                                  config.num_trainers(),
-                                  config.reduction() == v1::GRADIENT_REDUCTION_MEAN,
-                                  *schedule,
-                                  max_grad_norm,
-                                  config.gradient_control().loss_scaling()};
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
       options_.gpu_index < 0
-          ? ModelShard::Create(std::move(shard_options), std::move(values), &pool_)
-          : ModelShard::Create(std::move(shard_options), std::move(values),
+          ? ModelShard::Create(plan->options, std::move(values), &pool_)
+          : ModelShard::Create(plan->options, std::move(values),
                                [this](const ModelShardOptions& o, std::vector<float> v) {
                                  return MakeGpuBackend(options_.gpu_index, o, std::move(v));
                                });
@@ -260,19 +244,14 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   auto model = std::make_shared<Model>();
   model->config = config;
   model->shard = std::move(*shard);
-  std::shared_ptr<Model> raced;
-  {
-    absl::MutexLock lock(&mu_);
-    if (shutdown_) return Error(absl::UnavailableError("the shard server is shutting down"));
-    auto [it, inserted] = models_.emplace(config.model_id(), model);
-    if (!inserted) raced = it->second;
-  }
+  std::shared_ptr<Model> installed = Install(model);
+  if (installed == nullptr) return Error(absl::UnavailableError("the shard server is shutting down"));
   // Lost a race with a concurrent registration of the same model.
-  if (raced) return answer_existing(*raced);
+  if (installed != model) return answer_existing(*installed);
   keep_reservation = true;
   LogInfo("registered model '%s': %d tensors, %d trainers, %s, range [%d, %d) on %s",
-          config.model_id(), layout->tensors().size(), config.num_trainers(),
-          optimizer->DebugString(), model->shard->range().begin, model->shard->range().end,
+          config.model_id(), layout.tensors().size(), config.num_trainers(),
+          plan->options.optimizer.DebugString(), model->shard->range().begin, model->shard->range().end,
           model->shard->device());
   response->set_created(true);
   response->set_version(0);
@@ -342,6 +321,12 @@ grpc::Status ShardServiceImpl::PullParameters(
     return Error(absl::InvalidArgumentError("min_version is negative"));
   }
   ModelShard& shard = *(*model)->shard;
+  if (request->pushed_step() > 0) {
+    if (absl::Status s = shard.CheckHoldsPush(request->trainer_rank(), request->pushed_step());
+        !s.ok()) {
+      return Error(s);
+    }
+  }
   if (request->has_decision()) {
     const v1::StepDecision& d = request->decision();
     if (absl::Status s =
@@ -506,6 +491,165 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
     }
   }
   return grpc::Status::OK;
+}
+
+std::shared_ptr<ShardServiceImpl::Model> ShardServiceImpl::Install(std::shared_ptr<Model> model) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return nullptr;
+    auto [it, inserted] = models_.emplace(model->config.model_id(), model);
+    if (!inserted) return it->second;
+    if (!options_.checkpoint_dir.empty() && options_.checkpoint_every > 0) {
+      // Started under mu_, so that the destructor's join sees it.
+      model->checkpointer = std::thread([this, raw = model.get()] { RunCheckpointer(raw); });
+    }
+  }
+  return model;
+}
+
+void ShardServiceImpl::RunCheckpointer(Model* model) {
+  ModelShard& shard = *model->shard;
+  const int64_t every = options_.checkpoint_every;
+  const std::string root = absl::StrCat(options_.checkpoint_dir, "/", model->config.model_id());
+  auto stopping = [this] {
+    absl::MutexLock lock(&mu_);
+    return shutdown_;
+  };
+  // The first multiple of `every` not yet applied (the current version
+  // counts: a restored shard finds that checkpoint already there).
+  int64_t next = (shard.version() + every - 1) / every * every;
+  while (!stopping()) {
+    const std::string dir = absl::StrCat(root, "/", CheckpointStepDirName(next));
+    absl::StatusOr<CheckpointPartWritten> written =
+        SaveCheckpoint(shard, model->config, dir, next, absl::InfiniteFuture(), stopping);
+    if (written.ok()) {
+      if (written->bytes > 0) {
+        LogInfo("model '%s': saved step %d to %s (%d bytes)%s", model->config.model_id(), next,
+                written->data_file, written->bytes,
+                written->committed ? "; checkpoint committed" : "");
+      }
+      next += every;
+      continue;
+    }
+    if (absl::IsUnavailable(written.status()) || absl::IsCancelled(written.status()) ||
+        absl::IsInternal(written.status()) || stopping()) {
+      if (!stopping()) {
+        LogError("model '%s': periodic checkpoints stop: %s", model->config.model_id(),
+                 written.status().ToString());
+      }
+      return;
+    }
+    LogError("model '%s': checkpoint of step %d failed: %s", model->config.model_id(), next,
+             written.status().ToString());
+    next = (shard.version() / every + 1) * every;
+  }
+}
+
+grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
+                                          const v1::CheckpointRequest* request,
+                                          v1::CheckpointResponse* response) {
+  CallScope call(this);
+  if (!call.admitted().ok()) return Error(call.admitted());
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return Error(model.status());
+  if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
+  if (request->directory().empty()) {
+    return Error(absl::InvalidArgumentError("directory is empty"));
+  }
+  if (request->step() < -1) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));
+  }
+  ModelShard& shard = *(*model)->shard;
+  const int64_t step = request->step() == -1 ? shard.version() : request->step();
+  absl::StatusOr<CheckpointPartWritten> written =
+      SaveCheckpoint(shard, (*model)->config, request->directory(), step,
+                     absl::FromChrono(context->deadline()),
+                     [context] { return context->IsCancelled(); });
+  if (!written.ok()) return Error(written.status());
+  LogInfo("model '%s': checkpoint of step %d: %s%s", request->model_id(), step,
+          written->data_file, written->committed ? " (committed the manifest)" : "");
+  response->set_step(step);
+  response->set_part_file(written->data_file);
+  response->set_bytes_written(written->bytes);
+  response->set_committed(written->committed);
+  response->set_manifest(written->manifest);
+  return grpc::Status::OK;
+}
+
+absl::Status ShardServiceImpl::RestoreModel(const std::string& checkpoint_dir) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
+      CheckpointReader::Open(checkpoint_dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  absl::StatusOr<ShardPlan> plan = PlanShard((*checkpoint)->manifest().config(),
+                                             options_.shard_index, options_.shard_count);
+  if (!plan.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(checkpoint_dir, ": the saved model config is unusable: ",
+                     plan.status().message()));
+  }
+  if (absl::Status s = ReserveStateBytes(plan->config.model_id(), plan->state_bytes); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<ModelShard>> shard = RestoreShard(
+      **checkpoint, *plan,
+      [this](const ModelShardOptions& o,
+             std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+        if (options_.gpu_index >= 0) return MakeGpuBackend(options_.gpu_index, o, std::move(v));
+        absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
+            CpuBackend::Create(o.optimizer, o.num_trainers, std::move(v), &pool_);
+        if (!cpu.ok()) return cpu.status();
+        return std::unique_ptr<UpdateBackend>(std::move(*cpu));
+      });
+  if (!shard.ok()) {
+    ReleaseStateBytes(plan->state_bytes);
+    return shard.status();
+  }
+  auto model = std::make_shared<Model>();
+  model->config = plan->config;
+  model->shard = std::move(*shard);
+  if (std::shared_ptr<Model> installed = Install(model); installed != model) {
+    ReleaseStateBytes(plan->state_bytes);
+    if (installed == nullptr) return absl::UnavailableError("the shard server is shutting down");
+    return absl::AlreadyExistsError(
+        absl::StrCat("model '", plan->config.model_id(), "' is restored twice"));
+  }
+  LogInfo("restored model '%s' at version %d from %s (written by %d shards), range [%d, %d)",
+          plan->config.model_id(), model->shard->version(), checkpoint_dir,
+          (*checkpoint)->manifest().config().shard_count(), model->shard->range().begin,
+          model->shard->range().end);
+  return absl::OkStatus();
+}
+
+absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat(path, " is not a directory"));
+  }
+  if (::stat(absl::StrCat(path, "/", kCheckpointManifestFile).c_str(), &st) == 0) {
+    return RestoreModel(path);
+  }
+  std::vector<std::string> model_dirs;
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (const dirent* entry = ::readdir(d)) {
+      const std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      const std::string dir = absl::StrCat(path, "/", name);
+      if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) model_dirs.push_back(dir);
+    }
+    ::closedir(d);
+  }
+  std::sort(model_dirs.begin(), model_dirs.end());
+  for (const std::string& dir : model_dirs) {
+    absl::StatusOr<std::string> latest = FindLatestCheckpoint(dir);
+    if (absl::IsNotFound(latest.status())) {
+      LogInfo("%s: no committed checkpoint; nothing to restore", dir);
+      continue;
+    }
+    if (!latest.ok()) return latest.status();
+    if (absl::Status s = RestoreModel(*latest); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shardopt

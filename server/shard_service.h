@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -40,6 +41,13 @@ struct ShardServerOptions {
   // staging) would take the models on this server past this many bytes are
   // refused with RESOURCE_EXHAUSTED instead of exhausting memory.
   uint64_t max_state_bytes = uint64_t{1} << 40;
+  // Periodic checkpoints: with both set, every model is saved at every
+  // version that is a multiple of checkpoint_every (version 0 included) to
+  // checkpoint_dir/<model_id>/step-<version>/.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  // Before serving, restore the models found here (see RestoreFrom).
+  std::string restore_from;
 };
 
 class ShardServiceImpl final : public v1::ShardService::Service {
@@ -66,6 +74,16 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
 
+  grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
+
+  // Before serving: loads the models of `path` on this shard (any shard
+  // count may have written them). `path` is a checkpoint directory, or a
+  // directory of model directories (as --checkpoint_dir makes them), each
+  // restored from its latest committed checkpoint; none there is not an
+  // error. A damaged or inconsistent checkpoint is: nothing is loaded.
+  absl::Status RestoreFrom(const std::string& path);
+
   // Refuses new calls with UNAVAILABLE and wakes blocked pulls; calls in
   // flight (a push being received, an update) run on. Then WaitForIdle()
   // until they are done, before grpc::Server::Shutdown.
@@ -77,6 +95,7 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   struct Model {
     v1::ModelConfig config;
     std::unique_ptr<ModelShard> shard;
+    std::thread checkpointer;  // Periodic checkpoints, if on.
   };
 
   // NOT_FOUND naming the model and this shard.
@@ -93,6 +112,13 @@ class ShardServiceImpl final : public v1::ShardService::Service {
     absl::Status admitted_;
   };
   absl::Status CheckShardIndex(uint32_t shard_index) const;
+  // Adds a created model (its state bytes reserved) and starts its periodic
+  // checkpoints; the existing model when one with the id raced in first,
+  // nullptr after Shutdown().
+  std::shared_ptr<Model> Install(std::shared_ptr<Model> model);
+  absl::Status RestoreModel(const std::string& checkpoint_dir);
+  // Saves the model at every multiple of checkpoint_every until shutdown.
+  void RunCheckpointer(Model* model);
   // Reserves `bytes` of the state budget, or RESOURCE_EXHAUSTED.
   absl::Status ReserveStateBytes(const std::string& model_id, uint64_t bytes);
   void ReleaseStateBytes(uint64_t bytes);

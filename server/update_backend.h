@@ -13,7 +13,8 @@
 //   when it returns, the data must be where Apply() reads it.
 // - Apply() runs only when every rank has finished staging, and never
 //   concurrently with Stage, Read or another Apply.
-// - Read() may run concurrently with other Reads (not with Apply).
+// - Read() and ReadSlot() may run concurrently with other reads (not with
+//   Apply). WriteSlot() runs only before the shard takes its first push.
 #ifndef SHARDOPT_SERVER_UPDATE_BACKEND_H_
 #define SHARDOPT_SERVER_UPDATE_BACKEND_H_
 
@@ -62,6 +63,12 @@ class UpdateBackend {
 
   // Copies parameters [offset, offset + count) of the range into `out`.
   virtual absl::Status Read(uint64_t offset, uint64_t count, float* out) = 0;
+
+  // The optimizer state, for checkpoints: slot `slot` in
+  // OptimizerConfig::StateSlotNames() order, elements [offset, offset +
+  // count) of the range. OUT_OF_RANGE for a slot the optimizer lacks.
+  virtual absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) = 0;
+  virtual absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) = 0;
 
   virtual uint64_t parameter_bytes() const = 0;
   virtual uint64_t optimizer_state_bytes() const = 0;

@@ -191,4 +191,37 @@ absl::Status GpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
   return read_stream_.Synchronize();
 }
 
+absl::Status GpuBackend::CheckSlot(int slot, uint64_t offset, uint64_t count) const {
+  if (slot < 0 || slot >= optimizer_.StateSlotsPerElement()) {
+    return absl::OutOfRangeError(absl::StrCat("the optimizer has no state slot ", slot));
+  }
+  if (offset > size_ || count > size_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat("slot elements [", offset, ", ", offset + count,
+                                              ") are outside the range of ", size_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) {
+  if (absl::Status s = CheckSlot(slot, offset, count); !s.ok()) return s;
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = gpu::CopyToHost(out, slots_[slot].as<float>() + offset,
+                                       count * sizeof(float), read_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  return read_stream_.Synchronize();
+}
+
+absl::Status GpuBackend::WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) {
+  if (absl::Status s = CheckSlot(slot, offset, count); !s.ok()) return s;
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = gpu::CopyToDevice(slots_[slot].as<float>() + offset, in,
+                                         count * sizeof(float), apply_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  return apply_stream_.Synchronize();
+}
+
 }  // namespace shardopt

@@ -50,6 +50,8 @@ class GpuBackend final : public UpdateBackend {
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
+  absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override;
+  absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) override;
   uint64_t parameter_bytes() const override { return size_ * sizeof(float); }
   uint64_t optimizer_state_bytes() const override {
     return static_cast<uint64_t>(optimizer_.StateSlotsPerElement()) * size_ * sizeof(float);
@@ -72,6 +74,7 @@ class GpuBackend final : public UpdateBackend {
   // wait for it.
   absl::Status RunFusedStep(int64_t step, const OptimizerConfig& config,
                             const float* const* gradients, int count, bool mean);
+  absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
   float* staging(uint32_t rank) const { return staging_.as<float>() + rank * size_; }
 
   const int device_index_;

@@ -27,6 +27,7 @@ _LIBS = {
     "gtest": (["gtest", "gmock"], []),
     "gtest_main": (["gtest_main", "gmock", "gtest"], []),
     "benchmark": (["benchmark"], []),
+    "zlib": (["zlib"], []),
 }
 
 def _pkg_config_libs(ctx, modules):

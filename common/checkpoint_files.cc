@@ -1,0 +1,507 @@
+#include "common/checkpoint_files.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "common/proto_convert.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace shardopt {
+namespace {
+
+constexpr char kMagic[8] = {'S', 'H', 'O', 'P', 'T', 'C', 'K', 'P'};
+constexpr char kParamsSection[] = "params";
+
+std::string Join(const std::string& dir, const std::string& name) {
+  if (dir.empty() || dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::Status(errno == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kInternal,
+                      absl::StrCat(path, ": ", what, ": ", std::strerror(errno)));
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("empty checkpoint directory");
+  for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const std::string prefix = slash == std::string::npos ? path : path.substr(0, slash);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Errno("cannot create directory", prefix);
+    }
+    if (slash == std::string::npos) break;
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Errno("cannot open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Errno("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+// A unique temporary name in `dir` for `name`: several shards (processes)
+// may write the same file at once.
+std::string TempPath(const std::string& dir, const std::string& name) {
+  static std::atomic<uint64_t> counter{0};
+  return Join(dir, absl::StrCat(".", name, ".tmp.", ::getpid(), ".", counter.fetch_add(1)));
+}
+
+// A file written under a temporary name and renamed into place by Commit();
+// removed if never committed.
+class AtomicFile {
+ public:
+  AtomicFile(std::string dir, std::string name)
+      : dir_(std::move(dir)), path_(Join(dir_, name)), temp_(TempPath(dir_, name)) {}
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(temp_.c_str());
+  }
+  absl::Status Open() {
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return Errno("cannot create", temp_);
+    return absl::OkStatus();
+  }
+  absl::Status Write(const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Errno("cannot write", temp_);
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      written_ += static_cast<uint64_t>(n);
+    }
+    return absl::OkStatus();
+  }
+  // fsync, rename over the final name, fsync the directory.
+  absl::Status Commit() {
+    if (::fsync(fd_) != 0) return Errno("cannot fsync", temp_);
+    ::close(fd_);
+    fd_ = -1;
+    if (::rename(temp_.c_str(), path_.c_str()) != 0) return Errno("cannot rename into", path_);
+    committed_ = true;
+    return SyncDirectory(dir_);
+  }
+  uint64_t written() const { return written_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  const std::string dir_, path_, temp_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+  bool committed_ = false;
+};
+
+absl::Status WriteWholeFile(const std::string& dir, const std::string& name,
+                            const std::string& content) {
+  AtomicFile file(dir, name);
+  if (absl::Status s = file.Open(); !s.ok()) return s;
+  if (absl::Status s = file.Write(content.data(), content.size()); !s.ok()) return s;
+  return file.Commit();
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path);
+  std::string content;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      absl::Status s = Errno("cannot read", path);
+      ::close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    content.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return content;
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) return absl::InternalError(std::string(status.message()));
+  return json;
+}
+
+// DATA_LOSS naming `path` when the file is not a valid manifest / record.
+absl::StatusOr<v1::CheckpointManifest> ReadManifestFile(const std::string& path) {
+  absl::StatusOr<std::string> json = ReadWholeFile(path);
+  if (!json.ok()) return json.status();
+  v1::CheckpointManifest manifest;
+  const auto status = google::protobuf::util::JsonStringToMessage(*json, &manifest);
+  if (!status.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": not a valid checkpoint manifest: ", status.message().ToString()));
+  }
+  return manifest;
+}
+
+std::vector<std::string> SectionNames(const OptimizerConfig& optimizer) {
+  std::vector<std::string> names = {kParamsSection};
+  for (std::string& slot : optimizer.StateSlotNames()) names.push_back(std::move(slot));
+  return names;
+}
+
+std::string DataFileHeader(uint32_t shard_index, uint32_t shard_count, int64_t step) {
+  std::string header(kCheckpointHeaderBytes, '\0');
+  std::memcpy(&header[0], kMagic, sizeof(kMagic));
+  const uint32_t fields[3] = {kCheckpointFormatVersion, shard_index, shard_count};
+  std::memcpy(&header[8], fields, sizeof(fields));
+  std::memcpy(&header[24], &step, sizeof(step));
+  return header;
+}
+
+bool SameCheckpoint(const v1::CheckpointManifest& a, const v1::ModelConfig& config, int64_t step) {
+  return a.step() == step && google::protobuf::util::MessageDifferencer::Equals(a.config(), config);
+}
+
+// Writes manifest.json if every part of `config`'s checkpoint at `step` is
+// in `dir`; false (and no error) when some part is missing or of another
+// checkpoint.
+absl::StatusOr<bool> TryCommit(const std::string& dir, const v1::ModelConfig& config,
+                               int64_t step) {
+  v1::CheckpointManifest manifest;
+  manifest.set_format_version(kCheckpointFormatVersion);
+  *manifest.mutable_config() = config;
+  manifest.set_step(step);
+  for (uint32_t i = 0; i < config.shard_count(); ++i) {
+    const std::string record = Join(dir, CheckpointPartRecordName(i, config.shard_count()));
+    struct stat st;
+    if (::stat(record.c_str(), &st) != 0) return false;
+    absl::StatusOr<v1::CheckpointManifest> part = ReadManifestFile(record);
+    if (!part.ok()) return part.status();
+    if (!SameCheckpoint(*part, config, step) || part->parts_size() != 1 ||
+        part->parts(0).shard_index() != i) {
+      return false;  // A stale record of another checkpoint: its shard will rewrite it.
+    }
+    const std::string data = Join(dir, part->parts(0).file());
+    if (::stat(data.c_str(), &st) != 0 ||
+        static_cast<uint64_t>(st.st_size) != part->parts(0).file_bytes()) {
+      return false;
+    }
+    *manifest.add_parts() = part->parts(0);
+  }
+  absl::StatusOr<std::string> json = ToJson(manifest);
+  if (!json.ok()) return json.status();
+  if (absl::Status s = WriteWholeFile(dir, kCheckpointManifestFile, *json); !s.ok()) return s;
+  return true;
+}
+
+}  // namespace
+
+std::string CheckpointDataFileName(uint32_t shard_index, uint32_t shard_count) {
+  return absl::StrFormat("shard-%05u-of-%05u.bin", shard_index, shard_count);
+}
+
+std::string CheckpointPartRecordName(uint32_t shard_index, uint32_t shard_count) {
+  return absl::StrFormat("shard-%05u-of-%05u.part.json", shard_index, shard_count);
+}
+
+std::string CheckpointStepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+
+absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& directory,
+                                                          const v1::ModelConfig& config,
+                                                          uint32_t shard_index,
+                                                          const v1::CheckpointProgress& progress,
+                                                          const CheckpointSectionReadFn& read) {
+  absl::StatusOr<ModelLayout> layout = LayoutFromProto(config.layout(), config.shard_count());
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(config.optimizer());
+  if (!optimizer.ok()) return optimizer.status();
+  if (shard_index >= config.shard_count()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard_index, " of ", config.shard_count()));
+  }
+  const int64_t step = progress.version();
+  if (absl::Status s = MakeDirs(directory); !s.ok()) return s;
+  CheckpointPartWritten written;
+  written.data_file = Join(directory, CheckpointDataFileName(shard_index, config.shard_count()));
+  const std::string manifest_path = Join(directory, kCheckpointManifestFile);
+  struct stat st;
+  if (::stat(manifest_path.c_str(), &st) == 0) {
+    absl::StatusOr<v1::CheckpointManifest> existing = ReadManifestFile(manifest_path);
+    if (!existing.ok()) return existing.status();
+    if (!SameCheckpoint(*existing, config, step)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          directory, " already holds the checkpoint of model '", existing->config().model_id(),
+          "' at step ", existing->step(), ": write step ", step, " to a new directory"));
+    }
+    written.manifest = manifest_path;
+    return written;
+  }
+
+  const FlatRange range = layout->ShardRange(shard_index);
+  const std::vector<std::string> names = SectionNames(*optimizer);
+  v1::CheckpointManifest record;
+  record.set_format_version(kCheckpointFormatVersion);
+  *record.mutable_config() = config;
+  record.set_step(step);
+  v1::CheckpointPart* part = record.add_parts();
+  part->set_shard_index(shard_index);
+  part->mutable_range()->set_begin(range.begin);
+  part->mutable_range()->set_end(range.end);
+  part->set_file(CheckpointDataFileName(shard_index, config.shard_count()));
+  part->set_block_bytes(kCheckpointBlockBytes);
+  *part->mutable_progress() = progress;
+
+  AtomicFile data(directory, part->file());
+  if (absl::Status s = data.Open(); !s.ok()) return s;
+  const std::string header = DataFileHeader(shard_index, config.shard_count(), step);
+  if (absl::Status s = data.Write(header.data(), header.size()); !s.ok()) return s;
+  const uint64_t block_elements = kCheckpointBlockBytes / sizeof(float);
+  std::vector<float> block(std::min<uint64_t>(block_elements, std::max<uint64_t>(1, range.size())));
+  for (size_t section = 0; section < names.size(); ++section) {
+    v1::CheckpointSection* out = part->add_sections();
+    out->set_name(names[section]);
+    out->set_file_offset(data.written());
+    out->set_num_elements(range.size());
+    for (uint64_t done = 0; done < range.size(); done += block_elements) {
+      const uint64_t n = std::min<uint64_t>(block_elements, range.size() - done);
+      if (absl::Status s = read(static_cast<int>(section), done, n, block.data()); !s.ok()) {
+        return s;
+      }
+      const size_t bytes = n * sizeof(float);
+      out->add_block_crc32(static_cast<uint32_t>(
+          crc32(0L, reinterpret_cast<const Bytef*>(block.data()), static_cast<uInt>(bytes))));
+      if (absl::Status s = data.Write(block.data(), bytes); !s.ok()) return s;
+    }
+  }
+  part->set_file_bytes(data.written());
+  if (absl::Status s = data.Commit(); !s.ok()) return s;
+  written.bytes = data.written();
+
+  absl::StatusOr<std::string> json = ToJson(record);
+  if (!json.ok()) return json.status();
+  if (absl::Status s = WriteWholeFile(
+          directory, CheckpointPartRecordName(shard_index, config.shard_count()), *json);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<bool> committed = TryCommit(directory, config, step);
+  if (!committed.ok()) return committed.status();
+  written.committed = *committed;
+  if (*committed || ::stat(manifest_path.c_str(), &st) == 0) written.manifest = manifest_path;
+  return written;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::string& directory) {
+  const std::string path = Join(directory, kCheckpointManifestFile);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat(
+        directory, " holds no committed checkpoint: ", kCheckpointManifestFile,
+        " is missing (never written, or the checkpoint was interrupted before every shard "
+        "finished)"));
+  }
+  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifestFile(path);
+  if (!manifest.ok()) return manifest.status();
+  std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+  reader->directory_ = directory;
+  reader->manifest_ = std::move(*manifest);
+  const v1::CheckpointManifest& m = reader->manifest_;
+  auto bad = [&path](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(path, ": ", what));
+  };
+  if (m.format_version() != kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": format version ",
+                                                      m.format_version(), "; this build reads ",
+                                                      kCheckpointFormatVersion));
+  }
+  absl::StatusOr<ModelLayout> layout =
+      LayoutFromProto(m.config().layout(), m.config().shard_count());
+  if (!layout.ok()) return bad(absl::StrCat("bad layout: ", layout.status().message()));
+  reader->layout_ = std::move(*layout);
+  absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(m.config().optimizer());
+  if (!optimizer.ok()) return bad(absl::StrCat("bad optimizer: ", optimizer.status().message()));
+  reader->optimizer_ = *optimizer;
+  reader->section_names_ = SectionNames(*optimizer);
+  const uint32_t shards = m.config().shard_count();
+  if (static_cast<uint32_t>(m.parts_size()) != shards) {
+    return bad(absl::StrCat(m.parts_size(), " parts for ", shards, " shards"));
+  }
+  for (uint32_t i = 0; i < shards; ++i) {
+    const v1::CheckpointPart& part = m.parts(static_cast<int>(i));
+    const FlatRange range = reader->layout_->ShardRange(i);
+    const std::string file = Join(directory, part.file());
+    if (part.shard_index() != i || part.range().begin() != range.begin ||
+        part.range().end() != range.end) {
+      return bad(absl::StrCat("part ", i, " describes shard ", part.shard_index(), " range [",
+                              part.range().begin(), ", ", part.range().end(),
+                              ") but the layout gives [", range.begin, ", ", range.end,
+                              ") (a manifest from another layout?)"));
+    }
+    if (part.file().empty() || part.file().find('/') != std::string::npos) {
+      return bad(absl::StrCat("part ", i, " names the file '", part.file(), "'"));
+    }
+    if (part.block_bytes() == 0 || part.block_bytes() % sizeof(float) != 0) {
+      return bad(absl::StrCat("part ", i, " has block size ", part.block_bytes()));
+    }
+    if (part.progress().version() != m.step() ||
+        !google::protobuf::util::MessageDifferencer::Equals(part.progress(),
+                                                            m.parts(0).progress())) {
+      return bad(absl::StrCat("part ", i, " was saved at another step or state than part 0"));
+    }
+    if (static_cast<size_t>(part.sections_size()) != reader->section_names_.size()) {
+      return bad(absl::StrCat("part ", i, " has ", part.sections_size(), " sections; ",
+                              m.config().optimizer().ShortDebugString(), " keeps ",
+                              reader->section_names_.size()));
+    }
+    uint64_t end = kCheckpointHeaderBytes;
+    for (int s = 0; s < part.sections_size(); ++s) {
+      const v1::CheckpointSection& section = part.sections(s);
+      const uint64_t bytes = section.num_elements() * sizeof(float);
+      if (section.name() != reader->section_names_[s] || section.num_elements() != range.size() ||
+          section.file_offset() < kCheckpointHeaderBytes ||
+          static_cast<uint64_t>(section.block_crc32_size()) !=
+              (bytes + part.block_bytes() - 1) / part.block_bytes()) {
+        return bad(absl::StrCat("section ", s, " ('", section.name(), "') of part ", i,
+                                " does not match the layout and optimizer"));
+      }
+      end = std::max(end, section.file_offset() + bytes);
+    }
+    if (end > part.file_bytes()) {
+      return bad(absl::StrCat("part ", i, "'s sections end past its file size"));
+    }
+    if (::stat(file.c_str(), &st) != 0) {
+      return absl::DataLossError(absl::StrCat(file, ": missing (", path, " lists it)"));
+    }
+    if (static_cast<uint64_t>(st.st_size) != part.file_bytes()) {
+      return absl::DataLossError(absl::StrCat(file, ": ", st.st_size, " bytes, but ", path,
+                                              " says ", part.file_bytes(),
+                                              st.st_size < static_cast<off_t>(part.file_bytes())
+                                                  ? " (truncated)"
+                                                  : ""));
+    }
+    absl::StatusOr<std::string> header = [&]() -> absl::StatusOr<std::string> {
+      const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return Errno("cannot open", file);
+      std::string h(kCheckpointHeaderBytes, '\0');
+      const ssize_t n = ::pread(fd, &h[0], h.size(), 0);
+      ::close(fd);
+      if (n != static_cast<ssize_t>(h.size())) return absl::DataLossError(file + ": short header");
+      return h;
+    }();
+    if (!header.ok()) return header.status();
+    if (*header != DataFileHeader(i, shards, m.step())) {
+      return absl::DataLossError(absl::StrCat(file, ": its header is not that of shard ", i, " of ",
+                                              shards, " at step ", m.step()));
+    }
+  }
+  return reader;
+}
+
+absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t count,
+                                    float* out) const {
+  if (section < 0 || static_cast<size_t>(section) >= section_names_.size()) {
+    return absl::OutOfRangeError(absl::StrCat("no section ", section));
+  }
+  const float initial = section == 0 ? 0.0f : optimizer_.InitialSlotValue(section - 1);
+  const uint64_t end = flat_offset + count;
+  const uint64_t saved = layout_->total_elements();
+  if (end > saved) {
+    // Padding the saved layout did not have (a layout for more shards).
+    const uint64_t from = std::max(flat_offset, saved);
+    std::fill(out + (from - flat_offset), out + count, initial);
+  }
+  std::vector<char> block;
+  for (const v1::CheckpointPart& part : manifest_.parts()) {
+    const uint64_t lo = std::max(flat_offset, part.range().begin());
+    const uint64_t hi = std::min(end, part.range().end());
+    if (lo >= hi) continue;
+    const v1::CheckpointSection& s = part.sections(section);
+    const std::string file = directory_ + "/" + part.file();
+    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Errno("cannot open", file);
+    const uint64_t block_bytes = part.block_bytes();
+    const uint64_t section_bytes = s.num_elements() * sizeof(float);
+    const uint64_t first_byte = (lo - part.range().begin()) * sizeof(float);
+    const uint64_t last_byte = (hi - part.range().begin()) * sizeof(float);
+    absl::Status status;
+    for (uint64_t b = first_byte / block_bytes; b * block_bytes < last_byte; ++b) {
+      const uint64_t block_begin = b * block_bytes;
+      const uint64_t n = std::min(block_bytes, section_bytes - block_begin);
+      block.resize(n);
+      const ssize_t got = ::pread(fd, block.data(), n, s.file_offset() + block_begin);
+      if (got != static_cast<ssize_t>(n) ||
+          static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(block.data()),
+                                      static_cast<uInt>(n))) != s.block_crc32(b)) {
+        status = absl::DataLossError(absl::StrCat(
+            file, ": block ", b, " of section '", s.name(), "' (bytes ",
+            s.file_offset() + block_begin, "..", s.file_offset() + block_begin + n, ") ",
+            got != static_cast<ssize_t>(n) ? "is short" : "fails its checksum"));
+        break;
+      }
+      const uint64_t copy_begin = std::max(block_begin, first_byte);
+      const uint64_t copy_end = std::min(block_begin + n, last_byte);
+      std::memcpy(reinterpret_cast<char*>(out) +
+                      (copy_begin / sizeof(float) + part.range().begin() - flat_offset) *
+                          sizeof(float),
+                  block.data() + (copy_begin - block_begin), copy_end - copy_begin);
+    }
+    ::close(fd);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory) {
+  std::string best;
+  int64_t best_step = -1;
+  absl::Status error;
+  auto consider = [&](const std::string& dir) {
+    const std::string path = Join(dir, kCheckpointManifestFile);
+    struct stat st;
+    if (!error.ok() || ::stat(path.c_str(), &st) != 0) return;
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifestFile(path);
+    // A damaged manifest is refused, not passed over for an older one.
+    if (!m.ok()) {
+      error = m.status();
+    } else if (m->step() > best_step) {
+      best_step = m->step();
+      best = dir;
+    }
+  };
+  consider(directory);
+  if (DIR* d = ::opendir(directory.c_str())) {
+    while (const dirent* entry = ::readdir(d)) {
+      const std::string name = entry->d_name;
+      if (absl::StartsWith(name, "step-")) consider(Join(directory, name));
+    }
+    ::closedir(d);
+  }
+  if (!error.ok()) return error;
+  if (best.empty()) {
+    return absl::NotFoundError(absl::StrCat("no committed checkpoint in ", directory));
+  }
+  return best;
+}
+
+}  // namespace shardopt

@@ -1,0 +1,115 @@
+// Checkpoint files: one model's optimizer state at one step, written by its
+// shards in parts and read back for any shard count.
+//
+// A checkpoint is a directory (docs/checkpoints.md):
+//   shard-00000-of-00003.bin        one shard's data: a 64-byte header, then
+//                                   sections of raw little-endian fp32:
+//                                   "params", then the optimizer slots in
+//                                   OptimizerConfig::StateSlotNames() order;
+//   shard-00000-of-00003.part.json  that shard's record: range, sections,
+//                                   per-block CRC-32s, step protocol state;
+//   manifest.json                   the commit record, written last by the
+//                                   shard that finds every part present.
+// Every file is written to a temporary name, fsync'ed and renamed, and the
+// directory fsync'ed: a crash leaves either the old state or the new file,
+// and a directory without manifest.json (a torn checkpoint) is never loaded.
+//
+// Reading verifies everything before handing out a value: the manifest
+// against the layout, each data file's size and header, and the CRC of every
+// block read. A reader for S' shards reads only the blocks that overlap its
+// range, never the whole model.
+#ifndef SHARDOPT_COMMON_CHECKPOINT_FILES_H_
+#define SHARDOPT_COMMON_CHECKPOINT_FILES_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/layout.h"
+#include "common/optimizer_config.h"
+#include "proto/shardopt/v1/checkpoint.pb.h"
+
+namespace shardopt {
+
+inline constexpr char kCheckpointManifestFile[] = "manifest.json";
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// Bytes per checksummed block of a section.
+inline constexpr uint32_t kCheckpointBlockBytes = 1 << 20;
+inline constexpr uint64_t kCheckpointHeaderBytes = 64;
+
+std::string CheckpointDataFileName(uint32_t shard_index, uint32_t shard_count);
+std::string CheckpointPartRecordName(uint32_t shard_index, uint32_t shard_count);
+// "step-00000120": the directory a periodic checkpoint of that step goes to.
+std::string CheckpointStepDirName(int64_t step);
+
+// Reads values [offset, offset + count) (range-local) of section `section`:
+// 0 the parameters, 1.. the optimizer slots.
+using CheckpointSectionReadFn =
+    std::function<absl::Status(int section, uint64_t offset, uint64_t count, float* out)>;
+
+struct CheckpointPartWritten {
+  std::string data_file;   // Path of the data file.
+  uint64_t bytes = 0;      // Written now (0 when the checkpoint was already committed).
+  bool committed = false;  // This call wrote the manifest.
+  std::string manifest;    // Its path, when the checkpoint is committed.
+};
+
+// Writes shard `shard_index`'s part of the checkpoint of the model `config`
+// at version progress.version() into `directory` (created with its parents),
+// then commits the manifest if every part of config.shard_count() is present
+// for that step. FAILED_PRECONDITION when `directory` holds a committed
+// checkpoint of another model or step; OK without writing when it holds this
+// one. The read function is called in order, one block at a time.
+absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& directory,
+                                                          const v1::ModelConfig& config,
+                                                          uint32_t shard_index,
+                                                          const v1::CheckpointProgress& progress,
+                                                          const CheckpointSectionReadFn& read);
+
+// A committed checkpoint, validated, open for reading. Thread-compatible.
+class CheckpointReader {
+ public:
+  // NOT_FOUND when `directory` has no manifest (never committed, or torn);
+  // DATA_LOSS for a manifest or data file that is unreadable, truncated or
+  // inconsistent; FAILED_PRECONDITION for an unknown format version. Each
+  // message names the file and the problem.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& directory);
+
+  const std::string& directory() const { return directory_; }
+  const v1::CheckpointManifest& manifest() const { return manifest_; }
+  int64_t step() const { return manifest_.step(); }
+  // The layout the checkpoint was written with (config.shard_count shards).
+  const ModelLayout& layout() const { return *layout_; }
+  const OptimizerConfig& optimizer() const { return optimizer_; }
+  // "params", then the optimizer slots.
+  const std::vector<std::string>& section_names() const { return section_names_; }
+
+  // Values [flat_offset, flat_offset + count) of the flat buffer (any shard
+  // count's layout of the same tensors and alignment: only the padding at the
+  // end differs, and elements past the saved buffer read as the section's
+  // initial value). DATA_LOSS, naming the file and block, when a block read
+  // fails its checksum or is short.
+  absl::Status Read(int section, uint64_t flat_offset, uint64_t count, float* out) const;
+
+ private:
+  CheckpointReader() = default;
+
+  std::string directory_;
+  v1::CheckpointManifest manifest_;
+  std::optional<ModelLayout> layout_;
+  OptimizerConfig optimizer_;
+  std::vector<std::string> section_names_;
+};
+
+// The committed checkpoint with the highest step among `directory` itself
+// and its "step-*" subdirectories; NOT_FOUND when there is none. Torn
+// checkpoints (no manifest) are passed over.
+absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory);
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_COMMON_CHECKPOINT_FILES_H_

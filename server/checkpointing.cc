@@ -1,0 +1,178 @@
+#include "server/checkpointing.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/proto_convert.h"
+
+namespace shardopt {
+namespace {
+
+constexpr uint32_t kMaxTrainers = 4096;
+
+v1::HyperparameterChange ChangeToProto(int64_t step, const Hyperparameters& h) {
+  v1::HyperparameterChange proto;
+  proto.set_step(step);
+  *proto.mutable_optimizer() = OptimizerConfigToProto(h.optimizer);
+  *proto.mutable_lr_schedule() = LrScheduleToProto(h.lr_schedule);
+  return proto;
+}
+
+absl::StatusOr<Hyperparameters> HyperparametersFromProto(const v1::OptimizerConfig& optimizer,
+                                                         const v1::LrSchedule& schedule) {
+  absl::StatusOr<OptimizerConfig> o = OptimizerConfigFromProto(optimizer);
+  if (!o.ok()) return o.status();
+  absl::StatusOr<LrSchedule> s = LrScheduleFromProto(schedule);
+  if (!s.ok()) return s.status();
+  return Hyperparameters{*o, *s};
+}
+
+absl::Status ChangesFromProto(
+    const google::protobuf::RepeatedPtrField<v1::HyperparameterChange>& changes,
+    std::map<int64_t, Hyperparameters>* out) {
+  for (const v1::HyperparameterChange& c : changes) {
+    absl::StatusOr<Hyperparameters> h = HyperparametersFromProto(c.optimizer(), c.lr_schedule());
+    if (!h.ok()) return h.status();
+    out->emplace(c.step(), *h);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+v1::CheckpointProgress ProgressToProto(const ShardProgress& p) {
+  v1::CheckpointProgress proto;
+  proto.set_version(p.version);
+  proto.set_optimizer_steps(p.optimizer_steps);
+  proto.set_skipped_steps(p.skipped_steps);
+  *proto.mutable_current_optimizer() = OptimizerConfigToProto(p.current.optimizer);
+  *proto.mutable_current_lr_schedule() = LrScheduleToProto(p.current.lr_schedule);
+  for (const auto& [step, h] : p.scheduled) *proto.add_scheduled() = ChangeToProto(step, h);
+  for (const auto& [step, h] : p.took_effect) *proto.add_took_effect() = ChangeToProto(step, h);
+  proto.set_last_lr(p.last_lr);
+  proto.set_version_lr(p.version_lr);
+  proto.set_last_step(p.last_step.step);
+  proto.mutable_last_decision()->set_skip(p.last_step.decision.skip);
+  proto.mutable_last_decision()->set_clip_coef(p.last_step.decision.clip_coef);
+  proto.mutable_last_decision()->set_grad_norm(p.last_step.decision.grad_norm);
+  proto.set_last_loss_scale(p.last_step.loss_scale);
+  proto.set_last_step_lr(p.last_step.lr);
+  return proto;
+}
+
+absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& proto) {
+  ShardProgress p;
+  p.version = proto.version();
+  p.optimizer_steps = proto.optimizer_steps();
+  p.skipped_steps = proto.skipped_steps();
+  absl::StatusOr<Hyperparameters> current =
+      HyperparametersFromProto(proto.current_optimizer(), proto.current_lr_schedule());
+  if (!current.ok()) return current.status();
+  p.current = *current;
+  if (absl::Status s = ChangesFromProto(proto.scheduled(), &p.scheduled); !s.ok()) return s;
+  if (absl::Status s = ChangesFromProto(proto.took_effect(), &p.took_effect); !s.ok()) return s;
+  p.last_lr = proto.last_lr();
+  p.version_lr = proto.version_lr();
+  p.last_step.step = proto.last_step();
+  p.last_step.decision.skip = proto.last_decision().skip();
+  p.last_step.decision.clip_coef = proto.last_decision().clip_coef();
+  p.last_step.decision.grad_norm = proto.last_decision().grad_norm();
+  p.last_step.loss_scale = proto.last_loss_scale();
+  p.last_step.lr = proto.last_step_lr();
+  return p;
+}
+
+absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(ModelShard& shard,
+                                                     const v1::ModelConfig& config,
+                                                     const std::string& directory, int64_t step,
+                                                     absl::Time deadline,
+                                                     const std::function<bool()>& cancelled) {
+  absl::StatusOr<CheckpointPartWritten> result =
+      absl::InternalError("checkpoint not written");
+  absl::Status status = shard.CheckpointAt(
+      step, deadline, cancelled,
+      [&](const ShardProgress& progress, const ShardStateReadFn& read) -> absl::Status {
+        result = WriteCheckpointPart(
+            directory, config, shard.options().shard_index, ProgressToProto(progress),
+            [&read](int section, uint64_t offset, uint64_t count, float* out) {
+              return read(section - 1, offset, count, out);
+            });
+        return result.status();
+      });
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index,
+                                    uint32_t shard_count) {
+  config.set_shard_count(shard_count);
+  if (config.model_id().empty()) return absl::InvalidArgumentError("model_id is empty");
+  if (config.num_trainers() == 0 || config.num_trainers() > kMaxTrainers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_trainers ", config.num_trainers(), " is not in [1, ", kMaxTrainers, "]"));
+  }
+  if (!v1::GradientReduction_IsValid(config.reduction())) {
+    return absl::InvalidArgumentError("unknown gradient reduction");
+  }
+  absl::StatusOr<ModelLayout> layout = LayoutFromProto(config.layout(), shard_count);
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(config.optimizer());
+  if (!optimizer.ok()) return optimizer.status();
+  absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(config.lr_schedule());
+  if (!schedule.ok()) return schedule.status();
+  const double max_grad_norm = config.gradient_control().max_grad_norm();
+  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_grad_norm ", max_grad_norm, " must be finite and >= 0"));
+  }
+  // The canonical form, so that spellings of the same model (alignment 0 vs
+  // 64, dtype unspecified vs float32) compare equal.
+  *config.mutable_layout() = LayoutToProto(*layout);
+  *config.mutable_optimizer() = OptimizerConfigToProto(*optimizer);
+  *config.mutable_lr_schedule() = LrScheduleToProto(*schedule);
+  config.mutable_gradient_control();  // Present either way: unset equals all zero.
+  const uint64_t size = layout->shard_size();
+  const uint64_t state_bytes =
+      size * sizeof(float) *
+      (1 + static_cast<uint64_t>(optimizer->StateSlotsPerElement()) + config.num_trainers());
+  ModelShardOptions options{config.model_id(),
+                            *layout,
+                            shard_index,
+                            *optimizer,
+                            config.num_trainers(),
+                            config.reduction() == v1::GRADIENT_REDUCTION_MEAN,
+                            *schedule,
+                            max_grad_norm,
+                            config.gradient_control().loss_scaling()};
+  return ShardPlan{std::move(config), std::move(options), state_bytes};
+}
+
+absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(const CheckpointReader& checkpoint,
+                                                         const ShardPlan& plan,
+                                                         const ModelShard::BackendFactory& backend) {
+  const FlatRange range = plan.options.layout.ShardRange(plan.options.shard_index);
+  std::vector<float> params(range.size());
+  if (absl::Status s = checkpoint.Read(0, range.begin, range.size(), params.data()); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<ShardProgress> progress =
+      ProgressFromProto(checkpoint.manifest().parts(0).progress());
+  if (!progress.ok()) {
+    return absl::DataLossError(absl::StrCat(checkpoint.directory(), ": bad saved progress: ",
+                                            progress.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<ModelShard>> shard =
+      ModelShard::Create(plan.options, std::move(params), backend);
+  if (!shard.ok()) return shard.status();
+  if (absl::Status s = (*shard)->Restore(
+          *progress,
+          [&](int slot, uint64_t offset, uint64_t count, float* out) {
+            return checkpoint.Read(slot + 1, range.begin + offset, count, out);
+          });
+      !s.ok()) {
+    return s;
+  }
+  return shard;
+}
+
+}  // namespace shardopt
