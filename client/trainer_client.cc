@@ -267,59 +267,76 @@ absl::Status TrainerClient::RegisterOrAttach(
   std::vector<char> created(shards_.size(), 0);
   const RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
                            options_.initial_backoff, options_.max_backoff};
-  absl::Status status = CallEveryShard(
-      initial_params ? "RegisterModel" : "RegisterModel (attach)", policy,
-      [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
-        const FlatRange range = layout->ShardRange(shard.index);
-        v1::RegisterModelResponse response;
-        std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
-            shard.stub->RegisterModel(&context, &response);
-        v1::RegisterModelRequest request;
-        v1::RegisterHeader* header = request.mutable_header();
-        *header->mutable_config() = config;
-        header->set_shard_index(shard.index);
-        header->set_attach_only(!initial_params);
-        bool open = writer->Write(request);
-        if (initial_params) {
-          const size_t chunk = options_.chunk_bytes / sizeof(float);
-          for (uint64_t off = 0; open && off < range.size(); off += chunk) {
-            const uint64_t count = std::min<uint64_t>(chunk, range.size() - off);
-            v1::TensorChunk* values = request.mutable_values();
-            values->set_offset(off);
-            values->set_data(initial_params->data() + range.begin + off, count * sizeof(float));
-            open = writer->Write(request);
+  // Shards at different versions mid-step, or a shard restarted from a
+  // checkpoint that the running trainers are catching up: wait for them to
+  // agree, up to the retry budget.
+  const absl::Time agree_deadline = absl::Now() + policy.budget;
+  absl::Duration agree_backoff = options_.initial_backoff;
+  for (;;) {
+    absl::Status status = CallEveryShard(
+        initial_params ? "RegisterModel" : "RegisterModel (attach)", policy,
+        [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
+          const FlatRange range = layout->ShardRange(shard.index);
+          v1::RegisterModelResponse response;
+          std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
+              shard.stub->RegisterModel(&context, &response);
+          v1::RegisterModelRequest request;
+          v1::RegisterHeader* header = request.mutable_header();
+          *header->mutable_config() = config;
+          header->set_shard_index(shard.index);
+          header->set_attach_only(!initial_params);
+          bool open = writer->Write(request);
+          if (initial_params) {
+            const size_t chunk = options_.chunk_bytes / sizeof(float);
+            for (uint64_t off = 0; open && off < range.size(); off += chunk) {
+              const uint64_t count = std::min<uint64_t>(chunk, range.size() - off);
+              v1::TensorChunk* values = request.mutable_values();
+              values->set_offset(off);
+              values->set_data(initial_params->data() + range.begin + off, count * sizeof(float));
+              open = writer->Write(request);
+            }
           }
+          // A server that answers early (the model already exists) closes the
+          // stream: Finish() then carries its answer.
+          if (open) writer->WritesDone();
+          absl::Status s = ToAbslStatus(writer->Finish());
+          if (!s.ok()) return s;
+          if (response.range().begin() != range.begin || response.range().end() != range.end) {
+            return absl::InternalError(absl::StrCat(
+                "server reports range [", response.range().begin(), ", ", response.range().end(),
+                ") but the layout gives [", range.begin, ", ", range.end, ")"));
+          }
+          versions[shard.index] = response.version();
+          created[shard.index] = response.created();
+          return absl::OkStatus();
+        },
+        [&](const absl::Status& s) {
+          return IsRetryable(s) || (!initial_params && absl::IsNotFound(s));
+        });
+    if (!status.ok()) return status;
+    // Shards at different versions (e.g. one restarted empty while the others
+    // trained on) must not be trained as one model.
+    bool agree = true;
+    for (size_t i = 1; i < shards_.size(); ++i) agree = agree && versions[i] == versions[0];
+    if (agree) break;
+    // A shard that had to create the model will not catch up by itself.
+    const bool any_created = std::count(created.begin(), created.end(), 1) > 0;
+    if (!any_created && absl::Now() + agree_backoff < agree_deadline) {
+      absl::SleepFor(agree_backoff);
+      agree_backoff = std::min(agree_backoff * 2, options_.max_backoff);
+      continue;
+    }
+    for (size_t i = 1; i < shards_.size(); ++i) {
+      if (versions[i] != versions[0]) {
+        std::vector<std::string> each;
+        for (size_t j = 0; j < shards_.size(); ++j) {
+          each.push_back(absl::StrCat("shard ", j, " (", shards_[j]->address, ") at version ",
+                                      versions[j], created[j] ? " (just created)" : ""));
         }
-        // A server that answers early (the model already exists) closes the
-        // stream: Finish() then carries its answer.
-        if (open) writer->WritesDone();
-        absl::Status s = ToAbslStatus(writer->Finish());
-        if (!s.ok()) return s;
-        if (response.range().begin() != range.begin || response.range().end() != range.end) {
-          return absl::InternalError(absl::StrCat(
-              "server reports range [", response.range().begin(), ", ", response.range().end(),
-              ") but the layout gives [", range.begin, ", ", range.end, ")"));
-        }
-        versions[shard.index] = response.version();
-        created[shard.index] = response.created();
-        return absl::OkStatus();
-      },
-      [&](const absl::Status& s) {
-        return IsRetryable(s) || (!initial_params && absl::IsNotFound(s));
-      });
-  if (!status.ok()) return status;
-  // Shards at different versions (e.g. one restarted empty while the others
-  // trained on) must not be trained as one model.
-  for (size_t i = 1; i < shards_.size(); ++i) {
-    if (versions[i] != versions[0]) {
-      std::vector<std::string> each;
-      for (size_t j = 0; j < shards_.size(); ++j) {
-        each.push_back(absl::StrCat("shard ", j, " (", shards_[j]->address, ") at version ",
-                                    versions[j], created[j] ? " (just created)" : ""));
+        return absl::FailedPreconditionError(
+            absl::StrCat("model '", spec.model_id,
+                         "': shards disagree on the version: ", absl::StrJoin(each, ", ")));
       }
-      return absl::FailedPreconditionError(
-          absl::StrCat("model '", spec.model_id,
-                       "': shards disagree on the version: ", absl::StrJoin(each, ", ")));
     }
   }
   for (auto& shard : shards_) shard->range = layout->ShardRange(shard->index);
@@ -465,10 +482,9 @@ absl::StatusOr<int64_t> TrainerClient::PullInternal(int64_t min_version,
             return s;
           }
         }
-        absl::Status s =
-            PullFromShard(shard, context, min_version, decision, pushed_step,
-                          flat_params.data() + shard.range.begin, &versions[shard.index],
-                          &lrs[shard.index]);
+        absl::Status s = PullFromShard(shard, context, min_version, decision, pushed_step,
+                                       flat_params.data() + shard.range.begin,
+                                       &versions[shard.index], &lrs[shard.index]);
         return MarkIfBehind(shard, s);
       },
       [this](const absl::Status& s) { return IsRetryable(s) || IsBehind(s); });
@@ -534,8 +550,8 @@ absl::Status TrainerClient::PullFromShard(Shard& shard, grpc::ClientContext& con
     request.mutable_decision()->set_grad_norm(decision->grad_norm);
   }
   std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
-      grpc::internal::ClientReaderFactory<PullFrame>::Create(shard.channel.get(),
-                                                             *shard.pull_method, &context, request));
+      grpc::internal::ClientReaderFactory<PullFrame>::Create(
+          shard.channel.get(), *shard.pull_method, &context, request));
   PullFrame frame;
   frame.destination = destination;
   frame.capacity = shard.range.size();
@@ -589,7 +605,8 @@ void TrainerClient::Remember(int64_t step, const void* payload, size_t bytes, do
   entry.step = step;
   entry.dtype = options_.push_dtype;
   entry.loss_scale = loss_scale;
-  entry.payload.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + bytes);
+  entry.payload.assign(static_cast<const char*>(payload),
+                       static_cast<const char*>(payload) + bytes);
   history_.push_back(std::move(entry));
   while (history_.size() > static_cast<size_t>(options_.replay_steps)) history_.pop_front();
 }
@@ -656,8 +673,8 @@ absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_f
     // Wait for the step (every trainer re-pushes it) before the next one;
     // with gradient control, send the decision all shards took then.
     if (needs_decision_ && !entry.decision) {
-      return absl::InternalError(absl::StrCat("the replay history lacks step ", step,
-                                              "'s decision"));
+      return absl::InternalError(
+          absl::StrCat("the replay history lacks step ", step, "'s decision"));
     }
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
@@ -665,8 +682,8 @@ absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_f
     int64_t reached = 0;
     double lr = 0;
     const Decision* decision = entry.decision ? &*entry.decision : nullptr;
-    if (absl::Status s = PullFromShard(shard, context, step, decision, step, scratch.data(),
-                                       &reached, &lr);
+    if (absl::Status s =
+            PullFromShard(shard, context, step, decision, step, scratch.data(), &reached, &lr);
         !s.ok()) {
       return s;
     }

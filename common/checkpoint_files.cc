@@ -11,9 +11,9 @@
 #include <atomic>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "common/proto_convert.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -331,8 +331,8 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     return absl::DataLossError(absl::StrCat(path, ": ", what));
   };
   if (m.format_version() != kCheckpointFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(path, ": format version ",
-                                                      m.format_version(), "; this build reads ",
+    return absl::FailedPreconditionError(absl::StrCat(path, ": format version ", m.format_version(),
+                                                      "; this build reads ",
                                                       kCheckpointFormatVersion));
   }
   absl::StatusOr<ModelLayout> layout =
@@ -394,11 +394,9 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
       return absl::DataLossError(absl::StrCat(file, ": missing (", path, " lists it)"));
     }
     if (static_cast<uint64_t>(st.st_size) != part.file_bytes()) {
-      return absl::DataLossError(absl::StrCat(file, ": ", st.st_size, " bytes, but ", path,
-                                              " says ", part.file_bytes(),
-                                              st.st_size < static_cast<off_t>(part.file_bytes())
-                                                  ? " (truncated)"
-                                                  : ""));
+      return absl::DataLossError(
+          absl::StrCat(file, ": ", st.st_size, " bytes, but ", path, " says ", part.file_bytes(),
+                       st.st_size < static_cast<off_t>(part.file_bytes()) ? " (truncated)" : ""));
     }
     absl::StatusOr<std::string> header = [&]() -> absl::StatusOr<std::string> {
       const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
@@ -453,18 +451,18 @@ absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t 
       if (got != static_cast<ssize_t>(n) ||
           static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(block.data()),
                                       static_cast<uInt>(n))) != s.block_crc32(b)) {
-        status = absl::DataLossError(absl::StrCat(
-            file, ": block ", b, " of section '", s.name(), "' (bytes ",
-            s.file_offset() + block_begin, "..", s.file_offset() + block_begin + n, ") ",
-            got != static_cast<ssize_t>(n) ? "is short" : "fails its checksum"));
+        status = absl::DataLossError(
+            absl::StrCat(file, ": block ", b, " of section '", s.name(), "' (bytes ",
+                         s.file_offset() + block_begin, "..", s.file_offset() + block_begin + n,
+                         ") ", got != static_cast<ssize_t>(n) ? "is short" : "fails its checksum"));
         break;
       }
       const uint64_t copy_begin = std::max(block_begin, first_byte);
       const uint64_t copy_end = std::min(block_begin + n, last_byte);
-      std::memcpy(reinterpret_cast<char*>(out) +
-                      (copy_begin / sizeof(float) + part.range().begin() - flat_offset) *
-                          sizeof(float),
-                  block.data() + (copy_begin - block_begin), copy_end - copy_begin);
+      std::memcpy(
+          reinterpret_cast<char*>(out) +
+              (copy_begin / sizeof(float) + part.range().begin() - flat_offset) * sizeof(float),
+          block.data() + (copy_begin - block_begin), copy_end - copy_begin);
     }
     ::close(fd);
     if (!status.ok()) return status;

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/dtype_convert.h"
 #include "nlohmann/json.hpp"
 
@@ -127,6 +128,13 @@ std::string DirectoryOf(const std::string& path) {
 // reference implementation (usize fields) refuses.
 bool IsUnsigned(const Json& value) { return value.is_number_unsigned(); }
 
+// `value` as JSON text for an error message, cut short if long.
+std::string Excerpt(const Json& value) {
+  std::string text = value.dump();
+  if (text.size() > 80) text = absl::StrCat(text.substr(0, 77), "...");
+  return text;
+}
+
 // Parses `text` as JSON, refusing duplicate keys in any object: nlohmann would
 // keep the last one silently, and a checkpoint whose header says two things
 // about one tensor is corrupt, not ambiguous. Sets *error and returns false on
@@ -198,7 +206,7 @@ absl::Status ParseTensorEntry(const std::string& prefix, const std::string& name
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, "tensor '", name,
                      "' needs \"data_offsets\": [begin, end] of two non-negative integers, has ",
-                     offsets_it == entry.end() ? std::string("none") : offsets_it->dump()));
+                     offsets_it == entry.end() ? std::string("none") : Excerpt(*offsets_it)));
   }
   const std::string dtype_name = dtype_it->get<std::string>();
   if (!ParseDType(dtype_name, &info->dtype)) {
@@ -211,7 +219,7 @@ absl::Status ParseTensorEntry(const std::string& prefix, const std::string& name
     if (!IsUnsigned(dim) ||
         dim.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return absl::InvalidArgumentError(absl::StrCat(prefix, "tensor '", name, "' has shape ",
-                                                     shape_it->dump(),
+                                                     Excerpt(*shape_it),
                                                      "; dimensions must be non-negative integers"));
     }
     info->shape.push_back(static_cast<int64_t>(dim.get<uint64_t>()));
@@ -498,8 +506,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
       }
       for (const auto& [meta_key, meta_value] : value.items()) {
         if (!meta_value.is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              prefix, "metadata value of \"", meta_key, "\" is not a string: ", meta_value.dump()));
+          return absl::InvalidArgumentError(
+              absl::StrCat(prefix, "metadata value of \"", meta_key,
+                           "\" is not a string: ", Excerpt(meta_value)));
         }
         metadata[meta_key] = meta_value.get<std::string>();
       }

@@ -1,13 +1,12 @@
 #include "common/safetensors.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -18,7 +17,6 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/float_bits.h"
 #include "gmock/gmock.h"
@@ -36,9 +34,16 @@ class SafetensorsTest : public ::testing::Test {
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     dir_ = absl::StrCat(::testing::TempDir(), "/safetensors_test_", getpid(), "_", info->name());
-    ASSERT_EQ(std::system(absl::StrCat("rm -rf '", dir_, "' && mkdir -p '", dir_, "'").c_str()), 0);
+    RemoveDir();
+    ASSERT_EQ(mkdir(dir_.c_str(), 0755), 0) << dir_;
   }
-  void TearDown() override { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
+  void TearDown() override { RemoveDir(); }
+
+  // The tests' directories hold plain files only.
+  void RemoveDir() const {
+    for (const std::string& name : DirEntries()) std::remove(Path(name).c_str());
+    rmdir(dir_.c_str());
+  }
 
   std::string Path(const std::string& name) const { return absl::StrCat(dir_, "/", name); }
 

@@ -82,19 +82,19 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
   return p;
 }
 
-absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(ModelShard& shard,
-                                                     const v1::ModelConfig& config,
-                                                     const std::string& directory, int64_t step,
-                                                     absl::Time deadline,
-                                                     const std::function<bool()>& cancelled) {
-  absl::StatusOr<CheckpointPartWritten> result =
-      absl::InternalError("checkpoint not written");
+absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
+    ModelShard& shard, const v1::ModelConfig& config, const std::string& directory, int64_t step,
+    absl::Time deadline, const std::function<bool()>& cancelled, absl::Duration pause_for_tests) {
+  absl::StatusOr<CheckpointPartWritten> result = absl::InternalError("checkpoint not written");
   absl::Status status = shard.CheckpointAt(
       step, deadline, cancelled,
       [&](const ShardProgress& progress, const ShardStateReadFn& read) -> absl::Status {
         result = WriteCheckpointPart(
             directory, config, shard.options().shard_index, ProgressToProto(progress),
-            [&read](int section, uint64_t offset, uint64_t count, float* out) {
+            [&](int section, uint64_t offset, uint64_t count, float* out) {
+              if (section == 1 && offset == 0 && pause_for_tests > absl::ZeroDuration()) {
+                absl::SleepFor(pause_for_tests);
+              }
               return read(section - 1, offset, count, out);
             });
         return result.status();
@@ -147,9 +147,9 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
   return ShardPlan{std::move(config), std::move(options), state_bytes};
 }
 
-absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(const CheckpointReader& checkpoint,
-                                                         const ShardPlan& plan,
-                                                         const ModelShard::BackendFactory& backend) {
+absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
+    const CheckpointReader& checkpoint, const ShardPlan& plan,
+    const ModelShard::BackendFactory& backend) {
   const FlatRange range = plan.options.layout.ShardRange(plan.options.shard_index);
   std::vector<float> params(range.size());
   if (absl::Status s = checkpoint.Read(0, range.begin, range.size(), params.data()); !s.ok()) {
@@ -158,17 +158,17 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(const CheckpointReader&
   absl::StatusOr<ShardProgress> progress =
       ProgressFromProto(checkpoint.manifest().parts(0).progress());
   if (!progress.ok()) {
-    return absl::DataLossError(absl::StrCat(checkpoint.directory(), ": bad saved progress: ",
-                                            progress.status().message()));
+    return absl::DataLossError(absl::StrCat(checkpoint.directory(),
+                                            ": bad saved progress: ", progress.status().message()));
   }
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
       ModelShard::Create(plan.options, std::move(params), backend);
   if (!shard.ok()) return shard.status();
-  if (absl::Status s = (*shard)->Restore(
-          *progress,
-          [&](int slot, uint64_t offset, uint64_t count, float* out) {
-            return checkpoint.Read(slot + 1, range.begin + offset, count, out);
-          });
+  if (absl::Status s =
+          (*shard)->Restore(*progress,
+                            [&](int slot, uint64_t offset, uint64_t count, float* out) {
+                              return checkpoint.Read(slot + 1, range.begin + offset, count, out);
+                            });
       !s.ok()) {
     return s;
   }

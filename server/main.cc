@@ -55,6 +55,9 @@ ABSL_FLAG(std::string, restore_from, "",
           "Before serving, load models from this checkpoint directory, or from the latest "
           "committed checkpoint of each model under this --checkpoint_dir-style root (none "
           "there is fine: start empty). The checkpoint may come from any shard count.");
+ABSL_FLAG(int, fault_injection_checkpoint_pause_ms, 0,
+          "For fault-injection tests only: stall each periodic checkpoint this long in the "
+          "middle of writing its data file.");
 
 namespace {
 
@@ -141,6 +144,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.restore_from = absl::GetFlag(FLAGS_restore_from);
+  options.checkpoint_pause_for_tests =
+      absl::Milliseconds(absl::GetFlag(FLAGS_fault_injection_checkpoint_pause_ms));
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<std::unique_ptr<shardopt::ShardServer>> server =

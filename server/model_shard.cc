@@ -78,15 +78,14 @@ double ModelShard::LrOfVersion(int64_t version) const {
 
 absl::Status ModelShard::CheckHoldsPush(uint32_t trainer_rank, int64_t step) const {
   absl::MutexLock lock(&mu_);
-  if (step <= version_ ||
-      (step == version_ + 1 && trainer_rank < slots_.size() &&
-       slots_[trainer_rank] == SlotState::kComplete)) {
+  if (step <= version_ || (step == version_ + 1 && trainer_rank < slots_.size() &&
+                           slots_[trainer_rank] == SlotState::kComplete)) {
     return absl::OkStatus();
   }
-  return absl::OutOfRangeError(absl::StrCat(
-      "shard ", options_.shard_index, " does not hold trainer ", trainer_rank, "'s push of step ",
-      step, ": it is at version ", version_,
-      " (restarted from a checkpoint?); push the steps after it again"));
+  return absl::OutOfRangeError(
+      absl::StrCat("shard ", options_.shard_index, " does not hold trainer ", trainer_rank,
+                   "'s push of step ", step, ": it is at version ", version_,
+                   " (restarted from a checkpoint?); push the steps after it again"));
 }
 
 int64_t ModelShard::version() const {
@@ -143,8 +142,8 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
     // OUT_OF_RANGE: the trainer can fix it by pushing the missing steps (a
     // shard restarted from a checkpoint is behind its trainers).
     return absl::OutOfRangeError(absl::StrCat("step ", step,
-                                              " is ahead of the shard: it is at version ",
-                                              version_, " and waits for step ", version_ + 1));
+                                              " is ahead of the shard: it is at version ", version_,
+                                              " and waits for step ", version_ + 1));
   }
   switch (slots_[trainer_rank]) {
     case SlotState::kComplete:
@@ -504,10 +503,10 @@ absl::Status ModelShard::CheckpointAt(
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) return broken_;
     if (version_ > step || (version_ == step && applying_)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", options_.shard_index, " of model '", options_.model_id, "' is at version ",
-          version_, applying_ ? " (applying the next step)" : "", ", past step ", step,
-          ": checkpoint a later step"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", options_.shard_index, " of model '", options_.model_id,
+                       "' is at version ", version_, applying_ ? " (applying the next step)" : "",
+                       ", past step ", step, ": checkpoint a later step"));
     }
     ++checkpoint_holds_[step];
     struct Waiting {
@@ -521,7 +520,8 @@ absl::Status ModelShard::CheckpointAt(
         &waiting);
     absl::Status waited = AwaitOrCancel(reached, deadline, cancelled);
     if (waited.ok() && version_ != step) {
-      waited = !broken_.ok() ? broken_ : absl::UnavailableError("the shard server is shutting down");
+      waited =
+          !broken_.ok() ? broken_ : absl::UnavailableError("the shard server is shutting down");
     }
     if (!waited.ok()) {
       if (--checkpoint_holds_[step] == 0) checkpoint_holds_.erase(step);

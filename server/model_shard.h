@@ -119,12 +119,12 @@ struct ShardProgress {
   int64_t version = 0;
   int64_t optimizer_steps = 0;  // Updates applied (skips excluded).
   int64_t skipped_steps = 0;
-  Hyperparameters current;      // In force for step version + 1.
+  Hyperparameters current;                         // In force for step version + 1.
   std::map<int64_t, Hyperparameters> scheduled;    // Changes still to come.
   std::map<int64_t, Hyperparameters> took_effect;  // Changes in force, for repeats.
-  double last_lr = 0;           // Of the last applied step.
-  double version_lr = 0;        // Of step `version`, applied or skipped.
-  StepRecord last_step;         // With gradient control.
+  double last_lr = 0;                              // Of the last applied step.
+  double version_lr = 0;                           // Of step `version`, applied or skipped.
+  StepRecord last_step;                            // With gradient control.
 };
 
 // Reads the state at one version (see ModelShard::CheckpointAt). `slot` -1 is

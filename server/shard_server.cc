@@ -22,8 +22,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   // Restored before the port opens: no trainer sees the shard half-loaded.
   if (!options.restore_from.empty()) {
     if (absl::Status s = server->service_->RestoreFrom(options.restore_from); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("--restore_from=", options.restore_from, ": ",
-                                                 s.message()));
+      return absl::Status(s.code(),
+                          absl::StrCat("--restore_from=", options.restore_from, ": ", s.message()));
     }
   }
   grpc::ServerBuilder builder;

@@ -1,8 +1,8 @@
 #include "server/shard_service.h"
 
-#include <google/protobuf/util/message_differencer.h>
-
 #include <dirent.h>
+#include <errno.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -245,14 +245,15 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   model->config = config;
   model->shard = std::move(*shard);
   std::shared_ptr<Model> installed = Install(model);
-  if (installed == nullptr) return Error(absl::UnavailableError("the shard server is shutting down"));
+  if (installed == nullptr)
+    return Error(absl::UnavailableError("the shard server is shutting down"));
   // Lost a race with a concurrent registration of the same model.
   if (installed != model) return answer_existing(*installed);
   keep_reservation = true;
   LogInfo("registered model '%s': %d tensors, %d trainers, %s, range [%d, %d) on %s",
           config.model_id(), layout.tensors().size(), config.num_trainers(),
-          plan->options.optimizer.DebugString(), model->shard->range().begin, model->shard->range().end,
-          model->shard->device());
+          plan->options.optimizer.DebugString(), model->shard->range().begin,
+          model->shard->range().end, model->shard->device());
   response->set_created(true);
   response->set_version(0);
   SetRange(model->shard->range(), response->mutable_range());
@@ -521,7 +522,8 @@ void ShardServiceImpl::RunCheckpointer(Model* model) {
   while (!stopping()) {
     const std::string dir = absl::StrCat(root, "/", CheckpointStepDirName(next));
     absl::StatusOr<CheckpointPartWritten> written =
-        SaveCheckpoint(shard, model->config, dir, next, absl::InfiniteFuture(), stopping);
+        SaveCheckpoint(shard, model->config, dir, next, absl::InfiniteFuture(), stopping,
+                       options_.checkpoint_pause_for_tests);
     if (written.ok()) {
       if (written->bytes > 0) {
         LogInfo("model '%s': saved step %d to %s (%d bytes)%s", model->config.model_id(), next,
@@ -562,13 +564,12 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
   }
   ModelShard& shard = *(*model)->shard;
   const int64_t step = request->step() == -1 ? shard.version() : request->step();
-  absl::StatusOr<CheckpointPartWritten> written =
-      SaveCheckpoint(shard, (*model)->config, request->directory(), step,
-                     absl::FromChrono(context->deadline()),
-                     [context] { return context->IsCancelled(); });
+  absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
+      shard, (*model)->config, request->directory(), step, absl::FromChrono(context->deadline()),
+      [context] { return context->IsCancelled(); });
   if (!written.ok()) return Error(written.status());
-  LogInfo("model '%s': checkpoint of step %d: %s%s", request->model_id(), step,
-          written->data_file, written->committed ? " (committed the manifest)" : "");
+  LogInfo("model '%s': checkpoint of step %d: %s%s", request->model_id(), step, written->data_file,
+          written->committed ? " (committed the manifest)" : "");
   response->set_step(step);
   response->set_part_file(written->data_file);
   response->set_bytes_written(written->bytes);
@@ -581,26 +582,26 @@ absl::Status ShardServiceImpl::RestoreModel(const std::string& checkpoint_dir) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
       CheckpointReader::Open(checkpoint_dir);
   if (!checkpoint.ok()) return checkpoint.status();
-  absl::StatusOr<ShardPlan> plan = PlanShard((*checkpoint)->manifest().config(),
-                                             options_.shard_index, options_.shard_count);
+  absl::StatusOr<ShardPlan> plan =
+      PlanShard((*checkpoint)->manifest().config(), options_.shard_index, options_.shard_count);
   if (!plan.ok()) {
-    return absl::DataLossError(
-        absl::StrCat(checkpoint_dir, ": the saved model config is unusable: ",
-                     plan.status().message()));
+    return absl::DataLossError(absl::StrCat(
+        checkpoint_dir, ": the saved model config is unusable: ", plan.status().message()));
   }
   if (absl::Status s = ReserveStateBytes(plan->config.model_id(), plan->state_bytes); !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::unique_ptr<ModelShard>> shard = RestoreShard(
-      **checkpoint, *plan,
-      [this](const ModelShardOptions& o,
-             std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-        if (options_.gpu_index >= 0) return MakeGpuBackend(options_.gpu_index, o, std::move(v));
-        absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
-            CpuBackend::Create(o.optimizer, o.num_trainers, std::move(v), &pool_);
-        if (!cpu.ok()) return cpu.status();
-        return std::unique_ptr<UpdateBackend>(std::move(*cpu));
-      });
+  absl::StatusOr<std::unique_ptr<ModelShard>> shard =
+      RestoreShard(**checkpoint, *plan,
+                   [this](const ModelShardOptions& o,
+                          std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+                     if (options_.gpu_index >= 0)
+                       return MakeGpuBackend(options_.gpu_index, o, std::move(v));
+                     absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
+                         CpuBackend::Create(o.optimizer, o.num_trainers, std::move(v), &pool_);
+                     if (!cpu.ok()) return cpu.status();
+                     return std::unique_ptr<UpdateBackend>(std::move(*cpu));
+                   });
   if (!shard.ok()) {
     ReleaseStateBytes(plan->state_bytes);
     return shard.status();
@@ -623,8 +624,13 @@ absl::Status ShardServiceImpl::RestoreModel(const std::string& checkpoint_dir) {
 
 absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
   struct stat st;
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) {
+    // The first start of a job whose restarts use the same command line.
+    LogInfo("%s does not exist yet: nothing to restore", path);
+    return absl::OkStatus();
+  }
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::NotFoundError(absl::StrCat(path, " is not a directory"));
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
   }
   if (::stat(absl::StrCat(path, "/", kCheckpointManifestFile).c_str(), &st) == 0) {
     return RestoreModel(path);

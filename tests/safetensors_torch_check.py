@@ -83,7 +83,9 @@ def spec_read(path):
         raise Mismatch(f"header is not JSON: {e}")
     if not isinstance(header, dict):
         raise Mismatch("header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
     if not isinstance(metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise Mismatch(f"__metadata__ is not an object of strings: {metadata!r}")

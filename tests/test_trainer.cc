@@ -12,7 +12,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "client/trainer_client.h"
 #include "tests/support/synthetic.h"
 
@@ -31,6 +33,10 @@ ABSL_FLAG(std::string, pull_dtype, "float32",
 ABSL_FLAG(double, max_grad_norm, 0, "Clip the global gradient norm to this (0: off).");
 ABSL_FLAG(bool, loss_scaling, false, "Dynamic loss scaling.");
 ABSL_FLAG(double, initial_loss_scale, 65536, "With --loss_scaling.");
+ABSL_FLAG(int, replay_steps, 0,
+          "Keep this many pushed steps to re-push to a shard restarted from a checkpoint.");
+ABSL_FLAG(absl::Duration, retry_budget, absl::Seconds(60),
+          "How long the client retries a shard that is down.");
 ABSL_FLAG(std::vector<std::string>, plant_inf_steps, {},
           "Rank 0 puts +inf into its gradient at these steps (in the last tensor, so on the "
           "last shard only).");
@@ -64,6 +70,9 @@ int Train(const std::string& name) {
   options.trainer_rank = absl::GetFlag(FLAGS_rank);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.rpc_timeout = absl::Seconds(30);
+  options.replay_steps = absl::GetFlag(FLAGS_replay_steps);
+  options.retry_budget = absl::GetFlag(FLAGS_retry_budget);
+  options.attach_timeout = absl::GetFlag(FLAGS_retry_budget);
   options.push_dtype = ParseDType(absl::GetFlag(FLAGS_push_dtype)).value();
   options.pull_dtype = ParseDType(absl::GetFlag(FLAGS_pull_dtype)).value();
   absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(servers, options);
@@ -87,18 +96,29 @@ int Train(const std::string& name) {
   } else {
     status = (*client)->Attach(spec);
   }
-  // Every rank, rank 0 included, starts from version 0 as the wire delivers
-  // it (rounded when pull_dtype is 16-bit).
+  // Every rank, rank 0 included, starts from the model's version (0, or
+  // where a restored or running job is) as the wire delivers it (rounded
+  // when pull_dtype is 16-bit).
+  const int64_t start = status.ok() ? (*client)->registered_version() : 0;
   if (status.ok()) {
     params = (*client)->NewFlatBuffer();
-    status = (*client)->Pull(0, absl::MakeSpan(params)).status();
+    absl::StatusOr<int64_t> version = (*client)->Pull(start, absl::MakeSpan(params));
+    status = version.status();
+    if (version.ok() && *version != start) {
+      status = absl::InternalError(
+          absl::StrCat("pulled version ", *version, " after attaching at ", start));
+    }
   }
   if (!status.ok()) {
     fprintf(stderr, "rank %u: %s\n", options.trainer_rank, status.ToString().c_str());
     return 1;
   }
   std::vector<float> grad = (*client)->NewFlatBuffer();
-  for (int64_t step = 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
+  if (start > 0) {
+    fprintf(stderr, "rank %u: model '%s' resumes at version %ld\n", options.trainer_rank,
+            name.c_str(), static_cast<long>(start));
+  }
+  for (int64_t step = start + 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
     SyntheticGradient((*client)->layout(), params, options.trainer_rank, step, seed,
                       absl::MakeSpan(grad));
     if (spec.loss_scaling) {
@@ -124,6 +144,15 @@ int Train(const std::string& name) {
               static_cast<long>(result->version), static_cast<long>(step));
       return 1;
     }
+  }
+  printf("rank %u model %s replayed_pushes=%ld\n", options.trainer_rank, name.c_str(),
+         static_cast<long>((*client)->replayed_pushes()));
+  fflush(stdout);
+  if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".replayed",
+                                   {static_cast<float>((*client)->replayed_pushes())});
+      !s.ok()) {
+    fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
   }
   const std::string out = absl::GetFlag(FLAGS_out_dir) + "/" + name + ".bin";
   if (absl::Status s = WriteFloats(out, params); !s.ok()) {
