@@ -136,6 +136,24 @@ struct TrainerClient::Shard {
   std::unique_ptr<grpc::internal::RpcMethod> pull_method;
   FlatRange range;
 
+  grpc::ChannelArguments channel_args;
+  // Set when the channel could not connect: the next attempt opens a fresh
+  // one (see OpenChannel).
+  bool reopen_channel = false;
+
+  // A new channel to the shard. A channel that failed to connect to a shard
+  // that was down can keep failing for many seconds after it is back (its
+  // reconnect backoff, and a re-resolution held back by the resolver's
+  // cooldown); a fresh channel connects at once.
+  void OpenChannel() {
+    channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args);
+    stub = v1::ShardService::NewStub(channel);
+    push_method =
+        std::make_unique<grpc::internal::RpcMethod>(kPushMethod, kClientStreaming, channel);
+    pull_method =
+        std::make_unique<grpc::internal::RpcMethod>(kPullMethod, kServerStreaming, channel);
+  }
+
   // "shard 1 (127.0.0.1:5000): <what>: <cause>", keeping the cause's code.
   absl::Status Annotate(const absl::Status& status, const std::string& what) const {
     if (status.ok()) return status;
@@ -157,7 +175,16 @@ absl::Status TrainerClient::CallEveryShard(
     auto attempt = [&]() -> absl::Status {
       AttemptContext attempt_context(calls, options_.rpc_timeout);
       if (!attempt_context.active()) return CancelledBySibling();
-      return call(shard, *attempt_context.get());
+      if (shard.reopen_channel) {
+        shard.OpenChannel();
+        shard.reopen_channel = false;
+      }
+      absl::Status st = call(shard, *attempt_context.get());
+      if (absl::IsUnavailable(st) &&
+          shard.channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+        shard.reopen_channel = true;
+      }
+      return st;
     };
     return shard.Annotate(RetryWithBackoff(policy, attempt, retryable), what);
   });
@@ -184,16 +211,22 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
     // is closed, failing the call (and releasing zero-copy payload slices).
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+    // Reconnect to a restarted shard as soon as the retries ask: gRPC's own
+    // backoff (1 s growing to 120 s) would keep failing calls with the stale
+    // "connection refused" long after the shard is back. (gRPC's "min
+    // reconnect backoff" is the connect timeout: it stays at 5 s.)
+    const int reconnect_ms =
+        static_cast<int>(std::max<int64_t>(20, absl::ToInt64Milliseconds(options.initial_backoff)));
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, reconnect_ms);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+                static_cast<int>(std::max<int64_t>(
+                    reconnect_ms, absl::ToInt64Milliseconds(options.max_backoff))));
     auto shard = std::make_unique<Shard>();
     shard->index = static_cast<uint32_t>(i);
     shard->address = shard_addresses[i];
-    shard->channel =
-        grpc::CreateCustomChannel(shard_addresses[i], grpc::InsecureChannelCredentials(), args);
-    shard->stub = v1::ShardService::NewStub(shard->channel);
-    shard->push_method =
-        std::make_unique<grpc::internal::RpcMethod>(kPushMethod, kClientStreaming, shard->channel);
-    shard->pull_method =
-        std::make_unique<grpc::internal::RpcMethod>(kPullMethod, kServerStreaming, shard->channel);
+    shard->channel_args = args;
+    shard->OpenChannel();
     shards.push_back(std::move(shard));
   }
   return std::unique_ptr<TrainerClient>(new TrainerClient(options, std::move(shards)));

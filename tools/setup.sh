@@ -16,6 +16,8 @@ packages=(
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
+  nlohmann-json3-dev
+  zlib1g-dev
   python3
   python3-numpy
   python3-torch
