@@ -55,7 +55,11 @@ float HalfBitsToFloat(uint16_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
   const uint32_t exponent = (bits >> 10) & 0x1fu;
   const uint32_t mantissa = bits & 0x3ffu;
-  if (exponent == 0x1f) return FromBits(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  if (exponent == 0x1f) {
+    // inf; a NaN comes out quiet, as PyTorch's (and the CPU's) conversion
+    // makes it.
+    return FromBits(sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x400000u : 0u));
+  }
   if (exponent == 0) {
     // Zero or subnormal: mantissa * 2^-24, exact in fp32.
     const float magnitude = static_cast<float>(mantissa) * FromBits(0x33800000u);

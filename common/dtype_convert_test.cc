@@ -85,6 +85,10 @@ TEST(HalfTest, ExactBitPatterns) {
   EXPECT_EQ(B(HalfBitsToFloat(0x8000)), 0x80000000u);
   EXPECT_EQ(HalfBitsToFloat(0xfc00), -std::numeric_limits<float>::infinity());
   EXPECT_TRUE(std::isnan(HalfBitsToFloat(0x7e00)));
+  // A signalling fp16 NaN widens to a quiet one, payload kept (torch 1.13's
+  // .float() gives these bits).
+  EXPECT_EQ(B(HalfBitsToFloat(0x7c01)), 0x7fc02000u);
+  EXPECT_EQ(B(HalfBitsToFloat(0xfd00)), 0xffe00000u);
 }
 
 TEST(DTypeConvertTest, EveryHalfAndBFloat16RoundTripsExactly) {

@@ -1,0 +1,264 @@
+// Checkpoint files: parts committed by a manifest, read back for other shard
+// counts, and every damaged or torn checkpoint refused with the file named.
+#include "common/checkpoint_files.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/proto_convert.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardopt {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(base ? base : "/tmp", "/", name, "_", ::getpid());
+  std::system(absl::StrCat("rm -rf ", dir).c_str());
+  return dir;
+}
+
+// Tensors of odd sizes, so that ranges of every shard count cut through them.
+v1::ModelConfig Config(uint32_t shards, int64_t extra = 0) {
+  const ModelLayout layout =
+      ModelLayout::Create({{"w", {37, 11}}, {"b", {11}}, {"e", {5, 3 + extra}}}, 16, shards)
+          .value();
+  v1::ModelConfig config;
+  config.set_model_id("m");
+  *config.mutable_layout() = LayoutToProto(layout);
+  OptimizerConfig adamw = OptimizerConfig::AdamW(1e-3);
+  adamw.amsgrad = true;
+  *config.mutable_optimizer() = OptimizerConfigToProto(adamw);
+  config.set_num_trainers(2);
+  config.set_shard_count(shards);
+  return config;
+}
+
+// The value of section `section` at flat element `i` (exact in fp32).
+float Value(int section, uint64_t i) { return static_cast<float>(section * 10000) + 0.5f * i; }
+
+v1::CheckpointProgress Progress(int64_t step) {
+  v1::CheckpointProgress progress;
+  progress.set_version(step);
+  progress.set_optimizer_steps(step);
+  progress.set_last_lr(1e-3);
+  return progress;
+}
+
+absl::StatusOr<CheckpointPartWritten> WritePart(const std::string& dir,
+                                                const v1::ModelConfig& config, uint32_t shard,
+                                                int64_t step = 7) {
+  const ModelLayout layout = LayoutFromProto(config.layout(), config.shard_count()).value();
+  const FlatRange range = layout.ShardRange(shard);
+  return WriteCheckpointPart(dir, config, shard, Progress(step),
+                             [&](int section, uint64_t offset, uint64_t count, float* out) {
+                               for (uint64_t k = 0; k < count; ++k) {
+                                 out[k] = Value(section, range.begin + offset + k);
+                               }
+                               return absl::OkStatus();
+                             });
+}
+
+std::string WriteCheckpoint(const std::string& name, uint32_t shards = 3, int64_t step = 7) {
+  const std::string dir = TempDir(name);
+  const v1::ModelConfig config = Config(shards);
+  for (uint32_t i = 0; i < shards; ++i) {
+    absl::StatusOr<CheckpointPartWritten> w = WritePart(dir, config, i, step);
+    EXPECT_TRUE(w.ok()) << w.status();
+  }
+  return dir;
+}
+
+// Flips one byte of a file in place.
+void FlipByte(const std::string& path, long offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x40;
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
+TEST(CheckpointFilesTest, TheLastPartCommitsTheManifest) {
+  const std::string dir = TempDir("commit");
+  const v1::ModelConfig config = Config(3);
+  for (uint32_t i = 0; i < 3; ++i) {
+    absl::StatusOr<CheckpointPartWritten> w = WritePart(dir, config, i);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_GT(w->bytes, kCheckpointHeaderBytes);
+    EXPECT_EQ(w->committed, i == 2);
+    if (i < 2) {
+      // Torn: not every shard has written its part.
+      absl::StatusOr<std::unique_ptr<CheckpointReader>> torn = CheckpointReader::Open(dir);
+      EXPECT_EQ(torn.status().code(), absl::StatusCode::kNotFound);
+      EXPECT_THAT(std::string(torn.status().message()), HasSubstr("manifest.json"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->step(), 7);
+  EXPECT_EQ((*reader)->section_names(),
+            (std::vector<std::string>{"params", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}));
+  EXPECT_EQ((*reader)->manifest().parts(1).progress().optimizer_steps(), 7);
+  // No temporary file is left behind.
+  EXPECT_EQ(std::system(absl::StrCat("ls -a ", dir, " | grep -q tmp").c_str()) == 0, false);
+
+  // The same checkpoint again writes nothing; another step is refused.
+  absl::StatusOr<CheckpointPartWritten> again = WritePart(dir, config, 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->bytes, 0u);
+  EXPECT_FALSE(again->manifest.empty());
+  absl::StatusOr<CheckpointPartWritten> other = WritePart(dir, config, 0, 8);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("step 7"));
+}
+
+TEST(CheckpointFilesTest, ReadsAnyRangeForAnyShardCount) {
+  const std::string dir = WriteCheckpoint("reshard");
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(dir).value();
+  const uint64_t saved = reader->layout().total_elements();
+  for (uint32_t shards : {1u, 2u, 3u, 4u, 5u, 7u}) {
+    const ModelLayout layout = LayoutFromProto(Config(shards).layout(), shards).value();
+    for (uint32_t s = 0; s < shards; ++s) {
+      const FlatRange range = layout.ShardRange(s);
+      for (int section = 0; section < 4; ++section) {
+        std::vector<float> got(range.size(), -1.0f);
+        ASSERT_TRUE(reader->Read(section, range.begin, range.size(), got.data()).ok());
+        for (uint64_t k = 0; k < range.size(); ++k) {
+          const uint64_t i = range.begin + k;
+          // Past the saved buffer: padding, at the section's initial value.
+          const float want = i < saved ? Value(section, i) : 0.0f;
+          ASSERT_EQ(got[k], want) << shards << " shards, section " << section << ", element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(CheckpointFilesTest, LargeSectionsAreReadBlockByBlock) {
+  // More than one checksummed block per section, read in odd pieces.
+  const std::string dir = TempDir("blocks");
+  const ModelLayout layout = ModelLayout::Create({{"big", {600001}}}, 16, 2).value();
+  v1::ModelConfig config = Config(2);
+  *config.mutable_layout() = LayoutToProto(layout);
+  *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Sgd(0.1));
+  for (uint32_t i = 0; i < 2; ++i) {
+    const FlatRange range = layout.ShardRange(i);
+    ASSERT_TRUE(WriteCheckpointPart(dir, config, i, Progress(3),
+                                    [&](int section, uint64_t offset, uint64_t count, float* out) {
+                                      for (uint64_t k = 0; k < count; ++k) {
+                                        out[k] = Value(section, range.begin + offset + k);
+                                      }
+                                      return absl::OkStatus();
+                                    })
+                    .ok());
+  }
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(dir).value();
+  EXPECT_EQ(reader->manifest().parts(0).sections(0).block_crc32_size(), 2);
+  for (uint64_t begin : {0ul, 262143ul, 262144ul, 300015ul, 562159ul, 599999ul}) {
+    std::vector<float> got(7);
+    ASSERT_TRUE(reader->Read(0, begin, 2, got.data()).ok());
+    EXPECT_EQ(got[0], Value(0, begin));
+    EXPECT_EQ(got[1], Value(0, begin + 1));
+  }
+}
+
+TEST(CheckpointFilesTest, TruncatedDataFileIsRefused) {
+  const std::string dir = WriteCheckpoint("truncated");
+  const std::string file = dir + "/" + CheckpointDataFileName(1, 3);
+  ASSERT_EQ(::truncate(file.c_str(), 200), 0);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> r = CheckpointReader::Open(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(file));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("truncated"));
+}
+
+TEST(CheckpointFilesTest, FlippedByteFailsItsChecksum) {
+  const std::string dir = WriteCheckpoint("flipped");
+  const std::string file = dir + "/" + CheckpointDataFileName(2, 3);
+  FlipByte(file, kCheckpointHeaderBytes + 40);  // In section "params".
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(dir).value();
+  const FlatRange range = reader->layout().ShardRange(2);
+  std::vector<float> got(range.size());
+  const absl::Status s = reader->Read(0, range.begin, range.size(), got.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr(file));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("checksum"));
+  // Other shards' ranges still read.
+  const FlatRange first = reader->layout().ShardRange(0);
+  got.resize(first.size());
+  EXPECT_TRUE(reader->Read(0, first.begin, first.size(), got.data()).ok());
+
+  // A damaged header is caught when the checkpoint is opened.
+  FlipByte(file, 3);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> r = CheckpointReader::Open(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("header"));
+}
+
+TEST(CheckpointFilesTest, MissingPiecesAreRefused) {
+  {
+    const std::string dir = WriteCheckpoint("no_manifest");
+    ASSERT_EQ(std::remove((dir + "/manifest.json").c_str()), 0);
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> r = CheckpointReader::Open(dir);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(dir));
+  }
+  {
+    const std::string dir = WriteCheckpoint("no_data");
+    const std::string file = dir + "/" + CheckpointDataFileName(0, 3);
+    ASSERT_EQ(std::remove(file.c_str()), 0);
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> r = CheckpointReader::Open(dir);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(file));
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("missing"));
+  }
+  {
+    const std::string dir = WriteCheckpoint("garbage_manifest");
+    std::ofstream(dir + "/manifest.json") << "{\"step\": [not json";
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> r = CheckpointReader::Open(dir);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("manifest.json"));
+  }
+}
+
+TEST(CheckpointFilesTest, ManifestOfAnotherLayoutIsRefused) {
+  const std::string dir = WriteCheckpoint("layout_a");
+  // The same model with one tensor larger, saved elsewhere.
+  const std::string other = TempDir("layout_b");
+  const v1::ModelConfig bigger = Config(3, /*extra=*/40);
+  for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE(WritePart(other, bigger, i).ok());
+  ASSERT_EQ(std::system(absl::StrCat("cp ", other, "/manifest.json ", dir, "/").c_str()), 0);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> r = CheckpointReader::Open(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(dir));
+}
+
+TEST(CheckpointFilesTest, LatestCommittedCheckpointWins) {
+  const std::string root = TempDir("latest");
+  const v1::ModelConfig config = Config(2);
+  for (int64_t step : {4, 8, 12}) {
+    const std::string dir = root + "/" + CheckpointStepDirName(step);
+    // Step 12 is torn: one part only.
+    for (uint32_t i = 0; i < (step == 12 ? 1u : 2u); ++i) {
+      ASSERT_TRUE(WritePart(dir, config, i, step).ok());
+    }
+  }
+  absl::StatusOr<std::string> latest = FindLatestCheckpoint(root);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, root + "/" + CheckpointStepDirName(8));
+  EXPECT_EQ(FindLatestCheckpoint(TempDir("empty")).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace shardopt
