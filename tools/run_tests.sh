@@ -11,7 +11,10 @@ bash tools/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-bazel test //... --test_output=errors "$@" 2>&1 | tee "$log"
+extra=()
+# The reference safetensors loader, when setup.sh could install it.
+if [ -x .venv-tools/bin/python ]; then extra+=("--test_env=SHARDOPT_PYTHON=$PWD/.venv-tools/bin/python"); fi
+bazel test //... --test_output=errors "${extra[@]}" "$@" 2>&1 | tee "$log"
 bazel_rc=${PIPESTATUS[0]}
 
 python3 tools/test_summary.py --bazel_log="$log" --testlogs="$(bazel info bazel-testlogs 2>/dev/null)"

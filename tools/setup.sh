@@ -21,6 +21,7 @@ packages=(
   python3
   python3-numpy
   python3-torch
+  python3-venv
   iproute2
   procps
 )
@@ -42,4 +43,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "setup: all packages present" >&2
+fi
+
+# Test tools from PyPI, in a virtual environment that also sees Debian's
+# python3-torch: the reference `safetensors` loader, which the safetensors
+# export test uses besides its own reader of the format. Optional: without
+# network access the test runs with its own reader only (and says so).
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-tools"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import safetensors" 2>/dev/null; then
+  if /usr/bin/python3 -m venv --system-site-packages "$venv" &&
+     timeout 300 "$venv/bin/pip" install -q --disable-pip-version-check "safetensors==0.8.0"; then
+    echo "setup: $venv has safetensors for the tests" >&2
+  else
+    echo "setup: could not install safetensors from PyPI; its tests use their own reader" >&2
+  fi
 fi

@@ -1,0 +1,266 @@
+#include "tools/ctl/checkpoint_commands.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint_files.h"
+#include "common/layout.h"
+#include "common/proto_convert.h"
+#include "common/safetensors.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "tools/ctl/table.h"
+
+namespace shardopt::ctl {
+namespace {
+
+// Elements moved at a time: bounded memory whatever the model's size.
+constexpr uint64_t kBlockElements = uint64_t{1} << 20;
+
+int Fail(const char* command, const absl::Status& status) {
+  fprintf(stderr, "shardoptctl %s: %s\n", command, status.ToString().c_str());
+  return 1;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}";
+  return json;
+}
+
+absl::StatusOr<v1::ServerInfo> Info(const std::string& server, absl::Duration timeout) {
+  auto stub =
+      v1::ShardService::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::ServerInfo info;
+  grpc::Status s = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat(server, ": ", s.error_message()));
+  }
+  return info;
+}
+
+}  // namespace
+
+std::string OptimizerStateTensorName(const std::string& slot, const std::string& tensor) {
+  return absl::StrCat("optimizer.", slot, ".", tensor);
+}
+
+int Checkpoint(const CheckpointOptions& options, FILE* out) {
+  if (options.model.empty() || options.directory.empty()) {
+    fprintf(stderr, "shardoptctl checkpoint: --model and --dir are required\n");
+    return 2;
+  }
+  int64_t step = options.step;
+  if (step < 0) {
+    // The latest version any shard has: shards still behind (mid-step)
+    // wait for it, so all save the same step.
+    for (const std::string& server : options.servers) {
+      absl::StatusOr<v1::ServerInfo> info = Info(server, absl::Seconds(10));
+      if (!info.ok()) return Fail("checkpoint", info.status());
+      bool found = false;
+      for (const v1::ModelSummary& m : info->models()) {
+        if (m.model_id() == options.model) {
+          step = std::max(step, m.version());
+          found = true;
+        }
+      }
+      if (!found) {
+        return Fail("checkpoint", absl::NotFoundError(absl::StrCat("model '", options.model,
+                                                                   "' is not on ", server)));
+      }
+    }
+  }
+  const size_t n = options.servers.size();
+  std::vector<v1::CheckpointResponse> responses(n);
+  std::vector<grpc::Status> statuses(n);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = v1::ShardService::NewStub(
+          grpc::CreateChannel(options.servers[i], grpc::InsecureChannelCredentials()));
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+      v1::CheckpointRequest request;
+      request.set_model_id(options.model);
+      request.set_directory(options.directory);
+      request.set_step(step);
+      request.set_shard_index(static_cast<uint32_t>(i));
+      statuses[i] = stub->Checkpoint(&context, request, &responses[i]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  Table table({"shard", "server", "step", "bytes", "file", "result"});
+  bool all_ok = true;
+  std::string manifest;
+  for (size_t i = 0; i < n; ++i) {
+    const v1::CheckpointResponse& r = responses[i];
+    if (!statuses[i].ok()) {
+      all_ok = false;
+      table.AddRow({absl::StrCat(i), options.servers[i], absl::StrCat(step), "-", "-",
+                    absl::StrCat("error: ", statuses[i].error_message())});
+      continue;
+    }
+    if (!r.manifest().empty()) manifest = r.manifest();
+    table.AddRow({absl::StrCat(i), options.servers[i], absl::StrCat(r.step()),
+                  absl::StrCat(r.bytes_written()), r.part_file(),
+                  r.committed() ? "ok, committed the manifest" : "ok"});
+  }
+  table.Print(out);
+  if (all_ok && !manifest.empty()) {
+    fprintf(out, "checkpoint of model '%s' at step %lld committed: %s\n", options.model.c_str(),
+            static_cast<long long>(step), manifest.c_str());
+  }
+  return all_ok && !manifest.empty() ? 0 : 1;
+}
+
+int Export(const CheckpointOptions& options, FILE* out) {
+  if (options.directory.empty() || options.safetensors.empty()) {
+    fprintf(stderr, "shardoptctl export: --checkpoint and --out are required\n");
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
+      CheckpointReader::Open(options.directory);
+  if (!checkpoint.ok()) return Fail("export", checkpoint.status());
+  const CheckpointReader& ckpt = **checkpoint;
+  const int sections = options.optimizer_state ? static_cast<int>(ckpt.section_names().size()) : 1;
+  std::vector<SafetensorsWriter::TensorSpec> specs;
+  for (int section = 0; section < sections; ++section) {
+    for (const TensorPlacement& t : ckpt.layout().tensors()) {
+      specs.push_back({section == 0
+                           ? t.spec.name
+                           : OptimizerStateTensorName(ckpt.section_names()[section], t.spec.name),
+                       t.spec.shape});
+    }
+  }
+  const v1::ModelConfig& config = ckpt.manifest().config();
+  const v1::CheckpointProgress& progress = ckpt.manifest().parts(0).progress();
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {"shardopt.model_id", config.model_id()},
+      {"shardopt.step", absl::StrCat(ckpt.step())},
+      {"shardopt.optimizer", ToJson(progress.current_optimizer())},
+      {"shardopt.optimizer_steps", absl::StrCat(progress.optimizer_steps())},
+  };
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> writer =
+      SafetensorsWriter::Create(options.safetensors, specs, metadata);
+  if (!writer.ok()) return Fail("export", writer.status());
+  std::vector<float> block;
+  uint64_t elements = 0;
+  for (int section = 0; section < sections; ++section) {
+    for (const TensorPlacement& t : ckpt.layout().tensors()) {
+      for (uint64_t done = 0; done < t.size; done += kBlockElements) {
+        const uint64_t n = std::min(kBlockElements, t.size - done);
+        block.resize(n);
+        if (absl::Status s = ckpt.Read(section, t.offset + done, n, block.data()); !s.ok()) {
+          return Fail("export", s);
+        }
+        if (absl::Status s = (*writer)->Append(block.data(), n); !s.ok()) {
+          return Fail("export", s);
+        }
+        elements += n;
+      }
+    }
+  }
+  if (absl::Status s = (*writer)->Finish(); !s.ok()) return Fail("export", s);
+  fprintf(out, "exported model '%s' step %lld: %zu tensors, %llu values -> %s\n",
+          config.model_id().c_str(), static_cast<long long>(ckpt.step()), specs.size(),
+          static_cast<unsigned long long>(elements), options.safetensors.c_str());
+  return 0;
+}
+
+int Import(const CheckpointOptions& options, FILE* out) {
+  if (options.directory.empty() || options.safetensors.empty() || options.out.empty()) {
+    fprintf(stderr, "shardoptctl import: --safetensors, --checkpoint and --out are required\n");
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
+      CheckpointReader::Open(options.directory);
+  if (!checkpoint.ok()) return Fail("import", checkpoint.status());
+  const CheckpointReader& templ = **checkpoint;
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> file =
+      SafetensorsReader::Open(options.safetensors);
+  if (!file.ok()) return Fail("import", file.status());
+  const SafetensorsReader& st = **file;
+
+  // Every tensor of the layout, with its shape; the optimizer state only
+  // when the file has all of it.
+  const std::vector<std::string>& sections = templ.section_names();
+  // An optimizer without slots (plain SGD) has state only in its progress:
+  // kept when the file was exported from this model's checkpoint.
+  auto step = st.metadata().find("shardopt.step");
+  bool with_state = sections.size() > 1 ||
+                    (step != st.metadata().end() && step->second == absl::StrCat(templ.step()));
+  for (size_t section = 0; section < sections.size(); ++section) {
+    for (const TensorPlacement& t : templ.layout().tensors()) {
+      const std::string name =
+          section == 0 ? t.spec.name : OptimizerStateTensorName(sections[section], t.spec.name);
+      absl::StatusOr<const SafetensorsTensorInfo*> info = st.Find(name);
+      if (!info.ok()) {
+        if (section == 0) {
+          return Fail("import",
+                      absl::NotFoundError(absl::StrCat(options.safetensors, " has no tensor '",
+                                                       name, "', which the model's layout holds")));
+        }
+        with_state = false;
+        continue;
+      }
+      if ((*info)->shape != t.spec.shape) {
+        return Fail("import", absl::InvalidArgumentError(
+                                  absl::StrCat(options.safetensors, ": tensor '", name,
+                                               "' has another shape than the model's")));
+      }
+    }
+  }
+  v1::ModelConfig config = templ.manifest().config();
+  config.set_shard_count(1);
+  absl::StatusOr<ModelLayout> layout = LayoutFromProto(config.layout(), 1);
+  if (!layout.ok()) return Fail("import", layout.status());
+  *config.mutable_layout() = LayoutToProto(*layout);
+  // With the optimizer state, the run continues where the template was;
+  // without, these weights start a new run at step 0.
+  v1::CheckpointProgress progress;
+  if (with_state) {
+    progress = templ.manifest().parts(0).progress();
+  } else {
+    progress.set_version(0);
+    *progress.mutable_current_optimizer() = config.optimizer();
+    *progress.mutable_current_lr_schedule() = config.lr_schedule();
+  }
+  const std::vector<TensorPlacement>& tensors = layout->tensors();
+  absl::StatusOr<CheckpointPartWritten> written = WriteCheckpointPart(
+      options.out, config, 0, progress,
+      [&](int section, uint64_t offset, uint64_t count, float* values) -> absl::Status {
+        const float initial = section == 0 ? 0.0f : templ.optimizer().InitialSlotValue(section - 1);
+        std::fill(values, values + count, initial);
+        if (section > 0 && !with_state) return absl::OkStatus();
+        for (const TensorPlacement& t : tensors) {
+          const uint64_t lo = std::max(offset, t.offset);
+          const uint64_t hi = std::min(offset + count, t.offset + t.size);
+          if (lo >= hi) continue;
+          const std::string name =
+              section == 0 ? t.spec.name : OptimizerStateTensorName(sections[section], t.spec.name);
+          if (absl::Status s = st.ReadAsFloat(name, lo - t.offset, hi - lo, values + (lo - offset));
+              !s.ok()) {
+            return s;
+          }
+        }
+        return absl::OkStatus();
+      });
+  if (!written.ok()) return Fail("import", written.status());
+  fprintf(out, "imported %s into %s: model '%s' at step %lld (%s)\n", options.safetensors.c_str(),
+          options.out.c_str(), config.model_id().c_str(),
+          static_cast<long long>(progress.version()),
+          with_state ? "with its optimizer state" : "fresh optimizer state");
+  return 0;
+}
+
+}  // namespace shardopt::ctl

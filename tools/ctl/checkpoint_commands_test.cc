@@ -1,0 +1,193 @@
+// shardoptctl checkpoint / export / import against real servers: a trained
+// model is checkpointed by every shard, exported to safetensors (checked by
+// our reader and by PyTorch), imported back into a checkpoint and restored
+// on another shard count, where it trains on exactly like the original.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/trainer_client.h"
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "tests/support/process.h"
+#include "tests/support/synthetic.h"
+
+namespace shardopt::testing {
+namespace {
+
+std::pair<int, std::string> RunCtl(const std::string& args) {
+  const std::string command = absl::StrCat(Runfile("tools/ctl/shardoptctl"), " ", args, " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WEXITSTATUS(status), output};
+}
+
+struct Trainer {
+  std::unique_ptr<TrainerClient> client;
+  std::vector<float> params;
+};
+
+Trainer Connect(const std::vector<std::string>& servers, const ModelSpec& spec,
+                const std::vector<float>* initial) {
+  Trainer t;
+  t.client = TrainerClient::Connect(servers, TrainerClientOptions()).value();
+  const absl::Status s = initial ? t.client->Register(spec, *initial) : t.client->Attach(spec);
+  EXPECT_TRUE(s.ok()) << s;
+  t.params = t.client->NewFlatBuffer();
+  EXPECT_TRUE(t.client->Pull(t.client->registered_version(), absl::MakeSpan(t.params)).ok());
+  return t;
+}
+
+void Train(Trainer& t, int64_t from, int64_t to) {
+  std::vector<float> grad = t.client->NewFlatBuffer();
+  for (int64_t step = from; step <= to; ++step) {
+    SyntheticGradient(t.client->layout(), t.params, 0, step, 5, absl::MakeSpan(grad));
+    absl::StatusOr<StepResult> r = t.client->Step(step, grad, absl::MakeSpan(t.params));
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+}
+
+TEST(CheckpointCommandsTest, CheckpointExportImportRestore) {
+  const ModelSpec spec = SyntheticModelSpec("exp_model", OptimizerConfig::AdamW(0.01), 1);
+  auto servers = StartCluster(2);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const ModelLayout layout2 = ModelLayout::Create(spec.tensors, spec.alignment, 2).value();
+  const std::vector<float> initial = SyntheticInitialParams(layout2, 5);
+  Trainer original = Connect(Addresses(*servers), spec, &initial);
+  Train(original, 1, 3);
+
+  const std::string root = MakeTempDir("ctl_ckpt");
+  auto [rc, out] =
+      RunCtl(absl::StrCat("checkpoint --model=exp_model --dir=", root,
+                          "/ckpt --servers=", absl::StrJoin(Addresses(*servers), ",")));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("committed"), std::string::npos) << out;
+  EXPECT_NE(out.find("at step 3"), std::string::npos) << out;
+
+  const std::string file = root + "/model.safetensors";
+  std::tie(rc, out) =
+      RunCtl(absl::StrCat("export --optimizer_state --checkpoint=", root, "/ckpt --out=", file));
+  ASSERT_EQ(rc, 0) << out;
+
+  // Our reader: every tensor by name, equal to what the trainer pulled.
+  std::unique_ptr<SafetensorsReader> reader = SafetensorsReader::Open(file).value();
+  EXPECT_EQ(reader->metadata().at("shardopt.step"), "3");
+  EXPECT_EQ(reader->metadata().at("shardopt.model_id"), "exp_model");
+  std::ofstream index(root + "/expected_index.json");
+  std::ofstream values(root + "/values.bin", std::ios::binary);
+  std::vector<std::string> entries;
+  uint64_t offset = 0;
+  for (const SafetensorsTensorInfo& info : reader->tensors()) {
+    uint64_t n = 1;
+    for (int64_t d : info.shape) n *= static_cast<uint64_t>(d);
+    std::vector<float> got(n);
+    ASSERT_TRUE(reader->ReadAsFloat(info.name, 0, n, got.data()).ok());
+    if (info.name.rfind("optimizer.", 0) != 0) {
+      const TensorPlacement& t = layout2.tensors()[layout2.Find(info.name).value()];
+      for (uint64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i], original.params[t.offset + i]) << info.name << "[" << i << "]";
+      }
+    }
+    values.write(reinterpret_cast<const char*>(got.data()), n * sizeof(float));
+    entries.push_back(absl::StrCat("{\"name\": \"", info.name, "\", \"shape\": [",
+                                   absl::StrJoin(info.shape, ", "), "], \"offset\": ", offset,
+                                   "}"));
+    offset += n;
+  }
+  EXPECT_EQ(reader->tensors().size(), 3 * layout2.tensors().size());  // params, exp_avg, exp_avg_sq
+  std::vector<std::string> metadata;
+  for (const auto& [k, v] : reader->metadata()) {
+    std::string escaped;
+    for (char c : v) {
+      if (c == '"' || c == '\\') escaped += '\\';
+      escaped += c;
+    }
+    metadata.push_back(absl::StrCat("\"", k, "\": \"", escaped, "\""));
+  }
+  index << "{\"tensors\": [" << absl::StrJoin(entries, ", ") << "], \"metadata\": {"
+        << absl::StrJoin(metadata, ", ") << "}}";
+  index.close();
+  values.close();
+  ASSERT_EQ(std::system(absl::StrCat("mkdir -p ", root, "/expected && mv ", root,
+                                     "/expected_index.json ", root, "/expected/index.json && mv ",
+                                     root, "/values.bin ", root, "/expected/")
+                            .c_str()),
+            0);
+  // PyTorch (Debian's python3-torch) reads it by name, with a reader written
+  // from the format's description and, where the interpreter has it, with
+  // the safetensors package.
+  const char* python = std::getenv("SHARDOPT_PYTHON");
+  std::tie(rc, out) = [&] {
+    const std::string command = absl::StrCat(python && *python ? python : "/usr/bin/python3", " ",
+                                             Runfile("tests/safetensors_torch_check.py"), " ", file,
+                                             " ", root, "/expected 2>&1");
+    FILE* pipe = popen(command.c_str(), "r");
+    std::string output;
+    char buffer[4096];
+    while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+    return std::pair<int, std::string>(WEXITSTATUS(pclose(pipe)), output);
+  }();
+  EXPECT_EQ(rc, 0) << out;
+  std::cout << "python check: " << out << std::endl;
+
+  // Import into a new checkpoint and restore it on 3 shards: the model
+  // continues exactly as the original does.
+  std::tie(rc, out) = RunCtl(absl::StrCat("import --safetensors=", file, " --checkpoint=", root,
+                                          "/ckpt --out=", root, "/imported"));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("with its optimizer state"), std::string::npos) << out;
+  {
+    // A file that lacks one of the model's tensors is refused by name.
+    const TensorPlacement& first = layout2.tensors()[0];
+    auto partial = SafetensorsWriter::Create(root + "/partial.safetensors",
+                                             {{first.spec.name, first.spec.shape}}, {})
+                       .value();
+    ASSERT_TRUE(partial->Append(original.params.data() + first.offset, first.size).ok());
+    ASSERT_TRUE(partial->Finish().ok());
+    std::tie(rc, out) = RunCtl(absl::StrCat("import --safetensors=", root,
+                                            "/partial.safetensors --checkpoint=", root,
+                                            "/ckpt --out=", root, "/partial"));
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("has no tensor '" + layout2.tensors()[1].spec.name + "'"), std::string::npos)
+        << out;
+  }
+  auto restored = StartCluster(3, {"--restore_from=" + root + "/imported"});
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  Trainer resumed = Connect(Addresses(*restored), spec, nullptr);
+  EXPECT_EQ(resumed.client->registered_version(), 3);
+  const ModelLayout layout3 = ModelLayout::Create(spec.tensors, spec.alignment, 3).value();
+  for (const TensorPlacement& t : layout2.tensors()) {
+    const TensorPlacement& u = layout3.tensors()[layout3.Find(t.spec.name).value()];
+    for (uint64_t i = 0; i < t.size; ++i) {
+      ASSERT_EQ(resumed.params[u.offset + i], original.params[t.offset + i]) << t.spec.name;
+    }
+  }
+  Train(original, 4, 6);
+  Train(resumed, 4, 6);
+  for (const TensorPlacement& t : layout2.tensors()) {
+    const TensorPlacement& u = layout3.tensors()[layout3.Find(t.spec.name).value()];
+    for (uint64_t i = 0; i < t.size; ++i) {
+      ASSERT_EQ(resumed.params[u.offset + i], original.params[t.offset + i]) << t.spec.name;
+    }
+  }
+}
+
+TEST(CheckpointCommandsTest, BadInputsAreRefusedWithTheReason) {
+  const std::string root = MakeTempDir("ctl_bad");
+  auto [rc, out] = RunCtl(absl::StrCat("export --checkpoint=", root, " --out=", root, "/x"));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("manifest.json"), std::string::npos) << out;
+  std::tie(rc, out) = RunCtl("export --checkpoint=" + root);
+  EXPECT_EQ(rc, 2) << out;
+  std::tie(rc, out) = RunCtl("checkpoint --servers=127.0.0.1:1 --model=m --dir=" + root);
+  EXPECT_EQ(rc, 1) << out;
+}
+
+}  // namespace
+}  // namespace shardopt::testing
