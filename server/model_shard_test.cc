@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "server/model_shard_testing.h"
 #include "server/optim/optimizer.h"
@@ -470,6 +471,74 @@ TEST(ModelShardTest, CreateRejectsBadInput) {
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// A checkpoint of step 2 asked for at version 0 sees exactly version 2:
+// step 3 waits until the write is done, then applies.
+TEST(ModelShardTest, CheckpointHoldsTheStepBoundary) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, 1);
+  std::vector<float> saved_params(shard->size());
+  std::vector<std::vector<float>> saved_slots(2, std::vector<float>(shard->size()));
+  ShardProgress saved;
+  absl::Notification writing, release;
+  std::thread checkpoint([&] {
+    const absl::Status s = shard->CheckpointAt(
+        2, absl::Now() + absl::Seconds(30), nullptr,
+        [&](const ShardProgress& progress, const ShardStateReadFn& read) {
+          saved = progress;
+          EXPECT_TRUE(read(-1, 0, shard->size(), saved_params.data()).ok());
+          for (int slot = 0; slot < 2; ++slot) {
+            EXPECT_TRUE(read(slot, 0, shard->size(), saved_slots[slot].data()).ok());
+          }
+          writing.Notify();
+          release.WaitForNotification();
+          return absl::OkStatus();
+        });
+    EXPECT_TRUE(s.ok()) << s;
+  });
+  ASSERT_TRUE(PushAll(*shard, 0, 1).ok());
+  ASSERT_TRUE(PushAll(*shard, 0, 2).ok());
+  writing.WaitForNotification();
+  EXPECT_EQ(saved.version, 2);
+  EXPECT_EQ(saved.optimizer_steps, 2);
+  // Step 3 is pushed but not applied while the checkpoint is being written.
+  std::thread step3([&] { EXPECT_TRUE(PushAll(*shard, 0, 3).ok()); });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(shard->version(), 2);
+  release.Notify();
+  step3.join();
+  checkpoint.join();
+  EXPECT_EQ(shard->version(), 3);
+  // A step already passed cannot be checkpointed any more.
+  EXPECT_EQ(shard
+                ->CheckpointAt(
+                    2, absl::Now() + absl::Seconds(1), nullptr,
+                    [](const ShardProgress&, const ShardStateReadFn&) { return absl::OkStatus(); })
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // A shard restored from what was saved continues exactly like the original.
+  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::AdamW(0.01), 1, true};
+  std::unique_ptr<ModelShard> restored = ModelShard::Create(options, saved_params, &pool).value();
+  const absl::Status s =
+      restored->Restore(saved, [&](int slot, uint64_t offset, uint64_t count, float* out) {
+        std::copy_n(saved_slots[slot].data() + offset, count, out);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(restored->version(), 2);
+  ASSERT_TRUE(PushAll(*restored, 0, 3).ok());
+  std::vector<float> a(shard->size()), b(shard->size());
+  ASSERT_TRUE(shard->ReadParameters(3, 0, a.size(), a.data()).ok());
+  ASSERT_TRUE(restored->ReadParameters(3, 0, b.size(), b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  // Pushes at or below the restored version are acknowledged, not applied.
+  absl::StatusOr<PushResult> old = PushAll(*restored, 0, 3);
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(old->outcome, PushOutcome::kAlreadyApplied);
+  // Restoring a shard that has taken pushes is refused.
+  EXPECT_EQ(restored->Restore(saved, nullptr).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
