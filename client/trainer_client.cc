@@ -472,12 +472,19 @@ absl::StatusOr<TrainerClient::Decision> TrainerClient::DecideStep(int64_t step) 
   absl::Status status = CallEveryShard(
       absl::StrCat("GetStepStats step ", step), DefaultRetryPolicy(),
       [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
+        if (shard.behind) {
+          if (absl::Status s = CatchUp(shard, step, /*wait_for_last=*/false); !s.ok()) return s;
+        }
         v1::GetStepStatsRequest request;
         request.set_model_id(model_id_);
         request.set_step(step);
         request.set_shard_index(shard.index);
-        return ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats[shard.index]));
-      });
+        request.set_trainer_rank(options_.trainer_rank);
+        request.set_pushed_step(step);
+        return MarkIfBehind(
+            shard, ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats[shard.index])));
+      },
+      [this](const absl::Status& s) { return IsRetryable(s) || IsBehind(s); });
   if (!status.ok()) return status;
   // Every trainer computes this from the same numbers, in the same order:
   // they all send the same decision.
@@ -638,8 +645,8 @@ void TrainerClient::Remember(int64_t step, const void* payload, size_t bytes, do
   entry.step = step;
   entry.dtype = options_.push_dtype;
   entry.loss_scale = loss_scale;
-  entry.payload.assign(static_cast<const char*>(payload),
-                       static_cast<const char*>(payload) + bytes);
+  entry.payload = std::make_shared<const std::vector<char>>(
+      static_cast<const char*>(payload), static_cast<const char*>(payload) + bytes);
   history_.push_back(std::move(entry));
   while (history_.size() > static_cast<size_t>(options_.replay_steps)) history_.pop_front();
 }
@@ -685,6 +692,7 @@ absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_f
       }
       entry = *it;
     }
+    bool already_applied = false;
     {
       PayloadPins pins;
       absl::Status pushed;
@@ -692,22 +700,55 @@ absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_f
         grpc::ClientContext context;
         context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
         v1::PushGradientsResponse response;
-        pushed = PushToShard(shard, context, step, entry.payload.data(), entry.dtype,
+        pushed = PushToShard(shard, context, step, entry.payload->data(), entry.dtype,
                              entry.loss_scale, &pins, &response);
         if (pushed.ok() && response.outcome() != v1::PushGradientsResponse::OUTCOME_DUPLICATE &&
             response.outcome() != v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
           replayed_pushes_.fetch_add(1);
         }
+        already_applied = response.outcome() == v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED;
       }
       pins.WaitUntilReleased();
       if (!pushed.ok()) return pushed;
     }
-    if (step == last_step && !wait_for_last) break;
+    if (already_applied) continue;
+    if (step == last_step && !wait_for_last) {
+      if (needs_decision_) {
+        // The caller sends this step's decision next: it is accepted only
+        // once every trainer has re-pushed the step, so wait for that.
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+        v1::GetStepStatsRequest request;
+        request.set_model_id(model_id_);
+        request.set_step(step);
+        request.set_shard_index(shard.index);
+        v1::StepStats stats;
+        if (absl::Status s = ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats));
+            !s.ok()) {
+          return s;
+        }
+      }
+      break;
+    }
     // Wait for the step (every trainer re-pushes it) before the next one;
     // with gradient control, send the decision all shards took then.
     if (needs_decision_ && !entry.decision) {
       return absl::InternalError(
           absl::StrCat("the replay history lacks step ", step, "'s decision"));
+    }
+    if (entry.decision) {
+      // The decision applies once every trainer has re-pushed the step.
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      v1::GetStepStatsRequest request;
+      request.set_model_id(model_id_);
+      request.set_step(step);
+      request.set_shard_index(shard.index);
+      v1::StepStats stats;
+      if (absl::Status s = ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats));
+          !s.ok()) {
+        return s;
+      }
     }
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));

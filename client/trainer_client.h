@@ -218,7 +218,8 @@ class TrainerClient {
     int64_t step = 0;
     DType dtype = DType::kFloat32;
     double loss_scale = 1.0;
-    std::vector<char> payload;
+    // Shared: a catch-up copies the entry, not the gradient.
+    std::shared_ptr<const std::vector<char>> payload;
     std::optional<Decision> decision;
   };
   // OUT_OF_RANGE with replay on: the shard is behind this trainer.

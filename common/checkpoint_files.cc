@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -63,7 +64,12 @@ absl::Status SyncDirectory(const std::string& dir) {
 // may write the same file at once.
 std::string TempPath(const std::string& dir, const std::string& name) {
   static std::atomic<uint64_t> counter{0};
-  return Join(dir, absl::StrCat(".", name, ".tmp.", ::getpid(), ".", counter.fetch_add(1)));
+  // Shards on other hosts (or in containers, all pid 1) share the directory.
+  static const uint64_t nonce = absl::Uniform<uint64_t>(absl::BitGen());
+  char host[64] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  return Join(dir, absl::StrCat(".", name, ".tmp.", host, ".", ::getpid(), ".", absl::Hex(nonce),
+                                ".", counter.fetch_add(1)));
 }
 
 // A file written under a temporary name and renamed into place by Commit();
@@ -200,6 +206,13 @@ absl::StatusOr<bool> TryCommit(const std::string& dir, const v1::ModelConfig& co
     if (!SameCheckpoint(*part, config, step) || part->parts_size() != 1 ||
         part->parts(0).shard_index() != i) {
       return false;  // A stale record of another checkpoint: its shard will rewrite it.
+    }
+    if (manifest.parts_size() > 0 && !google::protobuf::util::MessageDifferencer::Equals(
+                                         part->parts(0).progress(), manifest.parts(0).progress())) {
+      // Never commit what Open would refuse: the shards disagree on the state.
+      return absl::FailedPreconditionError(
+          absl::StrCat(record, ": shard ", i, " saved another step protocol state than shard 0 ",
+                       "(hyperparameter changes or step counts differ); not committed"));
     }
     const std::string data = Join(dir, part->parts(0).file());
     if (::stat(data.c_str(), &st) != 0 ||

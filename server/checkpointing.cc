@@ -1,5 +1,6 @@
 #include "server/checkpointing.h"
 
+#include <cctype>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -107,6 +108,16 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
                                     uint32_t shard_count) {
   config.set_shard_count(shard_count);
   if (config.model_id().empty()) return absl::InvalidArgumentError("model_id is empty");
+  // The id names checkpoint directories: keep it a plain file name.
+  for (char c : config.model_id()) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model_id '", config.model_id(), "' may hold only letters, digits, '_', '-' and '.'"));
+    }
+  }
+  if (config.model_id()[0] == '.') {
+    return absl::InvalidArgumentError("model_id must not start with '.'");
+  }
   if (config.num_trainers() == 0 || config.num_trainers() > kMaxTrainers) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_trainers ", config.num_trainers(), " is not in [1, ", kMaxTrainers, "]"));

@@ -77,6 +77,10 @@ double ModelShard::LrOfVersion(int64_t version) const {
 }
 
 absl::Status ModelShard::CheckHoldsPush(uint32_t trainer_rank, int64_t step) const {
+  if (trainer_rank >= options_.num_trainers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer rank ", trainer_rank, " is not below num_trainers ", options_.num_trainers));
+  }
   absl::MutexLock lock(&mu_);
   if (step <= version_ || (step == version_ + 1 && trainer_rank < slots_.size() &&
                            slots_[trainer_rank] == SlotState::kComplete)) {
@@ -327,6 +331,11 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
       },
       &waiting);
   absl::MutexLock lock(&mu_);
+  if (step > version_ + 1) {
+    // It cannot come without earlier steps (a restarted shard is behind).
+    return absl::OutOfRangeError(
+        absl::StrCat("step ", step, " is ahead of the shard (version ", version_, ")"));
+  }
   const absl::Status waited = AwaitOrCancel(ready, deadline, cancelled);
   if (!broken_.ok()) return broken_;
   if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
@@ -376,10 +385,14 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
   {
     absl::MutexLock lock(&mu_);
     // Another trainer's decision for this step may be being applied right
-    // now: wait for it, then this one is a repeat to compare.
+    // now: wait for it, then this one is a repeat to compare. A checkpoint
+    // of the current version holds the next step: wait for it first too, so
+    // that everything below is checked against the state that will be used.
     mu_.Await(absl::Condition(
-        +[](ModelShard* s)
-             ABSL_NO_THREAD_SAFETY_ANALYSIS { return !s->applying_ || !s->broken_.ok(); },
+        +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return (!s->applying_ && s->checkpoint_holds_.count(s->version_) == 0) ||
+                 !s->broken_.ok();
+        },
         this));
     if (!broken_.ok()) return broken_;
     if (step <= version_) {
@@ -396,12 +409,6 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
       return absl::FailedPreconditionError(absl::StrCat("step ", step,
                                                         " must be skipped: a gradient on shard ",
                                                         options_.shard_index, " had inf or NaN"));
-    }
-    AwaitNoCheckpointHoldLocked();
-    if (!broken_.ok()) return broken_;
-    if (!awaiting_decision_ || step != version_ + 1) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("step ", step, " was decided while this decision waited for a checkpoint"));
     }
     awaiting_decision_ = false;
     applying_ = true;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -369,6 +370,13 @@ grpc::Status ShardServiceImpl::GetStepStats(grpc::ServerContext* context,
   absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
   if (!model.ok()) return Error(model.status());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
+  if (request->pushed_step() > 0) {
+    if (absl::Status s =
+            (*model)->shard->CheckHoldsPush(request->trainer_rank(), request->pushed_step());
+        !s.ok()) {
+      return Error(s);
+    }
+  }
   absl::StatusOr<StepStats> stats =
       (*model)->shard->WaitForStepStats(request->step(), absl::FromChrono(context->deadline()),
                                         [context] { return context->IsCancelled(); });
@@ -533,16 +541,15 @@ void ShardServiceImpl::RunCheckpointer(Model* model) {
       next += every;
       continue;
     }
-    if (absl::IsUnavailable(written.status()) || absl::IsCancelled(written.status()) ||
-        absl::IsInternal(written.status()) || stopping()) {
-      if (!stopping()) {
-        LogError("model '%s': periodic checkpoints stop: %s", model->config.model_id(),
-                 written.status().ToString());
-      }
+    if (stopping() || absl::IsUnavailable(written.status()) ||
+        absl::IsCancelled(written.status())) {
       return;
     }
+    // A full or failing disk must not end checkpointing for good: log, wait
+    // a little (bounded by shutdown), and go on with the next multiple.
     LogError("model '%s': checkpoint of step %d failed: %s", model->config.model_id(), next,
              written.status().ToString());
+    for (int i = 0; i < 10 && !stopping(); ++i) absl::SleepFor(absl::Milliseconds(100));
     next = (shard.version() / every + 1) * every;
   }
 }
@@ -636,14 +643,27 @@ absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
     return RestoreModel(path);
   }
   std::vector<std::string> model_dirs;
+  bool has_parts = false, has_steps = false;
   if (DIR* d = ::opendir(path.c_str())) {
     while (const dirent* entry = ::readdir(d)) {
       const std::string name = entry->d_name;
       if (name == "." || name == "..") continue;
+      has_parts = has_parts || absl::StartsWith(name, "shard-");
+      has_steps = has_steps || absl::StartsWith(name, "step-");
       const std::string dir = absl::StrCat(path, "/", name);
       if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) model_dirs.push_back(dir);
     }
     ::closedir(d);
+  }
+  if (has_parts) {
+    // A checkpoint directory some shard never finished: refuse, never load in part.
+    return CheckpointReader::Open(path).status();
+  }
+  if (has_steps) {
+    // One model's directory of periodic checkpoints.
+    absl::StatusOr<std::string> latest = FindLatestCheckpoint(path);
+    if (!latest.ok()) return latest.status();
+    return RestoreModel(*latest);
   }
   std::sort(model_dirs.begin(), model_dirs.end());
   for (const std::string& dir : model_dirs) {

@@ -200,7 +200,9 @@ bool CheckpointInProgress(const std::string& model_root, uint32_t index, uint32_
 // two trainers train; each comes back from its latest checkpoint on the same
 // port, the trainers re-push what it lost, and the job ends exactly where an
 // uninterrupted one does.
-TEST(DurabilityTest, KilledShardsRecoverWithNothingLostOrAppliedTwice) {
+// With `max_grad_norm` > 0 every step also takes a decision (clipping),
+// which the re-pushed steps must get again.
+void KillShardsDuringTraining(double max_grad_norm) {
   constexpr uint32_t kShards = 3, kTrainers = 2;
   constexpr int kSteps = 60, kKills = 6;
   const std::string model = "adamw";
@@ -221,7 +223,8 @@ TEST(DurabilityTest, KilledShardsRecoverWithNothingLostOrAppliedTwice) {
     auto proc = ChildProcess::Start(
         Runfile("tests/test_trainer"),
         TrainerArgs(addresses, r, kTrainers, model, kSteps, out_dir,
-                    {"--replay_steps=12", "--retry_budget=60s", "--chunk_bytes=64"}));
+                    {"--replay_steps=12", "--retry_budget=60s", "--chunk_bytes=64",
+                     absl::StrCat("--max_grad_norm=", max_grad_norm)}));
     ASSERT_TRUE(proc.ok()) << proc.status();
     trainers.push_back(std::move(*proc));
   }
@@ -257,7 +260,7 @@ TEST(DurabilityTest, KilledShardsRecoverWithNothingLostOrAppliedTwice) {
     ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
     ASSERT_EQ(*rc, 0) << "trainer failed";
   }
-  ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out");
+  ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out", max_grad_norm);
   int64_t replayed = 0;
   for (uint32_t r = 0; r < kTrainers; ++r) {
     auto count = ReadFloats(absl::StrCat(root, "/out/rank", r, "/", model, ".replayed"));
@@ -270,6 +273,14 @@ TEST(DurabilityTest, KilledShardsRecoverWithNothingLostOrAppliedTwice) {
   EXPECT_GT(mid_checkpoint_kills, 0);
   EXPECT_GT(replayed, 0) << "no kill made a shard lose a step: the test proved nothing";
 }
+
+TEST(DurabilityTest, KilledShardsRecoverWithNothingLostOrAppliedTwice) {
+  KillShardsDuringTraining(0);
+}
+
+// Clipping on (a norm this small clips every step): each re-pushed step needs
+// its statistics and decision again on the restarted shard.
+TEST(DurabilityTest, KilledShardsRecoverWithGradientControl) { KillShardsDuringTraining(0.5); }
 
 // A trainer killed mid-run comes back, re-attaches at the model's version and
 // finishes; with a decision step (clipping on) a push cut off half-way

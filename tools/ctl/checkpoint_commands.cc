@@ -220,6 +220,14 @@ int Import(const CheckpointOptions& options, FILE* out) {
       }
     }
   }
+  if (with_state && (step == st.metadata().end() || step->second != absl::StrCat(templ.step()))) {
+    // Moments of another step with this step's counters would be wrong
+    // silently.
+    return Fail("import", absl::FailedPreconditionError(absl::StrCat(
+                              options.safetensors, " holds optimizer state of step ",
+                              step == st.metadata().end() ? "(unknown)" : step->second,
+                              " but the template checkpoint is at step ", templ.step())));
+  }
   v1::ModelConfig config = templ.manifest().config();
   config.set_shard_count(1);
   absl::StatusOr<ModelLayout> layout = LayoutFromProto(config.layout(), 1);
