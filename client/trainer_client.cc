@@ -658,6 +658,17 @@ void TrainerClient::RememberDecision(int64_t step, const Decision& decision) {
   }
 }
 
+absl::Status TrainerClient::AwaitAllGradients(Shard& shard, int64_t step) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  v1::GetStepStatsRequest request;
+  request.set_model_id(model_id_);
+  request.set_step(step);
+  request.set_shard_index(shard.index);
+  v1::StepStats stats;
+  return ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats));
+}
+
 absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_for_last) {
   // The shard's version now (GetServerInfo reads no tensor data).
   int64_t version = -1;
@@ -713,20 +724,10 @@ absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_f
     }
     if (already_applied) continue;
     if (step == last_step && !wait_for_last) {
+      // The caller sends this step's decision next: it is accepted only once
+      // every trainer has re-pushed the step, so wait for that.
       if (needs_decision_) {
-        // The caller sends this step's decision next: it is accepted only
-        // once every trainer has re-pushed the step, so wait for that.
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-        v1::GetStepStatsRequest request;
-        request.set_model_id(model_id_);
-        request.set_step(step);
-        request.set_shard_index(shard.index);
-        v1::StepStats stats;
-        if (absl::Status s = ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats));
-            !s.ok()) {
-          return s;
-        }
+        if (absl::Status s = AwaitAllGradients(shard, step); !s.ok()) return s;
       }
       break;
     }
@@ -738,17 +739,7 @@ absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_f
     }
     if (entry.decision) {
       // The decision applies once every trainer has re-pushed the step.
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-      v1::GetStepStatsRequest request;
-      request.set_model_id(model_id_);
-      request.set_step(step);
-      request.set_shard_index(shard.index);
-      v1::StepStats stats;
-      if (absl::Status s = ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats));
-          !s.ok()) {
-        return s;
-      }
+      if (absl::Status s = AwaitAllGradients(shard, step); !s.ok()) return s;
     }
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));

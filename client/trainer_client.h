@@ -233,6 +233,9 @@ class TrainerClient {
   // `last_step`, waiting for each to be applied (the last one only if
   // `wait_for_last`).
   absl::Status CatchUp(Shard& shard, int64_t last_step, bool wait_for_last);
+  // With gradient control: waits until `shard` holds every trainer's
+  // gradient of `step` (or has decided it), so that its decision is taken.
+  absl::Status AwaitAllGradients(Shard& shard, int64_t step);
 
   TrainerClientOptions options_;
   std::vector<std::unique_ptr<Shard>> shards_;

@@ -624,18 +624,36 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
   v1::PushGradientsResponse stalled_response;
   auto stalled = push(&stalled_context, &stalled_response, /*finish=*/false);
 
-  const absl::Time start = absl::Now();
-  grpc::Status status;
-  v1::PushGradientsResponse response;
-  int aborted = 0;
-  while (absl::Now() - start < absl::Seconds(15)) {
+  // Probes send only a header: ABORTED while the stalled push holds the
+  // slot, INVALID_ARGUMENT (no data) once it is free. The first probes wait
+  // for the stalled stream to reach the server (it may trail on a loaded
+  // machine), so that no probe takes the slot first.
+  auto probe = [&]() {
     grpc::ClientContext context;
-    auto writer = push(&context, &response, /*finish=*/true);
-    status = writer->Finish();
-    if (status.error_code() != grpc::ABORTED) break;
+    v1::PushGradientsResponse r;
+    auto writer = stub->PushGradients(&context, &r);
+    v1::PushGradientsRequest request;
+    v1::PushHeader* h = request.mutable_header();
+    h->set_model_id("m");
+    h->set_step(1);
+    h->set_num_elements(values.size());
+    writer->Write(request);
+    writer->WritesDone();
+    return writer->Finish().error_code();
+  };
+  const absl::Time registered_by = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < registered_by && probe() != grpc::ABORTED) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const absl::Time start = absl::Now();
+  int aborted = 0;
+  while (absl::Now() - start < absl::Seconds(15) && probe() == grpc::ABORTED) {
     ++aborted;
     absl::SleepFor(absl::Milliseconds(100));
   }
+  grpc::ClientContext context;
+  v1::PushGradientsResponse response;
+  const grpc::Status status = push(&context, &response, /*finish=*/true)->Finish();
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_ACCEPTED);
   EXPECT_GT(aborted, 0);                             // The slot was busy at first...

@@ -112,6 +112,8 @@ void CheckpointEveryShard(const std::vector<std::string>& servers, const std::st
   EXPECT_EQ(committed, 1);
 }
 
+int64_t VersionOn(const std::string& address, const std::string& model);
+
 // Train N steps on 3 shards, checkpoint, restore on S' shards, train M more:
 // the parameters equal an uninterrupted N + M step run.
 TEST(DurabilityTest, CheckpointRestoresOnAnyShardCount) {
@@ -138,6 +140,30 @@ TEST(DurabilityTest, CheckpointRestoresOnAnyShardCount) {
       EXPECT_EQ(response.bytes_written(), 0u);
       EXPECT_FALSE(response.manifest().empty());
     }
+  }
+  {
+    // Bad Checkpoint calls get their status and leave the model as it is.
+    auto servers = StartCluster(1, {"--restore_from=" + root + "/ckpt"});
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    auto stub = NewStub((*servers)[0]->address());
+    auto call = [&](const std::string& model, const std::string& dir, int64_t step) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      v1::CheckpointRequest request;
+      request.set_model_id(model);
+      request.set_directory(dir);
+      request.set_step(step);
+      v1::CheckpointResponse response;
+      return stub->Checkpoint(&context, request, &response);
+    };
+    EXPECT_EQ(call("adagrad", "", kFirst).error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_EQ(call("adagrad", root + "/x", -2).error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_EQ(call("nope", root + "/x", kFirst).error_code(), grpc::NOT_FOUND);
+    EXPECT_EQ(call("adagrad", root + "/x", kFirst - 1).error_code(), grpc::FAILED_PRECONDITION);
+    // A directory holding another checkpoint is not overwritten.
+    EXPECT_EQ(call("adagrad", root + "/ckpt/sgd_momentum", kFirst).error_code(),
+              grpc::FAILED_PRECONDITION);
+    EXPECT_EQ(VersionOn((*servers)[0]->address(), "adagrad"), kFirst);
   }
   for (uint32_t shards : {1u, 2u, 4u, 5u}) {
     SCOPED_TRACE(absl::StrCat(shards, " shards"));
