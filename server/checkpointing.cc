@@ -85,7 +85,8 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
 
 absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
     ModelShard& shard, const v1::ModelConfig& config, const std::string& directory, int64_t step,
-    absl::Time deadline, const std::function<bool()>& cancelled, absl::Duration pause_for_tests) {
+    absl::Time deadline, const std::function<bool()>& cancelled, absl::Duration pause_for_tests,
+    CheckpointHolds holds) {
   absl::StatusOr<CheckpointPartWritten> result = absl::InternalError("checkpoint not written");
   absl::Status status = shard.CheckpointAt(
       step, deadline, cancelled,
@@ -99,7 +100,8 @@ absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
               return read(section - 1, offset, count, out);
             });
         return result.status();
-      });
+      },
+      holds);
   if (!status.ok()) return status;
   return result;
 }

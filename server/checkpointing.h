@@ -23,12 +23,10 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
 // for the waiting and WriteCheckpointPart for the files). `pause_for_tests`
 // stalls the write after its data file is opened, so that fault-injection
 // tests can kill a server in the middle of a checkpoint.
-absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(ModelShard& shard,
-                                                     const v1::ModelConfig& config,
-                                                     const std::string& directory, int64_t step,
-                                                     absl::Time deadline,
-                                                     const std::function<bool()>& cancelled,
-                                                     absl::Duration pause_for_tests = {});
+absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
+    ModelShard& shard, const v1::ModelConfig& config, const std::string& directory, int64_t step,
+    absl::Time deadline, const std::function<bool()>& cancelled,
+    absl::Duration pause_for_tests = {}, CheckpointHolds holds = CheckpointHolds());
 
 // The options of shard `shard_index` of `shard_count` for `config` (any
 // shard count: config.shard_count is ignored), validated. Also gives the

@@ -275,6 +275,7 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
     AwaitNoCheckpointHoldLocked();
     if (!broken_.ok()) return broken_;
     applying_ = true;
+    params_changing_ = !options_.needs_decision();
     scale = pending_stats_.loss_scale;
     if (!options_.needs_decision()) {
       config = ConfigForStepLocked(step);
@@ -300,6 +301,7 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
   const absl::Status applied = ApplyStep(step, config);
   absl::MutexLock lock(&mu_);
   applying_ = false;
+  params_changing_ = false;
   if (!applied.ok()) return FailLocked(step, applied);
   version_ = step;
   version_lr_ = config.lr;
@@ -390,7 +392,8 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
     // that everything below is checked against the state that will be used.
     mu_.Await(absl::Condition(
         +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return (!s->applying_ && s->checkpoint_holds_.count(s->version_) == 0) ||
+          return (!s->applying_ &&
+                  (s->checkpoint_holds_.count(s->version_) == 0 || s->shutdown_)) ||
                  !s->broken_.ok();
         },
         this));
@@ -412,6 +415,7 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
     }
     awaiting_decision_ = false;
     applying_ = true;
+    params_changing_ = true;
     config = ConfigForStepLocked(step);
     scale = pending_stats_.loss_scale;
     optimizer_step = optimizer_steps_ + 1;
@@ -430,6 +434,7 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
   }
   absl::MutexLock lock(&mu_);
   applying_ = false;
+  params_changing_ = false;
   if (!updated.ok()) return FailLocked(step, updated);
   version_ = step;
   if (decision.skip) {
@@ -496,26 +501,53 @@ absl::Status ModelShard::CancelHyperparameters(int64_t effective_step) {
 void ModelShard::AwaitNoCheckpointHoldLocked() {
   mu_.Await(absl::Condition(
       +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return s->checkpoint_holds_.count(s->version_) == 0 || !s->broken_.ok();
+        return s->checkpoint_holds_.count(s->version_) == 0 || !s->broken_.ok() || s->shutdown_;
       },
       this));
 }
 
+void ModelShard::HoldStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  ++checkpoint_holds_[step];
+}
+
+void ModelShard::ReleaseStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  ReleaseStepLocked(step);
+}
+
+void ModelShard::ReleaseStepLocked(int64_t step) {
+  auto it = checkpoint_holds_.find(step);
+  if (it != checkpoint_holds_.end() && --it->second == 0) checkpoint_holds_.erase(it);
+}
+
 absl::Status ModelShard::CheckpointAt(
     int64_t step, absl::Time deadline, const std::function<bool()>& cancelled,
-    const std::function<absl::Status(const ShardProgress&, const ShardStateReadFn&)>& write) {
-  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
+    const std::function<absl::Status(const ShardProgress&, const ShardStateReadFn&)>& write,
+    CheckpointHolds holds) {
   ShardProgress progress;
   {
     absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) return broken_;
-    if (version_ > step || (version_ == step && applying_)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("shard ", options_.shard_index, " of model '", options_.model_id,
-                       "' is at version ", version_, applying_ ? " (applying the next step)" : "",
-                       ", past step ", step, ": checkpoint a later step"));
+    if (!holds.already_held) ++checkpoint_holds_[step];
+    // Taken first, whatever happens below: the caller counts on it.
+    if (holds.hold_next >= 0) ++checkpoint_holds_[holds.hold_next];
+    if (step < 0) {
+      ReleaseStepLocked(step);
+      return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
     }
-    ++checkpoint_holds_[step];
+    if (!broken_.ok()) {
+      ReleaseStepLocked(step);
+      return broken_;
+    }
+    // (A step that is only being reduced, waiting for its decision, has not
+    // touched the parameters: its version can still be saved.)
+    if (version_ > step || (version_ == step && params_changing_)) {
+      ReleaseStepLocked(step);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", options_.shard_index, " of model '", options_.model_id, "' is at version ",
+          version_, params_changing_ ? " (applying the next step)" : "", ", past step ", step,
+          ": checkpoint a later step"));
+    }
     struct Waiting {
       const ModelShard* shard;
       int64_t step;
@@ -531,7 +563,7 @@ absl::Status ModelShard::CheckpointAt(
           !broken_.ok() ? broken_ : absl::UnavailableError("the shard server is shutting down");
     }
     if (!waited.ok()) {
-      if (--checkpoint_holds_[step] == 0) checkpoint_holds_.erase(step);
+      ReleaseStepLocked(step);
       if (absl::IsDeadlineExceeded(waited)) {
         return absl::DeadlineExceededError(absl::StrCat(
             "version ", step, " was not reached before the deadline (at ", version_, ")"));
@@ -564,7 +596,7 @@ absl::Status ModelShard::CheckpointAt(
     written = write(progress, read);
   }
   absl::MutexLock lock(&mu_);
-  if (--checkpoint_holds_[step] == 0) checkpoint_holds_.erase(step);
+  ReleaseStepLocked(step);
   return written;
 }
 

@@ -133,6 +133,16 @@ struct ShardProgress {
 using ShardStateReadFn =
     std::function<absl::Status(int slot, uint64_t offset, uint64_t count, float* out)>;
 
+// How ModelShard::CheckpointAt treats holds. With `already_held` the caller
+// took the hold of the step before (with HoldStep, or a previous call's
+// `hold_next`); with `hold_next` >= 0 the hold of that step is taken before
+// this one is released, whatever the outcome. Holds stop holding once the
+// shard shuts down.
+struct CheckpointHolds {
+  bool already_held = false;
+  int64_t hold_next = -1;
+};
+
 // The shard as inspected. `version`, `tensors` and `values` describe one
 // version; `trainers_pushed` and the byte counters were read just before.
 struct ShardSnapshot {
@@ -236,9 +246,17 @@ class ModelShard {
   // `write` returns, so every shard asked for the same step saves the same
   // step boundary. FAILED_PRECONDITION when the shard is already past `step`.
   // `write`'s error is returned as is.
+  //
+  // Periodic checkpoints hand the hold over without a gap (see
+  // CheckpointHolds).
   absl::Status CheckpointAt(
       int64_t step, absl::Time deadline, const std::function<bool()>& cancelled,
-      const std::function<absl::Status(const ShardProgress&, const ShardStateReadFn&)>& write);
+      const std::function<absl::Status(const ShardProgress&, const ShardStateReadFn&)>& write,
+      CheckpointHolds holds = CheckpointHolds());
+  // Holds step `step` + 1 back once the shard reaches version `step`, until
+  // ReleaseStep(step) or a CheckpointAt(step) with already_held.
+  void HoldStep(int64_t step);
+  void ReleaseStep(int64_t step);
 
   // Sets a shard just created (no push yet) to a saved state: the progress,
   // and every optimizer slot read through `read_slot` (range-local offsets;
@@ -283,6 +301,7 @@ class ModelShard {
   // Waits while a checkpoint holds the current version (see CheckpointAt);
   // then the caller may start applying the next step.
   void AwaitNoCheckpointHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INTERNAL (and the shard refuses all later work) if the backend failed.
   absl::Status ApplyStep(int64_t step, const OptimizerConfig& config);
   uint32_t PendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -309,8 +328,10 @@ class ModelShard {
 
   // Set when the backend failed during an update: the state is unknown.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  // True while step version_ + 1 is being applied.
+  // True while step version_ + 1 is being applied (reduced, or updated).
   bool applying_ ABSL_GUARDED_BY(mu_) = false;
+  // True while the update itself changes the parameters and slots.
+  bool params_changing_ ABSL_GUARDED_BY(mu_) = false;
   Hyperparameters current_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Hyperparameters> scheduled_ ABSL_GUARDED_BY(mu_);
   // Changes already in force, so that repeats of them stay harmless.

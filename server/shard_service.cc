@@ -525,32 +525,36 @@ void ShardServiceImpl::RunCheckpointer(Model* model) {
     return shutdown_;
   };
   // The first multiple of `every` not yet applied (the current version
-  // counts: a restored shard finds that checkpoint already there).
+  // counts: a restored shard finds that checkpoint already there). Each
+  // checkpoint takes the next one's hold before releasing its own, so that
+  // no step boundary slips past between two of them.
   int64_t next = (shard.version() + every - 1) / every * every;
+  shard.HoldStep(next);
   while (!stopping()) {
     const std::string dir = absl::StrCat(root, "/", CheckpointStepDirName(next));
+    CheckpointHolds holds;
+    holds.already_held = true;
+    holds.hold_next = next + every;
     absl::StatusOr<CheckpointPartWritten> written =
         SaveCheckpoint(shard, model->config, dir, next, absl::InfiniteFuture(), stopping,
-                       options_.checkpoint_pause_for_tests);
+                       options_.checkpoint_pause_for_tests, holds);
     if (written.ok()) {
       if (written->bytes > 0) {
         LogInfo("model '%s': saved step %d to %s (%d bytes)%s", model->config.model_id(), next,
                 written->data_file, written->bytes,
                 written->committed ? "; checkpoint committed" : "");
       }
-      next += every;
-      continue;
-    }
-    if (stopping() || absl::IsUnavailable(written.status()) ||
-        absl::IsCancelled(written.status())) {
+    } else if (stopping() || absl::IsUnavailable(written.status()) ||
+               absl::IsCancelled(written.status())) {
       return;
+    } else {
+      // A full or failing disk must not end checkpointing for good: log,
+      // wait a little (bounded by shutdown), and go on with the next one.
+      LogError("model '%s': checkpoint of step %d failed: %s", model->config.model_id(), next,
+               written.status().ToString());
+      for (int i = 0; i < 10 && !stopping(); ++i) absl::SleepFor(absl::Milliseconds(100));
     }
-    // A full or failing disk must not end checkpointing for good: log, wait
-    // a little (bounded by shutdown), and go on with the next multiple.
-    LogError("model '%s': checkpoint of step %d failed: %s", model->config.model_id(), next,
-             written.status().ToString());
-    for (int i = 0; i < 10 && !stopping(); ++i) absl::SleepFor(absl::Milliseconds(100));
-    next = (shard.version() / every + 1) * every;
+    next += every;
   }
 }
 

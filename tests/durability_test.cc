@@ -5,6 +5,7 @@
 // for bit (the CPU path's arithmetic does not depend on the shard count).
 #include <dirent.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <iostream>
@@ -287,6 +288,19 @@ void KillShardsDuringTraining(double max_grad_norm) {
     ASSERT_EQ(*rc, 0) << "trainer failed";
   }
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out", max_grad_norm);
+  // Every periodic checkpoint was committed in the end, also those a kill
+  // interrupted (the restarted shard writes its part again when it gets
+  // there).
+  for (int step = 0; step <= kSteps; step += 4) {
+    const std::string manifest =
+        absl::StrFormat("%s/%s/step-%08d/manifest.json", ckpt, model, step);
+    // (The last one may still be being written as the trainers finish.)
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (access(manifest.c_str(), F_OK) != 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(access(manifest.c_str(), F_OK), 0) << manifest;
+  }
   int64_t replayed = 0;
   for (uint32_t r = 0; r < kTrainers; ++r) {
     auto count = ReadFloats(absl::StrCat(root, "/out/rank", r, "/", model, ".replayed"));
