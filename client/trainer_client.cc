@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/retry.h"
@@ -300,6 +301,11 @@ absl::Status TrainerClient::RegisterOrAttach(
   std::vector<char> created(shards_.size(), 0);
   const RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
                            options_.initial_backoff, options_.max_backoff};
+  // Names this run in the model's checkpoints (used only if the model is new).
+  absl::BitGen random;
+  const std::string run_id =
+      absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16),
+                   absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16));
   // Shards at different versions mid-step, or a shard restarted from a
   // checkpoint that the running trainers are catching up: wait for them to
   // agree, up to the retry budget.
@@ -318,6 +324,7 @@ absl::Status TrainerClient::RegisterOrAttach(
           *header->mutable_config() = config;
           header->set_shard_index(shard.index);
           header->set_attach_only(!initial_params);
+          header->set_run_id(run_id);
           bool open = writer->Write(request);
           if (initial_params) {
             const size_t chunk = options_.chunk_bytes / sizeof(float);

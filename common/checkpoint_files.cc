@@ -184,15 +184,19 @@ std::string DataFileHeader(uint32_t shard_index, uint32_t shard_count, int64_t s
   return header;
 }
 
-bool SameCheckpoint(const v1::CheckpointManifest& a, const v1::ModelConfig& config, int64_t step) {
-  return a.step() == step && google::protobuf::util::MessageDifferencer::Equals(a.config(), config);
+// Of the same model, step and training run (a model id trained twice must
+// not have its checkpoints combined).
+bool SameCheckpoint(const v1::CheckpointManifest& a, const v1::ModelConfig& config, int64_t step,
+                    const std::string& run_id) {
+  return a.step() == step && a.parts_size() > 0 && a.parts(0).progress().run_id() == run_id &&
+         google::protobuf::util::MessageDifferencer::Equals(a.config(), config);
 }
 
 // Writes manifest.json if every part of `config`'s checkpoint at `step` is
 // in `dir`; false (and no error) when some part is missing or of another
 // checkpoint.
-absl::StatusOr<bool> TryCommit(const std::string& dir, const v1::ModelConfig& config,
-                               int64_t step) {
+absl::StatusOr<bool> TryCommit(const std::string& dir, const v1::ModelConfig& config, int64_t step,
+                               const std::string& run_id) {
   v1::CheckpointManifest manifest;
   manifest.set_format_version(kCheckpointFormatVersion);
   *manifest.mutable_config() = config;
@@ -203,7 +207,7 @@ absl::StatusOr<bool> TryCommit(const std::string& dir, const v1::ModelConfig& co
     if (::stat(record.c_str(), &st) != 0) return false;
     absl::StatusOr<v1::CheckpointManifest> part = ReadManifestFile(record);
     if (!part.ok()) return part.status();
-    if (!SameCheckpoint(*part, config, step) || part->parts_size() != 1 ||
+    if (!SameCheckpoint(*part, config, step, run_id) || part->parts_size() != 1 ||
         part->parts(0).shard_index() != i) {
       return false;  // A stale record of another checkpoint: its shard will rewrite it.
     }
@@ -261,10 +265,12 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& dir
   if (::stat(manifest_path.c_str(), &st) == 0) {
     absl::StatusOr<v1::CheckpointManifest> existing = ReadManifestFile(manifest_path);
     if (!existing.ok()) return existing.status();
-    if (!SameCheckpoint(*existing, config, step)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          directory, " already holds the checkpoint of model '", existing->config().model_id(),
-          "' at step ", existing->step(), ": write step ", step, " to a new directory"));
+    if (!SameCheckpoint(*existing, config, step, progress.run_id())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(directory, " already holds the checkpoint of model '",
+                       existing->config().model_id(), "' at step ", existing->step(),
+                       existing->step() == step ? " of another training run" : "", ": write step ",
+                       step, " to a new directory"));
     }
     written.manifest = manifest_path;
     return written;
@@ -317,7 +323,7 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& dir
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<bool> committed = TryCommit(directory, config, step);
+  absl::StatusOr<bool> committed = TryCommit(directory, config, step, progress.run_id());
   if (!committed.ok()) return committed.status();
   written.committed = *committed;
   if (*committed || ::stat(manifest_path.c_str(), &st) == 0) written.manifest = manifest_path;

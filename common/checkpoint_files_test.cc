@@ -46,8 +46,9 @@ v1::ModelConfig Config(uint32_t shards, int64_t extra = 0) {
 // The value of section `section` at flat element `i` (exact in fp32).
 float Value(int section, uint64_t i) { return static_cast<float>(section * 10000) + 0.5f * i; }
 
-v1::CheckpointProgress Progress(int64_t step) {
+v1::CheckpointProgress Progress(int64_t step, const std::string& run_id = "run-a") {
   v1::CheckpointProgress progress;
+  progress.set_run_id(run_id);
   progress.set_version(step);
   progress.set_optimizer_steps(step);
   progress.set_last_lr(1e-3);
@@ -56,10 +57,11 @@ v1::CheckpointProgress Progress(int64_t step) {
 
 absl::StatusOr<CheckpointPartWritten> WritePart(const std::string& dir,
                                                 const v1::ModelConfig& config, uint32_t shard,
-                                                int64_t step = 7) {
+                                                int64_t step = 7,
+                                                const std::string& run_id = "run-a") {
   const ModelLayout layout = LayoutFromProto(config.layout(), config.shard_count()).value();
   const FlatRange range = layout.ShardRange(shard);
-  return WriteCheckpointPart(dir, config, shard, Progress(step),
+  return WriteCheckpointPart(dir, config, shard, Progress(step, run_id),
                              [&](int section, uint64_t offset, uint64_t count, float* out) {
                                for (uint64_t k = 0; k < count; ++k) {
                                  out[k] = Value(section, range.begin + offset + k);
@@ -121,6 +123,29 @@ TEST(CheckpointFilesTest, TheLastPartCommitsTheManifest) {
   absl::StatusOr<CheckpointPartWritten> other = WritePart(dir, config, 0, 8);
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(other.status().message()), HasSubstr("step 7"));
+}
+
+// Leftover parts of another training run of the same model and step are
+// never combined with this run's, and its committed checkpoint is kept.
+TEST(CheckpointFilesTest, PartsOfAnotherRunAreNeverCombined) {
+  const std::string dir = TempDir("runs");
+  const v1::ModelConfig config = Config(3);
+  ASSERT_TRUE(WritePart(dir, config, 0, 7, "old-run").ok());
+  ASSERT_TRUE(WritePart(dir, config, 1, 7, "old-run").ok());
+  absl::StatusOr<CheckpointPartWritten> w = WritePart(dir, config, 2, 7, "new-run");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_FALSE(w->committed);
+  EXPECT_EQ(CheckpointReader::Open(dir).status().code(), absl::StatusCode::kNotFound);
+  // The new run's shards rewrite their parts: then it commits.
+  ASSERT_TRUE(WritePart(dir, config, 0, 7, "new-run").ok());
+  w = WritePart(dir, config, 1, 7, "new-run");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(w->committed);
+  EXPECT_EQ(CheckpointReader::Open(dir).value()->manifest().parts(2).progress().run_id(),
+            "new-run");
+  absl::StatusOr<CheckpointPartWritten> other = WritePart(dir, config, 0, 7, "third-run");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("another training run"));
 }
 
 TEST(CheckpointFilesTest, ReadsAnyRangeForAnyShardCount) {

@@ -58,6 +58,7 @@ v1::CheckpointProgress ProgressToProto(const ShardProgress& p) {
   proto.mutable_last_decision()->set_grad_norm(p.last_step.decision.grad_norm);
   proto.set_last_loss_scale(p.last_step.loss_scale);
   proto.set_last_step_lr(p.last_step.lr);
+  proto.set_run_id(p.run_id);
   return proto;
 }
 
@@ -80,6 +81,7 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
   p.last_step.decision.grad_norm = proto.last_decision().grad_norm();
   p.last_step.loss_scale = proto.last_loss_scale();
   p.last_step.lr = proto.last_step_lr();
+  p.run_id = proto.run_id();
   return p;
 }
 

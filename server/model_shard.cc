@@ -67,6 +67,7 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
       range_(options_.layout.ShardRange(options_.shard_index)),
       slots_(options_.num_trainers, SlotState::kEmpty),
       current_{options_.optimizer, options_.lr_schedule},
+      run_id_(options_.run_id),
       backend_(std::move(backend)) {}
 
 ModelShard::~ModelShard() { Shutdown(); }
@@ -579,6 +580,7 @@ absl::Status ModelShard::CheckpointAt(
     progress.last_lr = last_lr_;
     progress.version_lr = version_lr_;
     progress.last_step = last_step_;
+    progress.run_id = run_id_;
   }
   absl::Status written;
   {
@@ -644,6 +646,7 @@ absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardState
   last_lr_ = progress.last_lr;
   version_lr_ = progress.version_lr;
   last_step_ = progress.last_step;
+  run_id_ = progress.run_id;
   absl::MutexLock params_lock(&params_mu_);
   params_version_ = progress.version;
   return absl::OkStatus();

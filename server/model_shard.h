@@ -58,6 +58,7 @@ struct ModelShardOptions {
   // global norm, loss scaling a skip when any shard saw inf/NaN.
   double max_grad_norm = 0;   // > 0: clip the global L2 norm to this.
   bool loss_scaling = false;  // Pushes carry a loss scale; non-finite allowed.
+  std::string run_id;         // The training run (see RegisterHeader.run_id).
 
   bool needs_decision() const { return max_grad_norm > 0 || loss_scaling; }
 };
@@ -125,6 +126,7 @@ struct ShardProgress {
   double last_lr = 0;                              // Of the last applied step.
   double version_lr = 0;                           // Of step `version`, applied or skipped.
   StepRecord last_step;                            // With gradient control.
+  std::string run_id;                              // The training run.
 };
 
 // Reads the state at one version (see ModelShard::CheckpointAt). `slot` -1 is
@@ -341,6 +343,7 @@ class ModelShard {
   // Checkpoints waiting for or writing a version: its next step waits.
   std::map<int64_t, int> checkpoint_holds_ ABSL_GUARDED_BY(mu_);
   bool pushed_ ABSL_GUARDED_BY(mu_) = false;  // Some push has begun.
+  std::string run_id_ ABSL_GUARDED_BY(mu_);
 
   // Guards the backend's parameters: Apply holds it exclusively, reads
   // shared. Staging of rank r is written only by rank r's PushWriter while

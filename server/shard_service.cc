@@ -197,6 +197,11 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
                                                   options_.shard_index, " yet")));
   }
 
+  plan->options.run_id = header.run_id();
+  if (absl::Status s = CheckCheckpointRoot(config.model_id(), -1, header.run_id()); !s.ok()) {
+    return Error(s);
+  }
+
   const uint64_t size = layout.shard_size();
   // Checked before allocating anything, so an absurd layout cannot take the
   // server down.
@@ -599,6 +604,11 @@ absl::Status ShardServiceImpl::RestoreModel(const std::string& checkpoint_dir) {
     return absl::DataLossError(absl::StrCat(
         checkpoint_dir, ": the saved model config is unusable: ", plan.status().message()));
   }
+  if (absl::Status s = CheckCheckpointRoot(plan->config.model_id(), (*checkpoint)->step(),
+                                           (*checkpoint)->manifest().parts(0).progress().run_id());
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = ReserveStateBytes(plan->config.model_id(), plan->state_bytes); !s.ok()) {
     return s;
   }
@@ -630,6 +640,37 @@ absl::Status ShardServiceImpl::RestoreModel(const std::string& checkpoint_dir) {
           plan->config.model_id(), model->shard->version(), checkpoint_dir,
           (*checkpoint)->manifest().config().shard_count(), model->shard->range().begin,
           model->shard->range().end);
+  return absl::OkStatus();
+}
+
+absl::Status ShardServiceImpl::CheckCheckpointRoot(const std::string& model_id, int64_t version,
+                                                   const std::string& run_id) {
+  if (options_.checkpoint_dir.empty() || options_.checkpoint_every <= 0) return absl::OkStatus();
+  const std::string root = absl::StrCat(options_.checkpoint_dir, "/", model_id);
+  absl::StatusOr<std::string> latest = FindLatestCheckpoint(root);
+  if (absl::IsNotFound(latest.status())) return absl::OkStatus();
+  if (!latest.ok()) return latest.status();
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint = CheckpointReader::Open(*latest);
+  if (!checkpoint.ok()) return checkpoint.status();
+  const int64_t step = (*checkpoint)->step();
+  const std::string& saved_run = (*checkpoint)->manifest().parts(0).progress().run_id();
+  // Periodic checkpoints of two runs (or of a run and its rollback) in one
+  // directory would be taken for each other after a restart.
+  if (version < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--checkpoint_dir already holds checkpoints of model '", model_id,
+                     "' (latest: step ", step, " in ", *latest,
+                     "): restore it with --restore_from, or give this new run "
+                     "another --checkpoint_dir"));
+  }
+  if (step > version || saved_run != run_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--checkpoint_dir holds a checkpoint of model '", model_id, "' ",
+        step > version
+            ? absl::StrCat("later than the restored step ", version, " (step ", step, ")")
+            : "of another training run",
+        " in ", *latest, ": restoring here would mix the two; use another --checkpoint_dir"));
+  }
   return absl::OkStatus();
 }
 

@@ -119,6 +119,11 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // nullptr after Shutdown().
   std::shared_ptr<Model> Install(std::shared_ptr<Model> model);
   absl::Status RestoreModel(const std::string& checkpoint_dir);
+  // With periodic checkpoints: refuses a new model (`version` -1) when the
+  // model's checkpoint directory already holds committed checkpoints, and a
+  // restored one when it holds a later one or one of another run.
+  absl::Status CheckCheckpointRoot(const std::string& model_id, int64_t version,
+                                   const std::string& run_id);
   // Saves the model at every multiple of checkpoint_every until shutdown.
   void RunCheckpointer(Model* model);
   // Reserves `bytes` of the state budget, or RESOURCE_EXHAUSTED.

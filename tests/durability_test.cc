@@ -312,6 +312,20 @@ void KillShardsDuringTraining(double max_grad_norm) {
             << std::endl;
   EXPECT_GT(mid_checkpoint_kills, 0);
   EXPECT_GT(replayed, 0) << "no kill made a shard lose a step: the test proved nothing";
+
+  // A new run of the model into the same checkpoint directory is refused:
+  // after a restart, its checkpoints and these would be taken for each other.
+  servers->clear();
+  auto fresh = StartCluster(kShards, {"--checkpoint_dir=" + ckpt, "--checkpoint_every=4"});
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  TrainerClientOptions options;
+  options.retry_budget = absl::Seconds(5);
+  auto client = TrainerClient::Connect(Addresses(*fresh), options).value();
+  const ModelSpec spec = SyntheticModelSpec(model, OptimizerByName(model).value(), kTrainers);
+  const absl::Status s =
+      client->Register(spec, SyntheticInitialParams(client->LayoutFor(spec).value(), kSeed));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("already holds checkpoints"), std::string::npos) << s;
 }
 
 TEST(DurabilityTest, KilledShardsRecoverWithNothingLostOrAppliedTwice) {
