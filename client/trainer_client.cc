@@ -15,6 +15,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/push_journal.h"
 #include "client/retry.h"
 #include "client/wire_frames.h"
 #include "common/dtype_convert.h"
@@ -310,6 +311,7 @@ absl::Status TrainerClient::RegisterOrAttach(
   // checkpoint that the running trainers are catching up: wait for them to
   // agree, up to the retry budget.
   const absl::Time agree_deadline = absl::Now() + policy.budget;
+  bool journal_replayed = false;
   absl::Duration agree_backoff = options_.initial_backoff;
   for (;;) {
     absl::Status status = CallEveryShard(
@@ -361,6 +363,13 @@ absl::Status TrainerClient::RegisterOrAttach(
     if (agree) break;
     // A shard that had to create the model will not catch up by itself.
     const bool any_created = std::count(created.begin(), created.end(), 1) > 0;
+    if (!any_created && !journal_replayed && !options_.journal_path.empty()) {
+      // This trainer may have died in the middle of a push: send it again to
+      // the shards that missed it.
+      journal_replayed = true;
+      if (absl::Status s = ReplayJournal(spec.model_id, *layout, versions); !s.ok()) return s;
+      continue;
+    }
     if (!any_created && absl::Now() + agree_backoff < agree_deadline) {
       absl::SleepFor(agree_backoff);
       agree_backoff = std::min(agree_backoff * 2, options_.max_backoff);
@@ -436,6 +445,19 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   } wait_for_pins{&pins};
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const int64_t replayed_before = replayed_pushes_.load();
+  if (!options_.journal_path.empty()) {
+    JournaledPush entry;
+    entry.model_id = model_id_;
+    entry.trainer_rank = options_.trainer_rank;
+    entry.step = step;
+    entry.dtype = wire_dtype;
+    entry.loss_scale = loss_scale;
+    if (absl::Status s =
+            WritePushJournal(options_.journal_path, entry, payload, flat_grads.size() * element);
+        !s.ok()) {
+      return s;
+    }
+  }
   absl::Status status = CallEveryShard(
       absl::StrCat("PushGradients step ", step), DefaultRetryPolicy(),
       [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
@@ -562,7 +584,7 @@ absl::Status TrainerClient::PushToShard(Shard& shard, grpc::ClientContext& conte
   header->set_shard_index(shard.index);
   header->set_num_elements(shard.range.size());
   header->set_dtype(DTypeToProto(wire_dtype));
-  if (scaler_) header->set_loss_scale(loss_scale);
+  if (scaler_ || loss_scale != 1.0) header->set_loss_scale(loss_scale);
   PushFrame frame;
   frame.pins = pins;
   frame.element_size = element;
@@ -632,6 +654,40 @@ absl::Status TrainerClient::PullFromShard(Shard& shard, grpc::ClientContext& con
         absl::StrCat("pull ended after ", received, " of ", shard.range.size(), " elements"));
   }
   *version_out = version;
+  return absl::OkStatus();
+}
+
+absl::Status TrainerClient::ReplayJournal(const std::string& model_id, const ModelLayout& layout,
+                                          const std::vector<int64_t>& versions) {
+  absl::StatusOr<JournaledPush> entry = ReadPushJournal(options_.journal_path);
+  if (absl::IsNotFound(entry.status())) return absl::OkStatus();
+  if (!entry.ok()) return entry.status();
+  const int64_t lowest = *std::min_element(versions.begin(), versions.end());
+  const int64_t highest = *std::max_element(versions.begin(), versions.end());
+  // Only the situation the journal is for: shards one step apart, that step
+  // being this trainer's last push of this model.
+  if (entry->model_id != model_id || entry->trainer_rank != options_.trainer_rank ||
+      entry->step != highest || lowest + 1 != highest ||
+      entry->payload.size() != layout.total_elements() * DTypeSize(entry->dtype)) {
+    return absl::OkStatus();
+  }
+  model_id_ = model_id;
+  for (auto& shard : shards_) {
+    if (versions[shard->index] != lowest) continue;
+    shard->range = layout.ShardRange(shard->index);
+    PayloadPins pins;
+    absl::Status pushed;
+    {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      v1::PushGradientsResponse response;
+      pushed = PushToShard(*shard, context, entry->step, entry->payload.data(), entry->dtype,
+                           entry->loss_scale, &pins, &response);
+    }
+    pins.WaitUntilReleased();
+    if (!pushed.ok()) return shard->Annotate(pushed, "re-sending the journaled push");
+    replayed_pushes_.fetch_add(1);
+  }
   return absl::OkStatus();
 }
 

@@ -98,6 +98,11 @@ struct TrainerClientOptions {
   // also covers a crash during a checkpoint). 0: off (a restarted shard then
   // fails the step). Costs replay_steps gradient copies of memory.
   int replay_steps = 0;
+  // Trainer restarts: before each push, the gradient is saved to this file
+  // (see client/push_journal.h); a restarted trainer that finds the shards
+  // one step apart because it died mid-push re-sends it to the shards that
+  // missed it. Empty: off. Give each trainer its own file.
+  std::string journal_path;
 };
 
 // What one step did, as the shards reported it.
@@ -233,6 +238,11 @@ class TrainerClient {
   // `last_step`, waiting for each to be applied (the last one only if
   // `wait_for_last`).
   absl::Status CatchUp(Shard& shard, int64_t last_step, bool wait_for_last);
+  // Re-sends this trainer's journaled push to the shards at the lower of two
+  // adjacent versions when it is the push of the higher one (see
+  // journal_path).
+  absl::Status ReplayJournal(const std::string& model_id, const ModelLayout& layout,
+                             const std::vector<int64_t>& versions);
   // With gradient control: waits until `shard` holds every trainer's
   // gradient of `step` (or has decided it), so that its decision is taken.
   absl::Status AwaitAllGradients(Shard& shard, int64_t step);

@@ -378,5 +378,47 @@ TEST(DurabilityTest, KilledTrainerRejoinsAndResumes) {
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root, /*max_grad_norm=*/1000);
 }
 
+// Without a decision step, a trainer that dies after pushing a step to some
+// shards only leaves them a version apart; restarted, it re-sends the
+// journaled push to the shards that missed it, and the job ends exactly.
+TEST(DurabilityTest, TrainerDyingMidPushResendsItsJournal) {
+  constexpr uint32_t kShards = 2, kTrainers = 2;
+  constexpr int kSteps = 20, kDieAt = 7;
+  const std::string model = "sgd_momentum";
+  const std::string root = MakeTempDir("journal");
+  auto servers = StartCluster(kShards);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> journal = {"--journal_dir=" + root};
+  std::vector<std::unique_ptr<ChildProcess>> trainers;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    const std::string out_dir = absl::StrCat(root, "/rank", r);
+    ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
+    std::vector<std::string> extra = journal;
+    if (r == 1) extra.push_back(absl::StrCat("--die_mid_push_at_step=", kDieAt));
+    auto proc = ChildProcess::Start(
+        Runfile("tests/test_trainer"),
+        TrainerArgs(Addresses(*servers), r, kTrainers, model, kSteps, out_dir, extra));
+    ASSERT_TRUE(proc.ok()) << proc.status();
+    trainers.push_back(std::move(*proc));
+  }
+  std::optional<int> died = trainers[1]->Wait(absl::Seconds(60));
+  ASSERT_EQ(died, std::optional<int>(3));
+  // Shard 0 applied step 7 (it had both pushes), shard 1 waits for rank 1.
+  AwaitVersion((*servers)[0]->address(), model, kDieAt);
+  EXPECT_EQ(VersionOn((*servers)[0]->address(), model), kDieAt);
+  EXPECT_EQ(VersionOn((*servers)[1]->address(), model), kDieAt - 1);
+  auto restarted = ChildProcess::Start(
+      Runfile("tests/test_trainer"),
+      TrainerArgs(Addresses(*servers), 1, kTrainers, model, kSteps, root + "/rank1", journal));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  trainers[1] = std::move(*restarted);
+  for (auto& proc : trainers) {
+    std::optional<int> rc = proc->Wait(absl::Seconds(120));
+    ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
+    ASSERT_EQ(*rc, 0) << "trainer failed";
+  }
+  ExpectMatchesReference(model, kShards, kTrainers, kSteps, root);
+}
+
 }  // namespace
 }  // namespace shardopt::testing

@@ -4,6 +4,8 @@
 // in --servers, as rank --rank of --num_trainers, for --steps steps, and
 // writes each model's final flat parameters to <out_dir>/<model>.bin.
 // Exits non-zero with the client's error on any failure.
+#include <unistd.h>
+
 #include <cstdio>
 #include <limits>
 #include <set>
@@ -15,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/push_journal.h"
 #include "client/trainer_client.h"
+#include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
 
 ABSL_FLAG(std::string, servers, "", "Comma-separated shard addresses, in shard order.");
@@ -37,6 +41,11 @@ ABSL_FLAG(int, replay_steps, 0,
           "Keep this many pushed steps to re-push to a shard restarted from a checkpoint.");
 ABSL_FLAG(absl::Duration, retry_budget, absl::Seconds(60),
           "How long the client retries a shard that is down.");
+ABSL_FLAG(std::string, journal_dir, "",
+          "Keep a push journal per (rank, model) here (TrainerClientOptions::journal_path).");
+ABSL_FLAG(int64_t, die_mid_push_at_step, 0,
+          "Fault injection: at this step, journal the gradient, push it to shard 0 only, and "
+          "exit with status 3 (a trainer that dies in the middle of a push).");
 ABSL_FLAG(std::vector<std::string>, plant_inf_steps, {},
           "Rank 0 puts +inf into its gradient at these steps (in the last tensor, so on the "
           "last shard only).");
@@ -73,6 +82,10 @@ int Train(const std::string& name) {
   options.replay_steps = absl::GetFlag(FLAGS_replay_steps);
   options.retry_budget = absl::GetFlag(FLAGS_retry_budget);
   options.attach_timeout = absl::GetFlag(FLAGS_retry_budget);
+  if (!absl::GetFlag(FLAGS_journal_dir).empty()) {
+    options.journal_path = absl::StrCat(absl::GetFlag(FLAGS_journal_dir), "/rank",
+                                        options.trainer_rank, ".", name, ".journal");
+  }
   options.push_dtype = ParseDType(absl::GetFlag(FLAGS_push_dtype)).value();
   options.pull_dtype = ParseDType(absl::GetFlag(FLAGS_pull_dtype)).value();
   absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(servers, options);
@@ -127,6 +140,29 @@ int Train(const std::string& name) {
     }
     if (options.trainer_rank == 0 && plant.count(step) > 0) {
       grad[PlantedElement((*client)->layout())] = PlantedValue(step);
+    }
+    if (step == absl::GetFlag(FLAGS_die_mid_push_at_step)) {
+      // What TrainerClient::Push does up to its first shard, then death.
+      JournaledPush entry;
+      entry.model_id = name;
+      entry.trainer_rank = options.trainer_rank;
+      entry.step = step;
+      if (!WritePushJournal(options.journal_path, entry, grad.data(), grad.size() * sizeof(float))
+               .ok()) {
+        return 1;
+      }
+      const FlatRange range = (*client)->layout().ShardRange(0);
+      v1::PushHeader header;
+      header.set_model_id(name);
+      header.set_trainer_rank(options.trainer_rank);
+      header.set_step(step);
+      header.set_num_elements(range.size());
+      auto stub = NewStub(servers[0]);
+      const grpc::Status pushed =
+          RawPush(*stub, &header, {{0, FloatBytes(grad.data() + range.begin, range.size())}});
+      fprintf(stderr, "rank %u: pushed step %ld to shard 0 only (%s); dying\n",
+              options.trainer_rank, static_cast<long>(step), pushed.error_message().c_str());
+      _exit(3);
     }
     absl::StatusOr<StepResult> result = (*client)->Step(step, grad, absl::MakeSpan(params));
     if (!result.ok()) {
