@@ -35,11 +35,27 @@ absl::Status Errno(const std::string& what, const std::string& path) {
                       absl::StrCat(path, ": ", what, ": ", std::strerror(errno)));
 }
 
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Errno("cannot open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Errno("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
 absl::Status MakeDirs(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("empty checkpoint directory");
   for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
     const std::string prefix = slash == std::string::npos ? path : path.substr(0, slash);
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(prefix.c_str(), 0755) == 0) {
+      // The new entry must survive a power loss along with what goes in it.
+      const size_t parent_end = prefix.find_last_of('/');
+      const std::string parent = parent_end == 0 || parent_end == std::string::npos
+                                     ? (parent_end == 0 ? "/" : ".")
+                                     : prefix.substr(0, parent_end);
+      if (absl::Status s = SyncDirectory(parent); !s.ok()) return s;
+    } else if (errno != EEXIST) {
       return Errno("cannot create directory", prefix);
     }
     if (slash == std::string::npos) break;
@@ -48,15 +64,6 @@ absl::Status MakeDirs(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
   }
-  return absl::OkStatus();
-}
-
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return Errno("cannot open directory", dir);
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return Errno("cannot fsync directory", dir);
   return absl::OkStatus();
 }
 
@@ -186,6 +193,14 @@ std::string DataFileHeader(uint32_t shard_index, uint32_t shard_count, int64_t s
 
 // Of the same model, step and training run (a model id trained twice must
 // not have its checkpoints combined).
+// Whether two parts saved the same state (their own statistics aside).
+bool SameProgress(const v1::CheckpointProgress& a, const v1::CheckpointProgress& b) {
+  v1::CheckpointProgress x = a, y = b;
+  x.clear_shard_last_stats();
+  y.clear_shard_last_stats();
+  return google::protobuf::util::MessageDifferencer::Equals(x, y);
+}
+
 bool SameCheckpoint(const v1::CheckpointManifest& a, const v1::ModelConfig& config, int64_t step,
                     const std::string& run_id) {
   return a.step() == step && a.parts_size() > 0 && a.parts(0).progress().run_id() == run_id &&
@@ -211,8 +226,8 @@ absl::StatusOr<bool> TryCommit(const std::string& dir, const v1::ModelConfig& co
         part->parts(0).shard_index() != i) {
       return false;  // A stale record of another checkpoint: its shard will rewrite it.
     }
-    if (manifest.parts_size() > 0 && !google::protobuf::util::MessageDifferencer::Equals(
-                                         part->parts(0).progress(), manifest.parts(0).progress())) {
+    if (manifest.parts_size() > 0 &&
+        !SameProgress(part->parts(0).progress(), manifest.parts(0).progress())) {
       // Never commit what Open would refuse: the shards disagree on the state.
       return absl::FailedPreconditionError(
           absl::StrCat(record, ": shard ", i, " saved another step protocol state than shard 0 ",
@@ -384,8 +399,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
       return bad(absl::StrCat("part ", i, " has block size ", part.block_bytes()));
     }
     if (part.progress().version() != m.step() ||
-        !google::protobuf::util::MessageDifferencer::Equals(part.progress(),
-                                                            m.parts(0).progress())) {
+        !SameProgress(part.progress(), m.parts(0).progress())) {
       return bad(absl::StrCat("part ", i, " was saved at another step or state than part 0"));
     }
     if (static_cast<size_t>(part.sections_size()) != reader->section_names_.size()) {

@@ -59,6 +59,11 @@ v1::CheckpointProgress ProgressToProto(const ShardProgress& p) {
   proto.set_last_loss_scale(p.last_step.loss_scale);
   proto.set_last_step_lr(p.last_step.lr);
   proto.set_run_id(p.run_id);
+  v1::StepStats* stats = proto.mutable_shard_last_stats();
+  stats->set_step(p.last_stats.step);
+  stats->set_sum_of_squares(p.last_stats.sum_of_squares);
+  stats->set_found_inf(p.last_stats.found_inf);
+  stats->set_loss_scale(p.last_stats.loss_scale);
   return proto;
 }
 
@@ -172,6 +177,18 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
   }
   absl::StatusOr<ShardProgress> progress =
       ProgressFromProto(checkpoint.manifest().parts(0).progress());
+  // A shard's own statistics of the last decided step carry over only to a
+  // shard with the same range.
+  if (progress.ok()) {
+    progress->last_stats = StepStats();
+    for (const v1::CheckpointPart& part : checkpoint.manifest().parts()) {
+      if (part.range().begin() == range.begin && part.range().end() == range.end) {
+        const v1::StepStats& s = part.progress().shard_last_stats();
+        progress->last_stats =
+            StepStats{s.step(), s.sum_of_squares(), s.found_inf(), s.loss_scale()};
+      }
+    }
+  }
   if (!progress.ok()) {
     return absl::DataLossError(absl::StrCat(checkpoint.directory(),
                                             ": bad saved progress: ", progress.status().message()));

@@ -581,6 +581,7 @@ absl::Status ModelShard::CheckpointAt(
     progress.version_lr = version_lr_;
     progress.last_step = last_step_;
     progress.run_id = run_id_;
+    progress.last_stats = last_stats_;
   }
   absl::Status written;
   {
@@ -647,6 +648,7 @@ absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardState
   version_lr_ = progress.version_lr;
   last_step_ = progress.last_step;
   run_id_ = progress.run_id;
+  last_stats_ = progress.last_stats;
   absl::MutexLock params_lock(&params_mu_);
   params_version_ = progress.version;
   return absl::OkStatus();

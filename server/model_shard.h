@@ -127,6 +127,7 @@ struct ShardProgress {
   double version_lr = 0;                           // Of step `version`, applied or skipped.
   StepRecord last_step;                            // With gradient control.
   std::string run_id;                              // The training run.
+  StepStats last_stats;  // This shard's part of the last decided step's statistics.
 };
 
 // Reads the state at one version (see ModelShard::CheckpointAt). `slot` -1 is
