@@ -171,10 +171,19 @@ RetryPolicy TrainerClient::DefaultRetryPolicy() const {
 absl::Status TrainerClient::CallEveryShard(
     const std::string& what, const RetryPolicy& policy,
     const std::function<absl::Status(Shard&, grpc::ClientContext&)>& call,
-    const std::function<bool(const absl::Status&)>& retryable) {
+    const std::function<bool(const absl::Status&)>& retryable, CatchUpPlan catch_up) {
+  const auto retry_if = [&](const absl::Status& s) {
+    return retryable(s) || (catch_up.last_step >= 0 && IsBehind(s));
+  };
   return ForEachShard(shards_.size(), [&](size_t i, ShardCalls* calls) -> absl::Status {
     Shard& shard = *shards_[i];
     auto attempt = [&]() -> absl::Status {
+      if (shard.behind && catch_up.last_step >= 0) {
+        // Before the attempt's deadline starts: a catch-up can take a while.
+        if (absl::Status s = CatchUp(shard, catch_up.last_step, catch_up.wait_for_last); !s.ok()) {
+          return s;
+        }
+      }
       AttemptContext attempt_context(calls, options_.rpc_timeout);
       if (!attempt_context.active()) return CancelledBySibling();
       if (shard.reopen_channel) {
@@ -182,13 +191,14 @@ absl::Status TrainerClient::CallEveryShard(
         shard.reopen_channel = false;
       }
       absl::Status st = call(shard, *attempt_context.get());
+      if (catch_up.last_step >= 0) st = MarkIfBehind(shard, st);
       if (absl::IsUnavailable(st) &&
           shard.channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
         shard.reopen_channel = true;
       }
       return st;
     };
-    return shard.Annotate(RetryWithBackoff(policy, attempt, retryable), what);
+    return shard.Annotate(RetryWithBackoff(policy, attempt, retry_if), what);
   });
 }
 
@@ -461,17 +471,12 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   absl::Status status = CallEveryShard(
       absl::StrCat("PushGradients step ", step), DefaultRetryPolicy(),
       [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
-        if (shard.behind) {
-          // Restarted from an older checkpoint: steps up to `step` - 1 first.
-          if (absl::Status s = CatchUp(shard, step - 1, /*wait_for_last=*/true); !s.ok()) {
-            return s;
-          }
-        }
-        absl::Status s = PushToShard(shard, context, step, payload, wire_dtype, loss_scale, &pins,
-                                     &responses[shard.index]);
-        return MarkIfBehind(shard, s);
+        return PushToShard(shard, context, step, payload, wire_dtype, loss_scale, &pins,
+                           &responses[shard.index]);
       },
-      [this](const absl::Status& s) { return IsRetryable(s) || IsBehind(s); });
+      IsRetryable,
+      // A shard restarted from an older checkpoint gets steps up to `step` - 1 first.
+      {step - 1, /*wait_for_last=*/true});
   if (!status.ok()) return status;
   if (options_.replay_steps > 0) Remember(step, payload, flat_grads.size() * element, loss_scale);
   StepResult result;
@@ -501,19 +506,15 @@ absl::StatusOr<TrainerClient::Decision> TrainerClient::DecideStep(int64_t step) 
   absl::Status status = CallEveryShard(
       absl::StrCat("GetStepStats step ", step), DefaultRetryPolicy(),
       [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
-        if (shard.behind) {
-          if (absl::Status s = CatchUp(shard, step, /*wait_for_last=*/false); !s.ok()) return s;
-        }
         v1::GetStepStatsRequest request;
         request.set_model_id(model_id_);
         request.set_step(step);
         request.set_shard_index(shard.index);
         request.set_trainer_rank(options_.trainer_rank);
         request.set_pushed_step(step);
-        return MarkIfBehind(
-            shard, ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats[shard.index])));
+        return ToAbslStatus(shard.stub->GetStepStats(&context, request, &stats[shard.index]));
       },
-      [this](const absl::Status& s) { return IsRetryable(s) || IsBehind(s); });
+      IsRetryable, {step, /*wait_for_last=*/false});
   if (!status.ok()) return status;
   // Every trainer computes this from the same numbers, in the same order:
   // they all send the same decision.
@@ -543,20 +544,16 @@ absl::StatusOr<int64_t> TrainerClient::PullInternal(int64_t min_version,
   // A shard that lost this trainer's push of the step (it restarted) says so
   // at once instead of waiting for a version that cannot come.
   const int64_t pushed_step = min_version > 0 && last_pushed_step_ == min_version ? min_version : 0;
-  absl::Status status = CallEveryShard(
-      absl::StrCat("PullParameters version >= ", min_version), DefaultRetryPolicy(),
-      [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
-        if (shard.behind && pushed_step > 0) {
-          if (absl::Status s = CatchUp(shard, pushed_step, /*wait_for_last=*/false); !s.ok()) {
-            return s;
-          }
-        }
-        absl::Status s = PullFromShard(shard, context, min_version, decision, pushed_step,
-                                       flat_params.data() + shard.range.begin,
-                                       &versions[shard.index], &lrs[shard.index]);
-        return MarkIfBehind(shard, s);
-      },
-      [this](const absl::Status& s) { return IsRetryable(s) || IsBehind(s); });
+  absl::Status status =
+      CallEveryShard(absl::StrCat("PullParameters version >= ", min_version), DefaultRetryPolicy(),
+                     [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
+                       return PullFromShard(shard, context, min_version, decision, pushed_step,
+                                            flat_params.data() + shard.range.begin,
+                                            &versions[shard.index], &lrs[shard.index]);
+                     },
+                     IsRetryable,
+                     // Without a push of its own to check, a pull cannot tell a shard is behind.
+                     {pushed_step > 0 ? pushed_step : -1, /*wait_for_last=*/false});
   if (!status.ok()) return status;
   for (size_t i = 1; i < versions.size(); ++i) {
     if (versions[i] != versions[0]) {

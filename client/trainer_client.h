@@ -195,10 +195,18 @@ class TrainerClient {
   // context and deadline (rpc_timeout), failures `retryable` accepts are
   // retried under `policy`, errors name `what` and the shard, and the first
   // shard to fail for good cancels the calls to the others.
+  // With `catch_up.last_step` >= 0, a shard that answers OUT_OF_RANGE (it
+  // is behind: restarted from a checkpoint) is caught up through that step
+  // (see CatchUp) before the next attempt, whose deadline starts after it.
+  struct CatchUpPlan {
+    int64_t last_step = -1;
+    bool wait_for_last = false;
+  };
   absl::Status CallEveryShard(
       const std::string& what, const RetryPolicy& policy,
       const std::function<absl::Status(Shard&, grpc::ClientContext&)>& call,
-      const std::function<bool(const absl::Status&)>& retryable = IsRetryable);
+      const std::function<bool(const absl::Status&)>& retryable = IsRetryable,
+      CatchUpPlan catch_up = {-1, false});
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
   struct Decision {
     bool skip = false;
