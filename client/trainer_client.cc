@@ -1,5 +1,6 @@
 #include "client/trainer_client.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
@@ -686,6 +687,60 @@ absl::Status TrainerClient::ReplayJournal(const std::string& model_id, const Mod
     replayed_pushes_.fetch_add(1);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> TrainerClient::Checkpoint(const std::string& directory, int64_t step) {
+  if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
+  if (step < 0) {
+    absl::StatusOr<std::vector<std::string>> unused = InspectJson();
+    if (!unused.ok()) return unused.status();
+    step = std::max<int64_t>(0, latest_inspected_version_);
+  }
+  std::vector<std::string> manifests(shards_.size());
+  absl::Status status = CallEveryShard(
+      absl::StrCat("Checkpoint step ", step), DefaultRetryPolicy(),
+      [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::CheckpointRequest request;
+        request.set_model_id(model_id_);
+        request.set_directory(directory);
+        request.set_step(step);
+        request.set_shard_index(shard.index);
+        v1::CheckpointResponse response;
+        absl::Status s = ToAbslStatus(shard.stub->Checkpoint(&context, request, &response));
+        manifests[shard.index] = response.manifest();
+        return s;
+      });
+  if (!status.ok()) return status;
+  for (const std::string& m : manifests) {
+    if (!m.empty()) return m;
+  }
+  return absl::InternalError("every shard saved its part but none reports the manifest");
+}
+
+absl::StatusOr<std::vector<std::string>> TrainerClient::InspectJson() {
+  if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
+  std::vector<std::string> out(shards_.size());
+  std::vector<int64_t> versions(shards_.size(), 0);
+  absl::Status status = CallEveryShard(
+      "Inspect", DefaultRetryPolicy(),
+      [&](Shard& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::InspectRequest request;
+        request.set_model_id(model_id_);
+        v1::InspectResponse response;
+        absl::Status s = ToAbslStatus(shard.stub->Inspect(&context, request, &response));
+        if (!s.ok()) return s;
+        versions[shard.index] = response.version();
+        google::protobuf::util::JsonPrintOptions options;
+        options.preserve_proto_field_names = true;
+        if (!google::protobuf::util::MessageToJsonString(response, &out[shard.index], options)
+                 .ok()) {
+          return absl::InternalError("cannot print the InspectResponse as JSON");
+        }
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  latest_inspected_version_ = *std::max_element(versions.begin(), versions.end());
+  return out;
 }
 
 bool TrainerClient::IsBehind(const absl::Status& status) const {

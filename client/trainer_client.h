@@ -177,6 +177,15 @@ class TrainerClient {
   // Removes a change scheduled for `effective_step` on every shard.
   absl::Status CancelHyperparameters(int64_t effective_step);
 
+  // Every shard saves the model at version `step` (-1: the latest version
+  // any shard has reached; shards behind it wait for it) into `directory`
+  // (a filesystem all shards share; see docs/checkpoints.md). Returns the
+  // committed manifest's path.
+  absl::StatusOr<std::string> Checkpoint(const std::string& directory, int64_t step = -1);
+  // Every shard's InspectResponse for the model, as JSON (protobuf's
+  // mapping, field names as in the proto), in shard order.
+  absl::StatusOr<std::vector<std::string>> InspectJson();
+
   // Earlier steps re-pushed to restarted shards so far (see replay_steps).
   int64_t replayed_pushes() const { return replayed_pushes_.load(); }
 
@@ -267,6 +276,7 @@ class TrainerClient {
   absl::Mutex history_mu_;  // Shards catch up concurrently.
   std::deque<PushedStep> history_ ABSL_GUARDED_BY(history_mu_);
   std::atomic<int64_t> replayed_pushes_{0};
+  int64_t latest_inspected_version_ = 0;  // Highest shard version InspectJson saw.
 };
 
 }  // namespace shardopt

@@ -22,6 +22,8 @@ packages=(
   python3-numpy
   python3-torch
   python3-venv
+  python3-dev
+  pybind11-dev
   iproute2
   procps
 )

@@ -53,6 +53,18 @@ def _system_libs_impl(ctx):
             lines.append("    deps = [\":grpcpp\"],")
         lines.append(")")
         lines.append("")
+    # Python's C headers for extension modules (pybind11's own headers are on
+    # the default include path): symlinked in, exported with their include dir.
+    py = ctx.execute(["pkg-config", "--cflags-only-I", "python3"])
+    py_dirs = [f[2:] for f in py.stdout.strip().split(" ") if f.startswith("-I")]
+    if py.return_code == 0 and py_dirs:
+        ctx.symlink(py_dirs[0], "python_include")
+        lines.append("cc_library(")
+        lines.append("    name = \"python_headers\",")
+        lines.append("    hdrs = glob([\"python_include/**/*.h\"]),")
+        lines.append("    includes = [\"python_include\"],")
+        lines.append(")")
+        lines.append("")
     ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
     ctx.file("BUILD", "\n".join(lines))
 

@@ -1,0 +1,312 @@
+"""shardopt.torch: a PyTorch optimizer whose state lives on shardopt servers.
+
+Swap
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+for
+
+    opt = shardopt.torch.DistributedOptimizer(
+        model.parameters(), servers=["host:50051", "host:50052"],
+        rank=rank, world_size=world_size, optimizer="adamw", lr=1e-3)
+
+and keep the loop: ``opt.zero_grad(); loss.backward(); opt.step()``.
+
+How it works:
+
+* Each parameter group becomes one shardopt model (``model_id``, or
+  ``model_id.g<i>`` with several groups) with that group's hyperparameters;
+  its tensors are laid out in one flat float32 buffer (the servers' layout).
+* The parameters' storage is moved into that buffer, and their ``.grad`` are
+  views of a second one: autograd accumulates into it in place, ``step()``
+  hands both buffers to the C++ client without copying them, and the pulled
+  parameters land directly in the parameters (a parameter whose ``.grad`` or
+  ``.data`` was replaced by other code is copied once and re-attached).
+* Rank 0 registers the model with its initial values; the other ranks attach
+  and start from those values (as DistributedDataParallel broadcasts rank
+  0's). Gradients are averaged over the ``world_size`` trainers on the
+  servers, so each trainer back-propagates the mean loss of its share of the
+  batch.
+* Changes to ``param_groups[i][...]`` hyperparameters (by hand or by a
+  ``torch.optim.lr_scheduler``) are sent to the servers and take effect at
+  the next step on every shard.
+* ``state_dict()`` saves a checkpoint on the servers (with
+  ``checkpoint_dir``) and returns where; the optimizer state itself stays on
+  the servers. ``load_state_dict()`` accepts a state dict of the step the
+  servers are at (restart the servers with ``--restore_from`` to go back to
+  an older one).
+
+Differences from torch.optim: a parameter without a gradient at a step is
+updated with a zero gradient (torch.optim skips it), and parameters cannot be
+added after construction (the model is registered then).
+"""
+
+import os
+
+import torch
+
+from . import Client, FailedPreconditionError
+
+_OPTIMIZERS = {
+    "sgd": {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "nesterov": False,
+            "weight_decay": 0.0, "maximize": False},
+    "adam": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
+             "amsgrad": False, "maximize": False},
+    "adamw": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2,
+              "amsgrad": False, "maximize": False},
+    "adagrad": {"lr": 1e-2, "lr_decay": 0.0, "weight_decay": 0.0,
+                "initial_accumulator_value": 0.0, "eps": 1e-10, "maximize": False},
+}
+
+
+class _Group:
+    """One parameter group: its shardopt model and flat buffers."""
+
+    def __init__(self, client, model_id, params, names):
+        self.client = client
+        self.model_id = model_id
+        self.params = params
+        self.names = names
+        self.flat_params = None
+        self.flat_grads = None
+        self.slices = []  # (offset, size) of each parameter in the flat buffers
+        self.sent_hyperparameters = None
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """A torch.optim-style optimizer backed by shardopt shard servers.
+
+    Args:
+      params: the parameters (an iterable of tensors, of (name, tensor)
+        pairs as from ``named_parameters()``, or of parameter-group dicts).
+        They must be float32, contiguous CPU tensors.
+      servers: the shard servers' addresses, in shard order.
+      rank, world_size: this trainer's rank among ``world_size`` trainers.
+      optimizer: "sgd", "adam", "adamw" or "adagrad"; the other keyword
+        arguments are its hyperparameters, named as in torch.optim.
+      model_id: the model's name on the servers (one per training job).
+      max_grad_norm: > 0 clips the global gradient norm on the servers.
+      checkpoint_dir: where ``state_dict()`` makes the servers save.
+      rpc_timeout, retry_budget: seconds (see TrainerClientOptions).
+      replay_steps, journal_path: crash recovery (docs/checkpoints.md).
+    """
+
+    def __init__(self, params, servers, rank, world_size, optimizer="adamw",
+                 model_id="model", max_grad_norm=0.0, checkpoint_dir=None,
+                 rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
+                 **hyperparameters):
+        if optimizer not in _OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r} (one of {sorted(_OPTIMIZERS)})")
+        unknown = set(hyperparameters) - set(_OPTIMIZERS[optimizer])
+        if unknown:
+            raise ValueError(f"{optimizer} has no hyperparameter(s) {sorted(unknown)}")
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, not {world_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank!r} is not in [0, world_size={world_size})")
+        if not servers:
+            raise ValueError("no shard servers given")
+        self._kind = optimizer
+        self._servers = list(servers)
+        self._rank = rank
+        self._world_size = world_size
+        self._model_id = model_id
+        self._max_grad_norm = float(max_grad_norm)
+        self._checkpoint_dir = checkpoint_dir
+        self._client_args = dict(rpc_timeout_s=float(rpc_timeout),
+                                 retry_budget_s=float(retry_budget),
+                                 replay_steps=int(replay_steps))
+        self._journal_path = journal_path
+        self._names = {}
+        self._registered = False
+        defaults = dict(_OPTIMIZERS[optimizer])
+        defaults.update(hyperparameters)
+        params = self._take_names(params)
+        super().__init__(params, defaults)
+        self._groups = [self._register(i, group) for i, group in enumerate(self.param_groups)]
+        self._registered = True
+        # (Not _step_count: torch's lr schedulers use that name on optimizers.)
+        self._version = self._groups[0].client.registered_version
+        if any(g.client.registered_version != self._version for g in self._groups):
+            raise FailedPreconditionError(
+                "FAILED_PRECONDITION: the parameter groups' models are at different versions "
+                f"{[g.client.registered_version for g in self._groups]}")
+        self.last_results = []
+
+    # -- construction --------------------------------------------------------
+
+    def _take_names(self, params):
+        """Accepts (name, tensor) pairs: remembers the names, returns tensors."""
+        params = list(params)
+        if params and isinstance(params[0], tuple):
+            out = []
+            for name, tensor in params:
+                self._names[id(tensor)] = name
+                out.append(tensor)
+            return out
+        return params
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_registered", False):
+            raise FailedPreconditionError(
+                "FAILED_PRECONDITION: parameters cannot be added after the optimizer is built: "
+                "the model is registered on the shard servers with a fixed layout; build a new "
+                "DistributedOptimizer (another model_id) with every parameter")
+        for p in param_group["params"] if isinstance(param_group["params"], (list, tuple)) \
+                else [param_group["params"]]:
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"parameters must be tensors, not {type(p).__name__}")
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise ValueError(f"parameter {self._names.get(id(p), '')!r} is {p.dtype} on "
+                                 f"{p.device}; shardopt trains float32 CPU parameters")
+            if not p.is_contiguous():
+                raise ValueError(
+                    f"parameter {self._names.get(id(p), '')!r} of shape {tuple(p.shape)} is not "
+                    "contiguous: make it contiguous (p.data = p.data.contiguous()) first")
+        super().add_param_group(param_group)
+
+    def _hyperparameters(self, group):
+        h = {k: group[k] for k in _OPTIMIZERS[self._kind]}
+        if "betas" in h:
+            h["betas"] = tuple(float(b) for b in h["betas"])
+        return h
+
+    def _register(self, index, group):
+        model_id = self._model_id if len(self.param_groups) == 1 else f"{self._model_id}.g{index}"
+        journal = f"{self._journal_path}.g{index}" if self._journal_path else ""
+        client = Client(self._servers, self._rank, journal_path=journal,
+                                  **self._client_args)
+        params = group["params"]
+        names = [self._names.get(id(p), f"param{j}") for j, p in enumerate(params)]
+        g = _Group(client, model_id, params, names)
+        tensors = [(n, list(p.shape)) for n, p in zip(names, params)]
+        layout = client.layout_for(tensors)
+        total = layout[-1][2]
+        g.flat_params = torch.zeros(total, dtype=torch.float32)
+        g.flat_grads = torch.zeros(total, dtype=torch.float32)
+        for (name, shape, offset, size), p in zip(layout[:-1], params):
+            g.slices.append((offset, size))
+            g.flat_params[offset:offset + size].copy_(p.detach().reshape(-1))
+        hyper = self._hyperparameters(group)
+        client.register(model_id, tensors, self._kind, hyper, self._world_size,
+                        self._max_grad_norm,
+                        g.flat_params.numpy() if self._rank == 0 else None)
+        g.sent_hyperparameters = hyper
+        # Everyone starts from the servers' values (rank 0's, or where a
+        # restored or running job is).
+        client.pull(client.registered_version, g.flat_params.numpy())
+        for p, view, grad_view in self._views(g):
+            p.data = view
+            p.grad = grad_view
+        return g
+
+    def _views(self, g):
+        for p, (offset, size) in zip(g.params, g.slices):
+            yield (p, g.flat_params[offset:offset + size].view(p.shape),
+                   g.flat_grads[offset:offset + size].view(p.shape))
+
+    # -- training ------------------------------------------------------------
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients in place (they are views of the pushed buffer).
+
+        set_to_none is accepted for compatibility; the gradients are zeroed
+        instead, so that autograd keeps accumulating into the buffer.
+        """
+        for g in self._groups:
+            g.flat_grads.zero_()
+            for p, _, grad_view in self._views(g):
+                if p.grad is None or p.grad.data_ptr() != grad_view.data_ptr():
+                    p.grad = grad_view
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._version += 1
+        results = []
+        for i, g in enumerate(self._groups):
+            self._gather(g)
+            hyper = self._hyperparameters(self.param_groups[i])
+            if hyper != g.sent_hyperparameters:
+                g.client.set_hyperparameters(self._version, self._kind, hyper)
+                g.sent_hyperparameters = hyper
+            results.append(g.client.step(self._version, g.flat_grads.numpy(),
+                                         g.flat_params.numpy()))
+            self._scatter(g)
+        self.last_results = results
+        return loss
+
+    def _gather(self, g):
+        """Brings gradients that are not views of the buffer into it."""
+        for p, view, grad_view in self._views(g):
+            if p.grad is None:
+                grad_view.zero_()
+                p.grad = grad_view
+            elif p.grad.data_ptr() != grad_view.data_ptr():
+                grad_view.copy_(p.grad)
+                p.grad = grad_view
+            if p.data_ptr() != view.data_ptr():
+                view.copy_(p.data)  # Replaced by other code: adopt its values.
+
+    def _scatter(self, g):
+        for p, view, _ in self._views(g):
+            if p.data_ptr() != view.data_ptr():
+                p.data = view
+
+    @property
+    def step_count(self):
+        """The version the servers' model is at, as this trainer knows it."""
+        return self._version
+
+    def inspect(self):
+        """Every shard's Inspect of each group's model: [[dict per shard] per group]."""
+        import json
+        return [[json.loads(s) for s in g.client.inspect_json()] for g in self._groups]
+
+    # -- state ---------------------------------------------------------------
+
+    def state_dict(self):
+        checkpoints = None
+        if self._checkpoint_dir:
+            checkpoints = [
+                g.client.checkpoint(os.path.join(self._checkpoint_dir, g.model_id,
+                                                 f"step-{self._version:08d}"),
+                                    self._version)
+                for g in self._groups]
+        groups = []
+        index = 0
+        for group in self.param_groups:
+            entry = {k: v for k, v in group.items() if k != "params"}
+            entry["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+            groups.append(entry)
+        return {
+            "state": {},
+            "param_groups": groups,
+            "shardopt": {"step": self._version, "optimizer": self._kind,
+                         "model_ids": [g.model_id for g in self._groups],
+                         "checkpoints": checkpoints},
+        }
+
+    def load_state_dict(self, state_dict):
+        info = state_dict.get("shardopt")
+        if info is None:
+            raise ValueError("not a shardopt state dict (no 'shardopt' entry)")
+        if info["model_ids"] != [g.model_id for g in self._groups] or \
+                info["optimizer"] != self._kind:
+            raise ValueError(f"state dict of models {info['model_ids']} ({info['optimizer']}); "
+                             f"this optimizer trains {[g.model_id for g in self._groups]} "
+                             f"({self._kind})")
+        if info["step"] != self._version:
+            where = info.get("checkpoints") or ["(no checkpoint was saved: give checkpoint_dir)"]
+            raise FailedPreconditionError(
+                f"FAILED_PRECONDITION: the servers are at step {self._version}, the state dict "
+                f"is of step {info['step']}: the optimizer state lives on the shard servers; "
+                f"restart them with --restore_from={where[0]} to go back to it")
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            for k in _OPTIMIZERS[self._kind]:
+                if k in saved:
+                    group[k] = saved[k]

@@ -1,0 +1,354 @@
+// _shardopt: the Python face of the C++ TrainerClient (client/trainer_client.h).
+//
+// Tensor data crosses as Python buffers (numpy arrays, torch tensors through
+// .numpy(), bytearrays): contiguous little-endian float32 buffers of the
+// layout's size are read and written in place, without copies; anything
+// else is refused with ValueError. Calls that wait on the network release
+// the GIL. Every error the C++ side reports becomes a Python exception:
+// shardopt.ShardoptError (a RuntimeError) or one of its subclasses named
+// after the gRPC status code (InvalidArgumentError is also a ValueError,
+// NotFoundError a LookupError, UnavailableError a ConnectionError, ...),
+// with the code in its `code` attribute.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/trainer_client.h"
+#include "common/dtype.h"
+#include "common/optimizer_config.h"
+
+namespace py = pybind11;
+
+namespace shardopt {
+namespace {
+
+// Python exception classes, one per status code, created at import.
+struct Exceptions {
+  py::object base;
+  std::map<absl::StatusCode, py::object> by_code;
+};
+Exceptions& GetExceptions() {
+  static Exceptions* exceptions = new Exceptions();
+  return *exceptions;
+}
+
+// Carries a non-OK status out of a binding; translated to the Python class.
+struct StatusException : std::exception {
+  absl::Status status;
+  explicit StatusException(absl::Status s) : status(std::move(s)) {}
+  const char* what() const noexcept override { return "shardopt status"; }
+};
+
+void ThrowIfError(const absl::Status& status) {
+  if (!status.ok()) throw StatusException(status);
+}
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> value) {
+  ThrowIfError(value.status());
+  return std::move(*value);
+}
+
+absl::StatusCode CodeFromName(const std::string& name) {
+  for (int c = 1; c <= 16; ++c) {
+    const auto code = static_cast<absl::StatusCode>(c);
+    if (absl::StatusCodeToString(code) == name) return code;
+  }
+  return absl::StatusCode::kUnknown;
+}
+
+// A writable or read-only float32 view of a Python buffer of `size` floats.
+struct FloatBuffer {
+  py::buffer_info info;
+  float* data = nullptr;
+};
+FloatBuffer RequestFloats(const py::buffer& buffer, size_t size, bool writable, const char* what) {
+  FloatBuffer out;
+  out.info = buffer.request(writable);
+  if (out.info.format != py::format_descriptor<float>::format() ||
+      out.info.itemsize != sizeof(float)) {
+    throw py::value_error(absl::StrCat(what, " must hold float32 values (got format '",
+                                       out.info.format, "')"));
+  }
+  // C-contiguous, any shape: the strides must be those of a packed array.
+  py::ssize_t expected = sizeof(float);
+  for (py::ssize_t d = out.info.ndim - 1; d >= 0; --d) {
+    if (out.info.shape[d] > 1 && out.info.strides[d] != expected) {
+      throw py::value_error(absl::StrCat(what, " is not contiguous: pass a contiguous buffer "
+                                               "(tensor.contiguous(), numpy.ascontiguousarray)"));
+    }
+    expected *= out.info.shape[d];
+  }
+  if (static_cast<size_t>(out.info.size) != size) {
+    throw py::value_error(absl::StrCat(what, " has ", out.info.size,
+                                       " elements; the model's flat layout has ", size));
+  }
+  out.data = static_cast<float*>(out.info.ptr);
+  return out;
+}
+
+DType DTypeFromName(const std::string& name) {
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    if (name == DTypeName(d)) return d;
+  }
+  throw py::value_error(absl::StrCat("unknown dtype '", name, "' (float32, bfloat16, float16)"));
+}
+
+// The optimizer from keyword arguments in torch.optim's names.
+OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw) {
+  auto get = [&](const char* key, double fallback) {
+    return kw.contains(key) ? kw[key].cast<double>() : fallback;
+  };
+  auto flag = [&](const char* key) { return kw.contains(key) && kw[key].cast<bool>(); };
+  OptimizerConfig c;
+  if (name == "sgd") {
+    c = OptimizerConfig::Sgd(get("lr", 1e-3));
+    c.momentum = get("momentum", 0);
+    c.dampening = get("dampening", 0);
+    c.nesterov = flag("nesterov");
+  } else if (name == "adam" || name == "adamw") {
+    c = name == "adam" ? OptimizerConfig::Adam(get("lr", 1e-3)) : OptimizerConfig::AdamW(get("lr", 1e-3));
+    if (kw.contains("betas")) {
+      auto betas = kw["betas"].cast<std::pair<double, double>>();
+      c.beta1 = betas.first;
+      c.beta2 = betas.second;
+    }
+    c.eps = get("eps", 1e-8);
+    c.amsgrad = flag("amsgrad");
+  } else if (name == "adagrad") {
+    c = OptimizerConfig::Adagrad(get("lr", 1e-2));
+    c.lr_decay = get("lr_decay", 0);
+    c.initial_accumulator_value = get("initial_accumulator_value", 0);
+    c.eps = get("eps", 1e-10);
+  } else {
+    throw py::value_error(
+        absl::StrCat("unknown optimizer '", name, "' (sgd, adam, adamw, adagrad)"));
+  }
+  c.weight_decay = get("weight_decay", name == "adamw" ? 1e-2 : 0);
+  c.maximize = flag("maximize");
+  ThrowIfError(c.Validate());
+  return c;
+}
+
+py::dict StepResultToDict(const StepResult& r) {
+  py::dict d;
+  d["step"] = r.step;
+  d["version"] = r.version;
+  d["skipped"] = r.skipped;
+  d["grad_norm"] = r.grad_norm;
+  d["clip_coef"] = r.clip_coef;
+  d["loss_scale"] = r.loss_scale;
+  d["lr"] = r.lr;
+  d["duplicate_pushes"] = r.duplicate_pushes;
+  d["replayed_pushes"] = r.replayed_pushes;
+  d["bytes_pushed"] = r.bytes_pushed;
+  d["bytes_pulled"] = r.bytes_pulled;
+  return d;
+}
+
+// One trainer of one model (see TrainerClient).
+class Client {
+ public:
+  Client(std::vector<std::string> servers, uint32_t rank, double rpc_timeout_s,
+         double retry_budget_s, int replay_steps, std::string journal_path,
+         const std::string& push_dtype, const std::string& pull_dtype) {
+    TrainerClientOptions options;
+    options.trainer_rank = rank;
+    options.rpc_timeout = absl::Seconds(rpc_timeout_s);
+    options.retry_budget = absl::Seconds(retry_budget_s);
+    options.attach_timeout = absl::Seconds(retry_budget_s);
+    options.replay_steps = replay_steps;
+    options.journal_path = std::move(journal_path);
+    options.push_dtype = DTypeFromName(push_dtype);
+    options.pull_dtype = DTypeFromName(pull_dtype);
+    client_ = ValueOrThrow(TrainerClient::Connect(servers, options));
+  }
+
+  // Registers (with `initial`, a flat buffer of the layout) or attaches.
+  void Register(const std::string& model_id, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+                const std::string& optimizer, const py::dict& hyperparameters,
+                uint32_t num_trainers, double max_grad_norm, const py::object& initial) {
+    ModelSpec spec;
+    spec.model_id = model_id;
+    for (const auto& [name, shape] : tensors) spec.tensors.push_back({name, shape});
+    spec.optimizer = OptimizerFromKwargs(optimizer, hyperparameters);
+    spec.num_trainers = num_trainers;
+    spec.max_grad_norm = max_grad_norm;
+    if (initial.is_none()) {
+      {
+        py::gil_scoped_release release;
+        ThrowIfError(client_->Attach(spec));
+      }
+      registered_ = true;
+      return;
+    }
+    const ModelLayout layout = ValueOrThrow(client_->LayoutFor(spec));
+    FloatBuffer values =
+        RequestFloats(initial.cast<py::buffer>(), layout.total_elements(), false, "initial values");
+    {
+      py::gil_scoped_release release;
+      ThrowIfError(
+          client_->Register(spec, absl::MakeConstSpan(values.data, layout.total_elements())));
+    }
+    registered_ = true;
+  }
+
+  // [(name, shape, offset, size)] of the registered layout.
+  std::vector<py::tuple> Layout() const {
+    std::vector<py::tuple> out;
+    for (const TensorPlacement& t : Checked().layout().tensors()) {
+      out.push_back(py::make_tuple(t.spec.name, t.spec.shape, t.offset, t.size));
+    }
+    return out;
+  }
+  uint64_t TotalElements() const { return Checked().layout().total_elements(); }
+
+  py::dict Step(int64_t step, const py::buffer& grads, const py::buffer& params) {
+    const size_t n = Checked().layout().total_elements();
+    FloatBuffer g = RequestFloats(grads, n, false, "gradient buffer");
+    FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
+    StepResult result;
+    {
+      py::gil_scoped_release release;
+      result = ValueOrThrow(
+          client_->Step(step, absl::MakeConstSpan(g.data, n), absl::MakeSpan(p.data, n)));
+    }
+    return StepResultToDict(result);
+  }
+
+  int64_t Pull(int64_t min_version, const py::buffer& params) {
+    const size_t n = Checked().layout().total_elements();
+    FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
+    py::gil_scoped_release release;
+    return ValueOrThrow(client_->Pull(min_version, absl::MakeSpan(p.data, n)));
+  }
+
+  std::string Checkpoint(const std::string& directory, int64_t step) {
+    py::gil_scoped_release release;
+    return ValueOrThrow(client_->Checkpoint(directory, step));
+  }
+
+  std::vector<std::string> InspectJson() {
+    py::gil_scoped_release release;
+    return ValueOrThrow(client_->InspectJson());
+  }
+
+  void SetHyperparameters(int64_t effective_step, const std::string& optimizer,
+                          const py::dict& hyperparameters) {
+    const OptimizerConfig config = OptimizerFromKwargs(optimizer, hyperparameters);
+    py::gil_scoped_release release;
+    ThrowIfError(client_->SetHyperparameters(effective_step, config, LrSchedule()));
+  }
+
+  int64_t registered_version() const { return Checked().registered_version(); }
+  // Also answers before register(): the layout the model will get.
+  std::vector<py::tuple> LayoutFor(
+      const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) const {
+    ModelSpec spec;
+    for (const auto& [name, shape] : tensors) spec.tensors.push_back({name, shape});
+    const ModelLayout layout = ValueOrThrow(client_->LayoutFor(spec));
+    std::vector<py::tuple> out;
+    for (const TensorPlacement& t : layout.tensors()) {
+      out.push_back(py::make_tuple(t.spec.name, t.spec.shape, t.offset, t.size));
+    }
+    out.push_back(py::make_tuple("", std::vector<int64_t>{}, layout.total_elements(), 0));
+    return out;
+  }
+  uint32_t rank() const { return client_->trainer_rank(); }
+  uint32_t shard_count() const { return client_->shard_count(); }
+
+ private:
+  const TrainerClient& Checked() const {
+    if (!registered_) {
+      throw StatusException(absl::FailedPreconditionError("call register() first"));
+    }
+    return *client_;
+  }
+
+  std::unique_ptr<TrainerClient> client_;
+  bool registered_ = false;
+};
+
+}  // namespace
+}  // namespace shardopt
+
+PYBIND11_MODULE(_shardopt, m) {
+  using namespace shardopt;
+  m.doc() = "shardopt's C++ trainer client (see shardopt.torch for the PyTorch optimizer)";
+
+  Exceptions& ex = GetExceptions();
+  ex.base = py::reinterpret_borrow<py::object>(
+      PyErr_NewException("shardopt._shardopt.ShardoptError", PyExc_RuntimeError, nullptr));
+  m.attr("ShardoptError") = ex.base;
+  // Subclasses per status code, each also a fitting builtin exception.
+  const std::vector<std::tuple<absl::StatusCode, const char*, PyObject*>> kinds = {
+      {absl::StatusCode::kInvalidArgument, "InvalidArgumentError", PyExc_ValueError},
+      {absl::StatusCode::kNotFound, "NotFoundError", PyExc_LookupError},
+      {absl::StatusCode::kAlreadyExists, "AlreadyExistsError", nullptr},
+      {absl::StatusCode::kFailedPrecondition, "FailedPreconditionError", nullptr},
+      {absl::StatusCode::kOutOfRange, "OutOfRangeError", nullptr},
+      {absl::StatusCode::kUnavailable, "UnavailableError", PyExc_ConnectionError},
+      {absl::StatusCode::kDeadlineExceeded, "DeadlineExceededError", PyExc_TimeoutError},
+      {absl::StatusCode::kResourceExhausted, "ResourceExhaustedError", PyExc_MemoryError},
+      {absl::StatusCode::kAborted, "AbortedError", nullptr},
+      {absl::StatusCode::kCancelled, "CancelledError", nullptr},
+      {absl::StatusCode::kDataLoss, "DataLossError", nullptr},
+      {absl::StatusCode::kInternal, "InternalError", nullptr},
+      {absl::StatusCode::kUnimplemented, "UnimplementedError", nullptr},
+  };
+  for (const auto& [code, name, builtin] : kinds) {
+    py::tuple bases = builtin ? py::make_tuple(ex.base, py::handle(builtin))
+                              : py::make_tuple(ex.base);
+    py::object cls = py::reinterpret_steal<py::object>(PyErr_NewException(
+        absl::StrCat("shardopt._shardopt.", name).c_str(), bases.ptr(), nullptr));
+    m.attr(name) = cls;
+    ex.by_code[code] = cls;
+  }
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusException& e) {
+      Exceptions& ex = GetExceptions();
+      auto it = ex.by_code.find(e.status.code());
+      py::object cls = it != ex.by_code.end() ? it->second : ex.base;
+      const std::string code = absl::StatusCodeToString(e.status.code());
+      py::object instance = cls(absl::StrCat(code, ": ", e.status.message()));
+      instance.attr("code") = code;
+      PyErr_SetObject(cls.ptr(), instance.ptr());
+    }
+  });
+
+  py::class_<Client>(m, "Client", "One trainer (rank) of one model on a set of shard servers.")
+      .def(py::init<std::vector<std::string>, uint32_t, double, double, int, std::string,
+                    const std::string&, const std::string&>(),
+           py::arg("servers"), py::arg("rank"), py::arg("rpc_timeout_s") = 60.0,
+           py::arg("retry_budget_s") = 60.0, py::arg("replay_steps") = 0,
+           py::arg("journal_path") = "", py::arg("push_dtype") = "float32",
+           py::arg("pull_dtype") = "float32")
+      .def("register", &Client::Register, py::arg("model_id"), py::arg("tensors"),
+           py::arg("optimizer"), py::arg("hyperparameters"), py::arg("num_trainers"),
+           py::arg("max_grad_norm") = 0.0, py::arg("initial") = py::none(),
+           "Registers the model with `initial` (a flat float32 buffer of its layout), or "
+           "attaches to it when `initial` is None.")
+      .def("layout", &Client::Layout, "[(name, shape, offset, size)] of the flat layout.")
+      .def("layout_for", &Client::LayoutFor, py::arg("tensors"),
+           "The layout `tensors` would get: [(name, shape, offset, size)], then ('', [], "
+           "total_elements, 0).")
+      .def("total_elements", &Client::TotalElements)
+      .def("step", &Client::Step, py::arg("step"), py::arg("grads"), py::arg("params"),
+           "Pushes `grads` for `step`, pulls version `step` into `params`; returns the result.")
+      .def("pull", &Client::Pull, py::arg("min_version"), py::arg("params"))
+      .def("checkpoint", &Client::Checkpoint, py::arg("directory"), py::arg("step") = -1)
+      .def("inspect_json", &Client::InspectJson)
+      .def("set_hyperparameters", &Client::SetHyperparameters, py::arg("effective_step"),
+           py::arg("optimizer"), py::arg("hyperparameters"))
+      .def_property_readonly("registered_version", &Client::registered_version)
+      .def_property_readonly("rank", &Client::rank)
+      .def_property_readonly("shard_count", &Client::shard_count);
+}

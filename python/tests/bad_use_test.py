@@ -1,0 +1,112 @@
+"""Bad uses of shardopt's Python API each raise a clear exception, not a crash."""
+
+import sys
+import unittest
+
+import numpy
+import torch
+
+import shardopt
+import shardopt.torch
+from support import Cluster
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+
+
+class BadUseTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = Cluster(2)
+        cls.servers = cls.cluster.addresses
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+
+    def optimizer(self, model, model_id, **kwargs):
+        args = dict(servers=self.servers, rank=0, world_size=1, optimizer="adam", lr=0.01,
+                    model_id=model_id, retry_budget=2.0)
+        args.update(kwargs)
+        return shardopt.torch.DistributedOptimizer(model.parameters(), **args)
+
+    def test_rank_outside_world_size(self):
+        with self.assertRaisesRegex(ValueError, r"rank 2 is not in \[0, world_size=2\)"):
+            self.optimizer(tiny_model(), "ws1", rank=2, world_size=2)
+
+    def test_world_size_other_than_the_registered_model(self):
+        self.optimizer(tiny_model(), "ws2", world_size=2)  # rank 0 of 2 registers
+        with self.assertRaises(shardopt.FailedPreconditionError) as caught:
+            self.optimizer(tiny_model(), "ws2", rank=0, world_size=3)
+        self.assertIn("different config", str(caught.exception))
+        self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+
+    def test_parameter_added_after_registration(self):
+        opt = self.optimizer(tiny_model(), "added")
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "cannot be added"):
+            opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+        # Another trainer declaring one more tensor for the same model id is refused too.
+        bigger = tiny_model()
+        bigger.add_module("extra", torch.nn.Linear(2, 2))
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "different config"):
+            self.optimizer(bigger, "added")
+
+    def test_server_down(self):
+        dead = Cluster(1)
+        address = dead.addresses[0]
+        dead.stop()
+        with self.assertRaises(shardopt.UnavailableError) as caught:
+            shardopt.torch.DistributedOptimizer(
+                tiny_model().parameters(), servers=[address], rank=0, world_size=1,
+                optimizer="sgd", lr=0.1, retry_budget=0.5)
+        self.assertIsInstance(caught.exception, ConnectionError)
+        self.assertIn(address, str(caught.exception))
+
+    def test_non_contiguous_parameter(self):
+        weight = torch.nn.Parameter(torch.randn(4, 3).t())  # a transposed view
+        self.assertFalse(weight.is_contiguous())
+        with self.assertRaisesRegex(ValueError, "not contiguous"):
+            shardopt.torch.DistributedOptimizer([weight], servers=self.servers, rank=0,
+                                                world_size=1, optimizer="sgd", lr=0.1)
+
+    def test_non_contiguous_or_mistyped_buffer_to_the_client(self):
+        client = shardopt.Client(self.servers, 0, retry_budget_s=2.0)
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "register"):
+            client.layout()
+        n = client.layout_for([("w", [5])])[-1][2]
+        values = numpy.zeros(n, dtype=numpy.float32)
+        client.register("raw", [("w", [5])], "sgd", {"lr": 0.1}, 1, 0.0, values)
+        with self.assertRaisesRegex(ValueError, "not contiguous"):
+            client.pull(0, numpy.zeros(2 * n, dtype=numpy.float32)[::2])
+        with self.assertRaisesRegex(ValueError, "float32"):
+            client.pull(0, numpy.zeros(n, dtype=numpy.float64))
+        with self.assertRaisesRegex(ValueError, f"{n}"):
+            client.pull(0, numpy.zeros(10, dtype=numpy.float32))
+        grads = numpy.full(n, numpy.nan, dtype=numpy.float32)
+        with self.assertRaises(shardopt.InvalidArgumentError) as caught:
+            client.step(1, grads, values)
+        self.assertIn("nothing was pushed", str(caught.exception))
+
+    def test_unknown_optimizer_and_hyperparameter(self):
+        with self.assertRaisesRegex(ValueError, "unknown optimizer"):
+            self.optimizer(tiny_model(), "x", optimizer="lamb")
+        with self.assertRaisesRegex(ValueError, "no hyperparameter"):
+            self.optimizer(tiny_model(), "x", momentum=0.9)
+        with self.assertRaises(shardopt.InvalidArgumentError):
+            self.optimizer(tiny_model(), "x", lr=-1.0)
+
+    def test_state_dict_of_another_step(self):
+        model = tiny_model()
+        opt = self.optimizer(model, "states")
+        state = opt.state_dict()
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "--restore_from"):
+            opt.load_state_dict(state)
+        opt.load_state_dict(opt.state_dict())  # the current step: accepted
+
+
+if __name__ == "__main__":
+    sys.exit(unittest.main(verbosity=2))
