@@ -152,8 +152,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "FAILED_PRECONDITION: parameters cannot be added after the optimizer is built: "
                 "the model is registered on the shard servers with a fixed layout; build a new "
                 "DistributedOptimizer (another model_id) with every parameter")
-        for p in param_group["params"] if isinstance(param_group["params"], (list, tuple)) \
-                else [param_group["params"]]:
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        param_group = dict(param_group, params=params)
+        for p in params:
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"parameters must be tensors, not {type(p).__name__}")
             if p.dtype != torch.float32 or p.device.type != "cpu":

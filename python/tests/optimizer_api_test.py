@@ -1,0 +1,111 @@
+"""The torch.optim-like API against torch.optim itself, with one trainer
+(bit-identical): state_dict() checkpoints on the servers and servers
+restarted from it (on another shard count) resume exactly; parameter groups
+keep their own hyperparameters; lr schedulers reach the servers."""
+
+import os
+import sys
+import tempfile
+import unittest
+
+import torch
+
+import shardopt
+import shardopt.torch
+from support import Cluster
+
+
+def net():
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+
+
+def data(step):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(12, 5, generator=g)
+    return x, (x.sum(1) > 0).long()
+
+
+def train(model, opt, first, last):
+    for step in range(first, last + 1):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+class OptimizerApiTest(unittest.TestCase):
+    def test_state_dict_checkpoint_then_restart_on_other_shard_count(self):
+        root = tempfile.mkdtemp()
+        reference = net()
+        ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.02)
+        train(reference, ref_opt, 1, 10)
+
+        model = net()
+        with Cluster(2) as cluster:
+            opt = shardopt.torch.DistributedOptimizer(
+                model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adamw", lr=0.02, model_id="resumed", checkpoint_dir=root)
+            train(model, opt, 1, 5)
+            state = opt.state_dict()
+        self.assertEqual(state["shardopt"]["step"], 5)
+        manifest = state["shardopt"]["checkpoints"][0]
+        self.assertTrue(os.path.exists(manifest), manifest)
+        checkpoint = os.path.dirname(manifest)
+
+        resumed = net()  # fresh values: the servers' step-5 values replace them
+        with Cluster(3, [f"--restore_from={checkpoint}"]) as cluster:
+            opt = shardopt.torch.DistributedOptimizer(
+                resumed.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adamw", lr=0.02, model_id="resumed")
+            self.assertEqual(opt.step_count, 5)
+            opt.load_state_dict(state)
+            train(resumed, opt, 6, 10)
+        for a, b in zip(resumed.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b), (a - b).abs().max())
+
+    def test_parameter_groups_keep_their_hyperparameters(self):
+        reference = net()
+        groups = lambda m: [{"params": m[0].parameters(), "lr": 0.05, "weight_decay": 0.1},
+                            {"params": m[2].parameters()}]
+        ref_opt = torch.optim.AdamW(groups(reference), lr=0.01, weight_decay=0.0)
+        train(reference, ref_opt, 1, 20)
+        model = net()
+        with Cluster(2) as cluster:
+            opt = shardopt.torch.DistributedOptimizer(
+                groups(model), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adamw", lr=0.01, weight_decay=0.0, model_id="grouped")
+            train(model, opt, 1, 20)
+            # One shardopt model per group, each with its own hyperparameters.
+            inspected = opt.inspect()
+            self.assertEqual([shards[0]["model_id"] for shards in inspected],
+                             ["grouped.g0", "grouped.g1"])
+            self.assertAlmostEqual(inspected[0][0]["current_optimizer"]["adamw"]["lr"], 0.05)
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b), (a - b).abs().max())
+
+
+    def test_lr_scheduler_changes_reach_the_servers(self):
+        reference = net()
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+        ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=4, gamma=0.5)
+        model = net()
+        with Cluster(1) as cluster:
+            opt = shardopt.torch.DistributedOptimizer(
+                model.parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="sgd", lr=0.1, momentum=0.9, model_id="scheduled")
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+            lrs = []
+            for step in range(1, 13):
+                for m, o, s in ((reference, ref_opt, ref_sched), (model, opt, sched)):
+                    train(m, o, step, step)
+                    s.step()
+                lrs.append(opt.last_results[0]["lr"])
+        self.assertEqual(lrs[:5], [0.1, 0.1, 0.1, 0.1, 0.05])
+        self.assertEqual(lrs[-1], 0.025)
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b), (a - b).abs().max())
+
+
+if __name__ == "__main__":
+    sys.exit(unittest.main(verbosity=2))
