@@ -303,6 +303,17 @@ absl::Status TrainerClient::RegisterOrAttach(
   }
   config.mutable_gradient_control()->set_max_grad_norm(spec.max_grad_norm);
   config.mutable_gradient_control()->set_loss_scaling(spec.loss_scaling);
+  if (spec.loss_scaling) {
+    // The shards keep a replica, so that a trainer that comes back resumes
+    // the scaler where the others are.
+    v1::LossScalerConfig* scaler = config.mutable_gradient_control()->mutable_loss_scaler();
+    scaler->set_initial_scale(spec.loss_scaler.initial_scale);
+    scaler->set_min_scale(spec.loss_scaler.min_scale);
+    scaler->set_growth_factor(spec.loss_scaler.growth_factor);
+    scaler->set_backoff_factor(spec.loss_scaler.backoff_factor);
+    scaler->set_growth_interval(spec.loss_scaler.growth_interval);
+    scaler->set_hysteresis(spec.loss_scaler.hysteresis);
+  }
   config.set_num_trainers(spec.num_trainers);
   config.set_reduction(spec.reduction == GradientReduction::kSum ? v1::GRADIENT_REDUCTION_SUM
                                                                  : v1::GRADIENT_REDUCTION_MEAN);
@@ -311,6 +322,7 @@ absl::Status TrainerClient::RegisterOrAttach(
   std::vector<int64_t> versions(shards_.size(), 0);
   // char, not bool: shards write their entries concurrently.
   std::vector<char> created(shards_.size(), 0);
+  std::vector<std::optional<LossScaler::State>> scaler_states(shards_.size());
   const RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
                            options_.initial_backoff, options_.max_backoff};
   // Names this run in the model's checkpoints (used only if the model is new).
@@ -361,6 +373,11 @@ absl::Status TrainerClient::RegisterOrAttach(
           }
           versions[shard.index] = response.version();
           created[shard.index] = response.created();
+          if (response.has_loss_scaler()) {
+            scaler_states[shard.index] = LossScaler::State{
+                response.loss_scaler().scale(), response.loss_scaler().growth_tracker(),
+                response.loss_scaler().hysteresis_tracker()};
+          }
           return absl::OkStatus();
         },
         [&](const absl::Status& s) {
@@ -407,6 +424,16 @@ absl::Status TrainerClient::RegisterOrAttach(
   needs_decision_ = spec.max_grad_norm > 0 || spec.loss_scaling;
   if (spec.loss_scaling) {
     scaler_.emplace(spec.loss_scaler);
+    // Where the other trainers' scalers are (after a restart: not initial).
+    if (scaler_states[0]) {
+      for (const auto& state : scaler_states) {
+        if (!state || !(*state == *scaler_states[0])) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "model '", spec.model_id, "': the shards' loss scaler replicas disagree"));
+        }
+      }
+      scaler_->set_state(*scaler_states[0]);
+    }
   } else {
     scaler_.reset();
   }

@@ -35,7 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "client/loss_scaler.h"
+#include "common/loss_scaler.h"
 #include "client/retry.h"
 #include "common/dtype.h"
 #include "common/layout.h"

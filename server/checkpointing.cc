@@ -59,6 +59,11 @@ v1::CheckpointProgress ProgressToProto(const ShardProgress& p) {
   proto.set_last_loss_scale(p.last_step.loss_scale);
   proto.set_last_step_lr(p.last_step.lr);
   proto.set_run_id(p.run_id);
+  if (p.loss_scaler) {
+    proto.mutable_loss_scaler()->set_scale(p.loss_scaler->scale);
+    proto.mutable_loss_scaler()->set_growth_tracker(p.loss_scaler->growth_tracker);
+    proto.mutable_loss_scaler()->set_hysteresis_tracker(p.loss_scaler->hysteresis_tracker);
+  }
   v1::StepStats* stats = proto.mutable_shard_last_stats();
   stats->set_step(p.last_stats.step);
   stats->set_sum_of_squares(p.last_stats.sum_of_squares);
@@ -87,6 +92,11 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
   p.last_step.loss_scale = proto.last_loss_scale();
   p.last_step.lr = proto.last_step_lr();
   p.run_id = proto.run_id();
+  if (proto.has_loss_scaler()) {
+    p.loss_scaler =
+        LossScaler::State{proto.loss_scaler().scale(), proto.loss_scaler().growth_tracker(),
+                          proto.loss_scaler().hysteresis_tracker()};
+  }
   return p;
 }
 
@@ -152,6 +162,16 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
   *config.mutable_lr_schedule() = LrScheduleToProto(*schedule);
   config.mutable_gradient_control();  // Present either way: unset equals all zero.
   const uint64_t size = layout->shard_size();
+  std::optional<LossScalerOptions> scaler;
+  if (config.gradient_control().has_loss_scaler()) {
+    const v1::LossScalerConfig& c = config.gradient_control().loss_scaler();
+    if (!config.gradient_control().loss_scaling()) {
+      return absl::InvalidArgumentError("a loss scaler is configured without loss scaling");
+    }
+    scaler = LossScalerOptions{c.initial_scale(),  c.min_scale(),       c.growth_factor(),
+                               c.backoff_factor(), c.growth_interval(), c.hysteresis()};
+    if (absl::Status s = scaler->Validate(); !s.ok()) return s;
+  }
   const uint64_t state_bytes =
       size * sizeof(float) *
       (1 + static_cast<uint64_t>(optimizer->StateSlotsPerElement()) + config.num_trainers());
@@ -164,6 +184,7 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
                             *schedule,
                             max_grad_norm,
                             config.gradient_control().loss_scaling()};
+  options.loss_scaler = scaler;
   return ShardPlan{std::move(config), std::move(options), state_bytes};
 }
 

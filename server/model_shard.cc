@@ -68,6 +68,8 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
       slots_(options_.num_trainers, SlotState::kEmpty),
       current_{options_.optimizer, options_.lr_schedule},
       run_id_(options_.run_id),
+      loss_scaler_(options_.loss_scaler ? std::optional<LossScaler>(*options_.loss_scaler)
+                                        : std::nullopt),
       backend_(std::move(backend)) {}
 
 ModelShard::~ModelShard() { Shutdown(); }
@@ -75,6 +77,12 @@ ModelShard::~ModelShard() { Shutdown(); }
 double ModelShard::LrOfVersion(int64_t version) const {
   absl::MutexLock lock(&mu_);
   return version == version_ ? version_lr_ : 0.0;
+}
+
+std::optional<LossScaler::State> ModelShard::LossScalerState() const {
+  absl::MutexLock lock(&mu_);
+  if (!loss_scaler_) return std::nullopt;
+  return loss_scaler_->state();
 }
 
 absl::Status ModelShard::CheckHoldsPush(uint32_t trainer_rank, int64_t step) const {
@@ -159,6 +167,14 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
                                              step, " is already in progress; retry"));
     case SlotState::kEmpty:
       break;
+  }
+  if (loss_scaler_ && loss_scale != loss_scaler_->scale()) {
+    // The replica says what every trainer's scaler holds now: a trainer
+    // that disagrees restarted or diverged.
+    return absl::FailedPreconditionError(
+        absl::StrCat("trainer ", trainer_rank, " pushes step ", step, " with loss scale ",
+                     loss_scale, " but the model's loss scaler is at ", loss_scaler_->scale(),
+                     " (re-attach to take the scaler's state)"));
   }
   if (has_pending_loss_scale_ && loss_scale != pending_stats_.loss_scale) {
     // Refused before any byte is streamed (CommitPush checks again).
@@ -447,6 +463,7 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
   last_step_ = StepRecord{step, decision, scale, config.lr};
   version_lr_ = config.lr;
   last_stats_ = pending_stats_;
+  if (loss_scaler_) loss_scaler_->Update(decision.skip);
   pending_stats_ = StepStats();
   has_pending_loss_scale_ = false;
   std::fill(slots_.begin(), slots_.end(), SlotState::kEmpty);
@@ -582,6 +599,7 @@ absl::Status ModelShard::CheckpointAt(
     progress.last_step = last_step_;
     progress.run_id = run_id_;
     progress.last_stats = last_stats_;
+    if (loss_scaler_) progress.loss_scaler = loss_scaler_->state();
   }
   absl::Status written;
   {
@@ -649,6 +667,7 @@ absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardState
   last_step_ = progress.last_step;
   run_id_ = progress.run_id;
   last_stats_ = progress.last_stats;
+  if (loss_scaler_ && progress.loss_scaler) loss_scaler_->set_state(*progress.loss_scaler);
   absl::MutexLock params_lock(&params_mu_);
   params_version_ = progress.version;
   return absl::OkStatus();

@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/layout.h"
+#include "common/loss_scaler.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
 #include "server/parallel_for.h"
@@ -59,6 +60,9 @@ struct ModelShardOptions {
   double max_grad_norm = 0;   // > 0: clip the global L2 norm to this.
   bool loss_scaling = false;  // Pushes carry a loss scale; non-finite allowed.
   std::string run_id;         // The training run (see RegisterHeader.run_id).
+  // With loss scaling: the trainers' scaler, replicated here (see
+  // GradientControl.loss_scaler in the proto).
+  std::optional<LossScalerOptions> loss_scaler;
 
   bool needs_decision() const { return max_grad_norm > 0 || loss_scaling; }
 };
@@ -128,6 +132,7 @@ struct ShardProgress {
   StepRecord last_step;                            // With gradient control.
   std::string run_id;                              // The training run.
   StepStats last_stats;  // This shard's part of the last decided step's statistics.
+  std::optional<LossScaler::State> loss_scaler;  // The replica, if any.
 };
 
 // Reads the state at one version (see ModelShard::CheckpointAt). `slot` -1 is
@@ -271,6 +276,10 @@ class ModelShard {
   // push of it; OUT_OF_RANGE otherwise (it lost the push: restarted).
   absl::Status CheckHoldsPush(uint32_t trainer_rank, int64_t step) const;
 
+  // The loss scaler replica's state at the current version (the next step's
+  // scale); nullopt without a replica.
+  std::optional<LossScaler::State> LossScalerState() const;
+
   int64_t version() const;
   // The lr of step `version` if that is the shard's current version, else 0.
   double LrOfVersion(int64_t version) const;
@@ -345,6 +354,7 @@ class ModelShard {
   std::map<int64_t, int> checkpoint_holds_ ABSL_GUARDED_BY(mu_);
   bool pushed_ ABSL_GUARDED_BY(mu_) = false;  // Some push has begun.
   std::string run_id_ ABSL_GUARDED_BY(mu_);
+  std::optional<LossScaler> loss_scaler_ ABSL_GUARDED_BY(mu_);
 
   // Guards the backend's parameters: Apply holds it exclusively, reads
   // shared. Staging of rank r is written only by rank r's PushWriter while

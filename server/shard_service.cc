@@ -33,6 +33,14 @@ void SetRange(const FlatRange& range, v1::ShardRange* proto) {
   proto->set_end(range.end);
 }
 
+void SetLossScalerState(const ModelShard& shard, v1::RegisterModelResponse* response) {
+  if (std::optional<LossScaler::State> state = shard.LossScalerState()) {
+    response->mutable_loss_scaler()->set_scale(state->scale);
+    response->mutable_loss_scaler()->set_growth_tracker(state->growth_tracker);
+    response->mutable_loss_scaler()->set_hysteresis_tracker(state->hysteresis_tracker);
+  }
+}
+
 void FillByteCounts(const ShardSnapshot& snap, v1::ByteCounts* bytes) {
   bytes->set_parameter_bytes(snap.parameter_bytes);
   bytes->set_optimizer_state_bytes(snap.optimizer_state_bytes);
@@ -184,6 +192,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
     }
     response->set_created(false);
     response->set_version(model.shard->version());
+    SetLossScalerState(*model.shard, response);
     SetRange(model.shard->range(), response->mutable_range());
     return grpc::Status::OK;
   };
@@ -262,6 +271,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
           model->shard->range().end, model->shard->device());
   response->set_created(true);
   response->set_version(0);
+  SetLossScalerState(*model->shard, response);
   SetRange(model->shard->range(), response->mutable_range());
   return grpc::Status::OK;
 }

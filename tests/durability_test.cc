@@ -378,6 +378,59 @@ TEST(DurabilityTest, KilledTrainerRejoinsAndResumes) {
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root, /*max_grad_norm=*/1000);
 }
 
+// With loss scaling, a restarted trainer's scaler starts where the others'
+// are (the shards' replica): overflows before the kill backed the scale off,
+// so a scaler starting afresh would push with another scale and be refused.
+TEST(DurabilityTest, KilledTrainerResumesTheLossScale) {
+  constexpr uint32_t kShards = 2, kTrainers = 2;
+  constexpr int kSteps = 30;
+  const std::string model = "adamw";
+  const std::vector<int64_t> planted = {3, 5, 7};  // Hysteresis 2: backs off at 5 and 7.
+  const std::string root = MakeTempDir("scaler_restart");
+  auto servers = StartCluster(kShards);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> extra = {"--loss_scaling", "--initial_loss_scale=1024",
+                                          "--plant_inf_steps=3,5,7", "--chunk_bytes=64"};
+  std::vector<std::unique_ptr<ChildProcess>> trainers;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    const std::string out_dir = absl::StrCat(root, "/rank", r);
+    ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
+    auto proc = ChildProcess::Start(
+        Runfile("tests/test_trainer"),
+        TrainerArgs(Addresses(*servers), r, kTrainers, model, kSteps, out_dir, extra));
+    ASSERT_TRUE(proc.ok()) << proc.status();
+    trainers.push_back(std::move(*proc));
+  }
+  AwaitVersion((*servers)[0]->address(), model, 12);
+  trainers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(trainers[1]->Wait(absl::Seconds(10)).has_value());
+  auto restarted = ChildProcess::Start(
+      Runfile("tests/test_trainer"),
+      TrainerArgs(Addresses(*servers), 1, kTrainers, model, kSteps, root + "/rank1", extra));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  trainers[1] = std::move(*restarted);
+  for (auto& proc : trainers) {
+    std::optional<int> rc = proc->Wait(absl::Seconds(120));
+    ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
+    ASSERT_EQ(*rc, 0) << "trainer failed";
+  }
+  ModelSpec spec = SyntheticModelSpec(model, OptimizerByName(model).value(), kTrainers);
+  spec.loss_scaling = true;
+  spec.loss_scaler.initial_scale = 1024;
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, kShards).value();
+  ReferenceOptions reference;
+  reference.plant_inf_steps = {planted.begin(), planted.end()};
+  reference.plant_inf_element = layout.tensors().back().offset;
+  const std::vector<float> expected = ReferenceRun(spec, layout, kSteps, kSeed, reference);
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    absl::StatusOr<std::vector<float>> got =
+        ReadFloats(absl::StrCat(root, "/rank", r, "/", model, ".bin"));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(std::memcmp(got->data(), expected.data(), expected.size() * sizeof(float)), 0)
+        << "rank " << r;
+  }
+}
+
 // Without a decision step, a trainer that dies after pushing a step to some
 // shards only leaves them a version apart; restarted, it re-sends the
 // journaled push to the shards that missed it, and the job ends exactly.

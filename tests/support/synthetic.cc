@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "client/loss_scaler.h"
+#include "common/loss_scaler.h"
 #include "common/dtype_convert.h"
 #include "server/optim/optimizer.h"
 

@@ -5,9 +5,11 @@
 // an overflow spends one unit of hysteresis and, when none is left, backs
 // the scale off (never below min_scale); `growth_interval` steps in a row
 // without overflow grow it and refill the hysteresis. Deterministic: every
-// trainer fed the same decisions holds the same scale.
-#ifndef SHARDOPT_CLIENT_LOSS_SCALER_H_
-#define SHARDOPT_CLIENT_LOSS_SCALER_H_
+// trainer fed the same decisions holds the same scale, and so does the
+// replica every shard keeps (ModelShard), which a restarted trainer resumes
+// from.
+#ifndef SHARDOPT_COMMON_LOSS_SCALER_H_
+#define SHARDOPT_COMMON_LOSS_SCALER_H_
 
 #include <cstdint>
 
@@ -35,6 +37,25 @@ class LossScaler {
   double scale() const { return scale_; }
   void Update(bool found_inf);
 
+  // Everything that changes: a scaler set to another's state behaves as it
+  // does from then on (a restarted trainer takes the shards' mirror).
+  struct State {
+    double scale = 1;
+    int64_t growth_tracker = 0;
+    int64_t hysteresis_tracker = 0;
+    bool operator==(const State& o) const {
+      return scale == o.scale && growth_tracker == o.growth_tracker &&
+             hysteresis_tracker == o.hysteresis_tracker;
+    }
+  };
+  State state() const { return {scale_, growth_tracker_, hysteresis_tracker_}; }
+  void set_state(const State& state) {
+    scale_ = state.scale;
+    growth_tracker_ = state.growth_tracker;
+    hysteresis_tracker_ = state.hysteresis_tracker;
+  }
+  const LossScalerOptions& options() const { return options_; }
+
  private:
   LossScalerOptions options_;
   double scale_;
@@ -44,4 +65,4 @@ class LossScaler {
 
 }  // namespace shardopt
 
-#endif  // SHARDOPT_CLIENT_LOSS_SCALER_H_
+#endif  // SHARDOPT_COMMON_LOSS_SCALER_H_

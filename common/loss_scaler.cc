@@ -1,4 +1,4 @@
-#include "client/loss_scaler.h"
+#include "common/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>
