@@ -1,21 +1,22 @@
 // _shardopt: the Python face of the C++ TrainerClient (client/trainer_client.h).
 //
 // Tensor data crosses as Python buffers (numpy arrays, torch tensors through
-// .numpy(), bytearrays): contiguous little-endian float32 buffers of the
-// layout's size are read and written in place, without copies; anything
-// else is refused with ValueError. Calls that wait on the network release
-// the GIL. Every error the C++ side reports becomes a Python exception:
-// shardopt.ShardoptError (a RuntimeError) or one of its subclasses named
-// after the gRPC status code (InvalidArgumentError is also a ValueError,
-// NotFoundError a LookupError, UnavailableError a ConnectionError, ...),
-// with the code in its `code` attribute.
+// .numpy()): contiguous little-endian float32 buffers of the layout's size
+// are read and written in place, without copies; anything else is refused
+// with ValueError (TypeError for objects that are no buffer). Calls that wait on the network
+// release the GIL; a mutex keeps one Client's calls apart (the C++ client is not thread-safe).
+// Every error the C++ side reports becomes a Python exception: shardopt.ShardoptError (a
+// RuntimeError) or one of its subclasses named after the gRPC status code (InvalidArgumentError is
+// also a ValueError, NotFoundError a LookupError, UnavailableError a ConnectionError, ...), with
+// the code in its `code` attribute.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <map>
 #include <memory>
-#include <tuple>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -55,14 +56,6 @@ T ValueOrThrow(absl::StatusOr<T> value) {
   return std::move(*value);
 }
 
-absl::StatusCode CodeFromName(const std::string& name) {
-  for (int c = 1; c <= 16; ++c) {
-    const auto code = static_cast<absl::StatusCode>(c);
-    if (absl::StatusCodeToString(code) == name) return code;
-  }
-  return absl::StatusCode::kUnknown;
-}
-
 // A writable or read-only float32 view of a Python buffer of `size` floats.
 struct FloatBuffer {
   py::buffer_info info;
@@ -73,15 +66,16 @@ FloatBuffer RequestFloats(const py::buffer& buffer, size_t size, bool writable, 
   out.info = buffer.request(writable);
   if (out.info.format != py::format_descriptor<float>::format() ||
       out.info.itemsize != sizeof(float)) {
-    throw py::value_error(absl::StrCat(what, " must hold float32 values (got format '",
-                                       out.info.format, "')"));
+    throw py::value_error(
+        absl::StrCat(what, " must hold float32 values (got format '", out.info.format, "')"));
   }
   // C-contiguous, any shape: the strides must be those of a packed array.
   py::ssize_t expected = sizeof(float);
   for (py::ssize_t d = out.info.ndim - 1; d >= 0; --d) {
     if (out.info.shape[d] > 1 && out.info.strides[d] != expected) {
-      throw py::value_error(absl::StrCat(what, " is not contiguous: pass a contiguous buffer "
-                                               "(tensor.contiguous(), numpy.ascontiguousarray)"));
+      throw py::value_error(absl::StrCat(what,
+                                         " is not contiguous: pass a contiguous buffer "
+                                         "(tensor.contiguous(), numpy.ascontiguousarray)"));
     }
     expected *= out.info.shape[d];
   }
@@ -113,7 +107,8 @@ OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw)
     c.dampening = get("dampening", 0);
     c.nesterov = flag("nesterov");
   } else if (name == "adam" || name == "adamw") {
-    c = name == "adam" ? OptimizerConfig::Adam(get("lr", 1e-3)) : OptimizerConfig::AdamW(get("lr", 1e-3));
+    c = name == "adam" ? OptimizerConfig::Adam(get("lr", 1e-3))
+                       : OptimizerConfig::AdamW(get("lr", 1e-3));
     if (kw.contains("betas")) {
       auto betas = kw["betas"].cast<std::pair<double, double>>();
       c.beta1 = betas.first;
@@ -171,7 +166,8 @@ class Client {
   }
 
   // Registers (with `initial`, a flat buffer of the layout) or attaches.
-  void Register(const std::string& model_id, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+  void Register(const std::string& model_id,
+                const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
                 const std::string& optimizer, const py::dict& hyperparameters,
                 uint32_t num_trainers, double max_grad_norm, const py::object& initial) {
     ModelSpec spec;
@@ -183,6 +179,7 @@ class Client {
     if (initial.is_none()) {
       {
         py::gil_scoped_release release;
+        std::lock_guard<std::mutex> serial(mu_);
         ThrowIfError(client_->Attach(spec));
       }
       registered_ = true;
@@ -193,6 +190,7 @@ class Client {
         RequestFloats(initial.cast<py::buffer>(), layout.total_elements(), false, "initial values");
     {
       py::gil_scoped_release release;
+      std::lock_guard<std::mutex> serial(mu_);
       ThrowIfError(
           client_->Register(spec, absl::MakeConstSpan(values.data, layout.total_elements())));
     }
@@ -216,6 +214,7 @@ class Client {
     StepResult result;
     {
       py::gil_scoped_release release;
+      std::lock_guard<std::mutex> serial(mu_);
       result = ValueOrThrow(
           client_->Step(step, absl::MakeConstSpan(g.data, n), absl::MakeSpan(p.data, n)));
     }
@@ -226,16 +225,19 @@ class Client {
     const size_t n = Checked().layout().total_elements();
     FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
     py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
     return ValueOrThrow(client_->Pull(min_version, absl::MakeSpan(p.data, n)));
   }
 
   std::string Checkpoint(const std::string& directory, int64_t step) {
     py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
     return ValueOrThrow(client_->Checkpoint(directory, step));
   }
 
   std::vector<std::string> InspectJson() {
     py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
     return ValueOrThrow(client_->InspectJson());
   }
 
@@ -243,6 +245,7 @@ class Client {
                           const py::dict& hyperparameters) {
     const OptimizerConfig config = OptimizerFromKwargs(optimizer, hyperparameters);
     py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
     ThrowIfError(client_->SetHyperparameters(effective_step, config, LrSchedule()));
   }
 
@@ -272,6 +275,8 @@ class Client {
   }
 
   std::unique_ptr<TrainerClient> client_;
+  // Held (after the GIL is released) by every call into client_.
+  std::mutex mu_;
   bool registered_ = false;
 };
 
@@ -303,8 +308,8 @@ PYBIND11_MODULE(_shardopt, m) {
       {absl::StatusCode::kUnimplemented, "UnimplementedError", nullptr},
   };
   for (const auto& [code, name, builtin] : kinds) {
-    py::tuple bases = builtin ? py::make_tuple(ex.base, py::handle(builtin))
-                              : py::make_tuple(ex.base);
+    py::tuple bases =
+        builtin ? py::make_tuple(ex.base, py::handle(builtin)) : py::make_tuple(ex.base);
     py::object cls = py::reinterpret_steal<py::object>(PyErr_NewException(
         absl::StrCat("shardopt._shardopt.", name).c_str(), bases.ptr(), nullptr));
     m.attr(name) = cls;

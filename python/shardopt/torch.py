@@ -20,8 +20,15 @@ How it works:
 * The parameters' storage is moved into that buffer, and their ``.grad`` are
   views of a second one: autograd accumulates into it in place, ``step()``
   hands both buffers to the C++ client without copying them, and the pulled
-  parameters land directly in the parameters (a parameter whose ``.grad`` or
-  ``.data`` was replaced by other code is copied once and re-attached).
+  parameters land directly in the parameters (a ``.grad`` replaced by other
+  code is copied in once and re-attached).
+* The servers hold the master weights: the parameters' values are taken at
+  construction (rank 0's). Changing them afterwards (``load_state_dict`` on
+  the model, writing ``.data``) would be overwritten by the next pull, so
+  ``step()`` refuses with FailedPreconditionError instead (build the
+  optimizer after loading the weights; ``check_parameters=False`` skips this
+  check, which costs a copy and a comparison of the parameters per step).
+* Parameters with ``requires_grad=False`` are left out (frozen).
 * Rank 0 registers the model with its initial values; the other ranks attach
   and start from those values (as DistributedDataParallel broadcasts rank
   0's). Gradients are averaged over the ``world_size`` trainers on the
@@ -36,9 +43,12 @@ How it works:
   servers are at (restart the servers with ``--restore_from`` to go back to
   an older one).
 
-Differences from torch.optim: a parameter without a gradient at a step is
-updated with a zero gradient (torch.optim skips it), and parameters cannot be
-added after construction (the model is registered then).
+Differences from torch.optim: every trainable parameter is updated at every
+step, so a parameter without a gradient (after ``zero_grad(set_to_none=True)``)
+is refused rather than skipped; with the default ``zero_grad()`` an unused
+parameter has a zero gradient, as in torch.optim. Parameters cannot be added
+after construction (the model is registered then), and ``max_grad_norm`` needs
+a single parameter group (each group is its own model on the servers).
 """
 
 import os
@@ -71,6 +81,9 @@ class _Group:
         self.flat_grads = None
         self.slices = []  # (offset, size) of each parameter in the flat buffers
         self.sent_hyperparameters = None
+        self.version = 0         # The last version pulled.
+        self.last_result = None
+        self.pulled = None       # With check_parameters: the values last pulled.
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -89,12 +102,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
       checkpoint_dir: where ``state_dict()`` makes the servers save.
       rpc_timeout, retry_budget: seconds (see TrainerClientOptions).
       replay_steps, journal_path: crash recovery (docs/checkpoints.md).
+      check_parameters: refuse a step when the parameters were changed since
+        the last pull (see the module docstring).
     """
 
     def __init__(self, params, servers, rank, world_size, optimizer="adamw",
                  model_id="model", max_grad_norm=0.0, checkpoint_dir=None,
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
-                 **hyperparameters):
+                 check_parameters=True, **hyperparameters):
+        # torch.optim's implementation switches: accepted, meaningless here.
+        for switch in ("foreach", "capturable", "differentiable", "fused"):
+            hyperparameters.pop(switch, None)
         if optimizer not in _OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r} (one of {sorted(_OPTIMIZERS)})")
         unknown = set(hyperparameters) - set(_OPTIMIZERS[optimizer])
@@ -117,12 +135,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  retry_budget_s=float(retry_budget),
                                  replay_steps=int(replay_steps))
         self._journal_path = journal_path
+        self._check_parameters = check_parameters
         self._names = {}
         self._registered = False
         defaults = dict(_OPTIMIZERS[optimizer])
         defaults.update(hyperparameters)
         params = self._take_names(params)
         super().__init__(params, defaults)
+        if self._max_grad_norm > 0 and len(self.param_groups) > 1:
+            raise ValueError("max_grad_norm clips one model's global norm: it needs a single "
+                             "parameter group (each group is its own model on the servers)")
+        seen = set()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) in seen:
+                    raise ValueError(f"parameter {self._names.get(id(p), '')!r} appears twice")
+                seen.add(id(p))
         self._groups = [self._register(i, group) for i, group in enumerate(self.param_groups)]
         self._registered = True
         # (Not _step_count: torch's lr schedulers use that name on optimizers.)
@@ -137,6 +165,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _take_names(self, params):
         """Accepts (name, tensor) pairs: remembers the names, returns tensors."""
+        if isinstance(params, torch.Tensor):
+            raise TypeError("params argument given to the optimizer should be an iterable of "
+                            "Tensors or dicts, but got " + torch.typename(params))
+        if isinstance(params, (set, frozenset)):
+            raise TypeError("params must be an ordered collection (a set's order differs "
+                            "between trainer processes, which must lay the tensors out alike)")
         params = list(params)
         if params and isinstance(params[0], tuple):
             out = []
@@ -153,6 +187,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "the model is registered on the shard servers with a fixed layout; build a new "
                 "DistributedOptimizer (another model_id) with every parameter")
         params = param_group["params"]
+        if isinstance(params, (set, frozenset)):
+            raise TypeError("a parameter group's params must be an ordered collection, not a set")
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         param_group = dict(param_group, params=params)
         for p in params:
@@ -178,8 +214,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         journal = f"{self._journal_path}.g{index}" if self._journal_path else ""
         client = Client(self._servers, self._rank, journal_path=journal,
                                   **self._client_args)
-        params = group["params"]
-        names = [self._names.get(id(p), f"param{j}") for j, p in enumerate(params)]
+        # Frozen parameters stay out of the model (named by their place in the group).
+        indexed = [(j, p) for j, p in enumerate(group["params"]) if p.requires_grad]
+        if not indexed:
+            raise ValueError(f"parameter group {index} has no parameter that requires grad")
+        params = [p for _, p in indexed]
+        names = [self._names.get(id(p), f"param{j}") for j, p in indexed]
         g = _Group(client, model_id, params, names)
         tensors = [(n, list(p.shape)) for n, p in zip(names, params)]
         layout = client.layout_for(tensors)
@@ -193,10 +233,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         client.register(model_id, tensors, self._kind, hyper, self._world_size,
                         self._max_grad_norm,
                         g.flat_params.numpy() if self._rank == 0 else None)
-        g.sent_hyperparameters = hyper
+        # A model that existed already (restored, or running) keeps the
+        # hyperparameters it has; this group's are sent with the next step.
+        g.sent_hyperparameters = hyper if client.registered_version == 0 else None
         # Everyone starts from the servers' values (rank 0's, or where a
         # restored or running job is).
-        client.pull(client.registered_version, g.flat_params.numpy())
+        g.version = client.registered_version
+        client.pull(g.version, g.flat_params.numpy())
+        g.pulled = g.flat_params.clone() if self._check_parameters else None
         for p, view, grad_view in self._views(g):
             p.data = view
             p.grad = grad_view
@@ -212,13 +256,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients in place (they are views of the pushed buffer).
 
-        set_to_none is accepted for compatibility; the gradients are zeroed
-        instead, so that autograd keeps accumulating into the buffer.
+        With set_to_none, the gradients become None as in torch.optim (autograd
+        then makes new ones, copied into the buffer at the step; a parameter
+        still without one is refused at the step).
         """
         for g in self._groups:
             g.flat_grads.zero_()
             for p, _, grad_view in self._views(g):
-                if p.grad is None or p.grad.data_ptr() != grad_view.data_ptr():
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is None or p.grad.data_ptr() != grad_view.data_ptr():
                     p.grad = grad_view
 
     @torch.no_grad()
@@ -227,36 +274,49 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._version += 1
+        version = self._version + 1
+        for g in self._groups:
+            self._gather(g)
         results = []
         for i, g in enumerate(self._groups):
-            self._gather(g)
+            if g.version == version:  # Done by an earlier call that failed later.
+                results.append(g.last_result)
+                continue
             hyper = self._hyperparameters(self.param_groups[i])
             if hyper != g.sent_hyperparameters:
-                g.client.set_hyperparameters(self._version, self._kind, hyper)
+                g.client.set_hyperparameters(version, self._kind, hyper)
                 g.sent_hyperparameters = hyper
-            results.append(g.client.step(self._version, g.flat_grads.numpy(),
-                                         g.flat_params.numpy()))
-            self._scatter(g)
+            # A failure leaves this step to be tried again (pushes are
+            # idempotent per trainer and step).
+            g.last_result = g.client.step(version, g.flat_grads.numpy(), g.flat_params.numpy())
+            g.version = version
+            if g.pulled is not None:
+                g.pulled.copy_(g.flat_params)
+            results.append(g.last_result)
+        self._version = version
         self.last_results = results
         return loss
 
     def _gather(self, g):
-        """Brings gradients that are not views of the buffer into it."""
-        for p, view, grad_view in self._views(g):
+        """Brings gradients that are not views of the buffer into it; refuses
+        parameters whose values changed since they were pulled."""
+        changed = g.pulled is not None and not torch.equal(g.flat_params, g.pulled)
+        for p, name, (_, view, grad_view) in zip(g.params, g.names, self._views(g)):
+            if changed or p.data_ptr() != view.data_ptr():
+                raise FailedPreconditionError(
+                    "FAILED_PRECONDITION: the parameters were changed after the optimizer was "
+                    f"built ({name!r} or another): the shard servers hold the master weights "
+                    "and the next pull would overwrite them. Build the optimizer after "
+                    "loading the weights")
             if p.grad is None:
-                grad_view.zero_()
-                p.grad = grad_view
-            elif p.grad.data_ptr() != grad_view.data_ptr():
+                raise FailedPreconditionError(
+                    f"FAILED_PRECONDITION: parameter {name!r} has no gradient at this step: "
+                    "shardopt updates every parameter at every step (torch.optim would skip "
+                    "it); use zero_grad() without set_to_none, or freeze it "
+                    "(requires_grad=False) before building the optimizer")
+            if p.grad.data_ptr() != grad_view.data_ptr():
                 grad_view.copy_(p.grad)
                 p.grad = grad_view
-            if p.data_ptr() != view.data_ptr():
-                view.copy_(p.data)  # Replaced by other code: adopt its values.
-
-    def _scatter(self, g):
-        for p, view, _ in self._views(g):
-            if p.data_ptr() != view.data_ptr():
-                p.data = view
 
     @property
     def step_count(self):
@@ -308,6 +368,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"FAILED_PRECONDITION: the servers are at step {self._version}, the state dict "
                 f"is of step {info['step']}: the optimizer state lives on the shard servers; "
                 f"restart them with --restore_from={where[0]} to go back to it")
+        if len(state_dict["param_groups"]) != len(self.param_groups):
+            raise ValueError(f"state dict has {len(state_dict['param_groups'])} parameter groups; "
+                             f"this optimizer has {len(self.param_groups)}")
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             for k in _OPTIMIZERS[self._kind]:
                 if k in saved:

@@ -26,11 +26,12 @@ class BadUseTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.cluster.stop()
 
-    def optimizer(self, model, model_id, **kwargs):
+    def optimizer(self, model, model_id, params=None, **kwargs):
         args = dict(servers=self.servers, rank=0, world_size=1, optimizer="adam", lr=0.01,
                     model_id=model_id, retry_budget=2.0)
         args.update(kwargs)
-        return shardopt.torch.DistributedOptimizer(model.parameters(), **args)
+        return shardopt.torch.DistributedOptimizer(
+            model.parameters() if params is None else params, **args)
 
     def test_rank_outside_world_size(self):
         with self.assertRaisesRegex(ValueError, r"rank 2 is not in \[0, world_size=2\)"):
@@ -106,6 +107,58 @@ class BadUseTest(unittest.TestCase):
         with self.assertRaisesRegex(shardopt.FailedPreconditionError, "--restore_from"):
             opt.load_state_dict(state)
         opt.load_state_dict(opt.state_dict())  # the current step: accepted
+
+
+    def test_weights_changed_after_construction_are_refused_not_lost(self):
+        model = tiny_model()
+        opt = self.optimizer(model, "changed")
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+        with torch.no_grad():
+            model[0].weight.fill_(0.5)  # e.g. model.load_state_dict(pretrained)
+        model(torch.randn(2, 3)).sum().backward()
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "changed after"):
+            opt.step()
+        model[2].weight.data = torch.zeros(2, 4)  # replaced storage
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "changed after"):
+            opt.step()
+
+    def test_a_failed_step_can_be_retried(self):
+        model = tiny_model()
+        opt = self.optimizer(model, "retried")
+        model(torch.randn(2, 3)).sum().backward()
+        model[0].weight.grad[0, 0] = float("nan")
+        with self.assertRaises(shardopt.InvalidArgumentError):
+            opt.step()
+        opt.zero_grad()
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()  # the same step again, now with a good gradient
+        self.assertEqual(opt.step_count, 1)
+        self.assertEqual(opt.last_results[0]["version"], 1)
+
+    def test_a_parameter_without_gradient_is_refused(self):
+        model = tiny_model()
+        opt = self.optimizer(model, "nograd")
+        opt.zero_grad(set_to_none=True)
+        model[0](torch.randn(2, 3)).sum().backward()  # the last layer gets no gradient
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "no gradient"):
+            opt.step()
+
+    def test_sets_duplicates_and_clipping_with_groups(self):
+        model = tiny_model()
+        with self.assertRaisesRegex(TypeError, "ordered"):
+            self.optimizer(model, "set", params=set(model.parameters()))
+        with self.assertRaisesRegex(TypeError, "iterable"):
+            shardopt.torch.DistributedOptimizer(model[0].weight, servers=self.servers, rank=0,
+                                                world_size=1)
+        w = model[0].weight
+        with self.assertRaisesRegex(ValueError, "twice"):
+            shardopt.torch.DistributedOptimizer([w, w], servers=self.servers, rank=0,
+                                                world_size=1, optimizer="sgd", lr=0.1)
+        with self.assertRaisesRegex(ValueError, "single parameter group"):
+            shardopt.torch.DistributedOptimizer(
+                [{"params": model[0].parameters()}, {"params": model[2].parameters()}],
+                servers=self.servers, rank=0, world_size=1, max_grad_norm=1.0)
 
 
 if __name__ == "__main__":

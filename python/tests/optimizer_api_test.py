@@ -107,5 +107,64 @@ class OptimizerApiTest(unittest.TestCase):
             self.assertTrue(torch.equal(a, b), (a - b).abs().max())
 
 
+    def test_frozen_parameters_and_zero_copy(self):
+        reference = net()
+        reference[0].bias.requires_grad_(False)
+        ref_opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad],
+                                    lr=0.02)
+        train(reference, ref_opt, 1, 6)
+        model = net()
+        model[0].bias.requires_grad_(False)
+        frozen_before = model[0].bias.detach().clone()
+        with Cluster(1) as cluster:
+            opt = shardopt.torch.DistributedOptimizer(
+                model.parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adamw", lr=0.02, model_id="frozen", foreach=None)
+            group = opt._groups[0]
+            x, y = data(1)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            # Autograd wrote into the pushed buffer, and the parameters live in
+            # the pulled one: nothing is copied on the way to C++.
+            base_g, base_p = group.flat_grads.data_ptr(), group.flat_params.data_ptr()
+            end_g = base_g + group.flat_grads.numel() * 4
+            end_p = base_p + group.flat_params.numel() * 4
+            for p in group.params:
+                self.assertTrue(base_g <= p.grad.data_ptr() < end_g)
+                self.assertTrue(base_p <= p.data_ptr() < end_p)
+            opt.step()
+            train(model, opt, 2, 6)
+        self.assertTrue(torch.equal(model[0].bias, frozen_before))
+        self.assertIsNone(model[0].bias.grad)
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b), (a - b).abs().max())
+
+    def test_a_restored_model_takes_the_constructors_hyperparameters(self):
+        # As with torch.optim: a new optimizer runs with the hyperparameters
+        # it is given (load_state_dict brings the saved ones back).
+        root = tempfile.mkdtemp()
+        model = net()
+        with Cluster(1) as cluster:
+            opt = shardopt.torch.DistributedOptimizer(
+                model.parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="sgd", lr=0.001, model_id="relr", checkpoint_dir=root)
+            train(model, opt, 1, 2)
+            opt.param_groups[0]["lr"] = 0.05  # on the servers from step 3
+            train(model, opt, 3, 3)
+            self.assertEqual(opt.last_results[0]["lr"], 0.05)
+            state = opt.state_dict()
+        checkpoint = os.path.dirname(state["shardopt"]["checkpoints"][0])
+        for load, want in ((False, 0.001), (True, 0.05)):
+            with Cluster(1, [f"--restore_from={checkpoint}"]) as cluster:
+                resumed = net()
+                opt = shardopt.torch.DistributedOptimizer(
+                    resumed.parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                    optimizer="sgd", lr=0.001, model_id="relr")
+                if load:
+                    opt.load_state_dict(state)
+                train(resumed, opt, 4, 4)
+                self.assertEqual(opt.last_results[0]["lr"], want)
+
+
 if __name__ == "__main__":
     sys.exit(unittest.main(verbosity=2))
