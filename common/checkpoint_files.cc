@@ -13,6 +13,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/proto_convert.h"
@@ -533,6 +534,59 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory) {
     return absl::NotFoundError(absl::StrCat("no committed checkpoint in ", directory));
   }
   return best;
+}
+
+absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep) {
+  if (keep < 1) return absl::InvalidArgumentError("keep at least one checkpoint");
+  // Step directories by step, and which are committed.
+  std::vector<std::pair<int64_t, std::string>> steps;
+  std::vector<int64_t> committed;
+  if (DIR* d = ::opendir(directory.c_str())) {
+    while (const dirent* entry = ::readdir(d)) {
+      const std::string name = entry->d_name;
+      int64_t step = 0;
+      if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+      steps.emplace_back(step, Join(directory, name));
+      struct stat st;
+      if (::stat(Join(steps.back().second, kCheckpointManifestFile).c_str(), &st) == 0) {
+        committed.push_back(step);
+      }
+    }
+    ::closedir(d);
+  }
+  if (committed.empty()) return 0;
+  std::sort(committed.begin(), committed.end());
+  // Everything older than the keep-th newest committed checkpoint goes (with
+  // fewer, only what is older than the oldest: torn leftovers, and the parts
+  // of checkpoints another shard has already pruned).
+  const int64_t oldest_kept =
+      committed[committed.size() - std::min<size_t>(committed.size(), keep)];
+  const std::string prefix = absl::StrFormat("shard-%05u-of-", shard_index);
+  const std::string temp_prefix = "." + prefix;
+  int pruned = 0;
+  for (const auto& [step, dir] : steps) {
+    if (step >= oldest_kept) continue;
+    std::vector<std::string> names;
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (const dirent* entry = ::readdir(d)) names.push_back(entry->d_name);
+      ::closedir(d);
+    }
+    for (const std::string& name : names) {
+      // The manifest first: the directory is no longer a checkpoint.
+      if (name == kCheckpointManifestFile) ::unlink(Join(dir, name).c_str());
+    }
+    for (const std::string& name : names) {
+      if (absl::StartsWith(name, prefix) || absl::StartsWith(name, temp_prefix)) {
+        ::unlink(Join(dir, name).c_str());
+      }
+    }
+    ::rmdir(dir.c_str());  // Succeeds once every shard has removed its files.
+    ++pruned;
+  }
+  if (pruned > 0) {
+    if (absl::Status s = SyncDirectory(directory); !s.ok()) return s;
+  }
+  return pruned;
 }
 
 }  // namespace shardopt

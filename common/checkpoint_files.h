@@ -110,6 +110,16 @@ class CheckpointReader {
 // checkpoints (no manifest) are passed over.
 absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory);
 
+// Retention for a directory of "step-*" checkpoints (periodic ones): removes
+// shard `shard_index`'s files (data file, part record, leftover temporary
+// files of its killed writes) from every step directory older than the
+// `keep`-th newest committed one (or than the oldest, with fewer), with their
+// manifests, and the directories once empty. Each shard removes only what it wrote, so shards may do this at
+// once. Committed checkpoints among the `keep` newest, and anything newer,
+// are never touched. (A shard whose newest part is not committed yet when it
+// prunes leaves one more step behind, until it prunes again.) Returns the number of step directories pruned.
+absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep);
+
 }  // namespace shardopt
 
 #endif  // SHARDOPT_COMMON_CHECKPOINT_FILES_H_

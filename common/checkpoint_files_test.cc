@@ -285,5 +285,36 @@ TEST(CheckpointFilesTest, LatestCommittedCheckpointWins) {
   EXPECT_EQ(FindLatestCheckpoint(TempDir("empty")).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(CheckpointFilesTest, PruningKeepsTheNewestCommittedAndEachShardRemovesItsOwn) {
+  const std::string root = TempDir("prune");
+  const v1::ModelConfig config = Config(2);
+  for (int64_t step : {4, 8, 12, 16, 20}) {
+    const std::string dir = root + "/" + CheckpointStepDirName(step);
+    // Step 20 is torn (shard 1 never wrote it): newer, never pruned.
+    for (uint32_t i = 0; i < (step == 20 ? 1u : 2u); ++i) {
+      ASSERT_TRUE(WritePart(dir, config, i, step).ok());
+    }
+  }
+  // A leftover temporary file of a killed write of shard 0.
+  std::ofstream(root + "/" + CheckpointStepDirName(4) + "/.shard-00000-of-00002.bin.tmp.h.1.2.3")
+      << "x";
+  EXPECT_EQ(PruneCheckpoints(root, 0, 2).value(), 2);  // steps 4 and 8
+  auto exists = [](const std::string& path) { return access(path.c_str(), F_OK) == 0; };
+  const std::string step4 = root + "/" + CheckpointStepDirName(4);
+  EXPECT_FALSE(exists(step4 + "/manifest.json"));
+  EXPECT_FALSE(exists(step4 + "/" + CheckpointDataFileName(0, 2)));
+  EXPECT_FALSE(exists(step4 + "/.shard-00000-of-00002.bin.tmp.h.1.2.3"));
+  EXPECT_TRUE(exists(step4 + "/" + CheckpointDataFileName(1, 2)));  // shard 1's own
+  EXPECT_EQ(PruneCheckpoints(root, 1, 2).value(), 2);
+  EXPECT_FALSE(exists(step4));
+  EXPECT_FALSE(exists(root + "/" + CheckpointStepDirName(8)));
+  for (int64_t step : {12, 16}) {
+    EXPECT_TRUE(CheckpointReader::Open(root + "/" + CheckpointStepDirName(step)).ok()) << step;
+  }
+  EXPECT_TRUE(exists(root + "/" + CheckpointStepDirName(20) + "/" + CheckpointDataFileName(0, 2)));
+  EXPECT_EQ(FindLatestCheckpoint(root).value(), root + "/" + CheckpointStepDirName(16));
+  EXPECT_EQ(PruneCheckpoints(root, 0, 2).value(), 0);  // nothing more to do
+}
+
 }  // namespace
 }  // namespace shardopt

@@ -51,6 +51,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "A directory every shard of the job can write (shared filesystem).");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "Save every model at each version that is a multiple of this (0 = off).");
+ABSL_FLAG(int, checkpoint_keep, 0,
+          "Keep this many committed periodic checkpoints per model and remove older ones "
+          "(each shard its own files); 0 keeps all. Keep at least 2: a shard that dies while "
+          "writing one restarts from the one before.");
 ABSL_FLAG(std::string, restore_from, "",
           "Before serving, load models from this checkpoint directory, or from the latest "
           "committed checkpoint of each model under this --checkpoint_dir-style root (none "
@@ -144,6 +148,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.restore_from = absl::GetFlag(FLAGS_restore_from);
+  options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  if (options.checkpoint_keep < 0) {
+    shardopt::LogError("--checkpoint_keep must not be negative");
+    return 2;
+  }
   options.checkpoint_pause_for_tests =
       absl::Milliseconds(absl::GetFlag(FLAGS_fault_injection_checkpoint_pause_ms));
 

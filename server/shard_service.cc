@@ -559,6 +559,14 @@ void ShardServiceImpl::RunCheckpointer(Model* model) {
                 written->data_file, written->bytes,
                 written->committed ? "; checkpoint committed" : "");
       }
+      if (options_.checkpoint_keep > 0) {
+        absl::StatusOr<int> pruned =
+            PruneCheckpoints(root, options_.shard_index, options_.checkpoint_keep);
+        if (!pruned.ok()) {
+          LogError("model '%s': removing old checkpoints: %s", model->config.model_id(),
+                   pruned.status().ToString());
+        }
+      }
     } else if (stopping() || absl::IsUnavailable(written.status()) ||
                absl::IsCancelled(written.status())) {
       return;

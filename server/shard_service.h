@@ -46,6 +46,8 @@ struct ShardServerOptions {
   // checkpoint_dir/<model_id>/step-<version>/.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
+  // Periodic checkpoints kept per model (older ones are removed); 0 keeps all.
+  int checkpoint_keep = 0;
   // Fault-injection tests: periodic checkpoints stall this long mid-write.
   absl::Duration checkpoint_pause_for_tests;
   // Before serving, restore the models found here (see RestoreFrom).

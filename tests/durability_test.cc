@@ -229,15 +229,16 @@ bool CheckpointInProgress(const std::string& model_root, uint32_t index, uint32_
 // uninterrupted one does.
 // With `max_grad_norm` > 0 every step also takes a decision (clipping),
 // which the re-pushed steps must get again.
-void KillShardsDuringTraining(double max_grad_norm) {
+// With `keep` > 0 the servers keep only that many periodic checkpoints.
+void KillShardsDuringTraining(double max_grad_norm, int keep) {
   constexpr uint32_t kShards = 3, kTrainers = 2;
   constexpr int kSteps = 60, kKills = 6;
   const std::string model = "adamw";
   const std::string root = MakeTempDir("faults");
   const std::string ckpt = root + "/ckpt";
-  const std::vector<std::string> flags = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=4",
-                                          "--restore_from=" + ckpt,
-                                          "--fault_injection_checkpoint_pause_ms=100"};
+  const std::vector<std::string> flags = {
+      "--checkpoint_dir=" + ckpt, "--checkpoint_every=4", "--restore_from=" + ckpt,
+      "--fault_injection_checkpoint_pause_ms=100", absl::StrCat("--checkpoint_keep=", keep)};
   auto servers = StartCluster(kShards, flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> addresses = Addresses(*servers);
@@ -291,7 +292,8 @@ void KillShardsDuringTraining(double max_grad_norm) {
   // Every periodic checkpoint was committed in the end, also those a kill
   // interrupted (the restarted shard writes its part again when it gets
   // there).
-  for (int step = 0; step <= kSteps; step += 4) {
+  const int first_kept = keep > 0 ? kSteps - 4 * (keep - 1) : 0;
+  for (int step = first_kept; step <= kSteps; step += 4) {
     const std::string manifest =
         absl::StrFormat("%s/%s/step-%08d/manifest.json", ckpt, model, step);
     // (The last one may still be being written as the trainers finish.)
@@ -300,6 +302,17 @@ void KillShardsDuringTraining(double max_grad_norm) {
       absl::SleepFor(absl::Milliseconds(10));
     }
     EXPECT_EQ(access(manifest.c_str(), F_OK), 0) << manifest;
+  }
+  // Older ones are gone, every shard's files included (but for the newest of
+  // them: a shard that finished the last checkpoint before it was committed
+  // pruned then, and removes the rest at its next checkpoint).
+  for (int step = 0; step < first_kept - 4; step += 4) {
+    const std::string dir = absl::StrFormat("%s/%s/step-%08d", ckpt, model, step);
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (access(dir.c_str(), F_OK) == 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_NE(access(dir.c_str(), F_OK), 0) << dir << " should have been pruned";
   }
   int64_t replayed = 0;
   for (uint32_t r = 0; r < kTrainers; ++r) {
@@ -329,12 +342,15 @@ void KillShardsDuringTraining(double max_grad_norm) {
 }
 
 TEST(DurabilityTest, KilledShardsRecoverWithNothingLostOrAppliedTwice) {
-  KillShardsDuringTraining(0);
+  KillShardsDuringTraining(0, /*keep=*/0);
 }
 
 // Clipping on (a norm this small clips every step): each re-pushed step needs
 // its statistics and decision again on the restarted shard.
-TEST(DurabilityTest, KilledShardsRecoverWithGradientControl) { KillShardsDuringTraining(0.5); }
+// Also keeping only the 3 newest periodic checkpoints.
+TEST(DurabilityTest, KilledShardsRecoverWithGradientControl) {
+  KillShardsDuringTraining(0.5, /*keep=*/3);
+}
 
 // A trainer killed mid-run comes back, re-attaches at the model's version and
 // finishes; with a decision step (clipping on) a push cut off half-way
