@@ -830,6 +830,25 @@ absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_f
                        "' (started without --restore_from?): it cannot rejoin the job"));
     }
   }
+  // Hyperparameter changes the shard has not applied yet, as sent to it
+  // before (identical repeats are harmless where it still has them).
+  std::vector<v1::SetHyperparametersRequest> changes;
+  {
+    absl::MutexLock lock(&history_mu_);
+    for (auto it = changes_.upper_bound(version); it != changes_.end(); ++it) {
+      changes.push_back(it->second);
+    }
+  }
+  for (const v1::SetHyperparametersRequest& change : changes) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    v1::SetHyperparametersResponse response;
+    if (absl::Status s =
+            ToAbslStatus(shard.stub->SetHyperparameters(&context, change, &response));
+        !s.ok()) {
+      return s;
+    }
+  }
   std::vector<float> scratch;
   for (int64_t step = version + 1; step <= last_step; ++step) {
     PushedStep entry;
@@ -927,7 +946,7 @@ absl::Status TrainerClient::CancelHyperparameters(int64_t effective_step) {
 absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest request) {
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   request.set_model_id(model_id_);
-  return CallEveryShard(
+  absl::Status status = CallEveryShard(
       absl::StrCat(request.cancel() ? "cancelling the hyperparameter change at step "
                                     : "SetHyperparameters from step ",
                    request.effective_step()),
@@ -935,6 +954,16 @@ absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest re
         v1::SetHyperparametersResponse response;
         return ToAbslStatus(shard.stub->SetHyperparameters(&context, request, &response));
       });
+  if (status.ok() && options_.replay_steps > 0) {
+    // A shard restarted from an older checkpoint lost it: CatchUp sends it again.
+    absl::MutexLock lock(&history_mu_);
+    if (request.cancel()) {
+      changes_.erase(request.effective_step());
+    } else {
+      changes_[request.effective_step()] = request;
+    }
+  }
+  return status;
 }
 
 absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const float> flat_grads,

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -41,6 +42,7 @@
 #include "common/layout.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
+#include "proto/shardopt/v1/shard_service.pb.h"
 
 namespace grpc {
 class ClientContext;
@@ -49,7 +51,6 @@ class ClientContext;
 namespace shardopt {
 namespace v1 {
 class PushGradientsResponse;
-class SetHyperparametersRequest;
 }  // namespace v1
 class PayloadPins;
 
@@ -275,6 +276,8 @@ class TrainerClient {
   std::optional<LossScaler> scaler_;
   absl::Mutex history_mu_;  // Shards catch up concurrently.
   std::deque<PushedStep> history_ ABSL_GUARDED_BY(history_mu_);
+  // Hyperparameter changes sent (by effective step), for restarted shards.
+  std::map<int64_t, v1::SetHyperparametersRequest> changes_ ABSL_GUARDED_BY(history_mu_);
   std::atomic<int64_t> replayed_pushes_{0};
   int64_t latest_inspected_version_ = 0;  // Highest shard version InspectJson saw.
 };

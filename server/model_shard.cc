@@ -484,6 +484,13 @@ absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperp
     return absl::FailedPreconditionError(
         absl::StrCat("a different hyperparameter change took effect at step ", effective_step));
   }
+  // An identical repeat of a scheduled change (a restarted shard's trainers
+  // send what it lost) is harmless even while its step is being applied.
+  if (auto pending = scheduled_.find(effective_step);
+      pending != scheduled_.end() && pending->second.optimizer == next.optimizer &&
+      pending->second.lr_schedule == next.lr_schedule) {
+    return absl::OkStatus();
+  }
   // A step waiting for its decision counts as being applied: some shards may
   // have decided it already.
   if (effective_step <= version_ ||

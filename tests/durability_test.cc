@@ -67,11 +67,12 @@ void RunTrainers(const std::vector<std::string>& servers, uint32_t trainers,
 
 // Each rank's final parameters of `name` equal the uninterrupted reference.
 void ExpectMatchesReference(const std::string& name, uint32_t shards, uint32_t trainers, int steps,
-                            const std::string& out_root, double max_grad_norm = 0) {
+                            const std::string& out_root, double max_grad_norm = 0,
+                            const ReferenceOptions& options = {}) {
   ModelSpec spec = SyntheticModelSpec(name, OptimizerByName(name).value(), trainers);
   spec.max_grad_norm = max_grad_norm;
   const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, shards).value();
-  const std::vector<float> expected = ReferenceRun(spec, layout, steps, kSeed);
+  const std::vector<float> expected = ReferenceRun(spec, layout, steps, kSeed, options);
   for (uint32_t r = 0; r < trainers; ++r) {
     absl::StatusOr<std::vector<float>> got =
         ReadFloats(absl::StrCat(out_root, "/rank", r, "/", name, ".bin"));
@@ -232,7 +233,7 @@ bool CheckpointInProgress(const std::string& model_root, uint32_t index, uint32_
 // With `keep` > 0 the servers keep only that many periodic checkpoints.
 void KillShardsDuringTraining(double max_grad_norm, int keep) {
   constexpr uint32_t kShards = 3, kTrainers = 2;
-  constexpr int kSteps = 60, kKills = 6;
+  constexpr int kSteps = 60, kKills = 6, kChangeAt = 31;
   const std::string model = "adamw";
   const std::string root = MakeTempDir("faults");
   const std::string ckpt = root + "/ckpt";
@@ -252,7 +253,8 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
         Runfile("tests/test_trainer"),
         TrainerArgs(addresses, r, kTrainers, model, kSteps, out_dir,
                     {"--replay_steps=12", "--retry_budget=60s", "--chunk_bytes=64",
-                     absl::StrCat("--max_grad_norm=", max_grad_norm)}));
+                     absl::StrCat("--max_grad_norm=", max_grad_norm),
+                     absl::StrCat("--lr_change=", kChangeAt, ":0.003")}));
     ASSERT_TRUE(proc.ok()) << proc.status();
     trainers.push_back(std::move(*proc));
   }
@@ -288,7 +290,14 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
     ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
     ASSERT_EQ(*rc, 0) << "trainer failed";
   }
-  ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out", max_grad_norm);
+  // A change scheduled after a restarted shard's checkpoint was sent to it
+  // again by the trainers (the kill near step 30 restores step 28).
+  ReferenceOptions reference;
+  OptimizerConfig changed = OptimizerByName(model).value();
+  changed.lr = 0.003;
+  reference.changes[kChangeAt] = {changed, LrSchedule()};
+  ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out", max_grad_norm,
+                         reference);
   // Every periodic checkpoint was committed in the end, also those a kill
   // interrupted (the restarted shard writes its part again when it gets
   // there).

@@ -41,6 +41,9 @@ ABSL_FLAG(int, replay_steps, 0,
           "Keep this many pushed steps to re-push to a shard restarted from a checkpoint.");
 ABSL_FLAG(absl::Duration, retry_budget, absl::Seconds(60),
           "How long the client retries a shard that is down.");
+ABSL_FLAG(std::string, lr_change, "",
+          "STEP:LR: every trainer schedules the optimizer with this lr from STEP on (sent "
+          "just before pushing STEP).");
 ABSL_FLAG(std::string, journal_dir, "",
           "Keep a push journal per (rank, model) here (TrainerClientOptions::journal_path).");
 ABSL_FLAG(int64_t, die_mid_push_at_step, 0,
@@ -140,6 +143,17 @@ int Train(const std::string& name) {
     }
     if (options.trainer_rank == 0 && plant.count(step) > 0) {
       grad[PlantedElement((*client)->layout())] = PlantedValue(step);
+    }
+    if (const std::string change = absl::GetFlag(FLAGS_lr_change); !change.empty()) {
+      const std::vector<std::string> parts = absl::StrSplit(change, ':');
+      if (std::stoll(parts[0]) == step) {
+        OptimizerConfig next = *optimizer;
+        next.lr = std::stod(parts[1]);
+        if (absl::Status s = (*client)->SetHyperparameters(step, next, LrSchedule()); !s.ok()) {
+          fprintf(stderr, "rank %u: %s\n", options.trainer_rank, s.ToString().c_str());
+          return 1;
+        }
+      }
     }
     if (step == absl::GetFlag(FLAGS_die_mid_push_at_step)) {
       // What TrainerClient::Push does up to its first shard, then death.
