@@ -206,5 +206,88 @@ INSTANTIATE_TEST_SUITE_P(ShardsByTrainers, EndToEndTest,
                                                std::get<1>(info.param));
                          });
 
+// Each half of gradient control alone, on 2 shards x 2 trainers: clipping
+// without loss scaling (every step decided, none skipped), and loss scaling
+// without clipping whose scale grows every 3 clean steps and backs off at the
+// planted overflows (the shards' scaler replica refuses any push whose scale
+// is not the one the trainers' scalers must hold).
+TEST(EndToEndGradientControlTest, ClippingOnlyAndScalingOnly) {
+  constexpr uint32_t kShards = 2, kTrainers = 2;
+  struct Case {
+    const char* label;
+    double max_grad_norm;
+    bool loss_scaling;
+    std::vector<int64_t> planted;
+  };
+  for (const Case& c :
+       {Case{"clipping only", 0.8, false, {}}, Case{"scaling only", 0, true, {5, 6, 14}}}) {
+    SCOPED_TRACE(c.label);
+    auto servers = StartCluster(kShards, {"--device=cpu"});
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    const std::string out_root = MakeTempDir("control_parts");
+    std::vector<std::unique_ptr<ChildProcess>> procs;
+    for (uint32_t r = 0; r < kTrainers; ++r) {
+      const std::string out_dir = absl::StrCat(out_root, "/rank", r);
+      ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
+      std::vector<std::string> args = {"--servers=" + absl::StrJoin(Addresses(*servers), ","),
+                                       absl::StrCat("--rank=", r),
+                                       absl::StrCat("--num_trainers=", kTrainers),
+                                       "--models=adam",
+                                       absl::StrCat("--steps=", kSteps),
+                                       absl::StrCat("--seed=", kSeed),
+                                       absl::StrCat("--max_grad_norm=", c.max_grad_norm),
+                                       "--out_dir=" + out_dir};
+      if (c.loss_scaling) {
+        args.insert(args.end(),
+                    {"--loss_scaling", "--initial_loss_scale=256", "--loss_scale_growth_interval=3",
+                     "--plant_inf_steps=" + absl::StrJoin(c.planted, ",")});
+      }
+      auto proc = ChildProcess::Start(Runfile("tests/test_trainer"), args);
+      ASSERT_TRUE(proc.ok());
+      procs.push_back(std::move(*proc));
+    }
+    for (auto& proc : procs) {
+      std::optional<int> rc = proc->Wait(absl::Seconds(240));
+      ASSERT_TRUE(rc.has_value());
+      ASSERT_EQ(*rc, 0) << "trainer failed";
+    }
+    ModelSpec spec = SyntheticModelSpec("adam", OptimizerByName("adam").value(), kTrainers);
+    spec.max_grad_norm = c.max_grad_norm;
+    spec.loss_scaling = c.loss_scaling;
+    spec.loss_scaler.initial_scale = 256;
+    spec.loss_scaler.growth_interval = 3;
+    const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, kShards).value();
+    ReferenceOptions reference;
+    reference.plant_inf_steps = {c.planted.begin(), c.planted.end()};
+    reference.plant_inf_element = layout.tensors().back().offset;
+    std::vector<int64_t> skipped;
+    reference.skipped_steps = &skipped;
+    const std::vector<float> expected = ReferenceRun(spec, layout, kSteps, kSeed, reference);
+    EXPECT_EQ(skipped, c.planted);
+    for (uint32_t r = 0; r < kTrainers; ++r) {
+      absl::StatusOr<std::vector<float>> got =
+          ReadFloats(absl::StrCat(out_root, "/rank", r, "/adam.bin"));
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(std::memcmp(got->data(), expected.data(), expected.size() * sizeof(float)), 0)
+          << "rank " << r;
+    }
+    auto stub = NewStub((*servers)[0]->address());
+    grpc::ClientContext context;
+    v1::InspectRequest request;
+    request.set_model_id("adam");
+    v1::InspectResponse info;
+    ASSERT_TRUE(stub->Inspect(&context, request, &info).ok());
+    EXPECT_EQ(info.skipped_steps(), static_cast<int64_t>(c.planted.size()));
+    if (c.loss_scaling) {
+      // 256, grown at 3 clean steps in a row, backed off after hysteresis:
+      // the last decided step ran at the scale the trainers' scalers held.
+      EXPECT_GT(info.last_loss_scale(), 256.0);
+    } else {
+      EXPECT_LT(info.last_decision().clip_coef(), 1.0);  // 0.8 clips these gradients.
+      EXPECT_EQ(info.last_loss_scale(), 1.0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardopt::testing

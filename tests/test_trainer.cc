@@ -37,6 +37,7 @@ ABSL_FLAG(std::string, pull_dtype, "float32",
 ABSL_FLAG(double, max_grad_norm, 0, "Clip the global gradient norm to this (0: off).");
 ABSL_FLAG(bool, loss_scaling, false, "Dynamic loss scaling.");
 ABSL_FLAG(double, initial_loss_scale, 65536, "With --loss_scaling.");
+ABSL_FLAG(int64_t, loss_scale_growth_interval, 1000, "With --loss_scaling.");
 ABSL_FLAG(int, replay_steps, 0,
           "Keep this many pushed steps to re-push to a shard restarted from a checkpoint.");
 ABSL_FLAG(absl::Duration, retry_budget, absl::Seconds(60),
@@ -100,6 +101,7 @@ int Train(const std::string& name) {
   spec.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
   spec.loss_scaling = absl::GetFlag(FLAGS_loss_scaling);
   spec.loss_scaler.initial_scale = absl::GetFlag(FLAGS_initial_loss_scale);
+  spec.loss_scaler.growth_interval = absl::GetFlag(FLAGS_loss_scale_growth_interval);
   std::set<int64_t> plant;
   for (const std::string& s : absl::GetFlag(FLAGS_plant_inf_steps)) plant.insert(std::stoll(s));
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
