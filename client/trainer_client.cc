@@ -313,6 +313,7 @@ absl::Status TrainerClient::RegisterOrAttach(
     scaler->set_backoff_factor(spec.loss_scaler.backoff_factor);
     scaler->set_growth_interval(spec.loss_scaler.growth_interval);
     scaler->set_hysteresis(spec.loss_scaler.hysteresis);
+    scaler->set_max_scale(spec.loss_scaler.max_scale);
   }
   config.set_num_trainers(spec.num_trainers);
   config.set_reduction(spec.reduction == GradientReduction::kSum ? v1::GRADIENT_REDUCTION_SUM
@@ -323,6 +324,7 @@ absl::Status TrainerClient::RegisterOrAttach(
   // char, not bool: shards write their entries concurrently.
   std::vector<char> created(shards_.size(), 0);
   std::vector<std::optional<LossScaler::State>> scaler_states(shards_.size());
+  std::vector<std::string> run_ids(shards_.size());
   const RetryPolicy policy{initial_params ? options_.retry_budget : options_.attach_timeout,
                            options_.initial_backoff, options_.max_backoff};
   // Names this run in the model's checkpoints (used only if the model is new).
@@ -378,6 +380,7 @@ absl::Status TrainerClient::RegisterOrAttach(
                 response.loss_scaler().scale(), response.loss_scaler().growth_tracker(),
                 response.loss_scaler().hysteresis_tracker()};
           }
+          run_ids[shard.index] = response.run_id();
           return absl::OkStatus();
         },
         [&](const absl::Status& s) {
@@ -387,15 +390,18 @@ absl::Status TrainerClient::RegisterOrAttach(
     // Shards at different versions (e.g. one restarted empty while the others
     // trained on) must not be trained as one model.
     bool agree = true;
-    for (size_t i = 1; i < shards_.size(); ++i) agree = agree && versions[i] == versions[0];
+    for (size_t i = 1; i < shards_.size(); ++i) {
+      // (A scaler replica one decision ahead: a step was decided meanwhile.)
+      agree = agree && versions[i] == versions[0] && scaler_states[i] == scaler_states[0];
+    }
     if (agree) break;
     // A shard that had to create the model will not catch up by itself.
     const bool any_created = std::count(created.begin(), created.end(), 1) > 0;
     if (!any_created && !journal_replayed && !options_.journal_path.empty()) {
       // This trainer may have died in the middle of a push: send it again to
       // the shards that missed it.
-      journal_replayed = true;
       if (absl::Status s = ReplayJournal(spec.model_id, *layout, versions); !s.ok()) return s;
+      journal_replayed = true;
       continue;
     }
     if (!any_created && absl::Now() + agree_backoff < agree_deadline) {
@@ -416,6 +422,15 @@ absl::Status TrainerClient::RegisterOrAttach(
       }
     }
   }
+  for (size_t i = 1; i < shards_.size(); ++i) {
+    if (run_ids[i] != run_ids[0]) {
+      // Two registrations raced (one interrupted and repeated): their
+      // checkpoints would never combine.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model '", spec.model_id, "': shard 0 holds it for run '", run_ids[0], "' but shard ", i,
+          " for run '", run_ids[i], "' (an interrupted registration?): re-register it"));
+    }
+  }
   for (auto& shard : shards_) shard->range = layout->ShardRange(shard->index);
   layout_ = std::move(*layout);
   model_id_ = spec.model_id;
@@ -425,15 +440,8 @@ absl::Status TrainerClient::RegisterOrAttach(
   if (spec.loss_scaling) {
     scaler_.emplace(spec.loss_scaler);
     // Where the other trainers' scalers are (after a restart: not initial).
-    if (scaler_states[0]) {
-      for (const auto& state : scaler_states) {
-        if (!state || !(*state == *scaler_states[0])) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "model '", spec.model_id, "': the shards' loss scaler replicas disagree"));
-        }
-      }
-      scaler_->set_state(*scaler_states[0]);
-    }
+    if (scaler_states[0]) scaler_->set_state(*scaler_states[0]);  // The shards agree (above).
+    scaler_step_ = versions[0];
   } else {
     scaler_.reset();
   }
@@ -700,16 +708,21 @@ absl::Status TrainerClient::ReplayJournal(const std::string& model_id, const Mod
   for (auto& shard : shards_) {
     if (versions[shard->index] != lowest) continue;
     shard->range = layout.ShardRange(shard->index);
-    PayloadPins pins;
-    absl::Status pushed;
-    {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-      v1::PushGradientsResponse response;
-      pushed = PushToShard(*shard, context, entry->step, entry->payload.data(), entry->dtype,
-                           entry->loss_scale, &pins, &response);
-    }
-    pins.WaitUntilReleased();
+    // The dead process's own stream may hold the trainer's slot for a while
+    // (ABORTED until the server notices): retried like any push.
+    const absl::Status pushed = RetryWithBackoff(DefaultRetryPolicy(), [&]() -> absl::Status {
+      PayloadPins pins;
+      absl::Status s;
+      {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+        v1::PushGradientsResponse response;
+        s = PushToShard(*shard, context, entry->step, entry->payload.data(), entry->dtype,
+                        entry->loss_scale, &pins, &response);
+      }
+      pins.WaitUntilReleased();
+      return s;
+    });
     if (!pushed.ok()) return shard->Annotate(pushed, "re-sending the journaled push");
     replayed_pushes_.fetch_add(1);
   }
@@ -839,15 +852,23 @@ absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_f
       changes.push_back(it->second);
     }
   }
-  for (const v1::SetHyperparametersRequest& change : changes) {
+  auto send = [&](const v1::SetHyperparametersRequest& request) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     v1::SetHyperparametersResponse response;
-    if (absl::Status s =
-            ToAbslStatus(shard.stub->SetHyperparameters(&context, change, &response));
-        !s.ok()) {
-      return s;
+    return ToAbslStatus(shard.stub->SetHyperparameters(&context, request, &response));
+  };
+  for (const v1::SetHyperparametersRequest& change : changes) {
+    absl::Status s = send(change);
+    if (absl::IsFailedPrecondition(s) && !change.cancel()) {
+      // The shard still holds a change for that step that was cancelled or
+      // replaced after its checkpoint: remove it, then schedule this one.
+      v1::SetHyperparametersRequest cancel = change;
+      cancel.set_cancel(true);
+      s = send(cancel);
+      if (s.ok()) s = send(change);
     }
+    if (!s.ok()) return s;
   }
   std::vector<float> scratch;
   for (int64_t step = version + 1; step <= last_step; ++step) {
@@ -956,12 +977,10 @@ absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest re
       });
   if (status.ok() && options_.replay_steps > 0) {
     // A shard restarted from an older checkpoint lost it: CatchUp sends it again.
+    // The last word for each step (a cancel too: a restored shard may still
+    // hold the change it removes).
     absl::MutexLock lock(&history_mu_);
-    if (request.cancel()) {
-      changes_.erase(request.effective_step());
-    } else {
-      changes_[request.effective_step()] = request;
-    }
+    changes_[request.effective_step()] = request;
   }
   return status;
 }
@@ -976,6 +995,13 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     absl::StatusOr<Decision> decided = DecideStep(step);
     if (!decided.ok()) return decided.status();
     decision = *decided;
+    // The shards update their scaler replica as the decision reaches them:
+    // so does this trainer's scaler, once per step, whether or not the pull
+    // below succeeds (a retry of this step must not update it again).
+    if (scaler_ && scaler_step_ < step) {
+      scaler_->Update(decision->skip);
+      scaler_step_ = step;
+    }
   }
   double lr = 0;
   absl::StatusOr<int64_t> version =
@@ -988,7 +1014,6 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     result->grad_norm = decision->grad_norm;
     result->clip_coef = decision->clip_coef;
     result->loss_scale = loss_scale;
-    if (scaler_) scaler_->Update(decision->skip);
   }
   if (*version != step) {
     // The shards are past this step: this trainer is behind (e.g. restarted

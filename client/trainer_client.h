@@ -25,8 +25,8 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,10 +36,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/loss_scaler.h"
 #include "client/retry.h"
 #include "common/dtype.h"
 #include "common/layout.h"
+#include "common/loss_scaler.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
@@ -280,6 +280,7 @@ class TrainerClient {
   std::map<int64_t, v1::SetHyperparametersRequest> changes_ ABSL_GUARDED_BY(history_mu_);
   std::atomic<int64_t> replayed_pushes_{0};
   int64_t latest_inspected_version_ = 0;  // Highest shard version InspectJson saw.
+  int64_t scaler_step_ = 0;               // The last step whose decision updated scaler_.
 };
 
 }  // namespace shardopt

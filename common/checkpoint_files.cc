@@ -223,6 +223,16 @@ absl::StatusOr<bool> TryCommit(const std::string& dir, const v1::ModelConfig& co
     if (::stat(record.c_str(), &st) != 0) return false;
     absl::StatusOr<v1::CheckpointManifest> part = ReadManifestFile(record);
     if (!part.ok()) return part.status();
+    if (part->step() == step && part->parts_size() == 1 &&
+        part->parts(0).progress().run_id() != run_id &&
+        google::protobuf::util::MessageDifferencer::Equals(part->config(), config)) {
+      // Either a leftover of an older run (its shard rewrites it when it gets
+      // here) or shards that hold the model under different runs: say so,
+      // it may never commit.
+      return absl::FailedPreconditionError(absl::StrCat(
+          record, ": shard ", i, " saved this step for run '", part->parts(0).progress().run_id(),
+          "', this shard for run '", run_id, "'; not committed (yet)"));
+    }
     if (!SameCheckpoint(*part, config, step, run_id) || part->parts_size() != 1 ||
         part->parts(0).shard_index() != i) {
       return false;  // A stale record of another checkpoint: its shard will rewrite it.
@@ -571,9 +581,13 @@ absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shar
       while (const dirent* entry = ::readdir(d)) names.push_back(entry->d_name);
       ::closedir(d);
     }
+    const std::string manifest_temp = absl::StrCat(".", kCheckpointManifestFile, ".tmp.");
     for (const std::string& name : names) {
-      // The manifest first: the directory is no longer a checkpoint.
-      if (name == kCheckpointManifestFile) ::unlink(Join(dir, name).c_str());
+      // The manifest first: the directory is no longer a checkpoint. (And
+      // what a shard killed while committing it left.)
+      if (name == kCheckpointManifestFile || absl::StartsWith(name, manifest_temp)) {
+        ::unlink(Join(dir, name).c_str());
+      }
     }
     for (const std::string& name : names) {
       if (absl::StartsWith(name, prefix) || absl::StartsWith(name, temp_prefix)) {

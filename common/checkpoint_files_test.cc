@@ -132,12 +132,14 @@ TEST(CheckpointFilesTest, PartsOfAnotherRunAreNeverCombined) {
   const v1::ModelConfig config = Config(3);
   ASSERT_TRUE(WritePart(dir, config, 0, 7, "old-run").ok());
   ASSERT_TRUE(WritePart(dir, config, 1, 7, "old-run").ok());
+  // Written, not committed, and the reason is said.
   absl::StatusOr<CheckpointPartWritten> w = WritePart(dir, config, 2, 7, "new-run");
-  ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_FALSE(w->committed);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(w.status().message()), HasSubstr("old-run"));
   EXPECT_EQ(CheckpointReader::Open(dir).status().code(), absl::StatusCode::kNotFound);
   // The new run's shards rewrite their parts: then it commits.
-  ASSERT_TRUE(WritePart(dir, config, 0, 7, "new-run").ok());
+  EXPECT_EQ(WritePart(dir, config, 0, 7, "new-run").status().code(),
+            absl::StatusCode::kFailedPrecondition);  // Shard 1's part is still old.
   w = WritePart(dir, config, 1, 7, "new-run");
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_TRUE(w->committed);

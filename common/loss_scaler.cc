@@ -19,10 +19,12 @@ absl::Status LossScalerOptions::Validate() const {
   // the servers exact (and what the shards check).
   if (!PowerOfTwo(initial_scale) || !PowerOfTwo(min_scale) || !PowerOfTwo(growth_factor) ||
       !PowerOfTwo(backoff_factor) || !(growth_factor > 1) || !(backoff_factor < 1) ||
-      min_scale > initial_scale || growth_interval < 1 || hysteresis < 1) {
+      !PowerOfTwo(max_scale) || min_scale > initial_scale || initial_scale > max_scale ||
+      max_scale > 1267650600228229401496703205376.0 || growth_interval < 1 || hysteresis < 1) {
     return absl::InvalidArgumentError(
         "loss scaler: initial_scale, min_scale, growth_factor and backoff_factor must be "
-        "powers of two with min_scale <= initial_scale, growth_factor > 1 and "
+        "powers of two (as max_scale, at most 2^100) with min_scale <= initial_scale <= "
+        "max_scale, growth_factor > 1 and "
         "backoff_factor < 1; growth_interval and hysteresis >= 1");
   }
   return absl::OkStatus();
@@ -44,7 +46,7 @@ void LossScaler::Update(bool found_inf) {
   if (growth_tracker_ == options_.growth_interval) {
     growth_tracker_ = 0;
     hysteresis_tracker_ = options_.hysteresis;
-    scale_ *= options_.growth_factor;
+    scale_ = std::min(scale_ * options_.growth_factor, options_.max_scale);
   }
 }
 

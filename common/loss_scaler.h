@@ -24,6 +24,8 @@ struct LossScalerOptions {
   double backoff_factor = 0.5;
   int64_t growth_interval = 1000;
   int64_t hysteresis = 2;
+  // Growth stops here (2^100: the shards refuse larger scales).
+  double max_scale = 1267650600228229401496703205376.0;
 
   // INVALID_ARGUMENT unless scales are positive, growth > 1, backoff in
   // (0, 1), and the interval and hysteresis at least 1.

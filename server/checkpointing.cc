@@ -170,6 +170,7 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
     }
     scaler = LossScalerOptions{c.initial_scale(),  c.min_scale(),       c.growth_factor(),
                                c.backoff_factor(), c.growth_interval(), c.hysteresis()};
+    if (c.max_scale() > 0) scaler->max_scale = c.max_scale();
     if (absl::Status s = scaler->Validate(); !s.ok()) return s;
   }
   const uint64_t state_bytes =

@@ -26,8 +26,8 @@ std::vector<float> Values(uint32_t seed) {
 
 double SumOfSquaresWith(int threads, float scale) {
   ThreadPool pool(threads);
-  auto backend = CpuBackend::Create(OptimizerConfig::Sgd(0.1), 2, std::vector<float>(kSize), &pool)
-                     .value();
+  auto backend =
+      CpuBackend::Create(OptimizerConfig::Sgd(0.1), 2, std::vector<float>(kSize), &pool).value();
   for (uint32_t rank = 0; rank < 2; ++rank) {
     const std::vector<float> g = Values(rank + 1);
     EXPECT_EQ(backend->Stage(rank, 0, g.data(), DType::kFloat32, kSize).value(), kSize);

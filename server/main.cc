@@ -149,8 +149,10 @@ int main(int argc, char** argv) {
   }
   options.restore_from = absl::GetFlag(FLAGS_restore_from);
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
-  if (options.checkpoint_keep < 0) {
-    shardopt::LogError("--checkpoint_keep must not be negative");
+  if (options.checkpoint_keep < 0 || options.checkpoint_keep == 1) {
+    // With one, a shard that died while writing the newest could find its
+    // peers have already removed the one it restarts from.
+    shardopt::LogError("--checkpoint_keep must be 0 (keep all) or at least 2");
     return 2;
   }
   options.checkpoint_pause_for_tests =

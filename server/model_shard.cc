@@ -79,6 +79,15 @@ double ModelShard::LrOfVersion(int64_t version) const {
   return version == version_ ? version_lr_ : 0.0;
 }
 
+ModelShard::AttachInfo ModelShard::GetAttachInfo() const {
+  absl::MutexLock lock(&mu_);
+  AttachInfo info;
+  info.version = version_;
+  if (loss_scaler_) info.loss_scaler = loss_scaler_->state();
+  info.run_id = run_id_;
+  return info;
+}
+
 std::optional<LossScaler::State> ModelShard::LossScalerState() const {
   absl::MutexLock lock(&mu_);
   if (!loss_scaler_) return std::nullopt;

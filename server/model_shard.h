@@ -279,6 +279,13 @@ class ModelShard {
   // The loss scaler replica's state at the current version (the next step's
   // scale); nullopt without a replica.
   std::optional<LossScaler::State> LossScalerState() const;
+  // What a (re)attaching trainer needs, read at once.
+  struct AttachInfo {
+    int64_t version = 0;
+    std::optional<LossScaler::State> loss_scaler;  // At `version`.
+    std::string run_id;
+  };
+  AttachInfo GetAttachInfo() const;
 
   int64_t version() const;
   // The lr of step `version` if that is the shard's current version, else 0.

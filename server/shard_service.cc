@@ -33,11 +33,15 @@ void SetRange(const FlatRange& range, v1::ShardRange* proto) {
   proto->set_end(range.end);
 }
 
-void SetLossScalerState(const ModelShard& shard, v1::RegisterModelResponse* response) {
-  if (std::optional<LossScaler::State> state = shard.LossScalerState()) {
-    response->mutable_loss_scaler()->set_scale(state->scale);
-    response->mutable_loss_scaler()->set_growth_tracker(state->growth_tracker);
-    response->mutable_loss_scaler()->set_hysteresis_tracker(state->hysteresis_tracker);
+// The version, scaler state and run a (re)attaching trainer starts from.
+void SetAttachInfo(const ModelShard& shard, v1::RegisterModelResponse* response) {
+  const ModelShard::AttachInfo info = shard.GetAttachInfo();
+  response->set_version(info.version);
+  response->set_run_id(info.run_id);
+  if (info.loss_scaler) {
+    response->mutable_loss_scaler()->set_scale(info.loss_scaler->scale);
+    response->mutable_loss_scaler()->set_growth_tracker(info.loss_scaler->growth_tracker);
+    response->mutable_loss_scaler()->set_hysteresis_tracker(info.loss_scaler->hysteresis_tracker);
   }
 }
 
@@ -191,8 +195,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
                        options_.shard_index, " with a different config")));
     }
     response->set_created(false);
-    response->set_version(model.shard->version());
-    SetLossScalerState(*model.shard, response);
+    SetAttachInfo(*model.shard, response);
     SetRange(model.shard->range(), response->mutable_range());
     return grpc::Status::OK;
   };
@@ -270,8 +273,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
           plan->options.optimizer.DebugString(), model->shard->range().begin,
           model->shard->range().end, model->shard->device());
   response->set_created(true);
-  response->set_version(0);
-  SetLossScalerState(*model->shard, response);
+  SetAttachInfo(*model->shard, response);
   SetRange(model->shard->range(), response->mutable_range());
   return grpc::Status::OK;
 }

@@ -301,6 +301,8 @@ class BrokenPullShard final : public v1::ShardService::Service {
                              v1::RegisterModelResponse* response) override {
     v1::RegisterModelRequest request;
     while (reader->Read(&request)) {
+      // A new model belongs to the registering run, as on a real shard.
+      if (request.has_header()) response->set_run_id(request.header().run_id());
     }
     response->set_created(true);
     response->mutable_range()->set_begin(range_.begin);
