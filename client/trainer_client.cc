@@ -635,6 +635,21 @@ absl::Status TrainerClient::PushToShard(Shard& shard, grpc::ClientContext& conte
   return ToAbslStatus(writer->Finish());
 }
 
+absl::Status TrainerClient::PushOnce(Shard& shard, int64_t step, const void* payload,
+                                     DType wire_dtype, double loss_scale,
+                                     v1::PushGradientsResponse* response) {
+  PayloadPins pins;
+  absl::Status pushed;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    pushed = PushToShard(shard, context, step, payload, wire_dtype, loss_scale, &pins, response);
+  }
+  // The payload must outlive gRPC's hold on it (see Push).
+  pins.WaitUntilReleased();
+  return pushed;
+}
+
 absl::Status TrainerClient::PullFromShard(Shard& shard, grpc::ClientContext& context,
                                           int64_t min_version, const Decision* decision,
                                           int64_t pushed_step, float* destination,
@@ -710,18 +725,10 @@ absl::Status TrainerClient::ReplayJournal(const std::string& model_id, const Mod
     shard->range = layout.ShardRange(shard->index);
     // The dead process's own stream may hold the trainer's slot for a while
     // (ABORTED until the server notices): retried like any push.
-    const absl::Status pushed = RetryWithBackoff(DefaultRetryPolicy(), [&]() -> absl::Status {
-      PayloadPins pins;
-      absl::Status s;
-      {
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-        v1::PushGradientsResponse response;
-        s = PushToShard(*shard, context, entry->step, entry->payload.data(), entry->dtype,
-                        entry->loss_scale, &pins, &response);
-      }
-      pins.WaitUntilReleased();
-      return s;
+    v1::PushGradientsResponse response;
+    const absl::Status pushed = RetryWithBackoff(DefaultRetryPolicy(), [&] {
+      return PushOnce(*shard, entry->step, entry->payload.data(), entry->dtype, entry->loss_scale,
+                      &response);
     });
     if (!pushed.ok()) return shard->Annotate(pushed, "re-sending the journaled push");
     replayed_pushes_.fetch_add(1);
@@ -887,22 +894,17 @@ absl::Status TrainerClient::CatchUp(Shard& shard, int64_t last_step, bool wait_f
     }
     bool already_applied = false;
     {
-      PayloadPins pins;
-      absl::Status pushed;
-      {
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-        v1::PushGradientsResponse response;
-        pushed = PushToShard(shard, context, step, entry.payload->data(), entry.dtype,
-                             entry.loss_scale, &pins, &response);
-        if (pushed.ok() && response.outcome() != v1::PushGradientsResponse::OUTCOME_DUPLICATE &&
-            response.outcome() != v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
-          replayed_pushes_.fetch_add(1);
-        }
-        already_applied = response.outcome() == v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED;
+      v1::PushGradientsResponse response;
+      if (absl::Status pushed = PushOnce(shard, step, entry.payload->data(), entry.dtype,
+                                         entry.loss_scale, &response);
+          !pushed.ok()) {
+        return pushed;
       }
-      pins.WaitUntilReleased();
-      if (!pushed.ok()) return pushed;
+      if (response.outcome() != v1::PushGradientsResponse::OUTCOME_DUPLICATE &&
+          response.outcome() != v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
+        replayed_pushes_.fetch_add(1);
+      }
+      already_applied = response.outcome() == v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED;
     }
     if (already_applied) continue;
     if (step == last_step && !wait_for_last) {

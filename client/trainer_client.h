@@ -232,6 +232,9 @@ class TrainerClient {
   absl::Status PushToShard(Shard& shard, grpc::ClientContext& context, int64_t step,
                            const void* payload, DType wire_dtype, double loss_scale,
                            PayloadPins* pins, v1::PushGradientsResponse* response);
+  // A push outside CallEveryShard (replays): its own context, pins waited for.
+  absl::Status PushOnce(Shard& shard, int64_t step, const void* payload, DType wire_dtype,
+                        double loss_scale, v1::PushGradientsResponse* response);
   absl::Status PullFromShard(Shard& shard, grpc::ClientContext& context, int64_t min_version,
                              const Decision* decision, int64_t pushed_step, float* destination,
                              int64_t* version, double* lr);

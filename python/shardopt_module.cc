@@ -131,6 +131,15 @@ OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw)
   return c;
 }
 
+// [(name, shape, offset, size)] of `layout`'s tensors.
+std::vector<py::tuple> Placements(const ModelLayout& layout) {
+  std::vector<py::tuple> out;
+  for (const TensorPlacement& t : layout.tensors()) {
+    out.push_back(py::make_tuple(t.spec.name, t.spec.shape, t.offset, t.size));
+  }
+  return out;
+}
+
 py::dict StepResultToDict(const StepResult& r) {
   py::dict d;
   d["step"] = r.step;
@@ -198,13 +207,7 @@ class Client {
   }
 
   // [(name, shape, offset, size)] of the registered layout.
-  std::vector<py::tuple> Layout() const {
-    std::vector<py::tuple> out;
-    for (const TensorPlacement& t : Checked().layout().tensors()) {
-      out.push_back(py::make_tuple(t.spec.name, t.spec.shape, t.offset, t.size));
-    }
-    return out;
-  }
+  std::vector<py::tuple> Layout() const { return Placements(Checked().layout()); }
   uint64_t TotalElements() const { return Checked().layout().total_elements(); }
 
   py::dict Step(int64_t step, const py::buffer& grads, const py::buffer& params) {
@@ -256,10 +259,7 @@ class Client {
     ModelSpec spec;
     for (const auto& [name, shape] : tensors) spec.tensors.push_back({name, shape});
     const ModelLayout layout = ValueOrThrow(client_->LayoutFor(spec));
-    std::vector<py::tuple> out;
-    for (const TensorPlacement& t : layout.tensors()) {
-      out.push_back(py::make_tuple(t.spec.name, t.spec.shape, t.offset, t.size));
-    }
+    std::vector<py::tuple> out = Placements(layout);
     out.push_back(py::make_tuple("", std::vector<int64_t>{}, layout.total_elements(), 0));
     return out;
   }

@@ -51,15 +51,17 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions
 absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions options,
                                                                std::vector<float> initial_values,
                                                                ThreadPool* pool) {
-  return Create(
-      std::move(options), std::move(initial_values),
-      [pool](const ModelShardOptions& o,
-             std::vector<float> values) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-        absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
-            CpuBackend::Create(o.optimizer, o.num_trainers, std::move(values), pool);
-        if (!cpu.ok()) return cpu.status();
-        return std::unique_ptr<UpdateBackend>(std::move(*cpu));
-      });
+  return Create(std::move(options), std::move(initial_values), CpuBackendFactory(pool));
+}
+
+ModelShard::BackendFactory ModelShard::CpuBackendFactory(ThreadPool* pool) {
+  return [pool](const ModelShardOptions& o,
+                std::vector<float> values) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+    absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
+        CpuBackend::Create(o.optimizer, o.num_trainers, std::move(values), pool);
+    if (!cpu.ok()) return cpu.status();
+    return std::unique_ptr<UpdateBackend>(std::move(*cpu));
+  };
 }
 
 ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend)

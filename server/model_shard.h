@@ -190,6 +190,8 @@ class ModelShard {
   static absl::StatusOr<std::unique_ptr<ModelShard>> Create(ModelShardOptions options,
                                                             std::vector<float> initial_values,
                                                             ThreadPool* pool);
+  // Makes CpuBackends on `pool`.
+  static BackendFactory CpuBackendFactory(ThreadPool* pool);
   ~ModelShard();
 
   // Either `immediate` (nothing to send) or `writer` is set.

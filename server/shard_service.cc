@@ -17,7 +17,6 @@
 #include "common/logging.h"
 #include "common/proto_convert.h"
 #include "server/checkpointing.h"
-#include "server/cpu_backend.h"
 #include "server/device_support.h"
 
 namespace shardopt {
@@ -251,12 +250,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
         "RegisterModel sent ", received, " of the ", size, " initial values of the range")));
   }
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
-      options_.gpu_index < 0
-          ? ModelShard::Create(plan->options, std::move(values), &pool_)
-          : ModelShard::Create(plan->options, std::move(values),
-                               [this](const ModelShardOptions& o, std::vector<float> v) {
-                                 return MakeGpuBackend(options_.gpu_index, o, std::move(v));
-                               });
+      ModelShard::Create(plan->options, std::move(values), BackendFactory());
   if (!shard.ok()) return Error(shard.status());
 
   auto model = std::make_shared<Model>();
@@ -519,6 +513,13 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+ModelShard::BackendFactory ShardServiceImpl::BackendFactory() {
+  if (options_.gpu_index < 0) return ModelShard::CpuBackendFactory(&pool_);
+  return [gpu = options_.gpu_index](const ModelShardOptions& o, std::vector<float> v) {
+    return MakeGpuBackend(gpu, o, std::move(v));
+  };
+}
+
 std::shared_ptr<ShardServiceImpl::Model> ShardServiceImpl::Install(std::shared_ptr<Model> model) {
   {
     absl::MutexLock lock(&mu_);
@@ -633,16 +634,7 @@ absl::Status ShardServiceImpl::RestoreModel(const std::string& checkpoint_dir) {
     return s;
   }
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
-      RestoreShard(**checkpoint, *plan,
-                   [this](const ModelShardOptions& o,
-                          std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-                     if (options_.gpu_index >= 0)
-                       return MakeGpuBackend(options_.gpu_index, o, std::move(v));
-                     absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
-                         CpuBackend::Create(o.optimizer, o.num_trainers, std::move(v), &pool_);
-                     if (!cpu.ok()) return cpu.status();
-                     return std::unique_ptr<UpdateBackend>(std::move(*cpu));
-                   });
+      RestoreShard(**checkpoint, *plan, BackendFactory());
   if (!shard.ok()) {
     ReleaseStateBytes(plan->state_bytes);
     return shard.status();

@@ -121,6 +121,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // nullptr after Shutdown().
   std::shared_ptr<Model> Install(std::shared_ptr<Model> model);
   absl::Status RestoreModel(const std::string& checkpoint_dir);
+  // Where this server keeps a model's numbers: its GPU, or the CPU pool.
+  ModelShard::BackendFactory BackendFactory();
   // With periodic checkpoints: refuses a new model (`version` -1) when the
   // model's checkpoint directory already holds committed checkpoints, and a
   // restored one when it holds a later one or one of another run.

@@ -44,36 +44,61 @@ std::vector<std::string> TrainerArgs(const std::vector<std::string>& servers, ui
   return args;
 }
 
-// Runs T trainer processes to the end; each writes to out_root/rank<r>.
-void RunTrainers(const std::vector<std::string>& servers, uint32_t trainers,
-                 const std::string& models, int steps, const std::string& out_root,
-                 const std::vector<std::string>& extra = {}) {
-  std::vector<std::unique_ptr<ChildProcess>> procs;
+// Starts (or restarts) trainer `rank` of `trainers` into `*proc`; it writes to
+// out_root/rank<rank>.
+void StartTrainer(const std::vector<std::string>& servers, uint32_t rank, uint32_t trainers,
+                  const std::string& models, int steps, const std::string& out_root,
+                  const std::vector<std::string>& extra, std::unique_ptr<ChildProcess>* proc) {
+  const std::string out_dir = absl::StrCat(out_root, "/rank", rank);
+  ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
+  auto started =
+      ChildProcess::Start(Runfile("tests/test_trainer"),
+                          TrainerArgs(servers, rank, trainers, models, steps, out_dir, extra));
+  ASSERT_TRUE(started.ok()) << started.status();
+  *proc = std::move(*started);
+}
+
+// Starts T trainers (see StartTrainer).
+void StartTrainers(const std::vector<std::string>& servers, uint32_t trainers,
+                   const std::string& models, int steps, const std::string& out_root,
+                   const std::vector<std::string>& extra,
+                   std::vector<std::unique_ptr<ChildProcess>>* procs) {
+  procs->resize(trainers);
   for (uint32_t r = 0; r < trainers; ++r) {
-    const std::string out_dir = absl::StrCat(out_root, "/rank", r);
-    ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
-    auto proc =
-        ChildProcess::Start(Runfile("tests/test_trainer"),
-                            TrainerArgs(servers, r, trainers, models, steps, out_dir, extra));
-    ASSERT_TRUE(proc.ok()) << proc.status();
-    procs.push_back(std::move(*proc));
+    ASSERT_NO_FATAL_FAILURE(
+        StartTrainer(servers, r, trainers, models, steps, out_root, extra, &(*procs)[r]));
   }
+}
+
+// Every trainer exits 0 within `timeout`.
+void AwaitTrainers(std::vector<std::unique_ptr<ChildProcess>>& procs,
+                   absl::Duration timeout = absl::Seconds(240)) {
   for (auto& proc : procs) {
-    std::optional<int> rc = proc->Wait(absl::Seconds(240));
+    std::optional<int> rc = proc->Wait(timeout);
     ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
     ASSERT_EQ(*rc, 0) << "trainer failed";
   }
 }
 
-// Each rank's final parameters of `name` equal the uninterrupted reference.
-void ExpectMatchesReference(const std::string& name, uint32_t shards, uint32_t trainers, int steps,
-                            const std::string& out_root, double max_grad_norm = 0,
-                            const ReferenceOptions& options = {}) {
-  ModelSpec spec = SyntheticModelSpec(name, OptimizerByName(name).value(), trainers);
-  spec.max_grad_norm = max_grad_norm;
+// Runs T trainer processes to the end; each writes to out_root/rank<r>.
+void RunTrainers(const std::vector<std::string>& servers, uint32_t trainers,
+                 const std::string& models, int steps, const std::string& out_root,
+                 const std::vector<std::string>& extra = {}) {
+  std::vector<std::unique_ptr<ChildProcess>> procs;
+  ASSERT_NO_FATAL_FAILURE(StartTrainers(servers, trainers, models, steps, out_root, extra, &procs));
+  AwaitTrainers(procs);
+}
+
+// Each rank's final parameters equal the uninterrupted reference of `spec`
+// (with planted inf/NaN, rank 0 plants them in the last tensor, as
+// test_trainer does).
+void ExpectMatchesReference(const ModelSpec& spec, uint32_t shards, int steps,
+                            const std::string& out_root, ReferenceOptions options = {}) {
+  const std::string& name = spec.model_id;
   const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, shards).value();
+  if (!options.plant_inf_steps.empty()) options.plant_inf_element = layout.tensors().back().offset;
   const std::vector<float> expected = ReferenceRun(spec, layout, steps, kSeed, options);
-  for (uint32_t r = 0; r < trainers; ++r) {
+  for (uint32_t r = 0; r < spec.num_trainers; ++r) {
     absl::StatusOr<std::vector<float>> got =
         ReadFloats(absl::StrCat(out_root, "/rank", r, "/", name, ".bin"));
     ASSERT_TRUE(got.ok()) << got.status();
@@ -87,6 +112,15 @@ void ExpectMatchesReference(const std::string& name, uint32_t shards, uint32_t t
     }
     EXPECT_EQ(mismatches, 0u) << name << " rank " << r << " on " << shards << " shards";
   }
+}
+
+// The same for test_trainer's model `name`.
+void ExpectMatchesReference(const std::string& name, uint32_t shards, uint32_t trainers, int steps,
+                            const std::string& out_root, double max_grad_norm = 0,
+                            const ReferenceOptions& options = {}) {
+  ModelSpec spec = SyntheticModelSpec(name, OptimizerByName(name).value(), trainers);
+  spec.max_grad_norm = max_grad_norm;
+  ExpectMatchesReference(spec, shards, steps, out_root, options);
 }
 
 // The Checkpoint RPC on every shard, for the same step and directory.
@@ -245,19 +279,13 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
   const std::vector<std::string> addresses = Addresses(*servers);
 
   std::vector<std::unique_ptr<ChildProcess>> trainers;
-  for (uint32_t r = 0; r < kTrainers; ++r) {
-    const std::string out_dir = absl::StrCat(root, "/out/rank", r);
-    ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
-    // Slow steps (many small chunks) leave time for kills mid-push.
-    auto proc = ChildProcess::Start(
-        Runfile("tests/test_trainer"),
-        TrainerArgs(addresses, r, kTrainers, model, kSteps, out_dir,
+  // Slow steps (many small chunks) leave time for kills mid-push.
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainers(addresses, kTrainers, model, kSteps, root + "/out",
                     {"--replay_steps=12", "--retry_budget=60s", "--chunk_bytes=64",
                      absl::StrCat("--max_grad_norm=", max_grad_norm),
-                     absl::StrCat("--lr_change=", kChangeAt, ":0.003")}));
-    ASSERT_TRUE(proc.ok()) << proc.status();
-    trainers.push_back(std::move(*proc));
-  }
+                     absl::StrCat("--lr_change=", kChangeAt, ":0.003")},
+                    &trainers));
   std::mt19937 rng(2026);
   int mid_checkpoint_kills = 0;
   for (int kill = 0; kill < kKills; ++kill) {
@@ -285,11 +313,7 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
     for (auto& t : trainers) finished = finished && t->Wait(absl::ZeroDuration()).has_value();
     if (finished) break;
   }
-  for (auto& proc : trainers) {
-    std::optional<int> rc = proc->Wait(absl::Seconds(240));
-    ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
-    ASSERT_EQ(*rc, 0) << "trainer failed";
-  }
+  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
   // A change scheduled after a restarted shard's checkpoint was sent to it
   // again by the trainers (the kill near step 30 restores step 28).
   ReferenceOptions reference;
@@ -373,15 +397,8 @@ TEST(DurabilityTest, KilledTrainerRejoinsAndResumes) {
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> extra = {"--max_grad_norm=1000", "--chunk_bytes=64"};
   std::vector<std::unique_ptr<ChildProcess>> trainers;
-  for (uint32_t r = 0; r < kTrainers; ++r) {
-    const std::string out_dir = absl::StrCat(root, "/rank", r);
-    ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
-    auto proc = ChildProcess::Start(
-        Runfile("tests/test_trainer"),
-        TrainerArgs(Addresses(*servers), r, kTrainers, model, kSteps, out_dir, extra));
-    ASSERT_TRUE(proc.ok()) << proc.status();
-    trainers.push_back(std::move(*proc));
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainers(Addresses(*servers), kTrainers, model, kSteps, root, extra, &trainers));
   std::mt19937 rng(11);
   for (int kill = 0; kill < 3; ++kill) {
     AwaitVersion((*servers)[0]->address(), model, (kill + 1) * kSteps / 4);
@@ -389,17 +406,10 @@ TEST(DurabilityTest, KilledTrainerRejoinsAndResumes) {
     if (trainers[1]->Wait(absl::ZeroDuration()).has_value()) break;
     trainers[1]->Signal(SIGKILL);
     ASSERT_TRUE(trainers[1]->Wait(absl::Seconds(10)).has_value());
-    auto proc = ChildProcess::Start(
-        Runfile("tests/test_trainer"),
-        TrainerArgs(Addresses(*servers), 1, kTrainers, model, kSteps, root + "/rank1", extra));
-    ASSERT_TRUE(proc.ok()) << proc.status();
-    trainers[1] = std::move(*proc);
+    ASSERT_NO_FATAL_FAILURE(
+        StartTrainer(Addresses(*servers), 1, kTrainers, model, kSteps, root, extra, &trainers[1]));
   }
-  for (auto& proc : trainers) {
-    std::optional<int> rc = proc->Wait(absl::Seconds(240));
-    ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
-    ASSERT_EQ(*rc, 0) << "trainer failed";
-  }
+  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root, /*max_grad_norm=*/1000);
 }
 
@@ -417,43 +427,20 @@ TEST(DurabilityTest, KilledTrainerResumesTheLossScale) {
   const std::vector<std::string> extra = {"--loss_scaling", "--initial_loss_scale=1024",
                                           "--plant_inf_steps=3,5,7", "--chunk_bytes=64"};
   std::vector<std::unique_ptr<ChildProcess>> trainers;
-  for (uint32_t r = 0; r < kTrainers; ++r) {
-    const std::string out_dir = absl::StrCat(root, "/rank", r);
-    ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
-    auto proc = ChildProcess::Start(
-        Runfile("tests/test_trainer"),
-        TrainerArgs(Addresses(*servers), r, kTrainers, model, kSteps, out_dir, extra));
-    ASSERT_TRUE(proc.ok()) << proc.status();
-    trainers.push_back(std::move(*proc));
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainers(Addresses(*servers), kTrainers, model, kSteps, root, extra, &trainers));
   AwaitVersion((*servers)[0]->address(), model, 12);
   trainers[1]->Signal(SIGKILL);
   ASSERT_TRUE(trainers[1]->Wait(absl::Seconds(10)).has_value());
-  auto restarted = ChildProcess::Start(
-      Runfile("tests/test_trainer"),
-      TrainerArgs(Addresses(*servers), 1, kTrainers, model, kSteps, root + "/rank1", extra));
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  trainers[1] = std::move(*restarted);
-  for (auto& proc : trainers) {
-    std::optional<int> rc = proc->Wait(absl::Seconds(120));
-    ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
-    ASSERT_EQ(*rc, 0) << "trainer failed";
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainer(Addresses(*servers), 1, kTrainers, model, kSteps, root, extra, &trainers[1]));
+  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers, absl::Seconds(120)));
   ModelSpec spec = SyntheticModelSpec(model, OptimizerByName(model).value(), kTrainers);
   spec.loss_scaling = true;
   spec.loss_scaler.initial_scale = 1024;
-  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, kShards).value();
   ReferenceOptions reference;
   reference.plant_inf_steps = {planted.begin(), planted.end()};
-  reference.plant_inf_element = layout.tensors().back().offset;
-  const std::vector<float> expected = ReferenceRun(spec, layout, kSteps, kSeed, reference);
-  for (uint32_t r = 0; r < kTrainers; ++r) {
-    absl::StatusOr<std::vector<float>> got =
-        ReadFloats(absl::StrCat(root, "/rank", r, "/", model, ".bin"));
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(std::memcmp(got->data(), expected.data(), expected.size() * sizeof(float)), 0)
-        << "rank " << r;
-  }
+  ExpectMatchesReference(spec, kShards, kSteps, root, reference);
 }
 
 // Without a decision step, a trainer that dies after pushing a step to some
@@ -467,34 +454,22 @@ TEST(DurabilityTest, TrainerDyingMidPushResendsItsJournal) {
   auto servers = StartCluster(kShards);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> journal = {"--journal_dir=" + root};
-  std::vector<std::unique_ptr<ChildProcess>> trainers;
-  for (uint32_t r = 0; r < kTrainers; ++r) {
-    const std::string out_dir = absl::StrCat(root, "/rank", r);
-    ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
-    std::vector<std::string> extra = journal;
-    if (r == 1) extra.push_back(absl::StrCat("--die_mid_push_at_step=", kDieAt));
-    auto proc = ChildProcess::Start(
-        Runfile("tests/test_trainer"),
-        TrainerArgs(Addresses(*servers), r, kTrainers, model, kSteps, out_dir, extra));
-    ASSERT_TRUE(proc.ok()) << proc.status();
-    trainers.push_back(std::move(*proc));
-  }
+  std::vector<std::unique_ptr<ChildProcess>> trainers(kTrainers);
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainer(Addresses(*servers), 0, kTrainers, model, kSteps, root, journal, &trainers[0]));
+  std::vector<std::string> dying = journal;
+  dying.push_back(absl::StrCat("--die_mid_push_at_step=", kDieAt));
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainer(Addresses(*servers), 1, kTrainers, model, kSteps, root, dying, &trainers[1]));
   std::optional<int> died = trainers[1]->Wait(absl::Seconds(60));
   ASSERT_EQ(died, std::optional<int>(3));
   // Shard 0 applied step 7 (it had both pushes), shard 1 waits for rank 1.
   AwaitVersion((*servers)[0]->address(), model, kDieAt);
   EXPECT_EQ(VersionOn((*servers)[0]->address(), model), kDieAt);
   EXPECT_EQ(VersionOn((*servers)[1]->address(), model), kDieAt - 1);
-  auto restarted = ChildProcess::Start(
-      Runfile("tests/test_trainer"),
-      TrainerArgs(Addresses(*servers), 1, kTrainers, model, kSteps, root + "/rank1", journal));
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  trainers[1] = std::move(*restarted);
-  for (auto& proc : trainers) {
-    std::optional<int> rc = proc->Wait(absl::Seconds(120));
-    ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
-    ASSERT_EQ(*rc, 0) << "trainer failed";
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainer(Addresses(*servers), 1, kTrainers, model, kSteps, root, journal, &trainers[1]));
+  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers, absl::Seconds(120)));
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root);
 }
 
