@@ -455,31 +455,29 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   // Checked here, whole, before any shard sees the step: a NaN found by one
   // shard only would leave the others holding (or applying) step `step`.
   // (With loss scaling an overflow is expected: every shard skips the step.)
-  if (size_t bad =
-          scaler_ ? flat_grads.size() : FindNonFinite(flat_grads.data(), flat_grads.size());
-      bad != flat_grads.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient of ", layout_->DescribeElement(bad),
-                                                   " for step ", step, " is ", flat_grads[bad],
-                                                   "; nothing was pushed"));
-  }
-  // 16-bit wire types: rounded once here (as PyTorch's .to() would), and
-  // checked again, since a finite fp32 value can overflow fp16.
+  // 16-bit wire types are rounded once here (as PyTorch's .to() would) and
+  // checked after rounding, which also finds the NaNs and infinities of the
+  // fp32 input, and finite values that overflow fp16.
   const DType wire_dtype = options_.push_dtype;
   const size_t element = DTypeSize(wire_dtype);
   std::vector<char> narrowed;
   const void* payload = flat_grads.data();
-  if (wire_dtype != DType::kFloat32) {
+  size_t bad = flat_grads.size();
+  if (wire_dtype == DType::kFloat32) {
+    if (!scaler_) bad = FindNonFinite(flat_grads.data(), flat_grads.size());
+  } else {
     narrowed.resize(flat_grads.size() * element);
-    ConvertFromFloat(flat_grads.data(), flat_grads.size(), wire_dtype, narrowed.data());
-    if (size_t bad = scaler_ ? flat_grads.size()
-                             : FindNonFiniteOfType(narrowed.data(), flat_grads.size(), wire_dtype);
-        bad != flat_grads.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ",
-                       flat_grads[bad], ", which overflows ", DTypeName(wire_dtype),
-                       "; nothing was pushed (scale the loss down, or push bfloat16)"));
-    }
+    bad = ConvertFromFloatAndFindNonFinite(flat_grads.data(), flat_grads.size(), wire_dtype,
+                                           narrowed.data());
     payload = narrowed.data();
+  }
+  if (!scaler_ && bad != flat_grads.size()) {
+    const bool overflow = std::isfinite(flat_grads[bad]);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ", flat_grads[bad],
+        overflow ? absl::StrCat(", which overflows ", DTypeName(wire_dtype),
+                                "; nothing was pushed (scale the loss down, or push bfloat16)")
+                 : "; nothing was pushed"));
   }
   std::vector<v1::PushGradientsResponse> responses(shards_.size());
   // gRPC may hold the zero-copy payload slices a little past each call's

@@ -25,6 +25,11 @@ void ConvertFromFloat(const float* src, size_t count, DType dtype, void* dst);
 // `data` (any alignment), or `count`.
 size_t FindNonFiniteOfType(const void* data, size_t count, DType dtype);
 
+// ConvertFromFloat, then FindNonFiniteOfType on what was written (a finite
+// fp32 value can overflow fp16), block by block so that the check reads the
+// output while it is still in cache. All of `dst` is written either way.
+size_t ConvertFromFloatAndFindNonFinite(const float* src, size_t count, DType dtype, void* dst);
+
 // fp32 `dst` from `count` elements of `dtype` at `src` (any alignment).
 // Returns the index of the first NaN or infinity, or `count` when all are
 // finite (one pass: the check is done on the converted values).

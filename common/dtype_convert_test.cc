@@ -125,9 +125,63 @@ TEST(DTypeConvertTest, BulkConversionsAndTheNonFiniteScan) {
   EXPECT_EQ(ConvertToFloatAndFindNonFinite(half.data(), 2, DType::kFloat16, back.data()), 1u);
   EXPECT_EQ(FindNonFiniteOfType(half.data(), 2, DType::kFloat16), 1u);
   EXPECT_EQ(FindNonFiniteOfType(half.data(), 1, DType::kFloat16), 1u);
+  // Converted and checked block by block: the first bad index is found in a
+  // later block, past a second one, and every element is still written.
+  std::vector<float> many(10000, 2.0f);
+  many[9000] = 1e5f;  // overflows fp16 only
+  many[9500] = std::numeric_limits<float>::infinity();
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    std::vector<char> out(many.size() * DTypeSize(dtype), 0);
+    const size_t expected = dtype == DType::kFloat16 ? 9000u : 9500u;
+    EXPECT_EQ(ConvertFromFloatAndFindNonFinite(many.data(), many.size(), dtype, out.data()),
+              expected)
+        << DTypeName(dtype);
+    std::vector<float> back(many.size());
+    // Widening finds the first non-finite value in a later block as well.
+    EXPECT_EQ(ConvertToFloatAndFindNonFinite(out.data(), many.size(), dtype, back.data()),
+              expected);
+    EXPECT_EQ(back.front(), 2.0f);
+    EXPECT_EQ(back.back(), 2.0f) << DTypeName(dtype);
+  }
   std::vector<uint16_t> bf = {0x3f80, 0x7fc0, 0xff80};
   EXPECT_EQ(FindNonFiniteOfType(bf.data(), 3, DType::kBFloat16), 1u);
   EXPECT_EQ(FindNonFiniteOfType(big.data(), 2, DType::kFloat32), 2u);
+}
+
+// The bulk (vectorised) loops against the scalar functions, bit for bit: every
+// 16-bit value widened, and narrowing of every sign/exponent/high-mantissa
+// combination with low bits at each rounding boundary of both formats (ties,
+// just below and above, the sticky bits), at an odd count so the vector
+// loops' remainders run too.
+TEST(DTypeConvertTest, BulkLoopsMatchTheScalarConversionsBitForBit) {
+  std::vector<uint16_t> every16(0x10000 + 3);
+  for (size_t i = 0; i < every16.size(); ++i) every16[i] = static_cast<uint16_t>(i * 40503u);
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    std::vector<float> wide(every16.size());
+    ConvertToFloatAndFindNonFinite(every16.data(), every16.size(), dtype, wide.data());
+    for (size_t i = 0; i < every16.size(); ++i) {
+      const float expected =
+          dtype == DType::kBFloat16 ? BFloat16BitsToFloat(every16[i]) : HalfBitsToFloat(every16[i]);
+      ASSERT_EQ(B(wide[i]), B(expected)) << DTypeName(dtype) << std::hex << " " << every16[i];
+    }
+  }
+  const uint32_t low_bits[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x17ff, 0x1800,
+                               0x1fff, 0x2000, 0x2001, 0x3000, 0x7fff, 0x8000, 0x8001,
+                               0x9000, 0xbfff, 0xc000, 0xefff, 0xf000, 0xffff};
+  std::vector<float> src;
+  for (uint32_t high = 0; high <= 0xffff; ++high) {
+    for (uint32_t low : low_bits) src.push_back(F((high << 16) | low));
+  }
+  src.resize(src.size() - 5);
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    std::vector<uint16_t> narrow(src.size());
+    ConvertFromFloat(src.data(), src.size(), dtype, narrow.data());
+    for (size_t i = 0; i < src.size(); ++i) {
+      const uint16_t expected =
+          dtype == DType::kBFloat16 ? FloatToBFloat16Bits(src[i]) : FloatToHalfBits(src[i]);
+      ASSERT_EQ(narrow[i], expected) << DTypeName(dtype) << std::hex << " " << B(src[i]);
+    }
+  }
 }
 
 }  // namespace

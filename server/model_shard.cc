@@ -762,9 +762,8 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
       const uint64_t n = std::min<uint64_t>(kConvertBlockElements, count - done);
       if (absl::Status s = backend_->Read(offset + done, n, wide.data()); !s.ok()) return s;
       char* block = narrow + done * DTypeSize(dtype);
-      ConvertFromFloat(wide.data(), n, dtype, block);
       // fp16 tops out at 65504: a larger master weight would arrive as inf.
-      if (size_t bad = FindNonFiniteOfType(block, n, dtype); bad != n) {
+      if (size_t bad = ConvertFromFloatAndFindNonFinite(wide.data(), n, dtype, block); bad != n) {
         return absl::FailedPreconditionError(
             absl::StrCat("parameter ", DescribeElement(offset + done + bad), " is ", wide[bad],
                          ", which overflows ", DTypeName(dtype), "; pull float32 or bfloat16"));

@@ -131,6 +131,13 @@ TEST_F(ClientSemanticsTest, Float16OverflowIsRefusedBeforeAnyShardSeesIt) {
   for (const auto& server : servers_) {
     EXPECT_EQ(Inspect(server->address(), "fp16").bytes().gradient_bytes_received(), 0u);
   }
+  // A NaN of the fp32 gradient is named as such, not as an overflow.
+  grad[3] = std::numeric_limits<float>::quiet_NaN();
+  r = client->Step(1, grad, absl::MakeSpan(params));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("is nan; nothing was pushed"), std::string::npos)
+      << r.status();
+  EXPECT_EQ(r.status().message().find("overflows"), std::string::npos) << r.status();
   grad[3] = 1e4f;
   r = client->Step(1, grad, absl::MakeSpan(params));
   ASSERT_TRUE(r.ok()) << r.status();
