@@ -106,19 +106,24 @@ void WidenBFloat16(const uint16_t* __restrict src, size_t count, float* __restri
   for (size_t i = 0; i < count; ++i) dst[i] = FromBits(static_cast<uint32_t>(src[i]) << 16);
 }
 
-// FloatToHalfBits with all three cases computed and selected.
+// FloatToHalfBits with all three cases computed and selected. The masks are
+// spelled out: through Select() GCC 12 picks a vectorisation that runs about
+// 1.5x slower.
 SHARDOPT_VECTOR_CLONES
 void NarrowToHalf(const float* __restrict src, size_t count, uint16_t* __restrict dst) {
   for (size_t i = 0; i < count; ++i) {
-    const uint32_t bits = Bits(src[i]);
+    const uint32_t bits = FloatToBits(src[i]);
     const uint32_t sign = (bits >> 16) & 0x8000u;
     const uint32_t magnitude = bits & 0x7fffffffu;
     const uint32_t rebiased = magnitude - 0x38000000u;
     const uint32_t normal = (rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13;
-    const uint32_t subnormal = Bits(FromBits(magnitude) + 0.5f) - Bits(0.5f);
-    uint32_t half = Select(Mask(magnitude < 0x38800000u), subnormal, normal);
-    half = Select(Mask(magnitude >= 0x477ff000u), 0x7c00u, half);
-    half = Select(Mask(magnitude > 0x7f800000u), 0x7e00u, half);
+    const uint32_t subnormal = FloatToBits(BitsToFloat(magnitude) + 0.5f) - 0x3f000000u;
+    const uint32_t is_subnormal = Mask(magnitude < 0x38800000u);
+    const uint32_t is_overflow = Mask(magnitude >= 0x477ff000u);
+    const uint32_t is_nan = Mask(magnitude > 0x7f800000u);
+    uint32_t half = (subnormal & is_subnormal) | (normal & ~is_subnormal);
+    half = (0x7c00u & is_overflow) | (half & ~is_overflow);
+    half = (0x7e00u & is_nan) | (half & ~is_nan);
     dst[i] = static_cast<uint16_t>(sign | half);
   }
 }
