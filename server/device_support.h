@@ -4,6 +4,7 @@
 #ifndef SHARDOPT_SERVER_DEVICE_SUPPORT_H_
 #define SHARDOPT_SERVER_DEVICE_SUPPORT_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,9 +17,10 @@
 namespace shardopt {
 
 struct DeviceSelection {
-  int gpu_index = -1;       // -1: the CPU.
-  std::string description;  // "cpu", "cuda:0 NVIDIA H200 (sm_90, ...)".
-  std::string note;         // Why `auto` or a fallback chose the CPU, if it did.
+  int gpu_index = -1;         // -1: the CPU.
+  std::string description;    // "cpu", "cuda:0 NVIDIA H200 (sm_90, ...)".
+  std::string note;           // Why `auto` or a fallback chose the CPU, if it did.
+  uint64_t memory_bytes = 0;  // The GPU's memory (the default state budget); 0 for the CPU.
 };
 
 // Resolves --device:

@@ -12,7 +12,7 @@ absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device, bool
   DeviceSelection cpu{-1, "cpu", ""};
   if (spec->kind == gpu::DeviceSpec::Kind::kCpu) return cpu;
   absl::StatusOr<gpu::GpuInfo> gpu = gpu::SelectDevice(device);
-  if (gpu.ok()) return DeviceSelection{gpu->index, gpu->DebugString(), ""};
+  if (gpu.ok()) return DeviceSelection{gpu->index, gpu->DebugString(), "", gpu->total_memory_bytes};
   if (spec->kind == gpu::DeviceSpec::Kind::kAuto) {
     cpu.note = absl::StrCat("no usable GPU: ", gpu.status().message());
     return cpu;

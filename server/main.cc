@@ -45,7 +45,8 @@ ABSL_FLAG(int, max_threads, 1024,
           "Most threads gRPC may use for calls; calls beyond get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint64_t, max_state_mib, 0,
           "Refuse registrations past this much model state (parameters, optimizer slots, "
-          "per-trainer staging) in MiB; 0 = 3/4 of physical memory.");
+          "per-trainer staging) in MiB; 0 = 3/4 of physical memory, or of the GPU's memory "
+          "when the state is on a GPU.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Periodic checkpoints (with --checkpoint_every) go to DIR/<model_id>/step-<N>/. "
           "A directory every shard of the job can write (shared filesystem).");
@@ -134,7 +135,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_state_bytes = max_state_mib << 20;
-  if (options.max_state_bytes == 0) {
+  if (options.max_state_bytes == 0 && device->gpu_index >= 0) {
+    // The state lives in the GPU's memory; host RAM holds only small pinned
+    // staging buffers.
+    options.max_state_bytes = device->memory_bytes / 4 * 3;
+  } else if (options.max_state_bytes == 0) {
     const uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                               static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     options.max_state_bytes = physical / 4 * 3;

@@ -34,6 +34,7 @@
 #include "server/cuda/device.h"
 #include "server/cuda/fused_test_util.h"
 #include "server/optim/optimizer.h"
+#include "tests/support/gpu_required.h"
 
 namespace shardopt {
 namespace gpu {
@@ -77,7 +78,7 @@ const absl::Status& GpuStatus() {
 class GpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!GpuStatus().ok()) GTEST_SKIP() << "no usable CUDA GPU here: " << GpuStatus();
+    if (!GpuStatus().ok()) SHARDOPT_GPU_UNAVAILABLE() << "no usable CUDA GPU here: " << GpuStatus();
   }
 };
 
@@ -364,7 +365,17 @@ TEST(DeviceSelectionTest, CpuIsNotAGpuAndSyntaxErrorsComeFirst) {
 // Runs where there is no usable GPU (as on a build machine): the error must
 // say so clearly, for every way of asking.
 TEST(DeviceSelectionTest, WithoutAGpuSaysSoClearly) {
-  if (GpuStatus().ok()) GTEST_SKIP() << "a usable GPU is present";
+  if (GpuStatus().ok()) {
+    // The other side of the same contract: every way of asking finds it, and
+    // a GPU index that does not exist is still refused.
+    for (const char* spec : {"auto", "cuda", "cuda:0"}) {
+      absl::StatusOr<GpuInfo> gpu = SelectDevice(spec);
+      ASSERT_TRUE(gpu.ok()) << spec << ": " << gpu.status();
+      EXPECT_EQ(gpu->index, 0) << spec;
+    }
+    EXPECT_EQ(SelectDevice("cuda:4096").status().code(), absl::StatusCode::kNotFound);
+    return;
+  }
   absl::StatusOr<std::vector<GpuInfo>> gpus = QueryGpus();
   const bool none_at_all = !gpus.ok();
   for (const char* spec : {"auto", "cuda", "cuda:0", "cuda:3"}) {

@@ -32,7 +32,9 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
   for (int i = 0; i < optimizer.StateSlotsPerElement(); ++i) {
     if (absl::Status s = allocate(n * sizeof(float), &backend->slots_[i]); !s.ok()) return s;
   }
-  if (absl::Status s = allocate(num_trainers * n * sizeof(float), &backend->staging_); !s.ok()) {
+  if (absl::Status s =
+          allocate(num_trainers * GpuBackend::StagingStride(n) * sizeof(float), &backend->staging_);
+      !s.ok()) {
     return s;
   }
   for (gpu::Stream* stream : {&backend->apply_stream_, &backend->read_stream_}) {
@@ -141,8 +143,9 @@ absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& c
 
 absl::Status GpuBackend::Reduce(bool mean) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = gpu::ReduceInPlace(
-          staging_.as<float>(), size_, static_cast<int>(lanes_.size()), mean, apply_stream_.get());
+  if (absl::Status s =
+          gpu::ReduceInPlace(staging_.as<float>(), size_, staging_stride_,
+                             static_cast<int>(lanes_.size()), mean, apply_stream_.get());
       !s.ok()) {
     return s;
   }

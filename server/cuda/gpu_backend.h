@@ -68,21 +68,30 @@ class GpuBackend final : public UpdateBackend {
   };
 
   GpuBackend(int device_index, const OptimizerConfig& optimizer, size_t size, uint32_t num_trainers)
-      : device_index_(device_index), optimizer_(optimizer), size_(size), lanes_(num_trainers) {}
+      : device_index_(device_index),
+        optimizer_(optimizer),
+        size_(size),
+        staging_stride_(StagingStride(size)),
+        lanes_(num_trainers) {}
 
   // One fused launch reducing `count` gradient buffers and updating, then a
   // wait for it.
   absl::Status RunFusedStep(int64_t step, const OptimizerConfig& config,
                             const float* const* gradients, int count, bool mean);
   absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
-  float* staging(uint32_t rank) const { return staging_.as<float>() + rank * size_; }
+  float* staging(uint32_t rank) const { return staging_.as<float>() + rank * staging_stride_; }
+  // Each trainer's buffer starts on a 256-byte boundary whatever size_ is:
+  // the fused kernel takes its float4 path only when every gradient buffer
+  // has the parameters' alignment.
+  static size_t StagingStride(size_t size) { return (size + 63) / 64 * 64; }
 
   const int device_index_;
   const OptimizerConfig optimizer_;
   const size_t size_;
+  const size_t staging_stride_;  // floats from one trainer's staging buffer to the next
   gpu::DeviceBuffer params_;
   std::array<gpu::DeviceBuffer, 3> slots_;
-  gpu::DeviceBuffer staging_;  // num_trainers x size_ floats.
+  gpu::DeviceBuffer staging_;  // num_trainers x staging_stride_ floats.
   gpu::Stream apply_stream_;
   gpu::Stream read_stream_;
   std::vector<Lane> lanes_;

@@ -11,8 +11,8 @@ constexpr int kThreads = 256;
 
 absl::Status Check(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
-                                          cudaGetErrorString(error), ")"));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")"));
 }
 
 int Blocks(size_t work) {
@@ -20,11 +20,12 @@ int Blocks(size_t work) {
   return static_cast<int>(blocks < 65535 * 32 ? (blocks == 0 ? 1 : blocks) : 65535 * 32);
 }
 
-__global__ void ReduceKernel(float* __restrict__ staging, size_t n, int trainers, bool mean) {
+__global__ void ReduceKernel(float* __restrict__ staging, size_t n, size_t buffer_stride,
+                             int trainers, bool mean) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     float sum = staging[i];
-    for (int t = 1; t < trainers; ++t) sum = __fadd_rn(sum, staging[t * n + i]);
+    for (int t = 1; t < trainers; ++t) sum = __fadd_rn(sum, staging[t * buffer_stride + i]);
     if (mean && trainers > 1) sum = __fdiv_rn(sum, static_cast<float>(trainers));
     staging[i] = sum;
   }
@@ -54,9 +55,10 @@ __global__ void ScaleKernel(float* __restrict__ g, size_t n, float multiplier) {
 
 }  // namespace
 
-absl::Status ReduceInPlace(float* staging, size_t n, int trainers, bool mean, void* stream) {
+absl::Status ReduceInPlace(float* staging, size_t n, size_t stride, int trainers, bool mean,
+                           void* stream) {
   if (n == 0) return absl::OkStatus();
-  ReduceKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(staging, n,
+  ReduceKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(staging, n, stride,
                                                                               trainers, mean);
   return Check(cudaGetLastError(), "ReduceKernel launch");
 }

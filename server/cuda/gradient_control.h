@@ -13,9 +13,11 @@
 namespace shardopt {
 namespace gpu {
 
-// `staging` holds `trainers` buffers of `n` floats back to back. Buffer 0
-// becomes g0 + g1 + ... (in rank order), divided by `trainers` when `mean`.
-absl::Status ReduceInPlace(float* staging, size_t n, int trainers, bool mean, void* stream);
+// `staging` holds `trainers` buffers of `n` floats, buffer t at
+// staging + t * stride (stride >= n). Buffer 0 becomes g0 + g1 + ... (in rank
+// order), divided by `trainers` when `mean`.
+absl::Status ReduceInPlace(float* staging, size_t n, size_t stride, int trainers, bool mean,
+                           void* stream);
 
 // block_sums[b] = sum over i in block b (of `block_elements`) of
 // double(g[i] * scale)^2, each block summed sequentially from its start.

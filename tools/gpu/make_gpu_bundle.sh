@@ -16,7 +16,8 @@
 #   runfiles/             the layout end_to_end_test expects (TEST_SRCDIR)
 #   lib/                  the ldd-resolved libraries (Abseil, the Bazel solibs
 #                         of the project's own libraries, libstdc++, libgcc_s)
-#   MANIFEST              git commit (+ dirty), build host, sizes, newest glibc
+#   MANIFEST              source fingerprint (tools/gpu/source_fingerprint.sh),
+#                         git commit (+ dirty), build host, sizes, newest glibc
 #                         symbol version needed
 # CUDA's runtime is linked statically (libcudart_static.a); the driver
 # (libcuda.so.1) is the GPU machine's own. GoogleTest is static here.
@@ -63,12 +64,13 @@ for b in "${binaries[@]}"; do
   chmod u+w "$bundle/bin/$(basename "$b")"
   strip --strip-debug "$bundle/bin/$(basename "$b")"
   # "name => /path (0x...)" lines; "not found" is an error.
-  if ldd "$b" | grep -q "not found"; then
-    ldd "$b" >&2
+  deps=$(ldd "$b")
+  if grep -q "not found" <<<"$deps"; then
+    echo "$deps" >&2
     echo "unresolved libraries for $b" >&2
     exit 1
   fi
-  ldd "$b" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+  awk '/=>/ && $3 ~ /^\// {print $3}' <<<"$deps" | while read -r lib; do
     is_system "$lib" && continue
     dest="$bundle/lib/$(basename "$lib")"
     [ -e "$dest" ] && continue
@@ -98,6 +100,7 @@ glibc_needed=$(for f in "$bundle"/bin/* "$bundle"/lib/*; do
   objdump -T "$f" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' || true
 done | sort -u -V | tail -1)
 {
+  echo "sources: $(bash tools/gpu/source_fingerprint.sh)"
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (plus uncommitted changes)')"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1)"
   echo "needs: glibc with $glibc_needed, an NVIDIA driver for CUDA 13, a GPU of compute capability >= 9.0"
