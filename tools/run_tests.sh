@@ -7,7 +7,7 @@
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
-bash tools/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
+bash tools/setup.sh || { echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

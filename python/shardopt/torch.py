@@ -54,11 +54,14 @@ a single parameter group (each group is its own model on the servers).
 import os
 
 import torch
+from torch.optim.optimizer import required
 
 from . import Client, FailedPreconditionError
 
+# torch.optim's defaults; SGD's lr is `required` there too (a parameter group
+# without one is refused by torch's own add_param_group).
 _OPTIMIZERS = {
-    "sgd": {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "nesterov": False,
+    "sgd": {"lr": required, "momentum": 0.0, "dampening": 0.0, "nesterov": False,
             "weight_decay": 0.0, "maximize": False},
     "adam": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
              "amsgrad": False, "maximize": False},

@@ -41,11 +41,11 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -82,11 +82,20 @@ ABSL_FLAG(int, warmup_steps, 2, "Untimed push+pull steps before the timed ones."
 ABSL_FLAG(bool, tune_malloc, true,
           "Apply shardopt_server's malloc settings (server/malloc_tuning.h) to this process.");
 ABSL_FLAG(int, chunk_kib, 4096,
-          "KiB of tensor data per streamed message in (b): the client's chunk_bytes and the "
-          "server's pull_chunk_bytes (4096 is both defaults; the client allows at most 32768).");
+          "KiB of gradient data per pushed message in (b) and (d): the client's chunk_bytes "
+          "(default 4096, as TrainerClientOptions; at most 32768).");
+ABSL_FLAG(int, pull_chunk_kib, 1024,
+          "KiB of parameter data per pulled message in (b) and (d): the server's "
+          "pull_chunk_bytes (default 1024, as shardopt_server's --pull_chunk_kib).");
 
 namespace shardopt {
 namespace {
+
+// Bytes of tensor data per streamed message, each way.
+struct ChunkSizes {
+  size_t push;  // the client's chunk_bytes
+  size_t pull;  // the server's pull_chunk_bytes
+};
 
 using Clock = std::chrono::steady_clock;
 
@@ -460,7 +469,7 @@ absl::Status EstimateServerCompute(uint64_t n, int threads, double budget_s, Pus
 }
 
 absl::StatusOr<PushPullRow> RunPushPull(int mib, int threads, double seconds, int warmup_steps,
-                                        size_t chunk_bytes) {
+                                        ChunkSizes chunks) {
   PushPullRow row;
   row.mib = mib;
   row.elements = static_cast<uint64_t>(mib) * (kMiB / sizeof(float));
@@ -477,7 +486,7 @@ absl::StatusOr<PushPullRow> RunPushPull(int mib, int threads, double seconds, in
   server_options.shard_index = 0;
   server_options.shard_count = 1;
   server_options.threads = threads;
-  server_options.pull_chunk_bytes = chunk_bytes;
+  server_options.pull_chunk_bytes = chunks.pull;
   std::fflush(stdout);
   absl::StatusOr<std::unique_ptr<ShardServer>> server =
       ShardServer::Start("127.0.0.1:0", server_options);
@@ -485,7 +494,7 @@ absl::StatusOr<PushPullRow> RunPushPull(int mib, int threads, double seconds, in
 
   TrainerClientOptions client_options;
   client_options.trainer_rank = 0;
-  client_options.chunk_bytes = chunk_bytes;
+  client_options.chunk_bytes = chunks.push;
   absl::StatusOr<std::unique_ptr<TrainerClient>> client =
       TrainerClient::Connect({absl::StrCat("127.0.0.1:", (*server)->port())}, client_options);
   if (!client.ok()) return client.status();
@@ -677,18 +686,18 @@ struct WireRow {
 
 // Push + pull steps of one model with the given wire types.
 absl::StatusOr<WireRow> RunWire(DType push, DType pull, uint64_t n, int threads, double seconds,
-                                size_t chunk_bytes) {
+                                ChunkSizes chunks) {
   WireRow row;
   row.push = push;
   row.pull = pull;
   ShardServerOptions server_options;
   server_options.threads = threads;
-  server_options.pull_chunk_bytes = chunk_bytes;
+  server_options.pull_chunk_bytes = chunks.pull;
   absl::StatusOr<std::unique_ptr<ShardServer>> server =
       ShardServer::Start("127.0.0.1:0", server_options);
   if (!server.ok()) return server.status();
   TrainerClientOptions client_options;
-  client_options.chunk_bytes = chunk_bytes;
+  client_options.chunk_bytes = chunks.push;
   client_options.push_dtype = push;
   client_options.pull_dtype = pull;
   absl::StatusOr<std::unique_ptr<TrainerClient>> client =
@@ -723,7 +732,7 @@ absl::StatusOr<WireRow> RunWire(DType push, DType pull, uint64_t n, int threads,
   return row;
 }
 
-absl::Status RunWireTypes(int mib, int threads, double seconds, size_t chunk_bytes) {
+absl::Status RunWireTypes(int mib, int threads, double seconds, ChunkSizes chunks) {
   const uint64_t n = static_cast<uint64_t>(mib) * (kMiB / sizeof(float));
   absl::PrintF(
       "\n(d) bytes on the wire per step by element type: %d MiB of fp32 parameters (%d "
@@ -737,15 +746,15 @@ absl::Status RunWireTypes(int mib, int threads, double seconds, size_t chunk_byt
                                            {DType::kFloat16, DType::kFloat16}};
   std::vector<WireRow> rows;
   for (const auto& [push, pull] : cases) {
-    absl::StatusOr<WireRow> row = RunWire(push, pull, n, threads, seconds, chunk_bytes);
+    absl::StatusOr<WireRow> row = RunWire(push, pull, n, threads, seconds, chunks);
     if (!row.ok()) return row.status();
     rows.push_back(*row);
   }
   Table table({"push / pull", "steps", "ms/step", "payload MB/step", "loopback MB/step",
                "vs fp32 bytes", "vs fp32 time"});
   for (const WireRow& r : rows) {
-    table.AddRow({absl::StrCat(DTypeName(r.push), " / ", DTypeName(r.pull)),
-                  absl::StrCat(r.steps), Fixed(r.step_ms, 2), Fixed(r.payload_per_step / 1e6, 1),
+    table.AddRow({absl::StrCat(DTypeName(r.push), " / ", DTypeName(r.pull)), absl::StrCat(r.steps),
+                  Fixed(r.step_ms, 2), Fixed(r.payload_per_step / 1e6, 1),
                   Fixed(r.loopback_per_step / 1e6, 1),
                   Fixed(r.loopback_per_step / rows[0].loopback_per_step, 3) + "x",
                   Fixed(r.step_ms / rows[0].step_ms, 3) + "x"});
@@ -786,7 +795,13 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--chunk_kib must be in [1, 32768]\n");
     return 2;
   }
-  const size_t chunk_bytes = static_cast<size_t>(chunk_kib) << 10;
+  const int pull_chunk_kib = absl::GetFlag(FLAGS_pull_chunk_kib);
+  if (pull_chunk_kib <= 0 || pull_chunk_kib > 32768) {
+    std::fprintf(stderr, "--pull_chunk_kib must be in [1, 32768]\n");
+    return 2;
+  }
+  const ChunkSizes chunks{static_cast<size_t>(chunk_kib) << 10, static_cast<size_t>(pull_chunk_kib)
+                                                                    << 10};
   if (optimizer_params <= 0 || tcp_mib <= 0 || memcpy_mib <= 0 || tcp_repeats <= 0) {
     std::fprintf(
         stderr, "--optimizer_params, --tcp_mib, --memcpy_mib and --tcp_repeats must be positive\n");
@@ -816,15 +831,16 @@ int Main(int argc, char** argv) {
     absl::PrintF(
         "\n(b) shardopt push+pull: TrainerClient::Step against an in-process ShardServer\n"
         "  127.0.0.1:0, 1 shard, %d optimizer threads; 1 trainer; 1 fp32 tensor; plain SGD\n"
-        "  lr=1e-4 (no momentum); %d KiB per streamed message (client chunk_bytes and\n"
-        "  server pull_chunk_bytes%s); %d warm-up steps, then N steps for ~%s s;\n"
-        "  payload = push bytes + pull bytes\n",
-        threads, chunk_kib, chunk_kib == 4096 ? ", both defaults" : "; defaults: 4096",
+        "  lr=1e-4 (no momentum); %d KiB per pushed message (client chunk_bytes%s), %d KiB\n"
+        "  per pulled message (server pull_chunk_bytes%s); %d warm-up steps, then N steps\n"
+        "  for ~%s s; payload = push bytes + pull bytes\n",
+        threads, chunk_kib, chunk_kib == 4096 ? ", the default" : "; default 4096", pull_chunk_kib,
+        pull_chunk_kib == 1024 ? ", the default" : "; default 1024",
         std::max(1, absl::GetFlag(FLAGS_warmup_steps)), Fixed(seconds, 1));
     std::fflush(stdout);
     for (int mib : sizes) {
       absl::StatusOr<PushPullRow> r =
-          RunPushPull(mib, threads, seconds, absl::GetFlag(FLAGS_warmup_steps), chunk_bytes);
+          RunPushPull(mib, threads, seconds, absl::GetFlag(FLAGS_warmup_steps), chunks);
       if (!r.ok()) {
         std::fprintf(stderr, "push+pull %d MiB: %s\n", mib, r.status().ToString().c_str());
         return 1;
@@ -885,7 +901,7 @@ int Main(int argc, char** argv) {
   }
 
   if (const int wire_mib = absl::GetFlag(FLAGS_wire_mib); wire_mib > 0) {
-    if (absl::Status s = RunWireTypes(wire_mib, threads, seconds, chunk_bytes); !s.ok()) {
+    if (absl::Status s = RunWireTypes(wire_mib, threads, seconds, chunks); !s.ok()) {
       std::fprintf(stderr, "wire types: %s\n", s.ToString().c_str());
       return 1;
     }
