@@ -192,6 +192,7 @@ absl::Status TrainerClient::CallEveryShard(
         shard.reopen_channel = false;
       }
       absl::Status st = call(shard, *attempt_context.get());
+      if (!st.ok()) failed_attempts_.fetch_add(1, std::memory_order_relaxed);
       if (catch_up.last_step >= 0) st = MarkIfBehind(shard, st);
       if (absl::IsUnavailable(st) &&
           shard.channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {

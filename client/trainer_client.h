@@ -189,6 +189,9 @@ class TrainerClient {
 
   // Earlier steps re-pushed to restarted shards so far (see replay_steps).
   int64_t replayed_pushes() const { return replayed_pushes_.load(); }
+  // Call attempts to a shard that failed so far (each retry follows one):
+  // shards that were down, unreachable or slower than rpc_timeout.
+  int64_t failed_attempts() const { return failed_attempts_.load(); }
 
   // A zero-filled flat buffer of the layout's size.
   std::vector<float> NewFlatBuffer() const;
@@ -282,6 +285,7 @@ class TrainerClient {
   // Hyperparameter changes sent (by effective step), for restarted shards.
   std::map<int64_t, v1::SetHyperparametersRequest> changes_ ABSL_GUARDED_BY(history_mu_);
   std::atomic<int64_t> replayed_pushes_{0};
+  std::atomic<int64_t> failed_attempts_{0};
   int64_t latest_inspected_version_ = 0;  // Highest shard version InspectJson saw.
   int64_t scaler_step_ = 0;               // The last step whose decision updated scaler_.
 };

@@ -42,6 +42,7 @@ ABSL_FLAG(int, replay_steps, 0,
           "Keep this many pushed steps to re-push to a shard restarted from a checkpoint.");
 ABSL_FLAG(absl::Duration, retry_budget, absl::Seconds(60),
           "How long the client retries a shard that is down.");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(30), "Deadline of each call attempt.");
 ABSL_FLAG(std::string, lr_change, "",
           "STEP:LR: every trainer schedules the optimizer with this lr from STEP on (sent "
           "just before pushing STEP).");
@@ -82,7 +83,7 @@ int Train(const std::string& name) {
   TrainerClientOptions options;
   options.trainer_rank = absl::GetFlag(FLAGS_rank);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
-  options.rpc_timeout = absl::Seconds(30);
+  options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   options.replay_steps = absl::GetFlag(FLAGS_replay_steps);
   options.retry_budget = absl::GetFlag(FLAGS_retry_budget);
   options.attach_timeout = absl::GetFlag(FLAGS_retry_budget);
@@ -197,11 +198,18 @@ int Train(const std::string& name) {
       return 1;
     }
   }
-  printf("rank %u model %s replayed_pushes=%ld\n", options.trainer_rank, name.c_str(),
-         static_cast<long>((*client)->replayed_pushes()));
+  printf("rank %u model %s replayed_pushes=%ld failed_attempts=%ld\n", options.trainer_rank,
+         name.c_str(), static_cast<long>((*client)->replayed_pushes()),
+         static_cast<long>((*client)->failed_attempts()));
   fflush(stdout);
   if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".replayed",
                                    {static_cast<float>((*client)->replayed_pushes())});
+      !s.ok()) {
+    fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".failed_attempts",
+                                   {static_cast<float>((*client)->failed_attempts())});
       !s.ok()) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;

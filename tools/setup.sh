@@ -25,6 +25,7 @@ packages=(
   python3-dev
   pybind11-dev
   iproute2
+  nftables
   procps
 )
 

@@ -84,18 +84,24 @@ std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    uint32_t shard_index, uint32_t shard_count, const std::vector<std::string>& extra_flags) {
+    uint32_t shard_index, uint32_t shard_count, const std::vector<std::string>& extra_flags,
+    const ServerPlacement& placement) {
   const std::string dir = MakeTempDir(absl::StrCat("shard", shard_index));
   const std::string port_file = dir + "/port";
-  std::vector<std::string> args = {"--listen=127.0.0.1:0",
+  std::vector<std::string> args = {absl::StrCat("--listen=", placement.host, ":0"),
                                    absl::StrCat("--shard_index=", shard_index),
                                    absl::StrCat("--shard_count=", shard_count),
                                    "--threads=2",
                                    "--device=cpu",
                                    "--port_file=" + port_file};
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
-  absl::StatusOr<std::unique_ptr<ChildProcess>> child =
-      ChildProcess::Start(Runfile("server/shardopt_server"), args);
+  std::string binary = Runfile("server/shardopt_server");
+  if (!placement.launcher.empty()) {
+    args.insert(args.begin(), binary);
+    args.insert(args.begin(), placement.launcher.begin() + 1, placement.launcher.end());
+    binary = placement.launcher.front();
+  }
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(binary, args);
   if (!child.ok()) return child.status();
   auto server = std::unique_ptr<ServerProcess>(new ServerProcess());
   server->process_ = std::move(*child);
@@ -104,7 +110,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     std::ifstream in(port_file);
     int port = 0;
     if (in >> port && port > 0) {
-      server->address_ = absl::StrCat("127.0.0.1:", port);
+      server->address_ = absl::StrCat(placement.host, ":", port);
       return server;
     }
     if (server->process_->Wait(absl::Milliseconds(10))) {

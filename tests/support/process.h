@@ -2,7 +2,8 @@
 //
 // ChildProcess runs a binary with arguments, its stdout/stderr going to the
 // test's log, and is killed (SIGKILL) and reaped when destroyed if still
-// running. ServerProcess starts `shardopt_server` on 127.0.0.1 with port 0
+// running. ServerProcess starts `shardopt_server` on 127.0.0.1 (or another
+// placement) with port 0
 // and waits (bounded) for the port file, so ports never collide.
 #ifndef SHARDOPT_TESTS_SUPPORT_PROCESS_H_
 #define SHARDOPT_TESTS_SUPPORT_PROCESS_H_
@@ -43,10 +44,19 @@ class ChildProcess {
   std::optional<int> exit_code_;
 };
 
+// Where a server runs: on 127.0.0.1 of the test's own network, or on `host`
+// through `launcher` (a command prefix such as IsolatedHost::Wrap's
+// "ip netns exec NAME", which must exec the server in place).
+struct ServerPlacement {
+  std::string host = "127.0.0.1";
+  std::vector<std::string> launcher;
+};
+
 class ServerProcess {
  public:
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
-      uint32_t shard_index, uint32_t shard_count, const std::vector<std::string>& extra_flags = {});
+      uint32_t shard_index, uint32_t shard_count, const std::vector<std::string>& extra_flags = {},
+      const ServerPlacement& placement = {});
 
   const std::string& address() const { return address_; }
   ChildProcess& process() { return *process_; }
