@@ -750,9 +750,21 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
     return absl::AbortedError(absl::StrCat("parameters moved from version ", version, " to ",
                                            params_version_, " during the pull; retry"));
   }
+  absl::StatusOr<bool> native_bf16 = false;
+  if (dtype == DType::kBFloat16) native_bf16 = backend_->ReadBFloat16(offset, count, out);
+  if (!native_bf16.ok()) return native_bf16.status();
   if (dtype == DType::kFloat32) {
     if (absl::Status s = backend_->Read(offset, count, static_cast<float*>(out)); !s.ok()) {
       return s;
+    }
+  } else if (*native_bf16) {
+    // The backend's own bf16 copy: checked as the conversion below checks.
+    if (size_t bad = FindNonFiniteOfType(out, count, dtype); bad != count) {
+      float value = 0;
+      if (absl::Status s = backend_->Read(offset + bad, 1, &value); !s.ok()) return s;
+      return absl::FailedPreconditionError(
+          absl::StrCat("parameter ", DescribeElement(offset + bad), " is ", value,
+                       ", which overflows ", DTypeName(dtype), "; pull float32 or bfloat16"));
     }
   } else {
     // Through a bounded fp32 buffer per thread, block by block.

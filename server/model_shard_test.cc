@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/dtype_convert.h"
 #include "gtest/gtest.h"
 #include "server/model_shard_testing.h"
 #include "server/optim/optimizer.h"
@@ -276,6 +277,101 @@ class FailingBackend final : public UpdateBackend {
  private:
   size_t size_;
 };
+
+// A CPU backend that also keeps its own bf16 copy, as the GPU backend does
+// (there the fused kernel writes it): ModelShard must use it for bf16 pulls,
+// give the same bits as its own conversion, and refuse non-finite values.
+class Bf16CopyBackend final : public UpdateBackend {
+ public:
+  explicit Bf16CopyBackend(std::unique_ptr<UpdateBackend> cpu) : cpu_(std::move(cpu)) {}
+  std::string device() const override { return "cpu+bf16"; }
+  absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
+                               size_t count) override {
+    return cpu_->Stage(rank, offset, data, dtype, count);
+  }
+  absl::Status FinishStaging(uint32_t rank) override { return cpu_->FinishStaging(rank); }
+  absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) override {
+    return cpu_->Apply(step, mean, config);
+  }
+  absl::Status Reduce(bool mean) override { return cpu_->Reduce(mean); }
+  absl::StatusOr<double> SumOfSquares(float scale) override { return cpu_->SumOfSquares(scale); }
+  absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override {
+    return cpu_->Update(step, config, multiplier);
+  }
+  absl::Status Read(uint64_t offset, uint64_t count, float* out) override {
+    return cpu_->Read(offset, count, out);
+  }
+  absl::StatusOr<bool> ReadBFloat16(uint64_t offset, uint64_t count, void* out) override {
+    ++bf16_reads;
+    std::vector<float> wide(count);
+    if (absl::Status s = cpu_->Read(offset, count, wide.data()); !s.ok()) return s;
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint16_t bits = FloatToBFloat16Bits(wide[i]);
+      std::memcpy(static_cast<char*>(out) + 2 * i, &bits, 2);
+    }
+    return true;
+  }
+  absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override {
+    return cpu_->ReadSlot(slot, offset, count, out);
+  }
+  absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) override {
+    return cpu_->WriteSlot(slot, offset, count, in);
+  }
+  uint64_t parameter_bytes() const override { return cpu_->parameter_bytes(); }
+  uint64_t optimizer_state_bytes() const override { return cpu_->optimizer_state_bytes(); }
+  uint64_t staging_bytes() const override { return cpu_->staging_bytes(); }
+
+  std::atomic<int> bf16_reads{0};
+
+ private:
+  std::unique_ptr<UpdateBackend> cpu_;
+};
+
+TEST(ModelShardTest, BFloat16PullsUseTheBackendsOwnCopy) {
+  ThreadPool pool(2);
+  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(2.0), 1, true};
+  std::vector<float> init(options.layout.shard_size());
+  for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 97) - 0.03f;
+  Bf16CopyBackend* backend = nullptr;
+  const ModelShard::BackendFactory cpu_factory = ModelShard::CpuBackendFactory(&pool);
+  std::unique_ptr<ModelShard> shard =
+      ModelShard::Create(
+          options, init,
+          [&](const ModelShardOptions& o,
+              std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+            absl::StatusOr<std::unique_ptr<UpdateBackend>> cpu = cpu_factory(o, std::move(v));
+            if (!cpu.ok()) return cpu.status();
+            auto wrapped = std::make_unique<Bf16CopyBackend>(std::move(*cpu));
+            backend = wrapped.get();
+            return std::unique_ptr<UpdateBackend>(std::move(wrapped));
+          })
+          .value();
+  std::unique_ptr<ModelShard> reference =
+      ModelShard::Create(options, init, &pool).value();  // Converts on the host.
+  for (ModelShard* s : {shard.get(), reference.get()}) ASSERT_TRUE(PushAll(*s, 0, 1).ok());
+  std::vector<uint16_t> got(shard->size()), want(shard->size());
+  ASSERT_TRUE(shard->ReadParameters(1, 0, got.size(), DType::kBFloat16, got.data()).ok());
+  ASSERT_TRUE(reference->ReadParameters(1, 0, want.size(), DType::kBFloat16, want.data()).ok());
+  EXPECT_EQ(backend->bf16_reads.load(), 1);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 2), 0);
+  // fp16 and fp32 pulls do not ask for it.
+  std::vector<uint16_t> half(shard->size());
+  ASSERT_TRUE(shard->ReadParameters(1, 0, half.size(), DType::kFloat16, half.data()).ok());
+  EXPECT_EQ(backend->bf16_reads.load(), 1);
+
+  // A parameter driven to infinity (a finite gradient, a huge step) is
+  // refused as the host conversion refuses it, naming the element.
+  std::vector<float> huge(shard->size(), 0.0f);
+  huge[5] = -3e38f;
+  ModelShard::PushStart start = shard->BeginPush(0, 2, huge.size()).value();
+  ASSERT_TRUE(start.writer->Write(0, huge.data(), huge.size() * sizeof(float)).ok());
+  ASSERT_TRUE(start.writer->Commit().ok());
+  const absl::Status refused =
+      shard->ReadParameters(2, 0, got.size(), DType::kBFloat16, got.data());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("is inf"), std::string::npos) << refused;
+  EXPECT_EQ(backend->bf16_reads.load(), 2);
+}
 
 TEST(ModelShardTest, BackendFailureStopsTheShard) {
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(0.1), 1, true};

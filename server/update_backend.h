@@ -13,8 +13,8 @@
 //   when it returns, the data must be where Apply() reads it.
 // - Apply() runs only when every rank has finished staging, and never
 //   concurrently with Stage, Read or another Apply.
-// - Read() and ReadSlot() may run concurrently with other reads (not with
-//   Apply). WriteSlot() runs only before the shard takes its first push.
+// - Read(), ReadBFloat16() and ReadSlot() may run concurrently with other
+//   reads (not with Apply). WriteSlot() runs only before the shard takes its first push.
 #ifndef SHARDOPT_SERVER_UPDATE_BACKEND_H_
 #define SHARDOPT_SERVER_UPDATE_BACKEND_H_
 
@@ -63,6 +63,14 @@ class UpdateBackend {
 
   // Copies parameters [offset, offset + count) of the range into `out`.
   virtual absl::Status Read(uint64_t offset, uint64_t count, float* out) = 0;
+
+  // The same parameters as bf16 bit patterns (round to nearest even, as
+  // FloatToBFloat16Bits; NaNs may keep payload bits) written to `out` (any
+  // alignment), from a copy the backend keeps up to date itself; false when
+  // the backend keeps none (the caller converts Read()'s fp32 values).
+  virtual absl::StatusOr<bool> ReadBFloat16(uint64_t offset, uint64_t count, void* out) {
+    return false;
+  }
 
   // The optimizer state, for checkpoints: slot `slot` in
   // OptimizerConfig::StateSlotNames() order, elements [offset, offset +

@@ -1,6 +1,7 @@
 #include "server/cuda/gpu_backend.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype_convert.h"
@@ -126,6 +127,7 @@ absl::Status GpuBackend::RunFusedStep(int64_t step, const OptimizerConfig& confi
   buffers.reduction = mean ? gpu::GradientReduction::kMean : gpu::GradientReduction::kSum;
   buffers.params = params_.as<float>();
   buffers.slots = {slots_[0].as<float>(), slots_[1].as<float>(), slots_[2].as<float>()};
+  if (bf16_ready_.load()) buffers.params_bf16 = params_bf16_.as<uint16_t>();
   if (absl::Status s = gpu::FusedOptimizerStep(config, step, size_, buffers, apply_stream_.get());
       !s.ok()) {
     return s;
@@ -156,16 +158,21 @@ absl::StatusOr<double> GpuBackend::SumOfSquares(float scale) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   const size_t blocks = (size_ + kNormBlockElements - 1) / kNormBlockElements;
   if (blocks == 0) return 0.0;
-  absl::StatusOr<gpu::DeviceBuffer> sums = gpu::DeviceBuffer::Allocate(blocks * sizeof(double));
-  if (!sums.ok()) return sums.status();
+  if (block_sums_.data() == nullptr) {
+    absl::StatusOr<gpu::DeviceBuffer> sums = gpu::DeviceBuffer::Allocate(blocks * sizeof(double));
+    if (!sums.ok()) return sums.status();
+    block_sums_ = std::move(*sums);
+  }
   if (absl::Status s = gpu::BlockSumsOfSquares(staging(0), size_, scale, kNormBlockElements,
-                                               sums->as<double>(), apply_stream_.get());
+                                               block_sums_.as<double>(), apply_stream_.get());
       !s.ok()) {
     return s;
   }
   if (absl::Status s = apply_stream_.Synchronize(); !s.ok()) return s;
   std::vector<double> host(blocks);
-  if (absl::Status s = sums->Download(host.data(), blocks * sizeof(double)); !s.ok()) return s;
+  if (absl::Status s = block_sums_.Download(host.data(), blocks * sizeof(double)); !s.ok()) {
+    return s;
+  }
   double total = 0;  // In block order, as CpuBackend adds them.
   for (double b : host) total += b;
   return total;
@@ -184,14 +191,132 @@ absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, flo
   return RunFusedStep(step, config, &gradient, 1, /*mean=*/false);  // Already reduced.
 }
 
+absl::StatusOr<std::unique_ptr<GpuBackend::ReadLane>> GpuBackend::TakeReadLane() {
+  {
+    absl::MutexLock lock(&read_lanes_mu_);
+    if (!idle_read_lanes_.empty()) {
+      std::unique_ptr<ReadLane> lane = std::move(idle_read_lanes_.back());
+      idle_read_lanes_.pop_back();
+      return lane;
+    }
+    if (read_lanes_made_ >= kMaxReadLanes) return std::unique_ptr<ReadLane>();
+    ++read_lanes_made_;
+  }
+  auto forget = [this] {
+    absl::MutexLock lock(&read_lanes_mu_);
+    --read_lanes_made_;
+  };
+  auto lane = std::make_unique<ReadLane>();
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<gpu::Stream> stream = gpu::Stream::Create();
+    absl::StatusOr<gpu::PinnedBuffer> pinned = gpu::PinnedBuffer::Allocate(kReadPieceBytes);
+    if (!stream.ok() || !pinned.ok()) {
+      forget();
+      return stream.ok() ? pinned.status() : stream.status();
+    }
+    lane->streams[i] = std::move(*stream);
+    lane->pinned[i] = std::move(*pinned);
+  }
+  return lane;
+}
+
+void GpuBackend::ReturnReadLane(std::unique_ptr<ReadLane> lane) {
+  absl::MutexLock lock(&read_lanes_mu_);
+  idle_read_lanes_.push_back(std::move(lane));
+}
+
+absl::Status GpuBackend::ReadThroughPinned(const void* device_src, size_t bytes, void* host_dst) {
+  if (bytes == 0) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<ReadLane>> lane = TakeReadLane();
+  if (!lane.ok() || *lane == nullptr) {
+    // Every lane busy, or no pinned memory: straight into the caller's
+    // memory (CUDA stages pageable copies itself, more slowly).
+    if (absl::Status s = gpu::CopyToHost(host_dst, device_src, bytes, read_stream_.get());
+        !s.ok()) {
+      return s;
+    }
+    return read_stream_.Synchronize();
+  }
+  ReadLane& l = **lane;
+  const size_t piece_bytes = kReadPieceBytes;
+  const char* src = static_cast<const char*>(device_src);
+  char* dst = static_cast<char*>(host_dst);
+  // Piece k goes through pinned[k % 2] on streams[k % 2]: while the device
+  // copies piece k, this thread copies piece k - 1 out of its pinned buffer.
+  int pending = -1;
+  size_t pending_offset = 0, pending_bytes = 0;
+  absl::Status status;
+  auto drain = [&]() -> absl::Status {
+    if (pending < 0) return absl::OkStatus();
+    if (absl::Status s = l.streams[pending].Synchronize(); !s.ok()) return s;
+    std::memcpy(dst + pending_offset, l.pinned[pending].data(), pending_bytes);
+    pending = -1;
+    return absl::OkStatus();
+  };
+  for (size_t done = 0, k = 0; done < bytes && status.ok(); ++k) {
+    const int b = static_cast<int>(k % 2);
+    const size_t n = std::min(piece_bytes, bytes - done);
+    status = gpu::CopyToHost(l.pinned[b].data(), src + done, n, l.streams[b].get());
+    if (status.ok()) status = drain();
+    pending = b;
+    pending_offset = done;
+    pending_bytes = n;
+    done += n;
+  }
+  if (status.ok()) {
+    status = drain();
+  } else {
+    // Nothing may still be copying into the buffers when the lane goes back.
+    for (gpu::Stream& stream : l.streams) stream.Synchronize().IgnoreError();
+  }
+  ReturnReadLane(std::move(*lane));
+  return status;
+}
+
 absl::Status GpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = gpu::CopyToHost(out, params_.as<float>() + offset, count * sizeof(float),
-                                       read_stream_.get());
+  if (offset > size_ || count > size_ - offset) {
+    return absl::OutOfRangeError(
+        absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range of ", size_));
+  }
+  return ReadThroughPinned(params_.as<float>() + offset, count * sizeof(float), out);
+}
+
+absl::StatusOr<bool> GpuBackend::ReadBFloat16(uint64_t offset, uint64_t count, void* out) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (offset > size_ || count > size_ - offset) {
+    return absl::OutOfRangeError(
+        absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range of ", size_));
+  }
+  if (!bf16_ready_.load()) {
+    absl::MutexLock lock(&bf16_mu_);
+    if (bf16_unavailable_) return false;
+    if (!bf16_ready_.load()) {
+      absl::StatusOr<gpu::DeviceBuffer> buffer =
+          gpu::DeviceBuffer::Allocate(std::max<size_t>(size_, 1) * sizeof(uint16_t));
+      if (absl::IsResourceExhausted(buffer.status())) {
+        // No room for the copy (and none is tried again): the caller
+        // converts fp32 reads instead.
+        bf16_unavailable_ = true;
+        return false;
+      }
+      if (!buffer.ok()) return buffer.status();
+      if (absl::Status s = gpu::ConvertToBf16(params_.as<float>(), buffer->as<uint16_t>(), size_,
+                                              read_stream_.get());
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = read_stream_.Synchronize(); !s.ok()) return s;
+      params_bf16_ = std::move(*buffer);
+      bf16_ready_.store(true);
+    }
+  }
+  if (absl::Status s =
+          ReadThroughPinned(params_bf16_.as<uint16_t>() + offset, count * sizeof(uint16_t), out);
       !s.ok()) {
     return s;
   }
-  return read_stream_.Synchronize();
+  return true;
 }
 
 absl::Status GpuBackend::CheckSlot(int slot, uint64_t offset, uint64_t count) const {

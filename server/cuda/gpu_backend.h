@@ -9,6 +9,13 @@
 // (server/cuda/fused_optimizers.h) that reduces the trainers' gradients in
 // rank order and applies the update: bit-identical to CpuBackend.
 //
+// Reads come back through pinned buffers too: each concurrent reader takes a
+// read lane (two pinned buffers, two streams) from a pool, and the copy of one
+// piece to the host overlaps the device's copy of the next. The first bf16
+// read makes a bf16 copy of the parameters on the device; from then on every
+// fused step writes it as well (2 more bytes per parameter), and bf16 pulls
+// move half the bytes across PCIe.
+//
 // Every CUDA call is checked; errors come back as absl::Status (a failed
 // Apply stops the shard, see ModelShard). Each method makes the backend's GPU
 // current on the calling thread first.
@@ -16,10 +23,12 @@
 #define SHARDOPT_SERVER_CUDA_GPU_BACKEND_H_
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/optimizer_config.h"
 #include "server/cuda/device.h"
 #include "server/update_backend.h"
@@ -31,6 +40,12 @@ class GpuBackend final : public UpdateBackend {
   // Elements per pinned staging buffer (two per trainer, allocated on the
   // trainer's first push).
   static constexpr size_t kPinnedElements = size_t{1} << 20;
+  // Bytes per pinned read buffer (two per read lane), and the most read lanes
+  // (so the most pinned read memory: 8 MiB); readers beyond them copy
+  // straight into their own memory, as does any reader when pinned memory
+  // cannot be had.
+  static constexpr size_t kReadPieceBytes = size_t{1} << 20;
+  static constexpr int kMaxReadLanes = 4;
 
   // RESOURCE_EXHAUSTED when the state does not fit in the GPU's memory.
   static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(int device_index,
@@ -50,15 +65,25 @@ class GpuBackend final : public UpdateBackend {
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
+  absl::StatusOr<bool> ReadBFloat16(uint64_t offset, uint64_t count, void* out) override;
   absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override;
   absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) override;
-  uint64_t parameter_bytes() const override { return size_ * sizeof(float); }
+  // With the bf16 copy once a bf16 pull has made it.
+  uint64_t parameter_bytes() const override {
+    return size_ * (sizeof(float) + (bf16_ready_.load() ? sizeof(uint16_t) : 0));
+  }
   uint64_t optimizer_state_bytes() const override {
     return static_cast<uint64_t>(optimizer_.StateSlotsPerElement()) * size_ * sizeof(float);
   }
   uint64_t staging_bytes() const override { return staging_.size(); }
 
  private:
+  // One reader's path from the device to the host.
+  struct ReadLane {
+    std::array<gpu::Stream, 2> streams;
+    std::array<gpu::PinnedBuffer, 2> pinned;
+  };
+
   // One trainer's path from the network to its staging buffer.
   struct Lane {
     gpu::Stream stream;
@@ -79,6 +104,12 @@ class GpuBackend final : public UpdateBackend {
   absl::Status RunFusedStep(int64_t step, const OptimizerConfig& config,
                             const float* const* gradients, int count, bool mean);
   absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
+  // Copies `bytes` from device memory to `host_dst` (any memory) through a
+  // read lane's pinned buffers.
+  absl::Status ReadThroughPinned(const void* device_src, size_t bytes, void* host_dst);
+  // An idle or new read lane; nullptr when kMaxReadLanes are busy.
+  absl::StatusOr<std::unique_ptr<ReadLane>> TakeReadLane();
+  void ReturnReadLane(std::unique_ptr<ReadLane> lane);
   float* staging(uint32_t rank) const { return staging_.as<float>() + rank * staging_stride_; }
   // Each trainer's buffer starts on a 256-byte boundary whatever size_ is:
   // the fused kernel takes its float4 path only when every gradient buffer
@@ -95,6 +126,18 @@ class GpuBackend final : public UpdateBackend {
   gpu::Stream apply_stream_;
   gpu::Stream read_stream_;
   std::vector<Lane> lanes_;
+  absl::Mutex read_lanes_mu_;
+  std::vector<std::unique_ptr<ReadLane>> idle_read_lanes_ ABSL_GUARDED_BY(read_lanes_mu_);
+  int read_lanes_made_ ABSL_GUARDED_BY(read_lanes_mu_) = 0;
+  // The bf16 copy of the parameters, made by the first bf16 read. Apply()
+  // never runs concurrently with reads, so it reads the flag unlocked.
+  absl::Mutex bf16_mu_;
+  gpu::DeviceBuffer params_bf16_;
+  std::atomic<bool> bf16_ready_{false};
+  bool bf16_unavailable_ ABSL_GUARDED_BY(bf16_mu_) = false;  // The GPU had no room for it.
+  // SumOfSquares' per-block sums, allocated by its first call and kept, so a
+  // step with gradient control allocates nothing.
+  gpu::DeviceBuffer block_sums_;
 };
 
 }  // namespace shardopt

@@ -5,9 +5,11 @@
 #include "server/cuda/gpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "common/dtype_convert.h"
@@ -145,6 +147,15 @@ TEST_F(GpuBackendTest, ScheduleChangesAndSixteenBitPushesMatchTheCpu) {
         ASSERT_TRUE(start->writer->Commit().ok());
       }
     }
+    // bf16 pulls: the GPU backend's own bf16 copy (made by the first such
+    // pull at step 3, then written by every fused step) against the CPU
+    // backend's host conversion, through the pinned read path.
+    if (step >= 3) {
+      std::vector<uint16_t> want(cpu->size()), got(gpu->size());
+      ASSERT_TRUE(cpu->ReadParameters(step, 0, want.size(), DType::kBFloat16, want.data()).ok());
+      ASSERT_TRUE(gpu->ReadParameters(step, 0, got.size(), DType::kBFloat16, got.data()).ok());
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 2), 0) << "step " << step;
+    }
   }
   std::vector<float> a(cpu->size()), b(gpu->size());
   ASSERT_TRUE(cpu->ReadParameters(8, 0, a.size(), a.data()).ok());
@@ -195,6 +206,66 @@ TEST_F(GpuBackendTest, GradientControlMatchesTheCpu) {
   ASSERT_TRUE(gpu->ReadParameters(6, 0, b.size(), b.data()).ok());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   EXPECT_EQ(gpu->Snapshot("", 0, 0, false).value().skipped_steps, 1);
+}
+
+// The backend's bf16 copy used directly: made once by the first bf16 reads
+// (8 threads racing to make it), exact against the host conversion of Read()
+// at odd offsets and over several read pieces into misaligned memory, and
+// kept up to date by the fused kernel through Apply and through Update (the
+// gradient-control path), for each optimizer family.
+TEST_F(GpuBackendTest, Bf16CopyIsExactAndKeptUpToDate) {
+  const size_t n = (size_t{1} << 21) + 77;  // Several 1 MiB read pieces.
+  std::vector<float> init(n);
+  for (size_t i = 0; i < n; ++i) init[i] = 3.0f * std::cos(0.37f * static_cast<float>(i));
+  auto check = [&](GpuBackend& backend, const char* when) {
+    for (const auto& [offset, count] :
+         std::vector<std::pair<size_t, size_t>>{{0, n}, {1, n - 1}, {3, 600001}, {n - 1, 1}}) {
+      std::vector<float> wide(count);
+      ASSERT_TRUE(backend.Read(offset, count, wide.data()).ok());
+      std::vector<char> got(2 * count + 1);
+      absl::StatusOr<bool> native = backend.ReadBFloat16(offset, count, got.data() + 1);
+      ASSERT_TRUE(native.ok()) << native.status();
+      ASSERT_TRUE(*native) << "the GPU backend keeps a bf16 copy";
+      size_t mismatches = 0;
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, got.data() + 1 + 2 * i, 2);
+        if (bits != FloatToBFloat16Bits(wide[i]) && mismatches++ < 3) {
+          ADD_FAILURE() << when << ": element " << offset + i << " " << wide[i] << " -> " << bits;
+        }
+      }
+      EXPECT_EQ(mismatches, 0u) << when << " offset " << offset;
+    }
+  };
+  for (const OptimizerConfig& config :
+       {OptimizerConfig::Sgd(0.1), OptimizerConfig::AdamW(0.01), OptimizerConfig::Adagrad(0.1)}) {
+    std::unique_ptr<GpuBackend> backend = GpuBackend::Create(gpu_index_, config, 1, init).value();
+    std::vector<std::vector<uint16_t>> first(8, std::vector<uint16_t>(n));
+    std::vector<std::thread> readers;
+    std::atomic<int> native{0};
+    for (int t = 0; t < 8; ++t) {
+      readers.emplace_back([&, t] {
+        absl::StatusOr<bool> r = backend->ReadBFloat16(0, n, first[t].data());
+        if (r.ok() && *r) native.fetch_add(1);
+      });
+    }
+    for (std::thread& t : readers) t.join();
+    EXPECT_EQ(native.load(), 8);
+    for (int t = 1; t < 8; ++t) EXPECT_EQ(first[t], first[0]) << "reader " << t;
+    check(*backend, "initial");
+    const std::vector<float> g1 = testing::RandomGradient(0, 1, n);
+    ASSERT_TRUE(backend->Stage(0, 0, g1.data(), DType::kFloat32, n).ok());
+    ASSERT_TRUE(backend->FinishStaging(0).ok());
+    ASSERT_TRUE(backend->Apply(1, true, config).ok());
+    check(*backend, "after Apply");
+    const std::vector<float> g2 = testing::RandomGradient(0, 2, n);
+    ASSERT_TRUE(backend->Stage(0, 0, g2.data(), DType::kFloat32, n).ok());
+    ASSERT_TRUE(backend->FinishStaging(0).ok());
+    ASSERT_TRUE(backend->Reduce(true).ok());
+    ASSERT_TRUE(backend->Update(2, config, 0.5f).ok());
+    check(*backend, "after Update");
+    EXPECT_EQ(backend->parameter_bytes(), n * 6);  // fp32 masters + the bf16 copy.
+  }
 }
 
 TEST(GpuDeviceSelectionTest, ReportsWhyThereIsNoGpu) {
