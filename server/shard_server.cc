@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "proto/grpc/health/v1/health.pb.h"
 
 namespace shardopt {
 
@@ -17,6 +18,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
                                                                 const ShardServerOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // gRPC's health service has no protobuf descriptors of its own; touching
+  // the generated ones links them in, so reflection can describe
+  // grpc.health.v1.Health and `grpcurl ... grpc.health.v1.Health/Check` works.
+  grpc::health::v1::HealthCheckRequest::descriptor();
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->service_ = std::make_unique<ShardServiceImpl>(options);
   // Restored before the port opens: no trainer sees the shard half-loaded.
