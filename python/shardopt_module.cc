@@ -265,6 +265,8 @@ class Client {
   }
   uint32_t rank() const { return client_->trainer_rank(); }
   uint32_t shard_count() const { return client_->shard_count(); }
+  int64_t failed_attempts() const { return client_->failed_attempts(); }
+  int64_t replayed_pushes() const { return client_->replayed_pushes(); }
 
  private:
   const TrainerClient& Checked() const {
@@ -355,5 +357,10 @@ PYBIND11_MODULE(_shardopt, m) {
            py::arg("optimizer"), py::arg("hyperparameters"))
       .def_property_readonly("registered_version", &Client::registered_version)
       .def_property_readonly("rank", &Client::rank)
-      .def_property_readonly("shard_count", &Client::shard_count);
+      .def_property_readonly("shard_count", &Client::shard_count)
+      .def_property_readonly("failed_attempts", &Client::failed_attempts,
+                             "Call attempts to a shard that failed so far (each retry follows "
+                             "one): shards down, unreachable or slower than rpc_timeout.")
+      .def_property_readonly("replayed_pushes", &Client::replayed_pushes,
+                             "Earlier steps re-pushed to shards restarted from a checkpoint.");
 }

@@ -64,6 +64,15 @@ class BadUseTest(unittest.TestCase):
                 optimizer="sgd", lr=0.1, retry_budget=0.5)
         self.assertIsInstance(caught.exception, ConnectionError)
         self.assertIn(address, str(caught.exception))
+        # The raw client counts the attempts that failed.
+        client = shardopt.Client([address], 0, retry_budget_s=0.3)
+        self.assertEqual(client.failed_attempts, 0)
+        with self.assertRaises(shardopt.UnavailableError):
+            client.register("raw", [("w", [5])], "sgd", {"lr": 0.1}, 1, 0.0,
+                            numpy.zeros(client.layout_for([("w", [5])])[-1][2],
+                                        dtype=numpy.float32))
+        self.assertGreaterEqual(client.failed_attempts, 2)  # the first and a retry
+        self.assertEqual(client.replayed_pushes, 0)
 
     def test_non_contiguous_parameter(self):
         weight = torch.nn.Parameter(torch.randn(4, 3).t())  # a transposed view
