@@ -132,6 +132,8 @@ struct TrainerClient::Shard {
   // The shard refused a step as ahead of it (it restarted from a checkpoint):
   // the next attempt re-pushes the steps it lacks first.
   std::atomic<bool> behind{false};
+  // Attempts that failed UNAVAILABLE or DEADLINE_EXCEEDED (failed_attempts()).
+  std::atomic<int64_t> unreachable_attempts{0};
   std::string address;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::ShardService::Stub> stub;
@@ -192,7 +194,9 @@ absl::Status TrainerClient::CallEveryShard(
         shard.reopen_channel = false;
       }
       absl::Status st = call(shard, *attempt_context.get());
-      if (!st.ok()) failed_attempts_.fetch_add(1, std::memory_order_relaxed);
+      if (absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) {
+        shard.unreachable_attempts.fetch_add(1, std::memory_order_relaxed);
+      }
       if (catch_up.last_step >= 0) st = MarkIfBehind(shard, st);
       if (absl::IsUnavailable(st) &&
           shard.channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
@@ -202,6 +206,16 @@ absl::Status TrainerClient::CallEveryShard(
     };
     return shard.Annotate(RetryWithBackoff(policy, attempt, retry_if), what);
   });
+}
+
+int64_t TrainerClient::failed_attempts() const {
+  int64_t total = 0;
+  for (const auto& shard : shards_) total += shard->unreachable_attempts.load();
+  return total;
+}
+
+int64_t TrainerClient::failed_attempts(size_t shard) const {
+  return shard < shards_.size() ? shards_[shard]->unreachable_attempts.load() : 0;
 }
 
 absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
@@ -477,7 +491,9 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ", flat_grads[bad],
         overflow ? absl::StrCat(", which overflows ", DTypeName(wire_dtype),
-                                "; nothing was pushed (scale the loss down, or push bfloat16)")
+                                wire_dtype == DType::kFloat16
+                                    ? "; nothing was pushed (scale the loss down, or push bfloat16)"
+                                    : "; nothing was pushed (scale the loss down)")
                  : "; nothing was pushed"));
   }
   std::vector<v1::PushGradientsResponse> responses(shards_.size());

@@ -189,9 +189,13 @@ class TrainerClient {
 
   // Earlier steps re-pushed to restarted shards so far (see replay_steps).
   int64_t replayed_pushes() const { return replayed_pushes_.load(); }
-  // Call attempts to a shard that failed so far (each retry follows one):
-  // shards that were down, unreachable or slower than rpc_timeout.
-  int64_t failed_attempts() const { return failed_attempts_.load(); }
+  // Attempts of calls to shards (register, attach, push, pull, statistics,
+  // hyperparameters, checkpoints) that failed UNAVAILABLE or
+  // DEADLINE_EXCEEDED so far: the shard was down, unreachable, or slower
+  // than rpc_timeout (such attempts are retried within retry_budget). In
+  // all, or to shard `shard` only.
+  int64_t failed_attempts() const;
+  int64_t failed_attempts(size_t shard) const;
 
   // A zero-filled flat buffer of the layout's size.
   std::vector<float> NewFlatBuffer() const;
@@ -285,7 +289,6 @@ class TrainerClient {
   // Hyperparameter changes sent (by effective step), for restarted shards.
   std::map<int64_t, v1::SetHyperparametersRequest> changes_ ABSL_GUARDED_BY(history_mu_);
   std::atomic<int64_t> replayed_pushes_{0};
-  std::atomic<int64_t> failed_attempts_{0};
   int64_t latest_inspected_version_ = 0;  // Highest shard version InspectJson saw.
   int64_t scaler_step_ = 0;               // The last step whose decision updated scaler_.
 };

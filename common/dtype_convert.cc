@@ -78,7 +78,11 @@ namespace {
 // the special classes and a spread of values). On x86-64 each also gets an
 // AVX2 clone picked at load time: the fp16 ones are compute-bound at SSE2
 // width.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// (GCC on glibc only: the clones are picked by an ifunc resolver.
+// //common:dtype_convert_baseline_test builds the file without them, so the
+// default code is tested on AVX2 machines too.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && \
+    !defined(SHARDOPT_NO_VECTOR_CLONES)
 #define SHARDOPT_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define SHARDOPT_VECTOR_CLONES

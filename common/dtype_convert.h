@@ -32,7 +32,9 @@ size_t ConvertFromFloatAndFindNonFinite(const float* src, size_t count, DType dt
 
 // fp32 `dst` from `count` elements of `dtype` at `src` (any alignment).
 // Returns the index of the first NaN or infinity, or `count` when all are
-// finite (one pass: the check is done on the converted values).
+// finite (checked block by block while the block is in cache: on the fp32
+// values, or on the 16-bit input, whose NaNs and infinities widen to NaNs
+// and infinities).
 size_t ConvertToFloatAndFindNonFinite(const void* src, size_t count, DType dtype, float* dst);
 
 }  // namespace shardopt

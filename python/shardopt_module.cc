@@ -359,8 +359,9 @@ PYBIND11_MODULE(_shardopt, m) {
       .def_property_readonly("rank", &Client::rank)
       .def_property_readonly("shard_count", &Client::shard_count)
       .def_property_readonly("failed_attempts", &Client::failed_attempts,
-                             "Call attempts to a shard that failed so far (each retry follows "
-                             "one): shards down, unreachable or slower than rpc_timeout.")
+                             "Attempts of calls to shards that failed UNAVAILABLE or "
+                             "DEADLINE_EXCEEDED so far (each is retried within the retry "
+                             "budget): shards down, unreachable or slower than rpc_timeout.")
       .def_property_readonly("replayed_pushes", &Client::replayed_pushes,
                              "Earlier steps re-pushed to shards restarted from a checkpoint.");
 }

@@ -17,6 +17,18 @@ namespace {
 constexpr uint64_t kStatsBlockElements = 1 << 16;
 // Parameters converted at a time for 16-bit pulls.
 constexpr uint64_t kConvertBlockElements = 1 << 16;
+
+// A parameter that a 16-bit pull cannot carry: a master weight beyond the
+// type's range, or one that is itself not finite.
+absl::Status PullOverflowError(const std::string& element, float value, DType dtype) {
+  if (!std::isfinite(value)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter ", element, " is ", value, ": the master weights are no longer finite"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("parameter ", element, " is ", value, ", which overflows ", DTypeName(dtype),
+                   dtype == DType::kFloat16 ? "; pull float32 or bfloat16" : "; pull float32"));
+}
 // WaitForVersion re-checks cancellation this often.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
@@ -762,9 +774,7 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
     if (size_t bad = FindNonFiniteOfType(out, count, dtype); bad != count) {
       float value = 0;
       if (absl::Status s = backend_->Read(offset + bad, 1, &value); !s.ok()) return s;
-      return absl::FailedPreconditionError(
-          absl::StrCat("parameter ", DescribeElement(offset + bad), " is ", value,
-                       ", which overflows ", DTypeName(dtype), "; pull float32 or bfloat16"));
+      return PullOverflowError(DescribeElement(offset + bad), value, dtype);
     }
   } else {
     // Through a bounded fp32 buffer per thread, block by block.
@@ -776,9 +786,7 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
       char* block = narrow + done * DTypeSize(dtype);
       // fp16 tops out at 65504: a larger master weight would arrive as inf.
       if (size_t bad = ConvertFromFloatAndFindNonFinite(wide.data(), n, dtype, block); bad != n) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("parameter ", DescribeElement(offset + done + bad), " is ", wide[bad],
-                         ", which overflows ", DTypeName(dtype), "; pull float32 or bfloat16"));
+        return PullOverflowError(DescribeElement(offset + done + bad), wide[bad], dtype);
       }
     }
   }

@@ -191,8 +191,8 @@ TEST(EndToEndGpuTest, CudaShardsMatchTheCpuRunBitForBit) {
                                    {"--listen=127.0.0.1:0", "--device=cuda:0"});
   ASSERT_TRUE(probe.ok());
   if (std::optional<int> rc = (*probe)->Wait(absl::Seconds(5)); rc.has_value()) {
-    SHARDOPT_GPU_UNAVAILABLE() << "no usable GPU: shardopt_server --device=cuda:0 exited with "
-                               << *rc << " (see its message above)";
+    SHARDOPT_GPU_UNAVAILABLE("no usable GPU: shardopt_server --device=cuda:0 exited with "
+                             << *rc << " (see its message above)");
   }
   (*probe)->Signal(SIGTERM);
   (*probe)->Wait(absl::Seconds(10));

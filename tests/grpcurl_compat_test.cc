@@ -2,8 +2,8 @@
 // a client that knows no shardopt types. It lists the services over server
 // reflection, fetches their .proto descriptors (with their dependencies) the
 // same way, builds request messages from JSON with those descriptors, calls
-// the methods with raw bytes and prints the replies as JSON. It runs the
-// README's grpcurl commands with the README's JSON, word for word, against a
+// the methods with raw bytes and prints the replies as JSON. It reads the
+// grpcurl commands out of README.md and runs each, with its JSON, against a
 // live server, so that the examples stay true.
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
@@ -15,8 +15,10 @@
 #include <grpcpp/impl/rpc_method.h>
 
 #include <algorithm>
+#include <fstream>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -154,6 +156,49 @@ absl::StatusOr<std::string> CallWithJson(grpc::Channel* channel, ReflectionClien
   return out;
 }
 
+// One `grpcurl -plaintext [-d 'JSON'] ADDRESS (list | Service/Method)`.
+struct GrpcurlCommand {
+  std::string target;  // "list" or "Service/Method".
+  std::string json;    // The -d body; "{}" without one.
+};
+
+// Every grpcurl command of the README (a command may go on over lines
+// ending in a backslash, and its JSON over several lines).
+std::vector<GrpcurlCommand> ReadmeCommands() {
+  std::ifstream in(Runfile("README.md"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string readme = text.str();
+  std::vector<GrpcurlCommand> commands;
+  const std::string start = "grpcurl -plaintext ";
+  for (size_t at = readme.find(start); at != std::string::npos; at = readme.find(start, at + 1)) {
+    size_t cursor = at + start.size();
+    GrpcurlCommand command{"", "{}"};
+    if (readme.compare(cursor, 4, "-d '") == 0) {
+      const size_t end = readme.find('\'', cursor + 4);
+      if (end == std::string::npos) break;
+      command.json = readme.substr(cursor + 4, end - cursor - 4);
+      cursor = end + 1;
+    }
+    // Then the address and the target, maybe after a line continuation.
+    std::vector<std::string> words;
+    while (words.size() < 2 && cursor < readme.size()) {
+      while (cursor < readme.size() &&
+             (readme[cursor] == ' ' || readme[cursor] == '\\' || readme[cursor] == '\n')) {
+        ++cursor;
+      }
+      const size_t end = readme.find_first_of(" \n`", cursor);
+      words.push_back(readme.substr(cursor, end - cursor));
+      cursor = end;
+    }
+    if (words.size() == 2) {
+      command.target = words[1];
+      commands.push_back(command);
+    }
+  }
+  return commands;
+}
+
 TEST(GrpcurlCompatTest, TheReadmesCommandsWorkFromReflectionAlone) {
   absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers = StartCluster(1);
   ASSERT_TRUE(servers.ok()) << servers.status();
@@ -168,46 +213,46 @@ TEST(GrpcurlCompatTest, TheReadmesCommandsWorkFromReflectionAlone) {
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   ReflectionClient reflection(channel);
 
-  // grpcurl -plaintext ADDRESS list
-  const std::vector<std::string> services = reflection.ListServices();
-  for (const char* expected : {"shardopt.v1.ShardService", "grpc.health.v1.Health",
-                               "grpc.reflection.v1alpha.ServerReflection"}) {
-    EXPECT_NE(std::find(services.begin(), services.end(), expected), services.end()) << expected;
+  const std::vector<GrpcurlCommand> commands = ReadmeCommands();
+  std::set<std::string> targets;
+  for (const GrpcurlCommand& c : commands) targets.insert(c.target);
+  for (const char* expected :
+       {"list", "grpc.health.v1.Health/Check", "shardopt.v1.ShardService/GetServerInfo",
+        "shardopt.v1.ShardService/Inspect", "shardopt.v1.ShardService/SetHyperparameters"}) {
+    EXPECT_EQ(targets.count(expected), 1u) << "the README lost its grpcurl example of " << expected;
   }
-
-  // grpcurl -plaintext ADDRESS grpc.health.v1.Health/Check
-  absl::StatusOr<std::string> health =
-      CallWithJson(channel.get(), reflection, "grpc.health.v1.Health/Check", "{}");
-  ASSERT_TRUE(health.ok()) << health.status();
-  EXPECT_TRUE(absl::StrContains(*health, "\"SERVING\"")) << *health;
-
-  // grpcurl -plaintext ADDRESS shardopt.v1.ShardService/GetServerInfo
-  absl::StatusOr<std::string> info =
-      CallWithJson(channel.get(), reflection, "shardopt.v1.ShardService/GetServerInfo", "{}");
-  ASSERT_TRUE(info.ok()) << info.status();
-  EXPECT_TRUE(absl::StrContains(*info, "\"modelId\":\"mlp\"")) << *info;
-  EXPECT_TRUE(absl::StrContains(*info, "\"device\":\"cpu\"")) << *info;
-
-  // grpcurl -plaintext -d '{"model_id": "mlp", "slice_length": 4}' ADDRESS .../Inspect
-  absl::StatusOr<std::string> inspect =
-      CallWithJson(channel.get(), reflection, "shardopt.v1.ShardService/Inspect",
-                   R"({"model_id": "mlp", "slice_length": 4})");
-  ASSERT_TRUE(inspect.ok()) << inspect.status();
-  EXPECT_TRUE(absl::StrContains(*inspect, "\"values\":[")) << *inspect;
-  EXPECT_TRUE(absl::StrContains(*inspect, "\"l2Norm\"")) << *inspect;
-
-  // The README's SetHyperparameters command, its JSON word for word.
-  absl::StatusOr<std::string> set =
-      CallWithJson(channel.get(), reflection, "shardopt.v1.ShardService/SetHyperparameters",
-                   R"({"model_id": "mlp", "effective_step": 500,
-  "optimizer": {"adamw": {"lr": 3e-4, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}},
-  "lr_schedule": {"kind": "LR_SCHEDULE_WARMUP_COSINE", "total_steps": 2000, "min_lr": 1e-5}})");
-  ASSERT_TRUE(set.ok()) << set.status();
-  EXPECT_TRUE(absl::StrContains(*set, "\"effectiveStep\":\"500\"")) << *set;
-  inspect = CallWithJson(channel.get(), reflection, "shardopt.v1.ShardService/Inspect",
-                         R"({"model_id": "mlp"})");
-  ASSERT_TRUE(inspect.ok()) << inspect.status();
-  EXPECT_TRUE(absl::StrContains(*inspect, "\"scheduledChanges\":[\"500\"]")) << *inspect;
+  for (const GrpcurlCommand& command : commands) {
+    SCOPED_TRACE(command.target + " " + command.json);
+    if (command.target == "list") {
+      const std::vector<std::string> services = reflection.ListServices();
+      for (const char* expected : {"shardopt.v1.ShardService", "grpc.health.v1.Health",
+                                   "grpc.reflection.v1alpha.ServerReflection"}) {
+        EXPECT_NE(std::find(services.begin(), services.end(), expected), services.end())
+            << expected;
+      }
+      continue;
+    }
+    absl::StatusOr<std::string> reply =
+        CallWithJson(channel.get(), reflection, command.target, command.json);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    fprintf(stderr, "[test] grpcurl %s -> %s\n", command.target.c_str(),
+            reply->substr(0, 300).c_str());
+    if (command.target == "grpc.health.v1.Health/Check") {
+      EXPECT_TRUE(absl::StrContains(*reply, "\"SERVING\"")) << *reply;
+    } else if (command.target == "shardopt.v1.ShardService/GetServerInfo") {
+      EXPECT_TRUE(absl::StrContains(*reply, "\"modelId\":\"mlp\"")) << *reply;
+      EXPECT_TRUE(absl::StrContains(*reply, "\"device\":\"cpu\"")) << *reply;
+    } else if (command.target == "shardopt.v1.ShardService/Inspect") {
+      EXPECT_TRUE(absl::StrContains(*reply, "\"values\":[")) << *reply;
+      EXPECT_TRUE(absl::StrContains(*reply, "\"l2Norm\"")) << *reply;
+    } else if (command.target == "shardopt.v1.ShardService/SetHyperparameters") {
+      EXPECT_TRUE(absl::StrContains(*reply, "\"effectiveStep\":\"500\"")) << *reply;
+      absl::StatusOr<std::string> after = CallWithJson(
+          channel.get(), reflection, "shardopt.v1.ShardService/Inspect", R"({"model_id": "mlp"})");
+      ASSERT_TRUE(after.ok()) << after.status();
+      EXPECT_TRUE(absl::StrContains(*after, "\"scheduledChanges\":[\"500\"]")) << *after;
+    }
+  }
 
   // A mistyped request is the server's clear error, not a crash.
   absl::StatusOr<std::string> unknown = CallWithJson(

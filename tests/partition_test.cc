@@ -2,9 +2,9 @@
 // own (a network namespace joined to the test's by a veth pair), and the test
 // cuts one shard off the network while two trainer processes train, the way a
 // failed switch would: packets vanish, nothing is refused, every process keeps
-// running. A short cut only stalls the open connections (TCP retransmits
-// after the heal); a long one outlasts the trainers' call deadlines, so the
-// calls in flight to the shard fail and are retried, some before the heal.
+// running. A short cut (300 ms) only stalls the open connections, which TCP
+// retransmits after the heal; a long one (6 s) outlasts the trainers' 2 s
+// call deadlines, so the calls in flight to the shard fail and are retried.
 // Either way every step must be applied exactly once on every shard: the
 // final parameters are bit-identical to the single-process reference.
 //
@@ -37,29 +37,28 @@ constexpr uint32_t kShards = 2;
 constexpr uint32_t kTrainers = 2;
 const char kModel[] = "adamw";
 
-// The model's version on the shard at `address`, or nullopt when the call
+// The model's version on the shard `stub` talks to, or nullopt when the call
 // fails (within a short deadline).
-std::optional<int64_t> VersionOf(const std::string& address) {
-  auto stub = NewStub(address);
+std::optional<int64_t> VersionOf(v1::ShardService::Stub& stub) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   v1::InspectRequest request;
   request.set_model_id(kModel);
   v1::InspectResponse info;
-  if (!stub->Inspect(&context, request, &info).ok()) return std::nullopt;
+  if (!stub.Inspect(&context, request, &info).ok()) return std::nullopt;
   return info.version();
 }
 
-// Polls until shard `address` reaches `version` (bounded); its version then.
-int64_t AwaitVersion(const std::string& address, int64_t version) {
+// Polls until the shard reaches `version` (bounded); its version then.
+int64_t AwaitVersion(v1::ShardService::Stub& stub, int64_t version) {
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
   int64_t seen = -1;
   while (absl::Now() < give_up) {
-    if (std::optional<int64_t> v = VersionOf(address); v.has_value()) {
+    if (std::optional<int64_t> v = VersionOf(stub); v.has_value()) {
       seen = *v;
       if (seen >= version) return seen;
     }
-    absl::SleepFor(absl::Milliseconds(2));
+    absl::SleepFor(absl::Milliseconds(10));
   }
   return seen;
 }
@@ -67,9 +66,11 @@ int64_t AwaitVersion(const std::string& address, int64_t version) {
 struct Cut {
   const char* what;
   absl::Duration length;
+  bool check_held;  // Long enough to see the job held still.
 };
 
 TEST(PartitionTest, ShardCutOffMidTrainingRejoinsAndEveryStepIsAppliedOnce) {
+  IsolatedHost::RemoveStaleHosts();
   if (std::optional<std::string> why = IsolatedHost::Unsupported(); why.has_value()) {
     GTEST_SKIP() << "no network namespaces here: " << *why;
   }
@@ -88,44 +89,55 @@ TEST(PartitionTest, ShardCutOffMidTrainingRejoinsAndEveryStepIsAppliedOnce) {
     hosts.push_back(std::move(*host));
     servers.push_back(std::move(*server));
   }
-  const std::string out_root = MakeTempDir("partition");
+  std::vector<std::string> out_dirs;
   std::vector<std::unique_ptr<ChildProcess>> trainers;
   for (uint32_t r = 0; r < kTrainers; ++r) {
-    const std::string out_dir = absl::StrCat(out_root, "/rank", r);
-    ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
+    out_dirs.push_back(MakeTempDir(absl::StrCat("partition_rank", r)));
     // Attempts time out after 2 s (the long cut is longer) and are retried
-    // for up to a minute.
+    // for up to a minute; 10 ms steps keep the job going through both cuts.
     absl::StatusOr<std::unique_ptr<ChildProcess>> proc = ChildProcess::Start(
         Runfile("tests/test_trainer"),
         {"--servers=" + absl::StrJoin(Addresses(servers), ","), absl::StrCat("--rank=", r),
          absl::StrCat("--num_trainers=", kTrainers), absl::StrCat("--models=", kModel),
          absl::StrCat("--steps=", kSteps), absl::StrCat("--seed=", kSeed), "--chunk_bytes=4096",
-         "--rpc_timeout=2s", "--retry_budget=60s", "--out_dir=" + out_dir});
+         "--rpc_timeout=2s", "--retry_budget=60s", "--min_step_time=10ms",
+         "--out_dir=" + out_dirs.back()});
     ASSERT_TRUE(proc.ok()) << proc.status();
     trainers.push_back(std::move(*proc));
   }
 
   // Shard 1 is cut off twice; shard 0 stays reachable, so the test watches
   // the job through it.
-  const std::string& watch = servers[0]->address();
+  auto watch = NewStub(servers[0]->address());
   IsolatedHost& victim = *hosts[1];
   int64_t next_cut_at = 10;
-  for (const Cut& cut : {Cut{"short", absl::Milliseconds(1500)}, Cut{"long", absl::Seconds(6)}}) {
-    const int64_t before = AwaitVersion(watch, next_cut_at);
+  for (const Cut& cut :
+       {Cut{"short", absl::Milliseconds(300), false}, Cut{"long", absl::Seconds(6), true}}) {
+    const int64_t before = AwaitVersion(*watch, next_cut_at);
     ASSERT_GE(before, next_cut_at) << cut.what << " cut: the job did not get going";
     ASSERT_LT(before, kSteps - 50) << cut.what << " cut: the job ran too fast to be cut mid-way";
     ASSERT_TRUE(victim.Partition().ok());
-    // Steps already past shard 1 finish; then synchronous training cannot
-    // get past the step shard 1 misses, so shard 0 holds still.
-    absl::SleepFor(absl::Milliseconds(500));
-    const std::optional<int64_t> held = VersionOf(watch);
-    absl::SleepFor(cut.length - absl::Milliseconds(500));
-    const std::optional<int64_t> during = VersionOf(watch);
+    std::optional<int64_t> held;
+    if (cut.check_held) {
+      // Steps already past shard 1 finish; then synchronous training cannot
+      // get past the step shard 1 misses.
+      absl::SleepFor(absl::Milliseconds(500));
+      held = VersionOf(*watch);
+      absl::SleepFor(cut.length - absl::Milliseconds(500));
+    } else {
+      absl::SleepFor(cut.length);
+    }
+    const std::optional<int64_t> during = VersionOf(*watch);
     ASSERT_TRUE(victim.Heal().ok());
-    ASSERT_TRUE(held.has_value() && during.has_value());
-    EXPECT_EQ(*during, *held) << cut.what << " cut: the job went on without shard 1";
+    ASSERT_TRUE(during.has_value());
     EXPECT_LT(*during, kSteps) << cut.what << " cut: the job ended before the cut";
-    fprintf(stderr, "[test] %s cut of shard 1 near version %lld: shard 0 held at %lld for %s\n",
+    if (cut.check_held) {
+      ASSERT_TRUE(held.has_value());
+      // (One more step may end on a machine slow enough that a trainer's
+      // shard-0 push of the step in flight came after the first look.)
+      EXPECT_LE(*during, *held + 1) << cut.what << " cut: the job went on without shard 1";
+    }
+    fprintf(stderr, "[test] %s cut of shard 1 at version %lld: shard 0 at %lld after %s\n",
             cut.what, static_cast<long long>(before), static_cast<long long>(*during),
             absl::FormatDuration(cut.length).c_str());
     next_cut_at = *during + 20;
@@ -137,16 +149,19 @@ TEST(PartitionTest, ShardCutOffMidTrainingRejoinsAndEveryStepIsAppliedOnce) {
     ASSERT_EQ(*rc, 0) << "trainer failed";
   }
 
-  // The long cut outlasted the calls' deadlines: some attempts failed and
-  // were retried (else the test would not have exercised the abandoned calls).
-  float failed_attempts = 0;
+  // The long cut outlasted the calls' deadlines: attempts to shard 1 timed
+  // out and were retried (else the test did not exercise abandoned calls).
+  float timed_out_on_shard1 = 0;
   for (uint32_t r = 0; r < kTrainers; ++r) {
     absl::StatusOr<std::vector<float>> failed =
-        ReadFloats(absl::StrCat(out_root, "/rank", r, "/", kModel, ".failed_attempts"));
+        ReadFloats(absl::StrCat(out_dirs[r], "/", kModel, ".failed_attempts"));
     ASSERT_TRUE(failed.ok()) << failed.status();
-    failed_attempts += failed->at(0);
+    ASSERT_EQ(failed->size(), kShards);
+    fprintf(stderr, "[test] rank %u: attempts failed unreachable/late: shard 0 %g, shard 1 %g\n", r,
+            (*failed)[0], (*failed)[1]);
+    timed_out_on_shard1 += (*failed)[1];
   }
-  EXPECT_GT(failed_attempts, 0) << "no call to the cut-off shard timed out";
+  EXPECT_GT(timed_out_on_shard1, 0) << "no call to the cut-off shard timed out";
 
   // Each shard applied every step once.
   for (const auto& server : servers) {
@@ -165,7 +180,7 @@ TEST(PartitionTest, ShardCutOffMidTrainingRejoinsAndEveryStepIsAppliedOnce) {
   for (uint32_t r = 0; r < kTrainers; ++r) {
     for (const char* suffix : {".bin", ".master.bin"}) {
       absl::StatusOr<std::vector<float>> got =
-          ReadFloats(absl::StrCat(out_root, "/rank", r, "/", kModel, suffix));
+          ReadFloats(absl::StrCat(out_dirs[r], "/", kModel, suffix));
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_EQ(got->size(), expected.size());
       EXPECT_EQ(std::memcmp(got->data(), expected.data(), expected.size() * sizeof(float)), 0)

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,8 @@ ABSL_FLAG(int, replay_steps, 0,
 ABSL_FLAG(absl::Duration, retry_budget, absl::Seconds(60),
           "How long the client retries a shard that is down.");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(30), "Deadline of each call attempt.");
+ABSL_FLAG(absl::Duration, min_step_time, absl::ZeroDuration(),
+          "Pace the job: each step takes at least this long (the rest is slept).");
 ABSL_FLAG(std::string, lr_change, "",
           "STEP:LR: every trainer schedules the optimizer with this lr from STEP on (sent "
           "just before pushing STEP).");
@@ -138,6 +141,10 @@ int Train(const std::string& name) {
             name.c_str(), static_cast<long>(start));
   }
   for (int64_t step = start + 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
+    const absl::Time step_start = absl::Now();
+    absl::Cleanup pace = [step_start] {
+      absl::SleepFor(absl::GetFlag(FLAGS_min_step_time) - (absl::Now() - step_start));
+    };
     SyntheticGradient((*client)->layout(), params, options.trainer_rank, step, seed,
                       absl::MakeSpan(grad));
     if (spec.loss_scaling) {
@@ -208,8 +215,12 @@ int Train(const std::string& name) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
   }
+  std::vector<float> failed_by_shard;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    failed_by_shard.push_back(static_cast<float>((*client)->failed_attempts(i)));
+  }
   if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".failed_attempts",
-                                   {static_cast<float>((*client)->failed_attempts())});
+                                   failed_by_shard);
       !s.ok()) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;

@@ -58,8 +58,8 @@ from torch.optim.optimizer import required
 
 from . import Client, FailedPreconditionError
 
-# torch.optim's defaults; SGD's lr is `required` there too (a parameter group
-# without one is refused by torch's own add_param_group).
+# torch.optim's defaults; SGD's lr is `required`, as in torch 1.13 (a
+# parameter group without one is refused by torch's own add_param_group).
 _OPTIMIZERS = {
     "sgd": {"lr": required, "momentum": 0.0, "dampening": 0.0, "nesterov": False,
             "weight_decay": 0.0, "maximize": False},

@@ -7,8 +7,9 @@
 //
 // Runs without a GPU: argument validation and access planning (no CUDA call
 // happens before those fail or decide), the host bf16 conversion, device-spec
-// parsing, and the "no GPU" error of SelectDevice. Everything else skips with
-// GTEST_SKIP() and the reason when SelectDevice("auto") finds no usable GPU.
+// parsing, and the "no GPU" error of SelectDevice. Everything else skips,
+// saying why, when SelectDevice("auto") finds no usable GPU (and fails
+// instead under SHARDOPT_REQUIRE_GPU=1: tests/support/gpu_required.h).
 //
 // SHARDOPT_GPU_TEST_SMALL=1 leaves out the 1M-element cases (for
 // compute-sanitizer, which is slow).
@@ -78,7 +79,7 @@ const absl::Status& GpuStatus() {
 class GpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!GpuStatus().ok()) SHARDOPT_GPU_UNAVAILABLE() << "no usable CUDA GPU here: " << GpuStatus();
+    if (!GpuStatus().ok()) SHARDOPT_GPU_UNAVAILABLE("no usable CUDA GPU here: " << GpuStatus());
   }
 };
 
@@ -373,7 +374,10 @@ TEST(DeviceSelectionTest, WithoutAGpuSaysSoClearly) {
       ASSERT_TRUE(gpu.ok()) << spec << ": " << gpu.status();
       EXPECT_EQ(gpu->index, 0) << spec;
     }
-    EXPECT_EQ(SelectDevice("cuda:4096").status().code(), absl::StatusCode::kNotFound);
+    // The largest index the syntax takes (no machine has 1024 GPUs), and one
+    // past it.
+    EXPECT_EQ(SelectDevice("cuda:1023").status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(SelectDevice("cuda:4096").status().code(), absl::StatusCode::kInvalidArgument);
     return;
   }
   absl::StatusOr<std::vector<GpuInfo>> gpus = QueryGpus();

@@ -38,6 +38,10 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
       !s.ok()) {
     return s;
   }
+  const size_t norm_blocks = (n + kNormBlockElements - 1) / kNormBlockElements;
+  if (absl::Status s = allocate(norm_blocks * sizeof(double), &backend->block_sums_); !s.ok()) {
+    return s;
+  }
   for (gpu::Stream* stream : {&backend->apply_stream_, &backend->read_stream_}) {
     absl::StatusOr<gpu::Stream> created = gpu::Stream::Create();
     if (!created.ok()) return created.status();
@@ -158,11 +162,6 @@ absl::StatusOr<double> GpuBackend::SumOfSquares(float scale) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   const size_t blocks = (size_ + kNormBlockElements - 1) / kNormBlockElements;
   if (blocks == 0) return 0.0;
-  if (block_sums_.data() == nullptr) {
-    absl::StatusOr<gpu::DeviceBuffer> sums = gpu::DeviceBuffer::Allocate(blocks * sizeof(double));
-    if (!sums.ok()) return sums.status();
-    block_sums_ = std::move(*sums);
-  }
   if (absl::Status s = gpu::BlockSumsOfSquares(staging(0), size_, scale, kNormBlockElements,
                                                block_sums_.as<double>(), apply_stream_.get());
       !s.ok()) {

@@ -41,10 +41,11 @@ class GpuBackend final : public UpdateBackend {
   // trainer's first push).
   static constexpr size_t kPinnedElements = size_t{1} << 20;
   // Bytes per pinned read buffer (two per read lane), and the most read lanes
-  // (so the most pinned read memory: 8 MiB); readers beyond them copy
+  // (so the most pinned read memory: 2 MiB); readers beyond them copy
   // straight into their own memory, as does any reader when pinned memory
-  // cannot be had.
-  static constexpr size_t kReadPieceBytes = size_t{1} << 20;
+  // cannot be had. A quarter of the default 1 MiB pull message, so the
+  // pieces of one message overlap.
+  static constexpr size_t kReadPieceBytes = size_t{256} << 10;
   static constexpr int kMaxReadLanes = 4;
 
   // RESOURCE_EXHAUSTED when the state does not fit in the GPU's memory.
@@ -135,7 +136,7 @@ class GpuBackend final : public UpdateBackend {
   gpu::DeviceBuffer params_bf16_;
   std::atomic<bool> bf16_ready_{false};
   bool bf16_unavailable_ ABSL_GUARDED_BY(bf16_mu_) = false;  // The GPU had no room for it.
-  // SumOfSquares' per-block sums, allocated by its first call and kept, so a
+  // SumOfSquares' per-block sums, allocated with the rest of the state, so a
   // step with gradient control allocates nothing.
   gpu::DeviceBuffer block_sums_;
 };

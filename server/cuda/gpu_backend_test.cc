@@ -26,7 +26,7 @@ class GpuBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<gpu::GpuInfo> gpu = gpu::SelectDevice("auto");
-    if (!gpu.ok()) SHARDOPT_GPU_UNAVAILABLE() << "no usable GPU: " << gpu.status();
+    if (!gpu.ok()) SHARDOPT_GPU_UNAVAILABLE("no usable GPU: " << gpu.status());
     gpu_index_ = gpu->index;
   }
 

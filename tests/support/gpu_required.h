@@ -3,7 +3,7 @@
 // SHARDOPT_REQUIRE_GPU=1 on the lent GPU machine, where the same condition
 // must fail the test: a GPU test that skips there has checked nothing.
 //
-//   if (!gpu.ok()) SHARDOPT_GPU_UNAVAILABLE() << "no usable GPU: " << gpu.status();
+//   if (!gpu.ok()) SHARDOPT_GPU_UNAVAILABLE("no usable GPU: " << gpu.status());
 #ifndef SHARDOPT_TESTS_SUPPORT_GPU_REQUIRED_H_
 #define SHARDOPT_TESTS_SUPPORT_GPU_REQUIRED_H_
 
@@ -23,12 +23,15 @@ inline bool GpuRequired() {
 }  // namespace testing
 }  // namespace shardopt
 
-// GTEST_SKIP(), or a fatal failure under SHARDOPT_REQUIRE_GPU=1; returns from
-// the calling function (void) and takes a streamed message as both do.
-#define SHARDOPT_GPU_UNAVAILABLE()                                     \
-  return GTEST_MESSAGE_("GPU test without a usable GPU",               \
-                        ::shardopt::testing::GpuRequired()             \
-                            ? ::testing::TestPartResult::kFatalFailure \
-                            : ::testing::TestPartResult::kSkip)
+// GTEST_SKIP() << message, or GTEST_FAIL() << message under
+// SHARDOPT_REQUIRE_GPU=1; returns from the calling (void) function either way.
+#define SHARDOPT_GPU_UNAVAILABLE(message)                           \
+  do {                                                              \
+    if (::shardopt::testing::GpuRequired()) {                       \
+      GTEST_FAIL() << "GPU test without a usable GPU: " << message; \
+    } else {                                                        \
+      GTEST_SKIP() << message;                                      \
+    }                                                               \
+  } while (0)
 
 #endif  // SHARDOPT_TESTS_SUPPORT_GPU_REQUIRED_H_

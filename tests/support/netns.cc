@@ -1,24 +1,28 @@
 #include "tests/support/netns.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/time/time.h"
+#include "absl/synchronization/mutex.h"
 #include "tests/support/process.h"
 
 namespace shardopt::testing {
 namespace {
 
-// A second octet per test process, so two concurrent test runs use
-// different subnets (and the 10.200-249 range stays clear of common LANs).
-int SubnetOctet() { return 200 + static_cast<int>(getpid() % 50); }
+constexpr int kFirstOctet = 201, kOctets = 30;  // 10.201.0.0/16 .. 10.230.0.0/16.
+constexpr int kProbeIndex = 63;
 
 // Drops everything in and out of the namespace; the whole table is added or
 // deleted at once, so a partition starts and ends atomically.
@@ -27,11 +31,54 @@ constexpr char kPartitionTable[] =
     "chain in { type filter hook input priority 0; policy drop; }; "
     "chain out { type filter hook output priority 0; policy drop; }; }";
 
-// Removes the namespaces and links of test processes that died without
-// cleaning up (killed by a timeout): their subnets would clash with ours.
-void RemoveStaleHosts(const std::string& ip) {
+// (second, third) octets of the 10.x.y.0 destinations of this namespace's
+// routes.
+std::set<std::pair<int, int>> RoutesInUse() {
+  std::set<std::pair<int, int>> used;
+  std::ifstream routes("/proc/net/route");
+  std::string line;
+  std::getline(routes, line);  // Header.
+  while (std::getline(routes, line)) {
+    std::istringstream fields(line);
+    std::string iface, destination_hex;
+    fields >> iface >> destination_hex;
+    // Little-endian hex: 10.X.Y.Z is 0xZZYYXX0A.
+    const unsigned long destination = std::strtoul(destination_hex.c_str(), nullptr, 16);
+    if ((destination & 0xff) == 10) {
+      used.insert({static_cast<int>((destination >> 8) & 0xff),
+                   static_cast<int>((destination >> 16) & 0xff)});
+    }
+  }
+  return used;
+}
+
+absl::Mutex subnet_mu;
+int subnet_octet ABSL_GUARDED_BY(subnet_mu) = 0;  // 0: not chosen yet.
+
+// Held while a host is made: another test process chooses its /16 only
+// after this one's first route exists.
+class MachineLock {
+ public:
+  MachineLock() : fd_(open("/tmp/shardopt-netns.lock", O_CREAT | O_RDWR, 0644)) {
+    if (fd_ >= 0) flock(fd_, LOCK_EX);
+  }
+  ~MachineLock() {
+    if (fd_ >= 0) close(fd_);  // Releases the lock.
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+void IsolatedHost::RemoveStaleHosts() {
+  const std::string ip = FindSystemTool("ip");
   DIR* dir = opendir("/run/netns");
-  if (dir == nullptr) return;
+  if (ip.empty() || dir == nullptr) {
+    if (dir != nullptr) closedir(dir);
+    return;
+  }
   std::vector<std::string> stale;
   while (dirent* entry = readdir(dir)) {
     const std::string name = entry->d_name;
@@ -47,28 +94,6 @@ void RemoveStaleHosts(const std::string& ip) {
   }
 }
 
-}  // namespace
-
-std::string FindSystemTool(const std::string& name) {
-  for (const char* dir : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
-    const std::string path = absl::StrCat(dir, "/", name);
-    if (access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
-}
-
-absl::Status RunTool(const std::vector<std::string>& argv) {
-  absl::StatusOr<std::unique_ptr<ChildProcess>> child =
-      ChildProcess::Start(argv[0], std::vector<std::string>(argv.begin() + 1, argv.end()));
-  if (!child.ok()) return child.status();
-  std::optional<int> rc = (*child)->Wait(absl::Seconds(30));
-  if (!rc.has_value()) return absl::DeadlineExceededError(absl::StrJoin(argv, " "));
-  if (*rc != 0) {
-    return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "), " exited with ", *rc));
-  }
-  return absl::OkStatus();
-}
-
 std::optional<std::string> IsolatedHost::Unsupported() {
   if (geteuid() != 0) return "network namespaces need root (CAP_NET_ADMIN)";
   for (const char* tool : {"ip", "nft"}) {
@@ -76,11 +101,11 @@ std::optional<std::string> IsolatedHost::Unsupported() {
       return absl::StrCat("no `", tool, "` (Debian packages iproute2, nftables)");
     }
   }
-  RemoveStaleHosts(FindSystemTool("ip"));
-  // Creating one is the only real test of the capability.
-  absl::StatusOr<std::unique_ptr<IsolatedHost>> probe = Create(63);
-  if (!probe.ok())
+  // Making one is the only real test of the capability.
+  absl::StatusOr<std::unique_ptr<IsolatedHost>> probe = Create(kProbeIndex);
+  if (!probe.ok()) {
     return absl::StrCat("cannot make a network namespace: ", probe.status().ToString());
+  }
   if (absl::Status s = (*probe)->Partition(); !s.ok()) {
     return absl::StrCat("cannot install nftables rules: ", s.ToString());
   }
@@ -88,15 +113,36 @@ std::optional<std::string> IsolatedHost::Unsupported() {
 }
 
 absl::StatusOr<std::unique_ptr<IsolatedHost>> IsolatedHost::Create(int index) {
-  if (index < 0 || index > 63) return absl::InvalidArgumentError("host index must be in [0, 63]");
+  if (index < 0 || index > kProbeIndex) {
+    return absl::InvalidArgumentError("host index must be in [0, 63]");
+  }
   const std::string ip = FindSystemTool("ip");
   if (ip.empty()) return absl::FailedPreconditionError("no `ip` tool");
+  MachineLock machine_lock;
+  absl::MutexLock lock(&subnet_mu);
+  const std::set<std::pair<int, int>> used = RoutesInUse();
+  if (subnet_octet == 0) {
+    for (int i = 0; i < kOctets && subnet_octet == 0; ++i) {
+      const int octet = kFirstOctet + (static_cast<int>(getpid()) + i) % kOctets;
+      bool free = true;
+      for (const auto& [second, third] : used) free &= second != octet;
+      if (free) subnet_octet = octet;
+    }
+    if (subnet_octet == 0) {
+      return absl::ResourceExhaustedError("every 10.201-230.0.0/16 is in use on this machine");
+    }
+  }
+  if (used.count({subnet_octet, index}) > 0) {
+    // Another process took the /16 after this one chose it (rare).
+    return absl::AlreadyExistsError(
+        absl::StrCat("10.", subnet_octet, ".", index, ".0/24 is already routed on this machine"));
+  }
   auto host = std::unique_ptr<IsolatedHost>(new IsolatedHost());
   const std::string tag = absl::StrCat(getpid(), "x", index);
   host->netns_ = absl::StrCat("shardopt-", tag);
   host->link_ = absl::StrCat("so", tag, "a");  // At most 15 characters.
   const std::string peer = absl::StrCat("so", tag, "b");
-  const std::string prefix = absl::StrCat("10.", SubnetOctet(), ".", index, ".");
+  const std::string prefix = absl::StrCat("10.", subnet_octet, ".", index, ".");
   host->address_ = prefix + "2";
   const std::vector<std::vector<std::string>> steps = {
       {ip, "netns", "add", host->netns_},

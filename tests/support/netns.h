@@ -7,9 +7,14 @@
 // packet in and out, silently: connects to it time out, open TCP connections
 // stall and retransmit, and after Heal() they carry on where they stopped.
 // Needs root (CAP_NET_ADMIN) and the `ip` and `nft` tools; Unsupported()
-// says why not, for a test to skip with. The namespace and the veth pair are
-// removed when the object is destroyed; their names carry the test's pid, so
-// concurrent test processes do not collide.
+// says why not, for a test to skip with.
+//
+// Names carry the test's pid. The hosts of one test process share a /16 in
+// 10.201-230.x.x that no route of the machine uses when the first host is
+// made (chosen under a lock file, so concurrent test processes take
+// different ones). The namespace and the veth pair are removed when the
+// object is destroyed; RemoveStaleHosts() removes those of test processes
+// that were killed before they could.
 #ifndef SHARDOPT_TESTS_SUPPORT_NETNS_H_
 #define SHARDOPT_TESTS_SUPPORT_NETNS_H_
 
@@ -25,10 +30,14 @@ namespace shardopt::testing {
 
 class IsolatedHost {
  public:
-  // The reason this machine cannot make isolated hosts, or nullopt.
+  // The reason this machine cannot make isolated hosts, or nullopt (it makes
+  // and removes a probe host to find out).
   static std::optional<std::string> Unsupported();
 
-  // Host `index` (0..63) of this test process: address 10.<a>.<index>.2,
+  // Removes the namespaces and veth links of dead test processes.
+  static void RemoveStaleHosts();
+
+  // Host `index` (0..62) of this test process: address 10.<a>.<index>.2,
   // with the test's end of the link at 10.<a>.<index>.1.
   static absl::StatusOr<std::unique_ptr<IsolatedHost>> Create(int index);
   ~IsolatedHost();
@@ -51,13 +60,6 @@ class IsolatedHost {
   std::string address_;
   bool partitioned_ = false;
 };
-
-// Full path of a system tool ("ip", "nft"), or "" when absent.
-std::string FindSystemTool(const std::string& name);
-
-// Runs argv[0] (a full path) with the rest as arguments and waits (bounded);
-// the command line and its exit status in the error.
-absl::Status RunTool(const std::vector<std::string>& argv);
 
 }  // namespace shardopt::testing
 

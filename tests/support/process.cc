@@ -132,6 +132,26 @@ absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
   return servers;
 }
 
+std::string FindSystemTool(const std::string& name) {
+  for (const char* dir : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
+absl::Status RunTool(const std::vector<std::string>& argv) {
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+      ChildProcess::Start(argv[0], std::vector<std::string>(argv.begin() + 1, argv.end()));
+  if (!child.ok()) return child.status();
+  std::optional<int> rc = (*child)->Wait(absl::Seconds(30));
+  if (!rc.has_value()) return absl::DeadlineExceededError(absl::StrJoin(argv, " "));
+  if (*rc != 0) {
+    return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "), " exited with ", *rc));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProcess>>& servers) {
   std::vector<std::string> out;
   for (const auto& s : servers) out.push_back(s->address());

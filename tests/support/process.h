@@ -3,8 +3,8 @@
 // ChildProcess runs a binary with arguments, its stdout/stderr going to the
 // test's log, and is killed (SIGKILL) and reaped when destroyed if still
 // running. ServerProcess starts `shardopt_server` on 127.0.0.1 (or another
-// placement) with port 0
-// and waits (bounded) for the port file, so ports never collide.
+// placement) with port 0 and waits (bounded) for the port file, so ports
+// never collide.
 #ifndef SHARDOPT_TESTS_SUPPORT_PROCESS_H_
 #define SHARDOPT_TESTS_SUPPORT_PROCESS_H_
 
@@ -65,6 +65,13 @@ class ServerProcess {
   std::unique_ptr<ChildProcess> process_;
   std::string address_;
 };
+
+// Full path of a system tool ("ip", "nft"), or "" when absent.
+std::string FindSystemTool(const std::string& name);
+
+// Runs argv[0] (a full path) with the rest as arguments and waits up to 30 s;
+// the command line and its exit status in the error.
+absl::Status RunTool(const std::vector<std::string>& argv);
 
 // Starts S servers (shard 0..S-1 of S) with `extra_flags`; their addresses
 // in shard order.

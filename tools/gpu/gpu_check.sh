@@ -29,8 +29,10 @@
 # no usable GPU fails instead of skipping (tests/support/gpu_required.h).
 #
 # Logs go to /tmp/gpu_check. When $OUT is set (the device tool brings back at
-# most 8 files from it), it receives summary.txt and logs.tgz only. Exit
-# status: 0 when steps 2-6 passed (and 8 when it ran), else 1.
+# most 8 files from it), it receives summary.txt (rewritten after every step,
+# so a run cut short still leaves one) and logs.tgz only. Exit status: 0 when
+# the bundle matches the sources, its libraries resolve, and steps 2-6 passed
+# (and 8 when it ran), else 1.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 
@@ -72,13 +74,18 @@ else
   overall=1
   result[bundle]="STALE: built from ${built_from:-?}, sources here are $here_sources (rebuild it)"
 fi
-echo "${result[bundle]}"
+echo "${result[bundle]:-(not run yet)}"
 echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv 2>&1 | tee "$log/nvidia-smi.csv"
 ldd --version 2>&1 | head -1
 LD_LIBRARY_PATH="$PWD/$bundle/lib" ldd "$bundle/bin/fused_optimizers_test" >"$log/ldd.txt" 2>&1 || true
-grep "not found" "$log/ldd.txt" && overall=1
+if grep "not found" "$log/ldd.txt"; then
+  overall=1
+  result[libs]="MISSING: $(grep 'not found' "$log/ldd.txt" | awk '{print $1}' | tr '\n' ' ')"
+else
+  result[libs]="all resolve ($(ldd --version 2>&1 | head -1 | awk '{print $NF}'))"
+fi
 
 # gtest's "[  PASSED  ] N tests." / "[  FAILED  ] N tests," / "[  SKIPPED ] N tests,".
 gtest_counts() {
@@ -102,7 +109,7 @@ run_step() {
   local limit=$((cap < left ? cap : left))
   echo "== $name (limit ${limit} s)"
   local start=$SECONDS
-  timeout "$limit" "$@" >"$file" 2>&1
+  timeout -k 10 "$limit" "$@" >"$file" 2>&1
   local rc=$?
   tail -20 "$file"
   echo "($name: exit $rc, $((SECONDS - start)) s)"
@@ -129,21 +136,76 @@ gtest_step() {  # key, name, cap, logfile, command...
   fi
 }
 
+# RESULT kind=K n=N median_ms=M gbps=G ... -> "K N M G F" (F: frac_of_copy or -)
+results() {
+  grep -h '^RESULT ' "$@" 2>/dev/null | awk '{
+    k=""; n=""; ms=""; g=""; f="-";
+    for (i = 2; i <= NF; i++) { split($i, kv, "=");
+      if (kv[1]=="kind") k=kv[2]; else if (kv[1]=="n") n=kv[2];
+      else if (kv[1]=="median_ms") ms=kv[2]; else if (kv[1]=="gbps") g=kv[2];
+      else if (kv[1]=="frac_of_copy") f=kv[2]; }
+    print k, n, ms, g, f }'
+}
+
+summary() {
+  echo "================ gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) ================"
+  printf '%-30s %s\n' "check" "result"
+  printf '%-30s %s\n' "bundle" "${result[bundle]:-(not run yet)}"
+  printf '%-30s %s\n' "shared libraries" "${result[libs]:-}"
+  printf '%-30s %s\n' "gpu tests (bit-exact vs CPU)" "${result[gpu]:-(not run yet)}"
+  printf '%-30s %s\n' "gpu backend vs cpu backend" "${result[backend]:-(not run yet)}"
+  printf '%-30s %s\n' "end to end, shards on cuda:0" "${result[e2e]:-(not run yet)}"
+  printf '%-30s %s\n' "emulation tests (host)" "${result[emu]:-(not run yet)}"
+  printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]:-(not run yet)} / ${result[torch]:-(not run yet)}"
+  printf '%-30s %s\n' "compute-sanitizer memcheck" "${result[san]:-(not run yet)}"
+  echo
+  awk '
+    { key = $1 " " $2; ms[key] = $3; gb[key] = $4; fr[key] = $5; if (!($2 in seen)) { seen[$2] = 1; order[++count] = $2 } }
+    END {
+      printf "%-6s %-22s %9s %8s %7s %10s %9s\n", "params", "", "ms", "GB/s", "of copy", "torch ms", "torch/us";
+      for (i = 1; i <= count; i++) {
+        n = order[i]; name = (n % 1073741824 == 0) ? (n / 1073741824 "G") : (n % 1048576 == 0 ? n / 1048576 "M" : n);
+        split("adamw_t1 adamw_t1_bf16 adamw_t3 d2d_copy", kinds, " ");
+        split("fused AdamW T=1|fused AdamW T=1 +bf16|fused AdamW T=3|D2D cudaMemcpy", labels, "|");
+        for (j = 1; j <= 4; j++) {
+          k = kinds[j] " " n; if (!(k in ms)) continue;
+          t = "torch_adamw_fused " n; tms = "-"; ratio = "-";
+          if (j == 1 && (t in ms)) { tms = ms[t]; ratio = sprintf("%.2fx", ms[t] / ms[k]) }
+          printf "%-6s %-22s %9.3f %8.0f %6.1f%% %10s %9s\n", name, labels[j], ms[k], gb[k], 100 * fr[k], tms, ratio
+        }
+      }
+    }' "$log/results.txt"
+  echo "(GB/s counts 28 B/param for T=1, 30 with bf16, 36 for T=3, 8 for the copy; torch/us > 1: ours faster)"
+  echo "overall: $([ $overall -eq 0 ] && echo PASS || echo FAIL); logs: $log"
+}
+
+# The summary so far, into $OUT at once: a run cut short still reports.
+save_summary() {
+  results "$log/bench.log" "$log/torch.log" >"$log/results.txt"
+  summary >"$log/summary.txt" 2>&1
+  if [ -n "${OUT:-}" ]; then cp "$log/summary.txt" "$OUT/summary.txt"; fi
+}
+
 gtest_step gpu "gpu tests" 180 "$log/gpu_test.log" \
   "$bundle/run.sh" fused_optimizers_test --gtest_output="xml:$log/gpu_test.xml"
+save_summary
 gtest_step backend "gpu backend tests" 90 "$log/gpu_backend_test.log" \
   "$bundle/run.sh" gpu_backend_test
+save_summary
 gtest_step e2e "end to end on cuda:0" 120 "$log/e2e_gpu.log" \
   env TEST_SRCDIR="$PWD/$bundle/runfiles" TEST_WORKSPACE=shardopt TEST_TMPDIR=/tmp/gpu_check_e2e \
   "$bundle/run.sh" end_to_end_test --gtest_filter='EndToEndGpuTest.*:*S2_T2*'
+save_summary
 gtest_step emu "emulation tests" 60 "$log/emulation_test.log" \
   "$bundle/run.sh" fused_kernels_emulation_test
+save_summary
 
 run_step "gpu_bench" 100 "$log/bench.log" "$bundle/run.sh" gpu_bench --sizes=64M,1G --iters=$iters
 rc=$?
 result[bench]="exit $rc"
 [ $rc -eq 125 ] && result[bench]="not run (budget)"
 [ $rc -eq 0 ] || overall=1
+save_summary
 
 torch_py=$(command -v python3 || true)
 if [ -n "$torch_py" ]; then
@@ -156,6 +218,7 @@ else
   result[torch]="not run (no python3)"
   : >"$log/torch.log"
 fi
+save_summary
 
 sanitizer=$(command -v compute-sanitizer 2>/dev/null ||
   ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
@@ -185,53 +248,10 @@ else
   fi
 fi
 
-# RESULT kind=K n=N median_ms=M gbps=G ... -> "K N M G F" (F: frac_of_copy or -)
-results() {
-  grep -h '^RESULT ' "$@" 2>/dev/null | awk '{
-    k=""; n=""; ms=""; g=""; f="-";
-    for (i = 2; i <= NF; i++) { split($i, kv, "=");
-      if (kv[1]=="kind") k=kv[2]; else if (kv[1]=="n") n=kv[2];
-      else if (kv[1]=="median_ms") ms=kv[2]; else if (kv[1]=="gbps") g=kv[2];
-      else if (kv[1]=="frac_of_copy") f=kv[2]; }
-    print k, n, ms, g, f }'
-}
-results "$log/bench.log" "$log/torch.log" >"$log/results.txt"
-
-summary() {
-  echo "================ gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) ================"
-  printf '%-30s %s\n' "check" "result"
-  printf '%-30s %s\n' "bundle" "${result[bundle]}"
-  printf '%-30s %s\n' "gpu tests (bit-exact vs CPU)" "${result[gpu]}"
-  printf '%-30s %s\n' "gpu backend vs cpu backend" "${result[backend]}"
-  printf '%-30s %s\n' "end to end, shards on cuda:0" "${result[e2e]}"
-  printf '%-30s %s\n' "emulation tests (host)" "${result[emu]}"
-  printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]} / ${result[torch]}"
-  printf '%-30s %s\n' "compute-sanitizer memcheck" "${result[san]}"
-  echo
-  awk '
-    { key = $1 " " $2; ms[key] = $3; gb[key] = $4; fr[key] = $5; if (!($2 in seen)) { seen[$2] = 1; order[++count] = $2 } }
-    END {
-      printf "%-6s %-22s %9s %8s %7s %10s %9s\n", "params", "", "ms", "GB/s", "of copy", "torch ms", "torch/us";
-      for (i = 1; i <= count; i++) {
-        n = order[i]; name = (n % 1073741824 == 0) ? (n / 1073741824 "G") : (n % 1048576 == 0 ? n / 1048576 "M" : n);
-        split("adamw_t1 adamw_t1_bf16 adamw_t3 d2d_copy", kinds, " ");
-        split("fused AdamW T=1|fused AdamW T=1 +bf16|fused AdamW T=3|D2D cudaMemcpy", labels, "|");
-        for (j = 1; j <= 4; j++) {
-          k = kinds[j] " " n; if (!(k in ms)) continue;
-          t = "torch_adamw_fused " n; tms = "-"; ratio = "-";
-          if (j == 1 && (t in ms)) { tms = ms[t]; ratio = sprintf("%.2fx", ms[t] / ms[k]) }
-          printf "%-6s %-22s %9.3f %8.0f %6.1f%% %10s %9s\n", name, labels[j], ms[k], gb[k], 100 * fr[k], tms, ratio
-        }
-      }
-    }' "$log/results.txt"
-  echo "(GB/s counts 28 B/param for T=1, 30 with bf16, 36 for T=3, 8 for the copy; torch/us > 1: ours faster)"
-  echo "overall: $([ $overall -eq 0 ] && echo PASS || echo FAIL); logs: $log"
-}
-
+save_summary
 echo
-summary | tee "$log/summary.txt"
+cat "$log/summary.txt"
 if [ -n "${OUT:-}" ]; then
-  cp "$log/summary.txt" "$OUT/summary.txt"
   tar czf "$OUT/logs.tgz" -C /tmp gpu_check 2>/dev/null || true
 fi
 exit $overall

@@ -33,7 +33,14 @@ targets=(
   //tests:test_trainer
   //server:shardopt_server
 )
+# The sources before and after the build must agree: an edit made while
+# Bazel ran would give a bundle whose fingerprint lies.
+sources_before=$(bash tools/gpu/source_fingerprint.sh)
 bazel build "${targets[@]}"
+if [ "$(bash tools/gpu/source_fingerprint.sh)" != "$sources_before" ]; then
+  echo "the sources changed during the build; run this again" >&2
+  exit 1
+fi
 bin_root=$(bazel info bazel-bin 2>/dev/null)
 
 bundle=.gpu_bundle
@@ -100,7 +107,7 @@ glibc_needed=$(for f in "$bundle"/bin/* "$bundle"/lib/*; do
   objdump -T "$f" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' || true
 done | sort -u -V | tail -1)
 {
-  echo "sources: $(bash tools/gpu/source_fingerprint.sh)"
+  echo "sources: $sources_before"
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (plus uncommitted changes)')"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1)"
   echo "needs: glibc with $glibc_needed, an NVIDIA driver for CUDA 13, a GPU of compute capability >= 9.0"
