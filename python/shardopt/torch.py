@@ -107,12 +107,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
       replay_steps, journal_path: crash recovery (docs/checkpoints.md).
       check_parameters: refuse a step when the parameters were changed since
         the last pull (see the module docstring).
+      push_dtype, pull_dtype: "float32", "bfloat16" or "float16" on the wire.
+        16-bit pushes round each gradient once (as ``.to(torch.bfloat16)``
+        would); 16-bit pulls leave the parameters holding the servers' fp32
+        master weights rounded to that type (the master weights and the
+        optimizer state stay fp32 on the servers), as in mixed-precision
+        training with fp32 masters.
     """
 
     def __init__(self, params, servers, rank, world_size, optimizer="adamw",
                  model_id="model", max_grad_norm=0.0, checkpoint_dir=None,
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
-                 check_parameters=True, **hyperparameters):
+                 check_parameters=True, push_dtype="float32", pull_dtype="float32",
+                 **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
             hyperparameters.pop(switch, None)
@@ -136,7 +143,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._checkpoint_dir = checkpoint_dir
         self._client_args = dict(rpc_timeout_s=float(rpc_timeout),
                                  retry_budget_s=float(retry_budget),
-                                 replay_steps=int(replay_steps))
+                                 replay_steps=int(replay_steps),
+                                 push_dtype=push_dtype, pull_dtype=pull_dtype)
         self._journal_path = journal_path
         self._check_parameters = check_parameters
         self._names = {}

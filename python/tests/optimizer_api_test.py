@@ -85,6 +85,45 @@ class OptimizerApiTest(unittest.TestCase):
             self.assertTrue(torch.equal(a, b), (a - b).abs().max())
 
 
+    def test_sixteen_bit_wire_matches_torch_with_the_same_roundings(self):
+        # Mixed precision with fp32 masters: the servers update fp32 master
+        # weights with the gradients rounded to the push type, and the model
+        # computes with the masters rounded to the pull type. torch.optim on
+        # fp32 masters with the same two roundings gives the same bits.
+        for push, pull, to in (("bfloat16", "bfloat16", torch.bfloat16),
+                               ("float16", "float16", torch.float16)):
+            reference = net()
+            masters = [p.detach().clone().requires_grad_() for p in reference.parameters()]
+            ref_opt = torch.optim.AdamW(masters, lr=0.01, weight_decay=0.05)
+            with torch.no_grad():
+                for p, m in zip(reference.parameters(), masters):
+                    p.copy_(m.to(to).float())
+            model = net()
+            with Cluster(2) as cluster:
+                opt = shardopt.torch.DistributedOptimizer(
+                    model.parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                    optimizer="adamw", lr=0.01, weight_decay=0.05, model_id="wire_" + push,
+                    push_dtype=push, pull_dtype=pull)
+                for step in range(1, 31):
+                    x, y = data(step)
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+                    reference.zero_grad()
+                    torch.nn.functional.cross_entropy(reference(x), y).backward()
+                    for p, m in zip(reference.parameters(), masters):
+                        m.grad = p.grad.to(to).float()
+                    ref_opt.step()
+                    with torch.no_grad():
+                        for p, m in zip(reference.parameters(), masters):
+                            p.copy_(m.to(to).float())
+                pushed = opt.last_results[0]["bytes_pushed"]
+                flat_elements = opt._groups[0].flat_grads.numel()  # the padded layout
+            for a, b in zip(model.parameters(), reference.parameters()):
+                self.assertTrue(torch.equal(a, b), (push, (a - b).abs().max()))
+            # Two bytes per element of the flat layout: half of fp32.
+            self.assertEqual(pushed, 2 * flat_elements)
+
     def test_lr_scheduler_changes_reach_the_servers(self):
         reference = net()
         ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
