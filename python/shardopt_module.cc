@@ -131,6 +131,37 @@ OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw)
   return c;
 }
 
+// Dynamic loss scaling from keyword arguments in LossScalerOptions' names;
+// ValueError for a name it does not have.
+LossScalerOptions LossScalerFromKwargs(const py::dict& kw) {
+  LossScalerOptions o;
+  for (const auto& [key, value] : kw) {
+    const std::string name = key.cast<std::string>();
+    if (name == "initial_scale") {
+      o.initial_scale = value.cast<double>();
+    } else if (name == "min_scale") {
+      o.min_scale = value.cast<double>();
+    } else if (name == "max_scale") {
+      o.max_scale = value.cast<double>();
+    } else if (name == "growth_factor") {
+      o.growth_factor = value.cast<double>();
+    } else if (name == "backoff_factor") {
+      o.backoff_factor = value.cast<double>();
+    } else if (name == "growth_interval") {
+      o.growth_interval = value.cast<int64_t>();
+    } else if (name == "hysteresis") {
+      o.hysteresis = value.cast<int64_t>();
+    } else {
+      throw py::value_error(
+          absl::StrCat("unknown loss scaler option '", name,
+                       "' (initial_scale, min_scale, max_scale, growth_factor, backoff_factor, "
+                       "growth_interval, hysteresis)"));
+    }
+  }
+  ThrowIfError(o.Validate());
+  return o;
+}
+
 // [(name, shape, offset, size)] of `layout`'s tensors.
 std::vector<py::tuple> Placements(const ModelLayout& layout) {
   std::vector<py::tuple> out;
@@ -178,13 +209,18 @@ class Client {
   void Register(const std::string& model_id,
                 const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
                 const std::string& optimizer, const py::dict& hyperparameters,
-                uint32_t num_trainers, double max_grad_norm, const py::object& initial) {
+                uint32_t num_trainers, double max_grad_norm, const py::object& initial,
+                const py::object& loss_scaler) {
     ModelSpec spec;
     spec.model_id = model_id;
     for (const auto& [name, shape] : tensors) spec.tensors.push_back({name, shape});
     spec.optimizer = OptimizerFromKwargs(optimizer, hyperparameters);
     spec.num_trainers = num_trainers;
     spec.max_grad_norm = max_grad_norm;
+    if (!loss_scaler.is_none()) {
+      spec.loss_scaling = true;
+      spec.loss_scaler = LossScalerFromKwargs(loss_scaler.cast<py::dict>());
+    }
     if (initial.is_none()) {
       {
         py::gil_scoped_release release;
@@ -266,6 +302,7 @@ class Client {
   uint32_t rank() const { return client_->trainer_rank(); }
   uint32_t shard_count() const { return client_->shard_count(); }
   int64_t failed_attempts() const { return client_->failed_attempts(); }
+  double loss_scale() const { return client_->loss_scale(); }
   int64_t replayed_pushes() const { return client_->replayed_pushes(); }
 
  private:
@@ -341,8 +378,11 @@ PYBIND11_MODULE(_shardopt, m) {
       .def("register", &Client::Register, py::arg("model_id"), py::arg("tensors"),
            py::arg("optimizer"), py::arg("hyperparameters"), py::arg("num_trainers"),
            py::arg("max_grad_norm") = 0.0, py::arg("initial") = py::none(),
+           py::arg("loss_scaler") = py::none(),
            "Registers the model with `initial` (a flat float32 buffer of its layout), or "
-           "attaches to it when `initial` is None.")
+           "attaches to it when `initial` is None. `loss_scaler`: a dict of dynamic loss "
+           "scaling options (Megatron's DynamicGradScaler: initial_scale, min_scale, max_scale, "
+           "growth_factor, backoff_factor, growth_interval, hysteresis) turns it on.")
       .def("layout", &Client::Layout, "[(name, shape, offset, size)] of the flat layout.")
       .def("layout_for", &Client::LayoutFor, py::arg("tensors"),
            "The layout `tensors` would get: [(name, shape, offset, size)], then ('', [], "
@@ -358,6 +398,8 @@ PYBIND11_MODULE(_shardopt, m) {
       .def_property_readonly("registered_version", &Client::registered_version)
       .def_property_readonly("rank", &Client::rank)
       .def_property_readonly("shard_count", &Client::shard_count)
+      .def_property_readonly("loss_scale", &Client::loss_scale,
+                             "What to multiply the next step's loss by (1 without loss scaling).")
       .def_property_readonly("failed_attempts", &Client::failed_attempts,
                              "Attempts of calls to shards that failed UNAVAILABLE or "
                              "DEADLINE_EXCEEDED so far (each is retried within the retry "

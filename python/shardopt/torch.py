@@ -113,13 +113,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         master weights rounded to that type (the master weights and the
         optimizer state stay fp32 on the servers), as in mixed-precision
         training with fp32 masters.
+      loss_scaler: a dict of dynamic loss scaling options (Megatron's
+        DynamicGradScaler: initial_scale, min_scale, max_scale, growth_factor,
+        backoff_factor, growth_interval, hysteresis; ``{}`` for its defaults)
+        turns it on. Back-propagate ``opt.scale(loss)`` (the loss times
+        ``opt.loss_scale``); the servers unscale the gradients, and a step
+        whose gradients overflowed anywhere is skipped on every shard (its
+        result says ``skipped``) and backs the scale off. Needs a single
+        parameter group.
     """
 
     def __init__(self, params, servers, rank, world_size, optimizer="adamw",
                  model_id="model", max_grad_norm=0.0, checkpoint_dir=None,
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
-                 **hyperparameters):
+                 loss_scaler=None, **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
             hyperparameters.pop(switch, None)
@@ -140,6 +148,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._world_size = world_size
         self._model_id = model_id
         self._max_grad_norm = float(max_grad_norm)
+        self._loss_scaler = None if loss_scaler is None else dict(loss_scaler)
         self._checkpoint_dir = checkpoint_dir
         self._client_args = dict(rpc_timeout_s=float(rpc_timeout),
                                  retry_budget_s=float(retry_budget),
@@ -155,6 +164,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         if self._max_grad_norm > 0 and len(self.param_groups) > 1:
             raise ValueError("max_grad_norm clips one model's global norm: it needs a single "
+                             "parameter group (each group is its own model on the servers)")
+        if self._loss_scaler is not None and len(self.param_groups) > 1:
+            raise ValueError("loss scaling skips a step for the whole model: it needs a single "
                              "parameter group (each group is its own model on the servers)")
         seen = set()
         for group in self.param_groups:
@@ -243,7 +255,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         hyper = self._hyperparameters(group)
         client.register(model_id, tensors, self._kind, hyper, self._world_size,
                         self._max_grad_norm,
-                        g.flat_params.numpy() if self._rank == 0 else None)
+                        g.flat_params.numpy() if self._rank == 0 else None,
+                        loss_scaler=self._loss_scaler)
         # A model that existed already (restored, or running) keeps the
         # hyperparameters it has; this group's are sent with the next step.
         g.sent_hyperparameters = hyper if client.registered_version == 0 else None
@@ -328,6 +341,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if p.grad.data_ptr() != grad_view.data_ptr():
                 grad_view.copy_(p.grad)
                 p.grad = grad_view
+
+    @property
+    def loss_scale(self):
+        """What the next step's loss is multiplied by (1.0 without loss scaling)."""
+        return self._groups[0].client.loss_scale
+
+    def scale(self, loss):
+        """``loss * loss_scale``: back-propagate this with loss scaling on."""
+        return loss * self.loss_scale
 
     @property
     def step_count(self):

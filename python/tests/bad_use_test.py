@@ -178,6 +178,14 @@ class BadUseTest(unittest.TestCase):
             shardopt.torch.DistributedOptimizer(
                 [{"params": model[0].parameters()}, {"params": model[2].parameters()}],
                 servers=self.servers, rank=0, world_size=1, max_grad_norm=1.0)
+        with self.assertRaisesRegex(ValueError, "single parameter group"):
+            shardopt.torch.DistributedOptimizer(
+                [{"params": model[0].parameters()}, {"params": model[2].parameters()}],
+                servers=self.servers, rank=0, world_size=1, loss_scaler={})
+        with self.assertRaisesRegex(ValueError, "unknown loss scaler option 'scale'"):
+            self.optimizer(tiny_model(), "badscaler", loss_scaler={"scale": 2.0})
+        with self.assertRaises(shardopt.InvalidArgumentError):
+            self.optimizer(tiny_model(), "badscaler2", loss_scaler={"backoff_factor": 2.0})
 
 
 if __name__ == "__main__":

@@ -124,6 +124,52 @@ class OptimizerApiTest(unittest.TestCase):
             # Two bytes per element of the flat layout: half of fp32.
             self.assertEqual(pushed, 2 * flat_elements)
 
+    def test_loss_scaling_skips_overflowing_steps_everywhere(self):
+        # fp16 gradients with dynamic loss scaling: the trainer back-propagates
+        # the scaled loss, the servers unscale, and the steps where a gradient
+        # overflowed (planted here) are skipped on both shards and back the
+        # scale off. torch.optim on the same unscaled fp16-rounded gradients,
+        # skipping the same steps, gives the same bits.
+        planted = {3, 7}
+        reference = net()
+        ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.01, weight_decay=0.05)
+        model = net()
+        scales, skipped = [], []
+        with Cluster(2) as cluster:
+            opt = shardopt.torch.DistributedOptimizer(
+                model.parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adamw", lr=0.01, weight_decay=0.05, model_id="scaled",
+                push_dtype="float16",
+                loss_scaler={"initial_scale": 4096.0, "hysteresis": 1, "growth_interval": 1000})
+            for step in range(1, 11):
+                x, y = data(step)
+                scale = opt.loss_scale
+                scales.append(scale)
+                opt.zero_grad()
+                opt.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
+                if step in planted:
+                    next(model.parameters()).grad[0, 0] = float("inf")
+                opt.step()
+                skipped.append(opt.last_results[0]["skipped"])
+                self.assertEqual(opt.last_results[0]["loss_scale"], scale)
+                # The reference: the same scaled backward and fp16 rounding,
+                # unscaled by the same power of two; no update on a skip.
+                reference.zero_grad()
+                (torch.nn.functional.cross_entropy(reference(x), y) * scale).backward()
+                if step not in planted:
+                    for p in reference.parameters():
+                        p.grad = p.grad.to(torch.float16).float() * (1.0 / scale)
+                    ref_opt.step()
+            shards = opt.inspect()[0]
+        self.assertEqual(skipped, [s in planted for s in range(1, 11)])
+        # Backed off (hysteresis 1) after each overflow, unchanged otherwise.
+        self.assertEqual(scales, [4096.0] * 3 + [2048.0] * 4 + [1024.0] * 3)
+        for info in shards:
+            self.assertEqual(int(info["skipped_steps"]), 2)
+            self.assertEqual(int(info["optimizer_steps"]), 8)
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b), (a - b).abs().max())
+
     def test_lr_scheduler_changes_reach_the_servers(self):
         reference = net()
         ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
