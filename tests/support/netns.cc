@@ -144,6 +144,7 @@ absl::StatusOr<std::unique_ptr<IsolatedHost>> IsolatedHost::Create(int index) {
   const std::string peer = absl::StrCat("so", tag, "b");
   const std::string prefix = absl::StrCat("10.", subnet_octet, ".", index, ".");
   host->address_ = prefix + "2";
+  host->gateway_ = prefix + "1";
   const std::vector<std::vector<std::string>> steps = {
       {ip, "netns", "add", host->netns_},
       {ip, "link", "add", host->link_, "type", "veth", "peer", "name", peer},
@@ -153,6 +154,7 @@ absl::StatusOr<std::unique_ptr<IsolatedHost>> IsolatedHost::Create(int index) {
       {ip, "netns", "exec", host->netns_, ip, "addr", "add", prefix + "2/24", "dev", peer},
       {ip, "netns", "exec", host->netns_, ip, "link", "set", peer, "up"},
       {ip, "netns", "exec", host->netns_, ip, "link", "set", "lo", "up"},
+      {ip, "netns", "exec", host->netns_, ip, "route", "add", "default", "via", prefix + "1"},
   };
   for (const auto& step : steps) {
     // On failure the destructor removes what was made.

@@ -38,12 +38,15 @@ class IsolatedHost {
   static void RemoveStaleHosts();
 
   // Host `index` (0..62) of this test process: address 10.<a>.<index>.2,
-  // with the test's end of the link at 10.<a>.<index>.1.
+  // with the test's end of the link at 10.<a>.<index>.1, its gateway (so its
+  // processes reach every address of the test's namespace, the other hosts'
+  // gateways included).
   static absl::StatusOr<std::unique_ptr<IsolatedHost>> Create(int index);
   ~IsolatedHost();
 
   const std::string& netns() const { return netns_; }
   const std::string& address() const { return address_; }
+  const std::string& gateway() const { return gateway_; }
 
   // Drop every packet in and out of the host / stop dropping them.
   absl::Status Partition();
@@ -58,6 +61,7 @@ class IsolatedHost {
   std::string netns_;
   std::string link_;  // The test's end of the veth pair.
   std::string address_;
+  std::string gateway_;
   bool partitioned_ = false;
 };
 
