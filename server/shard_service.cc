@@ -131,6 +131,15 @@ absl::Status ShardServiceImpl::CheckShardIndex(uint32_t shard_index) const {
   return absl::OkStatus();
 }
 
+uint64_t ShardServiceImpl::StateBytes(const ShardPlan& plan) const {
+  // On a GPU the first bf16 pull makes a bf16 copy of the parameters (see
+  // GpuBackend): reserved up front, so it cannot take the GPU past the
+  // budget later.
+  const uint64_t bf16_copy =
+      options_.gpu_index >= 0 ? plan.options.layout.shard_size() * sizeof(uint16_t) : 0;
+  return plan.state_bytes + bf16_copy;
+}
+
 absl::Status ShardServiceImpl::ReserveStateBytes(const std::string& model_id, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (bytes > options_.max_state_bytes - reserved_state_bytes_) {
@@ -216,7 +225,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   const uint64_t size = layout.shard_size();
   // Checked before allocating anything, so an absurd layout cannot take the
   // server down.
-  const uint64_t state_bytes = plan->state_bytes;
+  const uint64_t state_bytes = StateBytes(*plan);
   if (absl::Status s = ReserveStateBytes(config.model_id(), state_bytes); !s.ok()) {
     return Error(s);
   }
@@ -630,13 +639,13 @@ absl::Status ShardServiceImpl::RestoreModel(const std::string& checkpoint_dir) {
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = ReserveStateBytes(plan->config.model_id(), plan->state_bytes); !s.ok()) {
+  if (absl::Status s = ReserveStateBytes(plan->config.model_id(), StateBytes(*plan)); !s.ok()) {
     return s;
   }
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
       RestoreShard(**checkpoint, *plan, BackendFactory());
   if (!shard.ok()) {
-    ReleaseStateBytes(plan->state_bytes);
+    ReleaseStateBytes(StateBytes(*plan));
     return shard.status();
   }
   auto model = std::make_shared<Model>();

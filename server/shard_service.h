@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "server/checkpointing.h"
 #include "server/model_shard.h"
 #include "server/parallel_for.h"
 #include "server/stream_watchdog.h"
@@ -131,6 +132,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // Saves the model at every multiple of checkpoint_every until shutdown.
   void RunCheckpointer(Model* model);
   // Reserves `bytes` of the state budget, or RESOURCE_EXHAUSTED.
+  // What registering `plan` reserves of max_state_bytes.
+  uint64_t StateBytes(const ShardPlan& plan) const;
   absl::Status ReserveStateBytes(const std::string& model_id, uint64_t bytes);
   void ReleaseStateBytes(uint64_t bytes);
 
