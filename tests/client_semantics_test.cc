@@ -23,12 +23,8 @@ namespace shardopt::testing {
 namespace {
 
 v1::InspectResponse Inspect(const std::string& address, const std::string& model) {
-  auto stub = NewStub(address);
-  grpc::ClientContext context;
-  v1::InspectRequest request;
-  request.set_model_id(model);
   v1::InspectResponse response;
-  EXPECT_TRUE(stub->Inspect(&context, request, &response).ok());
+  EXPECT_TRUE(RawInspect(*NewStub(address), model, &response).ok());
   return response;
 }
 

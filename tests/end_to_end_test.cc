@@ -167,12 +167,8 @@ TEST(EndToEndGradientControlTest, SkipsAndClipsAlikeOnEveryShard) {
         }
         // Every shard skipped the same steps and counted the same updates.
         for (const auto& server : *servers) {
-          auto stub = NewStub(server->address());
-          grpc::ClientContext context;
-          v1::InspectRequest request;
-          request.set_model_id(name);
           v1::InspectResponse info;
-          ASSERT_TRUE(stub->Inspect(&context, request, &info).ok());
+          ASSERT_TRUE(RawInspect(*NewStub(server->address()), name, &info).ok());
           EXPECT_EQ(info.skipped_steps(), 2) << name;
           EXPECT_EQ(info.optimizer_steps(), kSteps - 2) << name;
           EXPECT_EQ(info.last_decided_step(), kSteps);
@@ -272,12 +268,8 @@ TEST(EndToEndGradientControlTest, ClippingOnlyAndScalingOnly) {
       EXPECT_EQ(std::memcmp(got->data(), expected.data(), expected.size() * sizeof(float)), 0)
           << "rank " << r;
     }
-    auto stub = NewStub((*servers)[0]->address());
-    grpc::ClientContext context;
-    v1::InspectRequest request;
-    request.set_model_id("adam");
     v1::InspectResponse info;
-    ASSERT_TRUE(stub->Inspect(&context, request, &info).ok());
+    ASSERT_TRUE(RawInspect(*NewStub((*servers)[0]->address()), "adam", &info).ok());
     EXPECT_EQ(info.skipped_steps(), static_cast<int64_t>(c.planted.size()));
     if (c.loss_scaling) {
       // 256, grown at 3 clean steps in a row, backed off after hysteresis:

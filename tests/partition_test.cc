@@ -40,12 +40,8 @@ const char kModel[] = "adamw";
 // The model's version on the shard `stub` talks to, or nullopt when the call
 // fails (within a short deadline).
 std::optional<int64_t> VersionOf(v1::ShardService::Stub& stub) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  v1::InspectRequest request;
-  request.set_model_id(kModel);
   v1::InspectResponse info;
-  if (!stub.Inspect(&context, request, &info).ok()) return std::nullopt;
+  if (!RawInspect(stub, kModel, &info, /*deadline_seconds=*/2).ok()) return std::nullopt;
   return info.version();
 }
 
@@ -163,12 +159,8 @@ void CheckExactlyOnce(std::vector<std::unique_ptr<ChildProcess>>& trainers,
     ASSERT_EQ(*rc, 0) << "trainer failed";
   }
   for (const auto& server : servers) {
-    auto stub = NewStub(server->address());
-    grpc::ClientContext context;
-    v1::InspectRequest request;
-    request.set_model_id(kModel);
     v1::InspectResponse info;
-    ASSERT_TRUE(stub->Inspect(&context, request, &info).ok());
+    ASSERT_TRUE(RawInspect(*NewStub(server->address()), kModel, &info).ok());
     EXPECT_EQ(info.version(), kSteps) << server->address();
     EXPECT_EQ(info.optimizer_steps(), kSteps) << server->address();
   }

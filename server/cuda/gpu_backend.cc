@@ -274,19 +274,13 @@ absl::Status GpuBackend::ReadThroughPinned(const void* device_src, size_t bytes,
 
 absl::Status GpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (offset > size_ || count > size_ - offset) {
-    return absl::OutOfRangeError(
-        absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range of ", size_));
-  }
+  if (absl::Status s = CheckRange("read", offset, count); !s.ok()) return s;
   return ReadThroughPinned(params_.as<float>() + offset, count * sizeof(float), out);
 }
 
 absl::StatusOr<bool> GpuBackend::ReadBFloat16(uint64_t offset, uint64_t count, void* out) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (offset > size_ || count > size_ - offset) {
-    return absl::OutOfRangeError(
-        absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range of ", size_));
-  }
+  if (absl::Status s = CheckRange("read", offset, count); !s.ok()) return s;
   if (!bf16_ready_.load()) {
     absl::MutexLock lock(&bf16_mu_);
     if (bf16_unavailable_) return false;
@@ -322,9 +316,13 @@ absl::Status GpuBackend::CheckSlot(int slot, uint64_t offset, uint64_t count) co
   if (slot < 0 || slot >= optimizer_.StateSlotsPerElement()) {
     return absl::OutOfRangeError(absl::StrCat("the optimizer has no state slot ", slot));
   }
+  return CheckRange("slot elements", offset, count);
+}
+
+absl::Status GpuBackend::CheckRange(const char* what, uint64_t offset, uint64_t count) const {
   if (offset > size_ || count > size_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("slot elements [", offset, ", ", offset + count,
-                                              ") are outside the range of ", size_));
+    return absl::OutOfRangeError(
+        absl::StrCat(what, " [", offset, ", ", offset + count, ") outside the range of ", size_));
   }
   return absl::OkStatus();
 }

@@ -105,6 +105,8 @@ class GpuBackend final : public UpdateBackend {
   absl::Status RunFusedStep(int64_t step, const OptimizerConfig& config,
                             const float* const* gradients, int count, bool mean);
   absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
+  // OUT_OF_RANGE naming `what` unless [offset, offset + count) is in the range.
+  absl::Status CheckRange(const char* what, uint64_t offset, uint64_t count) const;
   // Copies `bytes` from device memory to `host_dst` (any memory) through a
   // read lane's pinned buffers.
   absl::Status ReadThroughPinned(const void* device_src, size_t bytes, void* host_dst);

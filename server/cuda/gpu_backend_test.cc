@@ -22,6 +22,18 @@
 namespace shardopt {
 namespace {
 
+// The two shards' parameters at `version`, pulled as `dtype`: the same bits.
+void ExpectSameParameters(ModelShard& cpu, ModelShard& gpu, int64_t version,
+                          DType dtype = DType::kFloat32) {
+  const size_t bytes = cpu.size() * DTypeSize(dtype);
+  std::vector<char> want(bytes), got(gpu.size() * DTypeSize(dtype));
+  ASSERT_TRUE(cpu.ReadParameters(version, 0, cpu.size(), dtype, want.data()).ok());
+  ASSERT_TRUE(gpu.ReadParameters(version, 0, gpu.size(), dtype, got.data()).ok());
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), bytes), 0)
+      << DTypeName(dtype) << " parameters at version " << version;
+}
+
 class GpuBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -150,17 +162,9 @@ TEST_F(GpuBackendTest, ScheduleChangesAndSixteenBitPushesMatchTheCpu) {
     // bf16 pulls: the GPU backend's own bf16 copy (made by the first such
     // pull at step 3, then written by every fused step) against the CPU
     // backend's host conversion, through the pinned read path.
-    if (step >= 3) {
-      std::vector<uint16_t> want(cpu->size()), got(gpu->size());
-      ASSERT_TRUE(cpu->ReadParameters(step, 0, want.size(), DType::kBFloat16, want.data()).ok());
-      ASSERT_TRUE(gpu->ReadParameters(step, 0, got.size(), DType::kBFloat16, got.data()).ok());
-      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 2), 0) << "step " << step;
-    }
+    if (step >= 3) ExpectSameParameters(*cpu, *gpu, step, DType::kBFloat16);
   }
-  std::vector<float> a(cpu->size()), b(gpu->size());
-  ASSERT_TRUE(cpu->ReadParameters(8, 0, a.size(), a.data()).ok());
-  ASSERT_TRUE(gpu->ReadParameters(8, 0, b.size(), b.data()).ok());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  ExpectSameParameters(*cpu, *gpu, 8);
   EXPECT_DOUBLE_EQ(gpu->Snapshot("", 0, 0, false).value().last_lr, 0.003);
 }
 
@@ -201,10 +205,7 @@ TEST_F(GpuBackendTest, GradientControlMatchesTheCpu) {
     ASSERT_TRUE(cpu->Decide(step, decision).ok());
     ASSERT_TRUE(gpu->Decide(step, decision).ok());
   }
-  std::vector<float> a(cpu->size()), b(gpu->size());
-  ASSERT_TRUE(cpu->ReadParameters(6, 0, a.size(), a.data()).ok());
-  ASSERT_TRUE(gpu->ReadParameters(6, 0, b.size(), b.data()).ok());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  ExpectSameParameters(*cpu, *gpu, 6);
   EXPECT_EQ(gpu->Snapshot("", 0, 0, false).value().skipped_steps, 1);
 }
 
@@ -214,7 +215,7 @@ TEST_F(GpuBackendTest, GradientControlMatchesTheCpu) {
 // kept up to date by the fused kernel through Apply and through Update (the
 // gradient-control path), for each optimizer family.
 TEST_F(GpuBackendTest, Bf16CopyIsExactAndKeptUpToDate) {
-  const size_t n = (size_t{1} << 21) + 77;  // Several 1 MiB read pieces.
+  const size_t n = (size_t{1} << 21) + 77;  // Many read pieces.
   std::vector<float> init(n);
   for (size_t i = 0; i < n; ++i) init[i] = 3.0f * std::cos(0.37f * static_cast<float>(i));
   auto check = [&](GpuBackend& backend, const char* when) {

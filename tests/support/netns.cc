@@ -52,6 +52,11 @@ std::set<std::pair<int, int>> RoutesInUse() {
   return used;
 }
 
+// The names of test host `tag` (<pid>x<index>): its namespace and the test's
+// end of its veth pair (at most 15 characters).
+std::string NamespaceName(const std::string& tag) { return "shardopt-" + tag; }
+std::string LinkName(const std::string& tag) { return absl::StrCat("so", tag, "a"); }
+
 absl::Mutex subnet_mu;
 int subnet_octet ABSL_GUARDED_BY(subnet_mu) = 0;  // 0: not chosen yet.
 
@@ -82,14 +87,15 @@ void IsolatedHost::RemoveStaleHosts() {
   std::vector<std::string> stale;
   while (dirent* entry = readdir(dir)) {
     const std::string name = entry->d_name;
-    if (name.rfind("shardopt-", 0) != 0) continue;
-    const long pid = std::strtol(name.c_str() + 9, nullptr, 10);
+    const std::string prefix = NamespaceName("");
+    if (name.rfind(prefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
     if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) stale.push_back(name);
   }
   closedir(dir);
   for (const std::string& name : stale) {
-    const std::string tag = name.substr(9);
-    RunTool({ip, "link", "del", absl::StrCat("so", tag, "a")}).IgnoreError();
+    const std::string tag = name.substr(NamespaceName("").size());
+    RunTool({ip, "link", "del", LinkName(tag)}).IgnoreError();
     RunTool({ip, "netns", "del", name}).IgnoreError();
   }
 }
@@ -139,8 +145,8 @@ absl::StatusOr<std::unique_ptr<IsolatedHost>> IsolatedHost::Create(int index) {
   }
   auto host = std::unique_ptr<IsolatedHost>(new IsolatedHost());
   const std::string tag = absl::StrCat(getpid(), "x", index);
-  host->netns_ = absl::StrCat("shardopt-", tag);
-  host->link_ = absl::StrCat("so", tag, "a");  // At most 15 characters.
+  host->netns_ = NamespaceName(tag);
+  host->link_ = LinkName(tag);
   const std::string peer = absl::StrCat("so", tag, "b");
   const std::string prefix = absl::StrCat("10.", subnet_octet, ".", index, ".");
   host->address_ = prefix + "2";

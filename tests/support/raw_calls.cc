@@ -1,5 +1,7 @@
 #include "tests/support/raw_calls.h"
 
+#include <chrono>
+
 namespace shardopt::testing {
 
 std::string FloatBytes(const float* values, size_t count) {
@@ -9,6 +11,17 @@ std::string FloatBytes(const float* values, size_t count) {
 std::unique_ptr<v1::ShardService::Stub> NewStub(const std::string& address) {
   return v1::ShardService::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+grpc::Status RawInspect(v1::ShardService::Stub& stub, const std::string& model_id,
+                        v1::InspectResponse* response, int deadline_seconds) {
+  grpc::ClientContext context;
+  if (deadline_seconds > 0) {
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_seconds));
+  }
+  v1::InspectRequest request;
+  request.set_model_id(model_id);
+  return stub.Inspect(&context, request, response);
 }
 
 grpc::Status RawRegister(v1::ShardService::Stub& stub, const v1::ModelConfig& config,

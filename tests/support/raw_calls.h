@@ -32,6 +32,11 @@ grpc::Status RawRegister(v1::ShardService::Stub& stub, const v1::ModelConfig& co
                          const std::vector<RawChunk>& chunks,
                          v1::RegisterModelResponse* response = nullptr);
 
+// Inspect of `model_id` (no slice); with `deadline_seconds` > 0 the call
+// gives up after that long.
+grpc::Status RawInspect(v1::ShardService::Stub& stub, const std::string& model_id,
+                        v1::InspectResponse* response, int deadline_seconds = 0);
+
 // PushGradients: the header (unless null), then `chunks`.
 grpc::Status RawPush(v1::ShardService::Stub& stub, const v1::PushHeader* header,
                      const std::vector<RawChunk>& chunks,
