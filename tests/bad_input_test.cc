@@ -601,14 +601,19 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
   config.set_shard_count(1);
   ASSERT_TRUE(
       RawRegister(*stub, config, 0, false, {{0, FloatBytes(values.data(), values.size())}}).ok());
-  auto push = [&](grpc::ClientContext* context, v1::PushGradientsResponse* response,
-                  bool finish) -> std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> {
-    auto writer = stub->PushGradients(context, response);
+  // The header of trainer 0's push of step 1.
+  const auto header = [&] {
     v1::PushGradientsRequest request;
     v1::PushHeader* h = request.mutable_header();
     h->set_model_id("m");
     h->set_step(1);
     h->set_num_elements(values.size());
+    return request;
+  };
+  auto push = [&](grpc::ClientContext* context, v1::PushGradientsResponse* response,
+                  bool finish) -> std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> {
+    auto writer = stub->PushGradients(context, response);
+    v1::PushGradientsRequest request = header();
     writer->Write(request);
     request.mutable_chunk()->set_data(values.data(), 16 * 4);  // Part of the range.
     writer->Write(request);
@@ -632,12 +637,7 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
     grpc::ClientContext context;
     v1::PushGradientsResponse r;
     auto writer = stub->PushGradients(&context, &r);
-    v1::PushGradientsRequest request;
-    v1::PushHeader* h = request.mutable_header();
-    h->set_model_id("m");
-    h->set_step(1);
-    h->set_num_elements(values.size());
-    writer->Write(request);
+    writer->Write(header());
     writer->WritesDone();
     return writer->Finish().error_code();
   };

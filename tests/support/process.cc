@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -130,6 +131,16 @@ absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
     servers.push_back(std::move(*s));
   }
   return servers;
+}
+
+std::pair<int, std::string> RunShell(const std::string& command) {
+  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WEXITSTATUS(status), output};
 }
 
 std::string FindSystemTool(const std::string& name) {

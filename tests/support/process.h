@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -65,6 +66,10 @@ class ServerProcess {
   std::unique_ptr<ChildProcess> process_;
   std::string address_;
 };
+
+// Runs `command` with /bin/sh, stderr merged into stdout; returns (exit
+// code, output).
+std::pair<int, std::string> RunShell(const std::string& command);
 
 // Full path of a system tool ("ip", "nft"), or "" when absent.
 std::string FindSystemTool(const std::string& name);

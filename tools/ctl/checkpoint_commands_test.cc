@@ -2,7 +2,6 @@
 // model is checkpointed by every shard, exported to safetensors (checked by
 // our reader and by PyTorch), imported back into a checkpoint and restored
 // on another shard count, where it trains on exactly like the original.
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -19,13 +18,7 @@ namespace shardopt::testing {
 namespace {
 
 std::pair<int, std::string> RunCtl(const std::string& args) {
-  const std::string command = absl::StrCat(Runfile("tools/ctl/shardoptctl"), " ", args, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WEXITSTATUS(status), output};
+  return RunShell(absl::StrCat(Runfile("tools/ctl/shardoptctl"), " ", args));
 }
 
 struct Trainer {
@@ -123,16 +116,9 @@ TEST(CheckpointCommandsTest, CheckpointExportImportRestore) {
   // from the format's description and, where the interpreter has it, with
   // the safetensors package.
   const char* python = std::getenv("SHARDOPT_PYTHON");
-  std::tie(rc, out) = [&] {
-    const std::string command = absl::StrCat(python && *python ? python : "/usr/bin/python3", " ",
-                                             Runfile("tests/safetensors_torch_check.py"), " ", file,
-                                             " ", root, "/expected 2>&1");
-    FILE* pipe = popen(command.c_str(), "r");
-    std::string output;
-    char buffer[4096];
-    while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-    return std::pair<int, std::string>(WEXITSTATUS(pclose(pipe)), output);
-  }();
+  std::tie(rc, out) = RunShell(absl::StrCat(python && *python ? python : "/usr/bin/python3", " ",
+                                            Runfile("tests/safetensors_torch_check.py"), " ", file,
+                                            " ", root, "/expected"));
   EXPECT_EQ(rc, 0) << out;
   std::cout << "python check: " << out << std::endl;
 

@@ -1,7 +1,6 @@
 // shardoptctl against a real 2-shard cluster: the status table shows both
 // shards and the model's version and ranks, inspect shows tensor statistics
 // and JSON, and an unreachable server makes status exit 1.
-#include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -16,13 +15,7 @@ namespace {
 
 // Runs shardoptctl with `args`; returns (exit code, stdout).
 std::pair<int, std::string> RunCtl(const std::string& args) {
-  const std::string command = absl::StrCat(Runfile("tools/ctl/shardoptctl"), " ", args, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WEXITSTATUS(status), output};
+  return RunShell(absl::StrCat(Runfile("tools/ctl/shardoptctl"), " ", args));
 }
 
 TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
