@@ -1,0 +1,127 @@
+// shardopt_bench section (c): optimizer update rate and memcpy reference
+// (optimizer_rate.h).
+#include "tools/bench/optimizer_rate.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/optimizer_config.h"
+#include "server/optim/optimizer.h"
+#include "server/parallel_for.h"
+#include "tools/bench/bench_util.h"
+#include "tools/bench/workload.h"
+
+namespace shardopt::bench {
+namespace {
+
+struct CopyRate {
+  int threads = 0;
+  double seconds = 0;  // Median per copy.
+  double gbps = 0;     // Read + write bytes.
+};
+
+std::vector<CopyRate> RunMemcpy(size_t bytes, const std::vector<int>& thread_counts,
+                                double seconds) {
+  std::vector<char> src(bytes), dst(bytes);
+  for (size_t i = 0; i < bytes; i += 4096) src[i] = static_cast<char>(i >> 12);
+  std::memset(dst.data(), 1, bytes);
+  std::vector<CopyRate> rates;
+  for (int t : thread_counts) {
+    ThreadPool pool(t);
+    std::vector<double> times = TimeRepeated(seconds, 3, 100000, [&] {
+      pool.ParallelFor(bytes, 4096, [&](size_t begin, size_t end) {
+        std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
+      });
+    });
+    CopyRate r;
+    r.threads = t;
+    r.seconds = Median(times);
+    r.gbps = 2.0 * static_cast<double>(bytes) / r.seconds / 1e9;
+    rates.push_back(r);
+  }
+  return rates;
+}
+
+struct OptimizerCase {
+  std::string name;
+  OptimizerConfig config;
+  int bytes_per_param;
+  std::string traffic;
+};
+
+absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, double seconds,
+                           const std::vector<CopyRate>& memcpy_rates) {
+  OptimizerConfig sgd_momentum = OptimizerConfig::Sgd(1e-3);
+  sgd_momentum.momentum = 0.9;
+  const std::vector<OptimizerCase> cases = {
+      {"adamw", OptimizerConfig::AdamW(), 28, "r p,g,m,v; w p,m,v"},
+      {"sgd-momentum", sgd_momentum, 20, "r p,g,buf; w p,buf"},
+      {"adagrad", OptimizerConfig::Adagrad(), 20, "r p,g,sum; w p,sum"},
+      {"sgd (plain, as in b)", OptimizerConfig::Sgd(1e-4), 12, "r p,g; w p"},
+  };
+  std::vector<float> params(n), grads(n);
+  FillParams(params);
+  FillGradients(grads);
+  Table table({"optimizer", "threads", "B/param", "traffic", "ms/update", "Mparams/s", "GB/s",
+               "memcpy GB/s", "frac of memcpy"});
+  for (const OptimizerCase& c : cases) {
+    absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(c.config, n);
+    if (!opt.ok()) return opt.status();
+    int64_t step = 0;
+    for (size_t k = 0; k < thread_counts.size(); ++k) {
+      const int t = thread_counts[k];
+      ThreadPool pool(t);
+      std::vector<double> times = TimeRepeated(seconds, 3, 100000, [&] {
+        ++step;
+        pool.ParallelFor(n, kServerGrainElements, [&](size_t begin, size_t end) {
+          (*opt)->Update(step, params.data(), grads.data(), begin, end);
+        });
+      });
+      const double s = Median(times);
+      const double gbps = static_cast<double>(c.bytes_per_param) * n / s / 1e9;
+      std::string mem = "n/a", frac = "n/a";
+      for (const CopyRate& r : memcpy_rates) {
+        if (r.threads == t) {
+          mem = Fixed(r.gbps, 2);
+          frac = Fixed(gbps / r.gbps, 2);
+        }
+      }
+      table.AddRow({c.name, absl::StrCat(t), absl::StrCat(c.bytes_per_param), c.traffic,
+                    Fixed(s * 1e3, 2), Fixed(n / s / 1e6, 0), Fixed(gbps, 2), mem, frac});
+    }
+  }
+  for (float p : params) {
+    if (!std::isfinite(p)) return absl::InternalError("optimizer produced a non-finite value");
+  }
+  table.Print();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunOptimizerSection(uint64_t params, int64_t memcpy_mib,
+                                 const std::vector<int>& thread_counts, double seconds) {
+  const size_t copy_bytes = static_cast<size_t>(memcpy_mib) * kMiB;
+  absl::PrintF(
+      "\n(c) CPU optimizer update rate, %lld parameters, Update split over a ThreadPool\n"
+      "  (median per update); memcpy reference: %lld MiB buffer, read+write bytes\n",
+      static_cast<long long>(params), static_cast<long long>(memcpy_mib));
+  std::fflush(stdout);
+  std::vector<CopyRate> copies = RunMemcpy(copy_bytes, thread_counts, seconds);
+  Table copy_table({"memcpy", "threads", "ms/copy", "GB/s (r+w)"});
+  for (const CopyRate& c : copies) {
+    copy_table.AddRow({absl::StrCat(memcpy_mib, " MiB"), absl::StrCat(c.threads),
+                       Fixed(c.seconds * 1e3, 2), Fixed(c.gbps, 2)});
+  }
+  copy_table.Print();
+  absl::PrintF("\n");
+  return RunOptimizers(params, thread_counts, seconds, copies);
+}
+
+}  // namespace shardopt::bench

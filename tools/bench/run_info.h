@@ -1,0 +1,26 @@
+// What shardopt_bench says about the machine and the run: the header printed
+// first (date, CPU model, cores, threads, build mode, load average, the exact
+// command line), the load average the summary repeats, and small readers of
+// /proc files.
+#ifndef SHARDOPT_TOOLS_BENCH_RUN_INFO_H_
+#define SHARDOPT_TOOLS_BENCH_RUN_INFO_H_
+
+#include <string>
+
+namespace shardopt::bench {
+
+// The whole file ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
+
+// `s` without leading and trailing ASCII whitespace.
+std::string Trim(const std::string& s);
+
+// The 1, 5 and 15 minute load averages of /proc/loadavg ("0.12 0.30 0.25").
+std::string LoadAverage();
+
+// Prints the header block to stdout; `threads` is the resolved --threads.
+void PrintHeader(int argc, char** argv, int threads);
+
+}  // namespace shardopt::bench
+
+#endif  // SHARDOPT_TOOLS_BENCH_RUN_INFO_H_

@@ -1,0 +1,131 @@
+// shardopt_bench section (d): wire element types (wire_types.h).
+#include "tools/bench/wire_types.h"
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/trainer_client.h"
+#include "common/layout.h"
+#include "server/shard_server.h"
+#include "tools/bench/bench_util.h"
+
+namespace shardopt::bench {
+namespace {
+
+// Bytes the loopback device has received so far (/proc/net/dev, "lo"): what
+// actually crossed the "wire", headers and framing included. Machine-wide,
+// so other loopback traffic during a run shows up too.
+uint64_t LoopbackBytes() {
+  std::ifstream in("/proc/net/dev");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (absl::StripAsciiWhitespace(line.substr(0, colon)) != "lo") continue;
+    std::istringstream fields(line.substr(colon + 1));
+    uint64_t rx_bytes = 0;
+    fields >> rx_bytes;
+    return rx_bytes;
+  }
+  return 0;
+}
+
+struct WireRow {
+  DType push = DType::kFloat32, pull = DType::kFloat32;
+  int steps = 0;
+  double step_ms = 0;
+  uint64_t payload_per_step = 0;
+  double loopback_per_step = 0;
+};
+
+// Push + pull steps of one model with the given wire types.
+absl::StatusOr<WireRow> RunWire(DType push, DType pull, uint64_t n, int threads, double seconds,
+                                ChunkSizes chunks) {
+  WireRow row;
+  row.push = push;
+  row.pull = pull;
+  ShardServerOptions server_options;
+  server_options.threads = threads;
+  server_options.pull_chunk_bytes = chunks.pull;
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      ShardServer::Start("127.0.0.1:0", server_options);
+  if (!server.ok()) return server.status();
+  TrainerClientOptions client_options;
+  client_options.chunk_bytes = chunks.push;
+  client_options.push_dtype = push;
+  client_options.pull_dtype = pull;
+  absl::StatusOr<std::unique_ptr<TrainerClient>> client =
+      TrainerClient::Connect({absl::StrCat("127.0.0.1:", (*server)->port())}, client_options);
+  if (!client.ok()) return client.status();
+  ModelSpec spec;
+  spec.model_id = "wire";
+  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(n)}, DType::kFloat32}};
+  spec.optimizer = BenchSgd();
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(spec.tensors, spec.alignment, 1);
+  if (!layout.ok()) return layout.status();
+  std::vector<float> params(layout->total_elements()), grads(layout->total_elements());
+  FillParams(params);
+  FillGradients(grads);
+  if (absl::Status s = (*client)->Register(spec, params); !s.ok()) return s;
+  int64_t step = 0;
+  auto do_step = [&]() -> absl::Status {
+    absl::StatusOr<StepResult> r = (*client)->Step(++step, grads, absl::MakeSpan(params));
+    if (!r.ok()) return r.status();
+    row.payload_per_step = r->bytes_pushed + r->bytes_pulled;
+    return absl::OkStatus();
+  };
+  if (absl::Status s = do_step(); !s.ok()) return s;  // Warm-up.
+  const uint64_t lo_before = LoopbackBytes();
+  const Clock::time_point t0 = Clock::now();
+  do {
+    if (absl::Status s = do_step(); !s.ok()) return s;
+    ++row.steps;
+  } while (Since(t0) < seconds || row.steps < 3);
+  row.step_ms = 1e3 * Since(t0) / row.steps;
+  row.loopback_per_step = static_cast<double>(LoopbackBytes() - lo_before) / row.steps;
+  return row;
+}
+
+}  // namespace
+
+absl::Status RunWireTypes(int mib, int threads, double seconds, ChunkSizes chunks) {
+  const uint64_t n = static_cast<uint64_t>(mib) * (kMiB / sizeof(float));
+  absl::PrintF(
+      "\n(d) bytes on the wire per step by element type: %d MiB of fp32 parameters (%d "
+      "elements),\n  1 trainer, 1 shard; payload = push + pull bytes as counted by the "
+      "client; loopback = bytes\n  the lo device received (/proc/net/dev, machine-wide: "
+      "headers and framing included)\n",
+      mib, n);
+  const std::pair<DType, DType> cases[] = {{DType::kFloat32, DType::kFloat32},
+                                           {DType::kBFloat16, DType::kFloat32},
+                                           {DType::kBFloat16, DType::kBFloat16},
+                                           {DType::kFloat16, DType::kFloat16}};
+  std::vector<WireRow> rows;
+  for (const auto& [push, pull] : cases) {
+    absl::StatusOr<WireRow> row = RunWire(push, pull, n, threads, seconds, chunks);
+    if (!row.ok()) return row.status();
+    rows.push_back(*row);
+  }
+  Table table({"push / pull", "steps", "ms/step", "payload MB/step", "loopback MB/step",
+               "vs fp32 bytes", "vs fp32 time"});
+  for (const WireRow& r : rows) {
+    table.AddRow({absl::StrCat(DTypeName(r.push), " / ", DTypeName(r.pull)), absl::StrCat(r.steps),
+                  Fixed(r.step_ms, 2), Fixed(r.payload_per_step / 1e6, 1),
+                  Fixed(r.loopback_per_step / 1e6, 1),
+                  Fixed(r.loopback_per_step / rows[0].loopback_per_step, 3) + "x",
+                  Fixed(r.step_ms / rows[0].step_ms, 3) + "x"});
+  }
+  table.Print();
+  return absl::OkStatus();
+}
+
+}  // namespace shardopt::bench

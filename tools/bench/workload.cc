@@ -1,0 +1,18 @@
+// shardopt_bench's gradients, parameters and SGD configuration (workload.h).
+#include "tools/bench/workload.h"
+
+namespace shardopt::bench {
+
+void FillGradients(std::vector<float>& g) {
+  for (size_t i = 0; i < g.size(); ++i)
+    g[i] = static_cast<float>(static_cast<int>(i % 251) - 125) * 1e-3f;
+}
+
+void FillParams(std::vector<float>& p) {
+  for (size_t i = 0; i < p.size(); ++i)
+    p[i] = static_cast<float>(static_cast<int>(i % 97) - 48) * 1e-2f;
+}
+
+OptimizerConfig BenchSgd() { return OptimizerConfig::Sgd(1e-4); }
+
+}  // namespace shardopt::bench
