@@ -5,11 +5,15 @@
 // fp32 operations in the same order, each rounded once, the same host-side
 // scalars). Only NaN payloads may differ (none occur with these data).
 //
+// This file: argument validation and access planning, the bf16 conversion
+// (host and device) and the fused steps' parity with the CPU. Device
+// selection and buffers: device_test.cc, in the same test binary.
+//
 // Runs without a GPU: argument validation and access planning (no CUDA call
-// happens before those fail or decide), the host bf16 conversion, device-spec
-// parsing, and the "no GPU" error of SelectDevice. Everything else skips,
-// saying why, when SelectDevice("auto") finds no usable GPU (and fails
-// instead under SHARDOPT_REQUIRE_GPU=1: tests/support/gpu_required.h).
+// happens before those fail or decide) and the host bf16 conversion.
+// Everything else skips, saying why, when SelectDevice("auto") finds no
+// usable GPU (and fails instead under SHARDOPT_REQUIRE_GPU=1:
+// tests/support/gpu_required.h).
 //
 // SHARDOPT_GPU_TEST_SMALL=1 leaves out the 1M-element cases (for
 // compute-sanitizer, which is slow).
@@ -34,8 +38,8 @@
 #include "gtest/gtest.h"
 #include "server/cuda/device.h"
 #include "server/cuda/fused_test_util.h"
+#include "server/cuda/gpu_test_util.h"
 #include "server/optim/optimizer.h"
-#include "tests/support/gpu_required.h"
 
 namespace shardopt {
 namespace gpu {
@@ -46,11 +50,13 @@ using ::shardopt::gpu::testing::Bits;
 using ::shardopt::gpu::testing::CountBf16Mismatches;
 using ::shardopt::gpu::testing::FillRandom;
 using ::shardopt::gpu::testing::FromBits;
+using ::shardopt::gpu::testing::GpuTest;
 using ::shardopt::gpu::testing::NamedConfig;
 using ::shardopt::gpu::testing::ParityConfigs;
 using ::shardopt::gpu::testing::RandomBits;
 using ::shardopt::gpu::testing::SameFloats;
 using ::shardopt::gpu::testing::SpecialBits;
+using ::shardopt::gpu::testing::ValueOrDie;
 
 constexpr int64_t kSteps = 100;
 constexpr size_t kGuard = 16;  // Sentinel elements around every device sub-buffer.
@@ -59,43 +65,6 @@ constexpr uint32_t kSentinelBits = 0x7fa5a5a5u;  // A NaN no kernel produces.
 bool SmallOnly() {
   const char* v = std::getenv("SHARDOPT_GPU_TEST_SMALL");
   return v != nullptr && v[0] != '\0' && v[0] != '0';
-}
-
-// ---------------------------------------------------------------------------
-// GPU availability: decided once; tests that need a GPU skip without one.
-
-const absl::Status& GpuStatus() {
-  static const absl::Status* status = [] {
-    absl::StatusOr<GpuInfo> gpu = SelectDevice("auto");
-    if (gpu.ok()) {
-      std::fprintf(stderr, "[gpu] using %s\n", gpu->DebugString().c_str());
-      return new absl::Status();
-    }
-    return new absl::Status(gpu.status());
-  }();
-  return *status;
-}
-
-class GpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!GpuStatus().ok()) SHARDOPT_GPU_UNAVAILABLE("no usable CUDA GPU here: " << GpuStatus());
-  }
-};
-
-#define ASSERT_OK(expr)                                       \
-  do {                                                        \
-    const absl::Status assert_ok_status_ = (expr);            \
-    ASSERT_TRUE(assert_ok_status_.ok()) << assert_ok_status_; \
-  } while (0)
-
-template <typename T>
-T ValueOrDie(absl::StatusOr<T> v) {
-  if (!v.ok()) {
-    ADD_FAILURE() << v.status();
-    std::abort();
-  }
-  return *std::move(v);
 }
 
 // A device allocation of n elements of T plus guards, with the data starting
@@ -339,111 +308,6 @@ TEST(Bf16Test, HostConversionRoundsToNearestEvenAndKeepsNaN) {
   EXPECT_EQ(Fp32ToBf16Bits(FromBits(0x7f800001u)), 0x7fc0u);  // signalling NaN stays NaN
   EXPECT_EQ(Fp32ToBf16Bits(1.0f + 1.0f / 256), 0x3f80u);      // tie, even below
   EXPECT_EQ(Fp32ToBf16Bits(1.0f + 3.0f / 256), 0x3f82u);      // tie, even above
-}
-
-// ---------------------------------------------------------------------------
-// Device selection.
-
-TEST(DeviceSpecTest, Parses) {
-  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("cpu")).kind, DeviceSpec::Kind::kCpu);
-  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("auto")).kind, DeviceSpec::Kind::kAuto);
-  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("CUDA")).index, 0);
-  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("cuda:0")).index, 0);
-  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("cuda:13")).index, 13);
-  EXPECT_EQ(ValueOrDie(ParseDeviceSpec("cuda:13")).ToString(), "cuda:13");
-  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", "cuda:1x", "cuda:0:1",
-                          " cuda:0", "cuda:99999", "cuda0"}) {
-    const absl::Status s = ParseDeviceSpec(bad).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "\"" << bad << "\": " << s;
-  }
-}
-
-TEST(DeviceSelectionTest, CpuIsNotAGpuAndSyntaxErrorsComeFirst) {
-  EXPECT_EQ(SelectDevice("cpu").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SelectDevice("tpu:0").status().code(), absl::StatusCode::kInvalidArgument);
-}
-
-// Runs where there is no usable GPU (as on a build machine): the error must
-// say so clearly, for every way of asking.
-TEST(DeviceSelectionTest, WithoutAGpuSaysSoClearly) {
-  if (GpuStatus().ok()) {
-    // The other side of the same contract: every way of asking finds it, and
-    // a GPU index that does not exist is still refused.
-    for (const char* spec : {"auto", "cuda", "cuda:0"}) {
-      absl::StatusOr<GpuInfo> gpu = SelectDevice(spec);
-      ASSERT_TRUE(gpu.ok()) << spec << ": " << gpu.status();
-      EXPECT_EQ(gpu->index, 0) << spec;
-    }
-    // The largest index the syntax takes (no machine has 1024 GPUs), and one
-    // past it.
-    EXPECT_EQ(SelectDevice("cuda:1023").status().code(), absl::StatusCode::kNotFound);
-    EXPECT_EQ(SelectDevice("cuda:4096").status().code(), absl::StatusCode::kInvalidArgument);
-    return;
-  }
-  absl::StatusOr<std::vector<GpuInfo>> gpus = QueryGpus();
-  const bool none_at_all = !gpus.ok();
-  for (const char* spec : {"auto", "cuda", "cuda:0", "cuda:3"}) {
-    const absl::Status s = SelectDevice(spec).status();
-    EXPECT_FALSE(s.ok()) << spec;
-    if (none_at_all) {
-      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << spec << ": " << s;
-      EXPECT_NE(s.message().find("no CUDA GPU"), std::string::npos) << s;
-    }
-    std::fprintf(stderr, "[no gpu] SelectDevice(\"%s\"): %s\n", spec, s.ToString().c_str());
-  }
-  // A failed query leaves no error behind for later CUDA calls to report.
-  EXPECT_EQ(QueryGpus().status().code(), gpus.status().code());
-}
-
-TEST_F(GpuTest, SelectsEachGpuAndRejectsMissingOnes) {
-  const std::vector<GpuInfo> gpus = ValueOrDie(QueryGpus());
-  ASSERT_FALSE(gpus.empty());
-  for (const GpuInfo& g : gpus) {
-    std::fprintf(stderr, "[gpu] %s bus %s L2 %zu KiB\n", g.DebugString().c_str(),
-                 g.pci_bus_id.c_str(), g.l2_cache_bytes >> 10);
-    absl::StatusOr<GpuInfo> selected = SelectDevice(absl::StrCat("cuda:", g.index));
-    if (g.usable) {
-      EXPECT_TRUE(selected.ok()) << selected.status();
-    } else {
-      EXPECT_EQ(selected.status().code(), absl::StatusCode::kFailedPrecondition);
-    }
-  }
-  const absl::Status missing = SelectDevice(absl::StrCat("cuda:", gpus.size())).status();
-  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
-  // Leave the first usable GPU current for the other tests.
-  ASSERT_TRUE(SelectDevice("auto").ok());
-}
-
-TEST_F(GpuTest, BuffersAllocateCopyAndReportOutOfMemory) {
-  DeviceBuffer b = ValueOrDie(DeviceBuffer::Allocate(1000 * sizeof(float)));
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 256, 0u);
-  std::vector<float> in(1000), out(1000, 0.0f);
-  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) * 0.5f - 7.0f;
-  ASSERT_OK(b.Upload(in.data(), in.size() * sizeof(float)));
-  DeviceBuffer moved = std::move(b);
-  EXPECT_EQ(b.data(), nullptr);
-  ASSERT_OK(moved.Download(out.data(), out.size() * sizeof(float)));
-  EXPECT_EQ(in, out);
-  EXPECT_EQ(moved.Upload(in.data(), 8, 1000 * sizeof(float) - 4).code(),
-            absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(moved.Download(out.data(), 1001 * sizeof(float)).code(), absl::StatusCode::kOutOfRange);
-
-  PinnedBuffer pinned = ValueOrDie(PinnedBuffer::Allocate(1000 * sizeof(float)));
-  Stream stream = ValueOrDie(Stream::Create());
-  std::memcpy(pinned.data(), in.data(), 1000 * sizeof(float));
-  DeviceBuffer other = ValueOrDie(DeviceBuffer::Allocate(1000 * sizeof(float)));
-  ASSERT_OK(CopyToDevice(other.data(), pinned.data(), 1000 * sizeof(float), stream.get()));
-  ASSERT_OK(CopyDeviceToDevice(moved.data(), other.data(), 1000 * sizeof(float), stream.get()));
-  std::memset(pinned.data(), 0, 1000 * sizeof(float));
-  ASSERT_OK(CopyToHost(pinned.data(), moved.data(), 1000 * sizeof(float), stream.get()));
-  ASSERT_OK(stream.Synchronize());
-  EXPECT_EQ(std::memcmp(pinned.data(), in.data(), 1000 * sizeof(float)), 0);
-
-  // Far more than any GPU has: RESOURCE_EXHAUSTED, and the device stays usable.
-  const absl::Status huge = DeviceBuffer::Allocate(size_t{1} << 50).status();
-  EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted) << huge;
-  ASSERT_OK(ConvertToBf16(moved.as<float>(), other.as<uint16_t>(), 1000));
-  ASSERT_OK(SynchronizeStream());
 }
 
 TEST_F(GpuTest, DeviceBf16ConversionMatchesTheReference) {
