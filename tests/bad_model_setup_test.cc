@@ -1,0 +1,193 @@
+// Bad model set-up calls against a real shard-server process: registrations
+// (idempotent for the same model, refused for a different or invalid one),
+// hyperparameter changes, Inspect's report and its bad slices, and the state
+// budget (--max_state_mib). Each refusal gets its documented gRPC status and
+// leaves the shard's state as it was. Pushes and pulls: bad_input_test.cc.
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "tests/bad_input_fixture.h"
+#include "tests/support/process.h"
+#include "tests/support/raw_calls.h"
+
+namespace shardopt::testing {
+namespace {
+
+TEST_F(BadInputTest, RegistrationIsIdempotentAndRefusesADifferentModel) {
+  const State before = Capture();
+  v1::RegisterModelResponse response;
+  // Same config: attaches, initial values ignored.
+  std::vector<float> other(range_.size(), 7.0f);
+  ASSERT_TRUE(Register(config_, false, {{0, Bytes(other, 0, other.size())}}, &response).ok());
+  EXPECT_FALSE(response.created());
+  EXPECT_EQ(response.range().begin(), range_.begin);
+  ASSERT_TRUE(Register(config_, true, {}, &response).ok());
+  EXPECT_FALSE(response.created());
+  EXPECT_TRUE(Capture() == before);
+
+  v1::ModelConfig different = config_;
+  different.mutable_optimizer()->mutable_adam()->set_lr(0.5);
+  ExpectRejected(Register(different, false, {{0, Bytes(other, 0, other.size())}}),
+                 grpc::FAILED_PRECONDITION, "with a different config", before);
+  different = config_;
+  different.mutable_layout()->mutable_tensors(0)->set_shape(0, 11);
+  ExpectRejected(Register(different, true, {}), grpc::FAILED_PRECONDITION,
+                 "with a different config", before);
+
+  v1::ModelConfig fresh = config_;
+  fresh.set_model_id("fresh");
+  ExpectRejected(Register(fresh, true, {}), grpc::NOT_FOUND, "not registered on shard 1 yet",
+                 before);
+  ExpectRejected(Register(fresh, false, {{0, Bytes(other, 0, 10)}}), grpc::INVALID_ARGUMENT,
+                 "initial values of the range", before);
+  std::vector<float> nan_values = other;
+  nan_values[5] = std::nan("");
+  ExpectRejected(Register(fresh, false, {{0, Bytes(nan_values, 0, nan_values.size())}}),
+                 grpc::INVALID_ARGUMENT, "initial value 5", before);
+  ExpectRejected(Register(fresh, false, {{0, Bytes(other, 0, other.size())}}, nullptr, 0),
+                 grpc::FAILED_PRECONDITION, "meant for shard 0", before);
+  v1::ModelConfig bad = fresh;
+  bad.set_shard_count(3);
+  ExpectRejected(Register(bad, false, {}), grpc::FAILED_PRECONDITION, "split into 3 shards",
+                 before);
+  bad = fresh;
+  bad.set_num_trainers(0);
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "num_trainers 0", before);
+  bad = fresh;
+  bad.mutable_optimizer()->mutable_adam()->set_beta2(1.5);
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "beta2", before);
+  bad = fresh;
+  bad.mutable_optimizer()->Clear();
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "no optimizer", before);
+  bad = fresh;
+  bad.mutable_layout()->mutable_tensors(1)->set_name("w");
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "appears twice", before);
+  bad = fresh;
+  bad.set_model_id("");
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "model_id is empty", before);
+
+  // None of the refused registrations created the model.
+  std::vector<float> values;
+  int64_t version;
+  EXPECT_EQ(Pull(0, &values, &version, absl::Seconds(5), "fresh").error_code(), grpc::NOT_FOUND);
+}
+
+TEST_F(BadInputTest, BadHyperparameterChangesAreRefused) {
+  const State before = Capture();
+  auto set = [&](const v1::SetHyperparametersRequest& request) {
+    grpc::ClientContext context;
+    v1::SetHyperparametersResponse response;
+    return stub_->SetHyperparameters(&context, request, &response);
+  };
+  v1::SetHyperparametersRequest request;
+  request.set_model_id("nope");
+  request.set_effective_step(3);
+  *request.mutable_optimizer() = config_.optimizer();
+  ExpectRejected(set(request), grpc::NOT_FOUND, "not registered", before);
+  request.set_model_id(kModel);
+  request.mutable_optimizer()->mutable_adam()->set_beta1(2.0);
+  ExpectRejected(set(request), grpc::INVALID_ARGUMENT, "beta1", before);
+  *request.mutable_optimizer() = config_.optimizer();
+  request.mutable_lr_schedule()->set_kind(v1::LrSchedule::LR_SCHEDULE_WARMUP_COSINE);
+  request.mutable_lr_schedule()->set_total_steps(0);
+  ExpectRejected(set(request), grpc::INVALID_ARGUMENT, "total_steps", before);
+  request.clear_lr_schedule();
+  request.mutable_optimizer()->mutable_adam()->set_amsgrad(true);
+  ExpectRejected(set(request), grpc::FAILED_PRECONDITION, "amsgrad", before);
+  request.mutable_optimizer()->mutable_adam()->set_amsgrad(false);
+  request.set_effective_step(0);
+  ExpectRejected(set(request), grpc::FAILED_PRECONDITION, "already applied", before);
+  // Registration with a bad schedule is refused too.
+  v1::ModelConfig bad = config_;
+  bad.set_model_id("sched");
+  bad.mutable_lr_schedule()->set_kind(static_cast<v1::LrSchedule::Kind>(42));
+  ExpectRejected(Register(bad, false, {{0, Bytes(initial_, 0, initial_.size())}}),
+                 grpc::INVALID_ARGUMENT, "unknown lr schedule kind", before);
+}
+
+TEST_F(BadInputTest, InspectReportsTheShardAndRejectsBadSlices) {
+  v1::InspectResponse info = Inspect();
+  EXPECT_EQ(info.shard_index(), kShardIndex);
+  EXPECT_EQ(info.shard_count(), kShardCount);
+  EXPECT_EQ(info.range().begin(), range_.begin);
+  EXPECT_EQ(info.range().end(), range_.end);
+  EXPECT_EQ(info.next_step(), 1);
+  EXPECT_TRUE(info.optimizer().has_adam());
+  ASSERT_EQ(info.values_size(), 8);
+  EXPECT_FLOAT_EQ(info.values(3), initial_[3]);
+  EXPECT_EQ(info.bytes().parameter_bytes(), range_.size() * 4);
+  EXPECT_EQ(info.bytes().staging_bytes(), kTrainers * range_.size() * 4);
+  EXPECT_EQ(info.bytes().optimizer_state_bytes(), 2 * range_.size() * 4);
+  double elements = 0;
+  for (const v1::TensorStats& t : info.tensors()) {
+    elements += t.num_elements();
+    EXPECT_LE(t.min(), t.mean());
+    EXPECT_LE(t.mean(), t.max());
+    EXPECT_GE(t.l2_norm(), 0);
+  }
+  EXPECT_GT(elements, 0);
+
+  grpc::ClientContext c1;
+  v1::InspectRequest request;
+  request.set_model_id(kModel);
+  request.set_slice_offset(range_.size());
+  EXPECT_EQ(stub_->Inspect(&c1, request, &info).error_code(), grpc::OUT_OF_RANGE);
+  grpc::ClientContext c2;
+  request.set_slice_offset(0);
+  request.set_tensor_name("missing");
+  EXPECT_EQ(stub_->Inspect(&c2, request, &info).error_code(), grpc::NOT_FOUND);
+  grpc::ClientContext c3;
+  request.set_model_id("nope");
+  request.set_tensor_name("");
+  EXPECT_EQ(stub_->Inspect(&c3, request, &info).error_code(), grpc::NOT_FOUND);
+}
+
+// The state budget (--max_state_mib) refuses models that do not fit, before
+// allocating, and a refused or broken registration gives its bytes back.
+TEST(StateBudgetTest, OversizedModelsAreRefusedAndReservationsReleased) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--max_state_mib=4"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = NewStub((*server)->address());
+  // 2^20 elements with SGD (no slots) and 1 trainer: 4 MiB params + 4 MiB staging.
+  auto register_model = [&](const std::string& id, int64_t elements, uint64_t values_to_send) {
+    v1::ModelConfig config;
+    config.set_model_id(id);
+    v1::TensorSpec* t = config.mutable_layout()->add_tensors();
+    t->set_name("w");
+    t->add_shape(elements);
+    config.mutable_optimizer()->mutable_sgd()->set_lr(0.1);
+    config.set_num_trainers(1);
+    config.set_shard_count(1);
+    std::vector<float> zeros(values_to_send, 0.0f);
+    std::vector<RawChunk> chunks;
+    if (values_to_send > 0) chunks.push_back({0, FloatBytes(zeros.data(), zeros.size())});
+    return RawRegister(*stub, config, 0, false, chunks);
+  };
+  grpc::Status s = register_model("huge", int64_t{1} << 40, 0);
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--max_state_mib"), std::string::npos) << s.error_message();
+  s = register_model("big", int64_t{1} << 20, 0);
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+  // 2^18 elements need 2 MiB (params + staging). Broken attempts must not keep
+  // their reservation: after three of them, 2 MiB still fit, then 2 MiB + 8 KiB do not.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    s = register_model("ok", int64_t{1} << 18, 100);  // Too few values.
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message();
+  }
+  s = register_model("ok", int64_t{1} << 18, uint64_t{1} << 18);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = register_model("ok2", (int64_t{1} << 18) + 1024, 0);
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+}
+
+}  // namespace
+}  // namespace shardopt::testing
