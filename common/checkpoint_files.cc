@@ -1,21 +1,15 @@
 #include "common/checkpoint_files.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 
-#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file.h"
 #include "common/proto_convert.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -26,132 +20,11 @@ namespace {
 constexpr char kMagic[8] = {'S', 'H', 'O', 'P', 'T', 'C', 'K', 'P'};
 constexpr char kParamsSection[] = "params";
 
-std::string Join(const std::string& dir, const std::string& name) {
-  if (dir.empty() || dir.back() == '/') return dir + name;
-  return dir + "/" + name;
-}
-
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::Status(errno == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kInternal,
-                      absl::StrCat(path, ": ", what, ": ", std::strerror(errno)));
-}
-
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return Errno("cannot open directory", dir);
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return Errno("cannot fsync directory", dir);
-  return absl::OkStatus();
-}
-
-absl::Status MakeDirs(const std::string& path) {
-  if (path.empty()) return absl::InvalidArgumentError("empty checkpoint directory");
-  for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
-    const std::string prefix = slash == std::string::npos ? path : path.substr(0, slash);
-    if (::mkdir(prefix.c_str(), 0755) == 0) {
-      // The new entry must survive a power loss along with what goes in it.
-      const size_t parent_end = prefix.find_last_of('/');
-      const std::string parent = parent_end == 0 || parent_end == std::string::npos
-                                     ? (parent_end == 0 ? "/" : ".")
-                                     : prefix.substr(0, parent_end);
-      if (absl::Status s = SyncDirectory(parent); !s.ok()) return s;
-    } else if (errno != EEXIST) {
-      return Errno("cannot create directory", prefix);
-    }
-    if (slash == std::string::npos) break;
-  }
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
-  }
-  return absl::OkStatus();
-}
-
-// A unique temporary name in `dir` for `name`: several shards (processes)
-// may write the same file at once.
-std::string TempPath(const std::string& dir, const std::string& name) {
-  static std::atomic<uint64_t> counter{0};
-  // Shards on other hosts (or in containers, all pid 1) share the directory.
-  static const uint64_t nonce = absl::Uniform<uint64_t>(absl::BitGen());
-  char host[64] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  return Join(dir, absl::StrCat(".", name, ".tmp.", host, ".", ::getpid(), ".", absl::Hex(nonce),
-                                ".", counter.fetch_add(1)));
-}
-
-// A file written under a temporary name and renamed into place by Commit();
-// removed if never committed.
-class AtomicFile {
- public:
-  AtomicFile(std::string dir, std::string name)
-      : dir_(std::move(dir)), path_(Join(dir_, name)), temp_(TempPath(dir_, name)) {}
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(temp_.c_str());
-  }
-  absl::Status Open() {
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return Errno("cannot create", temp_);
-    return absl::OkStatus();
-  }
-  absl::Status Write(const void* data, size_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd_, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return Errno("cannot write", temp_);
-      p += n;
-      bytes -= static_cast<size_t>(n);
-      written_ += static_cast<uint64_t>(n);
-    }
-    return absl::OkStatus();
-  }
-  // fsync, rename over the final name, fsync the directory.
-  absl::Status Commit() {
-    if (::fsync(fd_) != 0) return Errno("cannot fsync", temp_);
-    ::close(fd_);
-    fd_ = -1;
-    if (::rename(temp_.c_str(), path_.c_str()) != 0) return Errno("cannot rename into", path_);
-    committed_ = true;
-    return SyncDirectory(dir_);
-  }
-  uint64_t written() const { return written_; }
-  const std::string& path() const { return path_; }
-
- private:
-  const std::string dir_, path_, temp_;
-  int fd_ = -1;
-  uint64_t written_ = 0;
-  bool committed_ = false;
-};
-
-absl::Status WriteWholeFile(const std::string& dir, const std::string& name,
-                            const std::string& content) {
-  AtomicFile file(dir, name);
-  if (absl::Status s = file.Open(); !s.ok()) return s;
-  if (absl::Status s = file.Write(content.data(), content.size()); !s.ok()) return s;
-  return file.Commit();
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open", path);
-  std::string content;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      absl::Status s = Errno("cannot read", path);
-      ::close(fd);
-      return s;
-    }
-    if (n == 0) break;
-    content.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return content;
+// The names in `dir`; none when it cannot be listed (a directory that does
+// not exist holds no checkpoint).
+std::vector<std::string> ListOrEmpty(FileEnv* env, const std::string& dir) {
+  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(dir);
+  return names.ok() ? std::move(*names) : std::vector<std::string>();
 }
 
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
@@ -165,8 +38,8 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
 }
 
 // DATA_LOSS naming `path` when the file is not a valid manifest / record.
-absl::StatusOr<v1::CheckpointManifest> ReadManifestFile(const std::string& path) {
-  absl::StatusOr<std::string> json = ReadWholeFile(path);
+absl::StatusOr<v1::CheckpointManifest> ReadManifestFile(FileEnv* env, const std::string& path) {
+  absl::StatusOr<std::string> json = ReadFileToString(env, path);
   if (!json.ok()) return json.status();
   v1::CheckpointManifest manifest;
   const auto status = google::protobuf::util::JsonStringToMessage(*json, &manifest);
@@ -211,17 +84,16 @@ bool SameCheckpoint(const v1::CheckpointManifest& a, const v1::ModelConfig& conf
 // Writes manifest.json if every part of `config`'s checkpoint at `step` is
 // in `dir`; false (and no error) when some part is missing or of another
 // checkpoint.
-absl::StatusOr<bool> TryCommit(const std::string& dir, const v1::ModelConfig& config, int64_t step,
-                               const std::string& run_id) {
+absl::StatusOr<bool> TryCommit(FileEnv* env, const std::string& dir, const v1::ModelConfig& config,
+                               int64_t step, const std::string& run_id) {
   v1::CheckpointManifest manifest;
   manifest.set_format_version(kCheckpointFormatVersion);
   *manifest.mutable_config() = config;
   manifest.set_step(step);
   for (uint32_t i = 0; i < config.shard_count(); ++i) {
-    const std::string record = Join(dir, CheckpointPartRecordName(i, config.shard_count()));
-    struct stat st;
-    if (::stat(record.c_str(), &st) != 0) return false;
-    absl::StatusOr<v1::CheckpointManifest> part = ReadManifestFile(record);
+    const std::string record = JoinPath(dir, CheckpointPartRecordName(i, config.shard_count()));
+    if (!FileExists(env, record)) return false;
+    absl::StatusOr<v1::CheckpointManifest> part = ReadManifestFile(env, record);
     if (!part.ok()) return part.status();
     if (part->step() == step && part->parts_size() == 1 &&
         part->parts(0).progress().run_id() != run_id &&
@@ -244,16 +116,17 @@ absl::StatusOr<bool> TryCommit(const std::string& dir, const v1::ModelConfig& co
           absl::StrCat(record, ": shard ", i, " saved another step protocol state than shard 0 ",
                        "(hyperparameter changes or step counts differ); not committed"));
     }
-    const std::string data = Join(dir, part->parts(0).file());
-    if (::stat(data.c_str(), &st) != 0 ||
-        static_cast<uint64_t>(st.st_size) != part->parts(0).file_bytes()) {
-      return false;
-    }
+    const std::string data = JoinPath(dir, part->parts(0).file());
+    absl::StatusOr<FileInfo> info = env->Stat(data);
+    if (!info.ok() || info->size != part->parts(0).file_bytes()) return false;
     *manifest.add_parts() = part->parts(0);
   }
   absl::StatusOr<std::string> json = ToJson(manifest);
   if (!json.ok()) return json.status();
-  if (absl::Status s = WriteWholeFile(dir, kCheckpointManifestFile, *json); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(env, JoinPath(dir, kCheckpointManifestFile), *json);
+      !s.ok()) {
+    return s;
+  }
   return true;
 }
 
@@ -269,11 +142,9 @@ std::string CheckpointPartRecordName(uint32_t shard_index, uint32_t shard_count)
 
 std::string CheckpointStepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
-absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& directory,
-                                                          const v1::ModelConfig& config,
-                                                          uint32_t shard_index,
-                                                          const v1::CheckpointProgress& progress,
-                                                          const CheckpointSectionReadFn& read) {
+absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(
+    const std::string& directory, const v1::ModelConfig& config, uint32_t shard_index,
+    const v1::CheckpointProgress& progress, const CheckpointSectionReadFn& read, FileEnv* env) {
   absl::StatusOr<ModelLayout> layout = LayoutFromProto(config.layout(), config.shard_count());
   if (!layout.ok()) return layout.status();
   absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(config.optimizer());
@@ -283,13 +154,14 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& dir
         absl::StrCat("shard ", shard_index, " of ", config.shard_count()));
   }
   const int64_t step = progress.version();
-  if (absl::Status s = MakeDirs(directory); !s.ok()) return s;
+  if (directory.empty()) return absl::InvalidArgumentError("empty checkpoint directory");
+  if (absl::Status s = env->CreateDirs(directory); !s.ok()) return s;
   CheckpointPartWritten written;
-  written.data_file = Join(directory, CheckpointDataFileName(shard_index, config.shard_count()));
-  const std::string manifest_path = Join(directory, kCheckpointManifestFile);
-  struct stat st;
-  if (::stat(manifest_path.c_str(), &st) == 0) {
-    absl::StatusOr<v1::CheckpointManifest> existing = ReadManifestFile(manifest_path);
+  written.data_file =
+      JoinPath(directory, CheckpointDataFileName(shard_index, config.shard_count()));
+  const std::string manifest_path = JoinPath(directory, kCheckpointManifestFile);
+  if (FileExists(env, manifest_path)) {
+    absl::StatusOr<v1::CheckpointManifest> existing = ReadManifestFile(env, manifest_path);
     if (!existing.ok()) return existing.status();
     if (!SameCheckpoint(*existing, config, step, progress.run_id())) {
       return absl::FailedPreconditionError(
@@ -316,16 +188,17 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& dir
   part->set_block_bytes(kCheckpointBlockBytes);
   *part->mutable_progress() = progress;
 
-  AtomicFile data(directory, part->file());
-  if (absl::Status s = data.Open(); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<AtomicFileWriter>> data =
+      env->NewAtomicFile(JoinPath(directory, part->file()));
+  if (!data.ok()) return data.status();
   const std::string header = DataFileHeader(shard_index, config.shard_count(), step);
-  if (absl::Status s = data.Write(header.data(), header.size()); !s.ok()) return s;
+  if (absl::Status s = (*data)->Append(header); !s.ok()) return s;
   const uint64_t block_elements = kCheckpointBlockBytes / sizeof(float);
   std::vector<float> block(std::min<uint64_t>(block_elements, std::max<uint64_t>(1, range.size())));
   for (size_t section = 0; section < names.size(); ++section) {
     v1::CheckpointSection* out = part->add_sections();
     out->set_name(names[section]);
-    out->set_file_offset(data.written());
+    out->set_file_offset((*data)->bytes_written());
     out->set_num_elements(range.size());
     for (uint64_t done = 0; done < range.size(); done += block_elements) {
       const uint64_t n = std::min<uint64_t>(block_elements, range.size() - done);
@@ -335,40 +208,41 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& dir
       const size_t bytes = n * sizeof(float);
       out->add_block_crc32(static_cast<uint32_t>(
           crc32(0L, reinterpret_cast<const Bytef*>(block.data()), static_cast<uInt>(bytes))));
-      if (absl::Status s = data.Write(block.data(), bytes); !s.ok()) return s;
+      if (absl::Status s = (*data)->Append(block.data(), bytes); !s.ok()) return s;
     }
   }
-  part->set_file_bytes(data.written());
-  if (absl::Status s = data.Commit(); !s.ok()) return s;
-  written.bytes = data.written();
+  part->set_file_bytes((*data)->bytes_written());
+  if (absl::Status s = (*data)->Commit(); !s.ok()) return s;
+  written.bytes = (*data)->bytes_written();
 
   absl::StatusOr<std::string> json = ToJson(record);
   if (!json.ok()) return json.status();
-  if (absl::Status s = WriteWholeFile(
-          directory, CheckpointPartRecordName(shard_index, config.shard_count()), *json);
+  if (absl::Status s = WriteFileAtomically(
+          env, JoinPath(directory, CheckpointPartRecordName(shard_index, config.shard_count())),
+          *json);
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<bool> committed = TryCommit(directory, config, step, progress.run_id());
+  absl::StatusOr<bool> committed = TryCommit(env, directory, config, step, progress.run_id());
   if (!committed.ok()) return committed.status();
   written.committed = *committed;
-  if (*committed || ::stat(manifest_path.c_str(), &st) == 0) written.manifest = manifest_path;
+  if (*committed || FileExists(env, manifest_path)) written.manifest = manifest_path;
   return written;
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
-    const std::string& directory) {
-  const std::string path = Join(directory, kCheckpointManifestFile);
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
+    const std::string& directory, FileEnv* env) {
+  const std::string path = JoinPath(directory, kCheckpointManifestFile);
+  if (!FileExists(env, path)) {
     return absl::NotFoundError(absl::StrCat(
         directory, " holds no committed checkpoint: ", kCheckpointManifestFile,
         " is missing (never written, or the checkpoint was interrupted before every shard "
         "finished)"));
   }
-  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifestFile(path);
+  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifestFile(env, path);
   if (!manifest.ok()) return manifest.status();
   std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+  reader->env_ = env;
   reader->directory_ = directory;
   reader->manifest_ = std::move(*manifest);
   const v1::CheckpointManifest& m = reader->manifest_;
@@ -395,7 +269,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   for (uint32_t i = 0; i < shards; ++i) {
     const v1::CheckpointPart& part = m.parts(static_cast<int>(i));
     const FlatRange range = reader->layout_->ShardRange(i);
-    const std::string file = Join(directory, part.file());
+    const std::string file = JoinPath(directory, part.file());
     if (part.shard_index() != i || part.range().begin() != range.begin ||
         part.range().end() != range.end) {
       return bad(absl::StrCat("part ", i, " describes shard ", part.shard_index(), " range [",
@@ -434,21 +308,22 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     if (end > part.file_bytes()) {
       return bad(absl::StrCat("part ", i, "'s sections end past its file size"));
     }
-    if (::stat(file.c_str(), &st) != 0) {
+    absl::StatusOr<FileInfo> info = env->Stat(file);
+    if (!info.ok()) {
       return absl::DataLossError(absl::StrCat(file, ": missing (", path, " lists it)"));
     }
-    if (static_cast<uint64_t>(st.st_size) != part.file_bytes()) {
+    if (info->size != part.file_bytes()) {
       return absl::DataLossError(
-          absl::StrCat(file, ": ", st.st_size, " bytes, but ", path, " says ", part.file_bytes(),
-                       st.st_size < static_cast<off_t>(part.file_bytes()) ? " (truncated)" : ""));
+          absl::StrCat(file, ": ", info->size, " bytes, but ", path, " says ", part.file_bytes(),
+                       info->size < part.file_bytes() ? " (truncated)" : ""));
     }
     absl::StatusOr<std::string> header = [&]() -> absl::StatusOr<std::string> {
-      const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return Errno("cannot open", file);
+      absl::StatusOr<std::unique_ptr<RandomAccessFile>> f = env->NewRandomAccessFile(file);
+      if (!f.ok()) return f.status();
       std::string h(kCheckpointHeaderBytes, '\0');
-      const ssize_t n = ::pread(fd, &h[0], h.size(), 0);
-      ::close(fd);
-      if (n != static_cast<ssize_t>(h.size())) return absl::DataLossError(file + ": short header");
+      absl::StatusOr<size_t> n = (*f)->Read(0, h.size(), h.data());
+      if (!n.ok()) return n.status();
+      if (*n != h.size()) return absl::DataLossError(file + ": short header");
       return h;
     }();
     if (!header.ok()) return header.status();
@@ -479,27 +354,25 @@ absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t 
     const uint64_t hi = std::min(end, part.range().end());
     if (lo >= hi) continue;
     const v1::CheckpointSection& s = part.sections(section);
-    const std::string file = directory_ + "/" + part.file();
-    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Errno("cannot open", file);
+    const std::string file = JoinPath(directory_, part.file());
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> f = env_->NewRandomAccessFile(file);
+    if (!f.ok()) return f.status();
     const uint64_t block_bytes = part.block_bytes();
     const uint64_t section_bytes = s.num_elements() * sizeof(float);
     const uint64_t first_byte = (lo - part.range().begin()) * sizeof(float);
     const uint64_t last_byte = (hi - part.range().begin()) * sizeof(float);
-    absl::Status status;
     for (uint64_t b = first_byte / block_bytes; b * block_bytes < last_byte; ++b) {
       const uint64_t block_begin = b * block_bytes;
       const uint64_t n = std::min(block_bytes, section_bytes - block_begin);
       block.resize(n);
-      const ssize_t got = ::pread(fd, block.data(), n, s.file_offset() + block_begin);
-      if (got != static_cast<ssize_t>(n) ||
-          static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(block.data()),
-                                      static_cast<uInt>(n))) != s.block_crc32(b)) {
-        status = absl::DataLossError(
-            absl::StrCat(file, ": block ", b, " of section '", s.name(), "' (bytes ",
-                         s.file_offset() + block_begin, "..", s.file_offset() + block_begin + n,
-                         ") ", got != static_cast<ssize_t>(n) ? "is short" : "fails its checksum"));
-        break;
+      absl::StatusOr<size_t> got = (*f)->Read(s.file_offset() + block_begin, n, block.data());
+      if (!got.ok()) return got.status();
+      if (*got != n || static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(block.data()),
+                                                   static_cast<uInt>(n))) != s.block_crc32(b)) {
+        return absl::DataLossError(absl::StrCat(file, ": block ", b, " of section '", s.name(),
+                                                "' (bytes ", s.file_offset() + block_begin, "..",
+                                                s.file_offset() + block_begin + n, ") ",
+                                                *got != n ? "is short" : "fails its checksum"));
       }
       const uint64_t copy_begin = std::max(block_begin, first_byte);
       const uint64_t copy_end = std::min(block_begin + n, last_byte);
@@ -508,21 +381,18 @@ absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t 
               (copy_begin / sizeof(float) + part.range().begin() - flat_offset) * sizeof(float),
           block.data() + (copy_begin - block_begin), copy_end - copy_begin);
     }
-    ::close(fd);
-    if (!status.ok()) return status;
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory) {
+absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory, FileEnv* env) {
   std::string best;
   int64_t best_step = -1;
   absl::Status error;
   auto consider = [&](const std::string& dir) {
-    const std::string path = Join(dir, kCheckpointManifestFile);
-    struct stat st;
-    if (!error.ok() || ::stat(path.c_str(), &st) != 0) return;
-    absl::StatusOr<v1::CheckpointManifest> m = ReadManifestFile(path);
+    const std::string path = JoinPath(dir, kCheckpointManifestFile);
+    if (!error.ok() || !FileExists(env, path)) return;
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifestFile(env, path);
     // A damaged manifest is refused, not passed over for an older one.
     if (!m.ok()) {
       error = m.status();
@@ -532,12 +402,8 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory) {
     }
   };
   consider(directory);
-  if (DIR* d = ::opendir(directory.c_str())) {
-    while (const dirent* entry = ::readdir(d)) {
-      const std::string name = entry->d_name;
-      if (absl::StartsWith(name, "step-")) consider(Join(directory, name));
-    }
-    ::closedir(d);
+  for (const std::string& name : ListOrEmpty(env, directory)) {
+    if (absl::StartsWith(name, "step-")) consider(JoinPath(directory, name));
   }
   if (!error.ok()) return error;
   if (best.empty()) {
@@ -546,23 +412,19 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory) {
   return best;
 }
 
-absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep) {
+absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep,
+                                     FileEnv* env) {
   if (keep < 1) return absl::InvalidArgumentError("keep at least one checkpoint");
   // Step directories by step, and which are committed.
   std::vector<std::pair<int64_t, std::string>> steps;
   std::vector<int64_t> committed;
-  if (DIR* d = ::opendir(directory.c_str())) {
-    while (const dirent* entry = ::readdir(d)) {
-      const std::string name = entry->d_name;
-      int64_t step = 0;
-      if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
-      steps.emplace_back(step, Join(directory, name));
-      struct stat st;
-      if (::stat(Join(steps.back().second, kCheckpointManifestFile).c_str(), &st) == 0) {
-        committed.push_back(step);
-      }
+  for (const std::string& name : ListOrEmpty(env, directory)) {
+    int64_t step = 0;
+    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    steps.emplace_back(step, JoinPath(directory, name));
+    if (FileExists(env, JoinPath(steps.back().second, kCheckpointManifestFile))) {
+      committed.push_back(step);
     }
-    ::closedir(d);
   }
   if (committed.empty()) return 0;
   std::sort(committed.begin(), committed.end());
@@ -573,32 +435,30 @@ absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shar
       committed[committed.size() - std::min<size_t>(committed.size(), keep)];
   const std::string prefix = absl::StrFormat("shard-%05u-of-", shard_index);
   const std::string temp_prefix = "." + prefix;
+  const std::string manifest_temp = absl::StrCat(".", kCheckpointManifestFile, ".tmp.");
   int pruned = 0;
+  // Removals race with the other shards' (and their errors are theirs too):
+  // what one cannot remove, a later prune or another shard does.
   for (const auto& [step, dir] : steps) {
     if (step >= oldest_kept) continue;
-    std::vector<std::string> names;
-    if (DIR* d = ::opendir(dir.c_str())) {
-      while (const dirent* entry = ::readdir(d)) names.push_back(entry->d_name);
-      ::closedir(d);
-    }
-    const std::string manifest_temp = absl::StrCat(".", kCheckpointManifestFile, ".tmp.");
+    const std::vector<std::string> names = ListOrEmpty(env, dir);
     for (const std::string& name : names) {
       // The manifest first: the directory is no longer a checkpoint. (And
       // what a shard killed while committing it left.)
       if (name == kCheckpointManifestFile || absl::StartsWith(name, manifest_temp)) {
-        ::unlink(Join(dir, name).c_str());
+        env->RemoveFile(JoinPath(dir, name)).IgnoreError();
       }
     }
     for (const std::string& name : names) {
       if (absl::StartsWith(name, prefix) || absl::StartsWith(name, temp_prefix)) {
-        ::unlink(Join(dir, name).c_str());
+        env->RemoveFile(JoinPath(dir, name)).IgnoreError();
       }
     }
-    ::rmdir(dir.c_str());  // Succeeds once every shard has removed its files.
+    env->RemoveDirectory(dir).IgnoreError();  // Succeeds once every shard has removed its files.
     ++pruned;
   }
   if (pruned > 0) {
-    if (absl::Status s = SyncDirectory(directory); !s.ok()) return s;
+    if (absl::Status s = env->SyncDirectory(directory); !s.ok()) return s;
   }
   return pruned;
 }

@@ -10,9 +10,11 @@
 //                                   per-block CRC-32s, step protocol state;
 //   manifest.json                   the commit record, written last by the
 //                                   shard that finds every part present.
-// Every file is written to a temporary name, fsync'ed and renamed, and the
-// directory fsync'ed: a crash leaves either the old state or the new file,
-// and a directory without manifest.json (a torn checkpoint) is never loaded.
+// Every file is written through a FileEnv (common/file.h) as an atomic file:
+// a temporary name, fsync'ed and renamed, and the directory fsync'ed; a crash
+// leaves either the old state or the new file, and a directory without
+// manifest.json (a torn checkpoint) is never loaded. Every function takes the
+// FileEnv to use, FileEnv::Default() (the POSIX one) unless told otherwise.
 //
 // Reading verifies everything before handing out a value: the manifest
 // against the layout, each data file's size and header, and the CRC of every
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/file.h"
 #include "common/layout.h"
 #include "common/optimizer_config.h"
 #include "proto/shardopt/v1/checkpoint.pb.h"
@@ -63,21 +66,26 @@ struct CheckpointPartWritten {
 // then commits the manifest if every part of config.shard_count() is present
 // for that step. FAILED_PRECONDITION when `directory` holds a committed
 // checkpoint of another model or step; OK without writing when it holds this
-// one. The read function is called in order, one block at a time.
+// one. The read function is called in order, one block at a time. The data
+// file is written first (its atomic writer gets the 64-byte header, then the
+// sections), then the part record, then maybe the manifest.
 absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& directory,
                                                           const v1::ModelConfig& config,
                                                           uint32_t shard_index,
                                                           const v1::CheckpointProgress& progress,
-                                                          const CheckpointSectionReadFn& read);
+                                                          const CheckpointSectionReadFn& read,
+                                                          FileEnv* env = FileEnv::Default());
 
-// A committed checkpoint, validated, open for reading. Thread-compatible.
+// A committed checkpoint, validated, open for reading through the FileEnv it
+// was opened with (which must outlive it). Thread-compatible.
 class CheckpointReader {
  public:
   // NOT_FOUND when `directory` has no manifest (never committed, or torn);
   // DATA_LOSS for a manifest or data file that is unreadable, truncated or
   // inconsistent; FAILED_PRECONDITION for an unknown format version. Each
   // message names the file and the problem.
-  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& directory);
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
+      const std::string& directory, FileEnv* env = FileEnv::Default());
 
   const std::string& directory() const { return directory_; }
   const v1::CheckpointManifest& manifest() const { return manifest_; }
@@ -98,6 +106,7 @@ class CheckpointReader {
  private:
   CheckpointReader() = default;
 
+  FileEnv* env_ = nullptr;
   std::string directory_;
   v1::CheckpointManifest manifest_;
   std::optional<ModelLayout> layout_;
@@ -108,7 +117,8 @@ class CheckpointReader {
 // The committed checkpoint with the highest step among `directory` itself
 // and its "step-*" subdirectories; NOT_FOUND when there is none. Torn
 // checkpoints (no manifest) are passed over.
-absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory);
+absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory,
+                                                 FileEnv* env = FileEnv::Default());
 
 // Retention for a directory of "step-*" checkpoints (periodic ones): removes
 // shard `shard_index`'s files (data file, part record, leftover temporary
@@ -118,7 +128,8 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory);
 // once. Committed checkpoints among the `keep` newest, and anything newer,
 // are never touched. (A shard whose newest part is not committed yet when it
 // prunes leaves one more step behind, until it prunes again.) Returns the number of step directories pruned.
-absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep);
+absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep,
+                                     FileEnv* env = FileEnv::Default());
 
 }  // namespace shardopt
 

@@ -1,11 +1,6 @@
 #include "common/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -16,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/dtype_convert.h"
+#include "common/file.h"
 #include "nlohmann/json.hpp"
 
 // The format is little-endian and we move fp32 data between memory and the
@@ -31,10 +27,9 @@ using OrderedJson = nlohmann::ordered_json;
 constexpr char kMetadataKey[] = "__metadata__";
 constexpr uint64_t kSizeFieldBytes = 8;
 
-// absl::ErrnoToStatus, but never OK: a short fwrite or read need not set errno.
-absl::Status ErrnoStatus(int error, absl::string_view message) {
-  if (error == 0) return absl::InternalError(absl::StrCat(message, ": unknown I/O error"));
-  return absl::ErrnoToStatus(error, message);
+// `status` (from the file layer) with `prefix` in front of its message.
+absl::Status Prefixed(const std::string& prefix, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
 std::string ReaderPrefix(const std::string& path) {
@@ -81,45 +76,6 @@ uint64_t DecodeU64(const unsigned char in[8]) {
   uint64_t value = 0;
   for (int i = 7; i >= 0; --i) value = (value << 8) | in[i];
   return value;
-}
-
-// Reads exactly `size` bytes at `offset`; retries short reads and EINTR.
-// Returns the number of bytes read (less than `size` only at end of file) or
-// -1 with errno set.
-ssize_t PreadFully(int fd, void* buffer, size_t size, uint64_t offset) {
-  char* out = static_cast<char*>(buffer);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  return static_cast<ssize_t>(done);
-}
-
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() {
-    if (fd_ >= 0) close(fd_);
-  }
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-  int Release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-std::string DirectoryOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
 }
 
 // A JSON value as the reader expects it: an unsigned integer. nlohmann keeps
@@ -261,7 +217,7 @@ const char* SafetensorsDTypeName(DType dtype) {
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     const std::string& path, std::vector<TensorSpec> tensors,
-    std::map<std::string, std::string> metadata) {
+    std::map<std::string, std::string> metadata, FileEnv* env) {
   const std::string prefix = WriterPrefix(path);
   if (path.empty()) return absl::InvalidArgumentError("safetensors writer: empty path");
 
@@ -324,47 +280,35 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
                                                    kSafetensorsMaxHeaderSize));
   }
 
-  const std::string temp_path = absl::StrCat(path, ".tmp.", getpid());
-  std::FILE* file = std::fopen(temp_path.c_str(), "wbe");  // "e": O_CLOEXEC.
-  if (file == nullptr) {
-    return ErrnoStatus(errno, absl::StrCat(prefix, "cannot create '", temp_path, "'"));
-  }
+  absl::StatusOr<std::unique_ptr<AtomicFileWriter>> file = env->NewAtomicFile(path);
+  if (!file.ok()) return Prefixed(prefix, file.status());
   // Constructed before the header is written so that a failure below removes
   // the temp file through Fail().
   std::unique_ptr<SafetensorsWriter> writer(
-      new SafetensorsWriter(path, temp_path, file, std::move(tensors), std::move(ends)));
+      new SafetensorsWriter(path, std::move(*file), std::move(tensors), std::move(ends)));
   unsigned char size_field[kSizeFieldBytes];
   EncodeU64(header_text.size(), size_field);
-  if (std::fwrite(size_field, 1, sizeof(size_field), file) != sizeof(size_field) ||
-      std::fwrite(header_text.data(), 1, header_text.size(), file) != header_text.size()) {
-    return writer->Fail(
-        ErrnoStatus(errno, absl::StrCat(prefix, "writing the header to '", temp_path, "' failed")));
+  if (absl::Status s = writer->file_->Append(size_field, sizeof(size_field)); !s.ok()) {
+    return writer->Fail(Prefixed(prefix, s));
+  }
+  if (absl::Status s = writer->file_->Append(header_text); !s.ok()) {
+    return writer->Fail(Prefixed(prefix, s));
   }
   return writer;
 }
 
-SafetensorsWriter::SafetensorsWriter(std::string path, std::string temp_path, std::FILE* file,
+SafetensorsWriter::SafetensorsWriter(std::string path, std::unique_ptr<AtomicFileWriter> file,
                                      std::vector<TensorSpec> tensors, std::vector<uint64_t> ends)
     : path_(std::move(path)),
-      temp_path_(std::move(temp_path)),
-      file_(file),
+      file_(std::move(file)),
       tensors_(std::move(tensors)),
       element_ends_(std::move(ends)),
       total_elements_(element_ends_.empty() ? 0 : element_ends_.back()) {}
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (file_ != nullptr) {
-    std::fclose(file_);
-    std::remove(temp_path_.c_str());
-  }
-}
+SafetensorsWriter::~SafetensorsWriter() = default;
 
 absl::Status SafetensorsWriter::Fail(absl::Status status) {
-  if (file_ != nullptr) {
-    std::fclose(file_);
-    file_ = nullptr;
-    std::remove(temp_path_.c_str());
-  }
+  file_.reset();  // Removes the temp file.
   failure_ = absl::FailedPreconditionError(
       absl::StrCat(WriterPrefix(path_), "unusable after an earlier error: ", status.message()));
   return status;
@@ -379,9 +323,8 @@ absl::Status SafetensorsWriter::Append(const float* data, size_t count) {
                                                    total_elements_, " declared are left")));
   }
   if (count == 0) return absl::OkStatus();
-  if (std::fwrite(data, sizeof(float), count, file_) != count) {
-    return Fail(ErrnoStatus(
-        errno, absl::StrCat(WriterPrefix(path_), "writing to '", temp_path_, "' failed")));
+  if (absl::Status s = file_->Append(data, count * sizeof(float)); !s.ok()) {
+    return Fail(Prefixed(WriterPrefix(path_), s));
   }
   elements_written_ += count;
   return absl::OkStatus();
@@ -400,34 +343,11 @@ absl::Status SafetensorsWriter::Finish() {
         tensors_[short_index].name, "' has ", elements_written_ - begin, " of ",
         element_ends_[short_index] - begin, "; nothing was written to the path")));
   }
-  if (std::fflush(file_) != 0 || fsync(fileno(file_)) != 0) {
-    return Fail(
-        ErrnoStatus(errno, absl::StrCat(prefix, "flushing '", temp_path_, "' to disk failed")));
-  }
-  std::FILE* file = file_;
-  file_ = nullptr;  // fclose releases it even when it fails.
-  if (std::fclose(file) != 0) {
-    const int error = errno;
-    std::remove(temp_path_.c_str());
-    return Fail(ErrnoStatus(error, absl::StrCat(prefix, "closing '", temp_path_, "'")));
-  }
-  if (std::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    const int error = errno;
-    std::remove(temp_path_.c_str());
-    return Fail(ErrnoStatus(
-        error, absl::StrCat(prefix, "renaming '", temp_path_, "' onto the path failed")));
-  }
-  // The rename is durable only once the directory entry is.
-  const std::string dir = DirectoryOf(path_);
-  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0 || fsync(dir_fd) != 0) {
-    const int error = errno;
-    if (dir_fd >= 0) close(dir_fd);
-    return Fail(ErrnoStatus(
-        error,
-        absl::StrCat(prefix, "the file is in place but syncing directory '", dir, "' failed")));
-  }
-  close(dir_fd);
+  // (Should only the directory's fsync fail, the file is in place and the
+  // error says so.)
+  const absl::Status committed = file_->Commit();
+  file_.reset();
+  if (!committed.ok()) return Fail(Prefixed(prefix, committed));
   failure_ = absl::FailedPreconditionError(absl::StrCat(prefix, "already finished"));
   return absl::OkStatus();
 }
@@ -435,29 +355,25 @@ absl::Status SafetensorsWriter::Finish() {
 // ---------------------------------------------------------------------------
 // SafetensorsReader
 
-absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
-    const std::string& path) {
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path,
+                                                                           FileEnv* env) {
   const std::string prefix = ReaderPrefix(path);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat(prefix, "cannot open"));
-  FdCloser fd_guard(fd);  // Closes fd on every early return.
-
-  struct stat st;
-  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, absl::StrCat(prefix, "fstat"));
-  if (!S_ISREG(st.st_mode)) {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = env->NewRandomAccessFile(path);
+  if (!file.ok()) return Prefixed(prefix, file.status());
+  absl::StatusOr<FileInfo> info = (*file)->Stat();
+  if (!info.ok()) return Prefixed(prefix, info.status());
+  if (info->type != FileType::kRegular) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "not a regular file"));
   }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  const uint64_t file_size = info->size;
   if (file_size < kSizeFieldBytes) {
     return absl::DataLossError(absl::StrCat(prefix, "file is ", file_size,
                                             " bytes, too short for the 8-byte header size"));
   }
   unsigned char size_field[kSizeFieldBytes];
-  const ssize_t got_size = PreadFully(fd, size_field, sizeof(size_field), 0);
-  if (got_size < 0) {
-    return ErrnoStatus(errno, absl::StrCat(prefix, "reading the header size"));
-  }
-  if (got_size != sizeof(size_field)) {
+  absl::StatusOr<size_t> got_size = (*file)->Read(0, sizeof(size_field), size_field);
+  if (!got_size.ok()) return Prefixed(prefix, got_size.status());
+  if (*got_size != sizeof(size_field)) {
     return absl::DataLossError(absl::StrCat(prefix, "file ended inside the header size"));
   }
   const uint64_t header_size = DecodeU64(size_field);
@@ -472,9 +388,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
                                             " bytes); the file is truncated or not safetensors"));
   }
   std::string header_text(header_size, '\0');
-  const ssize_t got = PreadFully(fd, header_text.data(), header_size, kSizeFieldBytes);
-  if (got < 0) return ErrnoStatus(errno, absl::StrCat(prefix, "reading the header"));
-  if (static_cast<uint64_t>(got) != header_size) {
+  absl::StatusOr<size_t> got = (*file)->Read(kSizeFieldBytes, header_size, header_text.data());
+  if (!got.ok()) return Prefixed(prefix, got.status());
+  if (*got != header_size) {
     return absl::DataLossError(absl::StrCat(prefix, "file ended inside the header"));
   }
   // nlohmann's lexer takes a NUL byte for the end of input and would accept
@@ -562,14 +478,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
                                                    buffer_end, ")"));
   }
   return std::unique_ptr<SafetensorsReader>(new SafetensorsReader(
-      path, fd_guard.Release(), data_start, std::move(tensors), std::move(metadata)));
+      path, std::move(*file), data_start, std::move(tensors), std::move(metadata)));
 }
 
-SafetensorsReader::SafetensorsReader(std::string path, int fd, uint64_t data_start,
+SafetensorsReader::SafetensorsReader(std::string path, std::unique_ptr<RandomAccessFile> file,
+                                     uint64_t data_start,
                                      std::vector<SafetensorsTensorInfo> tensors,
                                      std::map<std::string, std::string> metadata)
     : path_(std::move(path)),
-      fd_(fd),
+      file_(std::move(file)),
       data_start_(data_start),
       tensors_(std::move(tensors)),
       metadata_(std::move(metadata)) {
@@ -577,7 +494,7 @@ SafetensorsReader::SafetensorsReader(std::string path, int fd, uint64_t data_sta
   for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
 }
 
-SafetensorsReader::~SafetensorsReader() { close(fd_); }
+SafetensorsReader::~SafetensorsReader() = default;
 
 absl::StatusOr<const SafetensorsTensorInfo*> SafetensorsReader::Find(
     const std::string& name) const {
@@ -603,13 +520,14 @@ absl::Status SafetensorsReader::ReadAsFloat(const std::string& name, uint64_t el
   const uint64_t file_offset = data_start_ + t.data_begin + element_offset * element_size;
   auto read = [&](void* buffer, uint64_t n_elements, uint64_t offset) -> absl::Status {
     const size_t bytes = n_elements * element_size;
-    const ssize_t got = PreadFully(fd_, buffer, bytes, offset);
-    if (got < 0) {
-      return ErrnoStatus(errno, absl::StrCat(ReaderPrefix(path_), "reading tensor '", name, "'"));
+    absl::StatusOr<size_t> got = file_->Read(offset, bytes, buffer);
+    if (!got.ok()) {
+      return Prefixed(absl::StrCat(ReaderPrefix(path_), "reading tensor '", name, "': "),
+                      got.status());
     }
-    if (static_cast<size_t>(got) != bytes) {
+    if (*got != bytes) {
       return absl::DataLossError(absl::StrCat(ReaderPrefix(path_), "file ended at byte ",
-                                              offset + got, " while reading tensor '", name,
+                                              offset + *got, " while reading tensor '", name,
                                               "'; it was truncated after it was opened"));
     }
     return absl::OkStatus();

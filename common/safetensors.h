@@ -16,7 +16,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "common/file.h"
 
 namespace shardopt {
 
@@ -50,10 +50,11 @@ const char* SafetensorsDTypeName(DType dtype);
 
 // Writes one fp32 safetensors file without holding its data: the header is
 // written by Create, the data streamed through Append in declaration order,
-// and Finish makes the file appear at `path` atomically (temp file, fsync,
-// rename, fsync of the directory), so a reader never sees a partial file and a
-// crash leaves the previous file at `path` intact. A writer destroyed without
-// a successful Finish removes its temp file. Not thread-safe.
+// and Finish makes the file appear at `path` atomically (a FileEnv atomic
+// file: temp file, fsync, rename, fsync of the directory), so a reader never
+// sees a partial file and a crash leaves the previous file at `path` intact.
+// A writer destroyed without a successful Finish removes its temp file. Not
+// thread-safe.
 class SafetensorsWriter {
  public:
   struct TensorSpec {
@@ -63,14 +64,14 @@ class SafetensorsWriter {
 
   // INVALID_ARGUMENT for an empty, duplicate or reserved ("__metadata__")
   // name, a negative dimension, a size that overflows, or a header over
-  // kSafetensorsMaxHeaderSize; an errno-derived status if the temp file
-  // (`path` + ".tmp.<pid>") cannot be created or written. The tensors are laid
-  // out in the order given; an empty `metadata` writes no "__metadata__". Two
-  // writers of one process must not target the same path at the same time
-  // (they would share the temp file).
+  // kSafetensorsMaxHeaderSize; the file layer's errno-derived status
+  // (common/file.h) if the temp file cannot be created or written. The
+  // tensors are laid out in the order given; an empty `metadata` writes no
+  // "__metadata__". Writers of the same path each have their own temp file
+  // (the last Finish wins). `env` must outlive the writer.
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
       const std::string& path, std::vector<TensorSpec> tensors,
-      std::map<std::string, std::string> metadata);
+      std::map<std::string, std::string> metadata, FileEnv* env = FileEnv::Default());
 
   ~SafetensorsWriter();
   SafetensorsWriter(const SafetensorsWriter&) = delete;
@@ -95,14 +96,13 @@ class SafetensorsWriter {
   const std::string& path() const { return path_; }
 
  private:
-  SafetensorsWriter(std::string path, std::string temp_path, std::FILE* file,
+  SafetensorsWriter(std::string path, std::unique_ptr<AtomicFileWriter> file,
                     std::vector<TensorSpec> tensors, std::vector<uint64_t> ends);
-  // Closes and removes the temp file; records `status` as the writer's fate.
+  // Drops (and so removes) the temp file; records `status` as the writer's fate.
   absl::Status Fail(absl::Status status);
 
   std::string path_;
-  std::string temp_path_;
-  std::FILE* file_;  // nullptr once finished or failed.
+  std::unique_ptr<AtomicFileWriter> file_;  // nullptr once finished or failed.
   std::vector<TensorSpec> tensors_;
   std::vector<uint64_t> element_ends_;  // Cumulative element counts.
   uint64_t total_elements_;
@@ -120,9 +120,11 @@ class SafetensorsReader {
   // object, duplicate keys, missing or ill-typed fields, shape / offset
   // mismatch, overlaps, holes, trailing bytes); DATA_LOSS for a file shorter
   // than its header says (naming the first tensor cut off); UNIMPLEMENTED for
-  // a dtype other than F32, BF16, F16; an errno-derived status for I/O errors.
-  // Every message names the file.
-  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
+  // a dtype other than F32, BF16, F16; the file layer's errno-derived status
+  // for I/O errors. Every message names the file. `env` must outlive the
+  // reader.
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path,
+                                                                 FileEnv* env = FileEnv::Default());
 
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
@@ -143,12 +145,12 @@ class SafetensorsReader {
                            float* out) const;
 
  private:
-  SafetensorsReader(std::string path, int fd, uint64_t data_start,
+  SafetensorsReader(std::string path, std::unique_ptr<RandomAccessFile> file, uint64_t data_start,
                     std::vector<SafetensorsTensorInfo> tensors,
                     std::map<std::string, std::string> metadata);
 
   std::string path_;
-  int fd_;
+  std::unique_ptr<RandomAccessFile> file_;
   uint64_t data_start_;  // File offset of the data buffer: 8 + N.
   std::vector<SafetensorsTensorInfo> tensors_;
   std::unordered_map<std::string, size_t> index_;  // name -> position in tensors_.
