@@ -100,10 +100,12 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
   return p;
 }
 
-absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
-    ModelShard& shard, const v1::ModelConfig& config, const std::string& directory, int64_t step,
-    absl::Time deadline, const std::function<bool()>& cancelled, absl::Duration pause_for_tests,
-    CheckpointHolds holds) {
+absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(ModelShard& shard,
+                                                     const v1::ModelConfig& config,
+                                                     const std::string& directory, int64_t step,
+                                                     absl::Time deadline,
+                                                     const std::function<bool()>& cancelled,
+                                                     CheckpointHolds holds, FileEnv* env) {
   absl::StatusOr<CheckpointPartWritten> result = absl::InternalError("checkpoint not written");
   absl::Status status = shard.CheckpointAt(
       step, deadline, cancelled,
@@ -111,11 +113,9 @@ absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
         result = WriteCheckpointPart(
             directory, config, shard.options().shard_index, ProgressToProto(progress),
             [&](int section, uint64_t offset, uint64_t count, float* out) {
-              if (section == 1 && offset == 0 && pause_for_tests > absl::ZeroDuration()) {
-                absl::SleepFor(pause_for_tests);
-              }
               return read(section - 1, offset, count, out);
-            });
+            },
+            env);
         return result.status();
       },
       holds);

@@ -563,8 +563,8 @@ void ShardServiceImpl::RunCheckpointer(Model* model) {
     holds.already_held = true;
     holds.hold_next = next + every;
     absl::StatusOr<CheckpointPartWritten> written =
-        SaveCheckpoint(shard, model->config, dir, next, absl::InfiniteFuture(), stopping,
-                       options_.checkpoint_pause_for_tests, holds);
+        SaveCheckpoint(shard, model->config, dir, next, absl::InfiniteFuture(), stopping, holds,
+                       options_.file_env);
     if (written.ok()) {
       if (written->bytes > 0) {
         LogInfo("model '%s': saved step %d to %s (%d bytes)%s", model->config.model_id(), next,
@@ -572,8 +572,8 @@ void ShardServiceImpl::RunCheckpointer(Model* model) {
                 written->committed ? "; checkpoint committed" : "");
       }
       if (options_.checkpoint_keep > 0) {
-        absl::StatusOr<int> pruned =
-            PruneCheckpoints(root, options_.shard_index, options_.checkpoint_keep);
+        absl::StatusOr<int> pruned = PruneCheckpoints(root, options_.shard_index,
+                                                      options_.checkpoint_keep, options_.file_env);
         if (!pruned.ok()) {
           LogError("model '%s': removing old checkpoints: %s", model->config.model_id(),
                    pruned.status().ToString());
@@ -612,7 +612,7 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
   const int64_t step = request->step() == -1 ? shard.version() : request->step();
   absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
       shard, (*model)->config, request->directory(), step, absl::FromChrono(context->deadline()),
-      [context] { return context->IsCancelled(); });
+      [context] { return context->IsCancelled(); }, CheckpointHolds(), options_.file_env);
   if (!written.ok()) return Error(written.status());
   LogInfo("model '%s': checkpoint of step %d: %s%s", request->model_id(), step, written->data_file,
           written->committed ? " (committed the manifest)" : "");

@@ -49,8 +49,9 @@ struct ShardServerOptions {
   int64_t checkpoint_every = 0;
   // Periodic checkpoints kept per model (older ones are removed); 0 keeps all.
   int checkpoint_keep = 0;
-  // Fault-injection tests: periodic checkpoints stall this long mid-write.
-  absl::Duration checkpoint_pause_for_tests;
+  // What checkpoints are written and pruned through (not owned; must outlive
+  // the server). Tests put a FileEnvWrapper here.
+  FileEnv* file_env = FileEnv::Default();
   // Before serving, restore the models found here (see RestoreFrom).
   std::string restore_from;
 };

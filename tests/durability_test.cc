@@ -273,8 +273,12 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
   const std::string ckpt = root + "/ckpt";
   const std::vector<std::string> flags = {
       "--checkpoint_dir=" + ckpt, "--checkpoint_every=4", "--restore_from=" + ckpt,
-      "--fault_injection_checkpoint_pause_ms=100", absl::StrCat("--checkpoint_keep=", keep)};
-  auto servers = StartCluster(kShards, flags);
+      "--pause_checkpoint_data_writes_ms=100", absl::StrCat("--checkpoint_keep=", keep)};
+  // The production program with a FileEnv that stalls each checkpoint data
+  // file after its header, so that kills can land mid-write.
+  ServerPlacement faulty;
+  faulty.binary = "tests/fault_injecting_server";
+  auto servers = StartCluster(kShards, flags, faulty);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> addresses = Addresses(*servers);
 
@@ -306,7 +310,7 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
     ASSERT_TRUE((*servers)[victim]->process().Wait(absl::Seconds(10)).has_value());
     std::vector<std::string> restart = flags;
     restart.push_back("--listen=" + addresses[victim]);
-    auto restarted = ServerProcess::Start(victim, kShards, restart);
+    auto restarted = ServerProcess::Start(victim, kShards, restart, faulty);
     ASSERT_TRUE(restarted.ok()) << restarted.status();
     (*servers)[victim] = std::move(*restarted);
     bool finished = true;

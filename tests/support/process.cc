@@ -96,7 +96,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
                                    "--device=cpu",
                                    "--port_file=" + port_file};
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
-  std::string binary = Runfile("server/shardopt_server");
+  std::string binary = Runfile(placement.binary);
+  const std::string name = placement.binary.substr(placement.binary.rfind('/') + 1);
   if (!placement.launcher.empty()) {
     args.insert(args.begin(), binary);
     args.insert(args.begin(), placement.launcher.begin() + 1, placement.launcher.end());
@@ -115,18 +116,19 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
       return server;
     }
     if (server->process_->Wait(absl::Milliseconds(10))) {
-      return absl::InternalError("shardopt_server exited during start-up");
+      return absl::InternalError(absl::StrCat(name, " exited during start-up"));
     }
   }
-  return absl::DeadlineExceededError("shardopt_server did not report its port in 30 s");
+  return absl::DeadlineExceededError(absl::StrCat(name, " did not report its port in 30 s"));
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
-    uint32_t shard_count, const std::vector<std::string>& extra_flags) {
+    uint32_t shard_count, const std::vector<std::string>& extra_flags,
+    const ServerPlacement& placement) {
   std::vector<std::unique_ptr<ServerProcess>> servers;
   for (uint32_t i = 0; i < shard_count; ++i) {
     absl::StatusOr<std::unique_ptr<ServerProcess>> s =
-        ServerProcess::Start(i, shard_count, extra_flags);
+        ServerProcess::Start(i, shard_count, extra_flags, placement);
     if (!s.ok()) return s.status();
     servers.push_back(std::move(*s));
   }

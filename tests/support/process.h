@@ -2,9 +2,10 @@
 //
 // ChildProcess runs a binary with arguments, its stdout/stderr going to the
 // test's log, and is killed (SIGKILL) and reaped when destroyed if still
-// running. ServerProcess starts `shardopt_server` on 127.0.0.1 (or another
-// placement) with port 0 and waits (bounded) for the port file, so ports
-// never collide.
+// running. ServerProcess starts `shardopt_server` (or a test server that runs
+// the same program, such as tests/fault_injecting_server) on 127.0.0.1 (or
+// another placement) with port 0 and waits (bounded) for the port file, so
+// ports never collide.
 #ifndef SHARDOPT_TESTS_SUPPORT_PROCESS_H_
 #define SHARDOPT_TESTS_SUPPORT_PROCESS_H_
 
@@ -45,12 +46,14 @@ class ChildProcess {
   std::optional<int> exit_code_;
 };
 
-// Where a server runs: on 127.0.0.1 of the test's own network, or on `host`
-// through `launcher` (a command prefix such as IsolatedHost::Wrap's
-// "ip netns exec NAME", which must exec the server in place).
+// Where and what a server runs: on 127.0.0.1 of the test's own network, or on
+// `host` through `launcher` (a command prefix such as IsolatedHost::Wrap's
+// "ip netns exec NAME", which must exec the server in place); the binary
+// `binary` (a runfile: the test needs it in its data).
 struct ServerPlacement {
   std::string host = "127.0.0.1";
   std::vector<std::string> launcher;
+  std::string binary = "server/shardopt_server";
 };
 
 class ServerProcess {
@@ -81,7 +84,8 @@ absl::Status RunTool(const std::vector<std::string>& argv);
 // Starts S servers (shard 0..S-1 of S) with `extra_flags`; their addresses
 // in shard order.
 absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
-    uint32_t shard_count, const std::vector<std::string>& extra_flags = {});
+    uint32_t shard_count, const std::vector<std::string>& extra_flags = {},
+    const ServerPlacement& placement = {});
 std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProcess>>& servers);
 
 }  // namespace shardopt::testing

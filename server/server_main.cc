@@ -1,0 +1,174 @@
+#include "server/server_main.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "common/logging.h"
+#include "server/device_support.h"
+#include "server/malloc_tuning.h"
+#include "server/shard_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "Address to listen on; port 0 picks a free port (see --port_file).");
+ABSL_FLAG(uint32_t, shard_index, 0, "This server's shard index, in [0, shard_count).");
+ABSL_FLAG(uint32_t, shard_count, 1, "Number of shards the models are split into.");
+ABSL_FLAG(std::string, device, "auto",
+          "Where model state lives and updates run: cpu, cuda:N, or auto (the first usable "
+          "GPU, else the CPU).");
+ABSL_FLAG(bool, device_fallback_to_cpu, false,
+          "With --device=cuda:N: use the CPU (with a warning) when that GPU is not usable, "
+          "instead of exiting.");
+ABSL_FLAG(int, threads, 0, "Optimizer threads; 0 = number of CPUs.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the bound port is written to this file (atomically) once serving.");
+ABSL_FLAG(int, pull_chunk_kib, 1024,
+          "KiB of parameters per PullParameters message, in [1, 32768]. Clients must accept "
+          "messages this large plus a few bytes (gRPC's default limit is 4 MiB).");
+ABSL_FLAG(int, stream_idle_timeout_s, 60,
+          "Cancel push and register streams that send nothing for this many seconds "
+          "(0 = never).");
+ABSL_FLAG(int, max_threads, 1024,
+          "Most threads gRPC may use for calls; calls beyond get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint64_t, max_state_mib, 0,
+          "Refuse registrations past this much model state (parameters, optimizer slots, "
+          "per-trainer staging) in MiB; 0 = 3/4 of physical memory, or of the GPU's memory "
+          "when the state is on a GPU.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Periodic checkpoints (with --checkpoint_every) go to DIR/<model_id>/step-<N>/. "
+          "A directory every shard of the job can write (shared filesystem).");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "Save every model at each version that is a multiple of this (0 = off).");
+ABSL_FLAG(int, checkpoint_keep, 0,
+          "Keep this many committed periodic checkpoints per model and remove older ones "
+          "(each shard its own files); 0 keeps all. Keep at least 2: a shard that dies while "
+          "writing one restarts from the one before.");
+ABSL_FLAG(std::string, restore_from, "",
+          "Before serving, load models from this checkpoint directory, or from the latest "
+          "committed checkpoint of each model under this --checkpoint_dir-style root (none "
+          "there is fine: start empty). The checkpoint may come from any shard count.");
+
+namespace shardopt {
+
+int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_env) {
+  absl::SetProgramUsageMessage("shardopt optimizer-shard server");
+  absl::ParseCommandLine(argc, argv);
+  SetLogTag(absl::StrCat("shardopt_server[", absl::GetFlag(FLAGS_shard_index), "]"));
+
+  if (!TuneMallocForLargeMessages()) {
+    LogWarning("glibc refused the malloc settings for large messages");
+  }
+
+  // Block the shutdown signals before any thread starts, so that only the
+  // sigwait below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  ShardServerOptions options;
+  options.shard_index = absl::GetFlag(FLAGS_shard_index);
+  options.shard_count = absl::GetFlag(FLAGS_shard_count);
+  if (options.shard_count == 0 || options.shard_index >= options.shard_count) {
+    LogError("--shard_index=%d must be below --shard_count=%d", options.shard_index,
+             options.shard_count);
+    return 2;
+  }
+  absl::StatusOr<DeviceSelection> device =
+      SelectShardDevice(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_device_fallback_to_cpu));
+  if (!device.ok()) {
+    LogError("%s (use --device=cpu, or --device_fallback_to_cpu)", device.status().ToString());
+    return 2;
+  }
+  if (!device->note.empty()) {
+    LogWarning("--device=%s: %s; updating on the CPU", absl::GetFlag(FLAGS_device), device->note);
+  }
+  LogInfo("model state and updates on %s", device->description);
+  options.gpu_index = device->gpu_index;
+  options.threads = absl::GetFlag(FLAGS_threads);
+  if (options.threads <= 0) {
+    options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  const int pull_chunk_kib = absl::GetFlag(FLAGS_pull_chunk_kib);
+  if (pull_chunk_kib < 1 || pull_chunk_kib > 32768) {
+    LogError("--pull_chunk_kib=%d is not in [1, 32768]", pull_chunk_kib);
+    return 2;
+  }
+  options.pull_chunk_bytes = static_cast<size_t>(pull_chunk_kib) << 10;
+  options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
+  options.max_threads = absl::GetFlag(FLAGS_max_threads);
+
+  const uint64_t max_state_mib = absl::GetFlag(FLAGS_max_state_mib);
+  if (max_state_mib > (~uint64_t{0} >> 20)) {
+    LogError("--max_state_mib=%d is too large", max_state_mib);
+    return 2;
+  }
+  options.max_state_bytes = max_state_mib << 20;
+  if (options.max_state_bytes == 0 && device->gpu_index >= 0) {
+    // The state lives in the GPU's memory; host RAM holds only small pinned
+    // staging buffers.
+    options.max_state_bytes = device->memory_bytes / 4 * 3;
+  } else if (options.max_state_bytes == 0) {
+    const uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                              static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    options.max_state_bytes = physical / 4 * 3;
+  }
+
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  if (options.checkpoint_every < 0 ||
+      (options.checkpoint_every > 0) != !options.checkpoint_dir.empty()) {
+    LogError("--checkpoint_every (> 0) and --checkpoint_dir go together");
+    return 2;
+  }
+  options.restore_from = absl::GetFlag(FLAGS_restore_from);
+  options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  if (options.checkpoint_keep < 0 || options.checkpoint_keep == 1) {
+    // With one, a shard that died while writing the newest could find its
+    // peers have already removed the one it restarts from.
+    LogError("--checkpoint_keep must be 0 (keep all) or at least 2");
+    return 2;
+  }
+  FileEnv* const env = file_env ? file_env() : FileEnv::Default();
+  options.file_env = env;
+
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(listen, options);
+  if (!server.ok()) {
+    LogError("%s", server.status().ToString());
+    return 1;
+  }
+  LogInfo(
+      "shard %d of %d serving on port %d (%s), device %s, %d CPU threads, "
+      "state budget %d MiB",
+      options.shard_index, options.shard_count, (*server)->port(), listen,
+      device->gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", device->gpu_index), options.threads,
+      options.max_state_bytes >> 20);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    if (absl::Status s = WriteFileAtomically(env, port_file, absl::StrCat((*server)->port(), "\n"));
+        !s.ok()) {
+      LogError("cannot write --port_file: %s", s.ToString());
+      return 1;
+    }
+  }
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  LogInfo("received %s; shutting down", strsignal(signal_number));
+  (*server)->Shutdown(absl::Seconds(5));
+  (*server)->Wait();
+  LogInfo("stopped");
+  return 0;
+}
+
+}  // namespace shardopt

@@ -1,0 +1,27 @@
+// fault_injecting_server: shardopt_server (the same program, server/
+// server_main.h) plus flags for fault-injection tests. Never deployed: it
+// lives under tests/ and is testonly.
+//
+//   --pause_checkpoint_data_writes_ms=N  stall every checkpoint data file
+//       (shard-*.bin) N ms after its first write, while it exists only under
+//       its temporary name, so that a test can kill the server mid-checkpoint
+//       (tests/durability_test.cc). 0: no pause.
+#include <cstdint>
+
+#include "absl/flags/flag.h"
+#include "absl/time/time.h"
+#include "common/file.h"
+#include "server/server_main.h"
+#include "tests/support/pausing_file_env.h"
+
+ABSL_FLAG(int64_t, pause_checkpoint_data_writes_ms, 0,
+          "Stall each checkpoint data file (shard-*.bin) this long after its first write.");
+
+int main(int argc, char** argv) {
+  // The env is never freed: the server uses it until the process ends.
+  return shardopt::RunShardServer(argc, argv, []() -> shardopt::FileEnv* {
+    return new shardopt::testing::PausingFileEnv(
+        shardopt::FileEnv::Default(),
+        absl::Milliseconds(absl::GetFlag(FLAGS_pause_checkpoint_data_writes_ms)));
+  });
+}
