@@ -1,5 +1,7 @@
 // ModelShard: one model's optimizer state on one shard, and the synchronous
 // step protocol around it. Knows nothing of gRPC; the service translates.
+// The protocol's states and transitions are StepState's (server/step_state.h);
+// ModelShard drives them under its lock and runs the backend's work.
 //
 // State: fp32 master parameters of this shard's flat range, the optimizer's
 // slots, and one staging buffer per trainer. Versions: 0 is the initial
@@ -41,7 +43,9 @@
 #include "common/loss_scaler.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
+#include "common/step_protocol.h"
 #include "server/parallel_for.h"
+#include "server/step_state.h"
 #include "server/update_backend.h"
 
 namespace shardopt {
@@ -67,40 +71,6 @@ struct ModelShardOptions {
   bool needs_decision() const { return max_grad_norm > 0 || loss_scaling; }
 };
 
-// A shard's part of a step's global decision, once all trainers pushed.
-struct StepStats {
-  int64_t step = 0;
-  double sum_of_squares = 0;  // Of the unscaled reduced gradient, this range.
-  bool found_inf = false;     // Some trainer's gradient here had inf/NaN.
-  double loss_scale = 1;
-};
-
-// What every shard does with a step that needs a decision.
-struct StepDecision {
-  bool skip = false;       // Leave parameters and optimizer state as they are.
-  double clip_coef = 1.0;  // Gradient multiplier (after unscaling), <= 1.
-  double grad_norm = 0;    // The global norm it came from (for the record).
-  // Equal when they apply the same: skip alike, or the same fp32 multiplier.
-  bool operator==(const StepDecision& o) const {
-    return skip == o.skip &&
-           (skip || static_cast<float>(clip_coef) == static_cast<float>(o.clip_coef));
-  }
-};
-
-// What happened at a step, for inspection.
-struct StepRecord {
-  int64_t step = 0;
-  StepDecision decision;
-  double loss_scale = 1;
-  double lr = 0;
-};
-
-// The optimizer's hyperparameters and lr schedule from some step on.
-struct Hyperparameters {
-  OptimizerConfig optimizer;
-  LrSchedule lr_schedule;
-};
-
 // kAwaitingDecision: this push completed the step's gradients; the step
 // waits for Decide().
 enum class PushOutcome { kAccepted, kApplied, kDuplicate, kAlreadyApplied, kAwaitingDecision };
@@ -116,23 +86,6 @@ struct PushResult {
 struct TensorPieceStats {
   TensorPiece piece;
   double l2_norm = 0, min = 0, max = 0, mean = 0;
-};
-
-// The step protocol's state besides the numbers: what a checkpoint keeps so
-// that a restored shard continues exactly where the saved one was.
-struct ShardProgress {
-  int64_t version = 0;
-  int64_t optimizer_steps = 0;  // Updates applied (skips excluded).
-  int64_t skipped_steps = 0;
-  Hyperparameters current;                         // In force for step version + 1.
-  std::map<int64_t, Hyperparameters> scheduled;    // Changes still to come.
-  std::map<int64_t, Hyperparameters> took_effect;  // Changes in force, for repeats.
-  double last_lr = 0;                              // Of the last applied step.
-  double version_lr = 0;                           // Of step `version`, applied or skipped.
-  StepRecord last_step;                            // With gradient control.
-  std::string run_id;                              // The training run.
-  StepStats last_stats;  // This shard's part of the last decided step's statistics.
-  std::optional<LossScaler::State> loss_scaler;  // The replica, if any.
 };
 
 // Reads the state at one version (see ModelShard::CheckpointAt). `slot` -1 is
@@ -169,6 +122,7 @@ struct ShardSnapshot {
   StepRecord last_step;                    // With gradient control.
   int64_t optimizer_steps = 0;             // Updates applied (skips excluded).
   int64_t skipped_steps = 0;
+  std::vector<TrainerActivity> trainers;   // By rank.
 };
 
 class ModelShard {
@@ -302,8 +256,6 @@ class ModelShard {
   uint64_t size() const { return range_.size(); }
 
  private:
-  enum class SlotState { kEmpty, kReceiving, kComplete };
-
   ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend);
 
   // Waits until `ready` holds (OK), the deadline passes (DEADLINE_EXCEEDED)
@@ -311,63 +263,32 @@ class ModelShard {
   absl::Status AwaitOrCancel(const absl::Condition& ready, absl::Time deadline,
                              const std::function<bool()>& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DEADLINE_EXCEEDED saying what `what` waited for: the trainers that have
+  // not pushed, the decision, the checkpoint.
+  absl::Status WaitExpired(const std::string& what, int64_t min_version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<PushResult> CommitPush(uint32_t rank, int64_t step, bool found_inf,
                                         double loss_scale);
-  // The config of step `step`: scheduled changes up to it take effect.
-  OptimizerConfig ConfigForStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a backend failure: the shard refuses all later work.
-  absl::Status FailLocked(int64_t step, const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the step every push of which is in: applies it, or (with gradient
+  // control) reduces it and reports; the step state says which.
+  absl::StatusOr<PushResult> RunCompleteStep(int64_t step);
   void AbortPush(uint32_t rank, int64_t step);
-  // Waits while a checkpoint holds the current version (see CheckpointAt);
-  // then the caller may start applying the next step.
-  void AwaitNoCheckpointHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // INTERNAL (and the shard refuses all later work) if the backend failed.
-  absl::Status ApplyStep(int64_t step, const OptimizerConfig& config);
-  uint32_t PendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Describes flat-range element `index` as "tensor 'w'[12]" for messages.
   std::string DescribeElement(uint64_t index) const;
 
   const ModelShardOptions options_;
   const FlatRange range_;
 
-  // Step protocol.
-  mutable absl::Mutex mu_;
-  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<SlotState> slots_ ABSL_GUARDED_BY(mu_);
+  // Lock order: mu_ before params_mu_. Work on the backend's data (reduce,
+  // update, reads) runs without mu_.
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(params_mu_);
+  StepState state_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  // Gradient control: the step waiting for a decision, its stats so far, and
-  // the last decided step.
-  bool awaiting_decision_ ABSL_GUARDED_BY(mu_) = false;
-  StepStats pending_stats_ ABSL_GUARDED_BY(mu_);
-  bool has_pending_loss_scale_ ABSL_GUARDED_BY(mu_) = false;
-  StepRecord last_step_ ABSL_GUARDED_BY(mu_);
-  StepStats last_stats_ ABSL_GUARDED_BY(mu_);
-  int64_t optimizer_steps_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
 
-  // Set when the backend failed during an update: the state is unknown.
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  // True while step version_ + 1 is being applied (reduced, or updated).
-  bool applying_ ABSL_GUARDED_BY(mu_) = false;
-  // True while the update itself changes the parameters and slots.
-  bool params_changing_ ABSL_GUARDED_BY(mu_) = false;
-  Hyperparameters current_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Hyperparameters> scheduled_ ABSL_GUARDED_BY(mu_);
-  // Changes already in force, so that repeats of them stay harmless.
-  std::map<int64_t, Hyperparameters> took_effect_ ABSL_GUARDED_BY(mu_);
-  double last_lr_ ABSL_GUARDED_BY(mu_) = 0;
-  double version_lr_ ABSL_GUARDED_BY(mu_) = 0;  // Of step version_, applied or skipped.
-  // Checkpoints waiting for or writing a version: its next step waits.
-  std::map<int64_t, int> checkpoint_holds_ ABSL_GUARDED_BY(mu_);
-  bool pushed_ ABSL_GUARDED_BY(mu_) = false;  // Some push has begun.
-  std::string run_id_ ABSL_GUARDED_BY(mu_);
-  std::optional<LossScaler> loss_scaler_ ABSL_GUARDED_BY(mu_);
-
-  // Guards the backend's parameters: Apply holds it exclusively, reads
+  // Guards the backend's parameters: updates hold it exclusively, reads
   // shared. Staging of rank r is written only by rank r's PushWriter while
-  // its slot is kReceiving, and read only by Apply once every slot is
+  // its slot is kReceiving, and read only by the update once every slot is
   // kComplete, so it needs no lock.
   absl::Mutex params_mu_;
   int64_t params_version_ ABSL_GUARDED_BY(params_mu_) = 0;

@@ -1,0 +1,70 @@
+// HyperparameterSchedule: which optimizer hyperparameters and lr schedule a
+// shard uses at each step. Pure state (no locks, no I/O); StepState owns one
+// and tells it where the step protocol stands.
+//
+// A change names the step it starts at. It may be scheduled while that step
+// has not started on this shard; it takes effect when the step starts
+// (TakeEffect); an identical repeat is harmless before and after it took
+// effect (a retry after a lost reply, a restarted shard's trainers sending
+// what it lost), a different change for the same step is refused, and a
+// change still to come can be cancelled.
+#ifndef SHARDOPT_SERVER_HYPERPARAMETER_SCHEDULE_H_
+#define SHARDOPT_SERVER_HYPERPARAMETER_SCHEDULE_H_
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/lr_schedule.h"
+#include "common/optimizer_config.h"
+
+namespace shardopt {
+
+// The optimizer's hyperparameters and lr schedule from some step on.
+struct Hyperparameters {
+  OptimizerConfig optimizer;
+  LrSchedule lr_schedule;
+  bool operator==(const Hyperparameters& o) const {
+    return optimizer == o.optimizer && lr_schedule == o.lr_schedule;
+  }
+  bool operator!=(const Hyperparameters& o) const { return !(*this == o); }
+};
+
+class HyperparameterSchedule {
+ public:
+  explicit HyperparameterSchedule(Hyperparameters initial) : current_(std::move(initial)) {}
+
+  // `version`: the shard's version; `next_started`: step version + 1 has
+  // started (is being reduced, awaits its decision or is being applied).
+  // FAILED_PRECONDITION for a step applied or started, or one with another
+  // change scheduled or in force. `next` has been validated by the caller.
+  absl::Status Schedule(int64_t effective_step, const Hyperparameters& next, int64_t version,
+                        bool next_started);
+  // OK when there is nothing to cancel; FAILED_PRECONDITION once the change
+  // has taken effect (or its step has started).
+  absl::Status Cancel(int64_t effective_step, int64_t version, bool next_started);
+
+  // The config step `step` runs with (its lr from the schedule): the changes
+  // scheduled up to `step` take effect first.
+  OptimizerConfig TakeEffect(int64_t step);
+
+  const Hyperparameters& current() const { return current_; }  // For the next step.
+  const std::map<int64_t, Hyperparameters>& scheduled() const { return scheduled_; }
+  const std::map<int64_t, Hyperparameters>& took_effect() const { return took_effect_; }
+  std::vector<int64_t> ScheduledSteps() const;
+
+  // Replaces everything (a restored shard).
+  void Restore(Hyperparameters current, std::map<int64_t, Hyperparameters> scheduled,
+               std::map<int64_t, Hyperparameters> took_effect);
+
+ private:
+  Hyperparameters current_;
+  std::map<int64_t, Hyperparameters> scheduled_;
+  // Changes already in force, so that repeats of them stay harmless.
+  std::map<int64_t, Hyperparameters> took_effect_;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_HYPERPARAMETER_SCHEDULE_H_

@@ -1,0 +1,283 @@
+// ModelShard's reads of its state: pulls, inspection, checkpoints (and the
+// holds that keep their step boundary), restores.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype_convert.h"
+#include "common/finite.h"
+#include "server/model_shard.h"
+
+namespace shardopt {
+namespace {
+
+// Parameters read at a time for inspection statistics.
+constexpr uint64_t kStatsBlockElements = 1 << 16;
+// Parameters converted at a time for 16-bit pulls.
+constexpr uint64_t kConvertBlockElements = 1 << 16;
+
+// A parameter that a 16-bit pull cannot carry: a master weight beyond the
+// type's range, or one that is itself not finite.
+absl::Status PullOverflowError(const std::string& element, float value, DType dtype) {
+  if (!std::isfinite(value)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter ", element, " is ", value, ": the master weights are no longer finite"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("parameter ", element, " is ", value, ", which overflows ", DTypeName(dtype),
+                   dtype == DType::kFloat16 ? "; pull float32 or bfloat16" : "; pull float32"));
+}
+
+}  // namespace
+
+void ModelShard::HoldStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  state_.AddHold(step);
+}
+
+void ModelShard::ReleaseStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  ReleaseStepLocked(step);
+}
+
+void ModelShard::ReleaseStepLocked(int64_t step) {
+  state_.ReleaseHold(step);
+}
+
+absl::Status ModelShard::CheckpointAt(
+    int64_t step, absl::Time deadline, const std::function<bool()>& cancelled,
+    const std::function<absl::Status(const ShardProgress&, const ShardStateReadFn&)>& write,
+    CheckpointHolds holds) {
+  ShardProgress progress;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!holds.already_held) state_.AddHold(step);
+    // Taken first, whatever happens below: the caller counts on it.
+    if (holds.hold_next >= 0) state_.AddHold(holds.hold_next);
+    if (step < 0) {
+      ReleaseStepLocked(step);
+      return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
+    }
+    if (state_.failed()) {
+      ReleaseStepLocked(step);
+      return state_.failure();
+    }
+    // (A step that is only being reduced, waiting for its decision, has not
+    // touched the parameters: its version can still be saved.)
+    const int64_t version = state_.version();
+    if (version > step || (version == step && state_.updating())) {
+      ReleaseStepLocked(step);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", options_.shard_index, " of model '", options_.model_id, "' is at version ",
+          version, state_.updating() ? " (applying the next step)" : "", ", past step ", step,
+          ": checkpoint a later step"));
+    }
+    struct Waiting {
+      const ModelShard* shard;
+      int64_t step;
+    } waiting{this, step};
+    const absl::Condition reached(
+        +[](Waiting* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return w->shard->shutdown_ || w->shard->state_.failed() ||
+                 w->shard->state_.version() >= w->step;
+        },
+        &waiting);
+    absl::Status waited = AwaitOrCancel(reached, deadline, cancelled);
+    if (waited.ok() && state_.version() != step) {
+      waited = state_.failed() ? state_.failure()
+                               : absl::UnavailableError("the shard server is shutting down");
+    }
+    if (!waited.ok()) {
+      ReleaseStepLocked(step);
+      if (absl::IsDeadlineExceeded(waited)) {
+        return WaitExpired(absl::StrCat("version ", step, " (to checkpoint)"), step);
+      }
+      return waited;
+    }
+    progress = state_.Progress();
+  }
+  absl::Status written;
+  {
+    absl::ReaderMutexLock lock(&params_mu_);
+    const ShardStateReadFn read = [this](int slot, uint64_t offset, uint64_t count,
+                                         float* out) -> absl::Status {
+      if (slot < 0) {
+        if (offset > range_.size() || count > range_.size() - offset) {
+          return absl::OutOfRangeError("read outside the range");
+        }
+        return backend_->Read(offset, count, out);
+      }
+      return backend_->ReadSlot(slot, offset, count, out);
+    };
+    written = write(progress, read);
+  }
+  absl::MutexLock lock(&mu_);
+  ReleaseStepLocked(step);
+  return written;
+}
+
+absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardStateReadFn& read_slot) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = state_.CheckRestore(progress); !s.ok()) return s;
+  }
+  if (absl::Status s = progress.current.optimizer.Validate(); !s.ok()) return s;
+  if (absl::Status s = options_.optimizer.CheckCanChangeTo(progress.current.optimizer); !s.ok()) {
+    return s;
+  }
+  // Through a bounded buffer: a range can be gigabytes.
+  constexpr uint64_t kBlock = uint64_t{1} << 20;
+  std::vector<float> block;
+  const int slots = options_.optimizer.StateSlotsPerElement();
+  for (int slot = 0; slot < slots; ++slot) {
+    for (uint64_t done = 0; done < range_.size(); done += kBlock) {
+      const uint64_t n = std::min<uint64_t>(kBlock, range_.size() - done);
+      block.resize(n);
+      if (absl::Status s = read_slot(slot, done, n, block.data()); !s.ok()) return s;
+      if (size_t bad = FindNonFinite(block.data(), n); bad != n) {
+        return absl::DataLossError(absl::StrCat("saved optimizer state ",
+                                                options_.optimizer.StateSlotNames()[slot], " of ",
+                                                DescribeElement(done + bad), " is ", block[bad]));
+      }
+      if (absl::Status s = backend_->WriteSlot(slot, done, n, block.data()); !s.ok()) return s;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  // (Checked again: a concurrent restore may have won.)
+  if (absl::Status s = state_.CheckRestore(progress); !s.ok()) return s;
+  state_.Restore(progress);
+  absl::MutexLock params_lock(&params_mu_);
+  params_version_ = progress.version;
+  return absl::OkStatus();
+}
+
+absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64_t count,
+                                        float* out) {
+  return ReadParameters(version, offset, count, DType::kFloat32, out);
+}
+
+absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64_t count,
+                                        DType dtype, void* out) {
+  if (offset > range_.size() || count > range_.size() - offset) {
+    return absl::OutOfRangeError(
+        absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
+  }
+  absl::ReaderMutexLock lock(&params_mu_);
+  if (params_version_ != version) {
+    return absl::AbortedError(absl::StrCat("parameters moved from version ", version, " to ",
+                                           params_version_, " during the pull; retry"));
+  }
+  absl::StatusOr<bool> native_bf16 = false;
+  if (dtype == DType::kBFloat16) native_bf16 = backend_->ReadBFloat16(offset, count, out);
+  if (!native_bf16.ok()) return native_bf16.status();
+  if (dtype == DType::kFloat32) {
+    if (absl::Status s = backend_->Read(offset, count, static_cast<float*>(out)); !s.ok()) {
+      return s;
+    }
+  } else if (*native_bf16) {
+    // The backend's own bf16 copy: checked as the conversion below checks.
+    if (size_t bad = FindNonFiniteOfType(out, count, dtype); bad != count) {
+      float value = 0;
+      if (absl::Status s = backend_->Read(offset + bad, 1, &value); !s.ok()) return s;
+      return PullOverflowError(DescribeElement(offset + bad), value, dtype);
+    }
+  } else {
+    // Through a bounded fp32 buffer per thread, block by block.
+    thread_local std::vector<float> wide(kConvertBlockElements);
+    char* narrow = static_cast<char*>(out);
+    for (uint64_t done = 0; done < count; done += kConvertBlockElements) {
+      const uint64_t n = std::min<uint64_t>(kConvertBlockElements, count - done);
+      if (absl::Status s = backend_->Read(offset + done, n, wide.data()); !s.ok()) return s;
+      char* block = narrow + done * DTypeSize(dtype);
+      // fp16 tops out at 65504: a larger master weight would arrive as inf.
+      if (size_t bad = ConvertFromFloatAndFindNonFinite(wide.data(), n, dtype, block); bad != n) {
+        return PullOverflowError(DescribeElement(offset + done + bad), wide[bad], dtype);
+      }
+    }
+  }
+  parameter_bytes_sent_.fetch_add(count * DTypeSize(dtype), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_name,
+                                                   uint64_t slice_offset, uint32_t slice_length,
+                                                   bool with_tensor_stats) {
+  if (slice_offset >= range_.size() && slice_length > 0) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "slice offset ", slice_offset, " is past the range of ", range_.size(), " elements"));
+  }
+  std::optional<size_t> only;
+  if (!tensor_name.empty()) {
+    absl::StatusOr<size_t> index = options_.layout.Find(tensor_name);
+    if (!index.ok()) return index.status();
+    only = *index;
+  }
+  ShardSnapshot snap;
+  {
+    absl::MutexLock lock(&mu_);
+    snap.version = state_.version();
+    snap.trainers_pushed = state_.TrainersPushed();
+    snap.current = state_.schedule().current();
+    snap.last_lr = state_.last_lr();
+    snap.last_step = state_.last_step();
+    snap.optimizer_steps = state_.optimizer_steps();
+    snap.skipped_steps = state_.skipped_steps();
+    snap.scheduled_changes = state_.schedule().ScheduledSteps();
+    snap.trainers = state_.trainers();
+  }
+  snap.parameter_bytes = backend_->parameter_bytes();
+  snap.optimizer_state_bytes = backend_->optimizer_state_bytes();
+  snap.staging_bytes = backend_->staging_bytes();
+  snap.gradient_bytes_received = gradient_bytes_received_.load(std::memory_order_relaxed);
+  snap.parameter_bytes_sent = parameter_bytes_sent_.load(std::memory_order_relaxed);
+  if (!with_tensor_stats && slice_length == 0) return snap;
+
+  // Statistics and values must describe one version: read that version under
+  // the same lock as the values (an update may have finished since above).
+  absl::ReaderMutexLock lock(&params_mu_);
+  snap.version = params_version_;
+  std::vector<float> block;
+  for (const TensorPiece& piece : options_.layout.PiecesIn(range_)) {
+    if (!with_tensor_stats) break;
+    if (only && piece.tensor_index != *only) continue;
+    TensorPieceStats stats;
+    stats.piece = piece;
+    double sum = 0, sum_sq = 0;
+    double lo = std::numeric_limits<double>::infinity();
+    double hi = -lo;
+    // In blocks: the backend may hold the parameters in device memory.
+    for (uint64_t done = 0; done < piece.size;) {
+      const uint64_t n = std::min<uint64_t>(piece.size - done, kStatsBlockElements);
+      block.resize(n);
+      absl::Status read = backend_->Read(piece.flat_offset - range_.begin + done, n, block.data());
+      if (!read.ok()) return read;
+      for (float f : block) {
+        const double x = f;
+        sum += x;
+        sum_sq += x * x;
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+      }
+      done += n;
+    }
+    stats.l2_norm = std::sqrt(sum_sq);
+    stats.min = lo;
+    stats.max = hi;
+    stats.mean = sum / static_cast<double>(piece.size);
+    snap.tensors.push_back(stats);
+  }
+  if (with_tensor_stats && only && snap.tensors.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", tensor_name, "' has no elements on shard ", options_.shard_index));
+  }
+  if (slice_length > 0) {
+    const uint64_t end = std::min<uint64_t>(range_.size(), slice_offset + slice_length);
+    snap.values.resize(end - slice_offset);
+    absl::Status read = backend_->Read(slice_offset, end - slice_offset, snap.values.data());
+    if (!read.ok()) return read;
+  }
+  return snap;
+}
+
+}  // namespace shardopt
