@@ -1,10 +1,7 @@
 #include "client/push_journal.h"
 
-#include <unistd.h>
-
-#include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,55 +21,57 @@ struct Header {
   uint32_t reserved;
 };
 
+constexpr size_t kFixedBytes = sizeof(kMagic) + sizeof(Header);
+
 }  // namespace
 
 absl::Status WritePushJournal(const std::string& path, const JournaledPush& push, const void* data,
-                              size_t bytes) {
-  const std::string temp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    Header h{push.step,
-             push.loss_scale,
-             bytes,
-             push.trainer_rank,
-             static_cast<uint32_t>(push.dtype),
-             static_cast<uint32_t>(push.model_id.size()),
-             0};
-    out.write(kMagic, sizeof(kMagic));
-    out.write(reinterpret_cast<const char*>(&h), sizeof(h));
-    out.write(push.model_id.data(), static_cast<std::streamsize>(push.model_id.size()));
-    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-    if (!out.good()) return absl::InternalError(absl::StrCat(temp, ": cannot write the journal"));
+                              size_t bytes, FileEnv* env) {
+  const Header h{push.step,
+                 push.loss_scale,
+                 bytes,
+                 push.trainer_rank,
+                 static_cast<uint32_t>(push.dtype),
+                 static_cast<uint32_t>(push.model_id.size()),
+                 0};
+  absl::StatusOr<std::unique_ptr<AtomicFileWriter>> file = env->NewAtomicFile(path);
+  if (!file.ok()) return file.status();
+  for (const absl::string_view piece :
+       {absl::string_view(kMagic, sizeof(kMagic)),
+        absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)),
+        absl::string_view(push.model_id), absl::string_view(static_cast<const char*>(data), bytes)}) {
+    if (absl::Status s = (*file)->Append(piece); !s.ok()) return s;
   }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat(path, ": cannot replace the journal"));
-  }
-  return absl::OkStatus();
+  return (*file)->Commit();
 }
 
-absl::StatusOr<JournaledPush> ReadPushJournal(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": no push journal"));
-  char magic[sizeof(kMagic)];
+absl::StatusOr<JournaledPush> ReadPushJournal(const std::string& path, FileEnv* env) {
+  absl::StatusOr<std::string> content = ReadFileToString(env, path);
+  if (absl::IsNotFound(content.status())) {
+    return absl::NotFoundError(absl::StrCat(path, ": no push journal"));
+  }
+  if (!content.ok()) return content.status();
   Header h;
-  in.read(magic, sizeof(magic));
-  in.read(reinterpret_cast<char*>(&h), sizeof(h));
-  if (!in || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0 || h.model_id_bytes > 4096 ||
+  if (content->size() < kFixedBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": not a push journal"));
+  }
+  std::memcpy(&h, content->data() + sizeof(kMagic), sizeof(h));
+  if (std::memcmp(content->data(), kMagic, sizeof(kMagic)) != 0 || h.model_id_bytes > 4096 ||
       h.dtype > static_cast<uint32_t>(DType::kFloat16)) {
     return absl::DataLossError(absl::StrCat(path, ": not a push journal"));
+  }
+  const uint64_t rest = content->size() - kFixedBytes;
+  if (rest < h.model_id_bytes || rest - h.model_id_bytes != h.payload_bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated or overlong push journal"));
   }
   JournaledPush push;
   push.step = h.step;
   push.loss_scale = h.loss_scale;
   push.trainer_rank = h.trainer_rank;
   push.dtype = static_cast<DType>(h.dtype);
-  push.model_id.resize(h.model_id_bytes);
-  in.read(push.model_id.data(), h.model_id_bytes);
-  push.payload.resize(h.payload_bytes);
-  in.read(push.payload.data(), static_cast<std::streamsize>(h.payload_bytes));
-  if (!in || in.peek() != std::char_traits<char>::eof()) {
-    return absl::DataLossError(absl::StrCat(path, ": truncated or overlong push journal"));
-  }
+  push.model_id = content->substr(kFixedBytes, h.model_id_bytes);
+  const char* payload = content->data() + kFixedBytes + h.model_id_bytes;
+  push.payload.assign(payload, payload + h.payload_bytes);
   return push;
 }
 

@@ -1,16 +1,11 @@
-// PushJournal: the last gradient a trainer pushed, kept in a local file so
-// that the trainer, restarted after dying in the middle of that push, can
-// send it again to the shards that missed it.
+// One journaled push: a file holding one step's gradient exactly as a
+// trainer pushed it (model, rank, step, wire dtype, loss scale, payload).
+// PushHistory keeps one such file per step in a trainer's journal directory,
+// so that a restarted trainer can re-send what shards lack, including a push
+// it died in the middle of.
 //
-// Why: without a decision step, a shard applies step k as soon as it holds
-// every trainer's push. A trainer that dies after pushing k to some shards
-// leaves those shards at version k and the others at k - 1, waiting for it;
-// its restarted process cannot recompute the gradient (version k - 1 no
-// longer exists everywhere), but it can re-send the bytes it sent.
-//
-// The file is replaced atomically (temporary file, rename) before every
-// push; it survives the process, not the machine (no fsync: a machine crash
-// loses the shards' staging too).
+// Written atomically through the file layer (common/file.h: temporary file,
+// fsync, rename, fsync of the directory) before the push goes out.
 #ifndef SHARDOPT_CLIENT_PUSH_JOURNAL_H_
 #define SHARDOPT_CLIENT_PUSH_JOURNAL_H_
 
@@ -20,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "common/file.h"
 
 namespace shardopt {
 
@@ -32,11 +28,13 @@ struct JournaledPush {
   std::vector<char> payload;  // The whole flat gradient as pushed (dtype).
 };
 
-// Replaces the journal at `path` with `push` (payload from `data`, `bytes`).
+// Replaces the file at `path` with `push` (payload from `data`, `bytes`).
 absl::Status WritePushJournal(const std::string& path, const JournaledPush& header,
-                              const void* data, size_t bytes);
+                              const void* data, size_t bytes,
+                              FileEnv* env = FileEnv::Default());
 // NOT_FOUND when there is none; DATA_LOSS when it is damaged.
-absl::StatusOr<JournaledPush> ReadPushJournal(const std::string& path);
+absl::StatusOr<JournaledPush> ReadPushJournal(const std::string& path,
+                                              FileEnv* env = FileEnv::Default());
 
 }  // namespace shardopt
 

@@ -103,6 +103,11 @@ class CheckpointReader {
   // fails its checksum or is short.
   absl::Status Read(int section, uint64_t flat_offset, uint64_t count, float* out) const;
 
+  // Reads every block of every part and checks its checksum: OK only when
+  // the whole checkpoint verifies (Open checks sizes and headers, not data).
+  // DATA_LOSS naming the file and block otherwise.
+  absl::Status VerifyEveryBlock() const;
+
  private:
   CheckpointReader() = default;
 

@@ -105,7 +105,7 @@ absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(ModelShard& shard,
                                                      const std::string& directory, int64_t step,
                                                      absl::Time deadline,
                                                      const std::function<bool()>& cancelled,
-                                                     CheckpointHolds holds, FileEnv* env) {
+                                                     ModelShard::StepHold held, FileEnv* env) {
   absl::StatusOr<CheckpointPartWritten> result = absl::InternalError("checkpoint not written");
   absl::Status status = shard.CheckpointAt(
       step, deadline, cancelled,
@@ -118,7 +118,7 @@ absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(ModelShard& shard,
             env);
         return result.status();
       },
-      holds);
+      std::move(held));
   if (!status.ok()) return status;
   return result;
 }

@@ -20,11 +20,12 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
 
 // Writes `shard`'s part of the checkpoint of `config` (the registered
 // config) at version `step` into `directory` (see ModelShard::CheckpointAt
-// for the waiting and WriteCheckpointPart for the files), through `env`.
+// for the waiting and `held` and WriteCheckpointPart for the files),
+// through `env`.
 absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
     ModelShard& shard, const v1::ModelConfig& config, const std::string& directory, int64_t step,
     absl::Time deadline, const std::function<bool()>& cancelled,
-    CheckpointHolds holds = CheckpointHolds(), FileEnv* env = FileEnv::Default());
+    ModelShard::StepHold held = ModelShard::StepHold(), FileEnv* env = FileEnv::Default());
 
 // The options of shard `shard_index` of `shard_count` for `config` (any
 // shard count: config.shard_count is ignored), validated. Also gives the

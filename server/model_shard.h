@@ -50,6 +50,8 @@
 
 namespace shardopt {
 
+class ModelShard;
+
 struct ModelShardOptions {
   std::string model_id;
   ModelLayout layout;
@@ -94,16 +96,6 @@ struct TensorPieceStats {
 using ShardStateReadFn =
     std::function<absl::Status(int slot, uint64_t offset, uint64_t count, float* out)>;
 
-// How ModelShard::CheckpointAt treats holds. With `already_held` the caller
-// took the hold of the step before (with HoldStep, or a previous call's
-// `hold_next`); with `hold_next` >= 0 the hold of that step is taken before
-// this one is released, whatever the outcome. Holds stop holding once the
-// shard shuts down.
-struct CheckpointHolds {
-  bool already_held = false;
-  int64_t hold_next = -1;
-};
-
 // The shard as inspected. `version`, `tensors` and `values` describe one
 // version; `trainers_pushed` and the byte counters were read just before.
 struct ShardSnapshot {
@@ -123,6 +115,27 @@ struct ShardSnapshot {
   int64_t optimizer_steps = 0;             // Updates applied (skips excluded).
   int64_t skipped_steps = 0;
   std::vector<TrainerActivity> trainers;   // By rank.
+};
+
+// Keeps a ModelShard's step `step` + 1 from being applied once it reaches
+// version `step`, for as long as it lives (see ModelShard::CheckpointAt).
+// Holds stop holding once the shard shuts down. Movable; must not outlive
+// the shard.
+class StepHold {
+ public:
+  StepHold() = default;
+  StepHold(StepHold&& other) noexcept { *this = std::move(other); }
+  StepHold& operator=(StepHold&& other) noexcept;
+  ~StepHold() { Release(); }
+  bool held() const { return shard_ != nullptr; }
+  int64_t step() const { return step_; }
+  void Release();
+
+ private:
+  friend class ModelShard;
+  StepHold(ModelShard* shard, int64_t step) : shard_(shard), step_(step) {}
+  ModelShard* shard_ = nullptr;
+  int64_t step_ = 0;
 };
 
 class ModelShard {
@@ -204,23 +217,24 @@ class ModelShard {
   // is none); FAILED_PRECONDITION once it has taken effect.
   absl::Status CancelHyperparameters(int64_t effective_step);
 
+  // Keeps step `step` + 1 from being applied once the shard reaches version
+  // `step`, for as long as the StepHold lives (see CheckpointAt).
+  using StepHold = shardopt::StepHold;
+  StepHold HoldStep(int64_t step);
+
   // Runs `write` with the shard's progress and a reader of its state exactly
   // at version `step`, after waiting (up to `deadline`, or until
   // `cancelled()`) for that version: step `step` + 1 is not applied until
   // `write` returns, so every shard asked for the same step saves the same
-  // step boundary. FAILED_PRECONDITION when the shard is already past `step`.
-  // `write`'s error is returned as is.
-  //
-  // Periodic checkpoints hand the hold over without a gap (see
-  // CheckpointHolds).
+  // step boundary. `held`: a hold of `step` the caller took earlier (else
+  // one is taken now); released when this returns, whatever the outcome.
+  // Periodic checkpoints take the next one's hold before calling, so that no
+  // boundary slips past between two of them. FAILED_PRECONDITION when the
+  // shard is already past `step`. `write`'s error is returned as is.
   absl::Status CheckpointAt(
       int64_t step, absl::Time deadline, const std::function<bool()>& cancelled,
       const std::function<absl::Status(const ShardProgress&, const ShardStateReadFn&)>& write,
-      CheckpointHolds holds = CheckpointHolds());
-  // Holds step `step` + 1 back once the shard reaches version `step`, until
-  // ReleaseStep(step) or a CheckpointAt(step) with already_held.
-  void HoldStep(int64_t step);
-  void ReleaseStep(int64_t step);
+      StepHold held = StepHold());
 
   // Sets a shard just created (no push yet) to a saved state: the progress,
   // and every optimizer slot read through `read_slot` (range-local offsets;
@@ -256,6 +270,7 @@ class ModelShard {
   uint64_t size() const { return range_.size(); }
 
  private:
+  friend class shardopt::StepHold;
   ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend);
 
   // Waits until `ready` holds (OK), the deadline passes (DEADLINE_EXCEEDED)
@@ -273,7 +288,6 @@ class ModelShard {
   // control) reduces it and reports; the step state says which.
   absl::StatusOr<PushResult> RunCompleteStep(int64_t step);
   void AbortPush(uint32_t rank, int64_t step);
-  void ReleaseStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Describes flat-range element `index` as "tensor 'w'[12]" for messages.
   std::string DescribeElement(uint64_t index) const;
 

@@ -31,43 +31,47 @@ absl::Status PullOverflowError(const std::string& element, float value, DType dt
 
 }  // namespace
 
-void ModelShard::HoldStep(int64_t step) {
+StepHold& StepHold::operator=(StepHold&& other) noexcept {
+  if (this != &other) {
+    Release();
+    shard_ = other.shard_;
+    step_ = other.step_;
+    other.shard_ = nullptr;
+  }
+  return *this;
+}
+
+void StepHold::Release() {
+  if (shard_ == nullptr) return;
+  absl::MutexLock lock(&shard_->mu_);
+  shard_->state_.ReleaseHold(step_);
+  shard_ = nullptr;
+}
+
+ModelShard::StepHold ModelShard::HoldStep(int64_t step) {
   absl::MutexLock lock(&mu_);
   state_.AddHold(step);
-}
-
-void ModelShard::ReleaseStep(int64_t step) {
-  absl::MutexLock lock(&mu_);
-  ReleaseStepLocked(step);
-}
-
-void ModelShard::ReleaseStepLocked(int64_t step) {
-  state_.ReleaseHold(step);
+  return StepHold(this, step);
 }
 
 absl::Status ModelShard::CheckpointAt(
     int64_t step, absl::Time deadline, const std::function<bool()>& cancelled,
     const std::function<absl::Status(const ShardProgress&, const ShardStateReadFn&)>& write,
-    CheckpointHolds holds) {
+    StepHold held) {
+  if (!held.held() || held.step() != step) held = HoldStep(step);
   ShardProgress progress;
   {
     absl::MutexLock lock(&mu_);
-    if (!holds.already_held) state_.AddHold(step);
-    // Taken first, whatever happens below: the caller counts on it.
-    if (holds.hold_next >= 0) state_.AddHold(holds.hold_next);
     if (step < 0) {
-      ReleaseStepLocked(step);
       return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
     }
     if (state_.failed()) {
-      ReleaseStepLocked(step);
       return state_.failure();
     }
     // (A step that is only being reduced, waiting for its decision, has not
     // touched the parameters: its version can still be saved.)
     const int64_t version = state_.version();
     if (version > step || (version == step && state_.updating())) {
-      ReleaseStepLocked(step);
       return absl::FailedPreconditionError(absl::StrCat(
           "shard ", options_.shard_index, " of model '", options_.model_id, "' is at version ",
           version, state_.updating() ? " (applying the next step)" : "", ", past step ", step,
@@ -89,7 +93,6 @@ absl::Status ModelShard::CheckpointAt(
                                : absl::UnavailableError("the shard server is shutting down");
     }
     if (!waited.ok()) {
-      ReleaseStepLocked(step);
       if (absl::IsDeadlineExceeded(waited)) {
         return WaitExpired(absl::StrCat("version ", step, " (to checkpoint)"), step);
       }
@@ -112,8 +115,6 @@ absl::Status ModelShard::CheckpointAt(
     };
     written = write(progress, read);
   }
-  absl::MutexLock lock(&mu_);
-  ReleaseStepLocked(step);
   return written;
 }
 

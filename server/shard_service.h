@@ -1,24 +1,31 @@
 // ShardServiceImpl: the gRPC face of one shard server (shardopt.v1.ShardService).
 //
-// Owns the models registered on this shard (model_id -> ModelShard) and
-// translates between the wire contract and ModelShard: it validates every
-// request before touching state, so a malformed call gets INVALID_ARGUMENT /
-// NOT_FOUND / FAILED_PRECONDITION / UNIMPLEMENTED and changes nothing.
-// Thread-safe; gRPC's sync server calls it from many threads.
+// Holds the models registered on this shard (ModelRegistry of HostedModel)
+// and translates between the wire contract and ModelShard: it validates
+// every request before touching state, so a malformed call gets
+// INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION / UNIMPLEMENTED and
+// changes nothing. The step calls (register, push, pull, statistics,
+// hyperparameters) are in shard_service.cc; the calls that read or replace
+// a model's state as a whole (inspect, server info, checkpoint, rollback)
+// and the restore before serving in shard_service_state.cc; loading a
+// checkpoint into a model in model_loader.h. Thread-safe; gRPC's sync server
+// calls it from many threads.
 #ifndef SHARDOPT_SERVER_SHARD_SERVICE_H_
 #define SHARDOPT_SERVER_SHARD_SERVICE_H_
 
-#include <map>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/file.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "server/checkpointing.h"
+#include "server/hosted_model.h"
+#include "server/model_registry.h"
 #include "server/model_shard.h"
 #include "server/parallel_for.h"
+#include "server/state_budget.h"
 #include "server/stream_watchdog.h"
 
 namespace shardopt {
@@ -79,15 +86,19 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                        v1::InspectResponse* response) override;
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
-
   grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
                           v1::CheckpointResponse* response) override;
+  grpc::Status RollBack(grpc::ServerContext* context, const v1::RollBackRequest* request,
+                        v1::RollBackResponse* response) override;
 
   // Before serving: loads the models of `path` on this shard (any shard
-  // count may have written them). `path` is a checkpoint directory, or a
-  // directory of model directories (as --checkpoint_dir makes them), each
-  // restored from its latest committed checkpoint; none there is not an
-  // error. A damaged or inconsistent checkpoint is: nothing is loaded.
+  // count may have written them). `path` is a checkpoint directory (loaded
+  // if it verifies), a model's directory of periodic checkpoints, or a
+  // directory of those (as --checkpoint_dir makes them): each model from its
+  // newest committed checkpoint whose every part verifies, newer damaged ones
+  // set aside and logged (common/checkpoint_catalog.h); none there is not an
+  // error. DATA_LOSS naming the files when no committed checkpoint of a model
+  // verifies: nothing is loaded.
   absl::Status RestoreFrom(const std::string& path);
 
   // Refuses new calls with UNAVAILABLE and wakes blocked pulls; calls in
@@ -98,14 +109,6 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   bool WaitForIdle(absl::Time deadline);
 
  private:
-  struct Model {
-    v1::ModelConfig config;
-    std::unique_ptr<ModelShard> shard;
-    std::thread checkpointer;  // Periodic checkpoints, if on.
-  };
-
-  // NOT_FOUND naming the model and this shard.
-  absl::StatusOr<std::shared_ptr<Model>> FindModel(const std::string& model_id);
   // Counts one call in flight for WaitForIdle; UNAVAILABLE after Shutdown().
   class CallScope {
    public:
@@ -118,34 +121,34 @@ class ShardServiceImpl final : public v1::ShardService::Service {
     absl::Status admitted_;
   };
   absl::Status CheckShardIndex(uint32_t shard_index) const;
-  // Adds a created model (its state bytes reserved) and starts its periodic
-  // checkpoints; the existing model when one with the id raced in first,
-  // nullptr after Shutdown().
-  std::shared_ptr<Model> Install(std::shared_ptr<Model> model);
-  absl::Status RestoreModel(const std::string& checkpoint_dir);
   // Where this server keeps a model's numbers: its GPU, or the CPU pool.
   ModelShard::BackendFactory BackendFactory();
+  // What registering `plan` reserves of the state budget (with a GPU's bf16
+  // copy).
+  uint64_t StateBytes(const ShardPlan& plan) const;
+  // Periodic checkpoints of `model_id` (none without --checkpoint_dir).
+  PeriodicCheckpointOptions CheckpointOptionsFor(const std::string& model_id) const;
+  // A model made from a verified checkpoint: its plan for this shard, its
+  // state budget, its ModelShard. Not installed.
+  absl::StatusOr<std::shared_ptr<HostedModel>> LoadModel(const CheckpointReader& checkpoint);
+  absl::Status RestoreModel(const CheckpointReader& checkpoint);
+  // A model's directory of periodic checkpoints (the newest that verifies),
+  // or a model directory that is one checkpoint.
+  absl::Status RestoreNewestOf(const std::string& model_root);
   // With periodic checkpoints: refuses a new model (`version` -1) when the
   // model's checkpoint directory already holds committed checkpoints, and a
   // restored one when it holds a later one or one of another run.
   absl::Status CheckCheckpointRoot(const std::string& model_id, int64_t version,
                                    const std::string& run_id);
-  // Saves the model at every multiple of checkpoint_every until shutdown.
-  void RunCheckpointer(Model* model);
-  // Reserves `bytes` of the state budget, or RESOURCE_EXHAUSTED.
-  // What registering `plan` reserves of max_state_bytes.
-  uint64_t StateBytes(const ShardPlan& plan) const;
-  absl::Status ReserveStateBytes(const std::string& model_id, uint64_t bytes);
-  void ReleaseStateBytes(uint64_t bytes);
 
   const ShardServerOptions options_;
   const absl::Time start_time_;
   ThreadPool pool_;
   StreamWatchdog watchdog_;
+  StateBudget budget_;
+  ModelRegistry models_;
+  absl::Mutex rollback_mu_;  // One rollback at a time.
   absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Model>> models_ ABSL_GUARDED_BY(mu_);
-  // State bytes of the models in models_ plus registrations in progress.
-  uint64_t reserved_state_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "client/push_journal.h"
+#include "client/push_history.h"
 #include "client/trainer_client.h"
 #include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
@@ -140,6 +140,7 @@ int Train(const std::string& name) {
     fprintf(stderr, "rank %u: model '%s' resumes at version %ld\n", options.trainer_rank,
             name.c_str(), static_cast<long>(start));
   }
+  int rollbacks = 0;
   for (int64_t step = start + 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
     const absl::Time step_start = absl::Now();
     absl::Cleanup pace = [step_start] {
@@ -167,11 +168,10 @@ int Train(const std::string& name) {
     }
     if (step == absl::GetFlag(FLAGS_die_mid_push_at_step)) {
       // What TrainerClient::Push does up to its first shard, then death.
-      JournaledPush entry;
-      entry.model_id = name;
-      entry.trainer_rank = options.trainer_rank;
-      entry.step = step;
-      if (!WritePushJournal(options.journal_path, entry, grad.data(), grad.size() * sizeof(float))
+      absl::StatusOr<std::unique_ptr<PushHistory>> journal =
+          PushHistory::Open({name, options.trainer_rank, 0, options.journal_path});
+      if (!journal.ok() ||
+          !(*journal)->Record(step, DType::kFloat32, 1.0, grad.data(), grad.size() * sizeof(float))
                .ok()) {
         return 1;
       }
@@ -189,6 +189,20 @@ int Train(const std::string& name) {
       _exit(3);
     }
     absl::StatusOr<StepResult> result = (*client)->Step(step, grad, absl::MakeSpan(params));
+    if (std::optional<int64_t> back = (*client)->rolled_back_to(); !result.ok() && back) {
+      // The job went back to a checkpoint: continue from its version.
+      fprintf(stderr, "rank %u: %s\n", options.trainer_rank, result.status().ToString().c_str());
+      absl::StatusOr<int64_t> pulled = (*client)->Pull(*back, absl::MakeSpan(params));
+      if (!pulled.ok() || *pulled != *back) {
+        fprintf(stderr, "rank %u: pulling version %ld after the rollback: %s\n",
+                options.trainer_rank, static_cast<long>(*back),
+                pulled.ok() ? "another version" : pulled.status().ToString().c_str());
+        return 1;
+      }
+      ++rollbacks;
+      step = *back;  // The loop goes on with step back + 1.
+      continue;
+    }
     if (!result.ok()) {
       fprintf(stderr, "rank %u step %ld: %s\n", options.trainer_rank, static_cast<long>(step),
               result.status().ToString().c_str());
@@ -205,9 +219,9 @@ int Train(const std::string& name) {
       return 1;
     }
   }
-  printf("rank %u model %s replayed_pushes=%ld failed_attempts=%ld\n", options.trainer_rank,
-         name.c_str(), static_cast<long>((*client)->replayed_pushes()),
-         static_cast<long>((*client)->failed_attempts()));
+  printf("rank %u model %s replayed_pushes=%ld failed_attempts=%ld rollbacks=%d\n",
+         options.trainer_rank, name.c_str(), static_cast<long>((*client)->replayed_pushes()),
+         static_cast<long>((*client)->failed_attempts()), rollbacks);
   fflush(stdout);
   if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".replayed",
                                    {static_cast<float>((*client)->replayed_pushes())});

@@ -1,0 +1,125 @@
+// PushHistory: what is kept in memory and in a journal directory, what
+// survives a reopen (a trainer's restart), and what is dropped.
+#include "client/push_history.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace shardopt {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(base ? base : "/tmp", "/", name);
+  std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
+  return dir;
+}
+
+std::vector<float> Gradient(int64_t step) { return std::vector<float>(5, 0.25f * step); }
+
+absl::Status RecordStep(PushHistory& h, int64_t step) {
+  const std::vector<float> g = Gradient(step);
+  return h.Record(step, DType::kFloat32, 1.0, g.data(), g.size() * sizeof(float));
+}
+
+std::vector<float> FloatsOf(const PushedStep& entry) {
+  std::vector<float> out(entry.payload->size() / sizeof(float));
+  std::memcpy(out.data(), entry.payload->data(), entry.payload->size());
+  return out;
+}
+
+TEST(PushHistoryTest, WithoutReplayOrJournalNothingIsKept) {
+  std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, ""}).value();
+  EXPECT_FALSE(h->enabled());
+  ASSERT_TRUE(RecordStep(*h, 1).ok());
+  const absl::Status missing = h->Find(1).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(missing.message(), "no longer holds its push of step 1"));
+  EXPECT_TRUE(absl::StrContains(missing.message(), "replay_steps = 0 and no journal_path"))
+      << missing;
+}
+
+TEST(PushHistoryTest, MemoryKeepsTheLastReplaySteps) {
+  std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 1, 3, ""}).value();
+  for (int64_t step = 1; step <= 5; ++step) ASSERT_TRUE(RecordStep(*h, step).ok());
+  ASSERT_TRUE(h->RecordDecision(4, {false, 0.5, 2.0}).ok());
+  EXPECT_EQ(h->Find(2).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(h->Find(2).status().message(), "steps 3..5 (in memory"));
+  EXPECT_EQ(FloatsOf(h->Find(3).value()), Gradient(3));
+  const PushedStep four = h->Find(4).value();
+  ASSERT_TRUE(four.decision.has_value());
+  EXPECT_EQ(four.decision->clip_coef, 0.5);
+  EXPECT_FALSE(h->Find(5)->decision.has_value());
+  // A repeat of a step replaces it and forgets later ones.
+  ASSERT_TRUE(RecordStep(*h, 4).ok());
+  EXPECT_EQ(h->newest_step(), 4);
+  EXPECT_EQ(h->Find(5).status().code(), absl::StatusCode::kNotFound);
+  h->DropThrough(10);  // The newest stays.
+  EXPECT_TRUE(h->Find(4).ok());
+  EXPECT_EQ(h->Find(3).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(PushHistoryTest, AJournalSurvivesAReopenAndIsDroppedBelowTheFloor) {
+  const std::string dir = TempDir("journal_survives");
+  {
+    std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 2, 0, dir}).value();
+    EXPECT_TRUE(h->persistent());
+    for (int64_t step = 1; step <= 6; ++step) ASSERT_TRUE(RecordStep(*h, step).ok());
+    ASSERT_TRUE(h->RecordDecision(5, {true, 1.0, 0}).ok());
+    ASSERT_TRUE(h->RecordDecision(6, {false, 0.1 + 0.2, 1.0 / 3.0}).ok());
+    v1::SetHyperparametersRequest change;
+    change.set_effective_step(4);
+    change.mutable_optimizer()->mutable_sgd()->set_lr(0.5);
+    ASSERT_TRUE(h->RecordChange(change).ok());
+    change.set_effective_step(8);
+    ASSERT_TRUE(h->RecordChange(change).ok());
+    h->DropThrough(2);
+  }
+  // A restarted trainer finds everything after the floor, bit for bit.
+  std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 2, 0, dir}).value();
+  EXPECT_EQ(h->newest_step(), 6);
+  EXPECT_EQ(h->Find(2).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(FloatsOf(h->Find(3).value()), Gradient(3));
+  EXPECT_TRUE(h->Find(5)->decision->skip);
+  const StepDecision six = *h->Find(6)->decision;
+  EXPECT_EQ(six.clip_coef, 0.1 + 0.2);  // Exact, not rounded through text.
+  EXPECT_EQ(six.grad_norm, 1.0 / 3.0);
+  EXPECT_EQ(h->ChangesAfter(3).size(), 2u);
+  EXPECT_EQ(h->ChangesAfter(4).size(), 1u);
+  EXPECT_EQ(h->ChangesAfter(4)[0].optimizer().sgd().lr(), 0.5);
+  // A step pushed again after the restart loses its old decision.
+  ASSERT_TRUE(RecordStep(*h, 6).ok());
+  EXPECT_FALSE(h->Find(6)->decision.has_value());
+  h->DropThrough(5);
+  EXPECT_EQ(h->Find(5).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(h->ChangesAfter(0).size(), 1u);  // The change at 4 went with the floor.
+  std::unique_ptr<PushHistory> again = PushHistory::Open({"m", 2, 0, dir}).value();
+  EXPECT_EQ(again->Find(5).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(again->Find(6).ok());
+}
+
+TEST(PushHistoryTest, AJournalOfAnotherTrainerOrAFileIsRefused) {
+  const std::string dir = TempDir("journal_other");
+  {
+    std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, dir}).value();
+    ASSERT_TRUE(RecordStep(*h, 1).ok());
+  }
+  const absl::Status other = PushHistory::Open({"m", 1, 0, dir}).status();
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(other.message(), "rank 0, not of model 'm' rank 1")) << other;
+  EXPECT_EQ(PushHistory::Open({"n", 0, 0, dir}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const std::string file = TempDir("journal_file");
+  std::ofstream(file) << "old single-file journal";
+  EXPECT_EQ(PushHistory::Open({"m", 0, 0, file}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace shardopt

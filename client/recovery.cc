@@ -1,0 +1,302 @@
+#include "client/recovery.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/proto_convert.h"
+
+namespace shardopt {
+namespace {
+
+constexpr char kRolledBackPayload[] = "type.shardopt.dev/rolled_back_to";
+// Surveys (and replays) before recovery gives up on shards that keep going
+// back (restarting) while it works.
+constexpr int kMaxRounds = 20;
+
+bool Holds(const v1::ModelSummary& summary, uint32_t rank) {
+  return std::find(summary.trainers_pushed().begin(), summary.trainers_pushed().end(), rank) !=
+         summary.trainers_pushed().end();
+}
+
+std::string Versions(const std::vector<v1::ModelSummary>& shards) {
+  std::vector<std::string> each;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    each.push_back(absl::StrCat("shard ", i, " at ", shards[i].version()));
+  }
+  return absl::StrJoin(each, ", ");
+}
+
+}  // namespace
+
+absl::Status RolledBackError(int64_t version, const std::string& why) {
+  absl::Status status = absl::AbortedError(absl::StrCat(
+      "the job rolled back to step ", version, " (the newest checkpoint every shard holds): ", why,
+      "; resume from step ", version + 1, " with the parameters of version ", version));
+  status.SetPayload(kRolledBackPayload, absl::Cord(absl::StrCat(version)));
+  return status;
+}
+
+std::optional<int64_t> RolledBackTo(const absl::Status& status) {
+  auto payload = status.GetPayload(kRolledBackPayload);
+  int64_t version = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &version)) return std::nullopt;
+  return version;
+}
+
+Recovery::Recovery(std::vector<ShardConnection*> shards, ShardFanOut* fanout,
+                   PushHistory* history, RecoveryContext context)
+    : shards_(std::move(shards)), fanout_(fanout), history_(history), context_(std::move(context)) {}
+
+ShardFanOut::Call Recovery::CallFor(const std::string& what) const {
+  ShardFanOut::Call call;
+  call.what = what;
+  call.policy = context_.policy;
+  call.attempt_timeout = context_.rpc_timeout;
+  call.on_wait = context_.on_wait;
+  return call;
+}
+
+absl::StatusOr<std::vector<v1::ModelSummary>> Recovery::Survey() {
+  std::vector<v1::ModelSummary> summaries(shards_.size());
+  absl::Status status = fanout_->Run(
+      CallFor("recovery: asking the shard's version"),
+      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        absl::Status s = shard.Summary(context, context_.model_id, &summaries[shard.index()]);
+        if (absl::IsNotFound(s)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("the shard came back without model '", context_.model_id,
+                           "' (started without --restore_from?): it cannot rejoin the job"));
+        }
+        return s;
+      });
+  if (!status.ok()) return status;
+  return summaries;
+}
+
+absl::Status Recovery::BringTo(int64_t target) {
+  absl::Status last;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
+    if (!shards.ok()) return shards.status();
+    int64_t lowest = (*shards)[0].version();
+    for (const v1::ModelSummary& s : *shards) lowest = std::min(lowest, s.version());
+    if (lowest >= target) return absl::OkStatus();
+    if (absl::Status s = SendLostChanges(*shards); !s.ok()) return s;
+    last = Replay(*shards, target);
+    if (last.ok() || absl::IsOutOfRange(last)) continue;  // Look again.
+    if (absl::IsNotFound(last)) {
+      last = RollBackJob(*shards, absl::StrCat(Versions(*shards), "; ", last.message()));
+      // ABORTED without a rollback: a shard changed since the survey (it
+      // restarted, or another trainer rolled it back): look again.
+      if (absl::IsAborted(last) && !RolledBackTo(last)) continue;
+    }
+    return last;
+  }
+  return absl::UnavailableError(absl::StrCat("recovery of model '", context_.model_id,
+                                             "' did not settle after ", kMaxRounds,
+                                             " rounds (shards keep restarting?): ",
+                                             last.message()));
+}
+
+absl::Status Recovery::SendLostChanges(const std::vector<v1::ModelSummary>& shards) {
+  int64_t lowest = shards[0].version();
+  for (const v1::ModelSummary& s : shards) lowest = std::min(lowest, s.version());
+  const std::vector<v1::SetHyperparametersRequest> changes = history_->ChangesAfter(lowest);
+  if (changes.empty()) return absl::OkStatus();
+  return fanout_->Run(
+      CallFor("recovery: re-sending hyperparameter changes"),
+      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        const int64_t version = shards[shard.index()].version();
+        for (v1::SetHyperparametersRequest change : changes) {
+          if (change.effective_step() <= version) continue;
+          change.set_model_id(context_.model_id);
+          // Each on a context of its own: one attempt sends several.
+          auto send = [&](const v1::SetHyperparametersRequest& r) {
+            return shard.SetHyperparameters(*ContextWithTimeout(context_.rpc_timeout), r);
+          };
+          absl::Status s = send(change);
+          if (absl::IsFailedPrecondition(s) && !change.cancel()) {
+            // The shard still holds a change for that step that was
+            // cancelled or replaced after its checkpoint: remove it, then
+            // schedule this one.
+            v1::SetHyperparametersRequest cancel = change;
+            cancel.set_cancel(true);
+            s = send(cancel);
+            if (s.ok()) s = send(change);
+          }
+          if (!s.ok()) return s;
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::Status Recovery::Replay(std::vector<v1::ModelSummary> shards, int64_t target) {
+  int64_t lowest = shards[0].version();
+  for (const v1::ModelSummary& s : shards) lowest = std::min(lowest, s.version());
+  for (int64_t step = lowest + 1; step <= target; ++step) {
+    std::vector<uint32_t> behind;
+    bool mine_needed = false;
+    for (uint32_t i = 0; i < shards.size(); ++i) {
+      if (shards[i].version() >= step) continue;
+      behind.push_back(i);
+      // Every behind shard is at step - 1 by now (earlier steps were brought
+      // up first); the ones whose summary predates that lack this push.
+      mine_needed = mine_needed || shards[i].version() < step - 1 ||
+                    !Holds(shards[i], context_.trainer_rank);
+    }
+    if (behind.empty()) continue;
+    absl::StatusOr<PushedStep> entry = history_->Find(step);
+    if (!entry.ok() && mine_needed) return entry.status();
+    if (entry.ok()) {
+      if (absl::Status s = PushTo(*entry, behind); !s.ok()) return s;
+    }
+    const std::optional<StepDecision> decision =
+        entry.ok() ? entry->decision : std::optional<StepDecision>();
+    if (absl::Status s = AwaitStep(step, decision, entry.ok(), behind); !s.ok()) return s;
+    for (uint32_t i : behind) {
+      shards[i].set_version(step);
+      shards[i].clear_trainers_pushed();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Recovery::PushTo(const PushedStep& entry, const std::vector<uint32_t>& which) {
+  const size_t element = DTypeSize(entry.dtype);
+  return fanout_->Run(
+      CallFor(absl::StrCat("recovery: re-pushing step ", entry.step)),
+      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        const FlatRange range = shard.range();
+        if (entry.payload->size() < range.end * element) {
+          return absl::InternalError(absl::StrCat("the kept push of step ", entry.step, " has ",
+                                                  entry.payload->size(), " bytes; shard ",
+                                                  shard.index(), "'s range ends at element ",
+                                                  range.end));
+        }
+        v1::PushGradientsRequest header;
+        v1::PushHeader* h = header.mutable_header();
+        h->set_model_id(context_.model_id);
+        h->set_trainer_rank(context_.trainer_rank);
+        h->set_step(entry.step);
+        h->set_shard_index(shard.index());
+        h->set_num_elements(range.size());
+        h->set_dtype(DTypeToProto(entry.dtype));
+        if (entry.loss_scale != 1.0) h->set_loss_scale(entry.loss_scale);
+        PayloadPins pins;
+        v1::PushGradientsResponse response;
+        absl::Status pushed =
+            shard.Push(context, header, entry.payload->data() + range.begin * element, element,
+                       context_.chunk_bytes, &pins, &response);
+        // The payload is shared with the history: it outlives the pins.
+        pins.WaitUntilReleased();
+        if (pushed.ok() && response.outcome() != v1::PushGradientsResponse::OUTCOME_DUPLICATE &&
+            response.outcome() != v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
+          replayed_pushes_.fetch_add(1);
+        }
+        return pushed;
+      },
+      which);
+}
+
+absl::Status Recovery::AwaitStep(int64_t step, const std::optional<StepDecision>& decision,
+                                 bool pushed, const std::vector<uint32_t>& which) {
+  const int64_t max_wait_ms = absl::ToInt64Milliseconds(context_.wait_report_interval);
+  if (context_.needs_decision && decision) {
+    // The decision is taken only once every trainer's gradient is in.
+    absl::Status all_in = fanout_->Run(
+        CallFor(absl::StrCat("recovery: waiting for every trainer's re-push of step ", step)),
+        [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+          v1::GetStepStatsRequest request;
+          request.set_model_id(context_.model_id);
+          request.set_step(step);
+          request.set_shard_index(shard.index());
+          request.set_trainer_rank(context_.trainer_rank);
+          request.set_pushed_step(pushed ? step : 0);
+          request.set_max_wait_ms(max_wait_ms);
+          v1::StepStats stats;
+          return shard.GetStepStats(context, request, &stats);
+        },
+        which);
+    if (!all_in.ok()) return all_in;
+  }
+  return fanout_->Run(
+      CallFor(absl::StrCat("recovery: waiting for step ", step, " to be applied again")),
+      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::PullParametersRequest request;
+        request.set_model_id(context_.model_id);
+        request.set_min_version(step);
+        request.set_shard_index(shard.index());
+        request.set_trainer_rank(context_.trainer_rank);
+        request.set_pushed_step(pushed ? step : 0);
+        request.set_wait_only(true);
+        request.set_max_wait_ms(max_wait_ms);
+        if (context_.needs_decision && decision) {
+          request.mutable_decision()->set_skip(decision->skip);
+          request.mutable_decision()->set_clip_coef(decision->clip_coef);
+          request.mutable_decision()->set_grad_norm(decision->grad_norm);
+        }
+        PulledVersion pulled;
+        return shard.Pull(context, request, DType::kFloat32, nullptr, &pulled);
+      },
+      which);
+}
+
+absl::Status Recovery::RollBackJob(const std::vector<v1::ModelSummary>& shards,
+                                   const std::string& why) {
+  // The newest checkpoint every shard lists, no later than the lowest
+  // version (every shard can go back to it).
+  int64_t lowest = shards[0].version();
+  for (const v1::ModelSummary& s : shards) lowest = std::min(lowest, s.version());
+  std::set<int64_t> common(shards[0].committed_checkpoints().begin(),
+                           shards[0].committed_checkpoints().end());
+  for (const v1::ModelSummary& s : shards) {
+    const std::set<int64_t> mine(s.committed_checkpoints().begin(),
+                                 s.committed_checkpoints().end());
+    std::set<int64_t> both;
+    std::set_intersection(common.begin(), common.end(), mine.begin(), mine.end(),
+                          std::inserter(both, both.begin()));
+    common = std::move(both);
+  }
+  int64_t to_step = -1;
+  for (int64_t step : common) {
+    if (step <= lowest) to_step = std::max(to_step, step);
+  }
+  if (to_step < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", context_.model_id, "' cannot recover: ", why,
+        "; and no committed checkpoint at or below version ", lowest,
+        " is held by every shard to roll the job back to (start the servers with "
+        "--checkpoint_dir and --checkpoint_every, and give trainers a journal_path)"));
+  }
+  std::vector<uint32_t> above;
+  for (uint32_t i = 0; i < shards.size(); ++i) {
+    if (shards[i].version() > to_step) above.push_back(i);
+  }
+  if (!above.empty()) {
+    ShardFanOut::Call call = CallFor(absl::StrCat("rolling the job back to step ", to_step));
+    call.retryable = [](const absl::Status& s) {
+      return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+    };
+    absl::Status rolled = fanout_->Run(
+        call,
+        [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+          v1::RollBackRequest request;
+          request.set_model_id(context_.model_id);
+          request.set_shard_index(shard.index());
+          request.set_to_step(to_step);
+          request.set_expected_incarnation(shards[shard.index()].incarnation());
+          request.set_reason(absl::StrCat("trainer ", context_.trainer_rank, ": ", why));
+          v1::RollBackResponse response;
+          return shard.RollBack(context, request, &response);
+        },
+        above);
+    if (!rolled.ok()) return rolled;
+  }
+  return RolledBackError(to_step, why);
+}
+
+}  // namespace shardopt

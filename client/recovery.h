@@ -1,0 +1,105 @@
+// Recovery: brings every shard of a model to a common step after some of
+// them came back from older checkpoints (or a trainer restarted in the
+// middle of a step). One procedure over all shards at once, entered when any
+// shard answers OUT_OF_RANGE (it lacks an earlier step, or this trainer's
+// push) or a (re)attaching trainer finds the shards at different versions.
+//
+// BringTo(target) surveys every shard's version, then for each step s from
+// the lowest version + 1 to `target`: re-sends the hyperparameter changes a
+// behind shard lost, re-pushes s from the trainer's PushHistory to every
+// shard still below s (each applies it once, when every trainer has
+// re-pushed it; every trainer recovers the same way, since each of its calls
+// reaches every shard), and waits until they reach s (sending s's decision
+// with gradient control). Every shard is considered at once, so two shards
+// restored together never leave two trainers waiting for each other at
+// different shards.
+//
+// When a behind shard needs a push this trainer no longer holds (its
+// history does not reach back that far: no journal, or a trainer restart
+// without one), replay is impossible: the whole job rolls back to the
+// newest committed checkpoint every shard holds (RollBack on every shard
+// above it) and the call ends with RolledBackError, which says why and from
+// which version to resume. Without such a checkpoint it ends with
+// FAILED_PRECONDITION saying exactly what is missing.
+//
+// Waits are bounded by the retry budget and report what they wait for (see
+// ShardFanOut). Not thread-safe: the trainer's thread drives it.
+#ifndef SHARDOPT_CLIENT_RECOVERY_H_
+#define SHARDOPT_CLIENT_RECOVERY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/push_history.h"
+#include "client/retry.h"
+#include "client/shard_connection.h"
+#include "client/shard_fanout.h"
+#include "common/layout.h"
+#include "proto/shardopt/v1/shard_service.pb.h"
+
+namespace shardopt {
+
+struct RecoveryContext {
+  std::string model_id;
+  uint32_t trainer_rank = 0;
+  bool needs_decision = false;
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  RetryPolicy policy;
+  absl::Duration wait_report_interval = absl::Seconds(5);
+  std::function<void(const std::string&)> on_wait;
+  size_t chunk_bytes = 4 << 20;
+};
+
+// ABORTED, naming the version every shard is at now; the trainer pulls it
+// and continues with the next step.
+absl::Status RolledBackError(int64_t version, const std::string& why);
+// The version of a RolledBackError; nullopt for any other status.
+std::optional<int64_t> RolledBackTo(const absl::Status& status);
+
+class Recovery {
+ public:
+  // `shards` (with their ranges set), `fanout` over them and `history` must
+  // outlive this.
+  Recovery(std::vector<ShardConnection*> shards, ShardFanOut* fanout, PushHistory* history,
+           RecoveryContext context);
+
+  // Every shard's summary of the model, in shard order (shards that are
+  // down are retried within the budget). FAILED_PRECONDITION for a shard
+  // that came back without the model.
+  absl::StatusOr<std::vector<v1::ModelSummary>> Survey();
+
+  // Every shard at version >= target (see the class comment).
+  absl::Status BringTo(int64_t target);
+
+  // Pushes re-sent to shards that lacked them, so far.
+  int64_t replayed_pushes() const { return replayed_pushes_.load(); }
+
+ private:
+  // Replays steps lowest + 1 .. target onto the shards below each. OK when
+  // done; OUT_OF_RANGE when a shard went back further meanwhile (survey
+  // again); NOT_FOUND (from the history) when a push is missing.
+  absl::Status Replay(std::vector<v1::ModelSummary> shards, int64_t target);
+  absl::Status SendLostChanges(const std::vector<v1::ModelSummary>& shards);
+  absl::Status PushTo(const PushedStep& entry, const std::vector<uint32_t>& which);
+  absl::Status AwaitStep(int64_t step, const std::optional<StepDecision>& decision, bool pushed,
+                         const std::vector<uint32_t>& which);
+  absl::Status RollBackJob(const std::vector<v1::ModelSummary>& shards, const std::string& why);
+  ShardFanOut::Call CallFor(const std::string& what) const;
+
+  std::vector<ShardConnection*> shards_;
+  ShardFanOut* const fanout_;
+  PushHistory* const history_;
+  const RecoveryContext context_;
+  std::atomic<int64_t> replayed_pushes_{0};
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_CLIENT_RECOVERY_H_

@@ -1,0 +1,87 @@
+#include "client/registration.h"
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "common/proto_convert.h"
+
+namespace shardopt {
+
+absl::StatusOr<v1::ModelConfig> ModelConfigFor(const ModelSpec& spec, const ModelLayout& layout,
+                                               uint32_t shard_count) {
+  if (absl::Status s = spec.optimizer.Validate(); !s.ok()) return s;
+  if (absl::Status s = spec.lr_schedule.Validate(); !s.ok()) return s;
+  if (spec.loss_scaling) {
+    if (absl::Status s = spec.loss_scaler.Validate(); !s.ok()) return s;
+  }
+  v1::ModelConfig config;
+  config.set_model_id(spec.model_id);
+  *config.mutable_layout() = LayoutToProto(layout);
+  config.mutable_layout()->set_alignment(spec.alignment);
+  *config.mutable_optimizer() = OptimizerConfigToProto(spec.optimizer);
+  *config.mutable_lr_schedule() = LrScheduleToProto(spec.lr_schedule);
+  config.mutable_gradient_control()->set_max_grad_norm(spec.max_grad_norm);
+  config.mutable_gradient_control()->set_loss_scaling(spec.loss_scaling);
+  if (spec.loss_scaling) {
+    // The shards keep a replica, so that a trainer that comes back resumes
+    // the scaler where the others are.
+    v1::LossScalerConfig* scaler = config.mutable_gradient_control()->mutable_loss_scaler();
+    scaler->set_initial_scale(spec.loss_scaler.initial_scale);
+    scaler->set_min_scale(spec.loss_scaler.min_scale);
+    scaler->set_growth_factor(spec.loss_scaler.growth_factor);
+    scaler->set_backoff_factor(spec.loss_scaler.backoff_factor);
+    scaler->set_growth_interval(spec.loss_scaler.growth_interval);
+    scaler->set_hysteresis(spec.loss_scaler.hysteresis);
+    scaler->set_max_scale(spec.loss_scaler.max_scale);
+  }
+  config.set_num_trainers(spec.num_trainers);
+  config.set_reduction(spec.reduction == GradientReduction::kSum ? v1::GRADIENT_REDUCTION_SUM
+                                                                 : v1::GRADIENT_REDUCTION_MEAN);
+  config.set_shard_count(shard_count);
+  return config;
+}
+
+std::string NewRunId() {
+  absl::BitGen random;
+  return absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16),
+                      absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16));
+}
+
+absl::StatusOr<std::vector<ShardRegistration>> RegisterOnEveryShard(
+    ShardFanOut& fanout, const ShardFanOut::Call& call, const v1::ModelConfig& config,
+    const ModelLayout& layout, const float* initial_params, const std::string& run_id,
+    size_t chunk_bytes) {
+  std::vector<ShardRegistration> out(fanout.size());
+  absl::Status status = fanout.Run(
+      call, [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        const FlatRange range = layout.ShardRange(shard.index());
+        v1::RegisterHeader header;
+        *header.mutable_config() = config;
+        header.set_shard_index(shard.index());
+        header.set_attach_only(initial_params == nullptr);
+        header.set_run_id(run_id);
+        v1::RegisterModelResponse response;
+        absl::Status s = shard.Register(
+            context, header, initial_params ? initial_params + range.begin : nullptr,
+            initial_params ? range.size() : 0, chunk_bytes, &response);
+        if (!s.ok()) return s;
+        if (response.range().begin() != range.begin || response.range().end() != range.end) {
+          return absl::InternalError(absl::StrCat(
+              "server reports range [", response.range().begin(), ", ", response.range().end(),
+              ") but the layout gives [", range.begin, ", ", range.end, ")"));
+        }
+        ShardRegistration& r = out[shard.index()];
+        r.version = response.version();
+        r.created = response.created();
+        if (response.has_loss_scaler()) {
+          r.loss_scaler = LossScaler::State{response.loss_scaler().scale(),
+                                            response.loss_scaler().growth_tracker(),
+                                            response.loss_scaler().hysteresis_tracker()};
+        }
+        r.run_id = response.run_id();
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  return out;
+}
+
+}  // namespace shardopt

@@ -1,0 +1,46 @@
+// Registration: the ModelConfig every shard gets for a trainer's ModelSpec,
+// and one round of register (or attach) calls to every shard.
+#ifndef SHARDOPT_CLIENT_REGISTRATION_H_
+#define SHARDOPT_CLIENT_REGISTRATION_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/shard_fanout.h"
+#include "client/trainer_options.h"
+#include "common/layout.h"
+#include "common/loss_scaler.h"
+#include "proto/shardopt/v1/shard_service.pb.h"
+
+namespace shardopt {
+
+// The config of `spec` laid out as `layout` over `shard_count` shards;
+// INVALID_ARGUMENT for a bad optimizer, schedule or loss scaler.
+absl::StatusOr<v1::ModelConfig> ModelConfigFor(const ModelSpec& spec, const ModelLayout& layout,
+                                               uint32_t shard_count);
+
+// A fresh random id naming a training run (RegisterHeader.run_id).
+std::string NewRunId();
+
+// What one shard answered.
+struct ShardRegistration {
+  int64_t version = 0;
+  bool created = false;  // The shard had to create the model.
+  std::optional<LossScaler::State> loss_scaler;
+  std::string run_id;
+};
+
+// Registers `config` on every shard (with its part of `initial_params`, a
+// whole flat buffer), or attaches (`initial_params` null: the model must
+// exist). Checks each shard's range against `layout`.
+absl::StatusOr<std::vector<ShardRegistration>> RegisterOnEveryShard(
+    ShardFanOut& fanout, const ShardFanOut::Call& call, const v1::ModelConfig& config,
+    const ModelLayout& layout, const float* initial_params, const std::string& run_id,
+    size_t chunk_bytes);
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_CLIENT_REGISTRATION_H_

@@ -1,0 +1,122 @@
+// ShardConnection: a trainer's link to one shard server. It owns the
+// channel (reopened after a failed connect), counts the attempts that found
+// the shard unreachable, and makes ONE attempt of each call on a context
+// the caller set up (deadline, cancellation). Retries, fan-out and recovery
+// are the callers' (ShardFanOut, Recovery, TrainerClient).
+//
+// Payloads travel zero-copy (client/wire_frames.h): a push sends slices of
+// the caller's buffer, which must outlive the `pins`; a pull writes straight
+// into the caller's buffer. One thread at a time uses a connection.
+#ifndef SHARDOPT_CLIENT_SHARD_CONNECTION_H_
+#define SHARDOPT_CLIENT_SHARD_CONNECTION_H_
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "client/wire_frames.h"
+#include "common/dtype.h"
+#include "common/layout.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+
+namespace shardopt {
+
+// How connections are opened.
+struct ConnectionOptions {
+  absl::Duration initial_backoff = absl::Milliseconds(20);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // A peer that stops answering keepalive pings fails the calls open to it
+  // within keepalive_time + keepalive_timeout.
+  absl::Duration keepalive_time = absl::Seconds(3);
+  absl::Duration keepalive_timeout = absl::Seconds(3);
+};
+
+// What a pull returned.
+struct PulledVersion {
+  int64_t version = -1;
+  double lr = 0;  // Of the step that made the version.
+};
+
+class ShardConnection {
+ public:
+  ShardConnection(uint32_t index, std::string address, const ConnectionOptions& options);
+
+  uint32_t index() const { return index_; }
+  const std::string& address() const { return address_; }
+  // The shard's part of the model's layout (set at register/attach).
+  FlatRange range() const { return range_; }
+  void set_range(FlatRange range) { range_ = range; }
+
+  // Before an attempt: replaces a channel that failed to connect (a channel
+  // that failed to reach a shard that was down can keep failing for many
+  // seconds after it is back; a fresh one connects at once).
+  void PrepareAttempt();
+  // After an attempt: counts it when the shard was unreachable, or the
+  // attempt's own deadline passed (`deadline_passed`; a server's earlier
+  // DEADLINE_EXCEEDED is its report that it still waits, not a failure).
+  void RecordAttempt(const absl::Status& status, bool deadline_passed);
+  // Attempts that failed UNAVAILABLE or DEADLINE_EXCEEDED (the client's own
+  // deadline; not a server's report that it is still waiting).
+  int64_t unreachable_attempts() const { return unreachable_attempts_.load(); }
+
+  // "shard 1 (127.0.0.1:5000): <what>: <cause>", keeping the cause's code.
+  absl::Status Annotate(const absl::Status& status, const std::string& what) const;
+
+  // ---- One attempt of each call.
+  // The register stream: the header, then `count` initial values (none to
+  // attach) in chunks of `chunk_bytes`.
+  absl::Status Register(grpc::ClientContext& context, const v1::RegisterHeader& header,
+                        const float* values, uint64_t count, size_t chunk_bytes,
+                        v1::RegisterModelResponse* response);
+  // The push stream of `header.num_elements` elements of `element_size`
+  // bytes at `payload` (this shard's part).
+  absl::Status Push(grpc::ClientContext& context, const v1::PushGradientsRequest& header,
+                    const char* payload, size_t element_size, size_t chunk_bytes,
+                    PayloadPins* pins, v1::PushGradientsResponse* response);
+  // Pulls this shard's range as `dtype` into `destination` (range().size()
+  // floats); with request.wait_only, only waits.
+  absl::Status Pull(grpc::ClientContext& context, const v1::PullParametersRequest& request,
+                    DType dtype, float* destination, PulledVersion* pulled);
+  absl::Status GetStepStats(grpc::ClientContext& context, const v1::GetStepStatsRequest& request,
+                            v1::StepStats* stats);
+  absl::Status SetHyperparameters(grpc::ClientContext& context,
+                                  const v1::SetHyperparametersRequest& request);
+  absl::Status Checkpoint(grpc::ClientContext& context, const v1::CheckpointRequest& request,
+                          v1::CheckpointResponse* response);
+  absl::Status Inspect(grpc::ClientContext& context, const v1::InspectRequest& request,
+                       v1::InspectResponse* response);
+  // The summary of `model_id` here; NOT_FOUND when the server does not hold
+  // it (it came back without it).
+  absl::Status Summary(grpc::ClientContext& context, const std::string& model_id,
+                       v1::ModelSummary* summary);
+  absl::Status RollBack(grpc::ClientContext& context, const v1::RollBackRequest& request,
+                        v1::RollBackResponse* response);
+
+ private:
+  void OpenChannel();
+
+  const uint32_t index_;
+  const std::string address_;
+  grpc::ChannelArguments channel_args_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ShardService::Stub> stub_;
+  std::unique_ptr<grpc::internal::RpcMethod> push_method_;
+  std::unique_ptr<grpc::internal::RpcMethod> pull_method_;
+  bool reopen_channel_ = false;
+  FlatRange range_;
+  std::atomic<int64_t> unreachable_attempts_{0};
+};
+
+// A fresh context whose deadline is `timeout` from now.
+std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_CLIENT_SHARD_CONNECTION_H_

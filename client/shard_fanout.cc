@@ -1,0 +1,161 @@
+#include "client/shard_fanout.h"
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardopt {
+
+// The calls of one Run to its shards. When one shard fails for good, the
+// attempts to the others are cancelled: a pull waiting for a version that
+// can no longer come would otherwise sit out its whole deadline.
+class ShardFanOut::Operation {
+ public:
+  Operation(const Call& call, const AttemptFn& attempt) : call(call), attempt(attempt) {}
+
+  const Call& call;
+  const AttemptFn& attempt;
+
+  // Registers an attempt's context; false once the operation has failed.
+  bool Begin(grpc::ClientContext* context) {
+    absl::MutexLock lock(&mu_);
+    if (failed_) return false;
+    contexts_.insert(context);
+    return true;
+  }
+  void End(grpc::ClientContext* context) {
+    absl::MutexLock lock(&mu_);
+    contexts_.erase(context);
+  }
+  // Records shard `index`'s result; the first failure cancels the rest.
+  void Finish(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    if (!status.ok() && !failed_) {
+      failed_ = true;
+      first_failure_ = std::move(status);
+      for (grpc::ClientContext* c : contexts_) c->TryCancel();
+    }
+    --running_;
+  }
+  // Sleeps for `d`, or less when the operation fails meanwhile.
+  void SleepUnlessFailed(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&failed_), d);
+  }
+  void Expect(int n) {
+    absl::MutexLock lock(&mu_);
+    running_ = n;
+  }
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* running) { return *running == 0; }, &running_));
+    return first_failure_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_failure_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+struct ShardFanOut::Worker {
+  ShardConnection* shard = nullptr;
+  absl::Mutex mu;
+  Operation* task ABSL_GUARDED_BY(mu) = nullptr;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  std::thread thread;
+};
+
+ShardFanOut::ShardFanOut(std::vector<ShardConnection*> shards) : shards_(std::move(shards)) {
+  for (ShardConnection* shard : shards_) {
+    auto worker = std::make_unique<Worker>();
+    worker->shard = shard;
+    workers_.push_back(std::move(worker));
+  }
+  for (auto& worker : workers_) {
+    worker->thread = std::thread([this, w = worker.get()] { WorkerLoop(w); });
+  }
+}
+
+ShardFanOut::~ShardFanOut() {
+  for (auto& worker : workers_) {
+    absl::MutexLock lock(&worker->mu);
+    worker->stop = true;
+  }
+  for (auto& worker : workers_) worker->thread.join();
+}
+
+void ShardFanOut::WorkerLoop(Worker* worker) {
+  for (;;) {
+    Operation* op = nullptr;
+    {
+      absl::MutexLock lock(&worker->mu);
+      worker->mu.Await(absl::Condition(
+          +[](Worker* w) ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->stop || w->task != nullptr; },
+          worker));
+      if (worker->task == nullptr) return;  // Stopping.
+      op = worker->task;
+      worker->task = nullptr;
+    }
+    absl::Status status = RunOnShard(*op, *worker->shard);
+    op->Finish(worker->shard->Annotate(status, op->call.what));
+  }
+}
+
+absl::Status ShardFanOut::Run(const Call& call, const AttemptFn& attempt,
+                              const std::vector<uint32_t>& which) {
+  std::vector<uint32_t> targets = which;
+  if (targets.empty()) {
+    for (uint32_t i = 0; i < shards_.size(); ++i) targets.push_back(i);
+  }
+  Operation op(call, attempt);
+  op.Expect(static_cast<int>(targets.size()));
+  for (uint32_t i : targets) {
+    Worker& worker = *workers_[i];
+    absl::MutexLock lock(&worker.mu);
+    worker.task = &op;
+  }
+  return op.Wait();
+}
+
+absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
+  const Call& call = op.call;
+  thread_local absl::BitGen random;
+  absl::Duration backoff = std::max(call.policy.initial_backoff, absl::Milliseconds(1));
+  std::optional<absl::Time> give_up;  // Set by the first failure.
+  for (;;) {
+    const absl::Time deadline = absl::Now() + call.attempt_timeout;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    if (!op.Begin(&context)) return absl::CancelledError("cancelled: another shard failed");
+    shard.PrepareAttempt();
+    const absl::Status status = op.attempt(shard, context);
+    op.End(&context);
+    const bool deadline_passed = absl::Now() >= deadline;
+    shard.RecordAttempt(status, deadline_passed);
+    if (status.ok()) return status;
+    if (!give_up) give_up = absl::Now() + call.policy.budget;
+    if (absl::IsDeadlineExceeded(status) && !deadline_passed) {
+      // The shard's report that it still waits (for other trainers).
+      if (call.on_wait) {
+        call.on_wait(absl::StrCat("shard ", shard.index(), " (", shard.address(),
+                                  "): ", call.what, ": ", status.message()));
+      }
+      if (absl::Now() >= *give_up) return status;
+      continue;
+    }
+    if (!call.retryable(status)) return status;
+    const absl::Duration sleep = backoff * absl::Uniform(random, 0.75, 1.25);
+    if (absl::Now() + sleep > *give_up) return status;
+    op.SleepUnlessFailed(sleep);
+    backoff = std::min(backoff * 2, std::max(call.policy.max_backoff, absl::Milliseconds(1)));
+  }
+}
+
+}  // namespace shardopt

@@ -1,0 +1,73 @@
+// ShardFanOut: one call made to every shard (or some of them) at once, each
+// on the shard's own long-lived worker thread (no threads are made per
+// call), with retries, and cancellation of the others when one shard fails
+// for good.
+//
+// Each attempt gets a fresh context with a deadline of `attempt_timeout`.
+// A failure `retryable` accepts is retried with capped exponential backoff
+// (RetryPolicy) until the budget is spent. A shard's report that it is still
+// waiting (DEADLINE_EXCEEDED before the attempt's own deadline: the server's
+// max_wait ran out) is passed to `on_wait` and retried at once; those waits
+// count against the same budget. The first shard to fail for good cancels
+// the attempts in flight to the others, and its error (annotated with the
+// shard, its address and `what`) is the result.
+//
+// Run() is called by one thread at a time (the trainer's), never from inside
+// an attempt.
+#ifndef SHARDOPT_CLIENT_SHARD_FANOUT_H_
+#define SHARDOPT_CLIENT_SHARD_FANOUT_H_
+
+#include <grpcpp/client_context.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/retry.h"
+#include "client/shard_connection.h"
+
+namespace shardopt {
+
+class ShardFanOut {
+ public:
+  using AttemptFn = std::function<absl::Status(ShardConnection&, grpc::ClientContext&)>;
+  struct Call {
+    std::string what;  // For errors: "PushGradients step 12".
+    RetryPolicy policy;
+    absl::Duration attempt_timeout = absl::Seconds(60);
+    std::function<bool(const absl::Status&)> retryable = IsRetryable;
+    // Receives "shard i (address): what: <the shard's report>".
+    std::function<void(const std::string&)> on_wait;
+  };
+
+  // Starts one worker per connection; `shards` must outlive the fan-out.
+  explicit ShardFanOut(std::vector<ShardConnection*> shards);
+  ~ShardFanOut();
+  ShardFanOut(const ShardFanOut&) = delete;
+  ShardFanOut& operator=(const ShardFanOut&) = delete;
+
+  // Runs `attempt` against the shards in `which` (all when empty).
+  absl::Status Run(const Call& call, const AttemptFn& attempt,
+                   const std::vector<uint32_t>& which = {});
+
+  size_t size() const { return shards_.size(); }
+
+ private:
+  class Operation;
+  struct Worker;
+  void WorkerLoop(Worker* worker);
+  absl::Status RunOnShard(Operation& op, ShardConnection& shard);
+
+  std::vector<ShardConnection*> shards_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_CLIENT_SHARD_FANOUT_H_

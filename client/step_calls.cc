@@ -1,0 +1,102 @@
+#include "client/step_calls.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/proto_convert.h"
+
+namespace shardopt {
+
+StepCalls::StepCalls(ShardFanOut* fanout, StepCallsContext context)
+    : fanout_(fanout), context_(std::move(context)) {}
+
+ShardFanOut::Call StepCalls::CallFor(std::string what) const {
+  ShardFanOut::Call call;
+  call.what = std::move(what);
+  call.policy = context_.policy;
+  call.attempt_timeout = context_.rpc_timeout;
+  call.on_wait = context_.on_wait;
+  return call;
+}
+
+absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, double loss_scale,
+                             std::vector<v1::PushGradientsResponse>* responses) {
+  responses->assign(fanout_->size(), v1::PushGradientsResponse());
+  const size_t element = DTypeSize(dtype);
+  // gRPC may hold the zero-copy payload slices a little past each call's
+  // Finish(); the payload must outlive them.
+  PayloadPins pins;
+  absl::Status status = fanout_->Run(
+      CallFor(absl::StrCat("PushGradients step ", step)),
+      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::PushGradientsRequest header;
+        v1::PushHeader* h = header.mutable_header();
+        h->set_model_id(context_.model_id);
+        h->set_trainer_rank(context_.trainer_rank);
+        h->set_step(step);
+        h->set_shard_index(shard.index());
+        h->set_num_elements(shard.range().size());
+        h->set_dtype(DTypeToProto(dtype));
+        if (context_.send_loss_scale || loss_scale != 1.0) h->set_loss_scale(loss_scale);
+        return shard.Push(context, header,
+                          static_cast<const char*>(payload) + shard.range().begin * element,
+                          element, context_.chunk_bytes, &pins, &(*responses)[shard.index()]);
+      });
+  pins.WaitUntilReleased();
+  return status;
+}
+
+absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step) {
+  std::vector<StepStats> stats(fanout_->size());
+  absl::Status status = fanout_->Run(
+      CallFor(absl::StrCat("GetStepStats step ", step)),
+      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::GetStepStatsRequest request;
+        request.set_model_id(context_.model_id);
+        request.set_step(step);
+        request.set_shard_index(shard.index());
+        request.set_trainer_rank(context_.trainer_rank);
+        request.set_pushed_step(step);
+        request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
+        v1::StepStats s;
+        absl::Status got = shard.GetStepStats(context, request, &s);
+        stats[shard.index()] = StepStats{s.step(), s.sum_of_squares(), s.found_inf(),
+                                         s.loss_scale()};
+        return got;
+      });
+  if (!status.ok()) return status;
+  return stats;
+}
+
+absl::StatusOr<PulledVersion> StepCalls::Pull(int64_t min_version, int64_t pushed_step,
+                                              const StepDecision* decision, float* flat_params) {
+  std::vector<PulledVersion> pulled(fanout_->size());
+  absl::Status status = fanout_->Run(
+      CallFor(absl::StrCat("PullParameters version >= ", min_version)),
+      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::PullParametersRequest request;
+        request.set_model_id(context_.model_id);
+        request.set_min_version(min_version);
+        request.set_shard_index(shard.index());
+        request.set_dtype(DTypeToProto(context_.pull_dtype));
+        request.set_trainer_rank(context_.trainer_rank);
+        request.set_pushed_step(pushed_step);
+        request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
+        if (decision != nullptr) {
+          request.mutable_decision()->set_skip(decision->skip);
+          request.mutable_decision()->set_clip_coef(decision->clip_coef);
+          request.mutable_decision()->set_grad_norm(decision->grad_norm);
+        }
+        return shard.Pull(context, request, context_.pull_dtype,
+                          flat_params + shard.range().begin, &pulled[shard.index()]);
+      });
+  if (!status.ok()) return status;
+  for (size_t i = 1; i < pulled.size(); ++i) {
+    if (pulled[i].version != pulled[0].version) {
+      return absl::FailedPreconditionError(absl::StrCat("shards disagree on the version: shard 0 is at ",
+                                                        pulled[0].version, ", shard ", i, " at ",
+                                                        pulled[i].version));
+    }
+  }
+  return pulled[0];
+}
+
+}  // namespace shardopt

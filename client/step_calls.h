@@ -1,0 +1,66 @@
+// StepCalls: one round of a step's calls to every shard at once - the push,
+// the statistics (with gradient control), the pull - without recovery. A
+// shard that lacks an earlier step, or this trainer's push of the step,
+// answers OUT_OF_RANGE at once (the calls carry the step this trainer
+// pushed), which ends the round on every shard; TrainerClient then runs
+// Recovery and repeats the round (every call of it is idempotent).
+#ifndef SHARDOPT_CLIENT_STEP_CALLS_H_
+#define SHARDOPT_CLIENT_STEP_CALLS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/retry.h"
+#include "client/shard_connection.h"
+#include "client/shard_fanout.h"
+#include "common/dtype.h"
+#include "common/step_protocol.h"
+#include "proto/shardopt/v1/shard_service.pb.h"
+
+namespace shardopt {
+
+struct StepCallsContext {
+  std::string model_id;
+  uint32_t trainer_rank = 0;
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  RetryPolicy policy;
+  absl::Duration wait_report_interval = absl::Seconds(5);
+  std::function<void(const std::string&)> on_wait;
+  size_t chunk_bytes = 4 << 20;
+  DType pull_dtype = DType::kFloat32;
+  bool send_loss_scale = false;  // The model uses loss scaling.
+};
+
+class StepCalls {
+ public:
+  // `fanout` (over the shards, whose ranges are set) must outlive this.
+  StepCalls(ShardFanOut* fanout, StepCallsContext context);
+
+  // Pushes `payload` (the whole flat gradient in `dtype`; it must stay valid
+  // until this returns) as this trainer's step `step`; each shard's answer
+  // in `responses` (shard order).
+  absl::Status Push(int64_t step, const void* payload, DType dtype, double loss_scale,
+                    std::vector<v1::PushGradientsResponse>* responses);
+  // Every shard's statistics of `step`, which this trainer pushed.
+  absl::StatusOr<std::vector<StepStats>> Stats(int64_t step);
+  // Every shard's parameters at version >= min_version into `flat_params`
+  // (with `decision`, sent for step min_version); `pushed_step` (0: none)
+  // is checked to be held by every shard. FAILED_PRECONDITION when the
+  // shards answer different versions.
+  absl::StatusOr<PulledVersion> Pull(int64_t min_version, int64_t pushed_step,
+                                     const StepDecision* decision, float* flat_params);
+
+ private:
+  ShardFanOut::Call CallFor(std::string what) const;
+
+  ShardFanOut* const fanout_;
+  const StepCallsContext context_;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_CLIENT_STEP_CALLS_H_

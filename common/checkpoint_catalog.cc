@@ -1,0 +1,106 @@
+#include "common/checkpoint_catalog.h"
+
+#include <algorithm>
+
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardopt {
+
+absl::StatusOr<std::vector<CommittedCheckpoint>> ListCommittedCheckpoints(
+    const std::string& model_root, FileEnv* env) {
+  std::vector<CommittedCheckpoint> committed;
+  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(model_root);
+  if (absl::IsNotFound(names.status())) return committed;
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    int64_t step = 0;
+    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    const std::string dir = JoinPath(model_root, name);
+    if (FileExists(env, JoinPath(dir, kCheckpointManifestFile))) {
+      committed.push_back(CommittedCheckpoint{step, dir});
+    }
+  }
+  std::sort(committed.begin(), committed.end(),
+            [](const CommittedCheckpoint& a, const CommittedCheckpoint& b) {
+              return a.step > b.step;
+            });
+  return committed;
+}
+
+absl::Status SetAsideCheckpoint(const std::string& directory, absl::string_view why,
+                                FileEnv* env) {
+  absl::BitGen random;
+  const std::string aside =
+      JoinPath(DirectoryOf(directory), absl::StrCat(".", why, ".", BaseName(directory), ".",
+                                                    absl::Hex(absl::Uniform<uint64_t>(random))));
+  absl::Status renamed = env->Rename(directory, aside);
+  if (absl::IsNotFound(renamed)) return absl::OkStatus();
+  if (!renamed.ok()) return renamed;
+  return env->SyncDirectory(DirectoryOf(directory));
+}
+
+absl::Status SetAsideCheckpointsAfter(const std::string& model_root, int64_t step,
+                                      absl::string_view why, FileEnv* env) {
+  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(model_root);
+  if (absl::IsNotFound(names.status())) return absl::OkStatus();
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    int64_t n = 0;
+    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &n) || n <= step) {
+      continue;
+    }
+    if (absl::Status s = SetAsideCheckpoint(JoinPath(model_root, name), why, env); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenVerifiedCheckpoint(
+    const std::string& directory, FileEnv* env) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(directory, env);
+  if (!reader.ok()) return reader.status();
+  if (absl::Status s = (*reader)->VerifyEveryBlock(); !s.ok()) return s;
+  return reader;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNewestVerifiedCheckpoint(
+    const std::string& model_root,
+    const std::function<void(const std::string& directory, const absl::Status& why)>& on_damaged,
+    FileEnv* env) {
+  absl::StatusOr<std::vector<CommittedCheckpoint>> committed =
+      ListCommittedCheckpoints(model_root, env);
+  if (!committed.ok()) return committed.status();
+  if (committed->empty()) {
+    return absl::NotFoundError(absl::StrCat("no committed checkpoint in ", model_root));
+  }
+  std::vector<std::string> damaged;
+  for (const CommittedCheckpoint& c : *committed) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+        OpenVerifiedCheckpoint(c.directory, env);
+    if (reader.ok()) return reader;
+    // Unreadable or inconsistent (FAILED_PRECONDITION: an unknown format)
+    // is as unusable as a bad checksum; anything else (permissions, I/O) is
+    // not the checkpoint's fault: stop.
+    if (!absl::IsDataLoss(reader.status()) && !absl::IsFailedPrecondition(reader.status()) &&
+        !absl::IsNotFound(reader.status())) {
+      return reader.status();
+    }
+    if (on_damaged) on_damaged(c.directory, reader.status());
+    damaged.push_back(absl::StrCat(c.directory, ": ", reader.status().message()));
+    if (absl::Status s = SetAsideCheckpoint(c.directory, "damaged", env); !s.ok()) return s;
+  }
+  return absl::DataLossError(absl::StrCat("no committed checkpoint of ", model_root,
+                                          " verifies: ", absl::StrJoin(damaged, "; ")));
+}
+
+int64_t RecoveryFloor(const std::vector<CommittedCheckpoint>& committed) {
+  if (committed.empty()) return 0;
+  return committed.size() >= 2 ? committed[1].step : committed[0].step;
+}
+
+}  // namespace shardopt

@@ -1,0 +1,74 @@
+// The periodic checkpoints of one model: a directory of "step-N"
+// subdirectories (as --checkpoint_dir lays them out), each a checkpoint of
+// common/checkpoint_files.h.
+//
+// Restoring picks the newest committed checkpoint whose every part verifies
+// (every block's checksum, not only the restoring shard's), so that every
+// shard restarting from the same directory chooses the same one. A
+// checkpoint found damaged is set aside - renamed to
+// ".damaged.step-N.<id>", out of the step-N namespace - so that no shard
+// loads it (one reading it while it is renamed fails too, and falls back
+// alike), later periodic checkpoints of that step start afresh, and an
+// operator can still look at it. Checkpoints given up by a rollback are set
+// aside the same way (".abandoned.step-N.<id>").
+#ifndef SHARDOPT_COMMON_CHECKPOINT_CATALOG_H_
+#define SHARDOPT_COMMON_CHECKPOINT_CATALOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/checkpoint_files.h"
+#include "common/file.h"
+
+namespace shardopt {
+
+struct CommittedCheckpoint {
+  int64_t step = 0;
+  std::string directory;
+};
+
+// The step directories of `model_root` that hold a manifest, newest first
+// (an absent root has none).
+absl::StatusOr<std::vector<CommittedCheckpoint>> ListCommittedCheckpoints(
+    const std::string& model_root, FileEnv* env = FileEnv::Default());
+
+// Renames checkpoint directory `directory` to ".<why>.step-N.<random>" in
+// its parent. OK when it is already gone (another shard set it aside).
+absl::Status SetAsideCheckpoint(const std::string& directory, absl::string_view why,
+                                FileEnv* env = FileEnv::Default());
+
+// Sets aside every step directory of `model_root` (committed or not) for a
+// step after `step`: what a rollback to `step` gives up, parts of unfinished
+// checkpoints included (they would otherwise be combined with the parts the
+// same steps get again).
+absl::Status SetAsideCheckpointsAfter(const std::string& model_root, int64_t step,
+                                      absl::string_view why, FileEnv* env = FileEnv::Default());
+
+// Opens and fully verifies (CheckpointReader::VerifyEveryBlock) the checkpoint
+// in `directory`.
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenVerifiedCheckpoint(
+    const std::string& directory, FileEnv* env = FileEnv::Default());
+
+// The newest committed checkpoint of `model_root` that verifies whole. Each
+// newer one that does not is passed to `on_damaged` (directory, why) and set
+// aside. NOT_FOUND when none is committed; DATA_LOSS naming every damaged
+// checkpoint and its problem when none verifies.
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNewestVerifiedCheckpoint(
+    const std::string& model_root,
+    const std::function<void(const std::string& directory, const absl::Status& why)>& on_damaged,
+    FileEnv* env = FileEnv::Default());
+
+// The oldest version a shard of this model could come back at after a
+// restart now: the step of the older of the two newest committed
+// checkpoints (the one restore falls back to when the newest is damaged),
+// the newest when there is one, 0 when there is none yet.
+int64_t RecoveryFloor(const std::vector<CommittedCheckpoint>& committed);
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_COMMON_CHECKPOINT_CATALOG_H_

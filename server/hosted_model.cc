@@ -1,0 +1,122 @@
+#include "server/hosted_model.h"
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint_catalog.h"
+#include "common/logging.h"
+#include "server/checkpointing.h"
+
+namespace shardopt {
+namespace {
+
+uint64_t NewIncarnation() {
+  absl::BitGen random;
+  uint64_t id = 0;
+  while (id == 0) id = absl::Uniform<uint64_t>(random);  // 0 reads as "unset".
+  return id;
+}
+
+}  // namespace
+
+HostedModel::HostedModel(v1::ModelConfig config, std::unique_ptr<ModelShard> shard,
+                         StateBudget::Reservation reservation,
+                         PeriodicCheckpointOptions checkpoints)
+    : config_(std::move(config)),
+      shard_(std::move(shard)),
+      reservation_(std::move(reservation)),
+      checkpoints_(std::move(checkpoints)),
+      incarnation_(NewIncarnation()) {
+  if (periodic_checkpoints()) RefreshCheckpointList();
+}
+
+HostedModel::~HostedModel() { Stop(); }
+
+void HostedModel::StartCheckpoints() {
+  if (!periodic_checkpoints() || checkpoints_.every <= 0) return;
+  absl::MutexLock lock(&mu_);
+  if (stop_ || saver_.joinable()) return;
+  saver_ = std::thread([this] { SaveLoop(); });
+}
+
+void HostedModel::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  shard_->Shutdown();
+  if (saver_.joinable()) saver_.join();
+}
+
+bool HostedModel::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stop_;
+}
+
+std::vector<int64_t> HostedModel::committed_checkpoints() const {
+  absl::MutexLock lock(&mu_);
+  return committed_;
+}
+
+void HostedModel::RefreshCheckpointList() {
+  absl::StatusOr<std::vector<CommittedCheckpoint>> listed =
+      ListCommittedCheckpoints(checkpoints_.model_root, checkpoints_.env);
+  if (!listed.ok()) {
+    LogWarning("model '%s': cannot list its checkpoints: %s", config_.model_id(),
+               listed.status().ToString());
+    return;
+  }
+  std::vector<int64_t> steps;
+  for (const CommittedCheckpoint& c : *listed) steps.push_back(c.step);
+  recovery_floor_.store(RecoveryFloor(*listed));
+  absl::MutexLock lock(&mu_);
+  committed_ = std::move(steps);
+}
+
+void HostedModel::SaveLoop() {
+  ModelShard& shard = *shard_;
+  const int64_t every = checkpoints_.every;
+  const std::string& model_id = config_.model_id();
+  auto stop = [this] { return stopping(); };
+  // The first multiple of `every` not yet applied (the current version
+  // counts: a restored shard finds that checkpoint already there). Each
+  // checkpoint takes the next one's hold before releasing its own, so that
+  // no step boundary slips past between two of them.
+  int64_t next = (shard.version() + every - 1) / every * every;
+  ModelShard::StepHold hold = shard.HoldStep(next);
+  while (!stopping()) {
+    const std::string dir = JoinPath(checkpoints_.model_root, CheckpointStepDirName(next));
+    ModelShard::StepHold next_hold = shard.HoldStep(next + every);
+    absl::StatusOr<CheckpointPartWritten> written =
+        SaveCheckpoint(shard, config_, dir, next, absl::InfiniteFuture(), stop, std::move(hold),
+                       checkpoints_.env);
+    hold = std::move(next_hold);
+    if (written.ok()) {
+      if (written->bytes > 0) {
+        LogInfo("model '%s': saved step %d to %s (%d bytes)%s", model_id, next, written->data_file,
+                written->bytes, written->committed ? "; checkpoint committed" : "");
+      }
+      if (checkpoints_.keep > 0) {
+        absl::StatusOr<int> pruned = PruneCheckpoints(checkpoints_.model_root,
+                                                      checkpoints_.shard_index, checkpoints_.keep,
+                                                      checkpoints_.env);
+        if (!pruned.ok()) {
+          LogError("model '%s': removing old checkpoints: %s", model_id,
+                   pruned.status().ToString());
+        }
+      }
+      RefreshCheckpointList();
+    } else if (stopping() || absl::IsUnavailable(written.status()) ||
+               absl::IsCancelled(written.status())) {
+      return;
+    } else {
+      // A full or failing disk must not end checkpointing for good: log,
+      // wait a little (bounded by shutdown), and go on with the next one.
+      LogError("model '%s': checkpoint of step %d failed: %s", model_id, next,
+               written.status().ToString());
+      for (int i = 0; i < 10 && !stopping(); ++i) absl::SleepFor(absl::Milliseconds(100));
+    }
+    next += every;
+  }
+}
+
+}  // namespace shardopt

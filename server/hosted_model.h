@@ -1,0 +1,87 @@
+// HostedModel: one model as a shard server holds it - its registered config,
+// its ModelShard, the state budget it reserved, its incarnation - and, with
+// periodic checkpoints, the thread that saves it at every multiple of
+// checkpoint_every and what it knows of the model's committed checkpoints
+// (for trainers' recovery: ModelSummary, PushGradientsResponse).
+//
+// The incarnation is a random id fixed when the model is made (registered,
+// restored, rolled back): a shard's state replaced by a restart or a
+// rollback never has the incarnation it had before, so a rollback decided
+// on an older survey can be refused. Thread-safe.
+#ifndef SHARDOPT_SERVER_HOSTED_MODEL_H_
+#define SHARDOPT_SERVER_HOSTED_MODEL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/file.h"
+#include "proto/shardopt/v1/shard_service.pb.h"
+#include "server/model_shard.h"
+#include "server/state_budget.h"
+
+namespace shardopt {
+
+struct PeriodicCheckpointOptions {
+  std::string model_root;  // checkpoint_dir/<model_id>; empty: no periodic checkpoints.
+  int64_t every = 0;
+  int keep = 0;  // 0 keeps all.
+  uint32_t shard_index = 0;
+  FileEnv* env = FileEnv::Default();
+};
+
+class HostedModel {
+ public:
+  HostedModel(v1::ModelConfig config, std::unique_ptr<ModelShard> shard,
+              StateBudget::Reservation reservation, PeriodicCheckpointOptions checkpoints);
+  // Stops first (see Stop).
+  ~HostedModel();
+  HostedModel(const HostedModel&) = delete;
+  HostedModel& operator=(const HostedModel&) = delete;
+
+  const v1::ModelConfig& config() const { return config_; }
+  ModelShard& shard() { return *shard_; }
+  const ModelShard& shard() const { return *shard_; }
+  uint64_t incarnation() const { return incarnation_; }
+  bool periodic_checkpoints() const { return !checkpoints_.model_root.empty(); }
+  const PeriodicCheckpointOptions& checkpoint_options() const { return checkpoints_; }
+
+  // Starts saving every checkpoint_every steps (no-op without periodic
+  // checkpoints). Once.
+  void StartCheckpoints();
+  // Wakes every waiter on the shard with UNAVAILABLE and stops saving;
+  // returns once the saving thread has finished. Idempotent.
+  void Stop();
+
+  // The committed periodic checkpoints as last listed, newest first (the
+  // list is refreshed after each of this shard's writes and by Refresh).
+  std::vector<int64_t> committed_checkpoints() const;
+  // See PushGradientsResponse.recovery_floor: -1 without periodic checkpoints.
+  int64_t recovery_floor() const { return recovery_floor_.load(); }
+  // Lists the checkpoint directory again.
+  void RefreshCheckpointList();
+
+ private:
+  void SaveLoop();
+  bool stopping() const;
+
+  const v1::ModelConfig config_;
+  std::unique_ptr<ModelShard> shard_;
+  StateBudget::Reservation reservation_;
+  const PeriodicCheckpointOptions checkpoints_;
+  const uint64_t incarnation_;
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int64_t> committed_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> recovery_floor_{-1};
+  std::thread saver_;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_HOSTED_MODEL_H_

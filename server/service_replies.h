@@ -1,0 +1,33 @@
+// Pieces of ShardServiceImpl's replies that several of its calls fill the
+// same way.
+#ifndef SHARDOPT_SERVER_SERVICE_REPLIES_H_
+#define SHARDOPT_SERVER_SERVICE_REPLIES_H_
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+#include "common/grpc_status.h"
+#include "common/layout.h"
+#include "proto/shardopt/v1/shard_service.pb.h"
+#include "server/model_shard.h"
+
+namespace shardopt {
+
+inline grpc::Status Error(const absl::Status& status) { return ToGrpcStatus(status); }
+
+inline void SetRange(const FlatRange& range, v1::ShardRange* proto) {
+  proto->set_begin(range.begin);
+  proto->set_end(range.end);
+}
+
+inline void FillByteCounts(const ShardSnapshot& snap, v1::ByteCounts* bytes) {
+  bytes->set_parameter_bytes(snap.parameter_bytes);
+  bytes->set_optimizer_state_bytes(snap.optimizer_state_bytes);
+  bytes->set_staging_bytes(snap.staging_bytes);
+  bytes->set_gradient_bytes_received(snap.gradient_bytes_received);
+  bytes->set_parameter_bytes_sent(snap.parameter_bytes_sent);
+}
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_SERVICE_REPLIES_H_

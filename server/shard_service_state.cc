@@ -1,0 +1,357 @@
+// ShardServiceImpl: the calls that read or replace a model's state as a
+// whole - Inspect, GetServerInfo, Checkpoint, RollBack - and the restore
+// before serving.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint_catalog.h"
+#include "common/logging.h"
+#include "common/proto_convert.h"
+#include "server/service_replies.h"
+#include "server/shard_service.h"
+
+namespace shardopt {
+namespace {
+
+constexpr uint32_t kDefaultSliceLength = 8;
+constexpr uint32_t kMaxSliceLength = 4096;
+// Committed checkpoints listed per model in ModelSummary.
+constexpr size_t kMaxListedCheckpoints = 16;
+
+void LogDamaged(const std::string& directory, const absl::Status& why) {
+  LogWarning("checkpoint %s is damaged and set aside (.damaged.*): %s; falling back to an older one",
+             directory, why.ToString());
+}
+
+}  // namespace
+
+grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
+                                       const v1::InspectRequest* request,
+                                       v1::InspectResponse* response) {
+  absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
+  if (!model.ok()) return Error(model.status());
+  ModelShard& shard = (*model)->shard();
+  uint32_t length = request->slice_length() == 0 ? kDefaultSliceLength : request->slice_length();
+  length = std::min(length, kMaxSliceLength);
+  absl::StatusOr<ShardSnapshot> snap =
+      shard.Snapshot(request->tensor_name(), request->slice_offset(), length,
+                     /*with_tensor_stats=*/true);
+  if (!snap.ok()) return Error(snap.status());
+
+  const v1::ModelConfig& config = (*model)->config();
+  response->set_model_id(config.model_id());
+  response->set_shard_index(options_.shard_index);
+  response->set_shard_count(options_.shard_count);
+  SetRange(shard.range(), response->mutable_range());
+  response->set_version(snap->version);
+  response->set_next_step(snap->version + 1);
+  response->set_num_trainers(config.num_trainers());
+  for (uint32_t r : snap->trainers_pushed) response->add_trainers_pushed(r);
+  *response->mutable_optimizer() = config.optimizer();
+  response->set_reduction(config.reduction());
+  for (const TensorPieceStats& t : snap->tensors) {
+    const TensorPlacement& placement = shard.layout().tensors()[t.piece.tensor_index];
+    v1::TensorStats* stats = response->add_tensors();
+    stats->set_name(placement.spec.name);
+    for (int64_t d : placement.spec.shape) stats->add_shape(d);
+    stats->set_tensor_offset(t.piece.tensor_offset);
+    stats->set_num_elements(t.piece.size);
+    stats->set_l2_norm(t.l2_norm);
+    stats->set_min(t.min);
+    stats->set_max(t.max);
+    stats->set_mean(t.mean);
+  }
+  response->set_slice_offset(request->slice_offset());
+  for (float v : snap->values) response->add_values(v);
+  FillByteCounts(*snap, response->mutable_bytes());
+  *response->mutable_layout() = config.layout();
+  *response->mutable_current_optimizer() = OptimizerConfigToProto(snap->current.optimizer);
+  *response->mutable_lr_schedule() = LrScheduleToProto(snap->current.lr_schedule);
+  response->set_last_lr(snap->last_lr);
+  for (int64_t step : snap->scheduled_changes) response->add_scheduled_changes(step);
+  *response->mutable_gradient_control() = config.gradient_control();
+  response->set_last_decided_step(snap->last_step.step);
+  response->mutable_last_decision()->set_skip(snap->last_step.decision.skip);
+  response->mutable_last_decision()->set_clip_coef(snap->last_step.decision.clip_coef);
+  response->mutable_last_decision()->set_grad_norm(snap->last_step.decision.grad_norm);
+  response->set_last_loss_scale(snap->last_step.loss_scale);
+  response->set_optimizer_steps(snap->optimizer_steps);
+  response->set_skipped_steps(snap->skipped_steps);
+  const absl::Time now = absl::Now();
+  for (uint32_t r = 0; r < snap->trainers.size(); ++r) {
+    const TrainerActivity& a = snap->trainers[r];
+    v1::TrainerActivity* t = response->add_trainers();
+    t->set_rank(r);
+    t->set_last_pushed_step(a.last_pushed_step);
+    t->set_seconds_since_last_push(a.last_push_time ? absl::ToDoubleSeconds(now - *a.last_push_time)
+                                                    : -1.0);
+  }
+  if ((*model)->periodic_checkpoints()) (*model)->RefreshCheckpointList();
+  const std::vector<int64_t> committed = (*model)->committed_checkpoints();
+  response->set_newest_committed_checkpoint(committed.empty() ? -1 : committed.front());
+  response->set_incarnation((*model)->incarnation());
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
+                                             const v1::GetServerInfoRequest* request,
+                                             v1::ServerInfo* response) {
+  response->set_shard_index(options_.shard_index);
+  response->set_shard_count(options_.shard_count);
+  response->set_device(options_.gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", options_.gpu_index));
+  response->set_threads(pool_.threads());
+  response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  for (const std::shared_ptr<HostedModel>& model : models_.All()) {
+    v1::ModelSummary* summary = response->add_models();
+    summary->set_model_id(model->config().model_id());
+    summary->set_num_trainers(model->config().num_trainers());
+    summary->set_optimizer(OptimizerKindName(model->shard().options().optimizer.kind));
+    SetRange(model->shard().range(), summary->mutable_range());
+    absl::StatusOr<ShardSnapshot> snap =
+        model->shard().Snapshot("", 0, 0, /*with_tensor_stats=*/false);
+    if (snap.ok()) {
+      summary->set_version(snap->version);
+      FillByteCounts(*snap, summary->mutable_bytes());
+      for (uint32_t r : snap->trainers_pushed) summary->add_trainers_pushed(r);
+    }
+    summary->set_incarnation(model->incarnation());
+    // Listed afresh: recovery decides on these.
+    if (model->periodic_checkpoints()) model->RefreshCheckpointList();
+    const std::vector<int64_t> committed = model->committed_checkpoints();
+    for (size_t i = 0; i < committed.size() && i < kMaxListedCheckpoints; ++i) {
+      summary->add_committed_checkpoints(committed[i]);
+    }
+    summary->set_recovery_floor(model->recovery_floor());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
+                                          const v1::CheckpointRequest* request,
+                                          v1::CheckpointResponse* response) {
+  CallScope call(this);
+  if (!call.admitted().ok()) return Error(call.admitted());
+  absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
+  if (!model.ok()) return Error(model.status());
+  if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
+  if (request->directory().empty()) {
+    return Error(absl::InvalidArgumentError("directory is empty"));
+  }
+  if (request->step() < -1) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));
+  }
+  ModelShard& shard = (*model)->shard();
+  const int64_t step = request->step() == -1 ? shard.version() : request->step();
+  absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
+      shard, (*model)->config(), request->directory(), step, absl::FromChrono(context->deadline()),
+      [context] { return context->IsCancelled(); }, ModelShard::StepHold(), options_.file_env);
+  if (!written.ok()) return Error(written.status());
+  LogInfo("model '%s': checkpoint of step %d: %s%s", request->model_id(), step, written->data_file,
+          written->committed ? " (committed the manifest)" : "");
+  response->set_step(step);
+  response->set_part_file(written->data_file);
+  response->set_bytes_written(written->bytes);
+  response->set_committed(written->committed);
+  response->set_manifest(written->manifest);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
+                                        const v1::RollBackRequest* request,
+                                        v1::RollBackResponse* response) {
+  CallScope call(this);
+  if (!call.admitted().ok()) return Error(call.admitted());
+  if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
+  // One at a time: trainers that find replay impossible all ask.
+  absl::MutexLock rollback_lock(&rollback_mu_);
+  absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
+  if (!model.ok()) return Error(model.status());
+  const std::string& model_id = request->model_id();
+  if (!(*model)->periodic_checkpoints()) {
+    return Error(absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_index, " keeps no periodic checkpoints of model '",
+                     model_id, "' (--checkpoint_dir, --checkpoint_every): nothing to roll back to")));
+  }
+  const int64_t version = (*model)->shard().version();
+  response->set_version(version);
+  response->set_incarnation((*model)->incarnation());
+  if ((*model)->incarnation() != request->expected_incarnation()) {
+    return Error(absl::AbortedError(absl::StrCat(
+        "model '", model_id, "' on shard ", options_.shard_index,
+        " changed since the rollback was decided (it restarted or rolled back; now at version ",
+        version, "): look again")));
+  }
+  if (version == request->to_step()) {
+    response->set_rolled_back(false);
+    return grpc::Status::OK;
+  }
+  if (version < request->to_step()) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_index, " is at version ", version, ", behind step ",
+        request->to_step(), ": a rollback cannot go forward")));
+  }
+  const std::string& root = (*model)->checkpoint_options().model_root;
+  const std::string dir = JoinPath(root, CheckpointStepDirName(request->to_step()));
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
+      OpenVerifiedCheckpoint(dir, options_.file_env);
+  if (!checkpoint.ok()) return Error(checkpoint.status());
+  if ((*checkpoint)->manifest().parts(0).progress().run_id() !=
+      (*model)->shard().GetAttachInfo().run_id) {
+    return Error(absl::FailedPreconditionError(
+        absl::StrCat(dir, " holds another training run of model '", model_id, "'")));
+  }
+  absl::StatusOr<std::shared_ptr<HostedModel>> replacement = LoadModel(**checkpoint);
+  if (!replacement.ok()) return Error(replacement.status());
+  // The later checkpoints hold the steps given up: set aside, so that no
+  // restart takes them for this run's future.
+  if (absl::Status s =
+          SetAsideCheckpointsAfter(root, request->to_step(), "abandoned", options_.file_env);
+      !s.ok()) {
+    return Error(s);
+  }
+  if (absl::Status s = models_.Replace(*model, *replacement); !s.ok()) return Error(s);
+  LogWarning("model '%s': rolled back from version %d to step %d (%s): %s", model_id, version,
+             request->to_step(), dir, request->reason());
+  response->set_version((*replacement)->shard().version());
+  response->set_incarnation((*replacement)->incarnation());
+  response->set_rolled_back(true);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::shared_ptr<HostedModel>> ShardServiceImpl::LoadModel(
+    const CheckpointReader& checkpoint) {
+  absl::StatusOr<ShardPlan> plan =
+      PlanShard(checkpoint.manifest().config(), options_.shard_index, options_.shard_count);
+  if (!plan.ok()) {
+    return absl::DataLossError(absl::StrCat(checkpoint.directory(),
+                                            ": the saved model config is unusable: ",
+                                            plan.status().message()));
+  }
+  absl::StatusOr<StateBudget::Reservation> reservation =
+      budget_.Reserve(plan->config.model_id(), StateBytes(*plan));
+  if (!reservation.ok()) return reservation.status();
+  absl::StatusOr<std::unique_ptr<ModelShard>> shard =
+      RestoreShard(checkpoint, *plan, BackendFactory());
+  if (!shard.ok()) return shard.status();
+  return std::make_shared<HostedModel>(plan->config, std::move(*shard), std::move(*reservation),
+                                       CheckpointOptionsFor(plan->config.model_id()));
+}
+
+absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint) {
+  const v1::CheckpointManifest& manifest = checkpoint.manifest();
+  if (absl::Status s = CheckCheckpointRoot(manifest.config().model_id(), checkpoint.step(),
+                                           manifest.parts(0).progress().run_id());
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<HostedModel>> model = LoadModel(checkpoint);
+  if (!model.ok()) return model.status();
+  std::shared_ptr<HostedModel> installed = models_.Install(*model);
+  if (installed == nullptr) return absl::UnavailableError("the shard server is shutting down");
+  if (installed != *model) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("model '", manifest.config().model_id(), "' is restored twice"));
+  }
+  LogInfo("restored model '%s' at version %d from %s (written by %d shards), range [%d, %d)",
+          manifest.config().model_id(), installed->shard().version(), checkpoint.directory(),
+          manifest.config().shard_count(), installed->shard().range().begin,
+          installed->shard().range().end);
+  return absl::OkStatus();
+}
+
+absl::Status ShardServiceImpl::RestoreNewestOf(const std::string& model_root) {
+  if (FileExists(options_.file_env, JoinPath(model_root, kCheckpointManifestFile))) {
+    // A model directory that is itself one checkpoint (the Checkpoint RPC's).
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
+        OpenVerifiedCheckpoint(model_root, options_.file_env);
+    if (!checkpoint.ok()) return checkpoint.status();
+    return RestoreModel(**checkpoint);
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> newest =
+      OpenNewestVerifiedCheckpoint(model_root, LogDamaged, options_.file_env);
+  if (!newest.ok()) return newest.status();
+  return RestoreModel(**newest);
+}
+
+absl::Status ShardServiceImpl::CheckCheckpointRoot(const std::string& model_id, int64_t version,
+                                                   const std::string& run_id) {
+  if (options_.checkpoint_dir.empty() || options_.checkpoint_every <= 0) return absl::OkStatus();
+  const std::string root = JoinPath(options_.checkpoint_dir, model_id);
+  absl::StatusOr<std::string> latest = FindLatestCheckpoint(root, options_.file_env);
+  if (absl::IsNotFound(latest.status())) return absl::OkStatus();
+  if (!latest.ok()) return latest.status();
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
+      CheckpointReader::Open(*latest, options_.file_env);
+  if (!checkpoint.ok()) return checkpoint.status();
+  const int64_t step = (*checkpoint)->step();
+  const std::string& saved_run = (*checkpoint)->manifest().parts(0).progress().run_id();
+  // Periodic checkpoints of two runs (or of a run and its rollback) in one
+  // directory would be taken for each other after a restart.
+  if (version < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--checkpoint_dir already holds checkpoints of model '", model_id,
+                     "' (latest: step ", step, " in ", *latest,
+                     "): restore it with --restore_from, or give this new run "
+                     "another --checkpoint_dir"));
+  }
+  if (step > version || saved_run != run_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--checkpoint_dir holds a checkpoint of model '", model_id, "' ",
+        step > version
+            ? absl::StrCat("later than the restored step ", version, " (step ", step, ")")
+            : "of another training run",
+        " in ", *latest, ": restoring here would mix the two; use another --checkpoint_dir"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
+  FileEnv* env = options_.file_env;
+  absl::StatusOr<FileInfo> info = env->Stat(path);
+  if (absl::IsNotFound(info.status())) {
+    // The first start of a job whose restarts use the same command line.
+    LogInfo("%s does not exist yet: nothing to restore", path);
+    return absl::OkStatus();
+  }
+  if (!info.ok() || info->type != FileType::kDirectory) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
+  }
+  if (FileExists(env, JoinPath(path, kCheckpointManifestFile))) {
+    // The one the operator named: verified whole, never replaced by another.
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
+        OpenVerifiedCheckpoint(path, env);
+    if (!checkpoint.ok()) return checkpoint.status();
+    return RestoreModel(**checkpoint);
+  }
+  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(path);
+  if (!names.ok()) return names.status();
+  std::vector<std::string> model_dirs;
+  bool has_parts = false, has_steps = false;
+  for (const std::string& name : *names) {
+    has_parts = has_parts || absl::StartsWith(name, "shard-");
+    has_steps = has_steps || absl::StartsWith(name, "step-");
+    absl::StatusOr<FileInfo> entry = env->Stat(JoinPath(path, name));
+    if (entry.ok() && entry->type == FileType::kDirectory && name[0] != '.') {
+      model_dirs.push_back(JoinPath(path, name));
+    }
+  }
+  if (has_parts) {
+    // A checkpoint directory some shard never finished: refuse, never load in part.
+    return CheckpointReader::Open(path, env).status();
+  }
+  if (has_steps) return RestoreNewestOf(path);  // One model's periodic checkpoints.
+  for (const std::string& dir : model_dirs) {  // Sorted: ListDirectory sorts.
+    absl::Status s = RestoreNewestOf(dir);
+    if (absl::IsNotFound(s)) {
+      LogInfo("%s: no committed checkpoint; nothing to restore", dir);
+      continue;
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardopt
