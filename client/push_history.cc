@@ -212,8 +212,28 @@ void PushHistory::DropThrough(int64_t floor) {
   for (const std::string& path : gone) options_.env->RemoveFile(path).IgnoreError();
 }
 
+void PushHistory::DropAfter(int64_t version) {
+  std::vector<std::string> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!memory_.empty() && memory_.back().step > version) memory_.pop_back();
+    while (!journaled_.empty() && *journaled_.rbegin() > version) {
+      gone.push_back(PushPath(*journaled_.rbegin()));
+      journaled_.erase(std::prev(journaled_.end()));
+    }
+    while (!decisions_.empty() && decisions_.rbegin()->first > version) {
+      if (persistent()) gone.push_back(DecisionPath(decisions_.rbegin()->first));
+      decisions_.erase(std::prev(decisions_.end()));
+    }
+  }
+  // (This process no longer lists them whatever happens; a file that cannot
+  // be removed would come back only with a restart.)
+  for (const std::string& path : gone) options_.env->RemoveFile(path).IgnoreError();
+}
+
 absl::Status PushHistory::RecordChange(const v1::SetHyperparametersRequest& request) {
-  if (!enabled()) return absl::OkStatus();
+  // Kept even without replay history (they are small): every push carries
+  // the changes still to come.
   if (persistent()) {
     if (absl::Status s = WriteFileAtomically(options_.env, ChangePath(request.effective_step()),
                                              request.SerializeAsString());

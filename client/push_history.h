@@ -3,8 +3,9 @@
 //
 // Each entry is one step's gradient exactly as pushed (wire dtype, loss
 // scale) and, with gradient control, the decision every shard applied to
-// it. Hyperparameter changes the trainer sent are kept too: a shard restored
-// from before a change has lost it.
+// it. Hyperparameter changes the trainer sent are kept too, even without
+// replay history: every push carries those still to come, since a shard
+// restored from before a change has lost it.
 //
 // In memory it keeps the last `replay_steps` entries. With a journal
 // directory every entry is written there (atomically, fsync'ed) before the
@@ -75,6 +76,9 @@ class PushHistory {
   // No shard can come back below `floor` any more: entries for steps <=
   // floor go (the newest entry stays).
   void DropThrough(int64_t floor);
+  // The job rolled back to `version`: the pushes (and decisions) of later
+  // steps belong to the steps given up, and go.
+  void DropAfter(int64_t version);
 
   absl::Status RecordChange(const v1::SetHyperparametersRequest& request);
   // The last word for each step after `version` (a cancel too: a restored

@@ -104,6 +104,27 @@ TEST(PushHistoryTest, AJournalSurvivesAReopenAndIsDroppedBelowTheFloor) {
   EXPECT_TRUE(again->Find(6).ok());
 }
 
+TEST(PushHistoryTest, ARollbackDropsTheStepsGivenUp) {
+  const std::string dir = TempDir("journal_rollback");
+  {
+    std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, dir}).value();
+    for (int64_t step = 1; step <= 6; ++step) ASSERT_TRUE(RecordStep(*h, step).ok());
+    ASSERT_TRUE(h->RecordDecision(5, {true, 1.0, 0}).ok());
+    h->DropAfter(3);
+    EXPECT_EQ(h->newest_step(), 3);
+    EXPECT_EQ(h->Find(4).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_TRUE(h->Find(3).ok());
+  }
+  std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, dir}).value();
+  EXPECT_EQ(h->newest_step(), 3);  // Gone from the journal too.
+  ASSERT_TRUE(RecordStep(*h, 5).ok());
+  EXPECT_FALSE(h->Find(5)->decision.has_value());
+  std::unique_ptr<PushHistory> memory = PushHistory::Open({"m", 0, 4, ""}).value();
+  for (int64_t step = 1; step <= 4; ++step) ASSERT_TRUE(RecordStep(*memory, step).ok());
+  memory->DropAfter(2);
+  EXPECT_EQ(memory->newest_step(), 2);
+}
+
 TEST(PushHistoryTest, AJournalOfAnotherTrainerOrAFileIsRefused) {
   const std::string dir = TempDir("journal_other");
   {

@@ -85,7 +85,6 @@ absl::Status Recovery::BringTo(int64_t target) {
     int64_t lowest = (*shards)[0].version();
     for (const v1::ModelSummary& s : *shards) lowest = std::min(lowest, s.version());
     if (lowest >= target) return absl::OkStatus();
-    if (absl::Status s = SendLostChanges(*shards); !s.ok()) return s;
     last = Replay(*shards, target);
     if (last.ok() || absl::IsOutOfRange(last)) continue;  // Look again.
     if (absl::IsNotFound(last)) {
@@ -100,38 +99,6 @@ absl::Status Recovery::BringTo(int64_t target) {
                                              "' did not settle after ", kMaxRounds,
                                              " rounds (shards keep restarting?): ",
                                              last.message()));
-}
-
-absl::Status Recovery::SendLostChanges(const std::vector<v1::ModelSummary>& shards) {
-  int64_t lowest = shards[0].version();
-  for (const v1::ModelSummary& s : shards) lowest = std::min(lowest, s.version());
-  const std::vector<v1::SetHyperparametersRequest> changes = history_->ChangesAfter(lowest);
-  if (changes.empty()) return absl::OkStatus();
-  return fanout_->Run(
-      CallFor("recovery: re-sending hyperparameter changes"),
-      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-        const int64_t version = shards[shard.index()].version();
-        for (v1::SetHyperparametersRequest change : changes) {
-          if (change.effective_step() <= version) continue;
-          change.set_model_id(context_.model_id);
-          // Each on a context of its own: one attempt sends several.
-          auto send = [&](const v1::SetHyperparametersRequest& r) {
-            return shard.SetHyperparameters(*ContextWithTimeout(context_.rpc_timeout), r);
-          };
-          absl::Status s = send(change);
-          if (absl::IsFailedPrecondition(s) && !change.cancel()) {
-            // The shard still holds a change for that step that was
-            // cancelled or replaced after its checkpoint: remove it, then
-            // schedule this one.
-            v1::SetHyperparametersRequest cancel = change;
-            cancel.set_cancel(true);
-            s = send(cancel);
-            if (s.ok()) s = send(change);
-          }
-          if (!s.ok()) return s;
-        }
-        return absl::OkStatus();
-      });
 }
 
 absl::Status Recovery::Replay(std::vector<v1::ModelSummary> shards, int64_t target) {
@@ -167,6 +134,8 @@ absl::Status Recovery::Replay(std::vector<v1::ModelSummary> shards, int64_t targ
 
 absl::Status Recovery::PushTo(const PushedStep& entry, const std::vector<uint32_t>& which) {
   const size_t element = DTypeSize(entry.dtype);
+  std::vector<v1::SetHyperparametersRequest> changes = history_->ChangesAfter(entry.step - 1);
+  for (v1::SetHyperparametersRequest& c : changes) c.set_model_id(context_.model_id);
   return fanout_->Run(
       CallFor(absl::StrCat("recovery: re-pushing step ", entry.step)),
       [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
@@ -186,6 +155,9 @@ absl::Status Recovery::PushTo(const PushedStep& entry, const std::vector<uint32_
         h->set_num_elements(range.size());
         h->set_dtype(DTypeToProto(entry.dtype));
         if (entry.loss_scale != 1.0) h->set_loss_scale(entry.loss_scale);
+        // The changes a shard restored from before them lost come back with
+        // the pushes (see PushHeader.hyperparameter_changes).
+        for (const v1::SetHyperparametersRequest& c : changes) *h->add_hyperparameter_changes() = c;
         PayloadPins pins;
         v1::PushGradientsResponse response;
         absl::Status pushed =

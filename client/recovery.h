@@ -5,9 +5,9 @@
 // push) or a (re)attaching trainer finds the shards at different versions.
 //
 // BringTo(target) surveys every shard's version, then for each step s from
-// the lowest version + 1 to `target`: re-sends the hyperparameter changes a
-// behind shard lost, re-pushes s from the trainer's PushHistory to every
-// shard still below s (each applies it once, when every trainer has
+// the lowest version + 1 to `target`: re-pushes s from the trainer's
+// PushHistory (with the hyperparameter changes for steps >= s it made, which
+// a shard restored from before them lost) to every shard still below s (each applies it once, when every trainer has
 // re-pushed it; every trainer recovers the same way, since each of its calls
 // reaches every shard), and waits until they reach s (sending s's decision
 // with gradient control). Every shard is considered at once, so two shards
@@ -86,7 +86,6 @@ class Recovery {
   // done; OUT_OF_RANGE when a shard went back further meanwhile (survey
   // again); NOT_FOUND (from the history) when a push is missing.
   absl::Status Replay(std::vector<v1::ModelSummary> shards, int64_t target);
-  absl::Status SendLostChanges(const std::vector<v1::ModelSummary>& shards);
   absl::Status PushTo(const PushedStep& entry, const std::vector<uint32_t>& which);
   absl::Status AwaitStep(int64_t step, const std::optional<StepDecision>& decision, bool pushed,
                          const std::vector<uint32_t>& which);

@@ -1,5 +1,7 @@
 #include "client/step_calls.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/proto_convert.h"
 
@@ -18,6 +20,7 @@ ShardFanOut::Call StepCalls::CallFor(std::string what) const {
 }
 
 absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, double loss_scale,
+                             const std::vector<v1::SetHyperparametersRequest>& changes,
                              std::vector<v1::PushGradientsResponse>* responses) {
   responses->assign(fanout_->size(), v1::PushGradientsResponse());
   const size_t element = DTypeSize(dtype);
@@ -36,6 +39,9 @@ absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, dou
         h->set_num_elements(shard.range().size());
         h->set_dtype(DTypeToProto(dtype));
         if (context_.send_loss_scale || loss_scale != 1.0) h->set_loss_scale(loss_scale);
+        for (const v1::SetHyperparametersRequest& c : changes) {
+          *h->add_hyperparameter_changes() = c;
+        }
         return shard.Push(context, header,
                           static_cast<const char*>(payload) + shard.range().begin * element,
                           element, context_.chunk_bytes, &pins, &(*responses)[shard.index()]);
@@ -68,6 +74,23 @@ absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step) {
 
 absl::StatusOr<PulledVersion> StepCalls::Pull(int64_t min_version, int64_t pushed_step,
                                               const StepDecision* decision, float* flat_params) {
+  // Shards caught in the middle of applying a step answer the versions on
+  // either side of it: pull again at the newest (the others get there).
+  constexpr int kRounds = 3;
+  absl::StatusOr<PulledVersion> pulled;
+  for (int round = 0; round < kRounds; ++round) {
+    int64_t newest = min_version;
+    pulled = PullOnce(min_version, pushed_step, decision, flat_params, &newest);
+    if (pulled.ok() || newest == min_version) break;
+    min_version = newest;
+    decision = nullptr;  // Sent already; it was for the older version.
+  }
+  return pulled;
+}
+
+absl::StatusOr<PulledVersion> StepCalls::PullOnce(int64_t min_version, int64_t pushed_step,
+                                                  const StepDecision* decision,
+                                                  float* flat_params, int64_t* newest) {
   std::vector<PulledVersion> pulled(fanout_->size());
   absl::Status status = fanout_->Run(
       CallFor(absl::StrCat("PullParameters version >= ", min_version)),
@@ -89,6 +112,7 @@ absl::StatusOr<PulledVersion> StepCalls::Pull(int64_t min_version, int64_t pushe
                           flat_params + shard.range().begin, &pulled[shard.index()]);
       });
   if (!status.ok()) return status;
+  for (const PulledVersion& p : pulled) *newest = std::max(*newest, p.version);
   for (size_t i = 1; i < pulled.size(); ++i) {
     if (pulled[i].version != pulled[0].version) {
       return absl::FailedPreconditionError(absl::StrCat("shards disagree on the version: shard 0 is at ",

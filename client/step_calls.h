@@ -41,21 +41,28 @@ class StepCalls {
   StepCalls(ShardFanOut* fanout, StepCallsContext context);
 
   // Pushes `payload` (the whole flat gradient in `dtype`; it must stay valid
-  // until this returns) as this trainer's step `step`; each shard's answer
-  // in `responses` (shard order).
+  // until this returns) as this trainer's step `step`, carrying `changes`
+  // (PushHeader.hyperparameter_changes); each shard's answer in `responses`
+  // (shard order).
   absl::Status Push(int64_t step, const void* payload, DType dtype, double loss_scale,
+                    const std::vector<v1::SetHyperparametersRequest>& changes,
                     std::vector<v1::PushGradientsResponse>* responses);
   // Every shard's statistics of `step`, which this trainer pushed.
   absl::StatusOr<std::vector<StepStats>> Stats(int64_t step);
   // Every shard's parameters at version >= min_version into `flat_params`
   // (with `decision`, sent for step min_version); `pushed_step` (0: none)
-  // is checked to be held by every shard. FAILED_PRECONDITION when the
-  // shards answer different versions.
+  // is checked to be held by every shard. Shards that answer different
+  // versions (one was applying a step) are pulled again at the newest;
+  // FAILED_PRECONDITION when they still disagree.
   absl::StatusOr<PulledVersion> Pull(int64_t min_version, int64_t pushed_step,
                                      const StepDecision* decision, float* flat_params);
 
  private:
   ShardFanOut::Call CallFor(std::string what) const;
+  // One round; `newest` gets the highest version any shard answered.
+  absl::StatusOr<PulledVersion> PullOnce(int64_t min_version, int64_t pushed_step,
+                                         const StepDecision* decision, float* flat_params,
+                                         int64_t* newest);
 
   ShardFanOut* const fanout_;
   const StepCallsContext context_;

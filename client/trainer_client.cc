@@ -225,7 +225,11 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
     // (every trainer takes part; this one re-sends from its history). A
     // rollback is fine here: the trainer starts from wherever the job is.
     absl::Status brought = recovery_->BringTo(highest);
-    if (!brought.ok() && !RolledBackTo(brought)) return brought;
+    if (std::optional<int64_t> back = RolledBackTo(brought)) {
+      history_->DropAfter(*back);
+    } else if (!brought.ok()) {
+      return brought;
+    }
   }
   for (size_t i = 1; i < shards.size(); ++i) {
     if (shards[i].run_id != shards[0].run_id) {
@@ -255,7 +259,9 @@ absl::Status TrainerClient::Recover(int64_t target) {
   absl::Status status = recovery_->BringTo(target);
   std::optional<int64_t> rolled_back = RolledBackTo(status);
   if (!rolled_back) return status;
-  // Every shard is at *rolled_back now: take the scaler replica from there.
+  // Every shard is at *rolled_back now: the pushes after it belong to the
+  // steps given up; the scaler replica is taken from there.
+  history_->DropAfter(*rolled_back);
   if (absl::Status s = RegisterOrAttach(*spec_, nullptr); !s.ok()) return s;
   rolled_back_to_ = registered_version_;
   return status;
@@ -330,7 +336,8 @@ absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* 
   std::vector<v1::PushGradientsResponse> responses;
   absl::Status status;
   for (int round = 0;; ++round) {
-    status = steps_->Push(step, payload, wire_dtype, loss_scale, &responses);
+    status = steps_->Push(step, payload, wire_dtype, loss_scale, history_->ChangesAfter(step - 1),
+                          &responses);
     if (!absl::IsOutOfRange(status) || round >= kMaxRecoveries) break;
     // A shard restarted from an older checkpoint: steps up to `step` - 1 first.
     if (absl::Status s = Recover(step - 1); !s.ok()) return s;
@@ -390,7 +397,8 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
     if (!mine.ok()) return mine.status();
     std::vector<v1::PushGradientsResponse> responses;
     if (absl::Status s = steps_->Push(pushed_step, mine->payload->data(), mine->dtype,
-                                      mine->loss_scale, &responses);
+                                      mine->loss_scale, history_->ChangesAfter(pushed_step - 1),
+                                      &responses);
         !s.ok() && !absl::IsOutOfRange(s)) {
       return s;
     }

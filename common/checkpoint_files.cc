@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -68,11 +69,25 @@ std::string DataFileHeader(uint32_t shard_index, uint32_t shard_count, int64_t s
 // Of the same model, step and training run (a model id trained twice must
 // not have its checkpoints combined).
 // Whether two parts saved the same state (their own statistics aside).
+// Changes scheduled for later steps may differ by what reached each shard
+// before it wrote its part (trainers send a change while the shards save a
+// step): only two different changes for the same step disagree. A restore
+// takes them all (ScheduledChangesOf).
 bool SameProgress(const v1::CheckpointProgress& a, const v1::CheckpointProgress& b) {
   v1::CheckpointProgress x = a, y = b;
   x.clear_shard_last_stats();
   y.clear_shard_last_stats();
-  return google::protobuf::util::MessageDifferencer::Equals(x, y);
+  x.clear_scheduled();
+  y.clear_scheduled();
+  if (!google::protobuf::util::MessageDifferencer::Equals(x, y)) return false;
+  for (const v1::HyperparameterChange& p : a.scheduled()) {
+    for (const v1::HyperparameterChange& q : b.scheduled()) {
+      if (p.step() == q.step() && !google::protobuf::util::MessageDifferencer::Equals(p, q)) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 bool SameCheckpoint(const v1::CheckpointManifest& a, const v1::ModelConfig& config, int64_t step,
@@ -383,6 +398,16 @@ absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t 
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<v1::HyperparameterChange> ScheduledChangesOf(const v1::CheckpointManifest& manifest) {
+  std::map<int64_t, v1::HyperparameterChange> by_step;
+  for (const v1::CheckpointPart& part : manifest.parts()) {
+    for (const v1::HyperparameterChange& c : part.progress().scheduled()) by_step.emplace(c.step(), c);
+  }
+  std::vector<v1::HyperparameterChange> changes;
+  for (auto& [step, change] : by_step) changes.push_back(std::move(change));
+  return changes;
 }
 
 absl::Status CheckpointReader::VerifyEveryBlock() const {

@@ -119,6 +119,11 @@ class CheckpointReader {
   std::vector<std::string> section_names_;
 };
 
+// The hyperparameter changes scheduled (for steps after the checkpoint's) in
+// any part of `manifest`, by step: a change that reached some shards only
+// before they saved their parts still reaches every shard.
+std::vector<v1::HyperparameterChange> ScheduledChangesOf(const v1::CheckpointManifest& manifest);
+
 // The committed checkpoint with the highest step among `directory` itself
 // and its "step-*" subdirectories; NOT_FOUND when there is none. Torn
 // checkpoints (no manifest) are passed over.

@@ -256,5 +256,47 @@ TEST(CheckpointFilesTest, PruningKeepsTheNewestCommittedAndEachShardRemovesItsOw
   EXPECT_EQ(PruneCheckpoints(root, 0, 2).value(), 0);  // nothing more to do
 }
 
+// A change for a later step reaches shards around the time they save a
+// step: parts that differ only in which of the same changes they hold still
+// commit, and a restore gets every one of them; two different changes for
+// one step are a real disagreement.
+TEST(CheckpointFilesTest, PartsMayHoldDifferentScheduledChangesButNotConflictingOnes) {
+  const v1::ModelConfig config = Config(2);
+  const ModelLayout layout = LayoutFromProto(config.layout(), 2).value();
+  auto write = [&](const std::string& dir, uint32_t shard, const v1::CheckpointProgress& p) {
+    const FlatRange range = layout.ShardRange(shard);
+    return WriteCheckpointPart(dir, config, shard, p,
+                               [&](int section, uint64_t offset, uint64_t count, float* out) {
+                                 for (uint64_t k = 0; k < count; ++k) {
+                                   out[k] = Value(section, range.begin + offset + k);
+                                 }
+                                 return absl::OkStatus();
+                               });
+  };
+  v1::HyperparameterChange change;
+  change.set_step(9);
+  *change.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::AdamW(5e-4));
+  v1::CheckpointProgress with = Progress(7), without = Progress(7);
+  *with.add_scheduled() = change;
+  const std::string dir = TempDir("scheduled");
+  ASSERT_TRUE(write(dir, 0, with).ok());
+  absl::StatusOr<CheckpointPartWritten> last = write(dir, 1, without);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(last->committed);
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(dir).value();
+  const std::vector<v1::HyperparameterChange> merged = ScheduledChangesOf(reader->manifest());
+  ASSERT_EQ(merged.size(), 1u);
+  EXPECT_EQ(merged[0].step(), 9);
+
+  v1::HyperparameterChange other = change;
+  *other.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::AdamW(1e-4));
+  v1::CheckpointProgress conflicting = Progress(7);
+  *conflicting.add_scheduled() = other;
+  const std::string bad = TempDir("scheduled_conflict");
+  ASSERT_TRUE(write(bad, 0, with).ok());
+  const absl::StatusOr<CheckpointPartWritten> refused = write(bad, 1, conflicting);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+}
+
 }  // namespace
 }  // namespace shardopt

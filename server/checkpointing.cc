@@ -197,8 +197,14 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
   if (absl::Status s = checkpoint.Read(0, range.begin, range.size(), params.data()); !s.ok()) {
     return s;
   }
-  absl::StatusOr<ShardProgress> progress =
-      ProgressFromProto(checkpoint.manifest().parts(0).progress());
+  // Part 0's state, with the changes scheduled in any part (see
+  // ScheduledChangesOf).
+  v1::CheckpointProgress saved = checkpoint.manifest().parts(0).progress();
+  saved.clear_scheduled();
+  for (const v1::HyperparameterChange& c : ScheduledChangesOf(checkpoint.manifest())) {
+    *saved.add_scheduled() = c;
+  }
+  absl::StatusOr<ShardProgress> progress = ProgressFromProto(saved);
   // A shard's own statistics of the last decided step carry over only to a
   // shard with the same range.
   if (progress.ok()) {

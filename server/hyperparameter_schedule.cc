@@ -45,6 +45,17 @@ absl::Status HyperparameterSchedule::Cancel(int64_t effective_step, int64_t vers
   return absl::OkStatus();
 }
 
+void HyperparameterSchedule::Adopt(int64_t effective_step, bool cancel,
+                                   const Hyperparameters& next, int64_t version,
+                                   bool next_started) {
+  if (effective_step <= version || (effective_step == version + 1 && next_started)) return;
+  if (cancel) {
+    scheduled_.erase(effective_step);
+  } else {
+    scheduled_[effective_step] = next;
+  }
+}
+
 OptimizerConfig HyperparameterSchedule::TakeEffect(int64_t step) {
   while (!scheduled_.empty() && scheduled_.begin()->first <= step) {
     current_ = scheduled_.begin()->second;

@@ -45,6 +45,13 @@ class HyperparameterSchedule {
   // has taken effect (or its step has started).
   absl::Status Cancel(int64_t effective_step, int64_t version, bool next_started);
 
+  // A change (or cancel) a trainer carries in a push: scheduled (replacing a
+  // different one for a step not started yet) when its step is still to
+  // come on this shard; ignored for a step this shard has started or
+  // applied. `next` has been validated by the caller.
+  void Adopt(int64_t effective_step, bool cancel, const Hyperparameters& next, int64_t version,
+             bool next_started);
+
   // The config step `step` runs with (its lr from the schedule): the changes
   // scheduled up to `step` take effect first.
   OptimizerConfig TakeEffect(int64_t step);

@@ -121,9 +121,15 @@ void ModelShard::Shutdown() {
   shutdown_ = true;
 }
 
-absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_rank, int64_t step,
-                                                            uint64_t num_elements, DType dtype,
-                                                            double loss_scale) {
+absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
+    uint32_t trainer_rank, int64_t step, uint64_t num_elements, DType dtype, double loss_scale,
+    const std::vector<StepState::CarriedChange>& changes) {
+  for (const StepState::CarriedChange& c : changes) {
+    if (c.cancel) continue;
+    if (absl::Status s = c.next.optimizer.Validate(); !s.ok()) return s;
+    if (absl::Status s = c.next.lr_schedule.Validate(); !s.ok()) return s;
+    if (absl::Status s = options_.optimizer.CheckCanChangeTo(c.next.optimizer); !s.ok()) return s;
+  }
   if (absl::Status s = CheckLossScale(loss_scale); !s.ok()) return s;
   if (loss_scale != 1.0 && !options_.loss_scaling) {
     return absl::InvalidArgumentError(absl::StrCat("loss scale ", loss_scale, ": model '",
@@ -143,6 +149,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(uint32_t trainer_ran
                                                    " owns ", range_.size()));
   }
   absl::MutexLock lock(&mu_);
+  if (!state_.failed()) state_.AdoptChanges(changes);
   absl::StatusOr<StepState::Admission> admitted =
       state_.BeginPush(trainer_rank, step, loss_scale);
   if (!admitted.ok()) return admitted.status();
@@ -297,7 +304,7 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
   if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
   if (std::optional<absl::StatusOr<StepStats>> stats = state_.StatsOf(step)) return *stats;
   if (absl::IsDeadlineExceeded(waited)) {
-    return WaitExpired(absl::StrCat("the gradients of step ", step), step - 1);
+    return WaitExpired(absl::StrCat("the gradients of step ", step), step);
   }
   return waited;
 }

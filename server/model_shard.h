@@ -169,8 +169,13 @@ class ModelShard {
   // `dtype`: the element type of the chunks the writer will receive.
   // `loss_scale`: what the gradients were multiplied by (with loss scaling;
   // every trainer's push of a step must carry the same one).
+  // `changes`: the hyperparameter changes the push carries (see
+  // StepState::AdoptChanges), adopted first; INVALID_ARGUMENT or
+  // FAILED_PRECONDITION for one that is invalid or cannot change the live
+  // state.
   absl::StatusOr<PushStart> BeginPush(uint32_t trainer_rank, int64_t step, uint64_t num_elements,
-                                      DType dtype = DType::kFloat32, double loss_scale = 1.0);
+                                      DType dtype = DType::kFloat32, double loss_scale = 1.0,
+                                      const std::vector<StepState::CarriedChange>& changes = {});
 
   // With gradient control: blocks until every trainer's gradient for `step`
   // is in (or the deadline, cancellation, shutdown) and returns this shard's

@@ -271,9 +271,23 @@ grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
   absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype());
   if (!dtype.ok()) return Error(dtype.status());
   ModelShard& shard = (*model)->shard();
+  std::vector<StepState::CarriedChange> changes;
+  for (const v1::SetHyperparametersRequest& c : header.hyperparameter_changes()) {
+    StepState::CarriedChange change;
+    change.effective_step = c.effective_step();
+    change.cancel = c.cancel();
+    if (!c.cancel()) {
+      absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(c.optimizer());
+      if (!optimizer.ok()) return Error(optimizer.status());
+      absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(c.lr_schedule());
+      if (!schedule.ok()) return Error(schedule.status());
+      change.next = Hyperparameters{*optimizer, *schedule};
+    }
+    changes.push_back(std::move(change));
+  }
   absl::StatusOr<ModelShard::PushStart> start =
       shard.BeginPush(header.trainer_rank(), header.step(), header.num_elements(), *dtype,
-                      header.loss_scale() == 0 ? 1.0 : header.loss_scale());
+                      header.loss_scale() == 0 ? 1.0 : header.loss_scale(), changes);
   if (!start.ok()) return Error(start.status());
   if (start->immediate) {
     FillPushResponse(*start->immediate, **model, response);

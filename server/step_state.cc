@@ -267,6 +267,12 @@ absl::Status StepState::CancelChange(int64_t effective_step) {
   return schedule_.Cancel(effective_step, version_, StepStarted());
 }
 
+void StepState::AdoptChanges(const std::vector<CarriedChange>& changes) {
+  for (const CarriedChange& c : changes) {
+    schedule_.Adopt(c.effective_step, c.cancel, c.next, version_, StepStarted());
+  }
+}
+
 ShardProgress StepState::Progress() const {
   ShardProgress progress;
   progress.version = version_;

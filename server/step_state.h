@@ -180,6 +180,13 @@ class StepState {
   // ---- Hyperparameters (see HyperparameterSchedule); `next` validated.
   absl::Status ScheduleChange(int64_t effective_step, const Hyperparameters& next);
   absl::Status CancelChange(int64_t effective_step);
+  // The changes a push carries (see HyperparameterSchedule::Adopt).
+  struct CarriedChange {
+    int64_t effective_step = 0;
+    bool cancel = false;
+    Hyperparameters next;
+  };
+  void AdoptChanges(const std::vector<CarriedChange>& changes);
   const HyperparameterSchedule& schedule() const { return schedule_; }
 
   // ---- Saving and restoring.

@@ -3,14 +3,19 @@
 // a trainer that fell behind, shards that disagree, equal configs spelled
 // differently, and a server that answers a large push early.
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/trainer_client.h"
 #include "common/proto_convert.h"
 #include "gtest/gtest.h"
@@ -294,6 +299,109 @@ TEST_F(ClientSemanticsTest, LargePushAnsweredEarlyReturnsAndReleasesTheBuffer) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->version, 2);
 }
+
+// A trainer that waits on a missing one hears what it waits for while it
+// waits (every wait_report_interval) and, when its budget runs out, the
+// error names the trainer and the last step it pushed.
+TEST_F(ClientSemanticsTest, AWaitThatRunsOutNamesTheMissingTrainerAndItsLastStep) {
+  const ModelSpec spec = SyntheticModelSpec("waits", OptimizerConfig::Sgd(0.1), 2);
+  TrainerClientOptions options;
+  options.rpc_timeout = absl::Seconds(30);
+  options.retry_budget = absl::Seconds(2);
+  options.wait_report_interval = absl::Milliseconds(300);
+  std::vector<std::string> reports;
+  absl::Mutex mu;
+  options.on_wait = [&](const std::string& report) {
+    absl::MutexLock lock(&mu);
+    reports.push_back(report);
+  };
+  auto rank0 = TrainerClient::Connect(Addresses(servers_), options).value();
+  auto rank1 = Connect(1);
+  std::vector<float> params = SyntheticInitialParams(rank0->LayoutFor(spec).value(), 2);
+  ASSERT_TRUE(rank0->Register(spec, params).ok());
+  ASSERT_TRUE(rank1->Attach(spec).ok());
+  std::vector<float> grad(params.size(), 0.25f), params1 = params;
+  // Step 1 together; then rank 1 stops pushing.
+  std::thread other([&] { EXPECT_TRUE(rank1->Step(1, grad, absl::MakeSpan(params1)).ok()); });
+  ASSERT_TRUE(rank0->Step(1, grad, absl::MakeSpan(params)).ok());
+  other.join();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<StepResult> stuck = rank0->Step(2, grad, absl::MakeSpan(params));
+  const absl::Duration waited = absl::Now() - start;
+  std::cout << "after " << waited << ": " << stuck.status() << std::endl;
+  EXPECT_EQ(stuck.status().code(), absl::StatusCode::kDeadlineExceeded) << stuck.status();
+  EXPECT_TRUE(absl::StrContains(stuck.status().message(),
+                                "waiting for trainer 1 (last pushed step 1) to push step 2"))
+      << stuck.status();
+  EXPECT_TRUE(absl::StrContains(stuck.status().message(), "shard 0 is at version 1") ||
+              absl::StrContains(stuck.status().message(), "shard 1 is at version 1"))
+      << stuck.status();
+  // The budget, plus at most one report interval: no long silence.
+  EXPECT_LT(waited, absl::Seconds(5));
+  absl::MutexLock lock(&mu);
+  ASSERT_GE(reports.size(), 3u);
+  EXPECT_TRUE(absl::StrContains(reports[0], "PullParameters version >= 2")) << reports[0];
+  EXPECT_TRUE(absl::StrContains(reports[0], "waiting for trainer 1 (last pushed step 1)"))
+      << reports[0];
+  // The shards saw each trainer's pushes.
+  const v1::InspectResponse info = Inspect(servers_[0]->address(), "waits");
+  ASSERT_EQ(info.trainers_size(), 2);
+  EXPECT_EQ(info.trainers(0).last_pushed_step(), 2);
+  EXPECT_EQ(info.trainers(1).last_pushed_step(), 1);
+  EXPECT_GE(info.trainers(1).seconds_since_last_push(),
+            absl::ToDoubleSeconds(waited) - 0.5);
+  EXPECT_EQ(info.newest_committed_checkpoint(), -1);  // No periodic checkpoints here.
+}
+
+// A shard that freezes (SIGSTOP: no crash, no closed connection) while a
+// trainer waits on it is noticed through keepalive within seconds, and the
+// call fails naming the shard instead of sitting out its 30 s deadline.
+TEST_F(ClientSemanticsTest, AFrozenShardIsNoticedWithinSeconds) {
+  const ModelSpec spec = SyntheticModelSpec("frozen", OptimizerConfig::Sgd(0.1), 2);
+  TrainerClientOptions options;
+  options.rpc_timeout = absl::Seconds(30);
+  options.retry_budget = absl::Seconds(2);
+  auto rank0 = TrainerClient::Connect(Addresses(servers_), options).value();
+  std::vector<float> params = SyntheticInitialParams(rank0->LayoutFor(spec).value(), 4);
+  ASSERT_TRUE(rank0->Register(spec, params).ok());
+  std::vector<float> grad(params.size(), 0.5f);
+  ASSERT_TRUE(rank0->Push(1, grad).ok());  // Rank 1 never pushes: pulls wait.
+  servers_[1]->process().Signal(SIGSTOP);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int64_t> pulled = rank0->Pull(1, absl::MakeSpan(params));
+  const absl::Duration took = absl::Now() - start;
+  servers_[1]->process().Signal(SIGCONT);
+  std::cout << "after " << took << ": " << pulled.status() << std::endl;
+  EXPECT_FALSE(pulled.ok());
+  // Whichever shard gives up first says why: the frozen one unreachable, or
+  // the other one still waiting for trainer 1.
+  EXPECT_TRUE(absl::StrContains(pulled.status().message(), "shard 1 (") ||
+              absl::StrContains(pulled.status().message(),
+                                "waiting for trainer 1 (last pushed step 0) to push step 1"))
+      << pulled.status();
+  // Keepalive (3 s + 3 s) and the 2 s budget, far below the 30 s deadline;
+  // the frozen shard's attempt failed (keepalive closed its connection).
+  EXPECT_LT(took, absl::Seconds(15));
+  EXPECT_GT(rank0->failed_attempts(1), 0);
+}
+
+// An attach whose model differs from the registered one is refused, naming
+// each field that differs and both values.
+TEST_F(ClientSemanticsTest, ADifferentConfigIsRefusedNamingTheFieldsThatDiffer) {
+  const ModelSpec spec = SyntheticModelSpec("differs", OptimizerConfig::AdamW(0.001), 2);
+  auto rank0 = Connect(0);
+  std::vector<float> params = SyntheticInitialParams(rank0->LayoutFor(spec).value(), 2);
+  ASSERT_TRUE(rank0->Register(spec, params).ok());
+  ModelSpec other = spec;
+  other.num_trainers = 3;
+  other.optimizer.lr = 0.002;
+  const absl::Status s = Connect(2)->Attach(other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "num_trainers: registered 2, this trainer 3")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "optimizer.adamw.lr: registered 0.001, this trainer 0.002"))
+      << s;
+}
+
 
 // A shard that accepts registration but fails every pull for good.
 class BrokenPullShard final : public v1::ShardService::Service {

@@ -23,105 +23,10 @@
 #include "tests/support/process.h"
 #include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
+#include "tests/support/training_job.h"
 
 namespace shardopt::testing {
 namespace {
-
-constexpr uint64_t kSeed = 7;
-
-std::vector<std::string> TrainerArgs(const std::vector<std::string>& servers, uint32_t rank,
-                                     uint32_t trainers, const std::string& models, int steps,
-                                     const std::string& out_dir,
-                                     const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {"--servers=" + absl::StrJoin(servers, ","),
-                                   absl::StrCat("--rank=", rank),
-                                   absl::StrCat("--num_trainers=", trainers),
-                                   "--models=" + models,
-                                   absl::StrCat("--steps=", steps),
-                                   absl::StrCat("--seed=", kSeed),
-                                   "--out_dir=" + out_dir};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
-// Starts (or restarts) trainer `rank` of `trainers` into `*proc`; it writes to
-// out_root/rank<rank>.
-void StartTrainer(const std::vector<std::string>& servers, uint32_t rank, uint32_t trainers,
-                  const std::string& models, int steps, const std::string& out_root,
-                  const std::vector<std::string>& extra, std::unique_ptr<ChildProcess>* proc) {
-  const std::string out_dir = absl::StrCat(out_root, "/rank", rank);
-  ASSERT_EQ(system(absl::StrCat("mkdir -p ", out_dir).c_str()), 0);
-  auto started =
-      ChildProcess::Start(Runfile("tests/test_trainer"),
-                          TrainerArgs(servers, rank, trainers, models, steps, out_dir, extra));
-  ASSERT_TRUE(started.ok()) << started.status();
-  *proc = std::move(*started);
-}
-
-// Starts T trainers (see StartTrainer).
-void StartTrainers(const std::vector<std::string>& servers, uint32_t trainers,
-                   const std::string& models, int steps, const std::string& out_root,
-                   const std::vector<std::string>& extra,
-                   std::vector<std::unique_ptr<ChildProcess>>* procs) {
-  procs->resize(trainers);
-  for (uint32_t r = 0; r < trainers; ++r) {
-    ASSERT_NO_FATAL_FAILURE(
-        StartTrainer(servers, r, trainers, models, steps, out_root, extra, &(*procs)[r]));
-  }
-}
-
-// Every trainer exits 0 within `timeout`.
-void AwaitTrainers(std::vector<std::unique_ptr<ChildProcess>>& procs,
-                   absl::Duration timeout = absl::Seconds(240)) {
-  for (auto& proc : procs) {
-    std::optional<int> rc = proc->Wait(timeout);
-    ASSERT_TRUE(rc.has_value()) << "trainer did not finish";
-    ASSERT_EQ(*rc, 0) << "trainer failed";
-  }
-}
-
-// Runs T trainer processes to the end; each writes to out_root/rank<r>.
-void RunTrainers(const std::vector<std::string>& servers, uint32_t trainers,
-                 const std::string& models, int steps, const std::string& out_root,
-                 const std::vector<std::string>& extra = {}) {
-  std::vector<std::unique_ptr<ChildProcess>> procs;
-  ASSERT_NO_FATAL_FAILURE(StartTrainers(servers, trainers, models, steps, out_root, extra, &procs));
-  AwaitTrainers(procs);
-}
-
-// Each rank's final parameters equal the uninterrupted reference of `spec`
-// (with planted inf/NaN, rank 0 plants them in the last tensor, as
-// test_trainer does).
-void ExpectMatchesReference(const ModelSpec& spec, uint32_t shards, int steps,
-                            const std::string& out_root, ReferenceOptions options = {}) {
-  const std::string& name = spec.model_id;
-  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, shards).value();
-  if (!options.plant_inf_steps.empty()) options.plant_inf_element = layout.tensors().back().offset;
-  const std::vector<float> expected = ReferenceRun(spec, layout, steps, kSeed, options);
-  for (uint32_t r = 0; r < spec.num_trainers; ++r) {
-    absl::StatusOr<std::vector<float>> got =
-        ReadFloats(absl::StrCat(out_root, "/rank", r, "/", name, ".bin"));
-    ASSERT_TRUE(got.ok()) << got.status();
-    ASSERT_EQ(got->size(), expected.size());
-    size_t mismatches = 0;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      if (std::memcmp(&(*got)[i], &expected[i], sizeof(float)) != 0 && mismatches++ < 5) {
-        ADD_FAILURE() << name << " rank " << r << " element " << i << ": " << (*got)[i]
-                      << " != " << expected[i];
-      }
-    }
-    EXPECT_EQ(mismatches, 0u) << name << " rank " << r << " on " << shards << " shards";
-  }
-}
-
-// The same for test_trainer's model `name`.
-void ExpectMatchesReference(const std::string& name, uint32_t shards, uint32_t trainers, int steps,
-                            const std::string& out_root, double max_grad_norm = 0,
-                            const ReferenceOptions& options = {}) {
-  ModelSpec spec = SyntheticModelSpec(name, OptimizerByName(name).value(), trainers);
-  spec.max_grad_norm = max_grad_norm;
-  ExpectMatchesReference(spec, shards, steps, out_root, options);
-}
 
 // The Checkpoint RPC on every shard, for the same step and directory.
 void CheckpointEveryShard(const std::vector<std::string>& servers, const std::string& model,
@@ -147,8 +52,6 @@ void CheckpointEveryShard(const std::vector<std::string>& servers, const std::st
   }
   EXPECT_EQ(committed, 1);
 }
-
-int64_t VersionOn(const std::string& address, const std::string& model);
 
 // Train N steps on 3 shards, checkpoint, restore on S' shards, train M more:
 // the parameters equal an uninterrupted N + M step run.
@@ -212,50 +115,6 @@ TEST(DurabilityTest, CheckpointRestoresOnAnyShardCount) {
       ExpectMatchesReference(model, shards, kTrainers, kTotal, out);
     }
   }
-}
-
-// The model's version on the shard at `address` (-1 when unreachable or not
-// there yet).
-int64_t VersionOn(const std::string& address, const std::string& model) {
-  auto stub = NewStub(address);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  v1::ServerInfo info;
-  if (!stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok()) return -1;
-  for (const v1::ModelSummary& m : info.models()) {
-    if (m.model_id() == model) return m.version();
-  }
-  return -1;
-}
-
-// Waits (bounded) until the model on `address` reaches `version`.
-void AwaitVersion(const std::string& address, const std::string& model, int64_t version) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < give_up && VersionOn(address, model) < version) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-}
-
-// Temporary files a checkpoint write of shard `index` has open.
-bool CheckpointInProgress(const std::string& model_root, uint32_t index, uint32_t shards) {
-  const std::string needle =
-      absl::StrCat(".shard-", absl::StrFormat("%05u-of-%05u", index, shards));
-  DIR* d = opendir(model_root.c_str());
-  if (d == nullptr) return false;
-  bool found = false;
-  while (const dirent* step_dir = readdir(d)) {
-    if (!absl::StartsWith(step_dir->d_name, "step-")) continue;
-    DIR* s = opendir((model_root + "/" + step_dir->d_name).c_str());
-    if (s == nullptr) continue;
-    while (const dirent* f = readdir(s)) {
-      if (absl::StartsWith(f->d_name, needle) && absl::StrContains(f->d_name, ".tmp.")) {
-        found = true;
-      }
-    }
-    closedir(s);
-  }
-  closedir(d);
-  return found;
 }
 
 // SIGKILL shards at random moments (and in the middle of checkpoints) while
@@ -353,9 +212,7 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
   }
   int64_t replayed = 0;
   for (uint32_t r = 0; r < kTrainers; ++r) {
-    auto count = ReadFloats(absl::StrCat(root, "/out/rank", r, "/", model, ".replayed"));
-    ASSERT_TRUE(count.ok()) << count.status();
-    replayed += static_cast<int64_t>((*count)[0]);
+    replayed += TrainerCount(root + "/out", r, model, "replayed");
   }
   std::cout << "kills: " << kKills << " (" << mid_checkpoint_kills
             << " during a checkpoint write); steps re-pushed by the trainers: " << replayed
@@ -373,7 +230,7 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
   auto client = TrainerClient::Connect(Addresses(*fresh), options).value();
   const ModelSpec spec = SyntheticModelSpec(model, OptimizerByName(model).value(), kTrainers);
   const absl::Status s =
-      client->Register(spec, SyntheticInitialParams(client->LayoutFor(spec).value(), kSeed));
+      client->Register(spec, SyntheticInitialParams(client->LayoutFor(spec).value(), kJobSeed));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("already holds checkpoints"), std::string::npos) << s;
 }

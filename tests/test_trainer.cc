@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <set>
 #include <string>
@@ -121,15 +122,18 @@ int Train(const std::string& name) {
   // Every rank, rank 0 included, starts from the model's version (0, or
   // where a restored or running job is) as the wire delivers it (rounded
   // when pull_dtype is 16-bit).
-  const int64_t start = status.ok() ? (*client)->registered_version() : 0;
+  int64_t start = status.ok() ? (*client)->registered_version() : 0;
   if (status.ok()) {
     params = (*client)->NewFlatBuffer();
     absl::StatusOr<int64_t> version = (*client)->Pull(start, absl::MakeSpan(params));
     status = version.status();
-    if (version.ok() && *version != start) {
+    // One step later: the step this trainer's earlier process had pushed
+    // was applied meanwhile (its push of it was in).
+    if (version.ok() && *version != start && *version != start + 1) {
       status = absl::InternalError(
           absl::StrCat("pulled version ", *version, " after attaching at ", start));
     }
+    if (version.ok()) start = *version;
   }
   if (!status.ok()) {
     fprintf(stderr, "rank %u: %s\n", options.trainer_rank, status.ToString().c_str());
@@ -192,6 +196,8 @@ int Train(const std::string& name) {
     if (std::optional<int64_t> back = (*client)->rolled_back_to(); !result.ok() && back) {
       // The job went back to a checkpoint: continue from its version.
       fprintf(stderr, "rank %u: %s\n", options.trainer_rank, result.status().ToString().c_str());
+      std::ofstream(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".rollback_reason")
+          << result.status().message();
       absl::StatusOr<int64_t> pulled = (*client)->Pull(*back, absl::MakeSpan(params));
       if (!pulled.ok() || *pulled != *back) {
         fprintf(stderr, "rank %u: pulling version %ld after the rollback: %s\n",
@@ -223,11 +229,15 @@ int Train(const std::string& name) {
          options.trainer_rank, name.c_str(), static_cast<long>((*client)->replayed_pushes()),
          static_cast<long>((*client)->failed_attempts()), rollbacks);
   fflush(stdout);
-  if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".replayed",
-                                   {static_cast<float>((*client)->replayed_pushes())});
-      !s.ok()) {
-    fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 1;
+  for (const auto& [what, count] :
+       {std::pair<std::string, float>{"replayed", (*client)->replayed_pushes()},
+        {"rollbacks", rollbacks}}) {
+    if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + "." + what,
+                                     {count});
+        !s.ok()) {
+      fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
+    }
   }
   std::vector<float> failed_by_shard;
   for (size_t i = 0; i < servers.size(); ++i) {
