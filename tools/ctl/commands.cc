@@ -40,13 +40,25 @@ std::string Failure(const grpc::Status& s) {
   return absl::StrCat("error: ", s.error_code(), " ", s.error_message());
 }
 
+std::string SecondsSince(const v1::TrainerActivity& t) {
+  return t.seconds_since_last_push() < 0 ? "-"
+                                         : absl::StrFormat("%.1f", t.seconds_since_last_push());
+}
+
+std::string NewestCheckpoint(const v1::InspectResponse& info) {
+  return info.newest_committed_checkpoint() < 0
+             ? "-"
+             : absl::StrCat(info.newest_committed_checkpoint());
+}
+
 }  // namespace
 
 int Status(const CommandOptions& options, FILE* out) {
   int rc = 0;
   Table servers({"SHARD", "ADDRESS", "HEALTH", "DEVICE", "THREADS", "MODELS", "UPTIME_S"});
-  Table models({"MODEL", "SHARD", "RANGE", "VERSION", "TRAINERS", "PUSHED", "OPTIMIZER", "PARAM_MB",
-                "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
+  Table models({"MODEL", "SHARD", "RANGE", "VERSION", "TRAINERS", "PUSHED", "CHECKPOINT",
+                "OPTIMIZER", "PARAM_MB", "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
+  Table trainers({"MODEL", "SHARD", "TRAINER", "LAST_PUSHED_STEP", "SECONDS_SINCE"});
   for (const std::string& address : options.servers) {
     std::shared_ptr<grpc::Channel> channel = Channel(address);
     std::string health = "?";
@@ -71,8 +83,10 @@ int Status(const CommandOptions& options, FILE* out) {
                     info.device(), absl::StrCat(info.threads()), absl::StrCat(info.models_size()),
                     absl::StrFormat("%.0f", info.uptime_seconds())});
     for (const v1::ModelSummary& m : info.models()) {
-      // Which ranks have pushed the pending step comes from Inspect.
+      // Which ranks have pushed the pending step, and when each last did,
+      // come from Inspect.
       std::string pushed = "-";
+      std::string checkpoint = "?";
       grpc::ClientContext inspect_context;
       SetDeadline(&inspect_context, options.timeout);
       v1::InspectRequest request;
@@ -82,10 +96,15 @@ int Status(const CommandOptions& options, FILE* out) {
       v1::InspectResponse inspect;
       if (stub->Inspect(&inspect_context, request, &inspect).ok()) {
         pushed = absl::StrCat(inspect.trainers_pushed_size(), "/", m.num_trainers());
+        checkpoint = NewestCheckpoint(inspect);
+        for (const v1::TrainerActivity& t : inspect.trainers()) {
+          trainers.AddRow({m.model_id(), absl::StrCat(info.shard_index()), absl::StrCat(t.rank()),
+                           absl::StrCat(t.last_pushed_step()), SecondsSince(t)});
+        }
       }
       models.AddRow({m.model_id(), absl::StrCat(info.shard_index()), Range(m.range()),
                      absl::StrCat(m.version()), absl::StrCat(m.num_trainers()), pushed,
-                     m.optimizer(), Mib(m.bytes().parameter_bytes()),
+                     checkpoint, m.optimizer(), Mib(m.bytes().parameter_bytes()),
                      Mib(m.bytes().optimizer_state_bytes()), Mib(m.bytes().staging_bytes()),
                      Mib(m.bytes().gradient_bytes_received()),
                      Mib(m.bytes().parameter_bytes_sent())});
@@ -94,6 +113,8 @@ int Status(const CommandOptions& options, FILE* out) {
   servers.Print(out);
   fprintf(out, "\n");
   models.Print(out);
+  fprintf(out, "\n");
+  trainers.Print(out);
   return rc;
 }
 
@@ -133,6 +154,15 @@ int Inspect(const CommandOptions& options, FILE* out) {
             Range(info.range()).c_str(), static_cast<long>(info.version()),
             static_cast<long>(info.next_step()), absl::StrJoin(info.trainers_pushed(), ",").c_str(),
             info.num_trainers());
+    std::vector<std::string> pushes;
+    for (const v1::TrainerActivity& t : info.trainers()) {
+      pushes.push_back(absl::StrCat(t.rank(), ": step ", t.last_pushed_step(),
+                                    t.seconds_since_last_push() < 0
+                                        ? ""
+                                        : absl::StrCat(" (", SecondsSince(t), " s ago)")));
+    }
+    fprintf(out, "  last pushes by trainer [%s]  newest committed checkpoint %s\n",
+            absl::StrJoin(pushes, ", ").c_str(), NewestCheckpoint(info).c_str());
     absl::StatusOr<OptimizerConfig> current = OptimizerConfigFromProto(info.current_optimizer());
     absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(info.lr_schedule());
     fprintf(out, "  optimizer %s  lr schedule %s  last lr %.6g  changes scheduled at [%s]\n",

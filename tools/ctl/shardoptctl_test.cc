@@ -3,6 +3,7 @@
 // and JSON, and an unreachable server makes status exit 1.
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/trainer_client.h"
@@ -39,10 +40,18 @@ TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
   EXPECT_NE(out.find("ctl_model"), std::string::npos) << out;
   EXPECT_NE(out.find("adam"), std::string::npos) << out;
   EXPECT_NE(out.find(absl::StrCat("[0, ", layout.shard_size(), ")")), std::string::npos) << out;
+  // Each trainer's last push as each shard saw it: rank 0 pushed step 1 a
+  // moment ago, rank 1 nothing yet.
+  EXPECT_NE(out.find("LAST_PUSHED_STEP"), std::string::npos) << out;
+  EXPECT_NE(out.find("CHECKPOINT"), std::string::npos) << out;
+  EXPECT_TRUE(absl::StrContains(out, "ctl_model  0      0        1                 0.")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "ctl_model  1      1        0                 -")) << out;
 
   std::tie(rc, out) = RunCtl("inspect --model=ctl_model --servers=" + addresses);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("pushed [0] of 2"), std::string::npos) << out;
+  EXPECT_TRUE(absl::StrContains(out, "last pushes by trainer [0: step 1 (0.")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "s ago), 1: step 0]  newest committed checkpoint -")) << out;
   EXPECT_NE(out.find("embed.weight"), std::string::npos) << out;
   EXPECT_NE(out.find("L2_NORM"), std::string::npos) << out;
   EXPECT_NE(out.find("optimizer adam(lr=0.001"), std::string::npos) << out;

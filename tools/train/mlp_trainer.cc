@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -69,6 +70,16 @@ ABSL_FLAG(double, max_loss_ratio, 0.5,
 ABSL_FLAG(int, rpc_timeout_s, 30,
           "Deadline of one RPC attempt, and the retry budget of a call (so a dead peer or "
           "server surfaces as an error within about twice this), and of attaching to the model.");
+ABSL_FLAG(std::string, journal_dir, "",
+          "Keep this trainer's pushes in DIR/rank<R> (TrainerClientOptions::journal_path), so "
+          "that it can be restarted into the running job and shards restarted from older "
+          "checkpoints can be given the steps they lost.");
+ABSL_FLAG(int, min_step_ms, 0,
+          "Pace the job: each step takes at least this long (the rest is slept); the launcher's "
+          "--chaos uses it so that its kills land in the middle of the run.");
+ABSL_FLAG(int, replay_steps, 0,
+          "Keep this many pushed steps in memory for shards restarted from a checkpoint "
+          "(without --journal_dir).");
 
 namespace shardopt::train {
 namespace {
@@ -169,35 +180,53 @@ MlpMetrics Evaluate(const JobConfig& job, const ModelLayout& layout,
   return EvaluateMlp<float>(job.mlp, BindMlp(job.mlp, views).value(), data);
 }
 
+// The model's parameters at version 0, initialised from --seed.
+absl::StatusOr<std::vector<float>> InitialParams(const JobConfig& job, TrainerClient& client) {
+  absl::StatusOr<ModelLayout> layout = client.LayoutFor(job.spec);
+  if (!layout.ok()) return layout.status();
+  std::vector<float> params(layout->total_elements(), 0.0f);
+  absl::StatusOr<TensorViews<float>> views =
+      TensorViews<float>::Create(*layout, absl::MakeSpan(params));
+  if (!views.ok()) return views.status();
+  absl::StatusOr<MlpTensors<float>> tensors = BindMlp(job.mlp, *views);
+  if (!tensors.ok()) return tensors.status();
+  InitMlp(job.mlp, *tensors, job.seed);
+  return params;
+}
+
 // Rank 0 registers freshly initialised parameters; every other rank attaches.
-// Then every rank pulls version 0, rank 0 included: Register on a model that
-// already exists with an equal config succeeds and keeps the servers' values,
-// which need not be the ones rank 0 just initialised.
-absl::Status JoinModel(const JobConfig& job, TrainerClient& client, std::vector<float>& params) {
+// Then every rank pulls the model's version, rank 0 included: Register on a
+// model that already exists with an equal config succeeds and keeps the
+// servers' values. A trainer restarted into a running job (or a job
+// restored from checkpoints) joins at the version the shards are at, and
+// returns it.
+absl::StatusOr<int64_t> JoinModel(const JobConfig& job, TrainerClient& client,
+                                  std::vector<float>& params) {
   if (job.rank == 0) {
-    absl::StatusOr<ModelLayout> layout = client.LayoutFor(job.spec);
-    if (!layout.ok()) return layout.status();
-    params.assign(layout->total_elements(), 0.0f);
-    absl::StatusOr<TensorViews<float>> views =
-        TensorViews<float>::Create(*layout, absl::MakeSpan(params));
-    if (!views.ok()) return views.status();
-    absl::StatusOr<MlpTensors<float>> tensors = BindMlp(job.mlp, *views);
-    if (!tensors.ok()) return tensors.status();
-    InitMlp(job.mlp, *tensors, job.seed);
-    if (absl::Status s = client.Register(job.spec, params); !s.ok()) return s;
+    absl::StatusOr<std::vector<float>> initial = InitialParams(job, client);
+    if (!initial.ok()) return initial.status();
+    if (absl::Status s = client.Register(job.spec, *initial); !s.ok()) return s;
   } else {
     if (absl::Status s = client.Attach(job.spec); !s.ok()) return s;
-    params = client.NewFlatBuffer();
   }
-  absl::StatusOr<int64_t> version = client.Pull(0, absl::MakeSpan(params));
+  params = client.NewFlatBuffer();
+  int64_t start = client.registered_version();
+  absl::StatusOr<int64_t> version = client.Pull(start, absl::MakeSpan(params));
   if (!version.ok()) return version.status();
-  if (*version != 0) {
+  // One step later: the step this trainer's earlier process had pushed was
+  // applied meanwhile (its push of it was in).
+  if (*version != start && *version != start + 1) {
+    return absl::InternalError(
+        absl::StrCat("pulled version ", *version, " after joining at version ", start));
+  }
+  start = *version;
+  if (start > job.steps) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "model '", job.spec.model_id, "' is already at version ", *version,
-        " on the servers (left over from an earlier job?); restart them or pick another "
+        "model '", job.spec.model_id, "' is already at version ", start, ", past --steps=",
+        job.steps, " (left over from an earlier job?); restart the servers or pick another "
         "--model_id"));
   }
-  return absl::OkStatus();
+  return start;
 }
 
 // Runs the job; returns the process exit code after printing why on failure.
@@ -211,16 +240,22 @@ int Train(const Dataset& data, const JobConfig& job) {
   // peer died retrying its blocked pull long after the job is lost.
   options.retry_budget = options.rpc_timeout;
   options.attach_timeout = options.rpc_timeout;
+  options.replay_steps = absl::GetFlag(FLAGS_replay_steps);
+  if (const std::string journal = absl::GetFlag(FLAGS_journal_dir); !journal.empty()) {
+    options.journal_path = absl::StrCat(journal, "/rank", job.rank);
+  }
   absl::StatusOr<std::unique_ptr<TrainerClient>> client =
       TrainerClient::Connect(job.servers, options);
   std::vector<float> params;
-  const absl::Status status = client.ok() ? JoinModel(job, **client, params) : client.status();
-  if (!status.ok()) {
+  absl::StatusOr<int64_t> joined =
+      client.ok() ? JoinModel(job, **client, params) : absl::StatusOr<int64_t>(client.status());
+  if (!joined.ok()) {
     fprintf(stderr, "mlp_trainer rank %u: cannot join the model: %s\n", job.rank,
-            status.ToString().c_str());
+            joined.status().ToString().c_str());
     return kExitError;
   }
   TrainerClient& trainer = **client;
+  const int64_t start_version = *joined;
   const ModelLayout& layout = trainer.layout();
 
   std::vector<float> grads = trainer.NewFlatBuffer();
@@ -241,13 +276,27 @@ int Train(const Dataset& data, const JobConfig& job) {
   ProgressReport progress(stdout, absl::Now());
   MlpMetrics initial;
   if (leader) {
-    printf("%s", Describe(job, data, layout).c_str());
-    initial = Evaluate(job, layout, params, data);
-    progress.PrintInitial(initial);
+    if (start_version == 0) printf("%s", Describe(job, data, layout).c_str());
+    // The loss the job started from (also when this trainer joins later).
+    absl::StatusOr<std::vector<float>> version0 = InitialParams(job, trainer);
+    if (!version0.ok()) {
+      fprintf(stderr, "mlp_trainer: %s\n", version0.status().ToString().c_str());
+      return kExitError;
+    }
+    initial = Evaluate(job, layout, *version0, data);
+    if (start_version == 0) progress.PrintInitial(initial);
+  }
+  if (start_version > 0) {
+    printf("mlp_trainer rank %u: joined the running job at version %ld\n", job.rank,
+           static_cast<long>(start_version));
+    fflush(stdout);
   }
   const int log_every = absl::GetFlag(FLAGS_log_every);
   const int eval_every = absl::GetFlag(FLAGS_eval_every);
-  for (int64_t step = 1; step <= job.steps; ++step) {
+  const absl::Duration min_step = absl::Milliseconds(absl::GetFlag(FLAGS_min_step_ms));
+  for (int64_t step = start_version + 1; step <= job.steps; ++step) {
+    const absl::Time step_start = absl::Now();
+    absl::Cleanup pace = [&] { absl::SleepFor(min_step - (absl::Now() - step_start)); };
     const std::vector<int> batch = schedule.GlobalBatch(step);
     const absl::Span<const int> share = ShareOf(batch, job.rank, job.num_trainers);
     double train_loss = 0;
@@ -280,6 +329,18 @@ int Train(const Dataset& data, const JobConfig& job) {
       return kExitError;
     }
     absl::StatusOr<StepResult> result = trainer.Step(step, grads, absl::MakeSpan(params));
+    if (std::optional<int64_t> back = trainer.rolled_back_to(); !result.ok() && back) {
+      // The job went back to a checkpoint every shard holds: go on from there.
+      fprintf(stderr, "mlp_trainer rank %u: %s\n", job.rank, result.status().ToString().c_str());
+      absl::StatusOr<int64_t> pulled = trainer.Pull(*back, absl::MakeSpan(params));
+      if (!pulled.ok()) {
+        fprintf(stderr, "mlp_trainer rank %u: pulling version %ld: %s\n", job.rank,
+                static_cast<long>(*back), pulled.status().ToString().c_str());
+        return kExitError;
+      }
+      step = *back;  // The loop goes on with step back + 1.
+      continue;
+    }
     if (!result.ok()) {
       // A step completes only when every rank has pushed: a timeout here
       // almost always means another trainer is missing, not a slow server.

@@ -10,6 +10,14 @@
 # exit, error or Ctrl-C. Logs of the servers and of ranks >= 1 go to a temp
 # dir, printed (tail) on failure and kept; removed after a clean run.
 #
+# Crash recovery is on: the servers save periodic checkpoints (every
+# --checkpoint_every steps, the newest 3 kept) under the temp dir and restart
+# from them (--restore_from), and each trainer journals its pushes there, so
+# any server or trainer can be killed and started again with the same command.
+# --chaos does exactly that during the run: it kills (SIGKILL) one, two or
+# all shard servers at once, or a trainer, or a trainer and then a shard, at
+# seeded random moments, restarts them, and the job must still end with PASS.
+#
 # Usage: run_local_cluster.sh [options] [-- extra mlp_trainer flags]
 #   --shards=N          shard servers (env SHARDS, default 2)
 #   --trainers=N        trainer processes (env TRAINERS, default 2)
@@ -23,6 +31,11 @@
 #                       Given both, nothing is built and bazel is never called.
 #   --no_build          use the binaries already built (env SKIP_BUILD=1)
 #   --timeout=SECONDS   limit for the training phase (env TRAIN_TIMEOUT_S, default 300)
+#   --checkpoint_every=N  periodic checkpoints (env CHECKPOINT_EVERY, default 20)
+#   --chaos             kill and restart servers and trainers during the run (env CHAOS=1)
+#   --chaos_events=N    how many kills (env CHAOS_EVENTS, default 6)
+#   --chaos_seed=N      seed of their schedule (env CHAOS_SEED, default 1); under
+#                       chaos each step takes at least 30 ms (env CHAOS_STEP_MS)
 #   --keep_logs         keep the temp dir even after a clean run (env KEEP_LOGS=1)
 # Works from any directory: it only needs the repository to run bazel, and
 # finds that from its own location.
@@ -39,6 +52,10 @@ trainer_bin=${MLP_TRAINER_BIN:-}
 skip_build=${SKIP_BUILD:-0}
 train_timeout_s=${TRAIN_TIMEOUT_S:-300}
 keep_logs=${KEEP_LOGS:-0}
+checkpoint_every=${CHECKPOINT_EVERY:-20}
+chaos=${CHAOS:-0}
+chaos_events=${CHAOS_EVENTS:-6}
+chaos_seed=${CHAOS_SEED:-1}
 server_threads=${SERVER_THREADS:-1}  # 2-core machines: leave CPU to the trainers.
 port_timeout_s=30
 stop_timeout_s=10
@@ -53,7 +70,7 @@ usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
 }
 
-value_options=" --shards --trainers --steps --batch --optimizer --lr --server_bin --trainer_bin --timeout "
+value_options=" --shards --trainers --steps --batch --optimizer --lr --server_bin --trainer_bin --timeout --checkpoint_every --chaos_events --chaos_seed "
 while (($# > 0)); do
   arg=$1
   shift
@@ -62,6 +79,7 @@ while (($# > 0)); do
     --help | -h) usage; exit 0 ;;
     --no_build) skip_build=1; continue ;;
     --keep_logs) keep_logs=1; continue ;;
+    --chaos) chaos=1; continue ;;
     --*=*) name=${arg%%=*} value=${arg#*=} ;;
     --*)
       name=$arg
@@ -82,6 +100,9 @@ while (($# > 0)); do
     --server_bin) server_bin=$value ;;
     --trainer_bin) trainer_bin=$value ;;
     --timeout) train_timeout_s=$value ;;
+    --checkpoint_every) checkpoint_every=$value ;;
+    --chaos_events) chaos_events=$value ;;
+    --chaos_seed) chaos_seed=$value ;;
     *) die "unknown option '$name' (see --help)" ;;
   esac
 done
@@ -89,7 +110,7 @@ done
 if [[ -z $batch ]]; then
   batch=$((256 / trainers * trainers))
 fi
-for n in shards trainers steps batch train_timeout_s; do
+for n in shards trainers steps batch train_timeout_s checkpoint_every chaos_events chaos_seed; do
   [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "$n must be a positive integer, got '${!n}'"
 done
 ((batch % trainers == 0)) || die "--batch=$batch must be a multiple of --trainers=$trainers"
@@ -177,44 +198,123 @@ fail() {
 }
 
 echo "run_local_cluster: $shards shard servers, $trainers trainers, $steps steps, batch $batch, $optimizer; logs in $work"
-for ((i = 0; i < shards; i++)); do
-  "$server_bin" --listen=127.0.0.1:0 --shard_index="$i" --shard_count="$shards" \
-    --threads="$server_threads" --port_file="$work/server.$i.port" \
-    >"$work/server.$i.log" 2>&1 &
-  server_pids+=($!)
-done
+ckpt=$work/ckpt
+journal=$work/journal
+mkdir -p "$journal"
+ports=()
 
-# The servers bind port 0 and write the port they got once they serve.
-addresses=()
-deadline=$((SECONDS + port_timeout_s))
-for ((i = 0; i < shards; i++)); do
+# Starts (or restarts, on the port it had) shard server $1.
+start_server() {
+  local i=$1 listen=127.0.0.1:0
+  [[ -n ${ports[i]:-} ]] && listen=127.0.0.1:${ports[i]}
+  rm -f "$work/server.$i.port"
+  "$server_bin" --listen="$listen" --shard_index="$i" --shard_count="$shards" \
+    --threads="$server_threads" --port_file="$work/server.$i.port" \
+    --checkpoint_dir="$ckpt" --checkpoint_every="$checkpoint_every" --checkpoint_keep=3 \
+    --restore_from="$ckpt" >>"$work/server.$i.log" 2>&1 &
+  server_pids[i]=$!
+}
+
+# Waits for shard server $1 to report its port (it restores before serving).
+await_server() {
+  local i=$1 deadline=$((SECONDS + port_timeout_s))
   while [[ ! -s $work/server.$i.port ]]; do
     kill -0 "${server_pids[i]}" 2>/dev/null || fail "shard server $i exited during startup"
     ((SECONDS < deadline)) || fail "shard server $i did not report its port within ${port_timeout_s}s"
-    sleep 0.1
+    sleep 0.05
   done
   read -r port <"$work/server.$i.port"
   [[ $port =~ ^[0-9]+$ ]] || fail "shard server $i wrote a bad port '$port'"
-  addresses+=("127.0.0.1:$port")
+  ports[i]=$port
+}
+
+for ((i = 0; i < shards; i++)); do start_server "$i"; done
+addresses=()
+for ((i = 0; i < shards; i++)); do
+  await_server "$i"
+  addresses+=("127.0.0.1:${ports[i]}")
 done
 servers=$(IFS=,; echo "${addresses[*]}")
 echo "run_local_cluster: servers up at $servers"
 
 trainer_args=(--servers="$servers" --num_trainers="$trainers" --steps="$steps" --batch="$batch"
-  --optimizer="$optimizer")
+  --optimizer="$optimizer" --journal_dir="$journal")
 if [[ -n $lr ]]; then trainer_args+=(--lr="$lr"); fi
+# Paced under chaos, so that the kills land in the middle of the run.
+if ((chaos == 1)); then trainer_args+=(--min_step_ms="${CHAOS_STEP_MS:-30}"); fi
 trainer_args+=("${extra_trainer_args[@]}")
-# Rank 0 talks to the terminal; the others only to their logs.
-"$trainer_bin" "${trainer_args[@]}" --rank=0 &
-trainer_pids+=($!)
-for ((r = 1; r < trainers; r++)); do
-  "$trainer_bin" "${trainer_args[@]}" --rank="$r" >"$work/trainer.$r.log" 2>&1 &
-  trainer_pids+=($!)
-done
+
+# Starts (or restarts) trainer rank $1. Rank 0 talks to the terminal; the
+# others only to their logs.
+start_trainer() {
+  local r=$1
+  if ((r == 0)); then
+    "$trainer_bin" "${trainer_args[@]}" --rank=0 &
+  else
+    "$trainer_bin" "${trainer_args[@]}" --rank="$r" >>"$work/trainer.$r.log" 2>&1 &
+  fi
+  trainer_pids[r]=$!
+}
+for ((r = 0; r < trainers; r++)); do start_trainer "$r"; done
+
+declare -A trainer_rc=()
+
+# Kills (SIGKILL) and reaps process $1.
+kill_hard() {
+  kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+# Chaos: one event, chosen by $RANDOM (seeded). Each kind at least once
+# when there are enough events: one shard, two shards at once, all shards at
+# once, a trainer, a trainer and then (right after it rejoined) a shard, so
+# that the shard comes back from a checkpoint older than the trainer's
+# restart.
+RANDOM=$chaos_seed
+chaos_kinds=(one_shard trainer two_shards trainer_then_shard all_shards)
+chaos_done=0
+chaos_event() {
+  local kind=${chaos_kinds[chaos_done % ${#chaos_kinds[@]}]}
+  local victims=() i r
+  case $kind in
+    one_shard) victims=($((RANDOM % shards))) ;;
+    two_shards)
+      i=$((RANDOM % shards))
+      victims=("$i")
+      if ((shards > 1)); then victims+=($(((i + 1 + RANDOM % (shards - 1)) % shards))); fi
+      ;;
+    all_shards) for ((i = 0; i < shards; i++)); do victims+=("$i"); done ;;
+  esac
+  case $kind in
+    trainer | trainer_then_shard)
+      r=$((RANDOM % trainers))
+      [[ -n ${trainer_rc[$r]:-} ]] && return 0  # Finished already.
+      echo "run_local_cluster: chaos $((chaos_done + 1))/$chaos_events: kill -9 trainer $r, restart it" >&2
+      kill_hard "${trainer_pids[r]}"
+      start_trainer "$r"
+      if [[ $kind == trainer_then_shard ]]; then
+        sleep 0.$((2 + RANDOM % 6))
+        i=$((RANDOM % shards))
+        echo "run_local_cluster: chaos: then kill -9 shard server $i, restart it" >&2
+        kill_hard "${server_pids[i]}"
+        start_server "$i"
+        await_server "$i"
+      fi
+      ;;
+    *)
+      echo "run_local_cluster: chaos $((chaos_done + 1))/$chaos_events: kill -9 shard server(s) ${victims[*]}, restart them" >&2
+      for i in "${victims[@]}"; do kill_hard "${server_pids[i]}"; done
+      for i in "${victims[@]}"; do start_server "$i"; done
+      for i in "${victims[@]}"; do await_server "$i"; done
+      ;;
+  esac
+  chaos_done=$((chaos_done + 1))
+}
+now_ms() { date +%s%3N; }
+next_chaos=$(($(now_ms) + 1000))
 
 # Waits for the trainers, failing fast: a trainer or server that dies leaves
 # the others blocked in a pull until their RPC deadline, so don't wait for it.
-declare -A trainer_rc=()
 deadline=$((SECONDS + train_timeout_s))
 while ((${#trainer_rc[@]} < trainers)); do
   for ((r = 0; r < trainers; r++)); do
@@ -232,8 +332,16 @@ while ((${#trainer_rc[@]} < trainers)); do
     kill -0 "${server_pids[i]}" 2>/dev/null || fail "shard server $i exited during training"
   done
   ((SECONDS < deadline)) || fail "training did not finish within ${train_timeout_s}s (--timeout)"
+  if ((chaos == 1 && chaos_done < chaos_events && ${#trainer_rc[@]} == 0)) &&
+    (($(now_ms) >= next_chaos)); then
+    chaos_event
+    next_chaos=$(($(now_ms) + 500 + RANDOM % 1000))
+  fi
   if ((${#trainer_rc[@]} < trainers)); then sleep 0.1; fi
 done
+if ((chaos == 1)); then
+  echo "run_local_cluster: chaos: $chaos_done kill events (seed $chaos_seed), the job still finished"
+fi
 
 # A clean shutdown is part of the job: a server that hangs or crashes on
 # SIGTERM is a bug worth failing on.

@@ -31,3 +31,26 @@ fi
 grep -q '^PASS: ' "$out" || { echo "FAIL: no PASS line from rank 0" >&2; exit 1; }
 grep -q 'exited cleanly' "$out" || { echo "FAIL: the launcher did not report a clean shutdown" >&2; exit 1; }
 echo "OK: initial loss $initial -> final loss $final"
+
+# The same job under --chaos: shard servers and trainers are killed (one,
+# two, all shards; a trainer; a trainer then a shard) and restarted from
+# their checkpoints and journals. It must still pass, and train exactly as
+# the uninterrupted run did: the same final loss to the printed digit.
+chaos_out=$TEST_TMPDIR/launcher_chaos.out
+rc=0
+bash "$launcher" --server_bin="$server" --trainer_bin="$trainer" --steps=150 --timeout=90 \
+  --chaos --chaos_events=5 --chaos_seed=3 --checkpoint_every=10 \
+  -- --micro_batches=2 2>&1 | tee "$chaos_out" || rc=${PIPESTATUS[0]}
+if ((rc != 0)); then
+  echo "FAIL: the launcher under --chaos exited with status $rc" >&2
+  exit 1
+fi
+grep -q '^PASS: ' "$chaos_out" || { echo "FAIL: no PASS line under --chaos" >&2; exit 1; }
+events=$(sed -nE 's/.*chaos: ([0-9]+) kill events.*/\1/p' "$chaos_out")
+[[ $events == 5 ]] || { echo "FAIL: expected 5 chaos events, saw '${events}'" >&2; exit 1; }
+chaos_final=$(grep '^summary: ' "$chaos_out" | tail -n 1 | sed -E 's/.*final loss ([0-9.]+).*/\1/')
+if [[ $chaos_final != "$final" ]]; then
+  echo "FAIL: under --chaos the final loss is $chaos_final, uninterrupted it is $final" >&2
+  exit 1
+fi
+echo "OK: under --chaos ($events kills) the final loss is again $chaos_final"
