@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <random>
 
+#include "gtest/gtest.h"
+
 namespace shardopt::testing {
 
 std::vector<float> RandomGradient(uint32_t rank, int64_t step, size_t n) {
@@ -24,6 +26,33 @@ absl::StatusOr<PushResult> PushInChunks(ModelShard& shard, uint32_t rank, int64_
     if (!s.ok()) return s;
   }
   return start->writer->Commit();
+}
+
+ModelLayout TestLayout() {
+  return ModelLayout::Create({{"a", {1000, 3}}, {"b", {77}}}, 16, kShards).value();
+}
+
+std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
+                                      OptimizerConfig optimizer) {
+  ModelShardOptions options{"m", TestLayout(), kShard, optimizer, trainers, true};
+  std::vector<float> init(options.layout.shard_size());
+  for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 97);
+  return ModelShard::Create(std::move(options), std::move(init), pool).value();
+}
+
+std::vector<float> Grad(uint32_t rank, int64_t step, size_t n) {
+  return RandomGradient(rank, step, n);
+}
+
+absl::StatusOr<PushResult> PushAll(ModelShard& shard, uint32_t rank, int64_t step,
+                                   size_t chunk) {
+  return PushInChunks(shard, rank, step, Grad(rank, step, shard.size()), chunk);
+}
+
+std::vector<float> ReadAll(ModelShard& shard, int64_t version) {
+  std::vector<float> out(shard.size());
+  EXPECT_TRUE(shard.ReadParameters(version, 0, out.size(), out.data()).ok());
+  return out;
 }
 
 }  // namespace shardopt::testing

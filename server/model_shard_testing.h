@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -13,6 +14,23 @@ namespace shardopt::testing {
 
 // N(0, 1) values, the same for the same (rank, step, n).
 std::vector<float> RandomGradient(uint32_t rank, int64_t step, size_t n);
+
+inline constexpr uint32_t kShards = 2;
+inline constexpr uint32_t kShard = 1;
+
+// Tensors of odd sizes over 2 shards; the tests use shard 1's range.
+ModelLayout TestLayout();
+// Shard kShard of TestLayout() for `trainers` trainers, with known initial
+// values.
+std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
+                                      OptimizerConfig optimizer = OptimizerConfig::AdamW(0.01));
+// RandomGradient under a shorter name.
+std::vector<float> Grad(uint32_t rank, int64_t step, size_t n);
+// Pushes rank's Grad() of `step` in chunks of `chunk` elements.
+absl::StatusOr<PushResult> PushAll(ModelShard& shard, uint32_t rank, int64_t step,
+                                   size_t chunk = 333);
+// The whole range at `version` (expects it to be there).
+std::vector<float> ReadAll(ModelShard& shard, int64_t version);
 
 // Pushes `grad` (the whole range) as `rank`'s gradient for `step` in chunks
 // of `chunk` elements, then commits; the immediate answer for duplicates.
