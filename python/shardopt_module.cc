@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -304,6 +305,7 @@ class Client {
   int64_t failed_attempts() const { return client_->failed_attempts(); }
   double loss_scale() const { return client_->loss_scale(); }
   int64_t replayed_pushes() const { return client_->replayed_pushes(); }
+  std::optional<int64_t> rolled_back_to() const { return client_->rolled_back_to(); }
 
  private:
   const TrainerClient& Checked() const {
@@ -405,5 +407,9 @@ PYBIND11_MODULE(_shardopt, m) {
                              "DEADLINE_EXCEEDED so far (each is retried within the retry "
                              "budget): shards down, unreachable or slower than rpc_timeout.")
       .def_property_readonly("replayed_pushes", &Client::replayed_pushes,
-                             "Earlier steps re-pushed to shards restarted from a checkpoint.");
+                             "Earlier steps re-pushed to shards restarted from a checkpoint.")
+      .def_property_readonly("rolled_back_to", &Client::rolled_back_to,
+                             "After a call failed with AbortedError because the job rolled back "
+                             "to a checkpoint (a restarted shard needed steps no trainer could "
+                             "re-push): the version to pull and continue from; else None.");
 }

@@ -36,10 +36,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  // Clients ping every 30 s while a call is open (a pull may wait long
-  // without data); accept that rather than answering with GOAWAY. The server
-  // pings too, so that it notices a vanished client holding a stream.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  // Clients ping every 3 s while a call is open (a pull may wait without
+  // data; see ConnectionOptions), so that they notice a frozen shard within
+  // seconds; accept that rather than answering with GOAWAY. The server pings
+  // too, so that it notices a vanished client holding a stream.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);

@@ -75,6 +75,7 @@ class BadUseTest(unittest.TestCase):
                                         dtype=numpy.float32))
         self.assertGreaterEqual(client.failed_attempts, 2)  # the first and a retry
         self.assertEqual(client.replayed_pushes, 0)
+        self.assertIsNone(client.rolled_back_to)  # No rollback: not an AbortedError.
 
     def test_non_contiguous_parameter(self):
         weight = torch.nn.Parameter(torch.randn(4, 3).t())  # a transposed view
