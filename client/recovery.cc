@@ -47,28 +47,42 @@ std::optional<int64_t> RolledBackTo(const absl::Status& status) {
   return version;
 }
 
+namespace {
+
+StepCallsContext Labelled(StepCallsContext calls) {
+  calls.label = "recovery: ";
+  return calls;
+}
+
+}  // namespace
+
 Recovery::Recovery(std::vector<ShardConnection*> shards, ShardFanOut* fanout,
                    PushHistory* history, RecoveryContext context)
-    : shards_(std::move(shards)), fanout_(fanout), history_(history), context_(std::move(context)) {}
+    : shards_(std::move(shards)),
+      fanout_(fanout),
+      history_(history),
+      context_(std::move(context)),
+      calls_(fanout, Labelled(context_.calls)) {}
 
 ShardFanOut::Call Recovery::CallFor(const std::string& what) const {
   ShardFanOut::Call call;
-  call.what = what;
-  call.policy = context_.policy;
-  call.attempt_timeout = context_.rpc_timeout;
-  call.on_wait = context_.on_wait;
+  call.what = "recovery: " + what;
+  call.policy = context_.calls.policy;
+  call.attempt_timeout = context_.calls.rpc_timeout;
+  call.on_wait = context_.calls.on_wait;
   return call;
 }
 
 absl::StatusOr<std::vector<v1::ModelSummary>> Recovery::Survey() {
   std::vector<v1::ModelSummary> summaries(shards_.size());
   absl::Status status = fanout_->Run(
-      CallFor("recovery: asking the shard's version"),
+      CallFor("asking the shard's version"),
       [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-        absl::Status s = shard.Summary(context, context_.model_id, &summaries[shard.index()]);
+        const std::string& model_id = context_.calls.model_id;
+        absl::Status s = shard.Summary(context, model_id, &summaries[shard.index()]);
         if (absl::IsNotFound(s)) {
           return absl::FailedPreconditionError(
-              absl::StrCat("the shard came back without model '", context_.model_id,
+              absl::StrCat("the shard came back without model '", model_id,
                            "' (started without --restore_from?): it cannot rejoin the job"));
         }
         return s;
@@ -95,7 +109,7 @@ absl::Status Recovery::BringTo(int64_t target) {
     }
     return last;
   }
-  return absl::UnavailableError(absl::StrCat("recovery of model '", context_.model_id,
+  return absl::UnavailableError(absl::StrCat("recovery of model '", context_.calls.model_id,
                                              "' did not settle after ", kMaxRounds,
                                              " rounds (shards keep restarting?): ",
                                              last.message()));
@@ -113,7 +127,7 @@ absl::Status Recovery::Replay(std::vector<v1::ModelSummary> shards, int64_t targ
       // Every behind shard is at step - 1 by now (earlier steps were brought
       // up first); the ones whose summary predates that lack this push.
       mine_needed = mine_needed || shards[i].version() < step - 1 ||
-                    !Holds(shards[i], context_.trainer_rank);
+                    !Holds(shards[i], context_.calls.trainer_rank);
     }
     if (behind.empty()) continue;
     absl::StatusOr<PushedStep> entry = history_->Find(step);
@@ -132,89 +146,41 @@ absl::Status Recovery::Replay(std::vector<v1::ModelSummary> shards, int64_t targ
   return absl::OkStatus();
 }
 
-absl::Status Recovery::PushTo(const PushedStep& entry, const std::vector<uint32_t>& which) {
-  const size_t element = DTypeSize(entry.dtype);
+absl::Status Recovery::PushTo(const PushedStep& entry, const ShardSubset& which) {
+  const uint64_t elements = shards_.back()->range().end;
+  if (entry.payload->size() != elements * DTypeSize(entry.dtype)) {
+    return absl::InternalError(absl::StrCat("the kept push of step ", entry.step, " has ",
+                                            entry.payload->size(), " bytes; the layout has ",
+                                            elements, " ", DTypeName(entry.dtype), " elements"));
+  }
+  // The changes a shard restored from before them lost come back with the
+  // pushes (see PushHeader.hyperparameter_changes).
   std::vector<v1::SetHyperparametersRequest> changes = history_->ChangesAfter(entry.step - 1);
-  for (v1::SetHyperparametersRequest& c : changes) c.set_model_id(context_.model_id);
-  return fanout_->Run(
-      CallFor(absl::StrCat("recovery: re-pushing step ", entry.step)),
-      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-        const FlatRange range = shard.range();
-        if (entry.payload->size() < range.end * element) {
-          return absl::InternalError(absl::StrCat("the kept push of step ", entry.step, " has ",
-                                                  entry.payload->size(), " bytes; shard ",
-                                                  shard.index(), "'s range ends at element ",
-                                                  range.end));
-        }
-        v1::PushGradientsRequest header;
-        v1::PushHeader* h = header.mutable_header();
-        h->set_model_id(context_.model_id);
-        h->set_trainer_rank(context_.trainer_rank);
-        h->set_step(entry.step);
-        h->set_shard_index(shard.index());
-        h->set_num_elements(range.size());
-        h->set_dtype(DTypeToProto(entry.dtype));
-        if (entry.loss_scale != 1.0) h->set_loss_scale(entry.loss_scale);
-        // The changes a shard restored from before them lost come back with
-        // the pushes (see PushHeader.hyperparameter_changes).
-        for (const v1::SetHyperparametersRequest& c : changes) *h->add_hyperparameter_changes() = c;
-        PayloadPins pins;
-        v1::PushGradientsResponse response;
-        absl::Status pushed =
-            shard.Push(context, header, entry.payload->data() + range.begin * element, element,
-                       context_.chunk_bytes, &pins, &response);
-        // The payload is shared with the history: it outlives the pins.
-        pins.WaitUntilReleased();
-        if (pushed.ok() && response.outcome() != v1::PushGradientsResponse::OUTCOME_DUPLICATE &&
-            response.outcome() != v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
-          replayed_pushes_.fetch_add(1);
-        }
-        return pushed;
-      },
-      which);
+  for (v1::SetHyperparametersRequest& c : changes) c.set_model_id(context_.calls.model_id);
+  std::vector<v1::PushGradientsResponse> responses;
+  absl::Status pushed = calls_.Push(entry.step, entry.payload->data(), entry.dtype,
+                                    entry.loss_scale, changes, &responses, which);
+  for (uint32_t i : which) {
+    const v1::PushGradientsResponse::Outcome outcome = responses[i].outcome();
+    if (outcome != v1::PushGradientsResponse::OUTCOME_UNSPECIFIED &&
+        outcome != v1::PushGradientsResponse::OUTCOME_DUPLICATE &&
+        outcome != v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
+      replayed_pushes_.fetch_add(1);
+    }
+  }
+  return pushed;
 }
 
 absl::Status Recovery::AwaitStep(int64_t step, const std::optional<StepDecision>& decision,
-                                 bool pushed, const std::vector<uint32_t>& which) {
-  const int64_t max_wait_ms = absl::ToInt64Milliseconds(context_.wait_report_interval);
-  if (context_.needs_decision && decision) {
+                                 bool pushed, const ShardSubset& which) {
+  const int64_t pushed_step = pushed ? step : 0;
+  const bool decide = context_.needs_decision && decision.has_value();
+  if (decide) {
     // The decision is taken only once every trainer's gradient is in.
-    absl::Status all_in = fanout_->Run(
-        CallFor(absl::StrCat("recovery: waiting for every trainer's re-push of step ", step)),
-        [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-          v1::GetStepStatsRequest request;
-          request.set_model_id(context_.model_id);
-          request.set_step(step);
-          request.set_shard_index(shard.index());
-          request.set_trainer_rank(context_.trainer_rank);
-          request.set_pushed_step(pushed ? step : 0);
-          request.set_max_wait_ms(max_wait_ms);
-          v1::StepStats stats;
-          return shard.GetStepStats(context, request, &stats);
-        },
-        which);
-    if (!all_in.ok()) return all_in;
+    absl::StatusOr<std::vector<StepStats>> all_in = calls_.Stats(step, pushed_step, which);
+    if (!all_in.ok()) return all_in.status();
   }
-  return fanout_->Run(
-      CallFor(absl::StrCat("recovery: waiting for step ", step, " to be applied again")),
-      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-        v1::PullParametersRequest request;
-        request.set_model_id(context_.model_id);
-        request.set_min_version(step);
-        request.set_shard_index(shard.index());
-        request.set_trainer_rank(context_.trainer_rank);
-        request.set_pushed_step(pushed ? step : 0);
-        request.set_wait_only(true);
-        request.set_max_wait_ms(max_wait_ms);
-        if (context_.needs_decision && decision) {
-          request.mutable_decision()->set_skip(decision->skip);
-          request.mutable_decision()->set_clip_coef(decision->clip_coef);
-          request.mutable_decision()->set_grad_norm(decision->grad_norm);
-        }
-        PulledVersion pulled;
-        return shard.Pull(context, request, DType::kFloat32, nullptr, &pulled);
-      },
-      which);
+  return calls_.Pull(step, pushed_step, decide ? &*decision : nullptr, nullptr, which).status();
 }
 
 absl::Status Recovery::RollBackJob(const std::vector<v1::ModelSummary>& shards,
@@ -239,7 +205,7 @@ absl::Status Recovery::RollBackJob(const std::vector<v1::ModelSummary>& shards,
   }
   if (to_step < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "model '", context_.model_id, "' cannot recover: ", why,
+        "model '", context_.calls.model_id, "' cannot recover: ", why,
         "; and no committed checkpoint at or below version ", lowest,
         " is held by every shard to roll the job back to (start the servers with "
         "--checkpoint_dir and --checkpoint_every, and give trainers a journal_path)"));
@@ -257,11 +223,11 @@ absl::Status Recovery::RollBackJob(const std::vector<v1::ModelSummary>& shards,
         call,
         [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
           v1::RollBackRequest request;
-          request.set_model_id(context_.model_id);
+          request.set_model_id(context_.calls.model_id);
           request.set_shard_index(shard.index());
           request.set_to_step(to_step);
           request.set_expected_incarnation(shards[shard.index()].incarnation());
-          request.set_reason(absl::StrCat("trainer ", context_.trainer_rank, ": ", why));
+          request.set_reason(absl::StrCat("trainer ", context_.calls.trainer_rank, ": ", why));
           v1::RollBackResponse response;
           return shard.RollBack(context, request, &response);
         },

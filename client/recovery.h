@@ -41,20 +41,16 @@
 #include "client/retry.h"
 #include "client/shard_connection.h"
 #include "client/shard_fanout.h"
+#include "client/step_calls.h"
 #include "common/layout.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
 
 namespace shardopt {
 
 struct RecoveryContext {
-  std::string model_id;
-  uint32_t trainer_rank = 0;
   bool needs_decision = false;
-  absl::Duration rpc_timeout = absl::Seconds(60);
-  RetryPolicy policy;
-  absl::Duration wait_report_interval = absl::Seconds(5);
-  std::function<void(const std::string&)> on_wait;
-  size_t chunk_bytes = 4 << 20;
+  // How its calls are made (the label is set to "recovery: ").
+  StepCallsContext calls;
 };
 
 // ABORTED, naming the version every shard is at now; the trainer pulls it
@@ -86,9 +82,9 @@ class Recovery {
   // done; OUT_OF_RANGE when a shard went back further meanwhile (survey
   // again); NOT_FOUND (from the history) when a push is missing.
   absl::Status Replay(std::vector<v1::ModelSummary> shards, int64_t target);
-  absl::Status PushTo(const PushedStep& entry, const std::vector<uint32_t>& which);
+  absl::Status PushTo(const PushedStep& entry, const ShardSubset& which);
   absl::Status AwaitStep(int64_t step, const std::optional<StepDecision>& decision, bool pushed,
-                         const std::vector<uint32_t>& which);
+                         const ShardSubset& which);
   absl::Status RollBackJob(const std::vector<v1::ModelSummary>& shards, const std::string& why);
   ShardFanOut::Call CallFor(const std::string& what) const;
 
@@ -96,6 +92,7 @@ class Recovery {
   ShardFanOut* const fanout_;
   PushHistory* const history_;
   const RecoveryContext context_;
+  StepCalls calls_;
   std::atomic<int64_t> replayed_pushes_{0};
 };
 

@@ -12,7 +12,7 @@ StepCalls::StepCalls(ShardFanOut* fanout, StepCallsContext context)
 
 ShardFanOut::Call StepCalls::CallFor(std::string what) const {
   ShardFanOut::Call call;
-  call.what = std::move(what);
+  call.what = context_.label + what;
   call.policy = context_.policy;
   call.attempt_timeout = context_.rpc_timeout;
   call.on_wait = context_.on_wait;
@@ -21,7 +21,8 @@ ShardFanOut::Call StepCalls::CallFor(std::string what) const {
 
 absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, double loss_scale,
                              const std::vector<v1::SetHyperparametersRequest>& changes,
-                             std::vector<v1::PushGradientsResponse>* responses) {
+                             std::vector<v1::PushGradientsResponse>* responses,
+                             const ShardSubset& which) {
   responses->assign(fanout_->size(), v1::PushGradientsResponse());
   const size_t element = DTypeSize(dtype);
   // gRPC may hold the zero-copy payload slices a little past each call's
@@ -45,12 +46,14 @@ absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, dou
         return shard.Push(context, header,
                           static_cast<const char*>(payload) + shard.range().begin * element,
                           element, context_.chunk_bytes, &pins, &(*responses)[shard.index()]);
-      });
+      },
+      which);
   pins.WaitUntilReleased();
   return status;
 }
 
-absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step) {
+absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step, int64_t pushed_step,
+                                                        const ShardSubset& which) {
   std::vector<StepStats> stats(fanout_->size());
   absl::Status status = fanout_->Run(
       CallFor(absl::StrCat("GetStepStats step ", step)),
@@ -60,27 +63,29 @@ absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step) {
         request.set_step(step);
         request.set_shard_index(shard.index());
         request.set_trainer_rank(context_.trainer_rank);
-        request.set_pushed_step(step);
+        request.set_pushed_step(pushed_step);
         request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
         v1::StepStats s;
         absl::Status got = shard.GetStepStats(context, request, &s);
         stats[shard.index()] = StepStats{s.step(), s.sum_of_squares(), s.found_inf(),
                                          s.loss_scale()};
         return got;
-      });
+      },
+      which);
   if (!status.ok()) return status;
   return stats;
 }
 
 absl::StatusOr<PulledVersion> StepCalls::Pull(int64_t min_version, int64_t pushed_step,
-                                              const StepDecision* decision, float* flat_params) {
+                                              const StepDecision* decision, float* flat_params,
+                                              const ShardSubset& which) {
   // Shards caught in the middle of applying a step answer the versions on
   // either side of it: pull again at the newest (the others get there).
   constexpr int kRounds = 3;
   absl::StatusOr<PulledVersion> pulled;
   for (int round = 0; round < kRounds; ++round) {
     int64_t newest = min_version;
-    pulled = PullOnce(min_version, pushed_step, decision, flat_params, &newest);
+    pulled = PullOnce(min_version, pushed_step, decision, flat_params, which, &newest);
     if (pulled.ok() || newest == min_version) break;
     min_version = newest;
     decision = nullptr;  // Sent already; it was for the older version.
@@ -90,7 +95,8 @@ absl::StatusOr<PulledVersion> StepCalls::Pull(int64_t min_version, int64_t pushe
 
 absl::StatusOr<PulledVersion> StepCalls::PullOnce(int64_t min_version, int64_t pushed_step,
                                                   const StepDecision* decision,
-                                                  float* flat_params, int64_t* newest) {
+                                                  float* flat_params, const ShardSubset& which,
+                                                  int64_t* newest) {
   std::vector<PulledVersion> pulled(fanout_->size());
   absl::Status status = fanout_->Run(
       CallFor(absl::StrCat("PullParameters version >= ", min_version)),
@@ -103,24 +109,33 @@ absl::StatusOr<PulledVersion> StepCalls::PullOnce(int64_t min_version, int64_t p
         request.set_trainer_rank(context_.trainer_rank);
         request.set_pushed_step(pushed_step);
         request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
+        request.set_wait_only(flat_params == nullptr);
         if (decision != nullptr) {
           request.mutable_decision()->set_skip(decision->skip);
           request.mutable_decision()->set_clip_coef(decision->clip_coef);
           request.mutable_decision()->set_grad_norm(decision->grad_norm);
         }
         return shard.Pull(context, request, context_.pull_dtype,
-                          flat_params + shard.range().begin, &pulled[shard.index()]);
-      });
+                          flat_params ? flat_params + shard.range().begin : nullptr,
+                          &pulled[shard.index()]);
+      },
+      which);
   if (!status.ok()) return status;
-  for (const PulledVersion& p : pulled) *newest = std::max(*newest, p.version);
-  for (size_t i = 1; i < pulled.size(); ++i) {
-    if (pulled[i].version != pulled[0].version) {
-      return absl::FailedPreconditionError(absl::StrCat("shards disagree on the version: shard 0 is at ",
-                                                        pulled[0].version, ", shard ", i, " at ",
-                                                        pulled[i].version));
+  // The shards asked, in shard order.
+  std::vector<uint32_t> asked = which;
+  if (asked.empty()) {
+    for (uint32_t i = 0; i < pulled.size(); ++i) asked.push_back(i);
+  }
+  for (uint32_t i : asked) *newest = std::max(*newest, pulled[i].version);
+  const uint32_t first = asked[0];
+  for (uint32_t i : asked) {
+    if (pulled[i].version != pulled[first].version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shards disagree on the version: shard ", first, " is at ", pulled[first].version,
+          ", shard ", i, " at ", pulled[i].version));
     }
   }
-  return pulled[0];
+  return pulled[first];
 }
 
 }  // namespace shardopt

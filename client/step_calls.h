@@ -33,7 +33,11 @@ struct StepCallsContext {
   size_t chunk_bytes = 4 << 20;
   DType pull_dtype = DType::kFloat32;
   bool send_loss_scale = false;  // The model uses loss scaling.
+  std::string label;             // Prefixes what errors and reports say ("recovery: ").
 };
+
+// The shards a call goes to: all of them when empty.
+using ShardSubset = std::vector<uint32_t>;
 
 class StepCalls {
  public:
@@ -43,26 +47,33 @@ class StepCalls {
   // Pushes `payload` (the whole flat gradient in `dtype`; it must stay valid
   // until this returns) as this trainer's step `step`, carrying `changes`
   // (PushHeader.hyperparameter_changes); each shard's answer in `responses`
-  // (shard order).
+  // (shard order; only the shards of `which` answer).
   absl::Status Push(int64_t step, const void* payload, DType dtype, double loss_scale,
                     const std::vector<v1::SetHyperparametersRequest>& changes,
-                    std::vector<v1::PushGradientsResponse>* responses);
-  // Every shard's statistics of `step`, which this trainer pushed.
-  absl::StatusOr<std::vector<StepStats>> Stats(int64_t step);
+                    std::vector<v1::PushGradientsResponse>* responses,
+                    const ShardSubset& which = {});
+  // Every shard's statistics of `step` (waiting until every trainer's
+  // gradient is in), in shard order; `pushed_step` (0: none) is checked to
+  // be held, as in Pull.
+  absl::StatusOr<std::vector<StepStats>> Stats(int64_t step, int64_t pushed_step,
+                                               const ShardSubset& which = {});
   // Every shard's parameters at version >= min_version into `flat_params`
   // (with `decision`, sent for step min_version); `pushed_step` (0: none)
-  // is checked to be held by every shard. Shards that answer different
-  // versions (one was applying a step) are pulled again at the newest;
-  // FAILED_PRECONDITION when they still disagree.
+  // is checked to be held by every shard (else OUT_OF_RANGE at once).
+  // Shards that answer different versions (one was applying a step) are
+  // pulled again at the newest; FAILED_PRECONDITION when they still
+  // disagree. With `flat_params` null, only waits (PullParametersRequest
+  // .wait_only).
   absl::StatusOr<PulledVersion> Pull(int64_t min_version, int64_t pushed_step,
-                                     const StepDecision* decision, float* flat_params);
+                                     const StepDecision* decision, float* flat_params,
+                                     const ShardSubset& which = {});
 
  private:
   ShardFanOut::Call CallFor(std::string what) const;
   // One round; `newest` gets the highest version any shard answered.
   absl::StatusOr<PulledVersion> PullOnce(int64_t min_version, int64_t pushed_step,
                                          const StepDecision* decision, float* flat_params,
-                                         int64_t* newest);
+                                         const ShardSubset& which, int64_t* newest);
 
   ShardFanOut* const fanout_;
   const StepCallsContext context_;

@@ -145,18 +145,6 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
   }
   std::vector<ShardConnection*> raw;
   for (auto& shard : shards_) raw.push_back(shard.get());
-  RecoveryContext recovery;
-  recovery.model_id = spec.model_id;
-  recovery.trainer_rank = options_.trainer_rank;
-  recovery.needs_decision = spec.max_grad_norm > 0 || spec.loss_scaling;
-  recovery.rpc_timeout = options_.rpc_timeout;
-  recovery.policy = DefaultRetryPolicy();
-  recovery.wait_report_interval = options_.wait_report_interval;
-  recovery.on_wait = options_.on_wait;
-  recovery.chunk_bytes = options_.chunk_bytes;
-  if (!same_model) {
-    recovery_ = std::make_unique<Recovery>(raw, fanout_.get(), history_.get(), recovery);
-  }
   StepCallsContext calls;
   calls.model_id = spec.model_id;
   calls.trainer_rank = options_.trainer_rank;
@@ -167,6 +155,11 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
   calls.chunk_bytes = options_.chunk_bytes;
   calls.pull_dtype = options_.pull_dtype;
   calls.send_loss_scale = spec.loss_scaling;
+  if (!same_model) {
+    recovery_ = std::make_unique<Recovery>(
+        raw, fanout_.get(), history_.get(),
+        RecoveryContext{spec.max_grad_norm > 0 || spec.loss_scaling, calls});
+  }
   steps_ = std::make_unique<StepCalls>(fanout_.get(), calls);
   return absl::OkStatus();
 }
@@ -420,7 +413,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     std::optional<StepDecision> decision;
     absl::Status status;
     if (needs_decision) {
-      absl::StatusOr<std::vector<StepStats>> stats = steps_->Stats(step);
+      absl::StatusOr<std::vector<StepStats>> stats = steps_->Stats(step, step);
       status = stats.status();
       if (stats.ok()) {
         // Every trainer computes this from the same numbers, in the same

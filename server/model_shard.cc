@@ -284,22 +284,15 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
                                                        const std::function<bool()>& cancelled) {
   if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
   if (!options_.needs_decision()) return NoDecisionsError(options_.model_id, "need no decision");
-  struct Waiting {
-    const ModelShard* shard;
-    int64_t step;
-  } waiting{this, step};
-  const absl::Condition ready(
-      +[](Waiting* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return w->shard->shutdown_ || w->shard->state_.StatsOf(w->step).has_value();
-      },
-      &waiting);
   absl::MutexLock lock(&mu_);
   if (step > state_.version() + 1) {
     // It cannot come without earlier steps (a restarted shard is behind).
     return absl::OutOfRangeError(
         absl::StrCat("step ", step, " is ahead of the shard (version ", state_.version(), ")"));
   }
-  const absl::Status waited = AwaitOrCancel(ready, deadline, cancelled);
+  const absl::Status waited = AwaitState(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.StatsOf(step).has_value(); },
+      deadline, cancelled);
   if (state_.failed()) return state_.failure();
   if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
   if (std::optional<absl::StatusOr<StepStats>> stats = state_.StatsOf(step)) return *stats;
@@ -376,18 +369,10 @@ absl::Status ModelShard::WaitExpired(const std::string& what, int64_t min_versio
 
 absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Time deadline,
                                                    const std::function<bool()>& cancelled) {
-  struct Waiting {
-    const ModelShard* shard;
-    int64_t min_version;
-  } waiting{this, min_version};
-  const absl::Condition ready(
-      +[](Waiting* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return w->shard->shutdown_ || w->shard->state_.failed() ||
-               w->shard->state_.version() >= w->min_version;
-      },
-      &waiting);
   absl::MutexLock lock(&mu_);
-  const absl::Status waited = AwaitOrCancel(ready, deadline, cancelled);
+  const absl::Status waited = AwaitState(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= min_version; }, deadline,
+      cancelled);
   if (state_.failed()) return state_.failure();
   if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
   if (state_.version() >= min_version) return state_.version();

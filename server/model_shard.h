@@ -283,6 +283,17 @@ class ModelShard {
   absl::Status AwaitOrCancel(const absl::Condition& ready, absl::Time deadline,
                              const std::function<bool()>& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The one wait of pulls, statistics and checkpoints: until `ready()` holds
+  // or the shard shuts down or fails (OK), else as AwaitOrCancel.
+  template <typename Ready>
+  absl::Status AwaitState(const Ready& ready, absl::Time deadline,
+                          const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto done = [this, &ready]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return shutdown_ || state_.failed() || ready();
+    };
+    return AwaitOrCancel(absl::Condition(&done), deadline, cancelled);
+  }
   // DEADLINE_EXCEEDED saying what `what` waited for: the trainers that have
   // not pushed, the decision, the checkpoint.
   absl::Status WaitExpired(const std::string& what, int64_t min_version) const

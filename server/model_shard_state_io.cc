@@ -77,17 +77,9 @@ absl::Status ModelShard::CheckpointAt(
           version, state_.updating() ? " (applying the next step)" : "", ", past step ", step,
           ": checkpoint a later step"));
     }
-    struct Waiting {
-      const ModelShard* shard;
-      int64_t step;
-    } waiting{this, step};
-    const absl::Condition reached(
-        +[](Waiting* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return w->shard->shutdown_ || w->shard->state_.failed() ||
-                 w->shard->state_.version() >= w->step;
-        },
-        &waiting);
-    absl::Status waited = AwaitOrCancel(reached, deadline, cancelled);
+    absl::Status waited = AwaitState(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= step; }, deadline,
+        cancelled);
     if (waited.ok() && state_.version() != step) {
       waited = state_.failed() ? state_.failure()
                                : absl::UnavailableError("the shard server is shutting down");
