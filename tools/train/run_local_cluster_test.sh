@@ -38,7 +38,8 @@ echo "OK: initial loss $initial -> final loss $final"
 # the uninterrupted run did: the same final loss to the printed digit.
 chaos_out=$TEST_TMPDIR/launcher_chaos.out
 rc=0
-bash "$launcher" --server_bin="$server" --trainer_bin="$trainer" --steps=150 --timeout=90 \
+# Paced (80 ms a step: 12 s) so that all 5 kills land before the job ends.
+CHAOS_STEP_MS=80 bash "$launcher" --server_bin="$server" --trainer_bin="$trainer" --steps=150 --timeout=90 \
   --chaos --chaos_events=5 --chaos_seed=3 --checkpoint_every=10 \
   -- --micro_batches=2 2>&1 | tee "$chaos_out" || rc=${PIPESTATUS[0]}
 if ((rc != 0)); then
