@@ -4,6 +4,7 @@
 #include "server/model_shard.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 
@@ -48,7 +49,8 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions
                                                    " is not below the shard count ",
                                                    options.layout.shard_count()));
   }
-  if (absl::Status s = options.optimizer.Validate(); !s.ok()) return s;
+  // Validated where it came in (PlanShard, from the wire or a checkpoint).
+  assert(options.optimizer.Validate().ok());
   const uint64_t size = options.layout.shard_size();
   if (initial_values.size() != size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -126,8 +128,8 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
     const std::vector<StepState::CarriedChange>& changes) {
   for (const StepState::CarriedChange& c : changes) {
     if (c.cancel) continue;
-    if (absl::Status s = c.next.optimizer.Validate(); !s.ok()) return s;
-    if (absl::Status s = c.next.lr_schedule.Validate(); !s.ok()) return s;
+    // Validated where they came in (the service, from the wire).
+    assert(c.next.optimizer.Validate().ok() && c.next.lr_schedule.Validate().ok());
     if (absl::Status s = options_.optimizer.CheckCanChangeTo(c.next.optimizer); !s.ok()) return s;
   }
   if (absl::Status s = CheckLossScale(loss_scale); !s.ok()) return s;
@@ -337,8 +339,9 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
 }
 
 absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperparameters& next) {
-  if (absl::Status s = next.optimizer.Validate(); !s.ok()) return s;
-  if (absl::Status s = next.lr_schedule.Validate(); !s.ok()) return s;
+  // Validated where it came in (the service, from the wire); whether it fits
+  // the live state is this shard's to say.
+  assert(next.optimizer.Validate().ok() && next.lr_schedule.Validate().ok());
   if (absl::Status s = options_.optimizer.CheckCanChangeTo(next.optimizer); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   return state_.ScheduleChange(effective_step, next);

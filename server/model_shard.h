@@ -147,9 +147,10 @@ class ModelShard {
   using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<UpdateBackend>>(
       const ModelShardOptions& options, std::vector<float> initial_values)>;
 
-  // `initial_values` holds the whole range (layout.shard_size() elements).
-  // INVALID_ARGUMENT for a bad optimizer config, a wrong size or a non-finite
-  // initial value; the factory's error otherwise.
+  // `initial_values` holds the whole range (layout.shard_size() elements);
+  // `options.optimizer` has been validated where it came in (PlanShard).
+  // INVALID_ARGUMENT for no trainers, a shard index out of range, a wrong
+  // size or a non-finite initial value; the factory's error otherwise.
   static absl::StatusOr<std::unique_ptr<ModelShard>> Create(ModelShardOptions options,
                                                             std::vector<float> initial_values,
                                                             const BackendFactory& backend);
@@ -209,8 +210,8 @@ class ModelShard {
   absl::StatusOr<ShardSnapshot> Snapshot(const std::string& tensor_name, uint64_t slice_offset,
                                          uint32_t slice_length, bool with_tensor_stats);
 
-  // From step `effective_step` on, use `next` (validated, and compatible with
-  // the live state: OptimizerConfig::CheckCanChangeTo). FAILED_PRECONDITION
+  // From step `effective_step` on, use `next` (validated by the caller; it
+  // must fit the live state: OptimizerConfig::CheckCanChangeTo). FAILED_PRECONDITION
   // when that step is applied or being applied, or has another change
   // scheduled or in force; an identical repeat is OK, also after the change
   // took effect. Shards decide alone: a request for a step some shard has

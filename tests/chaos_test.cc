@@ -223,12 +223,12 @@ void ExpectEveryStepAppliedOnce(const std::vector<std::string>& addresses,
 }
 
 TEST(ChaosTest, KillsOfShardsAndTrainersNeverStopTheJob) {
-  constexpr int kSteps = 240, kChangeAt = 121;
+  constexpr int kSteps = 300, kChangeAt = 151;
   constexpr double kMaxGradNorm = 0.5;  // Clips every step: each replay needs its decision.
   const std::string model = "adamw";
   const uint64_t seed = ChaosSeed();
   std::mt19937 rng(seed);
-  const std::vector<Event> events = Schedule(rng, kSteps, /*extra=*/2);
+  const std::vector<Event> events = Schedule(rng, kSteps, /*extra=*/4);
   std::cout << "chaos seed " << seed << " (SHARDOPT_CHAOS_SEED), schedule:\n";
   for (const Event& e : events) std::cout << "  " << Describe(e) << "\n";
   std::cout << std::flush;
