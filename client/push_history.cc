@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/push_journal.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace shardopt {
 namespace {
@@ -16,6 +17,7 @@ namespace {
 constexpr char kPushPrefix[] = "push-";
 constexpr char kDecisionPrefix[] = "decision-";
 constexpr char kChangePrefix[] = "change-";
+constexpr char kRunFile[] = "run";
 
 // "push-000000000012" -> 12 for the given prefix.
 std::optional<int64_t> StepOfName(const std::string& name, absl::string_view prefix) {
@@ -74,7 +76,14 @@ absl::Status PushHistory::Load() {
   if (!names.ok()) return names.status();
   absl::MutexLock lock(&mu_);
   for (const std::string& name : *names) {
-    if (std::optional<int64_t> step = StepOfName(name, kPushPrefix)) {
+    if (name == kRunFile) {
+      absl::StatusOr<std::string> run = ReadFileToString(env, JoinPath(dir, name));
+      if (!run.ok()) return run.status();
+      run_id_ = *run;
+    } else if (name[0] == '.' && absl::StrContains(name, ".tmp.")) {
+      // What a write cut off by this trainer's death left.
+      env->RemoveFile(JoinPath(dir, name)).IgnoreError();
+    } else if (std::optional<int64_t> step = StepOfName(name, kPushPrefix)) {
       journaled_.insert(*step);
     } else if (std::optional<int64_t> step = StepOfName(name, kDecisionPrefix)) {
       absl::StatusOr<std::string> text = ReadFileToString(env, JoinPath(dir, name));
@@ -104,6 +113,29 @@ absl::Status PushHistory::Load() {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status PushHistory::BindToRun(const std::string& run_id) {
+  std::vector<std::string> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    if (run_id_ == run_id) return absl::OkStatus();
+    if (!run_id_.empty()) {
+      for (int64_t step : journaled_) gone.push_back(PushPath(step));
+      for (const auto& [step, d] : decisions_) gone.push_back(DecisionPath(step));
+      for (const auto& [step, c] : changes_) gone.push_back(ChangePath(step));
+      memory_.clear();
+      journaled_.clear();
+      decisions_.clear();
+      changes_.clear();
+    }
+    run_id_ = run_id;
+  }
+  if (!persistent()) return absl::OkStatus();
+  for (const std::string& path : gone) {
+    if (absl::Status s = options_.env->RemoveFile(path); !s.ok() && !absl::IsNotFound(s)) return s;
+  }
+  return WriteFileAtomically(options_.env, JoinPath(options_.journal_dir, kRunFile), run_id);
 }
 
 absl::Status PushHistory::Record(int64_t step, DType dtype, double loss_scale, const void* payload,
@@ -250,9 +282,25 @@ std::vector<v1::SetHyperparametersRequest> PushHistory::ChangesAfter(int64_t ver
   absl::ReaderMutexLock lock(&mu_);
   std::vector<v1::SetHyperparametersRequest> out;
   for (auto it = changes_.upper_bound(version); it != changes_.end(); ++it) {
+    if (!it->second.cancel()) out.push_back(it->second);
+  }
+  return out;
+}
+
+std::vector<v1::SetHyperparametersRequest> PushHistory::LastWordsAfter(int64_t version) const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<v1::SetHyperparametersRequest> out;
+  for (auto it = changes_.upper_bound(version); it != changes_.end(); ++it) {
     out.push_back(it->second);
   }
   return out;
+}
+
+bool PushHistory::IsLastWord(const v1::SetHyperparametersRequest& request) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = changes_.find(request.effective_step());
+  return it != changes_.end() &&
+         google::protobuf::util::MessageDifferencer::Equals(it->second, request);
 }
 
 std::string PushHistory::Describe() const {

@@ -59,6 +59,11 @@ class PushHistory {
   // rank's journal, or `journal_dir` is a file; DATA_LOSS for a damaged one.
   static absl::StatusOr<std::unique_ptr<PushHistory>> Open(const PushHistoryOptions& options);
 
+  // The training run this history belongs to (RegisterModelResponse.run_id).
+  // A history of another run (the job started over with the same journal)
+  // is emptied first: none of its pushes belong to this run.
+  absl::Status BindToRun(const std::string& run_id);
+
   // Whether anything is kept at all.
   bool enabled() const { return options_.replay_steps > 0 || persistent(); }
   bool persistent() const { return !options_.journal_dir.empty(); }
@@ -81,9 +86,16 @@ class PushHistory {
   void DropAfter(int64_t version);
 
   absl::Status RecordChange(const v1::SetHyperparametersRequest& request);
-  // The last word for each step after `version` (a cancel too: a restored
-  // shard may still hold the change it removes).
+  // The changes (not cancels) still in force as this trainer last sent them,
+  // for steps after `version`: what its pushes carry.
   std::vector<v1::SetHyperparametersRequest> ChangesAfter(int64_t version) const;
+  // The last word for each step after `version`, cancels too: what a shard
+  // that came back from a checkpoint is sent again (it may still hold a
+  // change cancelled or replaced after that checkpoint).
+  std::vector<v1::SetHyperparametersRequest> LastWordsAfter(int64_t version) const;
+  // Whether `request` is this trainer's last word for its step already (a
+  // trainer restarted on its journal sending again what it sent before).
+  bool IsLastWord(const v1::SetHyperparametersRequest& request) const;
 
   // "steps 12..40 (journal /tmp/j)" / "no steps (replay_steps = 0, no
   // journal)", for messages.
@@ -105,6 +117,7 @@ class PushHistory {
   std::set<int64_t> journaled_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, StepDecision> decisions_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, v1::SetHyperparametersRequest> changes_ ABSL_GUARDED_BY(mu_);
+  std::string run_id_ ABSL_GUARDED_BY(mu_);  // "" until bound.
 };
 
 }  // namespace shardopt

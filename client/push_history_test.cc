@@ -104,6 +104,33 @@ TEST(PushHistoryTest, AJournalSurvivesAReopenAndIsDroppedBelowTheFloor) {
   EXPECT_TRUE(again->Find(6).ok());
 }
 
+TEST(PushHistoryTest, OnlyAnIdenticalRequestIsTheLastWordForItsStep) {
+  const std::string dir = TempDir("journal_last_word");
+  v1::SetHyperparametersRequest change;
+  change.set_model_id("m");
+  change.set_effective_step(4);
+  change.mutable_optimizer()->mutable_sgd()->set_lr(0.5);
+  {
+    std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, dir}).value();
+    EXPECT_FALSE(h->IsLastWord(change));
+    ASSERT_TRUE(h->RecordChange(change).ok());
+  }
+  std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, dir}).value();
+  EXPECT_TRUE(h->IsLastWord(change));  // Read back from the journal.
+  v1::SetHyperparametersRequest other = change;
+  other.mutable_optimizer()->mutable_sgd()->set_lr(0.25);
+  EXPECT_FALSE(h->IsLastWord(other));
+  other = change;
+  other.set_effective_step(5);
+  EXPECT_FALSE(h->IsLastWord(other));
+  v1::SetHyperparametersRequest cancel;
+  cancel.set_model_id("m");
+  cancel.set_effective_step(4);
+  cancel.set_cancel(true);
+  ASSERT_TRUE(h->RecordChange(cancel).ok());
+  EXPECT_FALSE(h->IsLastWord(change));  // Cancelled since.
+}
+
 TEST(PushHistoryTest, ARollbackDropsTheStepsGivenUp) {
   const std::string dir = TempDir("journal_rollback");
   {

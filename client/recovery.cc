@@ -1,6 +1,7 @@
 #include "client/recovery.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "absl/strings/cord.h"
@@ -13,9 +14,6 @@ namespace shardopt {
 namespace {
 
 constexpr char kRolledBackPayload[] = "type.shardopt.dev/rolled_back_to";
-// Surveys (and replays) before recovery gives up on shards that keep going
-// back (restarting) while it works.
-constexpr int kMaxRounds = 20;
 
 bool Holds(const v1::ModelSummary& summary, uint32_t rank) {
   return std::find(summary.trainers_pushed().begin(), summary.trainers_pushed().end(), rank) !=
@@ -51,6 +49,9 @@ namespace {
 
 StepCallsContext Labelled(StepCallsContext calls) {
   calls.label = "recovery: ";
+  // A shard still waiting for other trainers is a reason to look again (they
+  // may wait for this one at another shard), not to wait on.
+  calls.end_on_wait_report = true;
   return calls;
 }
 
@@ -92,58 +93,106 @@ absl::StatusOr<std::vector<v1::ModelSummary>> Recovery::Survey() {
 }
 
 absl::Status Recovery::BringTo(int64_t target) {
+  // One step at a time, each on a fresh survey: the shards may go back again
+  // (restart, roll back) while this runs, and other trainers recover at the
+  // same time from what they saw. Bounded by the retry budget without
+  // progress.
+  absl::Time give_up = absl::Now() + context_.calls.policy.budget;
+  int64_t best = std::numeric_limits<int64_t>::min();
   absl::Status last;
-  for (int round = 0; round < kMaxRounds; ++round) {
+  for (;;) {
     absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
     if (!shards.ok()) return shards.status();
     int64_t lowest = (*shards)[0].version();
     for (const v1::ModelSummary& s : *shards) lowest = std::min(lowest, s.version());
     if (lowest >= target) return absl::OkStatus();
-    last = Replay(*shards, target);
-    if (last.ok() || absl::IsOutOfRange(last)) continue;  // Look again.
+    if (lowest > best) {
+      best = lowest;
+      give_up = absl::Now() + context_.calls.policy.budget;
+    } else if (absl::Now() >= give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "recovery of model '", context_.calls.model_id, "' made no progress for ",
+          absl::FormatDuration(context_.calls.policy.budget), " (", Versions(*shards),
+          "); last: ", last.message()));
+    }
+    if (absl::Status s = SendLastWords(*shards, target); !s.ok()) return s;
+    last = ReplayStep(*shards, lowest + 1);
+    // Look again: a shard went back meanwhile (OUT_OF_RANGE), or it still
+    // waits for other trainers (DEADLINE_EXCEEDED: its report).
+    if (last.ok() || absl::IsOutOfRange(last) || absl::IsDeadlineExceeded(last) ||
+        absl::IsUnavailable(last)) {
+      continue;
+    }
     if (absl::IsNotFound(last)) {
       last = RollBackJob(*shards, absl::StrCat(Versions(*shards), "; ", last.message()));
-      // ABORTED without a rollback: a shard changed since the survey (it
-      // restarted, or another trainer rolled it back): look again.
-      if (absl::IsAborted(last) && !RolledBackTo(last)) continue;
+      if (RolledBackTo(last)) return last;
+      // ABORTED: a shard changed since the survey (it restarted, or another
+      // trainer rolled it back); DATA_LOSS / NOT_FOUND: the checkpoint chosen
+      // is damaged (now set aside) or gone: look again.
+      if (absl::IsAborted(last) || absl::IsDataLoss(last) || absl::IsNotFound(last)) continue;
     }
     return last;
   }
-  return absl::UnavailableError(absl::StrCat("recovery of model '", context_.calls.model_id,
-                                             "' did not settle after ", kMaxRounds,
-                                             " rounds (shards keep restarting?): ",
-                                             last.message()));
 }
 
-absl::Status Recovery::Replay(std::vector<v1::ModelSummary> shards, int64_t target) {
-  int64_t lowest = shards[0].version();
-  for (const v1::ModelSummary& s : shards) lowest = std::min(lowest, s.version());
-  for (int64_t step = lowest + 1; step <= target; ++step) {
-    std::vector<uint32_t> behind;
-    bool mine_needed = false;
-    for (uint32_t i = 0; i < shards.size(); ++i) {
-      if (shards[i].version() >= step) continue;
-      behind.push_back(i);
-      // Every behind shard is at step - 1 by now (earlier steps were brought
-      // up first); the ones whose summary predates that lack this push.
-      mine_needed = mine_needed || shards[i].version() < step - 1 ||
-                    !Holds(shards[i], context_.calls.trainer_rank);
-    }
-    if (behind.empty()) continue;
-    absl::StatusOr<PushedStep> entry = history_->Find(step);
-    if (!entry.ok() && mine_needed) return entry.status();
-    if (entry.ok()) {
-      if (absl::Status s = PushTo(*entry, behind); !s.ok()) return s;
-    }
-    const std::optional<StepDecision> decision =
-        entry.ok() ? entry->decision : std::optional<StepDecision>();
-    if (absl::Status s = AwaitStep(step, decision, entry.ok(), behind); !s.ok()) return s;
-    for (uint32_t i : behind) {
-      shards[i].set_version(step);
-      shards[i].clear_trainers_pushed();
+absl::Status Recovery::SendLastWords(const std::vector<v1::ModelSummary>& shards,
+                                    int64_t target) {
+  std::vector<uint32_t> which;
+  for (uint32_t i = 0; i < shards.size(); ++i) {
+    auto sent = last_words_sent_.find(i);
+    if (shards[i].version() < target &&
+        (sent == last_words_sent_.end() || sent->second != shards[i].incarnation())) {
+      which.push_back(i);
     }
   }
+  if (which.empty()) return absl::OkStatus();
+  absl::Status status = fanout_->Run(
+      CallFor("re-sending hyperparameter changes"),
+      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        const int64_t version = shards[shard.index()].version();
+        for (v1::SetHyperparametersRequest change : history_->LastWordsAfter(version)) {
+          change.set_model_id(context_.calls.model_id);
+          // Each on a context of its own: one attempt sends several.
+          auto send = [&](const v1::SetHyperparametersRequest& r) {
+            return shard.SetHyperparameters(*ContextWithTimeout(context_.calls.rpc_timeout), r);
+          };
+          absl::Status s = send(change);
+          if (absl::IsFailedPrecondition(s) && !change.cancel()) {
+            // The shard still holds a change for that step that was
+            // cancelled or replaced after its checkpoint: remove it, then
+            // schedule this one. (Refused again once the step has started:
+            // some shard may have applied it.)
+            v1::SetHyperparametersRequest cancel = change;
+            cancel.set_cancel(true);
+            if (send(cancel).ok()) s = send(change);
+          }
+          if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;
+        }
+        return absl::OkStatus();
+      },
+      which);
+  if (!status.ok()) return status;
+  for (uint32_t i : which) last_words_sent_[i] = shards[i].incarnation();
   return absl::OkStatus();
+}
+
+absl::Status Recovery::ReplayStep(const std::vector<v1::ModelSummary>& shards, int64_t step) {
+  std::vector<uint32_t> behind;
+  bool mine_needed = false;
+  for (uint32_t i = 0; i < shards.size(); ++i) {
+    if (shards[i].version() >= step) continue;
+    behind.push_back(i);
+    // The shards below `step` are at step - 1 (it is the lowest version + 1).
+    mine_needed = mine_needed || !Holds(shards[i], context_.calls.trainer_rank);
+  }
+  absl::StatusOr<PushedStep> entry = history_->Find(step);
+  if (!entry.ok() && mine_needed) return entry.status();
+  if (entry.ok()) {
+    if (absl::Status s = PushTo(*entry, behind); !s.ok()) return s;
+  }
+  const std::optional<StepDecision> decision =
+      entry.ok() ? entry->decision : std::optional<StepDecision>();
+  return AwaitStep(step, decision, entry.ok(), behind);
 }
 
 absl::Status Recovery::PushTo(const PushedStep& entry, const ShardSubset& which) {
@@ -210,9 +259,15 @@ absl::Status Recovery::RollBackJob(const std::vector<v1::ModelSummary>& shards,
         " is held by every shard to roll the job back to (start the servers with "
         "--checkpoint_dir and --checkpoint_every, and give trainers a journal_path)"));
   }
+  // Every shard at or above it: one above reloads it, one at it drops what
+  // it holds of the next step (pushes of the steps given up); each sets
+  // aside the later step directories.
+  // (A shard some trainer already rolled back to it is left alone: it may
+  // hold what the trainers pushed since.)
   std::vector<uint32_t> above;
   for (uint32_t i = 0; i < shards.size(); ++i) {
-    if (shards[i].version() > to_step) above.push_back(i);
+    const bool done = shards[i].version() == to_step && shards[i].rolled_back_to() == to_step;
+    if (shards[i].version() >= to_step && !done) above.push_back(i);
   }
   if (!above.empty()) {
     ShardFanOut::Call call = CallFor(absl::StrCat("rolling the job back to step ", to_step));

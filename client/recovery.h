@@ -4,21 +4,24 @@
 // shard answers OUT_OF_RANGE (it lacks an earlier step, or this trainer's
 // push) or a (re)attaching trainer finds the shards at different versions.
 //
-// BringTo(target) surveys every shard's version, then for each step s from
-// the lowest version + 1 to `target`: re-pushes s from the trainer's
-// PushHistory (with the hyperparameter changes for steps >= s it made, which
-// a shard restored from before them lost) to every shard still below s (each applies it once, when every trainer has
-// re-pushed it; every trainer recovers the same way, since each of its calls
-// reaches every shard), and waits until they reach s (sending s's decision
-// with gradient control). Every shard is considered at once, so two shards
-// restored together never leave two trainers waiting for each other at
-// different shards.
+// BringTo(target) repeats, until every shard is at `target`: survey every
+// shard's version; for the step s after the lowest, re-push s from the
+// trainer's PushHistory (with the hyperparameter changes for steps >= s it
+// made, which a shard restored from before them lost) to every shard below
+// s, and wait until they apply it (sending s's decision with gradient
+// control). Each shard applies s once, when every trainer has re-pushed it;
+// every trainer recovers the same way, since each of its calls reaches every
+// shard. A fresh survey for every step follows shards that go back again
+// meanwhile, and a shard's report that it still waits for other trainers
+// ends the round too (they may wait for this one at another shard): no two
+// trainers stay waiting for each other. It gives up after the retry budget
+// without progress, saying what it last waited for.
 //
 // When a behind shard needs a push this trainer no longer holds (its
 // history does not reach back that far: no journal, or a trainer restart
 // without one), replay is impossible: the whole job rolls back to the
-// newest committed checkpoint every shard holds (RollBack on every shard
-// above it) and the call ends with RolledBackError, which says why and from
+// newest committed checkpoint every shard holds (RollBack on every shard at
+// or above it) and the call ends with RolledBackError, which says why and from
 // which version to resume. Without such a checkpoint it ends with
 // FAILED_PRECONDITION saying exactly what is missing.
 //
@@ -30,6 +33,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,11 +82,18 @@ class Recovery {
   int64_t replayed_pushes() const { return replayed_pushes_.load(); }
 
  private:
-  // Replays steps lowest + 1 .. target onto the shards below each. OK when
-  // done; OUT_OF_RANGE when a shard went back further meanwhile (survey
-  // again); NOT_FOUND (from the history) when a push is missing.
-  absl::Status Replay(std::vector<v1::ModelSummary> shards, int64_t target);
+  // Replays `step` (the lowest version + 1 in `shards`) onto the shards
+  // below it and waits until they apply it. OUT_OF_RANGE when a shard went
+  // back further meanwhile, DEADLINE_EXCEEDED when one still waits for other
+  // trainers (survey again, both); NOT_FOUND (from the history) when this
+  // trainer's push is needed and gone.
+  absl::Status ReplayStep(const std::vector<v1::ModelSummary>& shards, int64_t step);
   absl::Status PushTo(const PushedStep& entry, const ShardSubset& which);
+  // Sends this trainer's last word on each change after its version to
+  // every shard below `target` it has not sent them to in its current
+  // incarnation (a cancel or a replacement made after the shard's
+  // checkpoint is not carried by pushes).
+  absl::Status SendLastWords(const std::vector<v1::ModelSummary>& shards, int64_t target);
   absl::Status AwaitStep(int64_t step, const std::optional<StepDecision>& decision, bool pushed,
                          const ShardSubset& which);
   absl::Status RollBackJob(const std::vector<v1::ModelSummary>& shards, const std::string& why);
@@ -93,6 +104,7 @@ class Recovery {
   PushHistory* const history_;
   const RecoveryContext context_;
   StepCalls calls_;
+  std::map<uint32_t, uint64_t> last_words_sent_;  // Shard -> incarnation.
   std::atomic<int64_t> replayed_pushes_{0};
 };
 

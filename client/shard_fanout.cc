@@ -147,7 +147,7 @@ absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
         call.on_wait(absl::StrCat("shard ", shard.index(), " (", shard.address(),
                                   "): ", call.what, ": ", status.message()));
       }
-      if (absl::Now() >= *give_up) return status;
+      if (call.end_on_wait_report || absl::Now() >= *give_up) return status;
       continue;
     }
     if (!call.retryable(status)) return status;

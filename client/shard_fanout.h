@@ -44,6 +44,9 @@ class ShardFanOut {
     std::function<bool(const absl::Status&)> retryable = IsRetryable;
     // Receives "shard i (address): what: <the shard's report>".
     std::function<void(const std::string&)> on_wait;
+    // End the call at the first such report instead of waiting on (the
+    // report is then the result): for callers that look again first.
+    bool end_on_wait_report = false;
   };
 
   // Starts one worker per connection; `shards` must outlive the fan-out.

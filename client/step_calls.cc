@@ -16,6 +16,7 @@ ShardFanOut::Call StepCalls::CallFor(std::string what) const {
   call.policy = context_.policy;
   call.attempt_timeout = context_.rpc_timeout;
   call.on_wait = context_.on_wait;
+  call.end_on_wait_report = context_.end_on_wait_report;
   return call;
 }
 

@@ -34,6 +34,7 @@ struct StepCallsContext {
   DType pull_dtype = DType::kFloat32;
   bool send_loss_scale = false;  // The model uses loss scaling.
   std::string label;             // Prefixes what errors and reports say ("recovery: ").
+  bool end_on_wait_report = false;  // See ShardFanOut::Call.
 };
 
 // The shards a call goes to: all of them when empty.

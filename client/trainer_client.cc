@@ -188,6 +188,15 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
         *fanout_, call, *config, *layout, initial_params, run_id, options_.chunk_bytes);
     if (!registered.ok()) return registered.status();
     shards = std::move(*registered);
+    if (std::all_of(shards.begin(), shards.end(), [&](const ShardRegistration& s) {
+          return s.run_id == shards[0].run_id;
+        })) {
+      // A journal of another run (the job started over) holds nothing of this one.
+      if (absl::Status s = history_->BindToRun(shards[0].run_id); !s.ok()) return s;
+      // What an earlier process of this trainer pushed counts as pushed (see
+      // SetHyperparameters).
+      last_pushed_step_ = std::max(last_pushed_step_, history_->newest_step());
+    }
     int64_t lowest = shards[0].version, highest = shards[0].version;
     bool agree = true;
     for (const ShardRegistration& s : shards) {
@@ -220,6 +229,7 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
     absl::Status brought = recovery_->BringTo(highest);
     if (std::optional<int64_t> back = RolledBackTo(brought)) {
       history_->DropAfter(*back);
+      last_pushed_step_ = *back;
     } else if (!brought.ok()) {
       return brought;
     }
@@ -255,6 +265,7 @@ absl::Status TrainerClient::Recover(int64_t target) {
   // Every shard is at *rolled_back now: the pushes after it belong to the
   // steps given up; the scaler replica is taken from there.
   history_->DropAfter(*rolled_back);
+  last_pushed_step_ = *rolled_back;  // The steps after it are to be pushed again.
   if (absl::Status s = RegisterOrAttach(*spec_, nullptr); !s.ok()) return s;
   rolled_back_to_ = registered_version_;
   return status;
@@ -387,7 +398,11 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
     }
     if (absl::Status s = Recover(pushed_step - 1); !s.ok()) return s;
     absl::StatusOr<PushedStep> mine = history_->Find(pushed_step);
-    if (!mine.ok()) return mine.status();
+    if (!mine.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a shard lost this trainer's push of step ", pushed_step, " and ", mine.status().message(),
+          ": push the step again (Step or Push), then pull"));
+    }
     std::vector<v1::PushGradientsResponse> responses;
     if (absl::Status s = steps_->Push(pushed_step, mine->payload->data(), mine->dtype,
                                       mine->loss_scale, history_->ChangesAfter(pushed_step - 1),
@@ -468,16 +483,20 @@ absl::Status TrainerClient::SetHyperparameters(int64_t effective_step,
                                                const LrSchedule& lr_schedule) {
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
   if (absl::Status s = lr_schedule.Validate(); !s.ok()) return s;
-  if (effective_step <= std::max(last_pushed_step_, registered_version_)) {
+  v1::SetHyperparametersRequest request;
+  request.set_model_id(spec_ ? spec_->model_id : "");
+  request.set_effective_step(effective_step);
+  *request.mutable_optimizer() = OptimizerConfigToProto(optimizer);
+  *request.mutable_lr_schedule() = LrScheduleToProto(lr_schedule);
+  // An identical repeat of what this trainer (or its earlier process, on
+  // the same journal) already sent for that step changes nothing anywhere.
+  const bool repeat = history_ && history_->IsLastWord(request);
+  if (!repeat && effective_step <= std::max(last_pushed_step_, registered_version_)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "step ", effective_step, " may already be applied on some shard (this trainer pushed step ",
         last_pushed_step_, ", the model was at version ", registered_version_,
         "): schedule the change for a later step"));
   }
-  v1::SetHyperparametersRequest request;
-  request.set_effective_step(effective_step);
-  *request.mutable_optimizer() = OptimizerConfigToProto(optimizer);
-  *request.mutable_lr_schedule() = LrScheduleToProto(lr_schedule);
   return SendHyperparameters(std::move(request));
 }
 

@@ -83,13 +83,11 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNewestVerifiedCheckpoint(
     absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
         OpenVerifiedCheckpoint(c.directory, env);
     if (reader.ok()) return reader;
-    // Unreadable or inconsistent (FAILED_PRECONDITION: an unknown format)
-    // is as unusable as a bad checksum; anything else (permissions, I/O) is
-    // not the checkpoint's fault: stop.
-    if (!absl::IsDataLoss(reader.status()) && !absl::IsFailedPrecondition(reader.status()) &&
-        !absl::IsNotFound(reader.status())) {
-      return reader.status();
-    }
+    // Gone meanwhile (pruned, or set aside by another shard): the next one.
+    if (absl::IsNotFound(reader.status())) continue;
+    // Only damage sets a checkpoint aside; anything else (an unknown format
+    // version, permissions, I/O) is not the checkpoint's fault: stop.
+    if (!absl::IsDataLoss(reader.status())) return reader.status();
     if (on_damaged) on_damaged(c.directory, reader.status());
     damaged.push_back(absl::StrCat(c.directory, ": ", reader.status().message()));
     if (absl::Status s = SetAsideCheckpoint(c.directory, "damaged", env); !s.ok()) return s;

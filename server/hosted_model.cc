@@ -31,6 +31,8 @@ HostedModel::HostedModel(v1::ModelConfig config, std::unique_ptr<ModelShard> sha
 
 HostedModel::~HostedModel() { Stop(); }
 
+void HostedModel::Renew() { incarnation_.store(NewIncarnation()); }
+
 void HostedModel::StartCheckpoints() {
   if (!periodic_checkpoints() || checkpoints_.every <= 0) return;
   absl::MutexLock lock(&mu_);

@@ -46,7 +46,14 @@ class HostedModel {
   const v1::ModelConfig& config() const { return config_; }
   ModelShard& shard() { return *shard_; }
   const ModelShard& shard() const { return *shard_; }
-  uint64_t incarnation() const { return incarnation_; }
+  uint64_t incarnation() const { return incarnation_.load(); }
+  // A new incarnation: the state changed wholesale (pushes dropped by a
+  // rollback to this version).
+  void Renew();
+  // The step this incarnation was rolled back to, -1 if none (see
+  // ModelSummary.rolled_back_to).
+  int64_t rolled_back_to() const { return rolled_back_to_.load(); }
+  void set_rolled_back_to(int64_t step) { rolled_back_to_.store(step); }
   bool periodic_checkpoints() const { return !checkpoints_.model_root.empty(); }
   const PeriodicCheckpointOptions& checkpoint_options() const { return checkpoints_; }
 
@@ -73,7 +80,8 @@ class HostedModel {
   std::unique_ptr<ModelShard> shard_;
   StateBudget::Reservation reservation_;
   const PeriodicCheckpointOptions checkpoints_;
-  const uint64_t incarnation_;
+  std::atomic<uint64_t> incarnation_;
+  std::atomic<int64_t> rolled_back_to_{-1};
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -31,6 +31,7 @@ absl::Status HyperparameterSchedule::Schedule(int64_t effective_step, const Hype
     return absl::FailedPreconditionError(absl::StrCat(
         "a different hyperparameter change is already scheduled for step ", effective_step));
   }
+  cancelled_.erase(effective_step);
   return absl::OkStatus();
 }
 
@@ -41,19 +42,15 @@ absl::Status HyperparameterSchedule::Cancel(int64_t effective_step, int64_t vers
     return absl::FailedPreconditionError(
         absl::StrCat("the change for step ", effective_step, " has already taken effect"));
   }
-  scheduled_.erase(effective_step);
+  if (scheduled_.erase(effective_step) > 0) cancelled_.insert(effective_step);
   return absl::OkStatus();
 }
 
-void HyperparameterSchedule::Adopt(int64_t effective_step, bool cancel,
-                                   const Hyperparameters& next, int64_t version,
-                                   bool next_started) {
+void HyperparameterSchedule::Adopt(int64_t effective_step, const Hyperparameters& next,
+                                   int64_t version, bool next_started) {
   if (effective_step <= version || (effective_step == version + 1 && next_started)) return;
-  if (cancel) {
-    scheduled_.erase(effective_step);
-  } else {
-    scheduled_[effective_step] = next;
-  }
+  if (cancelled_.count(effective_step) > 0) return;
+  scheduled_.emplace(effective_step, next);  // Keeps what is there.
 }
 
 OptimizerConfig HyperparameterSchedule::TakeEffect(int64_t step) {

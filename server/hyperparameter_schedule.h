@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -45,11 +46,12 @@ class HyperparameterSchedule {
   // has taken effect (or its step has started).
   absl::Status Cancel(int64_t effective_step, int64_t version, bool next_started);
 
-  // A change (or cancel) a trainer carries in a push: scheduled (replacing a
-  // different one for a step not started yet) when its step is still to
-  // come on this shard; ignored for a step this shard has started or
-  // applied. `next` has been validated by the caller.
-  void Adopt(int64_t effective_step, bool cancel, const Hyperparameters& next, int64_t version,
+  // A change a trainer carries in a push: scheduled when this shard has
+  // nothing for its step (it lost it with a restart), the step is still to
+  // come here, and this shard has not seen it cancelled. Never replaces or
+  // removes anything: trainers disagreeing would otherwise make the shards'
+  // schedules depend on arrival order. `next` has been validated.
+  void Adopt(int64_t effective_step, const Hyperparameters& next, int64_t version,
              bool next_started);
 
   // The config step `step` runs with (its lr from the schedule): the changes
@@ -70,6 +72,9 @@ class HyperparameterSchedule {
   std::map<int64_t, Hyperparameters> scheduled_;
   // Changes already in force, so that repeats of them stay harmless.
   std::map<int64_t, Hyperparameters> took_effect_;
+  // Steps whose change was cancelled here (until scheduled again): a
+  // trainer that still carries it does not bring it back.
+  std::set<int64_t> cancelled_;
 };
 
 }  // namespace shardopt

@@ -118,6 +118,11 @@ int64_t ModelShard::version() const {
   return state_.version();
 }
 
+absl::Status ModelShard::DiscardPendingPushes() {
+  absl::MutexLock lock(&mu_);
+  return state_.DiscardPending();
+}
+
 void ModelShard::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
@@ -127,7 +132,6 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
     uint32_t trainer_rank, int64_t step, uint64_t num_elements, DType dtype, double loss_scale,
     const std::vector<StepState::CarriedChange>& changes) {
   for (const StepState::CarriedChange& c : changes) {
-    if (c.cancel) continue;
     // Validated where they came in (the service, from the wire).
     assert(c.next.optimizer.Validate().ok() && c.next.lr_schedule.Validate().ok());
     if (absl::Status s = options_.optimizer.CheckCanChangeTo(c.next.optimizer); !s.ok()) return s;
@@ -283,7 +287,8 @@ absl::StatusOr<PushResult> ModelShard::RunCompleteStep(int64_t step) {
 }
 
 absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time deadline,
-                                                       const std::function<bool()>& cancelled) {
+                                                       const std::function<bool()>& cancelled,
+                                                       std::optional<PushedBy> pushed) {
   if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
   if (!options_.needs_decision()) return NoDecisionsError(options_.model_id, "need no decision");
   absl::MutexLock lock(&mu_);
@@ -292,12 +297,18 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
     return absl::OutOfRangeError(
         absl::StrCat("step ", step, " is ahead of the shard (version ", state_.version(), ")"));
   }
+  const auto lost = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();
+  };
   const absl::Status waited = AwaitState(
-      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.StatsOf(step).has_value(); },
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return state_.StatsOf(step).has_value() || lost();
+      },
       deadline, cancelled);
   if (state_.failed()) return state_.failure();
   if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
   if (std::optional<absl::StatusOr<StepStats>> stats = state_.StatsOf(step)) return *stats;
+  if (lost()) return state_.CheckHoldsPush(pushed->rank, pushed->step);
   if (absl::IsDeadlineExceeded(waited)) {
     return WaitExpired(absl::StrCat("the gradients of step ", step), step);
   }
@@ -371,14 +382,21 @@ absl::Status ModelShard::WaitExpired(const std::string& what, int64_t min_versio
 }
 
 absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Time deadline,
-                                                   const std::function<bool()>& cancelled) {
+                                                   const std::function<bool()>& cancelled,
+                                                   std::optional<PushedBy> pushed) {
   absl::MutexLock lock(&mu_);
+  const auto lost = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();
+  };
   const absl::Status waited = AwaitState(
-      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= min_version; }, deadline,
-      cancelled);
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return state_.version() >= min_version || lost();
+      },
+      deadline, cancelled);
   if (state_.failed()) return state_.failure();
   if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
   if (state_.version() >= min_version) return state_.version();
+  if (lost()) return state_.CheckHoldsPush(pushed->rank, pushed->step);
   if (absl::IsDeadlineExceeded(waited)) {
     return WaitExpired(absl::StrCat("version ", min_version), min_version);
   }

@@ -182,8 +182,17 @@ class ModelShard {
   // is in (or the deadline, cancellation, shutdown) and returns this shard's
   // stats. Also answers for the last decided step. FAILED_PRECONDITION for
   // other steps or without gradient control.
+  // `pushed`: the push (rank, step) the waiting trainer made; the wait ends
+  // with OUT_OF_RANGE as soon as the shard no longer holds it (it was
+  // dropped by a rollback to this version) instead of waiting on for a step
+  // that cannot come.
+  struct PushedBy {
+    uint32_t rank = 0;
+    int64_t step = 0;
+  };
   absl::StatusOr<StepStats> WaitForStepStats(int64_t step, absl::Time deadline,
-                                             const std::function<bool()>& cancelled);
+                                             const std::function<bool()>& cancelled,
+                                             std::optional<PushedBy> pushed = std::nullopt);
   // Applies (or skips) `step` as decided. The first decision for a step is
   // applied; a repeat of it is OK; a different one is FAILED_PRECONDITION,
   // as is a step whose gradients are not all in.
@@ -192,8 +201,10 @@ class ModelShard {
   // Returns the version reached (>= min_version). DEADLINE_EXCEEDED at
   // `deadline`, CANCELLED once `cancelled()` is true (polled), UNAVAILABLE
   // after Shutdown().
+  // `pushed` as in WaitForStepStats.
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Time deadline,
-                                         const std::function<bool()>& cancelled);
+                                         const std::function<bool()>& cancelled,
+                                         std::optional<PushedBy> pushed = std::nullopt);
 
   // Copies parameters [offset, offset + count) of the range into `out`, as
   // `dtype` (rounded to nearest even for the 16-bit types). ABORTED when the
@@ -266,6 +277,8 @@ class ModelShard {
   int64_t version() const;
   // The lr of step `version` if that is the shard's current version, else 0.
   double LrOfVersion(int64_t version) const;
+  // Drops the pushes held for step version + 1 (see StepState::DiscardPending).
+  absl::Status DiscardPendingPushes();
   // Wakes every waiter with UNAVAILABLE; later waits fail at once.
   void Shutdown();
 

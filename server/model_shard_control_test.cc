@@ -269,5 +269,33 @@ TEST(ModelShardTest, CheckpointHoldsTheStepBoundary) {
   EXPECT_EQ(restored->Restore(saved, nullptr).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A rollback to the current version drops the pushes of the next step; a
+// trainer waiting on one of them hears at once that its push is gone.
+TEST(ModelShardTest, AWaitOnADroppedPushEndsAtOnce) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, 2);
+  ASSERT_TRUE(PushAll(*shard, 0, 1).ok());
+  absl::Notification waiting;
+  absl::StatusOr<int64_t> pulled;
+  std::thread pull([&] {
+    waiting.Notify();
+    pulled = shard->WaitForVersion(1, absl::Now() + absl::Seconds(30), nullptr,
+                                   ModelShard::PushedBy{0, 1});
+  });
+  waiting.WaitForNotification();
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(shard->DiscardPendingPushes().ok());
+  pull.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kOutOfRange) << pulled.status();
+  EXPECT_EQ(shard->WaitForStepStats(1, absl::Now() + absl::Seconds(1), nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // (No gradient control here.)
+  // The step is collected afresh.
+  ASSERT_TRUE(PushAll(*shard, 0, 1).ok());
+  ASSERT_TRUE(PushAll(*shard, 1, 1).ok());
+  EXPECT_EQ(shard->version(), 1);
+}
+
 }  // namespace
 }  // namespace shardopt

@@ -64,6 +64,13 @@ absl::Time WaitDeadline(const grpc::ServerContext& context, int64_t max_wait_ms)
   return std::min(deadline, absl::Now() + absl::Milliseconds(max_wait_ms));
 }
 
+// The push a waiting trainer made (its request's trainer_rank, pushed_step).
+template <typename Request>
+std::optional<ModelShard::PushedBy> PushedByOf(const Request& request) {
+  if (request.pushed_step() <= 0) return std::nullopt;
+  return ModelShard::PushedBy{request.trainer_rank(), request.pushed_step()};
+}
+
 }  // namespace
 
 ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
@@ -273,17 +280,12 @@ grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
   ModelShard& shard = (*model)->shard();
   std::vector<StepState::CarriedChange> changes;
   for (const v1::SetHyperparametersRequest& c : header.hyperparameter_changes()) {
-    StepState::CarriedChange change;
-    change.effective_step = c.effective_step();
-    change.cancel = c.cancel();
-    if (!c.cancel()) {
-      absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(c.optimizer());
-      if (!optimizer.ok()) return Error(optimizer.status());
-      absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(c.lr_schedule());
-      if (!schedule.ok()) return Error(schedule.status());
-      change.next = Hyperparameters{*optimizer, *schedule};
-    }
-    changes.push_back(std::move(change));
+    if (c.cancel()) continue;  // Only changes are carried (see the proto).
+    absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(c.optimizer());
+    if (!optimizer.ok()) return Error(optimizer.status());
+    absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(c.lr_schedule());
+    if (!schedule.ok()) return Error(schedule.status());
+    changes.push_back(StepState::CarriedChange{c.effective_step(), {*optimizer, *schedule}});
   }
   absl::StatusOr<ModelShard::PushStart> start =
       shard.BeginPush(header.trainer_rank(), header.step(), header.num_elements(), *dtype,
@@ -346,7 +348,7 @@ grpc::Status ShardServiceImpl::PullParameters(
   }
   absl::StatusOr<int64_t> version =
       shard.WaitForVersion(request->min_version(), WaitDeadline(*context, request->max_wait_ms()),
-                           [context] { return context->IsCancelled(); });
+                           [context] { return context->IsCancelled(); }, PushedByOf(*request));
   if (!version.ok()) return Error(version.status());
 
   v1::PullParametersResponse response;
@@ -390,7 +392,7 @@ grpc::Status ShardServiceImpl::GetStepStats(grpc::ServerContext* context,
   }
   absl::StatusOr<StepStats> stats =
       shard.WaitForStepStats(request->step(), WaitDeadline(*context, request->max_wait_ms()),
-                             [context] { return context->IsCancelled(); });
+                             [context] { return context->IsCancelled(); }, PushedByOf(*request));
   if (!stats.ok()) return Error(stats.status());
   response->set_step(stats->step);
   response->set_sum_of_squares(stats->sum_of_squares);

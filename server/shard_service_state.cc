@@ -124,6 +124,7 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
       summary->add_committed_checkpoints(committed[i]);
     }
     summary->set_recovery_floor(model->recovery_floor());
+    summary->set_rolled_back_to(model->rolled_back_to());
   }
   return grpc::Status::OK;
 }
@@ -184,7 +185,19 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
         " changed since the rollback was decided (it restarted or rolled back; now at version ",
         version, "): look again")));
   }
+  const std::string& root = (*model)->checkpoint_options().model_root;
   if (version == request->to_step()) {
+    // Already there: what it holds of the next step belongs to the steps
+    // given up, and so do the later step directories.
+    if (absl::Status s = (*model)->shard().DiscardPendingPushes(); !s.ok()) return Error(s);
+    if (absl::Status s =
+            SetAsideCheckpointsAfter(root, request->to_step(), "abandoned", options_.file_env);
+        !s.ok()) {
+      return Error(s);
+    }
+    (*model)->Renew();
+    (*model)->set_rolled_back_to(request->to_step());
+    response->set_incarnation((*model)->incarnation());
     response->set_rolled_back(false);
     return grpc::Status::OK;
   }
@@ -193,10 +206,14 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
         "shard ", options_.shard_index, " is at version ", version, ", behind step ",
         request->to_step(), ": a rollback cannot go forward")));
   }
-  const std::string& root = (*model)->checkpoint_options().model_root;
   const std::string dir = JoinPath(root, CheckpointStepDirName(request->to_step()));
   absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
       OpenVerifiedCheckpoint(dir, options_.file_env);
+  if (absl::IsDataLoss(checkpoint.status())) {
+    // No shard may load it: the trainer looks again and picks an older one.
+    LogDamaged(dir, checkpoint.status());
+    SetAsideCheckpoint(dir, "damaged", options_.file_env).IgnoreError();
+  }
   if (!checkpoint.ok()) return Error(checkpoint.status());
   if ((*checkpoint)->manifest().parts(0).progress().run_id() !=
       (*model)->shard().GetAttachInfo().run_id) {
@@ -205,14 +222,16 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
   }
   absl::StatusOr<std::shared_ptr<HostedModel>> replacement = LoadModel(**checkpoint);
   if (!replacement.ok()) return Error(replacement.status());
-  // The later checkpoints hold the steps given up: set aside, so that no
-  // restart takes them for this run's future.
+  (*replacement)->set_rolled_back_to(request->to_step());
+  // The old model stops (its checkpoint thread with it) before the later
+  // step directories, which hold the steps given up, are set aside: no
+  // restart may take them for this run's future.
+  if (absl::Status s = models_.Replace(*model, *replacement); !s.ok()) return Error(s);
   if (absl::Status s =
           SetAsideCheckpointsAfter(root, request->to_step(), "abandoned", options_.file_env);
       !s.ok()) {
     return Error(s);
   }
-  if (absl::Status s = models_.Replace(*model, *replacement); !s.ok()) return Error(s);
   LogWarning("model '%s': rolled back from version %d to step %d (%s): %s", model_id, version,
              request->to_step(), dir, request->reason());
   response->set_version((*replacement)->shard().version());
@@ -280,30 +299,35 @@ absl::Status ShardServiceImpl::CheckCheckpointRoot(const std::string& model_id, 
                                                    const std::string& run_id) {
   if (options_.checkpoint_dir.empty() || options_.checkpoint_every <= 0) return absl::OkStatus();
   const std::string root = JoinPath(options_.checkpoint_dir, model_id);
-  absl::StatusOr<std::string> latest = FindLatestCheckpoint(root, options_.file_env);
-  if (absl::IsNotFound(latest.status())) return absl::OkStatus();
-  if (!latest.ok()) return latest.status();
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
-      CheckpointReader::Open(*latest, options_.file_env);
-  if (!checkpoint.ok()) return checkpoint.status();
-  const int64_t step = (*checkpoint)->step();
-  const std::string& saved_run = (*checkpoint)->manifest().parts(0).progress().run_id();
-  // Periodic checkpoints of two runs (or of a run and its rollback) in one
-  // directory would be taken for each other after a restart.
+  absl::StatusOr<std::vector<CommittedCheckpoint>> committed =
+      ListCommittedCheckpoints(root, options_.file_env);
+  if (!committed.ok()) return committed.status();
+  if (committed->empty()) return absl::OkStatus();
+  // Periodic checkpoints of two runs in one directory would be taken for
+  // each other after a restart.
   if (version < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("--checkpoint_dir already holds checkpoints of model '", model_id,
-                     "' (latest: step ", step, " in ", *latest,
+                     "' (latest: step ", committed->front().step, " in ",
+                     committed->front().directory,
                      "): restore it with --restore_from, or give this new run "
                      "another --checkpoint_dir"));
   }
-  if (step > version || saved_run != run_id) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--checkpoint_dir holds a checkpoint of model '", model_id, "' ",
-        step > version
-            ? absl::StrCat("later than the restored step ", version, " (step ", step, ")")
-            : "of another training run",
-        " in ", *latest, ": restoring here would mix the two; use another --checkpoint_dir"));
+  // A later checkpoint of the same run is fine (committed while this shard
+  // restored; the trainers bring it up); only another run's is refused. A
+  // record that does not open is left to the restore's own checks.
+  for (const CommittedCheckpoint& c : *committed) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
+        CheckpointReader::Open(c.directory, options_.file_env);
+    if (!checkpoint.ok()) continue;
+    const std::string& saved_run = (*checkpoint)->manifest().parts(0).progress().run_id();
+    if (saved_run != run_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--checkpoint_dir holds a checkpoint of model '", model_id,
+                       "' of another training run in ", c.directory,
+                       ": restoring here would mix the two; use another --checkpoint_dir"));
+    }
+    break;
   }
   return absl::OkStatus();
 }

@@ -71,6 +71,18 @@ void StepState::AbortPush(uint32_t rank, int64_t step) {
   if (version_ + 1 == step && slots_[rank] == Slot::kReceiving) slots_[rank] = Slot::kEmpty;
 }
 
+absl::Status StepState::DiscardPending() {
+  if (failed()) return failure_;
+  if (phase_ != Phase::kCollecting ||
+      std::count(slots_.begin(), slots_.end(), Slot::kReceiving) > 0) {
+    return absl::AbortedError(absl::StrCat("shard ", options_.shard_index,
+                                           " is taking or applying step ", version_ + 1,
+                                           ": look again"));
+  }
+  ClearStep();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint32_t> StepState::CommitPush(uint32_t rank, int64_t step, bool found_inf,
                                                double loss_scale, absl::Time now) {
   assert(step == version_ + 1 && slots_[rank] == Slot::kReceiving);
@@ -269,7 +281,7 @@ absl::Status StepState::CancelChange(int64_t effective_step) {
 
 void StepState::AdoptChanges(const std::vector<CarriedChange>& changes) {
   for (const CarriedChange& c : changes) {
-    schedule_.Adopt(c.effective_step, c.cancel, c.next, version_, StepStarted());
+    schedule_.Adopt(c.effective_step, c.next, version_, StepStarted());
   }
 }
 

@@ -99,6 +99,10 @@ class StepState {
   absl::StatusOr<Admission> BeginPush(uint32_t rank, int64_t step, double loss_scale);
   // A push that ended before committing: its slot is free again.
   void AbortPush(uint32_t rank, int64_t step);
+  // Drops every push of step version + 1 (a rollback to this version gives
+  // up the steps they belong to). ABORTED while one is still streaming or
+  // the step has started.
+  absl::Status DiscardPending();
   // The rank's whole gradient arrived clean (found_inf: with loss scaling, it
   // held inf/NaN). Returns the ranks still pending; 0 means the step can
   // start. FAILED_PRECONDITION (slot freed) for a loss scale another
@@ -183,7 +187,6 @@ class StepState {
   // The changes a push carries (see HyperparameterSchedule::Adopt).
   struct CarriedChange {
     int64_t effective_step = 0;
-    bool cancel = false;
     Hyperparameters next;
   };
   void AdoptChanges(const std::vector<CarriedChange>& changes);

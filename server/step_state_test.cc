@@ -288,5 +288,46 @@ TEST(StepStateTest, RestoreOnlyBeforeTheFirstPushAndOnlyConsistentCounts) {
   }
 }
 
+TEST(StepStateTest, CarriedChangesOnlyFillWhatIsMissing) {
+  StepState s(Options(1, false));
+  const Hyperparameters x{OptimizerConfig::Sgd(0.5), LrSchedule()};
+  const Hyperparameters y{OptimizerConfig::Sgd(0.7), LrSchedule()};
+  // Missing (a restarted shard lost it): adopted.
+  s.AdoptChanges({{3, x}});
+  EXPECT_EQ(s.schedule().ScheduledSteps(), std::vector<int64_t>{3});
+  // Never replaced by a carried one.
+  s.AdoptChanges({{3, y}});
+  EXPECT_EQ(s.schedule().scheduled().at(3), x);
+  // A cancel seen here is not undone by a trainer that still carries it.
+  ASSERT_TRUE(s.CancelChange(3).ok());
+  s.AdoptChanges({{3, x}});
+  EXPECT_TRUE(s.schedule().ScheduledSteps().empty());
+  // Scheduling it again explicitly lifts that.
+  ASSERT_TRUE(s.ScheduleChange(3, y).ok());
+  s.AdoptChanges({{4, x}});
+  EXPECT_EQ(s.schedule().ScheduledSteps(), (std::vector<int64_t>{3, 4}));
+  // Steps applied or started are left alone.
+  PushWhole(s, 0, 1);
+  s.StartStep();
+  s.AdoptChanges({{1, x}});
+  EXPECT_EQ(s.schedule().ScheduledSteps(), (std::vector<int64_t>{3, 4}));
+}
+
+TEST(StepStateTest, ARollbackToThisVersionDropsThePushesOfTheNextStep) {
+  StepState s(Options(2, false));
+  PushWhole(s, 0, 1);
+  ASSERT_EQ(s.BeginPush(1, 1, 1.0).value(), Admission::kStart);
+  // One still streaming: look again.
+  EXPECT_EQ(s.DiscardPending().code(), absl::StatusCode::kAborted);
+  s.AbortPush(1, 1);
+  ASSERT_TRUE(s.DiscardPending().ok());
+  EXPECT_TRUE(s.TrainersPushed().empty());
+  EXPECT_EQ(s.BeginPush(0, 1, 1.0).value(), Admission::kStart);  // Not a duplicate now.
+  ASSERT_TRUE(s.CommitPush(0, 1, false, 1.0, kT0).ok());
+  PushWhole(s, 1, 1);
+  s.StartStep();
+  EXPECT_EQ(s.DiscardPending().code(), absl::StatusCode::kAborted);  // Started.
+}
+
 }  // namespace
 }  // namespace shardopt

@@ -394,5 +394,44 @@ TEST(ChaosTest, AShardRestoredBeyondEveryTrainersHistoryRollsTheJobBack) {
       << reason;
 }
 
+// One trainer keeps a journal, the other only 2 steps in memory: a shard
+// restored 6 steps back makes the second roll the job back while the first
+// may be replaying to the same shard; both must end up recomputing or
+// replaying the same steps on every shard, and the job still finishes
+// bit-identical.
+TEST(ChaosTest, ATrainerWithoutHistoryRollsBackWhileAnotherReplays) {
+  constexpr int kSteps = 60, kCheckpointEvery = 10;
+  const std::string model = "adamw";
+  const std::string root = MakeTempDir("mixed_history");
+  const std::string ckpt = root + "/ckpt";
+  Shards shards({"--checkpoint_dir=" + ckpt, absl::StrCat("--checkpoint_every=", kCheckpointEvery),
+                 "--restore_from=" + ckpt},
+                "server/shardopt_server");
+  ASSERT_NO_FATAL_FAILURE(shards.StartAll());
+  ASSERT_EQ(system(absl::StrCat("mkdir -p ", root, "/journal").c_str()), 0);
+  const std::vector<std::string> common = {"--min_step_time=10ms", "--retry_budget=60s",
+                                           "--rpc_timeout=20s"};
+  std::vector<std::string> with_journal = common, without = common;
+  with_journal.push_back("--journal_dir=" + root + "/journal");
+  without.push_back("--replay_steps=2");
+  const std::string out = root + "/out";
+  std::vector<std::unique_ptr<ChildProcess>> trainers(kTrainers);
+  ASSERT_NO_FATAL_FAILURE(StartTrainer(shards.addresses(), 0, kTrainers, model, kSteps, out,
+                                       with_journal, &trainers[0]));
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainer(shards.addresses(), 1, kTrainers, model, kSteps, out, without, &trainers[1]));
+  AwaitVersion(shards.addresses()[0], model, 26);
+  ASSERT_NO_FATAL_FAILURE(shards.Kill(1));
+  ASSERT_NO_FATAL_FAILURE(shards.Restart(1));  // Back at step 20.
+  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers, absl::Seconds(120)));
+  ExpectMatchesReference(model, kShards, kTrainers, kSteps, out);
+  ExpectEveryStepAppliedOnce(shards.addresses(), model, kSteps);
+  const int64_t rollbacks = TrainerCount(out, 0, model, "rollbacks") +
+                            TrainerCount(out, 1, model, "rollbacks");
+  std::cout << "mixed history: rollbacks " << rollbacks << ", replayed by the journaled trainer "
+            << TrainerCount(out, 0, model, "replayed") << std::endl;
+  EXPECT_GE(TrainerCount(out, 1, model, "rollbacks"), 1);
+}
+
 }  // namespace
 }  // namespace shardopt::testing

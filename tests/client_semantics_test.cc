@@ -211,6 +211,60 @@ TEST_F(ClientSemanticsTest, ScheduleAndLiveHyperparameterChangeAgreeOnEveryShard
   EXPECT_NE(std::memcmp(params0.data(), unchanged.data(), unchanged.size() * sizeof(float)), 0);
 }
 
+// A trainer that dies after pushing a step the job has not finished (the
+// other trainer has not pushed it yet) comes back on its journal and, as
+// its program does, asks for that step's change again: an identical repeat
+// goes through, another change for that step is still refused.
+TEST_F(ClientSemanticsTest, ARestartedTrainerMayRepeatItsChangeForAStepItPushed) {
+  const ModelSpec spec = SyntheticModelSpec("repeat", OptimizerConfig::AdamW(0.02), 2);
+  TrainerClientOptions journaled;
+  journaled.trainer_rank = 1;
+  journaled.rpc_timeout = absl::Seconds(10);
+  journaled.retry_budget = absl::Seconds(5);
+  journaled.journal_path = MakeTempDir("repeat_journal");
+  auto rank0 = Connect(0);
+  auto rank1 = TrainerClient::Connect(Addresses(servers_), journaled).value();
+  const ModelLayout layout = rank0->LayoutFor(spec).value();
+  std::vector<float> params0 = SyntheticInitialParams(layout, 4);
+  ASSERT_TRUE(rank0->Register(spec, params0).ok());
+  ASSERT_TRUE(rank1->Attach(spec).ok());
+  std::vector<float> params1 = params0, grad0(params0.size()), grad1(params0.size());
+  for (int64_t k = 1; k <= 2; ++k) {
+    SyntheticGradient(layout, params0, 0, k, 4, absl::MakeSpan(grad0));
+    SyntheticGradient(layout, params1, 1, k, 4, absl::MakeSpan(grad1));
+    ASSERT_TRUE(rank0->Push(k, grad0).ok());
+    ASSERT_TRUE(rank1->Push(k, grad1).ok());
+    ASSERT_EQ(*rank0->Pull(k, absl::MakeSpan(params0)), k);
+    ASSERT_EQ(*rank1->Pull(k, absl::MakeSpan(params1)), k);
+  }
+  const OptimizerConfig changed = OptimizerConfig::AdamW(0.005);
+  ASSERT_TRUE(rank1->SetHyperparameters(3, changed, LrSchedule()).ok());
+  SyntheticGradient(layout, params1, 1, 3, 4, absl::MakeSpan(grad1));
+  ASSERT_TRUE(rank1->Push(3, grad1).ok());
+  rank1.reset();  // Dead after its push of step 3.
+
+  auto restarted = TrainerClient::Connect(Addresses(servers_), journaled).value();
+  ASSERT_TRUE(restarted->Attach(spec).ok());
+  EXPECT_EQ(restarted->registered_version(), 2);
+  EXPECT_TRUE(restarted->SetHyperparameters(3, changed, LrSchedule()).ok());
+  OptimizerConfig other = changed;
+  other.lr = 0.5;
+  const absl::Status refused = restarted->SetHyperparameters(3, other, LrSchedule());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "this trainer pushed step 3")) << refused;
+  ASSERT_TRUE(rank0->SetHyperparameters(3, changed, LrSchedule()).ok());
+  SyntheticGradient(layout, params0, 0, 3, 4, absl::MakeSpan(grad0));
+  ASSERT_TRUE(rank0->Push(3, grad0).ok());
+  ASSERT_TRUE(restarted->Push(3, grad1).ok());
+  ASSERT_EQ(*rank0->Pull(3, absl::MakeSpan(params0)), 3);
+  ASSERT_EQ(*restarted->Pull(3, absl::MakeSpan(params1)), 3);
+  ReferenceOptions reference;
+  reference.changes[3] = {changed, LrSchedule()};
+  const std::vector<float> expected = ReferenceRun(spec, layout, 3, 4, reference);
+  EXPECT_EQ(std::memcmp(params0.data(), expected.data(), expected.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(params1.data(), expected.data(), expected.size() * sizeof(float)), 0);
+}
+
 TEST_F(ClientSemanticsTest, TrainerThatFellBehindIsToldSo) {
   const ModelSpec spec = SyntheticModelSpec("behind", OptimizerConfig::Sgd(0.1), 1);
   auto client = Connect(0);
