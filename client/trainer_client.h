@@ -134,7 +134,10 @@ class TrainerClient {
   // proto). Safe to call from several trainers with the same arguments.
   // `effective_step` must be later than every step this trainer has pushed
   // (FAILED_PRECONDITION otherwise): since no shard can apply a step before
-  // every trainer has pushed it, every shard then accepts the change.
+  // every trainer has pushed it, every shard then accepts the change. The
+  // pushes in its journal count (an earlier process of this trainer made
+  // them); an identical repeat of this trainer's last word for that step
+  // (what its earlier process sent) is let through.
   absl::Status SetHyperparameters(int64_t effective_step, const OptimizerConfig& optimizer,
                                   const LrSchedule& lr_schedule);
   // Removes a change scheduled for `effective_step` on every shard.
