@@ -14,10 +14,18 @@ namespace shardopt {
 namespace {
 
 constexpr char kRolledBackPayload[] = "type.shardopt.dev/rolled_back_to";
+// Prefixes what recovery's calls say in errors and wait reports.
+constexpr char kLabel[] = "recovery: ";
 
 bool Holds(const v1::ModelSummary& summary, uint32_t rank) {
   return std::find(summary.trainers_pushed().begin(), summary.trainers_pushed().end(), rank) !=
          summary.trainers_pushed().end();
+}
+
+int64_t LowestVersion(const std::vector<v1::ModelSummary>& shards) {
+  int64_t lowest = shards[0].version();
+  for (const v1::ModelSummary& s : shards) lowest = std::min(lowest, s.version());
+  return lowest;
 }
 
 std::string Versions(const std::vector<v1::ModelSummary>& shards) {
@@ -48,7 +56,7 @@ std::optional<int64_t> RolledBackTo(const absl::Status& status) {
 namespace {
 
 StepCallsContext Labelled(StepCallsContext calls) {
-  calls.label = "recovery: ";
+  calls.label = kLabel;
   // A shard still waiting for other trainers is a reason to look again (they
   // may wait for this one at another shard), not to wait on.
   calls.end_on_wait_report = true;
@@ -57,25 +65,19 @@ StepCallsContext Labelled(StepCallsContext calls) {
 
 }  // namespace
 
-Recovery::Recovery(std::vector<ShardConnection*> shards, ShardFanOut* fanout,
-                   PushHistory* history, RecoveryContext context)
-    : shards_(std::move(shards)),
-      fanout_(fanout),
+Recovery::Recovery(ShardFanOut* fanout, PushHistory* history, RecoveryContext context)
+    : fanout_(fanout),
       history_(history),
       context_(std::move(context)),
       calls_(fanout, Labelled(context_.calls)) {}
 
 ShardFanOut::Call Recovery::CallFor(const std::string& what) const {
-  ShardFanOut::Call call;
-  call.what = "recovery: " + what;
-  call.policy = context_.calls.policy;
-  call.attempt_timeout = context_.calls.rpc_timeout;
-  call.on_wait = context_.calls.on_wait;
-  return call;
+  // Not calls_' own: these wait on no other trainer.
+  return CallFrom(context_.calls, kLabel + what);
 }
 
 absl::StatusOr<std::vector<v1::ModelSummary>> Recovery::Survey() {
-  std::vector<v1::ModelSummary> summaries(shards_.size());
+  std::vector<v1::ModelSummary> summaries(fanout_->size());
   absl::Status status = fanout_->Run(
       CallFor("asking the shard's version"),
       [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
@@ -103,8 +105,7 @@ absl::Status Recovery::BringTo(int64_t target) {
   for (;;) {
     absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
     if (!shards.ok()) return shards.status();
-    int64_t lowest = (*shards)[0].version();
-    for (const v1::ModelSummary& s : *shards) lowest = std::min(lowest, s.version());
+    const int64_t lowest = LowestVersion(*shards);
     if (lowest >= target) return absl::OkStatus();
     if (lowest > best) {
       best = lowest;
@@ -196,7 +197,7 @@ absl::Status Recovery::ReplayStep(const std::vector<v1::ModelSummary>& shards, i
 }
 
 absl::Status Recovery::PushTo(const PushedStep& entry, const ShardSubset& which) {
-  const uint64_t elements = shards_.back()->range().end;
+  const uint64_t elements = fanout_->shards().back()->range().end;
   if (entry.payload->size() != elements * DTypeSize(entry.dtype)) {
     return absl::InternalError(absl::StrCat("the kept push of step ", entry.step, " has ",
                                             entry.payload->size(), " bytes; the layout has ",
@@ -204,11 +205,10 @@ absl::Status Recovery::PushTo(const PushedStep& entry, const ShardSubset& which)
   }
   // The changes a shard restored from before them lost come back with the
   // pushes (see PushHeader.hyperparameter_changes).
-  std::vector<v1::SetHyperparametersRequest> changes = history_->ChangesAfter(entry.step - 1);
-  for (v1::SetHyperparametersRequest& c : changes) c.set_model_id(context_.calls.model_id);
   std::vector<v1::PushGradientsResponse> responses;
-  absl::Status pushed = calls_.Push(entry.step, entry.payload->data(), entry.dtype,
-                                    entry.loss_scale, changes, &responses, which);
+  absl::Status pushed =
+      calls_.Push(entry.step, entry.payload->data(), entry.dtype, entry.loss_scale,
+                  history_->ChangesAfter(entry.step - 1), &responses, which);
   for (uint32_t i : which) {
     const v1::PushGradientsResponse::Outcome outcome = responses[i].outcome();
     if (outcome != v1::PushGradientsResponse::OUTCOME_UNSPECIFIED &&
@@ -236,8 +236,7 @@ absl::Status Recovery::RollBackJob(const std::vector<v1::ModelSummary>& shards,
                                    const std::string& why) {
   // The newest checkpoint every shard lists, no later than the lowest
   // version (every shard can go back to it).
-  int64_t lowest = shards[0].version();
-  for (const v1::ModelSummary& s : shards) lowest = std::min(lowest, s.version());
+  const int64_t lowest = LowestVersion(shards);
   std::set<int64_t> common(shards[0].committed_checkpoints().begin(),
                            shards[0].committed_checkpoints().end());
   for (const v1::ModelSummary& s : shards) {

@@ -65,10 +65,9 @@ std::optional<int64_t> RolledBackTo(const absl::Status& status);
 
 class Recovery {
  public:
-  // `shards` (with their ranges set), `fanout` over them and `history` must
+  // `fanout` (over the shards, whose ranges are set) and `history` must
   // outlive this.
-  Recovery(std::vector<ShardConnection*> shards, ShardFanOut* fanout, PushHistory* history,
-           RecoveryContext context);
+  Recovery(ShardFanOut* fanout, PushHistory* history, RecoveryContext context);
 
   // Every shard's summary of the model, in shard order (shards that are
   // down are retried within the budget). FAILED_PRECONDITION for a shard
@@ -99,7 +98,6 @@ class Recovery {
   absl::Status RollBackJob(const std::vector<v1::ModelSummary>& shards, const std::string& why);
   ShardFanOut::Call CallFor(const std::string& what) const;
 
-  std::vector<ShardConnection*> shards_;
   ShardFanOut* const fanout_;
   PushHistory* const history_;
   const RecoveryContext context_;

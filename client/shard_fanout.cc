@@ -108,12 +108,17 @@ void ShardFanOut::WorkerLoop(Worker* worker) {
   }
 }
 
-absl::Status ShardFanOut::Run(const Call& call, const AttemptFn& attempt,
-                              const std::vector<uint32_t>& which) {
+std::vector<uint32_t> ShardFanOut::Targets(const std::vector<uint32_t>& which) const {
   std::vector<uint32_t> targets = which;
   if (targets.empty()) {
     for (uint32_t i = 0; i < shards_.size(); ++i) targets.push_back(i);
   }
+  return targets;
+}
+
+absl::Status ShardFanOut::Run(const Call& call, const AttemptFn& attempt,
+                              const std::vector<uint32_t>& which) {
+  const std::vector<uint32_t> targets = Targets(which);
   Operation op(call, attempt);
   op.Expect(static_cast<int>(targets.size()));
   for (uint32_t i : targets) {

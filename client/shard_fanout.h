@@ -58,8 +58,11 @@ class ShardFanOut {
   // Runs `attempt` against the shards in `which` (all when empty).
   absl::Status Run(const Call& call, const AttemptFn& attempt,
                    const std::vector<uint32_t>& which = {});
+  // The shards `which` names, in its order: every shard when it is empty.
+  std::vector<uint32_t> Targets(const std::vector<uint32_t>& which) const;
 
   size_t size() const { return shards_.size(); }
+  const std::vector<ShardConnection*>& shards() const { return shards_; }
 
  private:
   class Operation;

@@ -10,14 +10,18 @@ namespace shardopt {
 StepCalls::StepCalls(ShardFanOut* fanout, StepCallsContext context)
     : fanout_(fanout), context_(std::move(context)) {}
 
-ShardFanOut::Call StepCalls::CallFor(std::string what) const {
+ShardFanOut::Call CallFrom(const StepCallsContext& context, const std::string& what) {
   ShardFanOut::Call call;
-  call.what = context_.label + what;
-  call.policy = context_.policy;
-  call.attempt_timeout = context_.rpc_timeout;
-  call.on_wait = context_.on_wait;
-  call.end_on_wait_report = context_.end_on_wait_report;
+  call.what = context.label + what;
+  call.policy = context.policy;
+  call.attempt_timeout = context.rpc_timeout;
+  call.on_wait = context.on_wait;
+  call.end_on_wait_report = context.end_on_wait_report;
   return call;
+}
+
+ShardFanOut::Call StepCalls::CallFor(const std::string& what) const {
+  return CallFrom(context_, what);
 }
 
 absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, double loss_scale,
@@ -122,11 +126,7 @@ absl::StatusOr<PulledVersion> StepCalls::PullOnce(int64_t min_version, int64_t p
       },
       which);
   if (!status.ok()) return status;
-  // The shards asked, in shard order.
-  std::vector<uint32_t> asked = which;
-  if (asked.empty()) {
-    for (uint32_t i = 0; i < pulled.size(); ++i) asked.push_back(i);
-  }
+  const std::vector<uint32_t> asked = fanout_->Targets(which);
   for (uint32_t i : asked) *newest = std::max(*newest, pulled[i].version);
   const uint32_t first = asked[0];
   for (uint32_t i : asked) {

@@ -40,6 +40,10 @@ struct StepCallsContext {
 // The shards a call goes to: all of them when empty.
 using ShardSubset = std::vector<uint32_t>;
 
+// A call made as `context` says (retries, attempt timeout, wait reports),
+// `what` prefixed with its label.
+ShardFanOut::Call CallFrom(const StepCallsContext& context, const std::string& what);
+
 class StepCalls {
  public:
   // `fanout` (over the shards, whose ranges are set) must outlive this.
@@ -70,7 +74,7 @@ class StepCalls {
                                      const ShardSubset& which = {});
 
  private:
-  ShardFanOut::Call CallFor(std::string what) const;
+  ShardFanOut::Call CallFor(const std::string& what) const;
   // One round; `newest` gets the highest version any shard answered.
   absl::StatusOr<PulledVersion> PullOnce(int64_t min_version, int64_t pushed_step,
                                          const StepDecision* decision, float* flat_params,

@@ -32,20 +32,20 @@ constexpr size_t kMaxChunkBytes = 32 << 20;
 // follows a shard that went back again while the call ran).
 constexpr int kMaxRecoveries = 10;
 
+RetryPolicy RetryPolicyOf(const TrainerClientOptions& options) {
+  return RetryPolicy{options.retry_budget, options.initial_backoff, options.max_backoff};
+}
+
 ShardFanOut::Call CallOf(const TrainerClientOptions& options, std::string what) {
   ShardFanOut::Call call;
   call.what = std::move(what);
-  call.policy = RetryPolicy{options.retry_budget, options.initial_backoff, options.max_backoff};
+  call.policy = RetryPolicyOf(options);
   call.attempt_timeout = options.rpc_timeout;
   call.on_wait = options.on_wait;
   return call;
 }
 
 }  // namespace
-
-RetryPolicy TrainerClient::DefaultRetryPolicy() const {
-  return RetryPolicy{options_.retry_budget, options_.initial_backoff, options_.max_backoff};
-}
 
 int64_t TrainerClient::failed_attempts() const {
   int64_t total = 0;
@@ -143,13 +143,11 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
     if (!opened.ok()) return opened.status();
     history_ = std::move(*opened);
   }
-  std::vector<ShardConnection*> raw;
-  for (auto& shard : shards_) raw.push_back(shard.get());
   StepCallsContext calls;
   calls.model_id = spec.model_id;
   calls.trainer_rank = options_.trainer_rank;
   calls.rpc_timeout = options_.rpc_timeout;
-  calls.policy = DefaultRetryPolicy();
+  calls.policy = RetryPolicyOf(options_);
   calls.wait_report_interval = options_.wait_report_interval;
   calls.on_wait = options_.on_wait;
   calls.chunk_bytes = options_.chunk_bytes;
@@ -157,8 +155,8 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
   calls.send_loss_scale = spec.loss_scaling;
   if (!same_model) {
     recovery_ = std::make_unique<Recovery>(
-        raw, fanout_.get(), history_.get(),
-        RecoveryContext{spec.max_grad_norm > 0 || spec.loss_scaling, calls});
+        fanout_.get(), history_.get(),
+        RecoveryContext{StepsNeedDecisions(spec.max_grad_norm, spec.loss_scaling), calls});
   }
   steps_ = std::make_unique<StepCalls>(fanout_.get(), calls);
   return absl::OkStatus();
@@ -197,10 +195,9 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
       // SetHyperparameters).
       last_pushed_step_ = std::max(last_pushed_step_, history_->newest_step());
     }
-    int64_t lowest = shards[0].version, highest = shards[0].version;
+    int64_t highest = shards[0].version;
     bool agree = true;
     for (const ShardRegistration& s : shards) {
-      lowest = std::min(lowest, s.version);
       highest = std::max(highest, s.version);
       agree = agree && s.version == shards[0].version && s.loss_scaler == shards[0].loss_scaler;
     }
@@ -421,7 +418,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   std::vector<char> narrowed;
   const void* payload = nullptr;
   if (absl::Status s = PreparePayload(step, flat_grads, &narrowed, &payload); !s.ok()) return s;
-  const bool needs_decision = spec_->max_grad_norm > 0 || spec_->loss_scaling;
+  const bool needs_decision = StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling);
   for (int round = 0;; ++round) {
     absl::StatusOr<StepResult> result = PushPayload(step, payload, scale);
     if (!result.ok()) return result;

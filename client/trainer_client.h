@@ -174,7 +174,6 @@ class TrainerClient {
   // and layout are known).
   absl::Status PrepareModel(const ModelSpec& spec, const ModelLayout& layout);
   absl::Status CheckBuffer(size_t size, const char* what) const;
-  RetryPolicy DefaultRetryPolicy() const;
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
   // The gradient as it goes on the wire (rounded to push_dtype, checked for
   // NaN/inf as a whole), into `narrowed` unless fp32; points `payload` at it.

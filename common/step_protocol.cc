@@ -56,6 +56,10 @@ float GradientMultiplier(const StepDecision& decision, double loss_scale) {
   return static_cast<float>(decision.clip_coef) * static_cast<float>(1.0 / loss_scale);
 }
 
+bool StepsNeedDecisions(double max_grad_norm, bool loss_scaling) {
+  return max_grad_norm > 0 || loss_scaling;
+}
+
 StepPosition PositionOfStep(int64_t version, int64_t step) {
   if (step <= version) return StepPosition::kApplied;
   if (step == version + 1) return StepPosition::kNext;

@@ -40,6 +40,11 @@ struct StepDecision {
   bool operator!=(const StepDecision& o) const { return !(*this == o); }
 };
 
+// Whether a model's steps wait for a decision: with clipping (max_grad_norm
+// > 0) or loss scaling. Without either, a shard applies a step as soon as
+// every trainer's push of it is in.
+bool StepsNeedDecisions(double max_grad_norm, bool loss_scaling);
+
 // torch.nn.utils.clip_grad_norm_'s coefficient: max_norm / (norm + 1e-6)
 // when that is below 1, else 1 (also without clipping: max_grad_norm 0).
 double ClipCoefficient(double max_grad_norm, double grad_norm);

@@ -63,6 +63,13 @@ TEST(StepProtocolTest, LossScalesArePowersOfTwoInRange) {
   EXPECT_EQ(GradientMultiplier({false, 0.5, 3}, 4.0), 0.125f);
 }
 
+TEST(StepProtocolTest, OnlyClippingOrLossScalingMakesStepsWaitForADecision) {
+  EXPECT_FALSE(StepsNeedDecisions(0, false));
+  EXPECT_TRUE(StepsNeedDecisions(1.0, false));
+  EXPECT_TRUE(StepsNeedDecisions(0, true));
+  EXPECT_TRUE(StepsNeedDecisions(0.5, true));
+}
+
 TEST(StepProtocolTest, PositionOfAStepAgainstAVersion) {
   EXPECT_EQ(PositionOfStep(5, 3), StepPosition::kApplied);
   EXPECT_EQ(PositionOfStep(5, 5), StepPosition::kApplied);

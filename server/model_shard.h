@@ -70,7 +70,7 @@ struct ModelShardOptions {
   // GradientControl.loss_scaler in the proto).
   std::optional<LossScalerOptions> loss_scaler;
 
-  bool needs_decision() const { return max_grad_norm > 0 || loss_scaling; }
+  bool needs_decision() const { return StepsNeedDecisions(max_grad_norm, loss_scaling); }
 };
 
 // kAwaitingDecision: this push completed the step's gradients; the step
