@@ -103,7 +103,8 @@ absl::Status PushHistory::Load() {
   }
   if (!journaled_.empty()) {
     // The newest entry tells whose journal this is.
-    absl::StatusOr<JournaledPush> newest = ReadPushJournal(PushPath(*journaled_.rbegin()), options_.env);
+    absl::StatusOr<JournaledPush> newest =
+        ReadPushJournalHeader(PushPath(*journaled_.rbegin()), options_.env);
     if (!newest.ok()) return newest.status();
     if (newest->model_id != options_.model_id || newest->trainer_rank != options_.trainer_rank) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -45,22 +45,29 @@ absl::Status WritePushJournal(const std::string& path, const JournaledPush& push
   return (*file)->Commit();
 }
 
-absl::StatusOr<JournaledPush> ReadPushJournal(const std::string& path, FileEnv* env) {
-  absl::StatusOr<std::string> content = ReadFileToString(env, path);
-  if (absl::IsNotFound(content.status())) {
+namespace {
+
+// The fixed part and the model id, checked against the file's size; the
+// payload too when `with_payload`, read straight into place.
+absl::StatusOr<JournaledPush> Read(const std::string& path, FileEnv* env, bool with_payload) {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = env->NewRandomAccessFile(path);
+  if (absl::IsNotFound(file.status())) {
     return absl::NotFoundError(absl::StrCat(path, ": no push journal"));
   }
-  if (!content.ok()) return content.status();
+  if (!file.ok()) return file.status();
+  absl::StatusOr<FileInfo> info = (*file)->Stat();
+  if (!info.ok()) return info.status();
+  char fixed[kFixedBytes];
+  absl::StatusOr<size_t> got = (*file)->Read(0, kFixedBytes, fixed);
+  if (!got.ok()) return got.status();
+  if (*got < kFixedBytes) return absl::DataLossError(absl::StrCat(path, ": not a push journal"));
   Header h;
-  if (content->size() < kFixedBytes) {
-    return absl::DataLossError(absl::StrCat(path, ": not a push journal"));
-  }
-  std::memcpy(&h, content->data() + sizeof(kMagic), sizeof(h));
-  if (std::memcmp(content->data(), kMagic, sizeof(kMagic)) != 0 || h.model_id_bytes > 4096 ||
+  std::memcpy(&h, fixed + sizeof(kMagic), sizeof(h));
+  if (std::memcmp(fixed, kMagic, sizeof(kMagic)) != 0 || h.model_id_bytes > 4096 ||
       h.dtype > static_cast<uint32_t>(DType::kFloat16)) {
     return absl::DataLossError(absl::StrCat(path, ": not a push journal"));
   }
-  const uint64_t rest = content->size() - kFixedBytes;
+  const uint64_t rest = info->size - kFixedBytes;
   if (rest < h.model_id_bytes || rest - h.model_id_bytes != h.payload_bytes) {
     return absl::DataLossError(absl::StrCat(path, ": truncated or overlong push journal"));
   }
@@ -69,10 +76,37 @@ absl::StatusOr<JournaledPush> ReadPushJournal(const std::string& path, FileEnv* 
   push.loss_scale = h.loss_scale;
   push.trainer_rank = h.trainer_rank;
   push.dtype = static_cast<DType>(h.dtype);
-  push.model_id = content->substr(kFixedBytes, h.model_id_bytes);
-  const char* payload = content->data() + kFixedBytes + h.model_id_bytes;
-  push.payload.assign(payload, payload + h.payload_bytes);
+  push.model_id.resize(h.model_id_bytes);
+  auto read_exactly = [&](uint64_t offset, size_t bytes, char* out) -> absl::Status {
+    absl::StatusOr<size_t> read = (*file)->Read(offset, bytes, out);
+    if (!read.ok()) return read.status();
+    if (*read != bytes) {
+      return absl::DataLossError(absl::StrCat(path, ": truncated or overlong push journal"));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = read_exactly(kFixedBytes, h.model_id_bytes, push.model_id.data()); !s.ok()) {
+    return s;
+  }
+  if (with_payload) {
+    push.payload.resize(h.payload_bytes);
+    if (absl::Status s = read_exactly(kFixedBytes + h.model_id_bytes, h.payload_bytes,
+                                      push.payload.data());
+        !s.ok()) {
+      return s;
+    }
+  }
   return push;
+}
+
+}  // namespace
+
+absl::StatusOr<JournaledPush> ReadPushJournal(const std::string& path, FileEnv* env) {
+  return Read(path, env, /*with_payload=*/true);
+}
+
+absl::StatusOr<JournaledPush> ReadPushJournalHeader(const std::string& path, FileEnv* env) {
+  return Read(path, env, /*with_payload=*/false);
 }
 
 }  // namespace shardopt

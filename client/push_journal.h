@@ -35,6 +35,9 @@ absl::Status WritePushJournal(const std::string& path, const JournaledPush& head
 // NOT_FOUND when there is none; DATA_LOSS when it is damaged.
 absl::StatusOr<JournaledPush> ReadPushJournal(const std::string& path,
                                               FileEnv* env = FileEnv::Default());
+// The same without the payload (left empty, not read): whose push it is.
+absl::StatusOr<JournaledPush> ReadPushJournalHeader(const std::string& path,
+                                                    FileEnv* env = FileEnv::Default());
 
 }  // namespace shardopt
 
