@@ -2,6 +2,9 @@
 // survives a reopen (a trainer's restart), and what is dropped.
 #include "client/push_history.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -167,6 +170,30 @@ TEST(PushHistoryTest, AJournalOfAnotherTrainerOrAFileIsRefused) {
   std::ofstream(file) << "old single-file journal";
   EXPECT_EQ(PushHistory::Open({"m", 0, 0, file}).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(PushHistoryTest, ADamagedJournalEntryIsDataLoss) {
+  const std::string dir = TempDir("journal_damaged");
+  {
+    std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, dir}).value();
+    for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(RecordStep(*h, step).ok());
+  }
+  const std::string newest = dir + "/push-000000000003";
+  const std::string older = dir + "/push-000000000002";
+  // One byte short: the sizes in its header no longer add up.
+  struct stat info;
+  ASSERT_EQ(stat(older.c_str(), &info), 0);
+  ASSERT_EQ(truncate(older.c_str(), info.st_size - 1), 0);
+  std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, dir}).value();
+  const absl::Status short_entry = h->Find(2).status();
+  EXPECT_EQ(short_entry.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(short_entry.message(), "truncated or overlong")) << short_entry;
+  EXPECT_EQ(FloatsOf(h->Find(3).value()), Gradient(3));
+  // The newest entry, which says whose journal it is, is read on opening.
+  std::ofstream(newest, std::ios::trunc) << "not a journal entry";
+  const absl::Status opened = PushHistory::Open({"m", 0, 0, dir}).status();
+  EXPECT_EQ(opened.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(opened.message(), "not a push journal")) << opened;
 }
 
 }  // namespace
