@@ -1,10 +1,6 @@
 #include "common/checkpoint_catalog.h"
 
-#include <algorithm>
-
 #include "absl/random/random.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -12,52 +8,48 @@ namespace shardopt {
 
 absl::StatusOr<std::vector<CommittedCheckpoint>> ListCommittedCheckpoints(
     const std::string& model_root, FileEnv* env) {
+  absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(model_root, env);
+  if (!steps.ok()) return steps.status();
   std::vector<CommittedCheckpoint> committed;
-  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(model_root);
-  if (absl::IsNotFound(names.status())) return committed;
-  if (!names.ok()) return names.status();
-  for (const std::string& name : *names) {
-    int64_t step = 0;
-    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
-    const std::string dir = JoinPath(model_root, name);
-    if (FileExists(env, JoinPath(dir, kCheckpointManifestFile))) {
-      committed.push_back(CommittedCheckpoint{step, dir});
+  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {  // Newest first.
+    if (FileExists(env, JoinPath(it->directory, kCheckpointManifestFile))) {
+      committed.push_back(std::move(*it));
     }
   }
-  std::sort(committed.begin(), committed.end(),
-            [](const CommittedCheckpoint& a, const CommittedCheckpoint& b) {
-              return a.step > b.step;
-            });
   return committed;
 }
 
-absl::Status SetAsideCheckpoint(const std::string& directory, absl::string_view why,
-                                FileEnv* env) {
+namespace {
+
+// The rename of SetAsideCheckpoint, without the sync of the parent.
+absl::Status RenameAside(const std::string& directory, absl::string_view why, FileEnv* env) {
   absl::BitGen random;
   const std::string aside =
       JoinPath(DirectoryOf(directory), absl::StrCat(".", why, ".", BaseName(directory), ".",
                                                     absl::Hex(absl::Uniform<uint64_t>(random))));
   absl::Status renamed = env->Rename(directory, aside);
-  if (absl::IsNotFound(renamed)) return absl::OkStatus();
-  if (!renamed.ok()) return renamed;
+  return absl::IsNotFound(renamed) ? absl::OkStatus() : renamed;
+}
+
+}  // namespace
+
+absl::Status SetAsideCheckpoint(const std::string& directory, absl::string_view why,
+                                FileEnv* env) {
+  if (absl::Status s = RenameAside(directory, why, env); !s.ok()) return s;
   return env->SyncDirectory(DirectoryOf(directory));
 }
 
 absl::Status SetAsideCheckpointsAfter(const std::string& model_root, int64_t step,
                                       absl::string_view why, FileEnv* env) {
-  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(model_root);
-  if (absl::IsNotFound(names.status())) return absl::OkStatus();
-  if (!names.ok()) return names.status();
-  for (const std::string& name : *names) {
-    int64_t n = 0;
-    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &n) || n <= step) {
-      continue;
-    }
-    if (absl::Status s = SetAsideCheckpoint(JoinPath(model_root, name), why, env); !s.ok()) {
-      return s;
-    }
+  absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(model_root, env);
+  if (!steps.ok()) return steps.status();
+  bool renamed = false;
+  for (const StepDirectory& s : *steps) {
+    if (s.step <= step) continue;
+    if (absl::Status r = RenameAside(s.directory, why, env); !r.ok()) return r;
+    renamed = true;
   }
-  return absl::OkStatus();
+  return renamed ? env->SyncDirectory(model_root) : absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenVerifiedCheckpoint(

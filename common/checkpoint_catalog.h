@@ -27,10 +27,8 @@
 
 namespace shardopt {
 
-struct CommittedCheckpoint {
-  int64_t step = 0;
-  std::string directory;
-};
+// A step directory holding a manifest.
+using CommittedCheckpoint = StepDirectory;
 
 // The step directories of `model_root` that hold a manifest, newest first
 // (an absent root has none).

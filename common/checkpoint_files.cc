@@ -427,49 +427,32 @@ absl::Status CheckpointReader::VerifyEveryBlock() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory, FileEnv* env) {
-  std::string best;
-  int64_t best_step = -1;
-  absl::Status error;
-  auto consider = [&](const std::string& dir) {
-    const std::string path = JoinPath(dir, kCheckpointManifestFile);
-    if (!error.ok() || !FileExists(env, path)) return;
-    absl::StatusOr<v1::CheckpointManifest> m = ReadManifestFile(env, path);
-    // A damaged manifest is refused, not passed over for an older one.
-    if (!m.ok()) {
-      error = m.status();
-    } else if (m->step() > best_step) {
-      best_step = m->step();
-      best = dir;
-    }
-  };
-  consider(directory);
-  for (const std::string& name : ListOrEmpty(env, directory)) {
-    if (absl::StartsWith(name, "step-")) consider(JoinPath(directory, name));
+absl::StatusOr<std::vector<StepDirectory>> ListStepDirectories(const std::string& root,
+                                                               FileEnv* env) {
+  std::vector<StepDirectory> steps;
+  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(root);
+  if (absl::IsNotFound(names.status())) return steps;
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    int64_t step = 0;
+    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    steps.push_back(StepDirectory{step, JoinPath(root, name)});
   }
-  if (!error.ok()) return error;
-  if (best.empty()) {
-    return absl::NotFoundError(absl::StrCat("no committed checkpoint in ", directory));
-  }
-  return best;
+  std::sort(steps.begin(), steps.end(),
+            [](const StepDirectory& a, const StepDirectory& b) { return a.step < b.step; });
+  return steps;
 }
 
 absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep,
                                      FileEnv* env) {
   if (keep < 1) return absl::InvalidArgumentError("keep at least one checkpoint");
-  // Step directories by step, and which are committed.
-  std::vector<std::pair<int64_t, std::string>> steps;
-  std::vector<int64_t> committed;
-  for (const std::string& name : ListOrEmpty(env, directory)) {
-    int64_t step = 0;
-    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
-    steps.emplace_back(step, JoinPath(directory, name));
-    if (FileExists(env, JoinPath(steps.back().second, kCheckpointManifestFile))) {
-      committed.push_back(step);
-    }
+  absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(directory, env);
+  if (!steps.ok()) return steps.status();
+  std::vector<int64_t> committed;  // Ascending, as `steps`.
+  for (const StepDirectory& s : *steps) {
+    if (FileExists(env, JoinPath(s.directory, kCheckpointManifestFile))) committed.push_back(s.step);
   }
   if (committed.empty()) return 0;
-  std::sort(committed.begin(), committed.end());
   // Everything older than the keep-th newest committed checkpoint goes (with
   // fewer, only what is older than the oldest: torn leftovers, and the parts
   // of checkpoints another shard has already pruned).
@@ -481,7 +464,7 @@ absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shar
   int pruned = 0;
   // Removals race with the other shards' (and their errors are theirs too):
   // what one cannot remove, a later prune or another shard does.
-  for (const auto& [step, dir] : steps) {
+  for (const auto& [step, dir] : *steps) {
     if (step >= oldest_kept) continue;
     const std::vector<std::string> names = ListOrEmpty(env, dir);
     for (const std::string& name : names) {

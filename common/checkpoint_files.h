@@ -124,11 +124,16 @@ class CheckpointReader {
 // before they saved their parts still reaches every shard.
 std::vector<v1::HyperparameterChange> ScheduledChangesOf(const v1::CheckpointManifest& manifest);
 
-// The committed checkpoint with the highest step among `directory` itself
-// and its "step-*" subdirectories; NOT_FOUND when there is none. Torn
-// checkpoints (no manifest) are passed over.
-absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& directory,
-                                                 FileEnv* env = FileEnv::Default());
+// A "step-N" subdirectory (CheckpointStepDirName) of a directory of
+// periodic checkpoints, committed or not.
+struct StepDirectory {
+  int64_t step = 0;
+  std::string directory;
+};
+// The step directories of `root`, by ascending step; an absent root has
+// none.
+absl::StatusOr<std::vector<StepDirectory>> ListStepDirectories(const std::string& root,
+                                                               FileEnv* env = FileEnv::Default());
 
 // Retention for a directory of "step-*" checkpoints (periodic ones): removes
 // shard `shard_index`'s files (data file, part record, leftover temporary

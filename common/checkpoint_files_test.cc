@@ -209,20 +209,30 @@ TEST(CheckpointFilesTest, ManifestOfAnotherLayoutIsRefused) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr(dir));
 }
 
-TEST(CheckpointFilesTest, LatestCommittedCheckpointWins) {
-  const std::string root = TempDir("latest");
+TEST(CheckpointFilesTest, StepDirectoriesAreListedByStepTornOnesToo) {
+  const std::string root = TempDir("steps");
+  EXPECT_TRUE(ListStepDirectories(root).value().empty());  // No root yet.
   const v1::ModelConfig config = Config(2);
-  for (int64_t step : {4, 8, 12}) {
+  for (int64_t step : {12, 4, 100000000}) {
     const std::string dir = root + "/" + CheckpointStepDirName(step);
     // Step 12 is torn: one part only.
     for (uint32_t i = 0; i < (step == 12 ? 1u : 2u); ++i) {
       ASSERT_TRUE(WritePart(dir, config, i, step).ok());
     }
   }
-  absl::StatusOr<std::string> latest = FindLatestCheckpoint(root);
-  ASSERT_TRUE(latest.ok()) << latest.status();
-  EXPECT_EQ(*latest, root + "/" + CheckpointStepDirName(8));
-  EXPECT_EQ(FindLatestCheckpoint(TempDir("empty")).status().code(), absl::StatusCode::kNotFound);
+  // Not step directories.
+  ASSERT_EQ(mkdir((root + "/step-x").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((root + "/.damaged.step-00000008.1f").c_str(), 0755), 0);
+  const std::vector<StepDirectory> steps = ListStepDirectories(root).value();
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_EQ(steps[0].step, 4);
+  EXPECT_EQ(steps[1].step, 12);
+  EXPECT_EQ(steps[2].step, 100000000);  // Past the zero padding, still by step.
+  EXPECT_EQ(steps[1].directory, root + "/" + CheckpointStepDirName(12));
+  const std::string file = root + "/" + CheckpointStepDirName(4) + "/manifest.json";
+  const absl::Status not_a_directory = ListStepDirectories(file).status();
+  EXPECT_FALSE(not_a_directory.ok());
+  EXPECT_NE(not_a_directory.message().find(file), absl::string_view::npos) << not_a_directory;
 }
 
 TEST(CheckpointFilesTest, PruningKeepsTheNewestCommittedAndEachShardRemovesItsOwn) {
@@ -252,7 +262,7 @@ TEST(CheckpointFilesTest, PruningKeepsTheNewestCommittedAndEachShardRemovesItsOw
     EXPECT_TRUE(CheckpointReader::Open(root + "/" + CheckpointStepDirName(step)).ok()) << step;
   }
   EXPECT_TRUE(exists(root + "/" + CheckpointStepDirName(20) + "/" + CheckpointDataFileName(0, 2)));
-  EXPECT_EQ(FindLatestCheckpoint(root).value(), root + "/" + CheckpointStepDirName(16));
+  EXPECT_EQ(ListStepDirectories(root).value().size(), 3u);  // 12, 16 and the torn 20.
   EXPECT_EQ(PruneCheckpoints(root, 0, 2).value(), 0);  // nothing more to do
 }
 
