@@ -1,7 +1,6 @@
 #include "server/hosted_model.h"
 
 #include "absl/random/random.h"
-#include "absl/strings/str_cat.h"
 #include "common/checkpoint_catalog.h"
 #include "common/logging.h"
 #include "server/checkpointing.h"
@@ -72,6 +71,13 @@ void HostedModel::RefreshCheckpointList() {
   recovery_floor_.store(RecoveryFloor(*listed));
   absl::MutexLock lock(&mu_);
   committed_ = std::move(steps);
+}
+
+absl::Status HostedModel::AbandonCheckpointsAfter(int64_t step) {
+  absl::Status set_aside =
+      SetAsideCheckpointsAfter(checkpoints_.model_root, step, "abandoned", checkpoints_.env);
+  RefreshCheckpointList();  // Also after a partial set-aside.
+  return set_aside;
 }
 
 void HostedModel::SaveLoop() {

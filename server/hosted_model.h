@@ -71,6 +71,10 @@ class HostedModel {
   int64_t recovery_floor() const { return recovery_floor_.load(); }
   // Lists the checkpoint directory again.
   void RefreshCheckpointList();
+  // A rollback to `step` gives up the later steps: sets their directories
+  // aside as "abandoned" (SetAsideCheckpointsAfter), then lists again, so
+  // that they count neither as checkpoints nor for the recovery floor.
+  absl::Status AbandonCheckpointsAfter(int64_t step);
 
  private:
   void SaveLoop();

@@ -99,16 +99,15 @@ ModelShard::AttachInfo ModelShard::GetAttachInfo() const {
   return AttachInfo{state_.version(), state_.loss_scaler_state(), state_.run_id()};
 }
 
-std::optional<LossScaler::State> ModelShard::LossScalerState() const {
-  absl::MutexLock lock(&mu_);
-  return state_.loss_scaler_state();
+absl::Status ModelShard::CheckRank(uint32_t trainer_rank) const {
+  if (trainer_rank < options_.num_trainers) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("trainer rank ", trainer_rank,
+                                                 " is not below num_trainers ",
+                                                 options_.num_trainers));
 }
 
 absl::Status ModelShard::CheckHoldsPush(uint32_t trainer_rank, int64_t step) const {
-  if (trainer_rank >= options_.num_trainers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer rank ", trainer_rank, " is not below num_trainers ", options_.num_trainers));
-  }
+  if (absl::Status s = CheckRank(trainer_rank); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   return state_.CheckHoldsPush(trainer_rank, step);
 }
@@ -142,10 +141,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
                                                    options_.model_id,
                                                    "' was registered without loss scaling"));
   }
-  if (trainer_rank >= options_.num_trainers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer rank ", trainer_rank, " is not below num_trainers ", options_.num_trainers));
-  }
+  if (absl::Status s = CheckRank(trainer_rank); !s.ok()) return s;
   if (step <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
   }
@@ -291,6 +287,9 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
                                                        std::optional<PushedBy> pushed) {
   if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
   if (!options_.needs_decision()) return NoDecisionsError(options_.model_id, "need no decision");
+  if (pushed) {
+    if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
+  }
   absl::MutexLock lock(&mu_);
   if (step > state_.version() + 1) {
     // It cannot come without earlier steps (a restarted shard is behind).
@@ -384,6 +383,9 @@ absl::Status ModelShard::WaitExpired(const std::string& what, int64_t min_versio
 absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Time deadline,
                                                    const std::function<bool()>& cancelled,
                                                    std::optional<PushedBy> pushed) {
+  if (pushed) {
+    if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
+  }
   absl::MutexLock lock(&mu_);
   const auto lost = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();

@@ -263,9 +263,6 @@ class ModelShard {
   // push of it; OUT_OF_RANGE otherwise (it lost the push: restarted).
   absl::Status CheckHoldsPush(uint32_t trainer_rank, int64_t step) const;
 
-  // The loss scaler replica's state at the current version (the next step's
-  // scale); nullopt without a replica.
-  std::optional<LossScaler::State> LossScalerState() const;
   // What a (re)attaching trainer needs, read at once.
   struct AttachInfo {
     int64_t version = 0;
@@ -308,6 +305,8 @@ class ModelShard {
     };
     return AwaitOrCancel(absl::Condition(&done), deadline, cancelled);
   }
+  // INVALID_ARGUMENT for a rank the model has no trainer of.
+  absl::Status CheckRank(uint32_t trainer_rank) const;
   // DEADLINE_EXCEEDED saying what `what` waited for: the trainers that have
   // not pushed, the decision, the checkpoint.
   absl::Status WaitExpired(const std::string& what, int64_t min_version) const

@@ -333,6 +333,8 @@ grpc::Status ShardServiceImpl::PullParameters(
   }
   ModelShard& shard = (*model)->shard();
   if (request->pushed_step() > 0) {
+    // Before the decision: one for a step this shard lacks a push of would
+    // be refused as incomplete, not answered OUT_OF_RANGE.
     if (absl::Status s = shard.CheckHoldsPush(request->trainer_rank(), request->pushed_step());
         !s.ok()) {
       return Error(s);
@@ -384,12 +386,7 @@ grpc::Status ShardServiceImpl::GetStepStats(grpc::ServerContext* context,
   if (!model.ok()) return Error(model.status());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
   ModelShard& shard = (*model)->shard();
-  if (request->pushed_step() > 0) {
-    if (absl::Status s = shard.CheckHoldsPush(request->trainer_rank(), request->pushed_step());
-        !s.ok()) {
-      return Error(s);
-    }
-  }
+  // (A push the shard does not hold ends the wait at once.)
   absl::StatusOr<StepStats> stats =
       shard.WaitForStepStats(request->step(), WaitDeadline(*context, request->max_wait_ms()),
                              [context] { return context->IsCancelled(); }, PushedByOf(*request));

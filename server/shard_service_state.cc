@@ -190,12 +190,11 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
     // Already there: what it holds of the next step belongs to the steps
     // given up, and so do the later step directories.
     if (absl::Status s = (*model)->shard().DiscardPendingPushes(); !s.ok()) return Error(s);
-    if (absl::Status s =
-            SetAsideCheckpointsAfter(root, request->to_step(), "abandoned", options_.file_env);
-        !s.ok()) {
+    // Pushes dropped: whatever follows, this is not the state surveyed.
+    (*model)->Renew();
+    if (absl::Status s = (*model)->AbandonCheckpointsAfter(request->to_step()); !s.ok()) {
       return Error(s);
     }
-    (*model)->Renew();
     (*model)->set_rolled_back_to(request->to_step());
     response->set_incarnation((*model)->incarnation());
     response->set_rolled_back(false);
@@ -227,9 +226,7 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
   // step directories, which hold the steps given up, are set aside: no
   // restart may take them for this run's future.
   if (absl::Status s = models_.Replace(*model, *replacement); !s.ok()) return Error(s);
-  if (absl::Status s =
-          SetAsideCheckpointsAfter(root, request->to_step(), "abandoned", options_.file_env);
-      !s.ok()) {
+  if (absl::Status s = (*replacement)->AbandonCheckpointsAfter(request->to_step()); !s.ok()) {
     return Error(s);
   }
   LogWarning("model '%s': rolled back from version %d to step %d (%s): %s", model_id, version,

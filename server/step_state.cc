@@ -73,7 +73,9 @@ void StepState::AbortPush(uint32_t rank, int64_t step) {
 
 absl::Status StepState::DiscardPending() {
   if (failed()) return failure_;
-  if (phase_ != Phase::kCollecting ||
+  // Every push in (Pending() == 0) is a step already under way: the thread
+  // that committed the last one waits to start it.
+  if (phase_ != Phase::kCollecting || Pending() == 0 ||
       std::count(slots_.begin(), slots_.end(), Slot::kReceiving) > 0) {
     return absl::AbortedError(absl::StrCat("shard ", options_.shard_index,
                                            " is taking or applying step ", version_ + 1,
@@ -216,6 +218,7 @@ std::optional<absl::StatusOr<StepStats>> StepState::StatsOf(int64_t step) const 
 }
 
 absl::Status StepState::CheckHoldsPush(uint32_t rank, int64_t step) const {
+  assert(rank < slots_.size());
   if (step <= version_ || (step == version_ + 1 && slots_[rank] == Slot::kComplete)) {
     return absl::OkStatus();
   }

@@ -100,8 +100,8 @@ class StepState {
   // A push that ended before committing: its slot is free again.
   void AbortPush(uint32_t rank, int64_t step);
   // Drops every push of step version + 1 (a rollback to this version gives
-  // up the steps they belong to). ABORTED while one is still streaming or
-  // the step has started.
+  // up the steps they belong to). ABORTED while one is still streaming, or
+  // once every push is in (the step is as good as started).
   absl::Status DiscardPending();
   // The rank's whole gradient arrived clean (found_inf: with loss scaling, it
   // held inf/NaN). Returns the ranks still pending; 0 means the step can
@@ -198,7 +198,6 @@ class StepState {
   // for inconsistent counts. Restore() only after CheckRestore() passed.
   absl::Status CheckRestore(const ShardProgress& progress) const;
   void Restore(const ShardProgress& progress);
-  bool pushed() const { return pushed_; }
 
   // ---- Inspection.
   std::vector<uint32_t> TrainersPushed() const;  // Complete for step version + 1.

@@ -325,6 +325,11 @@ TEST(StepStateTest, ARollbackToThisVersionDropsThePushesOfTheNextStep) {
   EXPECT_EQ(s.BeginPush(0, 1, 1.0).value(), Admission::kStart);  // Not a duplicate now.
   ASSERT_TRUE(s.CommitPush(0, 1, false, 1.0, kT0).ok());
   PushWhole(s, 1, 1);
+  // Every push in: the committer of the last one is about to start it (a
+  // hold may keep it waiting), so it is not dropped from under it.
+  EXPECT_EQ(s.DiscardPending().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(s.ReadyToStart());
+  EXPECT_EQ(s.TrainersPushed().size(), 2u);
   s.StartStep();
   EXPECT_EQ(s.DiscardPending().code(), absl::StatusCode::kAborted);  // Started.
 }
