@@ -7,6 +7,16 @@
 #include "common/proto_convert.h"
 
 namespace shardopt {
+
+absl::StatusOr<Hyperparameters> HyperparametersFromProto(const v1::OptimizerConfig& optimizer,
+                                                         const v1::LrSchedule& schedule) {
+  absl::StatusOr<OptimizerConfig> o = OptimizerConfigFromProto(optimizer);
+  if (!o.ok()) return o.status();
+  absl::StatusOr<LrSchedule> s = LrScheduleFromProto(schedule);
+  if (!s.ok()) return s.status();
+  return Hyperparameters{*o, *s};
+}
+
 namespace {
 
 constexpr uint32_t kMaxTrainers = 4096;
@@ -17,15 +27,6 @@ v1::HyperparameterChange ChangeToProto(int64_t step, const Hyperparameters& h) {
   *proto.mutable_optimizer() = OptimizerConfigToProto(h.optimizer);
   *proto.mutable_lr_schedule() = LrScheduleToProto(h.lr_schedule);
   return proto;
-}
-
-absl::StatusOr<Hyperparameters> HyperparametersFromProto(const v1::OptimizerConfig& optimizer,
-                                                         const v1::LrSchedule& schedule) {
-  absl::StatusOr<OptimizerConfig> o = OptimizerConfigFromProto(optimizer);
-  if (!o.ok()) return o.status();
-  absl::StatusOr<LrSchedule> s = LrScheduleFromProto(schedule);
-  if (!s.ok()) return s.status();
-  return Hyperparameters{*o, *s};
 }
 
 absl::Status ChangesFromProto(

@@ -17,6 +17,10 @@ namespace shardopt {
 
 v1::CheckpointProgress ProgressToProto(const ShardProgress& progress);
 absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& proto);
+// An optimizer config and lr schedule from the wire or a checkpoint,
+// validated (checkpoints, SetHyperparameters, changes carried by pushes).
+absl::StatusOr<Hyperparameters> HyperparametersFromProto(const v1::OptimizerConfig& optimizer,
+                                                         const v1::LrSchedule& schedule);
 
 // Writes `shard`'s part of the checkpoint of `config` (the registered
 // config) at version `step` into `directory` (see ModelShard::CheckpointAt

@@ -3,6 +3,16 @@
 #include "absl/strings/str_cat.h"
 
 namespace shardopt {
+namespace {
+
+// Whether `step` is applied or being applied on a shard at `version`. A step
+// waiting for its decision counts as being applied: some shards may have
+// decided it already.
+bool Started(int64_t step, int64_t version, bool next_started) {
+  return step <= version || (step == version + 1 && next_started);
+}
+
+}  // namespace
 
 absl::Status HyperparameterSchedule::Schedule(int64_t effective_step, const Hyperparameters& next,
                                               int64_t version, bool next_started) {
@@ -18,16 +28,14 @@ absl::Status HyperparameterSchedule::Schedule(int64_t effective_step, const Hype
       pending != scheduled_.end() && pending->second == next) {
     return absl::OkStatus();
   }
-  // A step waiting for its decision counts as being applied: some shards may
-  // have decided it already.
-  if (effective_step <= version || (effective_step == version + 1 && next_started)) {
+  if (Started(effective_step, version, next_started)) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", effective_step, " is already ",
                      effective_step <= version ? "applied" : "being applied", " (version ",
                      version, "); choose a later step"));
   }
-  auto [it, inserted] = scheduled_.emplace(effective_step, next);
-  if (!inserted && it->second != next) {
+  // (An identical one returned above.)
+  if (!scheduled_.emplace(effective_step, next).second) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a different hyperparameter change is already scheduled for step ", effective_step));
   }
@@ -48,7 +56,7 @@ absl::Status HyperparameterSchedule::Cancel(int64_t effective_step, int64_t vers
 
 void HyperparameterSchedule::Adopt(int64_t effective_step, const Hyperparameters& next,
                                    int64_t version, bool next_started) {
-  if (effective_step <= version || (effective_step == version + 1 && next_started)) return;
+  if (Started(effective_step, version, next_started)) return;
   if (cancelled_.count(effective_step) > 0) return;
   scheduled_.emplace(effective_step, next);  // Keeps what is there.
 }

@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype_convert.h"

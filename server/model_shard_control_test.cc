@@ -17,7 +17,6 @@
 namespace shardopt {
 namespace {
 
-using testing::Grad;
 using testing::kShard;
 using testing::kShards;
 using testing::MakeShard;
@@ -41,7 +40,7 @@ TEST(ModelShardTest, HyperparameterChangeTakesEffectAtItsStepAndRepeatsAreHarmle
   std::vector<float> expected = ReadAll(*shard, 0);
   for (int64_t step = 1; step <= 2; ++step) {
     ASSERT_TRUE(PushAll(*shard, 0, step).ok());
-    const std::vector<float> g = Grad(0, step, shard->size());
+    const std::vector<float> g = RandomGradient(0, step, shard->size());
     const float lr = step == 1 ? 0.1f : 0.5f;
     for (size_t i = 0; i < expected.size(); ++i) expected[i] = expected[i] + (-lr) * g[i];
   }

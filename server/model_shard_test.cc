@@ -21,7 +21,6 @@
 namespace shardopt {
 namespace {
 
-using testing::Grad;
 using testing::kShard;
 using testing::kShards;
 using testing::MakeShard;
@@ -209,7 +208,8 @@ TEST(ModelShardTest, SumReductionAndSnapshot) {
   EXPECT_EQ(pending.trainers_pushed, std::vector<uint32_t>{0});
   EXPECT_EQ(pending.values, std::vector<float>(4, 1.0f));
   ASSERT_TRUE(PushAll(*shard, 1, 1).ok());
-  const std::vector<float> g0 = Grad(0, 1, shard->size()), g1 = Grad(1, 1, shard->size());
+  const std::vector<float> g0 = RandomGradient(0, 1, shard->size()),
+                           g1 = RandomGradient(1, 1, shard->size());
   const std::vector<float> out = ReadAll(*shard, 1);
   for (size_t i = 0; i < out.size(); ++i) {
     ASSERT_EQ(out[i], 1.0f + (-1.0f) * (g0[i] + g1[i])) << i;

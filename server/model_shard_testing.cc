@@ -40,13 +40,9 @@ std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
   return ModelShard::Create(std::move(options), std::move(init), pool).value();
 }
 
-std::vector<float> Grad(uint32_t rank, int64_t step, size_t n) {
-  return RandomGradient(rank, step, n);
-}
-
 absl::StatusOr<PushResult> PushAll(ModelShard& shard, uint32_t rank, int64_t step,
                                    size_t chunk) {
-  return PushInChunks(shard, rank, step, Grad(rank, step, shard.size()), chunk);
+  return PushInChunks(shard, rank, step, RandomGradient(rank, step, shard.size()), chunk);
 }
 
 std::vector<float> ReadAll(ModelShard& shard, int64_t version) {

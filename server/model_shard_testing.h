@@ -24,9 +24,7 @@ ModelLayout TestLayout();
 // values.
 std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
                                       OptimizerConfig optimizer = OptimizerConfig::AdamW(0.01));
-// RandomGradient under a shorter name.
-std::vector<float> Grad(uint32_t rank, int64_t step, size_t n);
-// Pushes rank's Grad() of `step` in chunks of `chunk` elements.
+// Pushes rank's RandomGradient of `step` in chunks of `chunk` elements.
 absl::StatusOr<PushResult> PushAll(ModelShard& shard, uint32_t rank, int64_t step,
                                    size_t chunk = 333);
 // The whole range at `version` (expects it to be there).

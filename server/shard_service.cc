@@ -281,11 +281,9 @@ grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
   std::vector<StepState::CarriedChange> changes;
   for (const v1::SetHyperparametersRequest& c : header.hyperparameter_changes()) {
     if (c.cancel()) continue;  // Only changes are carried (see the proto).
-    absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(c.optimizer());
-    if (!optimizer.ok()) return Error(optimizer.status());
-    absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(c.lr_schedule());
-    if (!schedule.ok()) return Error(schedule.status());
-    changes.push_back(StepState::CarriedChange{c.effective_step(), {*optimizer, *schedule}});
+    absl::StatusOr<Hyperparameters> h = HyperparametersFromProto(c.optimizer(), c.lr_schedule());
+    if (!h.ok()) return Error(h.status());
+    changes.push_back(StepState::CarriedChange{c.effective_step(), *std::move(h)});
   }
   absl::StatusOr<ModelShard::PushStart> start =
       shard.BeginPush(header.trainer_rank(), header.step(), header.num_elements(), *dtype,
@@ -412,16 +410,14 @@ grpc::Status ShardServiceImpl::SetHyperparameters(grpc::ServerContext* context,
     response->set_version(shard.version());
     return grpc::Status::OK;
   }
-  absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(request->optimizer());
-  if (!optimizer.ok()) return Error(optimizer.status());
-  absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(request->lr_schedule());
-  if (!schedule.ok()) return Error(schedule.status());
-  if (absl::Status s = shard.SetHyperparameters(request->effective_step(), {*optimizer, *schedule});
-      !s.ok()) {
+  absl::StatusOr<Hyperparameters> h =
+      HyperparametersFromProto(request->optimizer(), request->lr_schedule());
+  if (!h.ok()) return Error(h.status());
+  if (absl::Status s = shard.SetHyperparameters(request->effective_step(), *h); !s.ok()) {
     return Error(s);
   }
   LogInfo("model '%s': from step %d: %s, lr schedule %s", request->model_id(),
-          request->effective_step(), optimizer->DebugString(), schedule->DebugString());
+          request->effective_step(), h->optimizer.DebugString(), h->lr_schedule.DebugString());
   response->set_effective_step(request->effective_step());
   response->set_version(shard.version());
   return grpc::Status::OK;

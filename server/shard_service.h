@@ -7,8 +7,8 @@
 // changes nothing. The step calls (register, push, pull, statistics,
 // hyperparameters) are in shard_service.cc; the calls that read or replace
 // a model's state as a whole (inspect, server info, checkpoint, rollback)
-// and the restore before serving in shard_service_state.cc; loading a
-// checkpoint into a model in model_loader.h. Thread-safe; gRPC's sync server
+// and the restore before serving, with loading a checkpoint into a model
+// (LoadModel), in shard_service_state.cc. Thread-safe; gRPC's sync server
 // calls it from many threads.
 #ifndef SHARDOPT_SERVER_SHARD_SERVICE_H_
 #define SHARDOPT_SERVER_SHARD_SERVICE_H_

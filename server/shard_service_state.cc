@@ -342,10 +342,7 @@ absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
   }
   if (FileExists(env, JoinPath(path, kCheckpointManifestFile))) {
     // The one the operator named: verified whole, never replaced by another.
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
-        OpenVerifiedCheckpoint(path, env);
-    if (!checkpoint.ok()) return checkpoint.status();
-    return RestoreModel(**checkpoint);
+    return RestoreNewestOf(path);
   }
   absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(path);
   if (!names.ok()) return names.status();
