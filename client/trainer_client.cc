@@ -410,6 +410,20 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
   }
 }
 
+absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_params) {
+  // (Pull forgets the rollback.)
+  const std::optional<int64_t> rolled_back = rolled_back_to_;
+  const int64_t from = rolled_back.value_or(registered_version_);
+  absl::StatusOr<int64_t> version = Pull(from, flat_params);
+  if (!version.ok()) return version.status();
+  if (*version != from && (rolled_back || *version != from + 1)) {
+    return absl::InternalError(absl::StrCat(
+        "pulled version ", *version,
+        rolled_back ? " after the job rolled back to " : " after attaching at ", from));
+  }
+  return *version;
+}
+
 absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const float> flat_grads,
                                                absl::Span<float> flat_params) {
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;

@@ -7,7 +7,8 @@
 //   auto client = TrainerClient::Connect(addresses, options);   // rank, model
 //   (*client)->Register(spec, initial_flat_params);  // rank 0
 //   (*client)->Attach(spec);                         // every other rank
-//   for (step = registered_version() + 1 .. N):
+//   from = (*client)->PullToResume(params);          // 0, or where the job is
+//   for (step = from + 1 .. N):
 //     compute grads into a flat buffer laid out by (*client)->layout()
 //     (*client)->Step(step, grads, params);  // push to all shards, pull version `step`
 //
@@ -26,8 +27,8 @@
 // lacks from the trainer's history (replay_steps, journal_path) and goes on.
 // When that history is gone, the whole job rolls back to a checkpoint every
 // shard holds: Step, Push and Pull then fail with ABORTED and
-// rolled_back_to() says the version to resume from (pull it, continue with
-// the next step). A TrainerClient is not thread-safe: one trainer thread
+// rolled_back_to() says the version to resume from (PullToResume, then
+// continue with the next step). A TrainerClient is not thread-safe: one trainer thread
 // drives it.
 #ifndef SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 #define SHARDOPT_CLIENT_TRAINER_CLIENT_H_
@@ -128,6 +129,14 @@ class TrainerClient {
   // with step rolled_back_to() + 1. nullopt when the last call did not roll
   // the job back.
   std::optional<int64_t> rolled_back_to() const { return rolled_back_to_; }
+
+  // Pulls the parameters a trainer goes on from into `flat_params` and
+  // returns their version; the trainer continues with the next step. After
+  // Register/Attach that is registered_version(), or one more (a step this
+  // trainer's earlier process pushed was applied meanwhile); after a call
+  // that rolled the job back, exactly rolled_back_to(). INTERNAL for any
+  // other version.
+  absl::StatusOr<int64_t> PullToResume(absl::Span<float> flat_params);
 
   // From step `effective_step` on, every shard uses `optimizer` and
   // `lr_schedule` (same optimizer kind; see SetHyperparametersRequest in the

@@ -246,6 +246,8 @@ TEST_F(ClientSemanticsTest, ARestartedTrainerMayRepeatItsChangeForAStepItPushed)
   auto restarted = TrainerClient::Connect(Addresses(servers_), journaled).value();
   ASSERT_TRUE(restarted->Attach(spec).ok());
   EXPECT_EQ(restarted->registered_version(), 2);
+  // Its step 3 is not applied yet (rank 0 has not pushed it): it goes on from 2.
+  EXPECT_EQ(restarted->PullToResume(absl::MakeSpan(params1)).value(), 2);
   EXPECT_TRUE(restarted->SetHyperparameters(3, changed, LrSchedule()).ok());
   OptimizerConfig other = changed;
   other.lr = 0.5;

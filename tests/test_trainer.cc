@@ -122,17 +122,11 @@ int Train(const std::string& name) {
   // Every rank, rank 0 included, starts from the model's version (0, or
   // where a restored or running job is) as the wire delivers it (rounded
   // when pull_dtype is 16-bit).
-  int64_t start = status.ok() ? (*client)->registered_version() : 0;
+  int64_t start = 0;
   if (status.ok()) {
     params = (*client)->NewFlatBuffer();
-    absl::StatusOr<int64_t> version = (*client)->Pull(start, absl::MakeSpan(params));
+    absl::StatusOr<int64_t> version = (*client)->PullToResume(absl::MakeSpan(params));
     status = version.status();
-    // One step later: the step this trainer's earlier process had pushed
-    // was applied meanwhile (its push of it was in).
-    if (version.ok() && *version != start && *version != start + 1) {
-      status = absl::InternalError(
-          absl::StrCat("pulled version ", *version, " after attaching at ", start));
-    }
     if (version.ok()) start = *version;
   }
   if (!status.ok()) {
@@ -198,15 +192,14 @@ int Train(const std::string& name) {
       fprintf(stderr, "rank %u: %s\n", options.trainer_rank, result.status().ToString().c_str());
       std::ofstream(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".rollback_reason")
           << result.status().message();
-      absl::StatusOr<int64_t> pulled = (*client)->Pull(*back, absl::MakeSpan(params));
-      if (!pulled.ok() || *pulled != *back) {
-        fprintf(stderr, "rank %u: pulling version %ld after the rollback: %s\n",
-                options.trainer_rank, static_cast<long>(*back),
-                pulled.ok() ? "another version" : pulled.status().ToString().c_str());
+      absl::StatusOr<int64_t> pulled = (*client)->PullToResume(absl::MakeSpan(params));
+      if (!pulled.ok()) {
+        fprintf(stderr, "rank %u: after the rollback: %s\n", options.trainer_rank,
+                pulled.status().ToString().c_str());
         return 1;
       }
       ++rollbacks;
-      step = *back;  // The loop goes on with step back + 1.
+      step = *pulled;  // The loop goes on with step back + 1.
       continue;
     }
     if (!result.ok()) {

@@ -210,16 +210,9 @@ absl::StatusOr<int64_t> JoinModel(const JobConfig& job, TrainerClient& client,
     if (absl::Status s = client.Attach(job.spec); !s.ok()) return s;
   }
   params = client.NewFlatBuffer();
-  int64_t start = client.registered_version();
-  absl::StatusOr<int64_t> version = client.Pull(start, absl::MakeSpan(params));
+  absl::StatusOr<int64_t> version = client.PullToResume(absl::MakeSpan(params));
   if (!version.ok()) return version.status();
-  // One step later: the step this trainer's earlier process had pushed was
-  // applied meanwhile (its push of it was in).
-  if (*version != start && *version != start + 1) {
-    return absl::InternalError(
-        absl::StrCat("pulled version ", *version, " after joining at version ", start));
-  }
-  start = *version;
+  const int64_t start = *version;
   if (start > job.steps) {
     return absl::FailedPreconditionError(absl::StrCat(
         "model '", job.spec.model_id, "' is already at version ", start, ", past --steps=",
@@ -332,13 +325,13 @@ int Train(const Dataset& data, const JobConfig& job) {
     if (std::optional<int64_t> back = trainer.rolled_back_to(); !result.ok() && back) {
       // The job went back to a checkpoint every shard holds: go on from there.
       fprintf(stderr, "mlp_trainer rank %u: %s\n", job.rank, result.status().ToString().c_str());
-      absl::StatusOr<int64_t> pulled = trainer.Pull(*back, absl::MakeSpan(params));
+      absl::StatusOr<int64_t> pulled = trainer.PullToResume(absl::MakeSpan(params));
       if (!pulled.ok()) {
-        fprintf(stderr, "mlp_trainer rank %u: pulling version %ld: %s\n", job.rank,
-                static_cast<long>(*back), pulled.status().ToString().c_str());
+        fprintf(stderr, "mlp_trainer rank %u: after the rollback: %s\n", job.rank,
+                pulled.status().ToString().c_str());
         return kExitError;
       }
-      step = *back;  // The loop goes on with step back + 1.
+      step = *pulled;  // The loop goes on with step back + 1.
       continue;
     }
     if (!result.ok()) {
