@@ -80,7 +80,7 @@ absl::Status PushHistory::Load() {
       absl::StatusOr<std::string> run = ReadFileToString(env, JoinPath(dir, name));
       if (!run.ok()) return run.status();
       run_id_ = *run;
-    } else if (name[0] == '.' && absl::StrContains(name, ".tmp.")) {
+    } else if (IsAtomicTempFile(name)) {
       // What a write cut off by this trainer's death left.
       env->RemoveFile(JoinPath(dir, name)).IgnoreError();
     } else if (std::optional<int64_t> step = StepOfName(name, kPushPrefix)) {

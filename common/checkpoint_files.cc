@@ -459,8 +459,6 @@ absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shar
   const int64_t oldest_kept =
       committed[committed.size() - std::min<size_t>(committed.size(), keep)];
   const std::string prefix = absl::StrFormat("shard-%05u-of-", shard_index);
-  const std::string temp_prefix = "." + prefix;
-  const std::string manifest_temp = absl::StrCat(".", kCheckpointManifestFile, ".tmp.");
   int pruned = 0;
   // Removals race with the other shards' (and their errors are theirs too):
   // what one cannot remove, a later prune or another shard does.
@@ -470,12 +468,12 @@ absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shar
     for (const std::string& name : names) {
       // The manifest first: the directory is no longer a checkpoint. (And
       // what a shard killed while committing it left.)
-      if (name == kCheckpointManifestFile || absl::StartsWith(name, manifest_temp)) {
+      if (name == kCheckpointManifestFile || IsAtomicTempFile(name, kCheckpointManifestFile)) {
         env->RemoveFile(JoinPath(dir, name)).IgnoreError();
       }
     }
     for (const std::string& name : names) {
-      if (absl::StartsWith(name, prefix) || absl::StartsWith(name, temp_prefix)) {
+      if (absl::StartsWith(name, prefix) || IsAtomicTempFile(name, prefix)) {
         env->RemoveFile(JoinPath(dir, name)).IgnoreError();
       }
     }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardopt {
@@ -26,6 +27,8 @@ FileInfo InfoOf(const struct stat& st) {
   return info;
 }
 
+constexpr char kTempMarker[] = ".tmp.";
+
 // A unique temporary name in `path`'s directory: several shards (processes,
 // on several hosts or in containers where all are pid 1) may write the same
 // file at once.
@@ -35,7 +38,7 @@ std::string TempPathFor(const std::string& path) {
   char host[64] = {0};
   ::gethostname(host, sizeof(host) - 1);
   return JoinPath(DirectoryOf(path),
-                  absl::StrCat(".", BaseName(path), ".tmp.", host, ".", ::getpid(), ".",
+                  absl::StrCat(".", BaseName(path), kTempMarker, host, ".", ::getpid(), ".",
                                absl::Hex(nonce), ".", counter.fetch_add(1)));
 }
 
@@ -310,6 +313,11 @@ absl::StatusOr<std::string> ReadFileToString(FileEnv* env, const std::string& pa
     content.resize(before + *got);
     if (*got < kPiece) return content;
   }
+}
+
+bool IsAtomicTempFile(absl::string_view name, absl::string_view target_prefix) {
+  return absl::StartsWith(name, ".") && absl::StartsWith(name.substr(1), target_prefix) &&
+         name.find(kTempMarker, 1 + target_prefix.size()) != absl::string_view::npos;
 }
 
 bool FileExists(FileEnv* env, const std::string& path) { return env->Stat(path).ok(); }

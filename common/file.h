@@ -182,6 +182,11 @@ class FileEnvWrapper : public FileEnv {
   FileEnv* target_;
 };
 
+// Whether directory entry `name` is a temporary file of NewAtomicFile (one a
+// killed writer left behind) for a file whose name starts with
+// `target_prefix` (for any file when it is empty).
+bool IsAtomicTempFile(absl::string_view name, absl::string_view target_prefix = "");
+
 // Writes `content` to `path` atomically (NewAtomicFile, Append, Commit).
 absl::Status WriteFileAtomically(FileEnv* env, const std::string& path, absl::string_view content);
 

@@ -84,6 +84,14 @@ TEST_F(FileTest, TemporaryNamesAreUniqueAndNameHostAndProcess) {
   gethostname(host, sizeof(host) - 1);
   const std::string name = BaseName((*a)->temp_path());
   EXPECT_THAT(name, StartsWith(absl::StrCat(".manifest.json.tmp.", host, ".", getpid(), ".")));
+  // What the file layer knows to be its temporary files, and of what.
+  EXPECT_TRUE(IsAtomicTempFile(name));
+  EXPECT_TRUE(IsAtomicTempFile(name, "manifest.json"));
+  EXPECT_TRUE(IsAtomicTempFile(name, "manifest"));
+  EXPECT_FALSE(IsAtomicTempFile(name, "shard-"));
+  EXPECT_FALSE(IsAtomicTempFile("manifest.json"));
+  EXPECT_FALSE(IsAtomicTempFile(".manifest.json"));
+  EXPECT_FALSE(IsAtomicTempFile(".tmp.x", "tmp"));  // Its marker is after the name.
   // Both write; the last commit wins, and neither leaves a temporary file.
   ASSERT_TRUE((*a)->Append("a").ok());
   ASSERT_TRUE((*b)->Append("b").ok());
