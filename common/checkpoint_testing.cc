@@ -76,6 +76,7 @@ void FlipByte(const std::string& path, long offset) {
   c ^= 0x40;
   f.seekp(offset);
   f.write(&c, 1);
+  EXPECT_TRUE(f.good()) << "flipping byte " << offset << " of " << path;
 }
 
 }  // namespace shardopt::checkpoint_testing

@@ -26,7 +26,7 @@ absl::StatusOr<CheckpointPartWritten> WritePart(const std::string& dir,
                                                 const std::string& run_id = "run-a");
 // A committed checkpoint of `shards` parts in TempDir(name).
 std::string WriteCheckpoint(const std::string& name, uint32_t shards = 3, int64_t step = 7);
-// Flips one byte of a file in place.
+// Flips one byte of a file in place (a test failure when it cannot).
 void FlipByte(const std::string& path, long offset);
 
 }  // namespace shardopt::checkpoint_testing

@@ -3,18 +3,15 @@
 // checkpoints while trainers run, trainers killed and restarted. Every run
 // must end with the parameters of an uninterrupted single-process run, bit
 // for bit (the CPU path's arithmetic does not depend on the shard count).
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <iostream>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -159,11 +156,8 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
     absl::SleepFor(absl::Microseconds(std::uniform_int_distribution<int>(0, 3000)(rng)));
     if (during_checkpoint) {
       // Wait (bounded) for the victim to be inside a checkpoint write.
-      const absl::Time give_up = absl::Now() + absl::Seconds(5);
-      while (absl::Now() < give_up && !CheckpointInProgress(ckpt + "/" + model, victim, kShards)) {
-        absl::SleepFor(absl::Milliseconds(2));
-      }
-      mid_checkpoint_kills += CheckpointInProgress(ckpt + "/" + model, victim, kShards);
+      mid_checkpoint_kills +=
+          AwaitCheckpointInProgress(ckpt + "/" + model, victim, kShards, absl::Seconds(5));
     }
     (*servers)[victim]->process().Signal(SIGKILL);
     ASSERT_TRUE((*servers)[victim]->process().Wait(absl::Seconds(10)).has_value());

@@ -1,7 +1,5 @@
 #include "tests/support/training_job.h"
 
-#include <dirent.h>
-
 #include <cstring>
 #include <optional>
 
@@ -9,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/checkpoint_files.h"
+#include "common/file.h"
 #include "gtest/gtest.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/raw_calls.h"
@@ -123,34 +123,40 @@ int64_t VersionOn(const std::string& address, const std::string& model) {
   return -1;
 }
 
-// Waits (bounded) until the model on `address` reaches `version`.
 void AwaitVersion(const std::string& address, const std::string& model, int64_t version) {
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < give_up && VersionOn(address, model) < version) {
+  int64_t seen = VersionOn(address, model);
+  while (absl::Now() < give_up && seen < version) {
     absl::SleepFor(absl::Milliseconds(1));
+    seen = VersionOn(address, model);
+  }
+  if (seen < version) {
+    ADD_FAILURE() << "model '" << model << "' on " << address << " did not reach version "
+                  << version << " within 60 s (it is at " << seen << ")";
   }
 }
 
-// Temporary files a checkpoint write of shard `index` has open.
 bool CheckpointInProgress(const std::string& model_root, uint32_t index, uint32_t shards) {
-  const std::string needle =
-      absl::StrCat(".shard-", absl::StrFormat("%05u-of-%05u", index, shards));
-  DIR* d = opendir(model_root.c_str());
-  if (d == nullptr) return false;
-  bool found = false;
-  while (const dirent* step_dir = readdir(d)) {
-    if (!absl::StartsWith(step_dir->d_name, "step-")) continue;
-    DIR* s = opendir((model_root + "/" + step_dir->d_name).c_str());
-    if (s == nullptr) continue;
-    while (const dirent* f = readdir(s)) {
-      if (absl::StartsWith(f->d_name, needle) && absl::StrContains(f->d_name, ".tmp.")) {
-        found = true;
-      }
+  const std::string data_file = CheckpointDataFileName(index, shards);
+  const std::string part_record = CheckpointPartRecordName(index, shards);
+  for (const StepDirectory& step :
+       ListStepDirectories(model_root).value_or(std::vector<StepDirectory>())) {
+    for (const std::string& name :
+         FileEnv::Default()->ListDirectory(step.directory).value_or(std::vector<std::string>())) {
+      if (IsAtomicTempFile(name, data_file) || IsAtomicTempFile(name, part_record)) return true;
     }
-    closedir(s);
   }
-  closedir(d);
-  return found;
+  return false;
+}
+
+bool AwaitCheckpointInProgress(const std::string& model_root, uint32_t index, uint32_t shards,
+                               absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!CheckpointInProgress(model_root, index, shards)) {
+    if (absl::Now() >= give_up) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
 }
 
 int64_t TrainerCount(const std::string& out_root, uint32_t rank, const std::string& model,

@@ -59,10 +59,16 @@ void ExpectMatchesReference(const std::string& name, uint32_t shards, uint32_t t
 // The model's version on the shard at `address` (-1 when unreachable or not
 // there yet).
 int64_t VersionOn(const std::string& address, const std::string& model);
-// Waits (bounded: 60 s) until the model on `address` reaches `version`.
+// Waits (bounded: 60 s) until the model on `address` reaches `version`; a
+// test failure saying where it got to when it does not.
 void AwaitVersion(const std::string& address, const std::string& model, int64_t version);
-// Temporary files a checkpoint write of shard `index` has open.
+// Whether shard `index` of `shards` is writing its part (data file or part
+// record) of some periodic checkpoint under `model_root`: a temporary file
+// of it is there.
 bool CheckpointInProgress(const std::string& model_root, uint32_t index, uint32_t shards);
+// Waits (bounded by `timeout`) for CheckpointInProgress; whether it came.
+bool AwaitCheckpointInProgress(const std::string& model_root, uint32_t index, uint32_t shards,
+                               absl::Duration timeout);
 
 // A number test_trainer wrote to out_root/rank<r>/<model>.<what> (replayed
 // pushes, rollbacks).
