@@ -7,15 +7,6 @@
 #include "common/dtype_convert.h"
 
 namespace shardopt {
-namespace {
-
-// Elements reduced and updated together, small enough to stay in L2 between
-// the reduction and the optimizer pass.
-constexpr size_t kBlockElements = 8192;
-// Pieces handed to threads start on 64-byte boundaries.
-constexpr size_t kGrainElements = 16;
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const OptimizerConfig& optimizer,
                                                                uint32_t num_trainers,

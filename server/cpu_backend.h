@@ -21,6 +21,12 @@ namespace shardopt {
 
 class CpuBackend final : public UpdateBackend {
  public:
+  // Elements reduced and updated together, small enough to stay in L2
+  // between the reduction and the optimizer pass.
+  static constexpr size_t kBlockElements = 8192;
+  // Pieces handed to threads start on 64-byte boundaries.
+  static constexpr size_t kGrainElements = 16;
+
   // `initial_params` holds the whole range. `pool` must outlive the backend.
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const OptimizerConfig& optimizer,
                                                             uint32_t num_trainers,

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "common/optimizer_config.h"
 #include "server/optim/optimizer.h"
+#include "server/cpu_backend.h"
 #include "server/parallel_for.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/workload.h"
@@ -63,7 +64,7 @@ absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, do
       {"adamw", OptimizerConfig::AdamW(), 28, "r p,g,m,v; w p,m,v"},
       {"sgd-momentum", sgd_momentum, 20, "r p,g,buf; w p,buf"},
       {"adagrad", OptimizerConfig::Adagrad(), 20, "r p,g,sum; w p,sum"},
-      {"sgd (plain, as in b)", OptimizerConfig::Sgd(1e-4), 12, "r p,g; w p"},
+      {"sgd (plain, as in b)", BenchSgd(), 12, "r p,g; w p"},
   };
   std::vector<float> params(n), grads(n);
   FillParams(params);
@@ -79,7 +80,7 @@ absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, do
       ThreadPool pool(t);
       std::vector<double> times = TimeRepeated(seconds, 3, 100000, [&] {
         ++step;
-        pool.ParallelFor(n, kServerGrainElements, [&](size_t begin, size_t end) {
+        pool.ParallelFor(n, CpuBackend::kGrainElements, [&](size_t begin, size_t end) {
           (*opt)->Update(step, params.data(), grads.data(), begin, end);
         });
       });

@@ -12,19 +12,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
-#include "client/trainer_client.h"
 #include "common/finite.h"
-#include "common/layout.h"
+#include "server/cpu_backend.h"
 #include "server/optim/optimizer.h"
 #include "server/parallel_for.h"
-#include "server/shard_server.h"
+#include "tools/bench/bench_job.h"
 #include "tools/bench/bench_util.h"
 
 namespace shardopt::bench {
 namespace {
 
 // Server-side costs of one step measured outside gRPC: the SGD update split
-// the way ModelShard::ApplyStep splits it, and the copy into staging with
+// the way CpuBackend::Apply splits it (grain and blocks), and the copy into staging with
 // its fused NaN/inf scan that each pushed chunk gets (PushWriter::Write).
 absl::Status EstimateServerCompute(uint64_t n, int threads, double budget_s, PushPullRow& row) {
   absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(BenchSgd(), n);
@@ -35,10 +34,10 @@ absl::Status EstimateServerCompute(uint64_t n, int threads, double budget_s, Pus
   ThreadPool pool(threads);
   int64_t step = 1;
   std::vector<double> update = TimeRepeated(budget_s, 3, 1000, [&] {
-    pool.ParallelFor(n, kServerGrainElements, [&](size_t begin, size_t end) {
-      for (size_t block = begin; block < end; block += kServerBlockElements) {
+    pool.ParallelFor(n, CpuBackend::kGrainElements, [&](size_t begin, size_t end) {
+      for (size_t block = begin; block < end; block += CpuBackend::kBlockElements) {
         (*opt)->Update(step, params.data(), grads.data(), block,
-                       std::min(end, block + kServerBlockElements));
+                       std::min(end, block + CpuBackend::kBlockElements));
       }
     });
     ++step;
@@ -83,41 +82,20 @@ absl::StatusOr<PushPullRow> RunPushPull(int mib, int threads, double seconds, in
     return s;
   }
 
-  ShardServerOptions server_options;
-  server_options.shard_index = 0;
-  server_options.shard_count = 1;
-  server_options.threads = threads;
-  server_options.pull_chunk_bytes = chunks.pull;
   std::fflush(stdout);
-  absl::StatusOr<std::unique_ptr<ShardServer>> server =
-      ShardServer::Start("127.0.0.1:0", server_options);
-  if (!server.ok()) return server.status();
-
-  TrainerClientOptions client_options;
-  client_options.trainer_rank = 0;
-  client_options.chunk_bytes = chunks.push;
-  absl::StatusOr<std::unique_ptr<TrainerClient>> client =
-      TrainerClient::Connect({absl::StrCat("127.0.0.1:", (*server)->port())}, client_options);
-  if (!client.ok()) return client.status();
-
-  ModelSpec spec;
-  spec.model_id = absl::StrCat("bench_", mib, "mib");
-  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(n)}, DType::kFloat32}};
-  spec.optimizer = BenchSgd();
-  spec.num_trainers = 1;
-  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(spec.tensors, spec.alignment, 1);
-  if (!layout.ok()) return layout.status();
-  std::vector<float> params(layout->total_elements()), grads(layout->total_elements());
-  FillParams(params);
-  FillGradients(grads);
+  absl::StatusOr<BenchJob> job =
+      StartBenchJob(absl::StrCat("bench_", mib, "mib"), n, threads, chunks);
+  if (!job.ok()) return job.status();
+  TrainerClient& client = *job->client;
+  std::vector<float>& params = job->params;
+  const std::vector<float>& grads = job->grads;
   const float initial_param = params[1];
-  if (absl::Status s = (*client)->Register(spec, params); !s.ok()) return s;
 
   int64_t step = 0;
   auto do_step = [&]() -> absl::StatusOr<double> {
     ++step;
     const Clock::time_point t0 = Clock::now();
-    absl::StatusOr<StepResult> r = (*client)->Step(step, grads, absl::MakeSpan(params));
+    absl::StatusOr<StepResult> r = client.Step(step, grads, absl::MakeSpan(params));
     const double dt = Since(t0);
     if (!r.ok()) return r.status();
     if (r->version != step || !r->applied_here) {
@@ -152,11 +130,11 @@ absl::StatusOr<PushPullRow> RunPushPull(int mib, int threads, double seconds, in
   for (int i = 0; i < row.split_steps; ++i) {
     ++step;
     Clock::time_point t0 = Clock::now();
-    absl::StatusOr<StepResult> pushed = (*client)->Push(step, grads);
+    absl::StatusOr<StepResult> pushed = client.Push(step, grads);
     push_s.push_back(Since(t0));
     if (!pushed.ok()) return pushed.status();
     t0 = Clock::now();
-    absl::StatusOr<int64_t> version = (*client)->Pull(step, absl::MakeSpan(params));
+    absl::StatusOr<int64_t> version = client.Pull(step, absl::MakeSpan(params));
     pull_s.push_back(Since(t0));
     if (!version.ok()) return version.status();
     if (*version != step) return absl::InternalError("pull returned the wrong version");
@@ -167,8 +145,8 @@ absl::StatusOr<PushPullRow> RunPushPull(int mib, int threads, double seconds, in
     return absl::InternalError("the pulled parameters never changed");
   }
 
-  client->reset();
-  (*server)->Shutdown(absl::Seconds(1));
+  job->client.reset();
+  job->server->Shutdown(absl::Seconds(1));
   return row;
 }
 
@@ -187,7 +165,7 @@ void PrintPushPullTables(const std::vector<PushPullRow>& rows, std::optional<dou
   main_table.Print();
   absl::PrintF(
       "\n  breakdown: Push and Pull timed separately (means over a second, shorter pass),\n"
-      "  and server compute measured standalone (medians; same split as ApplyStep)\n");
+      "  and server compute measured standalone (medians; same split as CpuBackend::Apply)\n");
   Table split({"push+pull", "steps", "push ms", "push GB/s", "pull ms", "pull GB/s",
                "sgd update ms", "stage+scan ms", "update % of step"});
   for (const PushPullRow& r : rows) {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -70,6 +71,20 @@ std::string LoadAverage() {
   size_t pos = 0;
   for (int i = 0; i < 3 && pos != std::string::npos; ++i) pos = s.find(' ', pos + 1);
   return pos == std::string::npos ? s : s.substr(0, pos);
+}
+
+uint64_t LoopbackReceivedBytes() {
+  std::istringstream lines(ReadFile("/proc/net/dev"));
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || Trim(line.substr(0, colon)) != "lo") continue;
+    std::istringstream fields(line.substr(colon + 1));
+    uint64_t rx_bytes = 0;
+    fields >> rx_bytes;
+    return rx_bytes;
+  }
+  return 0;
 }
 
 void PrintHeader(int argc, char** argv, int threads) {

@@ -5,6 +5,7 @@
 #ifndef SHARDOPT_TOOLS_BENCH_RUN_INFO_H_
 #define SHARDOPT_TOOLS_BENCH_RUN_INFO_H_
 
+#include <cstdint>
 #include <string>
 
 namespace shardopt::bench {
@@ -14,6 +15,11 @@ std::string ReadFile(const std::string& path);
 
 // `s` without leading and trailing ASCII whitespace.
 std::string Trim(const std::string& s);
+
+// Bytes the loopback device has received so far (/proc/net/dev, "lo"): what
+// actually crossed the "wire", headers and framing included. Machine-wide,
+// so other loopback traffic during a run shows up too. 0 when unreadable.
+uint64_t LoopbackReceivedBytes();
 
 // The 1, 5 and 15 minute load averages of /proc/loadavg ("0.12 0.30 0.25").
 std::string LoadAverage();

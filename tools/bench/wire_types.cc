@@ -2,42 +2,19 @@
 #include "tools/bench/wire_types.h"
 
 #include <cstdint>
-#include <fstream>
-#include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/trainer_client.h"
-#include "common/layout.h"
-#include "server/shard_server.h"
+#include "tools/bench/bench_job.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/run_info.h"
 
 namespace shardopt::bench {
 namespace {
-
-// Bytes the loopback device has received so far (/proc/net/dev, "lo"): what
-// actually crossed the "wire", headers and framing included. Machine-wide,
-// so other loopback traffic during a run shows up too.
-uint64_t LoopbackBytes() {
-  std::ifstream in("/proc/net/dev");
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    if (absl::StripAsciiWhitespace(line.substr(0, colon)) != "lo") continue;
-    std::istringstream fields(line.substr(colon + 1));
-    uint64_t rx_bytes = 0;
-    fields >> rx_bytes;
-    return rx_bytes;
-  }
-  return 0;
-}
 
 struct WireRow {
   DType push = DType::kFloat32, pull = DType::kFloat32;
@@ -53,45 +30,25 @@ absl::StatusOr<WireRow> RunWire(DType push, DType pull, uint64_t n, int threads,
   WireRow row;
   row.push = push;
   row.pull = pull;
-  ShardServerOptions server_options;
-  server_options.threads = threads;
-  server_options.pull_chunk_bytes = chunks.pull;
-  absl::StatusOr<std::unique_ptr<ShardServer>> server =
-      ShardServer::Start("127.0.0.1:0", server_options);
-  if (!server.ok()) return server.status();
-  TrainerClientOptions client_options;
-  client_options.chunk_bytes = chunks.push;
-  client_options.push_dtype = push;
-  client_options.pull_dtype = pull;
-  absl::StatusOr<std::unique_ptr<TrainerClient>> client =
-      TrainerClient::Connect({absl::StrCat("127.0.0.1:", (*server)->port())}, client_options);
-  if (!client.ok()) return client.status();
-  ModelSpec spec;
-  spec.model_id = "wire";
-  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(n)}, DType::kFloat32}};
-  spec.optimizer = BenchSgd();
-  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(spec.tensors, spec.alignment, 1);
-  if (!layout.ok()) return layout.status();
-  std::vector<float> params(layout->total_elements()), grads(layout->total_elements());
-  FillParams(params);
-  FillGradients(grads);
-  if (absl::Status s = (*client)->Register(spec, params); !s.ok()) return s;
+  absl::StatusOr<BenchJob> job = StartBenchJob("wire", n, threads, chunks, push, pull);
+  if (!job.ok()) return job.status();
   int64_t step = 0;
   auto do_step = [&]() -> absl::Status {
-    absl::StatusOr<StepResult> r = (*client)->Step(++step, grads, absl::MakeSpan(params));
+    absl::StatusOr<StepResult> r =
+        job->client->Step(++step, job->grads, absl::MakeSpan(job->params));
     if (!r.ok()) return r.status();
     row.payload_per_step = r->bytes_pushed + r->bytes_pulled;
     return absl::OkStatus();
   };
   if (absl::Status s = do_step(); !s.ok()) return s;  // Warm-up.
-  const uint64_t lo_before = LoopbackBytes();
+  const uint64_t lo_before = LoopbackReceivedBytes();
   const Clock::time_point t0 = Clock::now();
   do {
     if (absl::Status s = do_step(); !s.ok()) return s;
     ++row.steps;
   } while (Since(t0) < seconds || row.steps < 3);
   row.step_ms = 1e3 * Since(t0) / row.steps;
-  row.loopback_per_step = static_cast<double>(LoopbackBytes() - lo_before) / row.steps;
+  row.loopback_per_step = static_cast<double>(LoopbackReceivedBytes() - lo_before) / row.steps;
   return row;
 }
 

@@ -1,6 +1,6 @@
 // What shardopt_bench's sections (b), (c) and (d) feed the code they time:
 // the benchmark's gradients and parameters, its plain SGD, the message sizes
-// of a push+pull run, and ModelShard::ApplyStep's split of an update.
+// of a push+pull run.
 #ifndef SHARDOPT_TOOLS_BENCH_WORKLOAD_H_
 #define SHARDOPT_TOOLS_BENCH_WORKLOAD_H_
 
@@ -16,11 +16,6 @@ struct ChunkSizes {
   size_t push;  // the client's chunk_bytes
   size_t pull;  // the server's pull_chunk_bytes
 };
-
-// What ModelShard::ApplyStep uses (server/model_shard.cc), for the
-// update-only estimate of (b) and the thread split of (c).
-constexpr size_t kServerGrainElements = 16;
-constexpr size_t kServerBlockElements = 8192;
 
 // Small finite values, the same for every run.
 void FillGradients(std::vector<float>& g);

@@ -199,8 +199,7 @@ fail() {
 
 echo "run_local_cluster: $shards shard servers, $trainers trainers, $steps steps, batch $batch, $optimizer; logs in $work"
 ckpt=$work/ckpt
-journal=$work/journal
-mkdir -p "$journal"
+journal=$work/journal  # Each trainer's directory in it is made by the trainer.
 ports=()
 
 # Starts (or restarts, on the port it had) shard server $1.
@@ -265,11 +264,11 @@ kill_hard() {
   wait "$1" 2>/dev/null || true
 }
 
-# Chaos: one event, chosen by $RANDOM (seeded). Each kind at least once
-# when there are enough events: one shard, two shards at once, all shards at
-# once, a trainer, a trainer and then (right after it rejoined) a shard, so
-# that the shard comes back from a checkpoint older than the trainer's
-# restart.
+# Chaos: one event. The kinds take turns, so that each comes at least once
+# when there are enough events: one shard, a trainer, two shards at once, a
+# trainer and then (0.2-0.7 s after its restart) a shard, so that the shard
+# comes back from a checkpoint older than the trainer's restart, all shards
+# at once. Victims and moments come from $RANDOM (seeded).
 RANDOM=$chaos_seed
 chaos_kinds=(one_shard trainer two_shards trainer_then_shard all_shards)
 chaos_done=0
@@ -287,8 +286,7 @@ chaos_event() {
   esac
   case $kind in
     trainer | trainer_then_shard)
-      r=$((RANDOM % trainers))
-      [[ -n ${trainer_rc[$r]:-} ]] && return 0  # Finished already.
+      r=$((RANDOM % trainers))  # (Only while no trainer has finished.)
       echo "run_local_cluster: chaos $((chaos_done + 1))/$chaos_events: kill -9 trainer $r, restart it" >&2
       kill_hard "${trainer_pids[r]}"
       start_trainer "$r"

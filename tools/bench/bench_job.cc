@@ -1,0 +1,49 @@
+// shardopt_bench's server, client and model (bench_job.h).
+#include "tools/bench/bench_job.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/layout.h"
+
+namespace shardopt::bench {
+
+absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t elements, int threads,
+                                       ChunkSizes chunks, DType push_dtype, DType pull_dtype) {
+  BenchJob job;
+  ShardServerOptions server_options;
+  server_options.shard_index = 0;
+  server_options.shard_count = 1;
+  server_options.threads = threads;
+  server_options.pull_chunk_bytes = chunks.pull;
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      ShardServer::Start("127.0.0.1:0", server_options);
+  if (!server.ok()) return server.status();
+  job.server = std::move(*server);
+
+  TrainerClientOptions client_options;
+  client_options.trainer_rank = 0;
+  client_options.chunk_bytes = chunks.push;
+  client_options.push_dtype = push_dtype;
+  client_options.pull_dtype = pull_dtype;
+  absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(
+      {absl::StrCat("127.0.0.1:", job.server->port())}, client_options);
+  if (!client.ok()) return client.status();
+  job.client = std::move(*client);
+
+  ModelSpec spec;
+  spec.model_id = model_id;
+  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(elements)}, DType::kFloat32}};
+  spec.optimizer = BenchSgd();
+  spec.num_trainers = 1;
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(spec.tensors, spec.alignment, 1);
+  if (!layout.ok()) return layout.status();
+  job.params.resize(layout->total_elements());
+  job.grads.resize(layout->total_elements());
+  FillParams(job.params);
+  FillGradients(job.grads);
+  if (absl::Status s = job.client->Register(spec, job.params); !s.ok()) return s;
+  return job;
+}
+
+}  // namespace shardopt::bench

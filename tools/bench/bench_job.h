@@ -1,0 +1,34 @@
+// What sections (b) and (d) of shardopt_bench time against: an in-process
+// ShardServer on 127.0.0.1:0 (1 shard), a TrainerClient (rank 0 of 1), and a
+// model of one fp32 tensor of `elements` with plain SGD (BenchSgd), registered
+// with FillParams' values; the gradients are FillGradients'.
+#ifndef SHARDOPT_TOOLS_BENCH_BENCH_JOB_H_
+#define SHARDOPT_TOOLS_BENCH_BENCH_JOB_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/trainer_client.h"
+#include "common/dtype.h"
+#include "server/shard_server.h"
+#include "tools/bench/workload.h"
+
+namespace shardopt::bench {
+
+struct BenchJob {
+  // (Declared first: the client goes before the server it talks to.)
+  std::unique_ptr<ShardServer> server;
+  std::unique_ptr<TrainerClient> client;
+  std::vector<float> params, grads;
+};
+
+absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t elements, int threads,
+                                       ChunkSizes chunks, DType push_dtype = DType::kFloat32,
+                                       DType pull_dtype = DType::kFloat32);
+
+}  // namespace shardopt::bench
+
+#endif  // SHARDOPT_TOOLS_BENCH_BENCH_JOB_H_
