@@ -72,8 +72,7 @@ absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step, int64_t pu
         request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
         v1::StepStats s;
         absl::Status got = shard.GetStepStats(context, request, &s);
-        stats[shard.index()] = StepStats{s.step(), s.sum_of_squares(), s.found_inf(),
-                                         s.loss_scale()};
+        stats[shard.index()] = StepStatsFromProto(s);
         return got;
       },
       which);
@@ -115,11 +114,7 @@ absl::StatusOr<PulledVersion> StepCalls::PullOnce(int64_t min_version, int64_t p
         request.set_pushed_step(pushed_step);
         request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
         request.set_wait_only(flat_params == nullptr);
-        if (decision != nullptr) {
-          request.mutable_decision()->set_skip(decision->skip);
-          request.mutable_decision()->set_clip_coef(decision->clip_coef);
-          request.mutable_decision()->set_grad_norm(decision->grad_norm);
-        }
+        if (decision != nullptr) *request.mutable_decision() = StepDecisionToProto(*decision);
         return shard.Pull(context, request, context_.pull_dtype,
                           flat_params ? flat_params + shard.range().begin : nullptr,
                           &pulled[shard.index()]);

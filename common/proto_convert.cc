@@ -199,4 +199,29 @@ v1::OptimizerConfig OptimizerConfigToProto(const OptimizerConfig& c) {
   return proto;
 }
 
+StepStats StepStatsFromProto(const v1::StepStats& proto) {
+  return StepStats{proto.step(), proto.sum_of_squares(), proto.found_inf(), proto.loss_scale()};
+}
+
+v1::StepStats StepStatsToProto(const StepStats& stats) {
+  v1::StepStats proto;
+  proto.set_step(stats.step);
+  proto.set_sum_of_squares(stats.sum_of_squares);
+  proto.set_found_inf(stats.found_inf);
+  proto.set_loss_scale(stats.loss_scale);
+  return proto;
+}
+
+StepDecision StepDecisionFromProto(const v1::StepDecision& proto) {
+  return StepDecision{proto.skip(), proto.clip_coef(), proto.grad_norm()};
+}
+
+v1::StepDecision StepDecisionToProto(const StepDecision& decision) {
+  v1::StepDecision proto;
+  proto.set_skip(decision.skip);
+  proto.set_clip_coef(decision.clip_coef);
+  proto.set_grad_norm(decision.grad_norm);
+  return proto;
+}
+
 }  // namespace shardopt

@@ -8,6 +8,7 @@
 #include "common/layout.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
+#include "common/step_protocol.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
 
 namespace shardopt {
@@ -27,6 +28,12 @@ v1::LrSchedule LrScheduleToProto(const LrSchedule& schedule);
 // DTYPE_UNSPECIFIED maps to kFloat32; unknown values are INVALID_ARGUMENT.
 absl::StatusOr<DType> DTypeFromProto(v1::DType proto);
 v1::DType DTypeToProto(DType dtype);
+
+// Field for field (checked where they are used: CheckDecision).
+StepStats StepStatsFromProto(const v1::StepStats& proto);
+v1::StepStats StepStatsToProto(const StepStats& stats);
+StepDecision StepDecisionFromProto(const v1::StepDecision& proto);
+v1::StepDecision StepDecisionToProto(const StepDecision& decision);
 
 }  // namespace shardopt
 

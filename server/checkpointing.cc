@@ -54,9 +54,7 @@ v1::CheckpointProgress ProgressToProto(const ShardProgress& p) {
   proto.set_last_lr(p.last_lr);
   proto.set_version_lr(p.version_lr);
   proto.set_last_step(p.last_step.step);
-  proto.mutable_last_decision()->set_skip(p.last_step.decision.skip);
-  proto.mutable_last_decision()->set_clip_coef(p.last_step.decision.clip_coef);
-  proto.mutable_last_decision()->set_grad_norm(p.last_step.decision.grad_norm);
+  *proto.mutable_last_decision() = StepDecisionToProto(p.last_step.decision);
   proto.set_last_loss_scale(p.last_step.loss_scale);
   proto.set_last_step_lr(p.last_step.lr);
   proto.set_run_id(p.run_id);
@@ -65,11 +63,7 @@ v1::CheckpointProgress ProgressToProto(const ShardProgress& p) {
     proto.mutable_loss_scaler()->set_growth_tracker(p.loss_scaler->growth_tracker);
     proto.mutable_loss_scaler()->set_hysteresis_tracker(p.loss_scaler->hysteresis_tracker);
   }
-  v1::StepStats* stats = proto.mutable_shard_last_stats();
-  stats->set_step(p.last_stats.step);
-  stats->set_sum_of_squares(p.last_stats.sum_of_squares);
-  stats->set_found_inf(p.last_stats.found_inf);
-  stats->set_loss_scale(p.last_stats.loss_scale);
+  *proto.mutable_shard_last_stats() = StepStatsToProto(p.last_stats);
   return proto;
 }
 
@@ -87,9 +81,7 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
   p.last_lr = proto.last_lr();
   p.version_lr = proto.version_lr();
   p.last_step.step = proto.last_step();
-  p.last_step.decision.skip = proto.last_decision().skip();
-  p.last_step.decision.clip_coef = proto.last_decision().clip_coef();
-  p.last_step.decision.grad_norm = proto.last_decision().grad_norm();
+  p.last_step.decision = StepDecisionFromProto(proto.last_decision());
   p.last_step.loss_scale = proto.last_loss_scale();
   p.last_step.lr = proto.last_step_lr();
   p.run_id = proto.run_id();
@@ -212,9 +204,7 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
     progress->last_stats = StepStats();
     for (const v1::CheckpointPart& part : checkpoint.manifest().parts()) {
       if (part.range().begin() == range.begin && part.range().end() == range.end) {
-        const v1::StepStats& s = part.progress().shard_last_stats();
-        progress->last_stats =
-            StepStats{s.step(), s.sum_of_squares(), s.found_inf(), s.loss_scale()};
+        progress->last_stats = StepStatsFromProto(part.progress().shard_last_stats());
       }
     }
   }

@@ -339,9 +339,8 @@ grpc::Status ShardServiceImpl::PullParameters(
     }
   }
   if (request->has_decision()) {
-    const v1::StepDecision& d = request->decision();
     if (absl::Status s =
-            shard.Decide(request->min_version(), {d.skip(), d.clip_coef(), d.grad_norm()});
+            shard.Decide(request->min_version(), StepDecisionFromProto(request->decision()));
         !s.ok()) {
       return Error(s);
     }
@@ -389,10 +388,7 @@ grpc::Status ShardServiceImpl::GetStepStats(grpc::ServerContext* context,
       shard.WaitForStepStats(request->step(), WaitDeadline(*context, request->max_wait_ms()),
                              [context] { return context->IsCancelled(); }, PushedByOf(*request));
   if (!stats.ok()) return Error(stats.status());
-  response->set_step(stats->step);
-  response->set_sum_of_squares(stats->sum_of_squares);
-  response->set_found_inf(stats->found_inf);
-  response->set_loss_scale(stats->loss_scale);
+  *response = StepStatsToProto(*stats);
   return grpc::Status::OK;
 }
 

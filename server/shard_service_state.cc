@@ -73,9 +73,7 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
   for (int64_t step : snap->scheduled_changes) response->add_scheduled_changes(step);
   *response->mutable_gradient_control() = config.gradient_control();
   response->set_last_decided_step(snap->last_step.step);
-  response->mutable_last_decision()->set_skip(snap->last_step.decision.skip);
-  response->mutable_last_decision()->set_clip_coef(snap->last_step.decision.clip_coef);
-  response->mutable_last_decision()->set_grad_norm(snap->last_step.decision.grad_norm);
+  *response->mutable_last_decision() = StepDecisionToProto(snap->last_step.decision);
   response->set_last_loss_scale(snap->last_step.loss_scale);
   response->set_optimizer_steps(snap->optimizer_steps);
   response->set_skipped_steps(snap->skipped_steps);
