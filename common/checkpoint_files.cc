@@ -379,16 +379,7 @@ absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t 
     for (uint64_t b = first_byte / block_bytes; b * block_bytes < last_byte; ++b) {
       const uint64_t block_begin = b * block_bytes;
       const uint64_t n = std::min(block_bytes, section_bytes - block_begin);
-      block.resize(n);
-      absl::StatusOr<size_t> got = (*f)->Read(s.file_offset() + block_begin, n, block.data());
-      if (!got.ok()) return got.status();
-      if (*got != n || static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(block.data()),
-                                                   static_cast<uInt>(n))) != s.block_crc32(b)) {
-        return absl::DataLossError(absl::StrCat(file, ": block ", b, " of section '", s.name(),
-                                                "' (bytes ", s.file_offset() + block_begin, "..",
-                                                s.file_offset() + block_begin + n, ") ",
-                                                *got != n ? "is short" : "fails its checksum"));
-      }
+      if (absl::Status r = ReadBlock(**f, part, s, b, &block); !r.ok()) return r;
       const uint64_t copy_begin = std::max(block_begin, first_byte);
       const uint64_t copy_end = std::min(block_begin + n, last_byte);
       std::memcpy(
@@ -410,17 +401,38 @@ std::vector<v1::HyperparameterChange> ScheduledChangesOf(const v1::CheckpointMan
   return changes;
 }
 
+absl::Status CheckpointReader::ReadBlock(const RandomAccessFile& file,
+                                         const v1::CheckpointPart& part,
+                                         const v1::CheckpointSection& section, uint64_t b,
+                                         std::vector<char>* block) const {
+  const uint64_t block_begin = b * part.block_bytes();
+  const uint64_t n =
+      std::min<uint64_t>(part.block_bytes(), section.num_elements() * sizeof(float) - block_begin);
+  block->resize(n);
+  absl::StatusOr<size_t> got = file.Read(section.file_offset() + block_begin, n, block->data());
+  if (!got.ok()) return got.status();
+  if (*got != n || static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(block->data()),
+                                               static_cast<uInt>(n))) != section.block_crc32(b)) {
+    return absl::DataLossError(absl::StrCat(file.path(), ": block ", b, " of section '",
+                                            section.name(), "' (bytes ",
+                                            section.file_offset() + block_begin, "..",
+                                            section.file_offset() + block_begin + n, ") ",
+                                            *got != n ? "is short" : "fails its checksum"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointReader::VerifyEveryBlock() const {
-  // Bounded reads: a checkpoint can be many gigabytes.
-  constexpr uint64_t kPiece = uint64_t{1} << 20;
-  std::vector<float> piece;
-  const uint64_t saved = layout_->total_elements();
-  for (size_t section = 0; section < section_names_.size(); ++section) {
-    for (uint64_t done = 0; done < saved; done += kPiece) {
-      piece.resize(std::min(kPiece, saved - done));
-      if (absl::Status s = Read(static_cast<int>(section), done, piece.size(), piece.data());
-          !s.ok()) {
-        return s;
+  // Each block once, one at a time (a checkpoint can be many gigabytes).
+  std::vector<char> block;
+  for (const v1::CheckpointPart& part : manifest_.parts()) {
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> f =
+        env_->NewRandomAccessFile(JoinPath(directory_, part.file()));
+    if (!f.ok()) return f.status();
+    for (const v1::CheckpointSection& section : part.sections()) {
+      const uint64_t bytes = section.num_elements() * sizeof(float);
+      for (uint64_t b = 0; b * part.block_bytes() < bytes; ++b) {
+        if (absl::Status s = ReadBlock(**f, part, section, b, &block); !s.ok()) return s;
       }
     }
   }

@@ -110,6 +110,11 @@ class CheckpointReader {
 
  private:
   CheckpointReader() = default;
+  // Block `b` of `section` of `part` (read from `file`, open on it) into
+  // `block`, checked against its checksum.
+  absl::Status ReadBlock(const RandomAccessFile& file, const v1::CheckpointPart& part,
+                         const v1::CheckpointSection& section, uint64_t b,
+                         std::vector<char>* block) const;
 
   FileEnv* env_ = nullptr;
   std::string directory_;

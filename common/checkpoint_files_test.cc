@@ -209,6 +209,27 @@ TEST(CheckpointFilesTest, ManifestOfAnotherLayoutIsRefused) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr(dir));
 }
 
+// Full verification reaches every block: the last byte of the last
+// section of any part is checked too.
+TEST(CheckpointFilesTest, VerifyingEveryBlockFindsTheLastByteOfEveryPart) {
+  const std::string dir = WriteCheckpoint("verify_all", 3);
+  ASSERT_TRUE(CheckpointReader::Open(dir).value()->VerifyEveryBlock().ok());
+  const v1::CheckpointManifest manifest = CheckpointReader::Open(dir).value()->manifest();
+  for (int p = 0; p < manifest.parts_size(); ++p) {
+    const v1::CheckpointPart& part = manifest.parts(p);
+    const v1::CheckpointSection& last = part.sections(part.sections_size() - 1);
+    const long offset = static_cast<long>(last.file_offset() + last.num_elements() * 4 - 1);
+    const std::string file = JoinPath(dir, part.file());
+    FlipByte(file, offset);
+    const absl::Status s = CheckpointReader::Open(dir).value()->VerifyEveryBlock();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "part " << p;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(file));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("of section '" + last.name() + "'"));
+    FlipByte(file, offset);  // Back.
+  }
+  EXPECT_TRUE(CheckpointReader::Open(dir).value()->VerifyEveryBlock().ok());
+}
+
 TEST(CheckpointFilesTest, StepDirectoriesAreListedByStepTornOnesToo) {
   const std::string root = TempDir("steps");
   EXPECT_TRUE(ListStepDirectories(root).value().empty());  // No root yet.
