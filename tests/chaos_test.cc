@@ -348,29 +348,46 @@ TEST(ChaosTest, KillsOfShardsAndTrainersNeverStopTheJob) {
   EXPECT_FALSE(HasSetAside(model_root, ".abandoned.step-"));
 }
 
-TEST(ChaosTest, AShardRestoredBeyondEveryTrainersHistoryRollsTheJobBack) {
-  constexpr int kSteps = 60, kCheckpointEvery = 10;
-  const std::string model = "sgd_momentum";
-  const std::string root = MakeTempDir("rollback");
+// Trains `model` for 60 steps on shards that checkpoint every 10 steps; rank
+// r keeps a journal when `journaled[r]`, else two steps in memory. Once
+// shard 0 is at `kill_at`, shard 1 is killed and comes back from its
+// checkpoint of step 20. The job must finish bit-identical, every step
+// applied once. Returns where the trainers wrote.
+std::string RunWithShard1BackAtStep20(const std::string& name, const std::string& model,
+                                      int kill_at, const std::vector<bool>& journaled) {
+  constexpr int kSteps = 60;
+  const std::string root = MakeTempDir(name);
   const std::string ckpt = root + "/ckpt";
-  Shards shards({"--checkpoint_dir=" + ckpt, absl::StrCat("--checkpoint_every=", kCheckpointEvery),
-                 "--restore_from=" + ckpt},
+  Shards shards({"--checkpoint_dir=" + ckpt, "--checkpoint_every=10", "--restore_from=" + ckpt},
                 "server/shardopt_server");
-  ASSERT_NO_FATAL_FAILURE(shards.StartAll());
-  // Two steps of history in memory, no journal: a shard that goes back ten
-  // steps cannot be replayed.
-  const std::vector<std::string> flags = {"--replay_steps=2", "--min_step_time=10ms",
-                                          "--retry_budget=60s", "--rpc_timeout=20s"};
+  EXPECT_NO_FATAL_FAILURE(shards.StartAll());
   const std::string out = root + "/out";
-  std::vector<std::unique_ptr<ChildProcess>> trainers;
-  ASSERT_NO_FATAL_FAILURE(
-      StartTrainers(shards.addresses(), kTrainers, model, kSteps, out, flags, &trainers));
-  AwaitVersion(shards.addresses()[0], model, 25);
-  ASSERT_NO_FATAL_FAILURE(shards.Kill(1));
-  ASSERT_NO_FATAL_FAILURE(shards.Restart(1));  // Back at step 20.
-  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers, absl::Seconds(120)));
+  std::vector<std::unique_ptr<ChildProcess>> trainers(kTrainers);
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    const std::vector<std::string> rank_flags = {
+        "--min_step_time=10ms", "--retry_budget=60s", "--rpc_timeout=20s",
+        journaled[r] ? "--journal_dir=" + root + "/journal" : "--replay_steps=2"};
+    EXPECT_NO_FATAL_FAILURE(StartTrainer(shards.addresses(), r, kTrainers, model, kSteps, out,
+                                         rank_flags, &trainers[r]));
+  }
+  if (::testing::Test::HasFatalFailure()) return out;
+  AwaitVersion(shards.addresses()[0], model, kill_at);
+  EXPECT_NO_FATAL_FAILURE(shards.Kill(1));
+  EXPECT_NO_FATAL_FAILURE(shards.Restart(1));
+  EXPECT_NO_FATAL_FAILURE(AwaitTrainers(trainers, absl::Seconds(120)));
+  if (::testing::Test::HasFatalFailure()) return out;
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, out);
   ExpectEveryStepAppliedOnce(shards.addresses(), model, kSteps);
+  return out;
+}
+
+TEST(ChaosTest, AShardRestoredBeyondEveryTrainersHistoryRollsTheJobBack) {
+  // Two steps of history in memory, no journal: a shard that goes back ten
+  // steps cannot be replayed.
+  const std::string model = "sgd_momentum";
+  const std::string out =
+      RunWithShard1BackAtStep20("rollback", model, /*kill_at=*/25, /*journaled=*/{false, false});
+  ASSERT_FALSE(HasFatalFailure());
   int64_t rollbacks = 0;
   for (uint32_t r = 0; r < kTrainers; ++r) rollbacks += TrainerCount(out, r, model, "rollbacks");
   EXPECT_GE(rollbacks, 1);
@@ -396,31 +413,10 @@ TEST(ChaosTest, AShardRestoredBeyondEveryTrainersHistoryRollsTheJobBack) {
 // replaying the same steps on every shard, and the job still finishes
 // bit-identical.
 TEST(ChaosTest, ATrainerWithoutHistoryRollsBackWhileAnotherMayBeReplaying) {
-  constexpr int kSteps = 60, kCheckpointEvery = 10;
   const std::string model = "adamw";
-  const std::string root = MakeTempDir("mixed_history");
-  const std::string ckpt = root + "/ckpt";
-  Shards shards({"--checkpoint_dir=" + ckpt, absl::StrCat("--checkpoint_every=", kCheckpointEvery),
-                 "--restore_from=" + ckpt},
-                "server/shardopt_server");
-  ASSERT_NO_FATAL_FAILURE(shards.StartAll());
-  const std::vector<std::string> common = {"--min_step_time=10ms", "--retry_budget=60s",
-                                           "--rpc_timeout=20s"};
-  std::vector<std::string> with_journal = common, without = common;
-  with_journal.push_back("--journal_dir=" + root + "/journal");
-  without.push_back("--replay_steps=2");
-  const std::string out = root + "/out";
-  std::vector<std::unique_ptr<ChildProcess>> trainers(kTrainers);
-  ASSERT_NO_FATAL_FAILURE(StartTrainer(shards.addresses(), 0, kTrainers, model, kSteps, out,
-                                       with_journal, &trainers[0]));
-  ASSERT_NO_FATAL_FAILURE(
-      StartTrainer(shards.addresses(), 1, kTrainers, model, kSteps, out, without, &trainers[1]));
-  AwaitVersion(shards.addresses()[0], model, 26);
-  ASSERT_NO_FATAL_FAILURE(shards.Kill(1));
-  ASSERT_NO_FATAL_FAILURE(shards.Restart(1));  // Back at step 20.
-  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers, absl::Seconds(120)));
-  ExpectMatchesReference(model, kShards, kTrainers, kSteps, out);
-  ExpectEveryStepAppliedOnce(shards.addresses(), model, kSteps);
+  const std::string out =
+      RunWithShard1BackAtStep20("mixed_history", model, /*kill_at=*/26, /*journaled=*/{true, false});
+  ASSERT_FALSE(HasFatalFailure());
   const int64_t rollbacks = TrainerCount(out, 0, model, "rollbacks") +
                             TrainerCount(out, 1, model, "rollbacks");
   std::cout << "mixed history: rollbacks " << rollbacks << ", replayed by the journaled trainer "
