@@ -323,26 +323,25 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     if (end > part.file_bytes()) {
       return bad(absl::StrCat("part ", i, "'s sections end past its file size"));
     }
-    absl::StatusOr<FileInfo> info = env->Stat(file);
-    if (!info.ok()) {
+    // Only a missing or wrong file is the checkpoint's damage; any other
+    // error (permissions, I/O) is returned as it is.
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> f = env->NewRandomAccessFile(file);
+    if (absl::IsNotFound(f.status())) {
       return absl::DataLossError(absl::StrCat(file, ": missing (", path, " lists it)"));
     }
+    if (!f.ok()) return f.status();
+    absl::StatusOr<FileInfo> info = (*f)->Stat();
+    if (!info.ok()) return info.status();
     if (info->size != part.file_bytes()) {
       return absl::DataLossError(
           absl::StrCat(file, ": ", info->size, " bytes, but ", path, " says ", part.file_bytes(),
                        info->size < part.file_bytes() ? " (truncated)" : ""));
     }
-    absl::StatusOr<std::string> header = [&]() -> absl::StatusOr<std::string> {
-      absl::StatusOr<std::unique_ptr<RandomAccessFile>> f = env->NewRandomAccessFile(file);
-      if (!f.ok()) return f.status();
-      std::string h(kCheckpointHeaderBytes, '\0');
-      absl::StatusOr<size_t> n = (*f)->Read(0, h.size(), h.data());
-      if (!n.ok()) return n.status();
-      if (*n != h.size()) return absl::DataLossError(file + ": short header");
-      return h;
-    }();
-    if (!header.ok()) return header.status();
-    if (*header != DataFileHeader(i, shards, m.step())) {
+    std::string header(kCheckpointHeaderBytes, '\0');
+    absl::StatusOr<size_t> n = (*f)->Read(0, header.size(), header.data());
+    if (!n.ok()) return n.status();
+    if (*n != header.size()) return absl::DataLossError(file + ": short header");
+    if (header != DataFileHeader(i, shards, m.step())) {
       return absl::DataLossError(absl::StrCat(file, ": its header is not that of shard ", i, " of ",
                                               shards, " at step ", m.step()));
     }

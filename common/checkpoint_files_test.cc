@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_testing.h"
 #include "common/proto_convert.h"
@@ -187,6 +188,22 @@ TEST(CheckpointFilesTest, MissingPiecesAreRefused) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(file));
     EXPECT_THAT(std::string(r.status().message()), HasSubstr("missing"));
+  }
+  {
+    // A part that cannot be opened for another reason (permissions, I/O) is
+    // not damage: the error comes back as it is, and nothing sets it aside.
+    class FailingOpens : public FileEnvWrapper {
+     public:
+      FailingOpens() : FileEnvWrapper(FileEnv::Default()) {}
+      absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+          const std::string& path) override {
+        if (absl::EndsWith(path, ".bin")) return absl::PermissionDeniedError(path + ": denied");
+        return FileEnvWrapper::NewRandomAccessFile(path);
+      }
+    } env;
+    const std::string dir = WriteCheckpoint("unreadable_part");
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> r = CheckpointReader::Open(dir, &env);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
   }
   {
     const std::string dir = WriteCheckpoint("garbage_manifest");
