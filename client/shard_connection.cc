@@ -33,7 +33,7 @@ std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) 
 
 ShardConnection::ShardConnection(uint32_t index, std::string address,
                                  const ConnectionOptions& options)
-    : index_(index), address_(std::move(address)) {
+    : index_(index), address_(std::move(address)), channels_(options.channels) {
   channel_args_.SetMaxReceiveMessageSize(kMaxMessageBytes);
   channel_args_.SetMaxSendMessageSize(kMaxMessageBytes);
   // Each shard gets its own connection even when addresses repeat.
@@ -58,8 +58,7 @@ ShardConnection::ShardConnection(uint32_t index, std::string address,
 }
 
 void ShardConnection::OpenChannel() {
-  channel_ =
-      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), channel_args_);
+  channel_ = channels_.NewChannel(address_, channel_args_);
   stub_ = v1::ShardService::NewStub(channel_);
   push_method_ = std::make_unique<grpc::internal::RpcMethod>(
       kPushMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_);

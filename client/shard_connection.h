@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "client/channel_security.h"
 #include "client/wire_frames.h"
 #include "common/dtype.h"
 #include "common/layout.h"
@@ -36,6 +37,8 @@ struct ConnectionOptions {
   // within keepalive_time + keepalive_timeout.
   absl::Duration keepalive_time = absl::Seconds(3);
   absl::Duration keepalive_timeout = absl::Seconds(3);
+  // Plaintext or TLS, and the bearer token (client/channel_security.h).
+  ChannelFactory channels;
 };
 
 // What a pull returned.
@@ -104,6 +107,7 @@ class ShardConnection {
 
   const uint32_t index_;
   const std::string address_;
+  const ChannelFactory channels_;
   grpc::ChannelArguments channel_args_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ShardService::Stub> stub_;

@@ -40,6 +40,10 @@ class ShardFanOut::Operation {
     }
     --running_;
   }
+  bool failed() {
+    absl::MutexLock lock(&mu_);
+    return failed_;
+  }
   // Sleeps for `d`, or less when the operation fails meanwhile.
   void SleepUnlessFailed(absl::Duration d) {
     absl::MutexLock lock(&mu_);
@@ -155,7 +159,12 @@ absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
       if (call.end_on_wait_report || absl::Now() >= *give_up) return status;
       continue;
     }
-    if (!call.retryable(status)) return status;
+    // CANCELLED that this client did not ask for (no other shard failed): a
+    // shard shutting down (SIGTERM) cancels the calls gRPC had not yet handed
+    // to the service. It is back soon (a rolling restart): retried as
+    // UNAVAILABLE is.
+    const bool cancelled_by_shard = absl::IsCancelled(status) && !op.failed();
+    if (!call.retryable(status) && !cancelled_by_shard) return status;
     const absl::Duration sleep = backoff * absl::Uniform(random, 0.75, 1.25);
     if (absl::Now() + sleep > *give_up) return status;
     op.SleepUnlessFailed(sleep);

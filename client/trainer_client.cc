@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/push_history.h"
+#include "client/push_payload.h"
 #include "client/recovery.h"
 #include "client/registration.h"
 #include "client/retry.h"
@@ -20,6 +21,7 @@
 #include "client/step_calls.h"
 #include "common/dtype_convert.h"
 #include "common/finite.h"
+#include "common/names.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
 
@@ -73,6 +75,9 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
         absl::StrCat("chunk_bytes ", options.chunk_bytes, " is not in [4, 32 MiB]"));
   }
   ConnectionOptions connection;
+  absl::StatusOr<ChannelFactory> channels = ChannelFactory::Create(options.security);
+  if (!channels.ok()) return channels.status();
+  connection.channels = *std::move(channels);
   connection.initial_backoff = options.initial_backoff;
   connection.max_backoff = options.max_backoff;
   std::vector<std::unique_ptr<ShardConnection>> shards;
@@ -125,6 +130,13 @@ absl::Status TrainerClient::Register(const ModelSpec& spec,
         absl::StrCat("initial parameters have ", initial_params.size(),
                      " elements; the layout needs ", layout->total_elements()));
   }
+  if (auto bad = FindNonZeroPadding(*layout, {0, initial_params.size()}, initial_params.data(),
+                                    DType::kFloat32)) {
+    return absl::InvalidArgumentError(absl::StrCat("initial value of ",
+                                                   layout->DescribeElement(*bad),
+                                                   " is not zero: padding must hold zeros"));
+  }
+  if (absl::Status s = CheckId("model_id", spec.model_id); !s.ok()) return s;
   return RegisterOrAttach(spec, initial_params.data());
 }
 
@@ -268,44 +280,11 @@ absl::Status TrainerClient::Recover(int64_t target) {
   return status;
 }
 
-absl::Status TrainerClient::PreparePayload(int64_t step, absl::Span<const float> flat_grads,
-                                           std::vector<char>* narrowed,
-                                           const void** payload) const {
-  // Checked here, whole, before any shard sees the step: a NaN found by one
-  // shard only would leave the others holding (or applying) step `step`.
-  // (With loss scaling an overflow is expected: every shard skips the step.)
-  // 16-bit wire types are rounded once here (as PyTorch's .to() would) and
-  // checked after rounding, which also finds the NaNs and infinities of the
-  // fp32 input, and finite values that overflow fp16.
-  const DType wire_dtype = options_.push_dtype;
-  *payload = flat_grads.data();
-  size_t bad = flat_grads.size();
-  if (wire_dtype == DType::kFloat32) {
-    if (!scaler_) bad = FindNonFinite(flat_grads.data(), flat_grads.size());
-  } else {
-    narrowed->resize(flat_grads.size() * DTypeSize(wire_dtype));
-    bad = ConvertFromFloatAndFindNonFinite(flat_grads.data(), flat_grads.size(), wire_dtype,
-                                           narrowed->data());
-    *payload = narrowed->data();
-  }
-  if (!scaler_ && bad != flat_grads.size()) {
-    const bool overflow = std::isfinite(flat_grads[bad]);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of ", layout_->DescribeElement(bad), " for step ", step, " is ", flat_grads[bad],
-        overflow ? absl::StrCat(", which overflows ", DTypeName(wire_dtype),
-                                wire_dtype == DType::kFloat16
-                                    ? "; nothing was pushed (scale the loss down, or push bfloat16)"
-                                    : "; nothing was pushed (scale the loss down)")
-                 : "; nothing was pushed"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const float> flat_grads) {
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   std::vector<char> narrowed;
   const void* payload = nullptr;
-  if (absl::Status s = PreparePayload(step, flat_grads, &narrowed, &payload); !s.ok()) return s;
+  if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype, scaler_.has_value(), &narrowed, &payload); !s.ok()) return s;
   return PushPayload(step, payload, loss_scale());
 }
 
@@ -431,7 +410,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   const double scale = loss_scale();
   std::vector<char> narrowed;
   const void* payload = nullptr;
-  if (absl::Status s = PreparePayload(step, flat_grads, &narrowed, &payload); !s.ok()) return s;
+  if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype, scaler_.has_value(), &narrowed, &payload); !s.ok()) return s;
   const bool needs_decision = StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling);
   for (int round = 0;; ++round) {
     absl::StatusOr<StepResult> result = PushPayload(step, payload, scale);

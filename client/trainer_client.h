@@ -184,10 +184,6 @@ class TrainerClient {
   absl::Status PrepareModel(const ModelSpec& spec, const ModelLayout& layout);
   absl::Status CheckBuffer(size_t size, const char* what) const;
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
-  // The gradient as it goes on the wire (rounded to push_dtype, checked for
-  // NaN/inf as a whole), into `narrowed` unless fp32; points `payload` at it.
-  absl::Status PreparePayload(int64_t step, absl::Span<const float> flat_grads,
-                              std::vector<char>* narrowed, const void** payload) const;
   // Pushes `payload` as step `step` (recording it first), recovering shards
   // that are behind.
   absl::StatusOr<StepResult> PushPayload(int64_t step, const void* payload, double loss_scale);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "client/channel_security.h"
 #include "common/dtype.h"
 #include "common/layout.h"
 #include "common/loss_scaler.h"
@@ -80,6 +81,8 @@ struct TrainerClientOptions {
   // re-sends what the shards lack, also a push it died in the middle of.
   // Empty: off.
   std::string journal_path;
+  // TLS and the bearer token (plaintext without a token by default).
+  ChannelSecurity security;
 };
 
 }  // namespace shardopt

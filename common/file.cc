@@ -253,6 +253,14 @@ absl::Status PosixError(int error, absl::string_view operation, absl::string_vie
     case EPERM:
       code = absl::StatusCode::kPermissionDenied;
       break;
+    case ENOTDIR:
+    case EISDIR:
+    case EROFS:
+    case ELOOP:
+    case ENAMETOOLONG:
+    case EEXIST:
+      code = absl::StatusCode::kFailedPrecondition;
+      break;
     default:
       break;
   }

@@ -12,8 +12,8 @@
 //    a file committed inside one survives a power loss along with the path
 //    to it.
 //  * Errors are absl::Status (never exceptions), mapped from errno by
-//    PosixError: NOT_FOUND, RESOURCE_EXHAUSTED, PERMISSION_DENIED or
-//    INTERNAL, the message naming the operation, the path and strerror.
+//    PosixError: NOT_FOUND, RESOURCE_EXHAUSTED, PERMISSION_DENIED,
+//    FAILED_PRECONDITION or INTERNAL, the message naming the operation, the path and strerror.
 #ifndef SHARDOPT_COMMON_FILE_H_
 #define SHARDOPT_COMMON_FILE_H_
 
@@ -30,7 +30,9 @@
 namespace shardopt {
 
 // errno -> status: ENOENT NOT_FOUND; ENOSPC, EDQUOT RESOURCE_EXHAUSTED;
-// EACCES, EPERM PERMISSION_DENIED; anything else INTERNAL. The message is
+// EACCES, EPERM PERMISSION_DENIED; a path the file system cannot use as
+// asked (ENOTDIR, EISDIR, EROFS, ELOOP, ENAMETOOLONG, EEXIST)
+// FAILED_PRECONDITION; anything else INTERNAL. The message is
 // "<operation> '<path>': <strerror>", e.g. "cannot open
 // '/ckpt/manifest.json': No such file or directory". Never OK: `error` 0 (a
 // short write that set no errno) reads "unknown I/O error".

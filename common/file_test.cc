@@ -181,7 +181,9 @@ TEST(PosixErrorTest, MapsErrnoToCodes) {
   EXPECT_EQ(PosixError(EACCES, "op", "p").code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(PosixError(EPERM, "op", "p").code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(PosixError(EIO, "op", "p").code(), absl::StatusCode::kInternal);
-  EXPECT_EQ(PosixError(EISDIR, "op", "p").code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(PosixError(EISDIR, "op", "p").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PosixError(ENOTDIR, "op", "p").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PosixError(EROFS, "op", "p").code(), absl::StatusCode::kFailedPrecondition);
   const absl::Status s = PosixError(ENOSPC, "cannot write", "/data/x");
   EXPECT_EQ(s.message(), absl::StrCat("cannot write '/data/x': ", std::strerror(ENOSPC)));
   // A short write that set no errno is still an error.

@@ -1,10 +1,12 @@
 #include "common/layout.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 
 namespace shardopt {
 namespace {
@@ -41,21 +43,19 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(std::vector<TensorSpec> tensors,
   std::unordered_set<std::string> names;
   uint64_t offset = 0;
   for (TensorSpec& spec : tensors) {
-    if (spec.name.empty()) {
-      return absl::InvalidArgumentError("a tensor has an empty name");
-    }
+    if (absl::Status s = CheckTensorName(spec.name); !s.ok()) return s;
     if (!names.insert(spec.name).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor name '", spec.name, "' appears twice"));
+          absl::StrCat("tensor name ", Quoted(spec.name), " appears twice"));
     }
     uint64_t size = 1;
     for (int64_t d : spec.shape) {
       if (d < 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("tensor '", spec.name, "' has negative dimension ", d));
+            absl::StrCat("tensor ", Quoted(spec.name), " has negative dimension ", d));
       }
       if (d != 0 && size > kMaxElements / static_cast<uint64_t>(d)) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' is too large"));
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", Quoted(spec.name), " is too large"));
       }
       size *= static_cast<uint64_t>(d);
     }
@@ -85,7 +85,7 @@ absl::StatusOr<size_t> ModelLayout::Find(absl::string_view name) const {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (tensors_[i].spec.name == name) return i;
   }
-  return absl::NotFoundError(absl::StrCat("no tensor named '", name, "'"));
+  return absl::NotFoundError(absl::StrCat("no tensor named ", Quoted(name)));
 }
 
 std::string ModelLayout::DescribeElement(uint64_t flat_index) const {
@@ -109,6 +109,40 @@ std::vector<TensorPiece> ModelLayout::PiecesIn(FlatRange range) const {
                                  begin, end - begin});
   }
   return pieces;
+}
+
+std::vector<FlatRange> ModelLayout::PaddingIn(FlatRange range) const {
+  std::vector<FlatRange> padding;
+  uint64_t at = range.begin;
+  for (const TensorPiece& p : PiecesIn(range)) {
+    if (p.flat_offset > at) padding.push_back(FlatRange{at, p.flat_offset});
+    at = p.flat_offset + p.size;
+  }
+  if (at < range.end) padding.push_back(FlatRange{at, range.end});
+  return padding;
+}
+
+std::optional<uint64_t> FindNonZeroPadding(const ModelLayout& layout, FlatRange range,
+                                           const void* values, DType dtype) {
+  const size_t element = DTypeSize(dtype);
+  const char* bytes = static_cast<const char*>(values);
+  for (const FlatRange& gap : layout.PaddingIn(range)) {
+    for (uint64_t i = gap.begin; i < gap.end; ++i) {
+      const char* at = bytes + (i - range.begin) * element;
+      bool zero;
+      if (element == 4) {
+        uint32_t bits;
+        std::memcpy(&bits, at, 4);
+        zero = (bits & 0x7fffffffu) == 0;
+      } else {
+        uint16_t bits;
+        std::memcpy(&bits, at, 2);
+        zero = (bits & 0x7fffu) == 0;
+      }
+      if (!zero) return i;
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace shardopt

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -88,6 +89,9 @@ class ModelLayout {
 
   // The pieces of tensors inside `range`, in flat order (padding omitted).
   std::vector<TensorPiece> PiecesIn(FlatRange range) const;
+  // The padding inside `range`: the gaps between its tensor pieces and the
+  // tail, in flat order.
+  std::vector<FlatRange> PaddingIn(FlatRange range) const;
 
  private:
   ModelLayout() = default;
@@ -98,6 +102,13 @@ class ModelLayout {
   uint64_t total_elements_ = 0;
   uint64_t used_elements_ = 0;
 };
+
+// Padding holds zeros and gets zero gradients: the flat index of the first
+// padding element among `values` (range.size() elements of `dtype` for flat
+// elements [range.begin, range.end)) that is not +0 or -0, or nullopt.
+// Trainers check what they send and shards what they receive with it.
+std::optional<uint64_t> FindNonZeroPadding(const ModelLayout& layout, FlatRange range,
+                                           const void* values, DType dtype);
 
 }  // namespace shardopt
 

@@ -188,13 +188,35 @@ py::dict StepResultToDict(const StepResult& r) {
   return d;
 }
 
+// ChannelSecurity from a dict of its field names; ValueError for another key.
+ChannelSecurity SecurityFromDict(const py::dict& security) {
+  ChannelSecurity s;
+  const std::vector<std::pair<const char*, std::string*>> fields = {
+      {"tls_ca_file", &s.tls_ca_file},     {"tls_cert_file", &s.tls_cert_file},
+      {"tls_key_file", &s.tls_key_file},   {"tls_server_name", &s.tls_server_name},
+      {"auth_token", &s.auth_token},       {"auth_token_file", &s.auth_token_file}};
+  for (const auto& [key, value] : security) {
+    const std::string name = py::str(key);
+    auto field = std::find_if(fields.begin(), fields.end(),
+                              [&](const auto& f) { return name == f.first; });
+    if (field == fields.end()) {
+      throw py::value_error("unknown security option '" + name +
+                            "' (tls_ca_file, tls_cert_file, tls_key_file, tls_server_name, "
+                            "auth_token, auth_token_file)");
+    }
+    *field->second = py::str(value);
+  }
+  return s;
+}
+
 // One trainer of one model (see TrainerClient).
 class Client {
  public:
   Client(std::vector<std::string> servers, uint32_t rank, double rpc_timeout_s,
          double retry_budget_s, int replay_steps, std::string journal_path,
-         const std::string& push_dtype, const std::string& pull_dtype) {
+         const std::string& push_dtype, const std::string& pull_dtype, const py::dict& security) {
     TrainerClientOptions options;
+    options.security = SecurityFromDict(security);
     options.trainer_rank = rank;
     options.rpc_timeout = absl::Seconds(rpc_timeout_s);
     options.retry_budget = absl::Seconds(retry_budget_s);
@@ -372,11 +394,11 @@ PYBIND11_MODULE(_shardopt, m) {
 
   py::class_<Client>(m, "Client", "One trainer (rank) of one model on a set of shard servers.")
       .def(py::init<std::vector<std::string>, uint32_t, double, double, int, std::string,
-                    const std::string&, const std::string&>(),
+                    const std::string&, const std::string&, const py::dict&>(),
            py::arg("servers"), py::arg("rank"), py::arg("rpc_timeout_s") = 60.0,
            py::arg("retry_budget_s") = 60.0, py::arg("replay_steps") = 0,
            py::arg("journal_path") = "", py::arg("push_dtype") = "float32",
-           py::arg("pull_dtype") = "float32")
+           py::arg("pull_dtype") = "float32", py::arg("security") = py::dict())
       .def("register", &Client::Register, py::arg("model_id"), py::arg("tensors"),
            py::arg("optimizer"), py::arg("hyperparameters"), py::arg("num_trainers"),
            py::arg("max_grad_norm") = 0.0, py::arg("initial") = py::none(),

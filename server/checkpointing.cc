@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 #include "common/proto_convert.h"
 
 namespace shardopt {
@@ -98,17 +99,20 @@ absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(ModelShard& shard,
                                                      const std::string& directory, int64_t step,
                                                      absl::Time deadline,
                                                      const std::function<bool()>& cancelled,
-                                                     ModelShard::StepHold held, FileEnv* env) {
+                                                     ModelShard::StepHold held, FileEnv* env,
+                                                     absl::Duration* write_time) {
   absl::StatusOr<CheckpointPartWritten> result = absl::InternalError("checkpoint not written");
   absl::Status status = shard.CheckpointAt(
       step, deadline, cancelled,
       [&](const ShardProgress& progress, const ShardStateReadFn& read) -> absl::Status {
+        const absl::Time start = absl::Now();
         result = WriteCheckpointPart(
             directory, config, shard.options().shard_index, ProgressToProto(progress),
             [&](int section, uint64_t offset, uint64_t count, float* out) {
               return read(section - 1, offset, count, out);
             },
             env);
+        if (write_time != nullptr) *write_time = absl::Now() - start;
         return result.status();
       },
       std::move(held));
@@ -119,17 +123,7 @@ absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(ModelShard& shard,
 absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index,
                                     uint32_t shard_count) {
   config.set_shard_count(shard_count);
-  if (config.model_id().empty()) return absl::InvalidArgumentError("model_id is empty");
-  // The id names checkpoint directories: keep it a plain file name.
-  for (char c : config.model_id()) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model_id '", config.model_id(), "' may hold only letters, digits, '_', '-' and '.'"));
-    }
-  }
-  if (config.model_id()[0] == '.') {
-    return absl::InvalidArgumentError("model_id must not start with '.'");
-  }
+  if (absl::Status s = CheckId("model_id", config.model_id()); !s.ok()) return s;
   if (config.num_trainers() == 0 || config.num_trainers() > kMaxTrainers) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_trainers ", config.num_trainers(), " is not in [1, ", kMaxTrainers, "]"));

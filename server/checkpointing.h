@@ -25,11 +25,13 @@ absl::StatusOr<Hyperparameters> HyperparametersFromProto(const v1::OptimizerConf
 // Writes `shard`'s part of the checkpoint of `config` (the registered
 // config) at version `step` into `directory` (see ModelShard::CheckpointAt
 // for the waiting and `held` and WriteCheckpointPart for the files),
-// through `env`.
+// through `env`. `write_time`, when given, receives the time the files took
+// (not the wait for the step).
 absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
     ModelShard& shard, const v1::ModelConfig& config, const std::string& directory, int64_t step,
     absl::Time deadline, const std::function<bool()>& cancelled,
-    ModelShard::StepHold held = ModelShard::StepHold(), FileEnv* env = FileEnv::Default());
+    ModelShard::StepHold held = ModelShard::StepHold(), FileEnv* env = FileEnv::Default(),
+    absl::Duration* write_time = nullptr);
 
 // The options of shard `shard_index` of `shard_count` for `config` (any
 // shard count: config.shard_count is ignored), validated. Also gives the

@@ -94,10 +94,17 @@ void HostedModel::SaveLoop() {
   while (!stopping()) {
     const std::string dir = JoinPath(checkpoints_.model_root, CheckpointStepDirName(next));
     ModelShard::StepHold next_hold = shard.HoldStep(next + every);
+    absl::Duration write_time;
     absl::StatusOr<CheckpointPartWritten> written =
         SaveCheckpoint(shard, config_, dir, next, absl::InfiniteFuture(), stop, std::move(hold),
-                       checkpoints_.env);
+                       checkpoints_.env, &write_time);
     hold = std::move(next_hold);
+    const bool stopped = !written.ok() && (stopping() || absl::IsUnavailable(written.status()) ||
+                                           absl::IsCancelled(written.status()));
+    if (checkpoints_.metrics != nullptr && !stopped) {
+      checkpoints_.metrics->RecordCheckpoint(model_id, written.ok(),
+                                             absl::ToDoubleSeconds(write_time));
+    }
     if (written.ok()) {
       if (written->bytes > 0) {
         LogInfo("model '%s': saved step %d to %s (%d bytes)%s", model_id, next, written->data_file,
@@ -113,8 +120,7 @@ void HostedModel::SaveLoop() {
         }
       }
       RefreshCheckpointList();
-    } else if (stopping() || absl::IsUnavailable(written.status()) ||
-               absl::IsCancelled(written.status())) {
+    } else if (stopped) {
       return;
     } else {
       // A full or failing disk must not end checkpointing for good: log,

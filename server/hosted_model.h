@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/file.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
+#include "server/metrics.h"
 #include "server/model_shard.h"
 #include "server/state_budget.h"
 
@@ -32,6 +33,8 @@ struct PeriodicCheckpointOptions {
   int keep = 0;  // 0 keeps all.
   uint32_t shard_index = 0;
   FileEnv* env = FileEnv::Default();
+  // Where each write's outcome and duration is counted (not owned; may be null).
+  ServerMetrics* metrics = nullptr;
 };
 
 class HostedModel {

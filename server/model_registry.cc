@@ -1,11 +1,14 @@
 #include "server/model_registry.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 
 namespace shardopt {
 
 absl::StatusOr<std::shared_ptr<HostedModel>> ModelRegistry::Find(
     const std::string& model_id) const {
+  // An id no model can have is a malformed request, and is not echoed whole.
+  if (absl::Status s = CheckId("model_id", model_id); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto it = models_.find(model_id);
   if (it == models_.end()) {

@@ -89,6 +89,7 @@ TEST(ModelShardTest, StepsWithGradientControlWaitForTheirDecision) {
   options.max_grad_norm = 1.0;
   options.loss_scaling = true;
   std::vector<float> init(options.layout.shard_size(), 0.5f);
+  testing::ZeroPadding(options.layout, kShard, &init);
   std::unique_ptr<ModelShard> shard = ModelShard::Create(options, init, &pool).value();
   const size_t n = shard->size();
   auto push = [&](uint32_t rank, int64_t step, std::vector<float> g, double scale) {

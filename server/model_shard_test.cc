@@ -202,6 +202,7 @@ TEST(ModelShardTest, SumReductionAndSnapshot) {
   ThreadPool pool(1);
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(1.0), 2, false};
   std::vector<float> init(options.layout.shard_size(), 1.0f);
+  testing::ZeroPadding(options.layout, kShard, &init);
   std::unique_ptr<ModelShard> shard = ModelShard::Create(options, init, &pool).value();
   ASSERT_TRUE(PushAll(*shard, 0, 1).ok());
   ShardSnapshot pending = shard->Snapshot("", 0, 4, true).value();
@@ -212,7 +213,7 @@ TEST(ModelShardTest, SumReductionAndSnapshot) {
                            g1 = RandomGradient(1, 1, shard->size());
   const std::vector<float> out = ReadAll(*shard, 1);
   for (size_t i = 0; i < out.size(); ++i) {
-    ASSERT_EQ(out[i], 1.0f + (-1.0f) * (g0[i] + g1[i])) << i;
+    ASSERT_EQ(out[i], init[i] + (-1.0f) * (g0[i] + g1[i])) << i;
   }
   ShardSnapshot snap = shard->Snapshot("b", 0, 2, true).value();
   ASSERT_EQ(snap.tensors.size(), 1u);
@@ -311,6 +312,7 @@ TEST(ModelShardTest, BFloat16PullsUseTheBackendsOwnCopy) {
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(2.0), 1, true};
   std::vector<float> init(options.layout.shard_size());
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 97) - 0.03f;
+  testing::ZeroPadding(options.layout, kShard, &init);
   Bf16CopyBackend* backend = nullptr;
   const ModelShard::BackendFactory cpu_factory = ModelShard::CpuBackendFactory(&pool);
   std::unique_ptr<ModelShard> shard =
@@ -373,6 +375,42 @@ TEST(ModelShardTest, BackendFailureStopsTheShard) {
   EXPECT_EQ(PushAll(*shard, 0, 1).status().code(), absl::StatusCode::kInternal);
   EXPECT_EQ(shard->WaitForVersion(1, absl::Now() + absl::Seconds(5), nullptr).status().code(),
             absl::StatusCode::kInternal);
+}
+
+// Padding holds zeros and gets zero gradients: a push or initial values that
+// put anything else there are refused, naming the element, and nothing is
+// staged (the clean retry of the same step is then applied as usual).
+TEST(ModelShardTest, NonZeroPaddingIsRefused) {
+  ThreadPool pool(1);
+  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(1.0), 1, false};
+  const FlatRange range = options.layout.ShardRange(kShard);
+  const std::vector<FlatRange> padding = options.layout.PaddingIn(range);
+  ASSERT_FALSE(padding.empty());
+  const uint64_t pad = padding.front().begin - range.begin;  // Within the range.
+
+  std::vector<float> bad_init(options.layout.shard_size(), 0.0f);
+  bad_init[pad] = 0.5f;
+  absl::StatusOr<std::unique_ptr<ModelShard>> refused =
+      ModelShard::Create(options, bad_init, &pool);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("padding element"), std::string::npos)
+      << refused.status();
+
+  std::unique_ptr<ModelShard> shard = MakeShard(&pool, 1, OptimizerConfig::Sgd(1.0));
+  const std::vector<float> before = ReadAll(*shard, 0);
+  std::vector<float> g = RandomGradient(0, 1, shard->size());
+  g[pad] = 0.5f;
+  absl::StatusOr<PushResult> pushed = testing::PushInChunks(*shard, 0, 1, g, 333);
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(pushed.status().message().find("padding element"), std::string::npos)
+      << pushed.status();
+  // -0 is zero.
+  g[pad] = -0.0f;
+  pushed = testing::PushInChunks(*shard, 0, 1, g, 333);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  const std::vector<float> after = ReadAll(*shard, 1);
+  for (size_t i = 0; i < after.size(); ++i) ASSERT_EQ(after[i], before[i] - g[i]) << i;
+  EXPECT_EQ(after[pad], 0.0f);
 }
 
 }  // namespace

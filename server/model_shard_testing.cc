@@ -12,7 +12,15 @@ std::vector<float> RandomGradient(uint32_t rank, int64_t step, size_t n) {
   std::normal_distribution<float> dist;
   std::vector<float> g(n);
   for (float& v : g) v = dist(rng);
+  if (n == TestLayout().shard_size()) ZeroPadding(TestLayout(), kShard, &g);
   return g;
+}
+
+void ZeroPadding(const ModelLayout& layout, uint32_t shard, std::vector<float>* values) {
+  const FlatRange range = layout.ShardRange(shard);
+  for (const FlatRange& gap : layout.PaddingIn(range)) {
+    for (uint64_t i = gap.begin; i < gap.end; ++i) (*values)[i - range.begin] = 0;
+  }
 }
 
 absl::StatusOr<PushResult> PushInChunks(ModelShard& shard, uint32_t rank, int64_t step,
@@ -37,6 +45,7 @@ std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
   ModelShardOptions options{"m", TestLayout(), kShard, optimizer, trainers, true};
   std::vector<float> init(options.layout.shard_size());
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 97);
+  ZeroPadding(options.layout, kShard, &init);
   return ModelShard::Create(std::move(options), std::move(init), pool).value();
 }
 

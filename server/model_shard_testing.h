@@ -12,7 +12,8 @@
 
 namespace shardopt::testing {
 
-// N(0, 1) values, the same for the same (rank, step, n).
+// N(0, 1) values, the same for the same (rank, step, n); zeros on the
+// padding when n is the size of TestLayout()'s shard kShard.
 std::vector<float> RandomGradient(uint32_t rank, int64_t step, size_t n);
 
 inline constexpr uint32_t kShards = 2;
@@ -24,6 +25,9 @@ ModelLayout TestLayout();
 // values.
 std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
                                       OptimizerConfig optimizer = OptimizerConfig::AdamW(0.01));
+// Zeros the padding of shard `shard`'s range in `values` (the whole range),
+// as a trainer's buffers hold it.
+void ZeroPadding(const ModelLayout& layout, uint32_t shard, std::vector<float>* values);
 // Pushes rank's RandomGradient of `step` in chunks of `chunk` elements.
 absl::StatusOr<PushResult> PushAll(ModelShard& shard, uint32_t rank, int64_t step,
                                    size_t chunk = 333);

@@ -14,6 +14,7 @@
 #include "common/file.h"
 #include "common/logging.h"
 #include "server/device_support.h"
+#include "server/access_control.h"
 #include "server/malloc_tuning.h"
 #include "server/shard_server.h"
 
@@ -56,7 +57,59 @@ ABSL_FLAG(std::string, restore_from, "",
           "committed checkpoint of each model under this --checkpoint_dir-style root (none "
           "there is fine: start empty). The checkpoint may come from any shard count.");
 
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT for plain HTTP: /metrics (Prometheus text format) and /healthz (200 while "
+          "serving, else 503). Empty: none.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain: serve TLS instead of plaintext (with --tls_key_file).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA certificates: require every client to present a certificate they signed "
+          "(mutual TLS). Needs --tls_cert_file.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File of `trainer TOKEN` / `readonly TOKEN` lines: every call must carry "
+          "`authorization: Bearer TOKEN`; read-only tokens may call only Inspect, GetServerInfo "
+          "and health. Empty: no tokens needed.");
+
 namespace shardopt {
+namespace {
+
+// Reads the TLS and token flags into `options`; false (logged) on a bad one.
+bool ReadSecurityFlags(FileEnv* env, ShardServerOptions* options) {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert_file);
+  const std::string key = absl::GetFlag(FLAGS_tls_key_file);
+  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca_file);
+  if (cert.empty() != key.empty() || (!client_ca.empty() && cert.empty())) {
+    LogError("--tls_cert_file and --tls_key_file go together, and --tls_client_ca_file needs them");
+    return false;
+  }
+  for (const auto& [path, pem] : {std::pair{cert, &options->tls_cert_pem},
+                                  std::pair{key, &options->tls_key_pem},
+                                  std::pair{client_ca, &options->tls_client_ca_pem}}) {
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> contents = ReadFileToString(env, path);
+    if (!contents.ok()) {
+      LogError("%s", contents.status().ToString());
+      return false;
+    }
+    *pem = *std::move(contents);
+  }
+  const std::string tokens = absl::GetFlag(FLAGS_auth_token_file);
+  if (!tokens.empty()) {
+    absl::StatusOr<std::string> contents = ReadFileToString(env, tokens);
+    absl::StatusOr<AccessControl> access =
+        contents.ok() ? AccessControl::FromTokenFileContents(*contents)
+                      : absl::StatusOr<AccessControl>(contents.status());
+    if (!access.ok()) {
+      LogError("--auth_token_file=%s: %s", tokens, access.status().ToString());
+      return false;
+    }
+    options->access = *std::move(access);
+  }
+  return true;
+}
+
+}  // namespace
 
 int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_env) {
   absl::SetProgramUsageMessage("shardopt optimizer-shard server");
@@ -140,6 +193,8 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
   }
   FileEnv* const env = file_env ? file_env() : FileEnv::Default();
   options.file_env = env;
+  if (!ReadSecurityFlags(env, &options)) return 2;
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(listen, options);
@@ -148,11 +203,16 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
     return 1;
   }
   LogInfo(
-      "shard %d of %d serving on port %d (%s), device %s, %d CPU threads, "
-      "state budget %d MiB",
+      "shard %d of %d serving on port %d (%s, %s%s), device %s, %d CPU threads, "
+      "state budget %d MiB%s",
       options.shard_index, options.shard_count, (*server)->port(), listen,
+      options.tls_cert_pem.empty() ? "plaintext"
+                                   : (options.tls_client_ca_pem.empty() ? "TLS" : "mutual TLS"),
+      options.access.enabled() ? ", bearer tokens" : "",
       device->gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", device->gpu_index), options.threads,
-      options.max_state_bytes >> 20);
+      options.max_state_bytes >> 20,
+      (*server)->metrics_port() > 0 ? absl::StrCat(", metrics on port ", (*server)->metrics_port())
+                                    : "");
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
     if (absl::Status s = WriteFileAtomically(env, port_file, absl::StrCat((*server)->port(), "\n"));

@@ -10,9 +10,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "server/call_interceptor.h"
 #include "proto/grpc/health/v1/health.pb.h"
 
 namespace shardopt {
+namespace {
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const ShardServerOptions& options) {
+  if (options.tls_cert_pem.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions tls(
+      options.tls_client_ca_pem.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  tls.pem_root_certs = options.tls_client_ca_pem;
+  tls.pem_key_cert_pairs.push_back({options.tls_key_pem, options.tls_cert_pem});
+  return grpc::SslServerCredentials(tls);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::string& listen_address,
                                                                 const ShardServerOptions& options) {
@@ -32,7 +47,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
     }
   }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(listen_address, ServerCredentials(options), &server->port_);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeCallInterceptorFactory(server->service_->metrics()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -51,10 +69,25 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
   }
+  if (!options.metrics_listen.empty()) {
+    ShardServiceImpl* service = server->service_.get();
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
+        options.metrics_listen, [service] { return service->RenderMetrics(); },
+        [service] { return !service->shutting_down(); });
+    if (!http.ok()) return http.status();
+    server->metrics_http_ = *std::move(http);
+  }
   return server;
 }
 
-ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+ShardServer::~ShardServer() {
+  Shutdown(absl::ZeroDuration());
+  if (metrics_http_ != nullptr) metrics_http_->Stop();
+}
+
+int ShardServer::metrics_port() const {
+  return metrics_http_ == nullptr ? 0 : metrics_http_->port();
+}
 
 void ShardServer::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
@@ -62,6 +95,9 @@ void ShardServer::Shutdown(absl::Duration grace) {
   // their last statuses: its Shutdown(deadline) also waits for idle client
   // connections to close, which can take the whole grace period for nothing.
   const absl::Time deadline = absl::Now() + grace;
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(false);
+  }
   service_->Shutdown();
   if (!service_->WaitForIdle(deadline)) {
     LogWarning("calls still in flight after %s; cancelling them", absl::FormatDuration(grace));

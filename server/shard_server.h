@@ -1,10 +1,14 @@
 // ShardServer: a running gRPC server hosting one ShardServiceImpl, plus the
 // standard grpc.health.v1 health service and server reflection (so grpcurl
-// can list and call every method without .proto files).
+// can list and call every method without .proto files), over plaintext or
+// TLS (mutual with a client CA), with every call counted by the call
+// interceptor; and, with options.metrics_listen, the HTTP /metrics and
+// /healthz endpoint.
 //
 // Start() binds (port 0 picks a free port, reported by port()) and returns
-// once the server accepts calls. Shutdown() wakes blocked pulls, stops
-// accepting calls and waits for the ones in flight, up to a grace period.
+// once the server accepts calls. Shutdown() reports NOT_SERVING (health
+// service and /healthz), wakes blocked pulls, stops accepting calls and
+// waits for the ones in flight, up to a grace period.
 #ifndef SHARDOPT_SERVER_SHARD_SERVER_H_
 #define SHARDOPT_SERVER_SHARD_SERVER_H_
 
@@ -15,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/metrics_http.h"
 #include "server/shard_service.h"
 
 namespace shardopt {
@@ -30,6 +35,8 @@ class ShardServer {
   ~ShardServer();
 
   int port() const { return port_; }
+  // The metrics endpoint's port; 0 without one.
+  int metrics_port() const;
   void Shutdown(absl::Duration grace = absl::Seconds(5));
   // Blocks until Shutdown() has finished.
   void Wait();
@@ -39,6 +46,7 @@ class ShardServer {
 
   std::unique_ptr<ShardServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
   int port_ = 0;
 };
 

@@ -9,7 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/names.h"
 #include "common/logging.h"
 #include "common/proto_convert.h"
 #include "common/proto_difference.h"
@@ -99,6 +102,11 @@ bool ShardServiceImpl::WaitForIdle(absl::Time deadline) {
       deadline);
 }
 
+bool ShardServiceImpl::shutting_down() const {
+  absl::MutexLock lock(&mu_);
+  return shutdown_;
+}
+
 ShardServiceImpl::CallScope::CallScope(ShardServiceImpl* service) : service_(service) {
   absl::MutexLock lock(&service_->mu_);
   if (service_->shutdown_) {
@@ -147,12 +155,14 @@ PeriodicCheckpointOptions ShardServiceImpl::CheckpointOptionsFor(
   c.keep = options_.checkpoint_keep;
   c.shard_index = options_.shard_index;
   c.env = options_.file_env;
+  c.metrics = &metrics_;
   return c;
 }
 
 grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
                                              grpc::ServerReader<v1::RegisterModelRequest>* reader,
                                              v1::RegisterModelResponse* response) {
+  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
   CallScope call(this);
   if (!call.admitted().ok()) return Error(call.admitted());
   StreamWatchdog::Watch watch(&watchdog_, context);
@@ -162,8 +172,10 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   }
   const v1::RegisterHeader header = request.header();
   v1::ModelConfig config = header.config();
-  if (config.model_id().empty()) {
-    return Error(absl::InvalidArgumentError("model_id is empty"));
+  // Before any message names it.
+  if (absl::Status s = CheckId("model_id", config.model_id()); !s.ok()) return Error(s);
+  if (!header.run_id().empty()) {
+    if (absl::Status s = CheckId("run_id", header.run_id()); !s.ok()) return Error(s);
   }
   if (absl::Status s = CheckShardIndex(header.shard_index()); !s.ok()) return Error(s);
   if (config.shard_count() != options_.shard_count) {
@@ -264,6 +276,33 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
 grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
                                              grpc::ServerReader<v1::PushGradientsRequest>* reader,
                                              v1::PushGradientsResponse* response) {
+  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
+  std::string model_id;
+  std::optional<uint32_t> rank;
+  const grpc::Status status = ReceivePush(context, reader, response, &model_id, &rank);
+  // Counted per trainer, so that a client posing as one (or a flaky link)
+  // shows on the metrics page.
+  if (rank) {
+    if (status.ok()) {
+      metrics_.RecordPush(model_id, *rank,
+                          absl::AsciiStrToLower(absl::StripPrefix(
+                              v1::PushGradientsResponse::Outcome_Name(response->outcome()),
+                              "OUTCOME_")));
+    } else if (status.error_code() == grpc::StatusCode::CANCELLED) {
+      metrics_.RecordPushAbandoned(model_id, *rank);
+    } else {
+      metrics_.RecordPushRefused(
+          model_id, *rank,
+          absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())));
+    }
+  }
+  return status;
+}
+
+grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
+                                           grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                                           v1::PushGradientsResponse* response,
+                                           std::string* model_id, std::optional<uint32_t>* rank) {
   CallScope call(this);
   if (!call.admitted().ok()) return Error(call.admitted());
   StreamWatchdog::Watch watch(&watchdog_, context);
@@ -274,6 +313,10 @@ grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
   const v1::PushHeader header = request.header();
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(header.model_id());
   if (!model.ok()) return Error(model.status());
+  if (header.trainer_rank() < (*model)->config().num_trainers()) {
+    *model_id = header.model_id();
+    *rank = header.trainer_rank();
+  }
   if (absl::Status s = CheckShardIndex(header.shard_index()); !s.ok()) return Error(s);
   absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype());
   if (!dtype.ok()) return Error(dtype.status());
@@ -319,6 +362,8 @@ grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
 grpc::Status ShardServiceImpl::PullParameters(
     grpc::ServerContext* context, const v1::PullParametersRequest* request,
     grpc::ServerWriter<v1::PullParametersResponse>* writer) {
+  // A pull may carry the step's decision: trainers only.
+  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
   CallScope call(this);
   if (!call.admitted().ok()) return Error(call.admitted());
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
@@ -371,12 +416,14 @@ grpc::Status ShardServiceImpl::PullParameters(
       return grpc::Status(grpc::CANCELLED, "client went away during the pull");
     }
   }
+  metrics_.RecordPull(request->model_id());
   return grpc::Status::OK;
 }
 
 grpc::Status ShardServiceImpl::GetStepStats(grpc::ServerContext* context,
                                             const v1::GetStepStatsRequest* request,
                                             v1::StepStats* response) {
+  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
   CallScope call(this);
   if (!call.admitted().ok()) return Error(call.admitted());
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
@@ -395,6 +442,7 @@ grpc::Status ShardServiceImpl::GetStepStats(grpc::ServerContext* context,
 grpc::Status ShardServiceImpl::SetHyperparameters(grpc::ServerContext* context,
                                                   const v1::SetHyperparametersRequest* request,
                                                   v1::SetHyperparametersResponse* response) {
+  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
   if (!model.ok()) return Error(model.status());
   ModelShard& shard = (*model)->shard();

@@ -14,14 +14,17 @@
 #define SHARDOPT_SERVER_SHARD_SERVICE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/file.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "server/access_control.h"
 #include "server/checkpointing.h"
 #include "server/hosted_model.h"
+#include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/model_shard.h"
 #include "server/parallel_for.h"
@@ -61,6 +64,16 @@ struct ShardServerOptions {
   FileEnv* file_env = FileEnv::Default();
   // Before serving, restore the models found here (see RestoreFrom).
   std::string restore_from;
+  // Who may call what (--auth_token_file); by default every call is allowed.
+  AccessControl access;
+  // TLS (--tls_cert_file, --tls_key_file, PEM): empty serves plaintext. With
+  // tls_client_ca_pem (--tls_client_ca_file) clients must present a
+  // certificate that CA signed (mutual TLS).
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  std::string tls_client_ca_pem;
+  // HOST:PORT of the HTTP /metrics and /healthz endpoint; empty: none.
+  std::string metrics_listen;
 };
 
 class ShardServiceImpl final : public v1::ShardService::Service {
@@ -107,6 +120,12 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   void Shutdown();
   // True once no call is in flight; false if `deadline` came first.
   bool WaitForIdle(absl::Time deadline);
+  bool shutting_down() const;
+
+  // What every call's interceptor and the checkpoints count.
+  ServerMetrics* metrics() { return &metrics_; }
+  // The /metrics page: the counters and each model's gauges, read now.
+  std::string RenderMetrics() const;
 
  private:
   // Counts one call in flight for WaitForIdle; UNAVAILABLE after Shutdown().
@@ -121,6 +140,16 @@ class ShardServiceImpl final : public v1::ShardService::Service {
     absl::Status admitted_;
   };
   absl::Status CheckShardIndex(uint32_t shard_index) const;
+  // OK when the call's token may do `access` (see AccessControl).
+  absl::Status Authorize(const grpc::ServerContext& context, Access access) const {
+    return options_.access.Check(context, access);
+  }
+  // PushGradients without its accounting; `model_id` and `rank` are set
+  // once the header names a registered model and a trainer rank of it.
+  grpc::Status ReceivePush(grpc::ServerContext* context,
+                           grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                           v1::PushGradientsResponse* response, std::string* model_id,
+                           std::optional<uint32_t>* rank);
   // Where this server keeps a model's numbers: its GPU, or the CPU pool.
   ModelShard::BackendFactory BackendFactory();
   // What registering `plan` reserves of the state budget (with a GPU's bf16
@@ -143,12 +172,13 @@ class ShardServiceImpl final : public v1::ShardService::Service {
 
   const ShardServerOptions options_;
   const absl::Time start_time_;
+  mutable ServerMetrics metrics_;  // Thread-safe; counted from const paths too.
   ThreadPool pool_;
   StreamWatchdog watchdog_;
   StateBudget budget_;
   ModelRegistry models_;
   absl::Mutex rollback_mu_;  // One rollback at a time.
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_catalog.h"
 #include "common/logging.h"
+#include "common/names.h"
 #include "common/proto_convert.h"
+#include "server/metrics_page.h"
 #include "server/service_replies.h"
 #include "server/shard_service.h"
 
@@ -30,11 +32,16 @@ void LogDamaged(const std::string& directory, const absl::Status& why) {
 grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
                                        const v1::InspectRequest* request,
                                        v1::InspectResponse* response) {
+  if (absl::Status s = Authorize(*context, Access::kRead); !s.ok()) return Error(s);
+  if (request->slice_length() > kMaxSliceLength) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "slice_length ", request->slice_length(), " is above the most, ", kMaxSliceLength)));
+  }
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
   if (!model.ok()) return Error(model.status());
   ModelShard& shard = (*model)->shard();
-  uint32_t length = request->slice_length() == 0 ? kDefaultSliceLength : request->slice_length();
-  length = std::min(length, kMaxSliceLength);
+  const uint32_t length =
+      request->slice_length() == 0 ? kDefaultSliceLength : request->slice_length();
   absl::StatusOr<ShardSnapshot> snap =
       shard.Snapshot(request->tensor_name(), request->slice_offset(), length,
                      /*with_tensor_stats=*/true);
@@ -96,6 +103,7 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
 grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
                                              const v1::GetServerInfoRequest* request,
                                              v1::ServerInfo* response) {
+  if (absl::Status s = Authorize(*context, Access::kRead); !s.ok()) return Error(s);
   response->set_shard_index(options_.shard_index);
   response->set_shard_count(options_.shard_count);
   response->set_device(options_.gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", options_.gpu_index));
@@ -130,23 +138,28 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
 grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
                                           const v1::CheckpointRequest* request,
                                           v1::CheckpointResponse* response) {
+  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
   CallScope call(this);
   if (!call.admitted().ok()) return Error(call.admitted());
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
   if (!model.ok()) return Error(model.status());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
-  if (request->directory().empty()) {
-    return Error(absl::InvalidArgumentError("directory is empty"));
-  }
+  // Before anything is created: the system would cut a name at a NUL byte.
+  if (absl::Status s = CheckPath("directory", request->directory()); !s.ok()) return Error(s);
   if (request->step() < -1) {
     return Error(absl::InvalidArgumentError(
         absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));
   }
   ModelShard& shard = (*model)->shard();
   const int64_t step = request->step() == -1 ? shard.version() : request->step();
+  absl::Duration write_time;
   absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
       shard, (*model)->config(), request->directory(), step, absl::FromChrono(context->deadline()),
-      [context] { return context->IsCancelled(); }, ModelShard::StepHold(), options_.file_env);
+      [context] { return context->IsCancelled(); }, ModelShard::StepHold(), options_.file_env,
+      &write_time);
+  if (!context->IsCancelled()) {
+    metrics_.RecordCheckpoint(request->model_id(), written.ok(), absl::ToDoubleSeconds(write_time));
+  }
   if (!written.ok()) return Error(written.status());
   LogInfo("model '%s': checkpoint of step %d: %s%s", request->model_id(), step, written->data_file,
           written->committed ? " (committed the manifest)" : "");
@@ -161,6 +174,7 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
 grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
                                         const v1::RollBackRequest* request,
                                         v1::RollBackResponse* response) {
+  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
   CallScope call(this);
   if (!call.admitted().ok()) return Error(call.admitted());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
@@ -368,6 +382,45 @@ absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+std::string ShardServiceImpl::RenderMetrics() const {
+  ServerGauges server;
+  server.shard_index = options_.shard_index;
+  server.shard_count = options_.shard_count;
+  server.device = options_.gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", options_.gpu_index);
+  server.uptime_seconds = absl::ToDoubleSeconds(absl::Now() - start_time_);
+  server.state_budget_bytes = options_.max_state_bytes;
+  std::vector<ModelGauges> models;
+  const absl::Time now = absl::Now();
+  for (const std::shared_ptr<HostedModel>& model : models_.All()) {
+    // The snapshot Inspect answers from, without values or tensor statistics.
+    absl::StatusOr<ShardSnapshot> snap =
+        model->shard().Snapshot("", 0, 0, /*with_tensor_stats=*/false);
+    if (!snap.ok()) continue;  // Shut down meanwhile.
+    ModelGauges m;
+    m.model_id = model->config().model_id();
+    m.version = snap->version;
+    m.steps_applied = snap->optimizer_steps;
+    m.steps_skipped = snap->skipped_steps;
+    m.gradient_bytes_received = snap->gradient_bytes_received;
+    m.parameter_bytes_sent = snap->parameter_bytes_sent;
+    m.parameter_bytes = snap->parameter_bytes;
+    m.optimizer_state_bytes = snap->optimizer_state_bytes;
+    m.staging_bytes = snap->staging_bytes;
+    m.loss_scale = snap->last_step.loss_scale;
+    m.grad_norm = snap->last_step.decision.grad_norm;
+    m.last_lr = snap->last_lr;
+    const std::vector<int64_t> committed = model->committed_checkpoints();
+    m.newest_committed_checkpoint = committed.empty() ? -1 : committed.front();
+    for (const TrainerActivity& a : snap->trainers) {
+      m.trainers.push_back(TrainerGauges{
+          a.last_pushed_step,
+          a.last_push_time ? absl::ToDoubleSeconds(now - *a.last_push_time) : -1.0});
+    }
+    models.push_back(std::move(m));
+  }
+  return RenderMetricsPage(metrics_.Read(), server, models);
 }
 
 }  // namespace shardopt

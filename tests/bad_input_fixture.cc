@@ -36,6 +36,7 @@ void BadInputTest::SetUp() {
   config_.set_shard_count(kShardCount);
   initial_.resize(range_.size());
   for (size_t i = 0; i < initial_.size(); ++i) initial_[i] = 0.01f * static_cast<float>(i);
+  ZeroPadding(&initial_);
   grpc::Status s = Register(config_, false, {{0, Bytes(initial_, 0, initial_.size())}});
   ASSERT_TRUE(s.ok()) << s.error_message();
 }
@@ -89,7 +90,14 @@ std::vector<BadInputTest::Chunk> BadInputTest::GoodChunks(const std::vector<floa
 std::vector<float> BadInputTest::Gradient(float scale) const {
   std::vector<float> g(range_.size());
   for (size_t i = 0; i < g.size(); ++i) g[i] = scale * std::sin(static_cast<float>(i));
+  ZeroPadding(&g);
   return g;
+}
+
+void BadInputTest::ZeroPadding(std::vector<float>* range_values) const {
+  for (const FlatRange& gap : layout_->PaddingIn(range_)) {
+    for (uint64_t i = gap.begin; i < gap.end; ++i) (*range_values)[i - range_.begin] = 0;
+  }
 }
 
 grpc::Status BadInputTest::PullBytes(int64_t min_version, v1::DType dtype, std::string* bytes,

@@ -55,8 +55,10 @@ class BadInputTest : public ::testing::Test {
   // `grad` in chunks of `chunk` elements, in order, without gaps.
   std::vector<Chunk> GoodChunks(const std::vector<float>& grad, size_t chunk = 16) const;
 
-  // scale * sin(i) over the range.
+  // scale * sin(i) over the range's tensor elements, zero on its padding.
   std::vector<float> Gradient(float scale) const;
+  // Zeros the padding elements of a whole range's values.
+  void ZeroPadding(std::vector<float>* range_values) const;
 
   // Pulls the raw payload bytes of `dtype` elements.
   grpc::Status PullBytes(int64_t min_version, v1::DType dtype, std::string* bytes, int64_t* version,

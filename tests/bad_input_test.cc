@@ -205,6 +205,13 @@ TEST_F(BadInputTest, SixteenBitPushesAndPulls) {
   // An fp16 gradient holding +inf (0x7c00) is refused like an fp32 inf.
   std::vector<uint16_t> half(range_.size());
   for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToHalfBits(0.25f * (i % 7));
+  const std::vector<FlatRange> padding = layout_->PaddingIn(range_);
+  auto zero_padding = [&](std::vector<uint16_t>& v) {
+    for (const FlatRange& gap : padding) {
+      for (uint64_t i = gap.begin; i < gap.end; ++i) v[i - range_.begin] = 0;
+    }
+  };
+  zero_padding(half);
   half[range_.size() / 2] = 0x7c00;
   v1::PushHeader h = Header(0, 1);
   h.set_dtype(v1::DTYPE_FLOAT16);
@@ -216,6 +223,7 @@ TEST_F(BadInputTest, SixteenBitPushesAndPulls) {
   half[range_.size() / 2] = FloatToHalfBits(-1.5f);
   std::vector<uint16_t> bf16(range_.size());
   for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = FloatToBFloat16Bits(0.1f * (i % 5) - 0.2f);
+  zero_padding(bf16);
   v1::PushGradientsResponse r;
   ASSERT_TRUE(Push(&h,
                    {{0, std::string(reinterpret_cast<const char*>(half.data()), 2 * 10)},
@@ -260,7 +268,8 @@ TEST(Float16PullTest, AParameterBeyondFloat16IsRefusedNotSentAsInf) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(0, 1);
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = NewStub((*server)->address());
-  const ModelLayout layout = ModelLayout::Create({{"w", {40}, DType::kFloat32}}, 16, 1).value();
+  // 48 elements: no padding.
+  const ModelLayout layout = ModelLayout::Create({{"w", {48}, DType::kFloat32}}, 16, 1).value();
   std::vector<float> values(layout.shard_size(), 1.0f);
   values[7] = 70000.0f;  // Finite in fp32 and bf16, beyond fp16's 65504.
   v1::ModelConfig config;
@@ -299,7 +308,8 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
       ServerProcess::Start(0, 1, {"--stream_idle_timeout_s=1"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = NewStub((*server)->address());
-  const ModelLayout layout = ModelLayout::Create({{"w", {100}, DType::kFloat32}}, 16, 1).value();
+  // 112 elements: no padding.
+  const ModelLayout layout = ModelLayout::Create({{"w", {112}, DType::kFloat32}}, 16, 1).value();
   std::vector<float> values(layout.shard_size(), 0.5f);
   v1::ModelConfig config;
   config.set_model_id("m");

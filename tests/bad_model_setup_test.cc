@@ -5,7 +5,12 @@
 // leaves the shard's state as it was. Pushes and pulls: bad_input_test.cc.
 #include <grpcpp/grpcpp.h>
 
+#include <grpcpp/generic/generic_stub.h>
+
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -148,6 +153,114 @@ TEST_F(BadInputTest, InspectReportsTheShardAndRejectsBadSlices) {
   request.set_model_id("nope");
   request.set_tensor_name("");
   EXPECT_EQ(stub_->Inspect(&c3, request, &info).error_code(), grpc::NOT_FOUND);
+}
+
+// What a hostile client sent a live server (the probe of issue 12), each
+// answered with a clear status, a bounded message, and nothing changed.
+TEST_F(BadInputTest, HostileRequestsGetClearBoundedStatusesAndChangeNothing) {
+  const State before = Capture();
+  // Ids: a 1 MiB model id is refused, and not echoed back whole (it would
+  // not fit the reply's metadata).
+  v1::ModelConfig huge = config_;
+  huge.set_model_id(std::string(1 << 20, 'm'));
+  grpc::Status s = Register(huge, false, {});
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message().substr(0, 200);
+  EXPECT_LT(s.error_message().size(), 300u);
+  EXPECT_NE(s.error_message().find("(1048576 bytes)"), std::string::npos);
+  {
+    grpc::ClientContext context;
+    v1::InspectRequest request;
+    request.set_model_id(std::string(1 << 20, 'm'));
+    v1::InspectResponse response;
+    s = stub_->Inspect(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_LT(s.error_message().size(), 300u);
+  }
+  // Inspect's documented most is 4096 values.
+  {
+    grpc::ClientContext context;
+    v1::InspectRequest request;
+    request.set_model_id(kModel);
+    request.set_slice_length(4097);
+    v1::InspectResponse response;
+    s = stub_->Inspect(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("4096"), std::string::npos) << s.error_message();
+  }
+  // Checkpoint directories: a NUL byte (the system would cut the name
+  // there), an overlong name, a path through a file.
+  const std::string root = MakeTempDir("hostile");
+  struct BadDirectory {
+    std::string directory;
+    grpc::StatusCode code;
+    std::string message_part;
+  };
+  for (const BadDirectory& bad : std::vector<BadDirectory>{
+           {root + std::string("/ck_b\0evil", 10), grpc::INVALID_ARGUMENT, "NUL"},
+           {root + "/" + std::string(5000, 'n'), grpc::INVALID_ARGUMENT, "longer than"},
+           {root + "/" + std::string(300, 'n') + "/x", grpc::INVALID_ARGUMENT, "component"},
+           {"/dev/null/x", grpc::FAILED_PRECONDITION, "not a directory"}}) {
+    grpc::ClientContext context;
+    v1::CheckpointRequest request;
+    request.set_model_id(kModel);
+    request.set_shard_index(kShardIndex);
+    request.set_directory(bad.directory);
+    v1::CheckpointResponse response;
+    ExpectRejected(stub_->Checkpoint(&context, request, &response), bad.code, bad.message_part,
+                   before);
+  }
+  auto [rc, listing] = RunShell("ls -A " + root);
+  EXPECT_EQ(listing, "") << "something was created: " << listing;
+
+  // Bytes that are no message of the request's type, on every unary method:
+  // INVALID_ARGUMENT saying so (gRPC alone answers INTERNAL, no message).
+  grpc::GenericStub generic(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  for (const std::string method : {"Inspect", "SetHyperparameters", "Checkpoint", "GetServerInfo",
+                                   "GetStepStats", "RollBack"}) {
+    const std::string garbage = "\xff\xff\xff\xff\x0f";  // A truncated varint tag.
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1), reply;
+    grpc::ClientContext context;
+    std::mutex mu;
+    std::condition_variable done_cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(&context, "/shardopt.v1.ShardService/" + method, grpc::StubOptions(),
+                      &request, &reply, [&](grpc::Status st) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        status = st;
+                        done = true;
+                        done_cv.notify_all();
+                      });
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(done_cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; })) << method;
+    EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT) << method << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find("does not parse"), std::string::npos) << method;
+  }
+  EXPECT_TRUE(Capture() == before);
+}
+
+// Padding holds zeros and gets zero gradients: initial values or a push
+// that put anything else there are refused, naming the element.
+TEST_F(BadInputTest, NonZeroPaddingIsRefused) {
+  const State before = Capture();
+  const std::vector<FlatRange> padding = layout_->PaddingIn(range_);
+  ASSERT_FALSE(padding.empty());
+  const size_t pad = padding.front().begin - range_.begin;
+  std::vector<float> g = Gradient(0.5f);
+  g[pad] = 0.5f;  // As a grpcurl push of 0.5 on every element would.
+  const v1::PushHeader header = Header(0, 1);
+  ExpectRejected(Push(&header, GoodChunks(g)), grpc::INVALID_ARGUMENT, "padding element", before);
+  v1::ModelConfig fresh = config_;
+  fresh.set_model_id("fresh");
+  std::vector<float> values(range_.size(), 0.0f);
+  values[pad] = 1.0f;
+  ExpectRejected(Register(fresh, false, {{0, Bytes(values, 0, values.size())}}),
+                 grpc::INVALID_ARGUMENT, "padding must hold zeros", before);
+  // The clean push of the same step is taken.
+  g[pad] = 0.0f;
+  EXPECT_TRUE(Push(&header, GoodChunks(g)).ok());
 }
 
 // The state budget (--max_state_mib) refuses models that do not fit, before

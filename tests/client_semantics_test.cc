@@ -97,7 +97,7 @@ TEST_F(ClientSemanticsTest, NonFiniteGradientAnywhereReachesNoShard) {
   // Put the NaN in the LAST shard's range: the first shard must not get the step.
   const TensorPlacement& last = layout.tensors()[layout.tensors().size() - 2];
   ASSERT_GE(last.offset, layout.ShardRange(1).begin);
-  std::vector<float> grad(params.size(), 0.25f);
+  std::vector<float> grad = ConstantGradient(layout, 0.25f);
   grad[last.offset + 1] = std::numeric_limits<float>::quiet_NaN();
   absl::StatusOr<StepResult> r = client->Step(1, grad, absl::MakeSpan(params));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
@@ -124,7 +124,7 @@ TEST_F(ClientSemanticsTest, Float16OverflowIsRefusedBeforeAnyShardSeesIt) {
   auto client = TrainerClient::Connect(Addresses(servers_), options).value();
   std::vector<float> params = SyntheticInitialParams(client->LayoutFor(spec).value(), 1);
   ASSERT_TRUE(client->Register(spec, params).ok());
-  std::vector<float> grad(params.size(), 0.25f);
+  std::vector<float> grad = ConstantGradient(client->layout(), 0.25f);
   grad[3] = 1e5f;  // Finite in fp32, inf in fp16.
   absl::StatusOr<StepResult> r = client->Step(1, grad, absl::MakeSpan(params));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
@@ -272,7 +272,7 @@ TEST_F(ClientSemanticsTest, TrainerThatFellBehindIsToldSo) {
   auto client = Connect(0);
   std::vector<float> params = SyntheticInitialParams(client->LayoutFor(spec).value(), 1);
   ASSERT_TRUE(client->Register(spec, params).ok());
-  std::vector<float> grad(params.size(), 0.5f);
+  std::vector<float> grad = ConstantGradient(client->layout(), 0.5f);
   for (int64_t step = 1; step <= 3; ++step) {
     ASSERT_TRUE(client->Step(step, grad, absl::MakeSpan(params)).ok());
   }
@@ -342,7 +342,7 @@ TEST_F(ClientSemanticsTest, LargePushAnsweredEarlyReturnsAndReleasesTheBuffer) {
   auto client = Connect(0);
   std::vector<float> params(client->LayoutFor(spec).value().total_elements(), 0.0f);
   ASSERT_TRUE(client->Register(spec, params).ok());
-  auto grad = std::make_unique<std::vector<float>>(params.size(), 1.0f);
+  auto grad = std::make_unique<std::vector<float>>(ConstantGradient(client->layout(), 1.0f));
   ASSERT_TRUE(client->Step(1, *grad, absl::MakeSpan(params)).ok());
   for (int repeat = 0; repeat < 3; ++repeat) {
     absl::StatusOr<StepResult> r = client->Push(1, *grad);
@@ -376,7 +376,7 @@ TEST_F(ClientSemanticsTest, AWaitThatRunsOutNamesTheMissingTrainerAndItsLastStep
   std::vector<float> params = SyntheticInitialParams(rank0->LayoutFor(spec).value(), 2);
   ASSERT_TRUE(rank0->Register(spec, params).ok());
   ASSERT_TRUE(rank1->Attach(spec).ok());
-  std::vector<float> grad(params.size(), 0.25f), params1 = params;
+  std::vector<float> grad = ConstantGradient(rank0->layout(), 0.25f), params1 = params;
   // Step 1 together; then rank 1 stops pushing.
   std::thread other([&] { EXPECT_TRUE(rank1->Step(1, grad, absl::MakeSpan(params1)).ok()); });
   ASSERT_TRUE(rank0->Step(1, grad, absl::MakeSpan(params)).ok());
@@ -420,7 +420,7 @@ TEST_F(ClientSemanticsTest, AFrozenShardIsNoticedWithinSeconds) {
   auto rank0 = TrainerClient::Connect(Addresses(servers_), options).value();
   std::vector<float> params = SyntheticInitialParams(rank0->LayoutFor(spec).value(), 4);
   ASSERT_TRUE(rank0->Register(spec, params).ok());
-  std::vector<float> grad(params.size(), 0.5f);
+  std::vector<float> grad = ConstantGradient(rank0->layout(), 0.5f);
   ASSERT_TRUE(rank0->Push(1, grad).ok());  // Rank 1 never pushes: pulls wait.
   servers_[1]->process().Signal(SIGSTOP);
   const absl::Time start = absl::Now();

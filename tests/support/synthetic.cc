@@ -230,4 +230,12 @@ absl::StatusOr<std::vector<float>> ReadFloats(const std::string& path) {
   return values;
 }
 
+std::vector<float> ConstantGradient(const ModelLayout& layout, float value) {
+  std::vector<float> grad(layout.total_elements(), 0.0f);
+  for (const TensorPlacement& t : layout.tensors()) {
+    std::fill(grad.begin() + t.offset, grad.begin() + t.offset + t.size, value);
+  }
+  return grad;
+}
+
 }  // namespace shardopt::testing

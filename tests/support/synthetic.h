@@ -65,6 +65,10 @@ struct ReferenceOptions {
 std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout, int steps,
                                 uint64_t seed, const ReferenceOptions& options = {});
 
+// A flat gradient of `value` on every tensor element and zeros on the
+// padding (which gets zero gradients).
+std::vector<float> ConstantGradient(const ModelLayout& layout, float value);
+
 // x -> the fp32 value of x rounded to `dtype` (identity for fp32).
 void RoundTo(DType dtype, absl::Span<float> values);
 

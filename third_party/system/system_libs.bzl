@@ -28,6 +28,9 @@ _LIBS = {
     "gtest_main": (["gtest_main", "gmock", "gtest"], []),
     "benchmark": (["benchmark"], []),
     "zlib": (["zlib"], []),
+    # Compiled by Debian (libcpp-httplib-dev); its users need the defines of
+    # its cpp-httplib.pc Cflags (see //server:metrics_http).
+    "cpp_httplib": (["cpp-httplib"], []),
 }
 
 def _pkg_config_libs(ctx, modules):

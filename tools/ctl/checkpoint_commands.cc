@@ -35,9 +35,10 @@ std::string ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
-absl::StatusOr<v1::ServerInfo> Info(const std::string& server, absl::Duration timeout) {
+absl::StatusOr<v1::ServerInfo> Info(const CheckpointOptions& options, const std::string& server,
+                                     absl::Duration timeout) {
   auto stub =
-      v1::ShardService::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+      v1::ShardService::NewStub(options.channels.NewChannel(server, grpc::ChannelArguments()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   v1::ServerInfo info;
@@ -64,7 +65,7 @@ int Checkpoint(const CheckpointOptions& options, FILE* out) {
     // The latest version any shard has: shards still behind (mid-step)
     // wait for it, so all save the same step.
     for (const std::string& server : options.servers) {
-      absl::StatusOr<v1::ServerInfo> info = Info(server, absl::Seconds(10));
+      absl::StatusOr<v1::ServerInfo> info = Info(options, server, absl::Seconds(10));
       if (!info.ok()) return Fail("checkpoint", info.status());
       bool found = false;
       for (const v1::ModelSummary& m : info->models()) {
@@ -86,7 +87,7 @@ int Checkpoint(const CheckpointOptions& options, FILE* out) {
   for (size_t i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       auto stub = v1::ShardService::NewStub(
-          grpc::CreateChannel(options.servers[i], grpc::InsecureChannelCredentials()));
+          options.channels.NewChannel(options.servers[i], grpc::ChannelArguments()));
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
       v1::CheckpointRequest request;

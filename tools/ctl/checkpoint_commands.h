@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "client/channel_security.h"
 
 namespace shardopt::ctl {
 
@@ -29,6 +30,7 @@ struct CheckpointOptions {
   std::string out;                   // import: the checkpoint directory written.
   bool optimizer_state = false;      // export: include the optimizer slots.
   absl::Duration timeout = absl::Minutes(10);
+  ChannelFactory channels;  // Plaintext or TLS, and the bearer token.
 };
 
 // Names of the tensors in an exported file: parameters by their own name,

@@ -20,10 +20,10 @@ using ::grpc::health::v1::Health;
 using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
 
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+std::shared_ptr<grpc::Channel> Channel(const CommandOptions& options, const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return options.channels.NewChannel(address, args);
 }
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
@@ -60,7 +60,7 @@ int Status(const CommandOptions& options, FILE* out) {
                 "OPTIMIZER", "PARAM_MB", "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
   Table trainers({"MODEL", "SHARD", "TRAINER", "LAST_PUSHED_STEP", "SECONDS_SINCE"});
   for (const std::string& address : options.servers) {
-    std::shared_ptr<grpc::Channel> channel = Channel(address);
+    std::shared_ptr<grpc::Channel> channel = Channel(options, address);
     std::string health = "?";
     {
       grpc::ClientContext context;
@@ -125,7 +125,7 @@ int Inspect(const CommandOptions& options, FILE* out) {
   }
   int rc = 0;
   for (const std::string& address : options.servers) {
-    auto stub = v1::ShardService::NewStub(Channel(address));
+    auto stub = v1::ShardService::NewStub(Channel(options, address));
     grpc::ClientContext context;
     SetDeadline(&context, options.timeout);
     v1::InspectRequest request;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "client/channel_security.h"
 
 namespace shardopt::ctl {
 
@@ -21,6 +22,7 @@ struct CommandOptions {
   uint32_t length = 8;
   bool json = false;
   absl::Duration timeout = absl::Seconds(5);
+  ChannelFactory channels;  // Plaintext or TLS, and the bearer token.
 };
 
 int Status(const CommandOptions& options, FILE* out);

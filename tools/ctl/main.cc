@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "tools/ctl/checkpoint_commands.h"
 #include "tools/ctl/commands.h"
+#include "tools/ctl/health_command.h"
 
 ABSL_FLAG(std::string, servers, "", "Comma-separated shard server addresses.");
 ABSL_FLAG(std::string, model, "", "Model id (inspect).");
@@ -40,6 +41,14 @@ ABSL_FLAG(std::string, checkpoint, "", "Committed checkpoint directory to read (
 ABSL_FLAG(std::string, out, "",
           "Safetensors file to write (export) or checkpoint directory to write (import).");
 ABSL_FLAG(std::string, safetensors, "", "Safetensors file to read (import).");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA of the servers' certificates: connect with TLS (plaintext without).");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate, for mutual TLS.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name to check in the server certificate instead of the dialled host.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding a bearer token, sent with every call (servers with --auth_token_file).");
 ABSL_FLAG(bool, optimizer_state, false,
           "Also export the optimizer state, as optimizer.<slot>.<tensor> (export).");
 
@@ -49,13 +58,25 @@ int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     fprintf(stderr,
-            "usage: shardoptctl (status|inspect|checkpoint) --servers=host:port,... [flags]\n"
+            "usage: shardoptctl (status|health|inspect|checkpoint) --servers=host:port,... [flags]\n"
             "       shardoptctl export --checkpoint=DIR --out=FILE.safetensors\n"
             "       shardoptctl import --safetensors=FILE --checkpoint=DIR --out=NEW_DIR\n");
     return 2;
   }
   const std::string command = args[1];
+  shardopt::ChannelSecurity security;
+  security.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  security.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  security.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  absl::StatusOr<shardopt::ChannelFactory> channels = shardopt::ChannelFactory::Create(security);
+  if (!channels.ok()) {
+    fprintf(stderr, "shardoptctl: %s\n", channels.status().ToString().c_str());
+    return 2;
+  }
   shardopt::ctl::CheckpointOptions checkpoint;
+  checkpoint.channels = *channels;
   checkpoint.servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   checkpoint.model = absl::GetFlag(FLAGS_model);
   checkpoint.step = absl::GetFlag(FLAGS_step);
@@ -71,6 +92,7 @@ int main(int argc, char** argv) {
     return shardopt::ctl::Import(checkpoint, stdout);
   }
   shardopt::ctl::CommandOptions options;
+  options.channels = *channels;
   options.servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   options.model = absl::GetFlag(FLAGS_model);
   options.tensor = absl::GetFlag(FLAGS_tensor);
@@ -83,6 +105,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command == "status") return shardopt::ctl::Status(options, stdout);
+  if (command == "health") return shardopt::ctl::Health(options, stdout);
   if (command == "checkpoint") {
     checkpoint.directory = absl::GetFlag(FLAGS_dir);
     if (absl::GetFlag(FLAGS_timeout_s) != 5) checkpoint.timeout = options.timeout;
@@ -90,7 +113,7 @@ int main(int argc, char** argv) {
   }
   if (command == "inspect") return shardopt::ctl::Inspect(options, stdout);
   fprintf(stderr,
-          "shardoptctl: unknown command '%s' (status, inspect, checkpoint, export, import)\n",
+          "shardoptctl: unknown command '%s' (status, health, inspect, checkpoint, export, import)\n",
           command.c_str());
   return 2;
 }

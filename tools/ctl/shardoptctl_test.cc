@@ -29,7 +29,7 @@ TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
   const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 2).value();
   std::vector<float> params = SyntheticInitialParams(layout, 3);
   ASSERT_TRUE((*client)->Register(spec, params).ok());
-  std::vector<float> grad(params.size(), 0.5f);
+  std::vector<float> grad = ConstantGradient(layout, 0.5f);
   ASSERT_TRUE((*client)->Push(1, grad).ok());  // Rank 0 of 2: step 1 stays pending.
 
   auto [rc, out] = RunCtl("status --servers=" + addresses);

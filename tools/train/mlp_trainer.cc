@@ -35,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/gradient_accumulator.h"
+#include "client/security_flags.h"
 #include "client/trainer_client.h"
 #include "tools/train/batches.h"
 #include "tools/train/mlp.h"
@@ -229,6 +230,7 @@ int Train(const Dataset& data, const JobConfig& job) {
   TrainerClientOptions options;
   options.trainer_rank = job.rank;
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
+  options.security = ChannelSecurityFromFlags();
   // The library's default retry budget (60 s) would keep a trainer whose
   // peer died retrying its blocked pull long after the job is lost.
   options.retry_budget = options.rpc_timeout;
