@@ -157,7 +157,14 @@ grpc::Status ParseChunk(SliceCursor& in, uint64_t end, PullFrame* frame) {
       return Malformed(frame, "bad field in chunk");
     }
   }
-  return in.position() == end ? grpc::Status::OK : Malformed(frame, "chunk overruns");
+  if (in.position() != end) return Malformed(frame, "chunk overruns");
+  // Also without data (found by //tools/fuzz:pull_frame_fuzzer): an offset
+  // outside the range is no chunk of it.
+  if (frame->offset > frame->capacity) {
+    return Malformed(frame, absl::StrCat("chunk offset ", frame->offset, " outside the range of ",
+                                         frame->capacity, " elements"));
+  }
+  return grpc::Status::OK;
 }
 
 void ReleasePin(void* pins) { static_cast<PayloadPins*>(pins)->Release(); }

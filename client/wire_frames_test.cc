@@ -166,5 +166,23 @@ TEST(WireFramesTest, PullFrameRejectsMalformedMessagesWithoutWritingOutside) {
   EXPECT_TRUE(parse(with_unknown).first);
 }
 
+// Found by //tools/fuzz:pull_frame_fuzzer: a chunk with an offset past the
+// range and no data was taken as an empty chunk there.
+TEST(WireFramesTest, PullFrameRejectsAnOffsetOutsideTheRangeEvenWithoutData) {
+  v1::PullParametersResponse response;
+  response.set_version(1);
+  response.mutable_chunk()->set_offset(1000);
+  const std::string bytes = response.SerializeAsString();
+  grpc::Slice slice(bytes.data(), bytes.size());
+  grpc::ByteBuffer buffer(&slice, 1);
+  std::vector<float> destination(8);
+  PullFrame frame;
+  frame.destination = destination.data();
+  frame.capacity = destination.size();
+  const grpc::Status s = ParsePullResponse(&buffer, &frame);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.error_message().find("outside the range"), std::string::npos) << s.error_message();
+}
+
 }  // namespace
 }  // namespace shardopt

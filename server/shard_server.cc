@@ -85,6 +85,13 @@ ShardServer::~ShardServer() {
   if (metrics_http_ != nullptr) metrics_http_->Stop();
 }
 
+std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  return server_->InProcessChannel(args);
+}
+
 int ShardServer::metrics_port() const {
   return metrics_http_ == nullptr ? 0 : metrics_http_->port();
 }

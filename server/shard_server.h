@@ -37,6 +37,9 @@ class ShardServer {
   int port() const { return port_; }
   // The metrics endpoint's port; 0 without one.
   int metrics_port() const;
+  // A channel to this server within the process, past the network and TLS
+  // (the fuzzers call the service through it).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
   void Shutdown(absl::Duration grace = absl::Seconds(5));
   // Blocks until Shutdown() has finished.
   void Wait();

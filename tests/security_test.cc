@@ -59,7 +59,7 @@ void MakeCertificate(const Pki& pki, const std::string& ca, const std::string& n
 Pki MakePki() {
   Pki pki{MakeTempDir("pki")};
   const std::string openssl = FindSystemTool("openssl");
-  for (const std::string& ca : {"ca", "other_ca"}) {
+  for (const std::string ca : {"ca", "other_ca"}) {
     auto [rc, output] = RunShell(absl::StrCat(
         openssl, " req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=", ca, " -keyout ",
         pki.path(ca + ".key"), " -out ", pki.path(ca + ".pem")));

@@ -2,7 +2,8 @@
 # Runs every shardopt test from a fresh Debian 12 machine: installs the
 # packages (tools/setup.sh), runs `bazel test //...`, and ends with one line
 # "N passed, N failed, N skipped" counting test cases (GoogleTest cases,
-# shell tests; GPU cases skip themselves where there is no GPU).
+# shell tests; GPU cases skip themselves where there is no GPU), then runs
+# each fuzzer briefly (tools/fuzz/run_fuzzers.sh), one case each.
 # Exit status: 0 only when every test target passed.
 set -uo pipefail
 
@@ -12,7 +13,8 @@ bash tools/setup.sh || { echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 log=$(mktemp)
 # The container tests (//tests:compose_test) need a Docker engine: start one
 # if none answers, and stop it at exit if we did (tools/docker_engine.sh).
-trap 'rm -f "$log"; bash tools/docker_engine.sh stop' EXIT
+fuzz_results=$(mktemp)
+trap 'rm -f "$log" "$fuzz_results"; bash tools/docker_engine.sh stop' EXIT
 extra=()
 # The PyPI test tools setup.sh installed: the reference safetensors loader
 # (SHARDOPT_PYTHON), the real grpcurl, prometheus-client, kubernetes-validate
@@ -30,7 +32,12 @@ fi
 bazel test //... --test_output=errors "${extra[@]}" "$@" 2>&1 | tee "$log"
 bazel_rc=${PIPESTATUS[0]}
 
-python3 tools/test_summary.py --bazel_log="$log" --testlogs="$(bazel info bazel-testlogs 2>/dev/null)"
+# A short bounded run of every fuzzer (about a minute in all, plus the
+# clang build), each counted as one test case.
+bash tools/fuzz/run_fuzzers.sh --seconds="${SHARDOPT_FUZZ_SECONDS:-12}" --results="$fuzz_results"
+
+python3 tools/test_summary.py --bazel_log="$log" --testlogs="$(bazel info bazel-testlogs 2>/dev/null)" \
+  --extra="$fuzz_results"
 summary_rc=$?
 if [ "$bazel_rc" -ne 0 ] || [ "$summary_rc" -ne 0 ]; then
   exit 1

@@ -31,6 +31,8 @@ packages=(
   libcpp-httplib-dev
   docker.io
   docker-compose
+  clang-14
+  libclang-rt-14-dev
 )
 
 SUDO=""

@@ -4,7 +4,9 @@
 Counts test cases from the JUnit XML files Bazel leaves under bazel-testlogs
 (one per GoogleTest case; one per shell test), for the test targets the run
 reported. A target that failed to build, timed out or crashed without XML
-counts as one failed case. Exits 1 when anything failed or nothing ran.
+counts as one failed case. --extra names a file of "PASSED NAME" / "FAILED
+NAME" lines for checks run outside Bazel (the fuzzers), one case each.
+Exits 1 when anything failed or nothing ran.
 """
 import argparse
 import os
@@ -35,6 +37,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bazel_log", required=True)
     parser.add_argument("--testlogs", required=True)
+    parser.add_argument("--extra", default="")
     args = parser.parse_args()
 
     passed = failed = skipped = 0
@@ -68,6 +71,15 @@ def main():
     if not targets:
         print("no test results found in the bazel log", file=sys.stderr)
         failed += 1
+    if args.extra and os.path.exists(args.extra):
+        with open(args.extra) as extra:
+            for line in extra:
+                word = line.split()[0] if line.strip() else ""
+                if word == "PASSED":
+                    passed += 1
+                elif word == "FAILED":
+                    print(f"failed outside bazel: {line.strip()}")
+                    failed += 1
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
