@@ -46,7 +46,10 @@ if ! command -v clang-14 >/dev/null || [ ! -e /usr/lib/llvm-14/lib/clang/14.0.6/
   exit 1
 fi
 echo "fuzz: building ${fuzzers[*]} with clang, libFuzzer, ASan and UBSan" >&2
-if ! bazel --output_base="$output_base" build --config=fuzz "${targets[@]}" 2>&1 | tail -3; then
+# --symlink_prefix=/: no bazel-bin / bazel-<workspace> links into this output
+# base, which would replace the main build's (and make `bazel build //...`
+# descend into the fuzz build's tree).
+if ! bazel --output_base="$output_base" build --config=fuzz --symlink_prefix=/ "${targets[@]}" 2>&1 | tail -3; then
   for f in "${fuzzers[@]}"; do record FAILED "$f"; done
   bazel --output_base="$output_base" shutdown >/dev/null 2>&1
   exit 1
