@@ -31,11 +31,9 @@ class BearerTokenInterceptor : public grpc::experimental::Interceptor {
   const std::string* const value_;
 };
 
-class BearerTokenInterceptorFactory
-    : public grpc::experimental::ClientInterceptorFactoryInterface {
+class BearerTokenInterceptorFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit BearerTokenInterceptorFactory(std::string token)
-      : value_(BearerMetadataValue(token)) {}
+  explicit BearerTokenInterceptorFactory(std::string token) : value_(BearerMetadataValue(token)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo*) override {
     return new BearerTokenInterceptor(&value_);
@@ -60,7 +58,8 @@ ChannelFactory::ChannelFactory() : credentials_(grpc::InsecureChannelCredentials
 absl::StatusOr<ChannelFactory> ChannelFactory::Create(const ChannelSecurity& security) {
   ChannelFactory factory;
   if (security.tls_cert_file.empty() != security.tls_key_file.empty()) {
-    return absl::InvalidArgumentError("a TLS client certificate needs its key, and the key its certificate");
+    return absl::InvalidArgumentError(
+        "a TLS client certificate needs its key, and the key its certificate");
   }
   if (!security.tls_cert_file.empty() && security.tls_ca_file.empty()) {
     return absl::InvalidArgumentError(
@@ -85,7 +84,8 @@ absl::StatusOr<ChannelFactory> ChannelFactory::Create(const ChannelSecurity& sec
   }
   factory.auth_token_ = security.auth_token;
   if (!security.auth_token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadFileToString(FileEnv::Default(), security.auth_token_file);
+    absl::StatusOr<std::string> token =
+        ReadFileToString(FileEnv::Default(), security.auth_token_file);
     if (!token.ok()) {
       return absl::Status(token.status().code(),
                           absl::StrCat("token file: ", token.status().message()));

@@ -35,11 +35,11 @@ absl::Status PreparePushPayload(const ModelLayout& layout, int64_t step,
                                     : "; nothing was pushed (scale the loss down)")
                  : "; nothing was pushed"));
   }
-  if (auto pad = FindNonZeroPadding(layout, {0, flat_grads.size()}, flat_grads.data(),
-                                    DType::kFloat32)) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient of ", layout.DescribeElement(*pad),
-                                                   " for step ", step, " is ", flat_grads[*pad],
-                                                   ": padding gets zero gradients; nothing was pushed"));
+  if (auto pad =
+          FindNonZeroPadding(layout, {0, flat_grads.size()}, flat_grads.data(), DType::kFloat32)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient of ", layout.DescribeElement(*pad), " for step ", step, " is ",
+                     flat_grads[*pad], ": padding gets zero gradients; nothing was pushed"));
   }
   return absl::OkStatus();
 }

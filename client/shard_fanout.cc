@@ -161,9 +161,11 @@ absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
     }
     // CANCELLED that this client did not ask for (no other shard failed): a
     // shard shutting down (SIGTERM) cancels the calls gRPC had not yet handed
-    // to the service. It is back soon (a rolling restart): retried as
-    // UNAVAILABLE is.
-    const bool cancelled_by_shard = absl::IsCancelled(status) && !op.failed();
+    // to the service. It is back soon (a rolling restart): retried when the
+    // call retries UNAVAILABLE.
+    const bool cancelled_by_shard =
+        absl::IsCancelled(status) && !op.failed() &&
+        call.retryable(absl::UnavailableError("cancelled by the shard"));
     if (!call.retryable(status) && !cancelled_by_shard) return status;
     const absl::Duration sleep = backoff * absl::Uniform(random, 0.75, 1.25);
     if (absl::Now() + sleep > *give_up) return status;

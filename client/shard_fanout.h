@@ -8,7 +8,10 @@
 // (RetryPolicy) until the budget is spent. A shard's report that it is still
 // waiting (DEADLINE_EXCEEDED before the attempt's own deadline: the server's
 // max_wait ran out) is passed to `on_wait` and retried at once; those waits
-// count against the same budget. The first shard to fail for good cancels
+// count against the same budget. A CANCELLED this client did not cause (a
+// shard shutting down cancels calls not yet handed to its service) is
+// retried like UNAVAILABLE, if `retryable` accepts that. The first shard to
+// fail for good cancels
 // the attempts in flight to the others, and its error (annotated with the
 // shard, its address and `what`) is the result.
 //

@@ -21,8 +21,8 @@
 #include "client/step_calls.h"
 #include "common/dtype_convert.h"
 #include "common/finite.h"
-#include "common/names.h"
 #include "common/logging.h"
+#include "common/names.h"
 #include "common/proto_convert.h"
 
 namespace shardopt {
@@ -284,7 +284,10 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   std::vector<char> narrowed;
   const void* payload = nullptr;
-  if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype, scaler_.has_value(), &narrowed, &payload); !s.ok()) return s;
+  if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype,
+                                          scaler_.has_value(), &narrowed, &payload);
+      !s.ok())
+    return s;
   return PushPayload(step, payload, loss_scale());
 }
 
@@ -410,7 +413,10 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   const double scale = loss_scale();
   std::vector<char> narrowed;
   const void* payload = nullptr;
-  if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype, scaler_.has_value(), &narrowed, &payload); !s.ok()) return s;
+  if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype,
+                                          scaler_.has_value(), &narrowed, &payload);
+      !s.ok())
+    return s;
   const bool needs_decision = StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling);
   for (int round = 0;; ++round) {
     absl::StatusOr<StepResult> result = PushPayload(step, payload, scale);

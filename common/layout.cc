@@ -55,7 +55,8 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(std::vector<TensorSpec> tensors,
             absl::StrCat("tensor ", Quoted(spec.name), " has negative dimension ", d));
       }
       if (d != 0 && size > kMaxElements / static_cast<uint64_t>(d)) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor ", Quoted(spec.name), " is too large"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", Quoted(spec.name), " is too large"));
       }
       size *= static_cast<uint64_t>(d);
     }

@@ -14,8 +14,8 @@
 #define SHARDOPT_COMMON_LAYOUT_H_
 
 #include <cstdint>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"

@@ -30,13 +30,13 @@ std::string Quoted(absl::string_view text) {
 absl::Status CheckId(absl::string_view what, absl::string_view id) {
   if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
   if (id.size() > kMaxIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", Quoted(id), " is longer than ",
-                                                   kMaxIdBytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Quoted(id), " is longer than ", kMaxIdBytes, " bytes"));
   }
   for (char c : id) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " ", Quoted(id), " may hold only letters, digits, '_', '-' and '.'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", Quoted(id), " may hold only letters, digits, '_', '-' and '.'"));
     }
   }
   if (id[0] == '.') {
@@ -48,13 +48,12 @@ absl::Status CheckId(absl::string_view what, absl::string_view id) {
 absl::Status CheckTensorName(absl::string_view name) {
   if (name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
   if (name.size() > kMaxTensorNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor name ", Quoted(name),
-                                                   " is longer than ", kMaxTensorNameBytes,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor name ", Quoted(name), " is longer than ",
+                                                   kMaxTensorNameBytes, " bytes"));
   }
   if (name.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor name ", Quoted(name),
-                                                   " holds a NUL byte"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor name ", Quoted(name), " holds a NUL byte"));
   }
   return absl::OkStatus();
 }
@@ -62,17 +61,16 @@ absl::Status CheckTensorName(absl::string_view name) {
 absl::Status CheckPath(absl::string_view what, absl::string_view path) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
   if (path.size() > kMaxPathBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", Quoted(path), " is longer than ",
-                                                   kMaxPathBytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Quoted(path), " is longer than ", kMaxPathBytes, " bytes"));
   }
   if (path.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", Quoted(path),
-                                                   " holds a NUL byte"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", Quoted(path), " holds a NUL byte"));
   }
   for (absl::string_view part : absl::StrSplit(path, '/')) {
     if (part.size() > 255) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " ", Quoted(path), " has a component longer than 255 bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", Quoted(path), " has a component longer than 255 bytes"));
     }
   }
   return absl::OkStatus();

@@ -192,13 +192,13 @@ py::dict StepResultToDict(const StepResult& r) {
 ChannelSecurity SecurityFromDict(const py::dict& security) {
   ChannelSecurity s;
   const std::vector<std::pair<const char*, std::string*>> fields = {
-      {"tls_ca_file", &s.tls_ca_file},     {"tls_cert_file", &s.tls_cert_file},
-      {"tls_key_file", &s.tls_key_file},   {"tls_server_name", &s.tls_server_name},
-      {"auth_token", &s.auth_token},       {"auth_token_file", &s.auth_token_file}};
+      {"tls_ca_file", &s.tls_ca_file},   {"tls_cert_file", &s.tls_cert_file},
+      {"tls_key_file", &s.tls_key_file}, {"tls_server_name", &s.tls_server_name},
+      {"auth_token", &s.auth_token},     {"auth_token_file", &s.auth_token_file}};
   for (const auto& [key, value] : security) {
     const std::string name = py::str(key);
-    auto field = std::find_if(fields.begin(), fields.end(),
-                              [&](const auto& f) { return name == f.first; });
+    auto field =
+        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return name == f.first; });
     if (field == fields.end()) {
       throw py::value_error("unknown security option '" + name +
                             "' (tls_ca_file, tls_cert_file, tls_key_file, tls_server_name, "

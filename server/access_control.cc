@@ -33,16 +33,27 @@ absl::StatusOr<AccessControl> AccessControl::FromTokenFileContents(absl::string_
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(contents, '\n')) {
     ++line_number;
-    line = absl::StripAsciiWhitespace(line.substr(0, line.find('#')));
+    // A comment starts at a '#' that begins the line or follows a space, so
+    // that a token may hold '#'.
+    for (size_t hash = line.find('#'); hash != absl::string_view::npos;
+         hash = line.find('#', hash + 1)) {
+      if (hash == 0 || line[hash - 1] == ' ' || line[hash - 1] == '\t') {
+        line = line.substr(0, hash);
+        break;
+      }
+    }
+    line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
     std::vector<absl::string_view> fields =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (fields.size() != 2 || (fields[0] != "trainer" && fields[0] != "readonly") ||
         !IsTokenText(fields[1])) {
       // The line itself is not repeated: it may hold a token.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "token file line ", line_number, " is not `trainer TOKEN` or `readonly TOKEN` with a "
-          "token of at least ", kMinTokenBytes, " printable bytes without spaces"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token file line ", line_number,
+                       " is not `trainer TOKEN` or `readonly TOKEN` with a "
+                       "token of at least ",
+                       kMinTokenBytes, " printable bytes without spaces"));
     }
     control.tokens_.push_back(Token{std::string(fields[1]), fields[0] == "trainer"});
   }
@@ -70,7 +81,8 @@ absl::Status AccessControl::Check(std::optional<absl::string_view> authorization
   }
   const std::optional<absl::string_view> presented = TokenOfBearerValue(*authorization);
   if (!presented) {
-    return absl::UnauthenticatedError("the call's `authorization` metadata is not `Bearer <token>`");
+    return absl::UnauthenticatedError(
+        "the call's `authorization` metadata is not `Bearer <token>`");
   }
   // Every token is compared, so the time does not tell which one matched.
   const Token* match = nullptr;

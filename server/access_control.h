@@ -10,7 +10,8 @@
 //   - no token, or one not in the file: UNAUTHENTICATED; a read-only token
 //     calling a write: PERMISSION_DENIED. Refused calls change nothing.
 // The token file holds one `ROLE TOKEN` pair per line (ROLE `trainer` or
-// `readonly`; `#` starts a comment); tokens are at least 16 bytes of
+// `readonly`; a `#` at the start of a line or after a space starts a
+// comment); tokens are at least 16 bytes of
 // printable ASCII without spaces. Tokens are compared in constant time.
 // Immutable after construction, so thread-safe.
 #ifndef SHARDOPT_SERVER_ACCESS_CONTROL_H_

@@ -12,9 +12,9 @@ constexpr char kTrainerToken[] = "trainer-token-0123456789";
 constexpr char kReaderToken[] = "reader-token-0123456789";
 
 AccessControl Tokens() {
-  return AccessControl::FromTokenFileContents(
-             absl::StrCat("# tokens of the test job\n\ntrainer ", kTrainerToken,
-                          "\nreadonly\t", kReaderToken, "   # dashboards\n"))
+  return AccessControl::FromTokenFileContents(absl::StrCat("# tokens of the test job\n\ntrainer ",
+                                                           kTrainerToken, "\nreadonly\t",
+                                                           kReaderToken, "   # dashboards\n"))
       .value();
 }
 
@@ -58,11 +58,20 @@ TEST(AccessControlTest, MissingMalformedOrUnknownTokensAreUnauthenticated) {
   }
 }
 
+TEST(AccessControlTest, AHashInsideATokenIsPartOfIt) {
+  const AccessControl control =
+      AccessControl::FromTokenFileContents("trainer abcdefghijklmnop#rest # a comment\n#x\n")
+          .value();
+  EXPECT_TRUE(control.Check(BearerMetadataValue("abcdefghijklmnop#rest"), Access::kWrite).ok());
+  EXPECT_EQ(control.Check(BearerMetadataValue("abcdefghijklmnop"), Access::kWrite).code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
 TEST(AccessControlTest, BadTokenFilesAreRefusedWithoutEchoingTokens) {
   for (const std::string& contents :
-       {std::string(""), std::string("# only a comment\n"), std::string("admin secret-secret-secret\n"),
-        std::string("trainer short\n"), std::string("trainer two words-words-words x\n"),
-        std::string("trainer\n")}) {
+       {std::string(""), std::string("# only a comment\n"),
+        std::string("admin secret-secret-secret\n"), std::string("trainer short\n"),
+        std::string("trainer two words-words-words x\n"), std::string("trainer\n")}) {
     absl::StatusOr<AccessControl> control = AccessControl::FromTokenFileContents(contents);
     ASSERT_FALSE(control.ok()) << contents;
     EXPECT_EQ(control.status().code(), absl::StatusCode::kInvalidArgument);

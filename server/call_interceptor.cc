@@ -31,9 +31,9 @@ class CallInterceptor : public grpc::experimental::Interceptor {
                          " is not a valid message of its type (it does not parse)"));
         methods->ModifySendStatus(status);
       }
-      metrics_->RecordCall(method_,
-                           absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
-                           absl::ToDoubleSeconds(absl::Now() - start_));
+      metrics_->RecordCall(
+          method_, absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+          absl::ToDoubleSeconds(absl::Now() - start_));
     }
     methods->Proceed();
   }

@@ -94,13 +94,10 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
   return p;
 }
 
-absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(ModelShard& shard,
-                                                     const v1::ModelConfig& config,
-                                                     const std::string& directory, int64_t step,
-                                                     absl::Time deadline,
-                                                     const std::function<bool()>& cancelled,
-                                                     ModelShard::StepHold held, FileEnv* env,
-                                                     absl::Duration* write_time) {
+absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
+    ModelShard& shard, const v1::ModelConfig& config, const std::string& directory, int64_t step,
+    absl::Time deadline, const std::function<bool()>& cancelled, ModelShard::StepHold held,
+    FileEnv* env, absl::Duration* write_time) {
   absl::StatusOr<CheckpointPartWritten> result = absl::InternalError("checkpoint not written");
   absl::Status status = shard.CheckpointAt(
       step, deadline, cancelled,

@@ -101,7 +101,7 @@ void HostedModel::SaveLoop() {
     hold = std::move(next_hold);
     const bool stopped = !written.ok() && (stopping() || absl::IsUnavailable(written.status()) ||
                                            absl::IsCancelled(written.status()));
-    if (checkpoints_.metrics != nullptr && !stopped) {
+    if (checkpoints_.metrics != nullptr && !stopped && (!written.ok() || written->bytes > 0)) {
       checkpoints_.metrics->RecordCheckpoint(model_id, written.ok(),
                                              absl::ToDoubleSeconds(write_time));
     }

@@ -21,13 +21,15 @@ std::string MethodLabels(absl::string_view full_method) {
   absl::string_view path = full_method;
   if (!path.empty() && path.front() == '/') path.remove_prefix(1);
   const size_t slash = path.find('/');
-  if (slash == absl::string_view::npos) return absl::StrCat(Label("service", ""), ",", Label("method", path));
+  if (slash == absl::string_view::npos)
+    return absl::StrCat(Label("service", ""), ",", Label("method", path));
   return absl::StrCat(Label("service", path.substr(0, slash)), ",",
                       Label("method", path.substr(slash + 1)));
 }
 
 std::string ModelTrainer(absl::string_view model, uint32_t rank) {
-  return absl::StrCat(Label("model", model), ",", Label("trainer", absl::StrCat(rank)));
+  return absl::StrCat(Label("model", model), ",",
+                      Label("trainer", rank < kMaxTrainerSeries ? absl::StrCat(rank) : "other"));
 }
 
 }  // namespace
@@ -69,7 +71,8 @@ void ServerMetrics::RecordCall(absl::string_view full_method, absl::string_view 
 }
 
 void ServerMetrics::RecordPush(absl::string_view model, uint32_t rank, absl::string_view outcome) {
-  const std::string labels = absl::StrCat(ModelTrainer(model, rank), ",", Label("outcome", outcome));
+  const std::string labels =
+      absl::StrCat(ModelTrainer(model, rank), ",", Label("outcome", outcome));
   absl::MutexLock lock(&mu_);
   ++values_.pushes[labels];
 }

@@ -7,7 +7,8 @@
 // abandoned (per trainer, so that a client disturbing a trainer's pushes
 // shows), pulls, checkpoint writes and failures with their duration.
 // Label sets stay bounded: methods are the server's own, models are the
-// registered ones and trainers their ranks. Thread-safe.
+// registered ones and trainers their ranks, the first kMaxTrainerSeries of
+// them by name (the rest as trainer="other"). Thread-safe.
 #ifndef SHARDOPT_SERVER_METRICS_H_
 #define SHARDOPT_SERVER_METRICS_H_
 
@@ -29,6 +30,10 @@ struct HistogramData {
   uint64_t count = 0;
   void Observe(double value);
 };
+
+// Ranks with series of their own per model; a model of more trainers (up to
+// 4096) would otherwise add thousands of series to every scrape.
+inline constexpr uint32_t kMaxTrainerSeries = 256;
 
 // Latency buckets in seconds: 100 us to 60 s.
 std::vector<double> LatencyBuckets();
@@ -53,13 +58,13 @@ class ServerMetrics {
   void RecordCheckpoint(absl::string_view model, bool ok, double seconds);
 
   struct Values {
-    Counters calls;             // service, method, code
-    Histograms call_seconds;    // service, method
-    Counters pushes;            // model, trainer, outcome
-    Counters pushes_refused;    // model, trainer, code
-    Counters pushes_abandoned;  // model, trainer
-    Counters pulls;             // model
-    Counters checkpoints;       // model, result
+    Counters calls;                 // service, method, code
+    Histograms call_seconds;        // service, method
+    Counters pushes;                // model, trainer, outcome
+    Counters pushes_refused;        // model, trainer, code
+    Counters pushes_abandoned;      // model, trainer
+    Counters pulls;                 // model
+    Counters checkpoints;           // model, result
     Histograms checkpoint_seconds;  // model
   };
   Values Read() const;

@@ -34,25 +34,33 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->http_ = std::make_unique<httplib::Server>();
   httplib::Server& http = *server->http_;
-  // A scraper that stops reading must not hold a thread for long.
-  http.set_read_timeout(5, 0);
-  http.set_write_timeout(5, 0);
-  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // A scraper or prober that stops reading, or keeps its connection open,
+  // must not hold a thread for long: probes need one within a second.
+  http.set_read_timeout(2, 0);
+  http.set_write_timeout(2, 0);
+  http.set_keep_alive_max_count(1);
+  http.set_keep_alive_timeout(1);
+  http.new_task_queue = [] { return new httplib::ThreadPool(4); };
   http.Get("/metrics", [render = std::move(render_metrics)](const httplib::Request&,
                                                             httplib::Response& response) {
     response.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  http.Get("/healthz", [serving = std::move(serving)](const httplib::Request&,
-                                                      httplib::Response& response) {
-    const bool up = serving();
-    response.status = up ? 200 : 503;
-    response.set_content(up ? "SERVING\n" : "NOT_SERVING\n", "text/plain");
-  });
-  server->port_ = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
+  http.Get("/healthz",
+           [serving = std::move(serving)](const httplib::Request&, httplib::Response& response) {
+             const bool up = serving();
+             response.status = up ? 200 : 503;
+             response.set_content(up ? "SERVING\n" : "NOT_SERVING\n", "text/plain");
+           });
+  server->port_ =
+      port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
   if (server->port_ <= 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen for metrics on ", listen_address));
   }
-  server->thread_ = std::thread([&http] { http.listen_after_bind(); });
+  MetricsHttpServer* self = server.get();
+  server->thread_ = std::thread([self, &http] {
+    http.listen_after_bind();
+    self->listening_done_.store(true);
+  });
   // httplib's stop() does nothing before the loop runs: wait for it, so that
   // a Stop() right after Start() cannot leave the thread listening.
   for (int i = 0; i < 2000 && !http.is_running(); ++i) absl::SleepFor(absl::Milliseconds(1));
@@ -62,9 +70,13 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
 void MetricsHttpServer::Stop() {
-  if (http_ == nullptr) return;
-  http_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (http_ == nullptr || !thread_.joinable()) return;
+  // stop() is a no-op until the loop runs: repeat it until the loop ended.
+  while (!listening_done_.load()) {
+    http_->stop();
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  thread_.join();
 }
 
 }  // namespace shardopt

@@ -10,6 +10,7 @@
 #ifndef SHARDOPT_SERVER_METRICS_HTTP_H_
 #define SHARDOPT_SERVER_METRICS_HTTP_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,6 +40,7 @@ class MetricsHttpServer {
   MetricsHttpServer() = default;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  std::atomic<bool> listening_done_{false};
   int port_ = 0;
 };
 

@@ -28,8 +28,8 @@ class Page {
     absl::StrAppend(&text_, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
   }
   void Sample(absl::string_view name, absl::string_view labels, double value) {
-    absl::StrAppend(&text_, name, labels.empty() ? "" : "{", labels, labels.empty() ? "" : "}",
-                    " ", Number(value), "\n");
+    absl::StrAppend(&text_, name, labels.empty() ? "" : "{", labels, labels.empty() ? "" : "}", " ",
+                    Number(value), "\n");
   }
   void Counters(absl::string_view name, absl::string_view help,
                 const ServerMetrics::Counters& counters) {
@@ -87,7 +87,8 @@ std::string RenderMetricsPage(const ServerMetrics::Values& counters, const Serve
                   "Time from a call's start to its status, by service and method.",
                   counters.call_seconds);
   page.Counters("shardopt_pushes_total",
-                "Gradient pushes answered OK, by model, trainer rank and outcome.", counters.pushes);
+                "Gradient pushes answered OK, by model, trainer rank and outcome.",
+                counters.pushes);
   page.Counters("shardopt_pushes_refused_total",
                 "Pushes naming a registered model and a valid trainer rank that were refused "
                 "(nothing staged), by status code.",
@@ -111,9 +112,10 @@ std::string RenderMetricsPage(const ServerMetrics::Values& counters, const Serve
   page.PerModel("shardopt_steps_skipped_total", "counter",
                 "Steps skipped for inf/NaN gradients (Inspect's skipped_steps).", models,
                 [](const ModelGauges& m) { return static_cast<double>(m.steps_skipped); });
-  page.PerModel("shardopt_gradient_bytes_received_total", "counter",
-                "Gradient payload bytes received in committed pushes.", models,
-                [](const ModelGauges& m) { return static_cast<double>(m.gradient_bytes_received); });
+  page.PerModel(
+      "shardopt_gradient_bytes_received_total", "counter",
+      "Gradient payload bytes received in committed pushes.", models,
+      [](const ModelGauges& m) { return static_cast<double>(m.gradient_bytes_received); });
   page.PerModel("shardopt_parameter_bytes_sent_total", "counter",
                 "Parameter payload bytes sent in pulls.", models,
                 [](const ModelGauges& m) { return static_cast<double>(m.parameter_bytes_sent); });
@@ -135,14 +137,15 @@ std::string RenderMetricsPage(const ServerMetrics::Values& counters, const Serve
                 [](const ModelGauges& m) { return m.grad_norm; });
   page.PerModel("shardopt_last_lr", "gauge", "Learning rate of the last applied step.", models,
                 [](const ModelGauges& m) { return m.last_lr; });
-  page.PerModel("shardopt_newest_committed_checkpoint_step", "gauge",
-                "Step of the newest committed checkpoint (-1: none).", models,
-                [](const ModelGauges& m) { return static_cast<double>(m.newest_committed_checkpoint); });
+  page.PerModel(
+      "shardopt_newest_committed_checkpoint_step", "gauge",
+      "Step of the newest committed checkpoint (-1: none).", models,
+      [](const ModelGauges& m) { return static_cast<double>(m.newest_committed_checkpoint); });
 
   page.Family("shardopt_trainer_last_pushed_step", "gauge",
               "Highest step whose push this shard committed, per trainer.");
   for (const ModelGauges& m : models) {
-    for (size_t r = 0; r < m.trainers.size(); ++r) {
+    for (size_t r = 0; r < std::min<size_t>(m.trainers.size(), kMaxTrainerSeries); ++r) {
       page.Sample("shardopt_trainer_last_pushed_step",
                   absl::StrCat(Label("model", m.model_id), ",", Label("trainer", absl::StrCat(r))),
                   static_cast<double>(m.trainers[r].last_pushed_step));
@@ -153,7 +156,7 @@ std::string RenderMetricsPage(const ServerMetrics::Values& counters, const Serve
   for (const ModelGauges& m : models) {
     int64_t newest = 0;
     for (const TrainerGauges& t : m.trainers) newest = std::max(newest, t.last_pushed_step);
-    for (size_t r = 0; r < m.trainers.size(); ++r) {
+    for (size_t r = 0; r < std::min<size_t>(m.trainers.size(), kMaxTrainerSeries); ++r) {
       page.Sample("shardopt_trainer_lag_steps",
                   absl::StrCat(Label("model", m.model_id), ",", Label("trainer", absl::StrCat(r))),
                   static_cast<double>(newest - m.trainers[r].last_pushed_step));
@@ -162,7 +165,7 @@ std::string RenderMetricsPage(const ServerMetrics::Values& counters, const Serve
   page.Family("shardopt_trainer_seconds_since_last_push", "gauge",
               "Seconds since a trainer's last committed push (-1: none since the restore).");
   for (const ModelGauges& m : models) {
-    for (size_t r = 0; r < m.trainers.size(); ++r) {
+    for (size_t r = 0; r < std::min<size_t>(m.trainers.size(), kMaxTrainerSeries); ++r) {
       page.Sample("shardopt_trainer_seconds_since_last_push",
                   absl::StrCat(Label("model", m.model_id), ",", Label("trainer", absl::StrCat(r))),
                   m.trainers[r].seconds_since_last_push);

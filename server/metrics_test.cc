@@ -20,11 +20,14 @@ TEST(MetricsTest, CallsAreCountedByServiceMethodAndCodeWithLatency) {
   const std::string page = RenderMetricsPage(metrics.Read(), ServerGauges{}, {});
   const std::string method = R"(service="shardopt.v1.ShardService",method="PushGradients")";
   EXPECT_TRUE(HasLine(page, "shardopt_rpc_handled_total{" + method + R"(,code="OK"} 2)")) << page;
-  EXPECT_TRUE(HasLine(page, "shardopt_rpc_handled_total{" + method + R"(,code="INVALID_ARGUMENT"} 1)"));
+  EXPECT_TRUE(
+      HasLine(page, "shardopt_rpc_handled_total{" + method + R"(,code="INVALID_ARGUMENT"} 1)"));
   // Buckets are cumulative: 1e-5 in the first, 0.003 by 0.005, 0.2 by 0.25.
-  EXPECT_TRUE(HasLine(page, "shardopt_rpc_duration_seconds_bucket{" + method + R"(,le="0.0001"} 1)"))
+  EXPECT_TRUE(
+      HasLine(page, "shardopt_rpc_duration_seconds_bucket{" + method + R"(,le="0.0001"} 1)"))
       << page;
-  EXPECT_TRUE(HasLine(page, "shardopt_rpc_duration_seconds_bucket{" + method + R"(,le="0.0025"} 1)"));
+  EXPECT_TRUE(
+      HasLine(page, "shardopt_rpc_duration_seconds_bucket{" + method + R"(,le="0.0025"} 1)"));
   EXPECT_TRUE(HasLine(page, "shardopt_rpc_duration_seconds_bucket{" + method + R"(,le="0.005"} 2)"))
       << page;
   EXPECT_TRUE(HasLine(page, "shardopt_rpc_duration_seconds_bucket{" + method + R"(,le="0.25"} 3)"));
@@ -40,9 +43,12 @@ TEST(MetricsTest, PushesRefusedAndAbandonedArePerTrainer) {
   metrics.RecordPushAbandoned("mlp", 1);
   metrics.RecordPushAbandoned("mlp", 1);
   const std::string page = RenderMetricsPage(metrics.Read(), ServerGauges{}, {});
-  EXPECT_TRUE(HasLine(page, R"(shardopt_pushes_total{model="mlp",trainer="0",outcome="accepted"} 1)"));
-  EXPECT_TRUE(HasLine(page, R"(shardopt_pushes_total{model="mlp",trainer="1",outcome="applied"} 1)"));
-  EXPECT_TRUE(HasLine(page, R"(shardopt_pushes_refused_total{model="mlp",trainer="1",code="ABORTED"} 1)"));
+  EXPECT_TRUE(
+      HasLine(page, R"(shardopt_pushes_total{model="mlp",trainer="0",outcome="accepted"} 1)"));
+  EXPECT_TRUE(
+      HasLine(page, R"(shardopt_pushes_total{model="mlp",trainer="1",outcome="applied"} 1)"));
+  EXPECT_TRUE(
+      HasLine(page, R"(shardopt_pushes_refused_total{model="mlp",trainer="1",code="ABORTED"} 1)"));
   EXPECT_TRUE(HasLine(page, R"(shardopt_pushes_abandoned_total{model="mlp",trainer="1"} 2)"));
 }
 
@@ -60,7 +66,8 @@ TEST(MetricsTest, ModelGaugesAndTrainerLag) {
   server.shard_count = 2;
   server.device = "cpu";
   const std::string page = RenderMetricsPage(ServerMetrics().Read(), server, {m});
-  EXPECT_TRUE(HasLine(page, R"(shardopt_shard_info{shard_index="1",shard_count="2",device="cpu"} 1)"));
+  EXPECT_TRUE(
+      HasLine(page, R"(shardopt_shard_info{shard_index="1",shard_count="2",device="cpu"} 1)"));
   EXPECT_TRUE(HasLine(page, R"(shardopt_model_version{model="mlp"} 12)"));
   EXPECT_TRUE(HasLine(page, R"(shardopt_steps_applied_total{model="mlp"} 11)"));
   EXPECT_TRUE(HasLine(page, R"(shardopt_steps_skipped_total{model="mlp"} 1)"));

@@ -58,13 +58,6 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions
     return absl::InvalidArgumentError(
         absl::StrCat("initial value ", bad, " of the range is ", initial_values[bad]));
   }
-  const FlatRange range = options.layout.ShardRange(options.shard_index);
-  if (std::optional<uint64_t> bad =
-          FindNonZeroPadding(options.layout, range, initial_values.data(), DType::kFloat32)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "initial value of ", options.layout.DescribeElement(*bad), " is ",
-        initial_values[*bad - range.begin], ": padding must hold zeros"));
-  }
   absl::StatusOr<std::unique_ptr<UpdateBackend>> made = backend(options, std::move(initial_values));
   if (!made.ok()) return made.status();
   return std::unique_ptr<ModelShard>(new ModelShard(std::move(options), std::move(*made)));
@@ -208,8 +201,8 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
   if (std::optional<uint64_t> padding = FindNonZeroPadding(
           shard_->options_.layout, FlatRange{flat_begin, flat_begin + count}, data, dtype_)) {
     float value;
-    ConvertToFloatAndFindNonFinite(static_cast<const char*>(data) + (*padding - flat_begin) * element,
-                                   1, dtype_, &value);
+    ConvertToFloatAndFindNonFinite(
+        static_cast<const char*>(data) + (*padding - flat_begin) * element, 1, dtype_, &value);
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient of ", shard_->options_.layout.DescribeElement(*padding), " from trainer ", rank_,
         " for step ", step_, " is ", value, ": padding gets zero gradients; the push is rejected"));

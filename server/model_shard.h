@@ -349,8 +349,8 @@ class ModelShard::PushWriter {
 
   // `bytes` of little-endian elements of the push's dtype starting at
   // range-local element `offset`, which must be where the previous chunk
-  // ended. INVALID_ARGUMENT otherwise, or when the chunk overruns the range or
-  // holds a NaN/inf.
+  // ended. INVALID_ARGUMENT otherwise, or when the chunk overruns the range,
+  // holds a NaN/inf, or anything but +0/-0 on a padding element.
   absl::Status Write(uint64_t offset, const void* data, size_t bytes);
 
   // INVALID_ARGUMENT unless every element arrived.

@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "common/logging.h"
-#include "server/device_support.h"
 #include "server/access_control.h"
+#include "server/device_support.h"
 #include "server/malloc_tuning.h"
 #include "server/shard_server.h"
 
@@ -83,9 +83,9 @@ bool ReadSecurityFlags(FileEnv* env, ShardServerOptions* options) {
     LogError("--tls_cert_file and --tls_key_file go together, and --tls_client_ca_file needs them");
     return false;
   }
-  for (const auto& [path, pem] : {std::pair{cert, &options->tls_cert_pem},
-                                  std::pair{key, &options->tls_key_pem},
-                                  std::pair{client_ca, &options->tls_client_ca_pem}}) {
+  for (const auto& [path, pem] :
+       {std::pair{cert, &options->tls_cert_pem}, std::pair{key, &options->tls_key_pem},
+        std::pair{client_ca, &options->tls_client_ca_pem}}) {
     if (path.empty()) continue;
     absl::StatusOr<std::string> contents = ReadFileToString(env, path);
     if (!contents.ok()) {
@@ -97,14 +97,19 @@ bool ReadSecurityFlags(FileEnv* env, ShardServerOptions* options) {
   const std::string tokens = absl::GetFlag(FLAGS_auth_token_file);
   if (!tokens.empty()) {
     absl::StatusOr<std::string> contents = ReadFileToString(env, tokens);
-    absl::StatusOr<AccessControl> access =
-        contents.ok() ? AccessControl::FromTokenFileContents(*contents)
-                      : absl::StatusOr<AccessControl>(contents.status());
+    absl::StatusOr<AccessControl> access = contents.ok()
+                                               ? AccessControl::FromTokenFileContents(*contents)
+                                               : absl::StatusOr<AccessControl>(contents.status());
     if (!access.ok()) {
       LogError("--auth_token_file=%s: %s", tokens, access.status().ToString());
       return false;
     }
     options->access = *std::move(access);
+    if (options->tls_cert_pem.empty()) {
+      LogWarning(
+          "--auth_token_file without --tls_cert_file: tokens travel in plaintext; use TLS "
+          "unless the network is private");
+    }
   }
   return true;
 }

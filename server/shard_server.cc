@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "server/call_interceptor.h"
 #include "proto/grpc/health/v1/health.pb.h"
+#include "server/call_interceptor.h"
 
 namespace shardopt {
 namespace {

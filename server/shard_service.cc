@@ -12,8 +12,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "common/names.h"
 #include "common/logging.h"
+#include "common/names.h"
 #include "common/proto_convert.h"
 #include "common/proto_difference.h"
 #include "server/device_support.h"
@@ -250,6 +250,15 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
     return Error(absl::InvalidArgumentError(absl::StrCat(
         "RegisterModel sent ", received, " of the ", size, " initial values of the range")));
   }
+  // Here and not in ModelShard::Create: a checkpoint written before this
+  // rule may hold anything there, and must still restore.
+  const FlatRange range = layout.ShardRange(options_.shard_index);
+  if (std::optional<uint64_t> bad =
+          FindNonZeroPadding(layout, range, values.data(), DType::kFloat32)) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("initial value of ", layout.DescribeElement(*bad), " is ",
+                     values[*bad - range.begin], ": padding must hold zeros")));
+  }
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
       ModelShard::Create(plan->options, std::move(values), BackendFactory());
   if (!shard.ok()) return Error(shard.status());
@@ -284,10 +293,10 @@ grpc::Status ShardServiceImpl::PushGradients(grpc::ServerContext* context,
   // shows on the metrics page.
   if (rank) {
     if (status.ok()) {
-      metrics_.RecordPush(model_id, *rank,
-                          absl::AsciiStrToLower(absl::StripPrefix(
-                              v1::PushGradientsResponse::Outcome_Name(response->outcome()),
-                              "OUTCOME_")));
+      metrics_.RecordPush(
+          model_id, *rank,
+          absl::AsciiStrToLower(absl::StripPrefix(
+              v1::PushGradientsResponse::Outcome_Name(response->outcome()), "OUTCOME_")));
     } else if (status.error_code() == grpc::StatusCode::CANCELLED) {
       metrics_.RecordPushAbandoned(model_id, *rank);
     } else {

@@ -34,8 +34,8 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
                                        v1::InspectResponse* response) {
   if (absl::Status s = Authorize(*context, Access::kRead); !s.ok()) return Error(s);
   if (request->slice_length() > kMaxSliceLength) {
-    return Error(absl::InvalidArgumentError(absl::StrCat(
-        "slice_length ", request->slice_length(), " is above the most, ", kMaxSliceLength)));
+    return Error(absl::InvalidArgumentError(absl::StrCat("slice_length ", request->slice_length(),
+                                                         " is above the most, ", kMaxSliceLength)));
   }
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
   if (!model.ok()) return Error(model.status());
@@ -157,7 +157,10 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
       shard, (*model)->config(), request->directory(), step, absl::FromChrono(context->deadline()),
       [context] { return context->IsCancelled(); }, ModelShard::StepHold(), options_.file_env,
       &write_time);
-  if (!context->IsCancelled()) {
+  // Only what wrote (or failed writing) files: not a refused request, nor a
+  // repeat of a committed checkpoint.
+  if (!context->IsCancelled() && write_time > absl::ZeroDuration() &&
+      (!written.ok() || written->bytes > 0)) {
     metrics_.RecordCheckpoint(request->model_id(), written.ok(), absl::ToDoubleSeconds(write_time));
   }
   if (!written.ok()) return Error(written.status());
@@ -411,12 +414,14 @@ std::string ShardServiceImpl::RenderMetrics() const {
     m.loss_scale = snap->last_step.loss_scale;
     m.grad_norm = snap->last_step.decision.grad_norm;
     m.last_lr = snap->last_lr;
+    // As Inspect does, so that the two agree.
+    if (model->periodic_checkpoints()) model->RefreshCheckpointList();
     const std::vector<int64_t> committed = model->committed_checkpoints();
     m.newest_committed_checkpoint = committed.empty() ? -1 : committed.front();
     for (const TrainerActivity& a : snap->trainers) {
-      m.trainers.push_back(TrainerGauges{
-          a.last_pushed_step,
-          a.last_push_time ? absl::ToDoubleSeconds(now - *a.last_push_time) : -1.0});
+      m.trainers.push_back(
+          TrainerGauges{a.last_pushed_step,
+                        a.last_push_time ? absl::ToDoubleSeconds(now - *a.last_push_time) : -1.0});
     }
     models.push_back(std::move(m));
   }

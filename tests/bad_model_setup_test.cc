@@ -3,15 +3,14 @@
 // hyperparameter changes, Inspect's report and its bad slices, and the state
 // budget (--max_state_mib). Each refusal gets its documented gRPC status and
 // leaves the shard's state as it was. Pushes and pulls: bad_input_test.cc.
-#include <grpcpp/grpcpp.h>
-
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,6 +30,7 @@ TEST_F(BadInputTest, RegistrationIsIdempotentAndRefusesADifferentModel) {
   v1::RegisterModelResponse response;
   // Same config: attaches, initial values ignored.
   std::vector<float> other(range_.size(), 7.0f);
+  ZeroPadding(&other);
   ASSERT_TRUE(Register(config_, false, {{0, Bytes(other, 0, other.size())}}, &response).ok());
   EXPECT_FALSE(response.created());
   EXPECT_EQ(response.range().begin(), range_.begin);
@@ -235,7 +235,8 @@ TEST_F(BadInputTest, HostileRequestsGetClearBoundedStatusesAndChangeNothing) {
                       });
     std::unique_lock<std::mutex> lock(mu);
     ASSERT_TRUE(done_cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; })) << method;
-    EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT) << method << ": " << status.error_message();
+    EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT)
+        << method << ": " << status.error_message();
     EXPECT_NE(status.error_message().find("does not parse"), std::string::npos) << method;
   }
   EXPECT_TRUE(Capture() == before);

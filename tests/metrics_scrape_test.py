@@ -181,6 +181,13 @@ def main():
               f"shard {i}: push latency count vs calls")
         check(total(samples, "shardopt_pulls_total", **m) >= 2 * STEPS, f"shard {i}: pulls")
         check(value(samples, "shardopt_grad_norm", **m) > 0, f"shard {i}: grad norm")
+        for metric, field, default in [
+                ("shardopt_last_lr", "last_lr", 0),
+                ("shardopt_loss_scale", "last_loss_scale", 0),
+                ("shardopt_newest_committed_checkpoint_step", "newest_committed_checkpoint", 0)]:
+            check(value(samples, metric, **m) == float(inspect.get(field, default)),
+                  f"shard {i}: {metric} {value(samples, metric, **m)} vs Inspect {field} "
+                  f"{inspect.get(field)}")
         check(value(samples, "shardopt_shard_info", shard_index=str(i), shard_count="2",
                     device="cpu") == 1, f"shard {i}: info")
         if i == 0:

@@ -5,8 +5,13 @@
 // token may inspect; a whole training job over mutual TLS with tokens ends
 // bit-identical to the single-process reference; the real grpcurl (from
 // .venv-tools) reaches the secured server as the README shows.
+#include <grpcpp/generic/generic_stub.h>
+
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,9 +65,9 @@ Pki MakePki() {
   Pki pki{MakeTempDir("pki")};
   const std::string openssl = FindSystemTool("openssl");
   for (const std::string ca : {"ca", "other_ca"}) {
-    auto [rc, output] = RunShell(absl::StrCat(
-        openssl, " req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=", ca, " -keyout ",
-        pki.path(ca + ".key"), " -out ", pki.path(ca + ".pem")));
+    auto [rc, output] =
+        RunShell(absl::StrCat(openssl, " req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=", ca,
+                              " -keyout ", pki.path(ca + ".key"), " -out ", pki.path(ca + ".pem")));
     EXPECT_EQ(rc, 0) << output;
   }
   MakeCertificate(pki, "ca", "server",
@@ -224,6 +229,60 @@ TEST(SecurityTest, StrangersAreRefusedAndChangeNothing) {
   EXPECT_TRUE((*trainer)->Step(4, grads, absl::MakeSpan(params)).ok());
 }
 
+// Every method of the service, whatever methods it gains: without a token
+// UNAUTHENTICATED; with the read-only one PERMISSION_DENIED except Inspect
+// and GetServerInfo (which then fail or answer for other reasons).
+TEST(SecurityTest, EveryMethodChecksTheToken) {
+  const Pki pki = MakePki();
+  auto servers = StartCluster(1, SecureServerFlags(pki));
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::ShardService::service_full_name());
+  ASSERT_NE(service, nullptr);
+  ASSERT_GE(service->method_count(), 9);
+  ChannelSecurity no_token = TrainerSecurity(pki);
+  no_token.auth_token_file = "";
+  ChannelSecurity reader = TrainerSecurity(pki);
+  reader.auth_token_file = pki.path("reader.token");
+  for (int i = 0; i < service->method_count(); ++i) {
+    const std::string method = service->method(i)->name();
+    const bool reads = method == "Inspect" || method == "GetServerInfo";
+    for (const ChannelSecurity* security : {&no_token, &reader}) {
+      absl::StatusOr<ChannelFactory> channels = ChannelFactory::Create(*security);
+      ASSERT_TRUE(channels.ok());
+      grpc::GenericStub generic(
+          channels->NewChannel((*servers)[0]->address(), grpc::ChannelArguments()));
+      grpc::Slice empty;  // An empty message: every field default.
+      grpc::ByteBuffer request(&empty, 1), reply;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      std::mutex mu;
+      std::condition_variable cv;
+      std::optional<grpc::Status> status;
+      generic.UnaryCall(&context, absl::StrCat("/", service->full_name(), "/", method),
+                        grpc::StubOptions(), &request, &reply, [&](grpc::Status s) {
+                          std::lock_guard<std::mutex> lock(mu);
+                          status = s;
+                          cv.notify_all();
+                        });
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return status.has_value(); });
+      const grpc::StatusCode code = status->error_code();
+      if (security == &no_token) {
+        EXPECT_EQ(code, grpc::StatusCode::UNAUTHENTICATED)
+            << method << ": " << status->error_message();
+      } else if (reads) {
+        EXPECT_NE(code, grpc::StatusCode::PERMISSION_DENIED) << method;
+        EXPECT_NE(code, grpc::StatusCode::UNAUTHENTICATED) << method;
+      } else {
+        EXPECT_EQ(code, grpc::StatusCode::PERMISSION_DENIED)
+            << method << ": " << status->error_message();
+      }
+    }
+  }
+}
+
 TEST(SecurityTest, TrainingOverMutualTlsWithTokensIsBitIdentical) {
   const Pki pki = MakePki();
   auto servers = StartCluster(2, SecureServerFlags(pki));
@@ -248,30 +307,32 @@ TEST(SecurityTest, RealGrpcurlWithTlsAndToken) {
   const std::string tls = absl::StrCat(" -cacert ", pki.path("ca.pem"), " -cert ",
                                        pki.path("client.pem"), " -key ", pki.path("client.key"));
   const std::string address = (*servers)[0]->address();
-  const std::string bearer = absl::StrCat(" -H \"authorization: Bearer $(cat ",
-                                          pki.path("reader.token"), ")\"");
+  const std::string bearer =
+      absl::StrCat(" -H \"authorization: Bearer $(cat ", pki.path("reader.token"), ")\"");
 
-  auto [rc, out] = RunShell(absl::StrCat(grpcurl, tls, bearer, " ", address,
-                                         " shardopt.v1.ShardService/GetServerInfo"));
+  auto [rc, out] = RunShell(
+      absl::StrCat(grpcurl, tls, bearer, " ", address, " shardopt.v1.ShardService/GetServerInfo"));
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"shard_count\": 1"), std::string::npos) << out;
   // Health and reflection need no token; the shard service does.
-  std::tie(rc, out) = RunShell(absl::StrCat(grpcurl, tls, " ", address, " grpc.health.v1.Health/Check"));
+  std::tie(rc, out) =
+      RunShell(absl::StrCat(grpcurl, tls, " ", address, " grpc.health.v1.Health/Check"));
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
   std::tie(rc, out) = RunShell(absl::StrCat(grpcurl, tls, " ", address, " list"));
   EXPECT_NE(out.find("shardopt.v1.ShardService"), std::string::npos) << out;
-  std::tie(rc, out) = RunShell(absl::StrCat(grpcurl, tls, " ", address,
-                                            " shardopt.v1.ShardService/GetServerInfo"));
+  std::tie(rc, out) =
+      RunShell(absl::StrCat(grpcurl, tls, " ", address, " shardopt.v1.ShardService/GetServerInfo"));
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("Unauthenticated"), std::string::npos) << out;
   // Read-only: no hyperparameter change.
-  std::tie(rc, out) = RunShell(absl::StrCat(
-      grpcurl, tls, bearer, " -d '{\"model_id\": \"m\", \"effective_step\": 5}' ", address,
-      " shardopt.v1.ShardService/SetHyperparameters"));
+  std::tie(rc, out) = RunShell(
+      absl::StrCat(grpcurl, tls, bearer, " -d '{\"model_id\": \"m\", \"effective_step\": 5}' ",
+                   address, " shardopt.v1.ShardService/SetHyperparameters"));
   EXPECT_NE(out.find("PermissionDenied"), std::string::npos) << out;
   // Plaintext against TLS fails.
-  std::tie(rc, out) = RunShell(absl::StrCat(grpcurl, " -connect-timeout 3 -plaintext ", address, " list"));
+  std::tie(rc, out) =
+      RunShell(absl::StrCat(grpcurl, " -connect-timeout 3 -plaintext ", address, " list"));
   EXPECT_NE(rc, 0) << out;
 }
 

@@ -36,7 +36,7 @@ std::string ToJson(const google::protobuf::Message& message) {
 }
 
 absl::StatusOr<v1::ServerInfo> Info(const CheckpointOptions& options, const std::string& server,
-                                     absl::Duration timeout) {
+                                    absl::Duration timeout) {
   auto stub =
       v1::ShardService::NewStub(options.channels.NewChannel(server, grpc::ChannelArguments()));
   grpc::ClientContext context;

@@ -50,10 +50,11 @@ int main(int argc, char** argv) {
       "shardoptctl status --servers=a,b | shardoptctl inspect --servers=a --model=ID");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    fprintf(stderr,
-            "usage: shardoptctl (status|health|inspect|checkpoint) --servers=host:port,... [flags]\n"
-            "       shardoptctl export --checkpoint=DIR --out=FILE.safetensors\n"
-            "       shardoptctl import --safetensors=FILE --checkpoint=DIR --out=NEW_DIR\n");
+    fprintf(
+        stderr,
+        "usage: shardoptctl (status|health|inspect|checkpoint) --servers=host:port,... [flags]\n"
+        "       shardoptctl export --checkpoint=DIR --out=FILE.safetensors\n"
+        "       shardoptctl import --safetensors=FILE --checkpoint=DIR --out=NEW_DIR\n");
     return 2;
   }
   const std::string command = args[1];
@@ -102,8 +103,9 @@ int main(int argc, char** argv) {
     return shardopt::ctl::Checkpoint(checkpoint, stdout);
   }
   if (command == "inspect") return shardopt::ctl::Inspect(options, stdout);
-  fprintf(stderr,
-          "shardoptctl: unknown command '%s' (status, health, inspect, checkpoint, export, import)\n",
-          command.c_str());
+  fprintf(
+      stderr,
+      "shardoptctl: unknown command '%s' (status, health, inspect, checkpoint, export, import)\n",
+      command.c_str());
   return 2;
 }

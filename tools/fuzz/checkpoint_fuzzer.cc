@@ -40,8 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t total = (*reader)->layout().total_elements();
   std::vector<float> values(std::min<uint64_t>(total, 64));
   for (size_t section = 0; section < (*reader)->section_names().size(); ++section) {
-    const absl::Status read = (*reader)->Read(static_cast<int>(section), 0, values.size(),
-                                              values.data());
+    const absl::Status read =
+        (*reader)->Read(static_cast<int>(section), 0, values.size(), values.data());
     // Whatever verified whole reads.
     if (verified && !read.ok()) std::abort();
   }

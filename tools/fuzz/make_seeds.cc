@@ -64,8 +64,8 @@ void ServiceSeeds(const std::string& dir) {
   }
   v1::PushGradientsRequest chunk;
   chunk.mutable_chunk()->set_data(grad.data(), grad.size() * sizeof(float));
-  Write(dir, "push", std::string(1, 1) + Record(header.SerializeAsString()) +
-                         Record(chunk.SerializeAsString()));
+  Write(dir, "push",
+        std::string(1, 1) + Record(header.SerializeAsString()) + Record(chunk.SerializeAsString()));
 
   v1::PullParametersRequest pull;
   pull.set_wait_only(false);
@@ -98,7 +98,8 @@ void PullFrameSeeds(const std::string& dir) {
   Write(dir, "fp32", std::string(1, static_cast<char>(8 << 2)) + response.SerializeAsString());
   const std::vector<uint16_t> half = {0x3c00, 0x4000};
   response.mutable_chunk()->set_data(half.data(), half.size() * sizeof(uint16_t));
-  Write(dir, "fp16", std::string(1, static_cast<char>((8 << 2) | 2)) + response.SerializeAsString());
+  Write(dir, "fp16",
+        std::string(1, static_cast<char>((8 << 2) | 2)) + response.SerializeAsString());
 }
 
 void SafetensorsSeeds(const std::string& dir) {

@@ -35,7 +35,8 @@ if [ "${#fuzzers[@]}" -eq 0 ]; then
   fuzzers=(service_fuzzer pull_frame_fuzzer checkpoint_fuzzer safetensors_fuzzer text_fuzzer)
 fi
 
-output_base="${SHARDOPT_FUZZ_OUTPUT_BASE:-$HOME/.cache/shardopt-fuzz-bazel}"
+# One output base per checkout (an output base belongs to one workspace).
+output_base="${SHARDOPT_FUZZ_OUTPUT_BASE:-$HOME/.cache/shardopt-fuzz-bazel/$(pwd | md5sum | cut -c1-12)}"
 targets=()
 for f in "${fuzzers[@]}"; do targets+=("//tools/fuzz:$f"); done
 record() { [ -n "$results" ] && echo "$1 fuzz:$2" >> "$results"; return 0; }

@@ -7,7 +7,9 @@
 // bytes), each one serialized request message; a record that does not parse
 // is sent raw to the unary methods (the "does not parse" path), and skipped
 // on the streams. An empty model_id becomes "m", so that most calls reach the
-// model's state. Checkpoint directories that pass the path rules are moved
+// model's state. The server requires tokens (--auth_token_file); the
+// method byte's next bits choose the call's: the trainer's, the read-only
+// one, none, or a wrong one. Checkpoint directories that pass the path rules are moved
 // under a scratch directory (the fuzzer runs as root; a fuzzed path must not
 // write anywhere). Every call has a 50 ms deadline. After each input the
 // server must still answer Inspect of "m".
@@ -24,11 +26,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth_metadata.h"
 #include "common/layout.h"
 #include "common/names.h"
 #include "common/optimizer_config.h"
 #include "common/proto_convert.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "server/access_control.h"
 #include "server/shard_server.h"
 #include "tools/fuzz/fuzz_input.h"
 
@@ -42,8 +46,14 @@ struct Fixture {
   std::string scratch;
 };
 
+constexpr char kTrainerToken[] = "trainer-token-for-fuzzing";
+constexpr char kReaderToken[] = "reader-token-for-fuzzing";
+// The bearer value this input's calls carry (empty: none).
+std::string g_authorization;
+
 void WithDeadline(grpc::ClientContext* context) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(50)));
+  if (!g_authorization.empty()) context->AddMetadata("authorization", g_authorization);
 }
 
 Fixture* MakeFixture() {
@@ -54,13 +64,16 @@ Fixture* MakeFixture() {
   options.threads = 1;
   options.max_state_bytes = 64 << 20;  // Fuzzed registrations stay small.
   options.stream_idle_timeout = absl::Seconds(1);
+  options.access = AccessControl::FromTokenFileContents(
+                       absl::StrCat("trainer ", kTrainerToken, "\nreadonly ", kReaderToken, "\n"))
+                       .value();
+  g_authorization = BearerMetadataValue(kTrainerToken);
   absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start("127.0.0.1:0", options);
   if (!server.ok()) std::abort();
   f->server = *std::move(server);
   f->channel = f->server->InProcessChannel();
   f->stub = v1::ShardService::NewStub(f->channel);
-  const ModelLayout layout =
-      ModelLayout::Create({{"w", {5, 3}}, {"b", {3}}}, 4, 1).value();
+  const ModelLayout layout = ModelLayout::Create({{"w", {5, 3}}, {"b", {3}}}, 4, 1).value();
   v1::ModelConfig config;
   config.set_model_id("m");
   *config.mutable_layout() = LayoutToProto(layout);
@@ -68,6 +81,7 @@ Fixture* MakeFixture() {
   config.set_num_trainers(2);
   config.set_shard_count(1);
   grpc::ClientContext context;
+  context.AddMetadata("authorization", g_authorization);
   v1::RegisterModelResponse response;
   auto writer = f->stub->RegisterModel(&context, &response);
   v1::RegisterModelRequest request;
@@ -172,7 +186,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardopt::fuzz;
   Fixture& f = F();
   FuzzInput input(data, size);
-  const uint8_t method = input.Byte() % 8;
+  const uint8_t choice = input.Byte();
+  const uint8_t method = choice % 8;
+  const std::string tokens[] = {BearerMetadataValue(kTrainerToken),
+                                BearerMetadataValue(kReaderToken), "",
+                                BearerMetadataValue("not-a-token-of-this-server")};
+  g_authorization = tokens[(choice >> 3) % 4];
   if (method <= 1) {
     Stream(method, input);
   } else {
@@ -198,12 +217,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         });
         break;
       case 4:
-        Unary<v1::SetHyperparametersRequest>(
-            "SetHyperparameters", bytes, [&](v1::SetHyperparametersRequest r) {
-              DefaultModel(&r);
-              v1::SetHyperparametersResponse response;
-              f.stub->SetHyperparameters(&context, r, &response);
-            });
+        Unary<v1::SetHyperparametersRequest>("SetHyperparameters", bytes,
+                                             [&](v1::SetHyperparametersRequest r) {
+                                               DefaultModel(&r);
+                                               v1::SetHyperparametersResponse response;
+                                               f.stub->SetHyperparameters(&context, r, &response);
+                                             });
         break;
       case 5:
         Unary<v1::CheckpointRequest>("Checkpoint", bytes, [&](v1::CheckpointRequest r) {
@@ -230,7 +249,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   // The server survived, and still holds the model.
+  g_authorization = BearerMetadataValue(kTrainerToken);
   grpc::ClientContext context;
+  context.AddMetadata("authorization", g_authorization);
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   v1::InspectRequest inspect;
   inspect.set_model_id("m");

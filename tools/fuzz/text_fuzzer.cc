@@ -35,8 +35,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (char c : quoted) {
     if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) std::abort();
   }
-  for (const absl::Status& s : {shardopt::CheckId("model_id", name), shardopt::CheckTensorName(name),
-                                shardopt::CheckPath("directory", name)}) {
+  for (const absl::Status& s :
+       {shardopt::CheckId("model_id", name), shardopt::CheckTensorName(name),
+        shardopt::CheckPath("directory", name)}) {
     if (!s.ok() && s.message().size() > 400) std::abort();
   }
   if (shardopt::CheckPath("directory", name).ok() && name.find('\0') != std::string::npos) {
