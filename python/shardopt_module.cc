@@ -369,6 +369,8 @@ PYBIND11_MODULE(_shardopt, m) {
       {absl::StatusCode::kDataLoss, "DataLossError", nullptr},
       {absl::StatusCode::kInternal, "InternalError", nullptr},
       {absl::StatusCode::kUnimplemented, "UnimplementedError", nullptr},
+      {absl::StatusCode::kUnauthenticated, "UnauthenticatedError", nullptr},
+      {absl::StatusCode::kPermissionDenied, "PermissionDeniedError", PyExc_PermissionError},
   };
   for (const auto& [code, name, builtin] : kinds) {
     py::tuple bases =

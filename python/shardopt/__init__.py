@@ -36,5 +36,7 @@ CancelledError = _shardopt.CancelledError
 DataLossError = _shardopt.DataLossError
 InternalError = _shardopt.InternalError
 UnimplementedError = _shardopt.UnimplementedError
+UnauthenticatedError = _shardopt.UnauthenticatedError
+PermissionDeniedError = _shardopt.PermissionDeniedError
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,7 +1,9 @@
 """Bad uses of shardopt's Python API each raise a clear exception, not a crash."""
 
 import inspect
+import os
 import sys
+import tempfile
 import unittest
 
 import numpy
@@ -55,6 +57,37 @@ class BadUseTest(unittest.TestCase):
         bigger.add_module("extra", torch.nn.Linear(2, 2))
         with self.assertRaisesRegex(shardopt.FailedPreconditionError, "different config"):
             self.optimizer(bigger, "added")
+
+    def test_tokens(self):
+        # A server that wants bearer tokens (plaintext here: the TLS paths
+        # are the C++ client's, tested in //tests:security_test).
+        directory = tempfile.mkdtemp()
+        tokens = os.path.join(directory, "tokens")
+        with open(tokens, "w") as f:
+            f.write("trainer trainer-token-0123456789\nreadonly reader-token-0123456789\n")
+        with Cluster(1, ["--auth_token_file=" + tokens]) as secured:
+            def build(model_id, **security):
+                return shardopt.torch.DistributedOptimizer(
+                    tiny_model().parameters(), servers=secured.addresses, rank=0, world_size=1,
+                    optimizer="adam", lr=0.01, model_id=model_id, retry_budget=2.0,
+                    security=security or None)
+            with self.assertRaises(shardopt.UnauthenticatedError) as caught:
+                build("tok")
+            self.assertEqual(caught.exception.code, "UNAUTHENTICATED")
+            with self.assertRaises(shardopt.UnauthenticatedError):
+                build("tok", auth_token="trainer-token-wrong-56789")
+            with self.assertRaises(PermissionError):  # shardopt.PermissionDeniedError
+                build("tok", auth_token="reader-token-0123456789")
+            with self.assertRaisesRegex(ValueError, "unknown security option 'token'"):
+                build("tok", token="trainer-token-0123456789")
+            model = tiny_model()
+            opt = shardopt.torch.DistributedOptimizer(
+                model.parameters(), servers=secured.addresses, rank=0, world_size=1,
+                optimizer="adam", lr=0.01, model_id="tok", retry_budget=2.0,
+                security={"auth_token": "trainer-token-0123456789"})
+            model(torch.ones(1, 3)).sum().backward()
+            opt.step()
+            self.assertEqual(opt.last_results[0]["version"], 1)
 
     def test_server_down(self):
         dead = Cluster(1)
