@@ -342,15 +342,8 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
     writer->WritesDone();
     return writer;
   };
-  // The stalled stream: header and one chunk, then nothing, without a deadline.
-  grpc::ClientContext stalled_context;
-  v1::PushGradientsResponse stalled_response;
-  auto stalled = push(&stalled_context, &stalled_response, /*finish=*/false);
-
   // Probes send only a header: ABORTED while the stalled push holds the
-  // slot, INVALID_ARGUMENT (no data) once it is free. The first probes wait
-  // for the stalled stream to reach the server (it may trail on a loaded
-  // machine), so that no probe takes the slot first.
+  // slot, INVALID_ARGUMENT (no data) once it is free.
   auto probe = [&]() {
     grpc::ClientContext context;
     v1::PushGradientsResponse r;
@@ -359,10 +352,26 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
     writer->WritesDone();
     return writer->Finish().error_code();
   };
-  const absl::Time registered_by = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < registered_by && probe() != grpc::ABORTED) {
-    absl::SleepFor(absl::Milliseconds(5));
+  // The stalled stream: header and one chunk, then nothing, without a
+  // deadline. The first probes wait for it to reach the server (it may trail
+  // on a loaded machine); one that held the slot at that very moment makes
+  // the stalled push itself ABORTED, so a stream that never comes to hold
+  // the slot is opened again (at most 3 times).
+  std::unique_ptr<grpc::ClientContext> stalled_context;
+  v1::PushGradientsResponse stalled_response;
+  std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> stalled;
+  bool holds_slot = false;
+  for (int attempt = 0; attempt < 3 && !holds_slot; ++attempt) {
+    if (stalled) stalled->Finish().IgnoreError();
+    stalled_context = std::make_unique<grpc::ClientContext>();
+    stalled = push(stalled_context.get(), &stalled_response, /*finish=*/false);
+    const absl::Time registered_by = absl::Now() + absl::Seconds(3);
+    while (absl::Now() < registered_by && !holds_slot) {
+      holds_slot = probe() == grpc::ABORTED;
+      if (!holds_slot) absl::SleepFor(absl::Milliseconds(5));
+    }
   }
+  ASSERT_TRUE(holds_slot) << "the stalled push never held the trainer's slot";
   const absl::Time start = absl::Now();
   int aborted = 0;
   while (absl::Now() - start < absl::Seconds(15) && probe() == grpc::ABORTED) {
