@@ -2,6 +2,7 @@
 
 #include <cctype>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -72,6 +73,22 @@ absl::Status CheckPath(absl::string_view what, absl::string_view path) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " ", Quoted(path), " has a component longer than 255 bytes"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPathInside(absl::string_view what, absl::string_view path,
+                             absl::string_view root) {
+  if (absl::Status s = CheckPath(what, path); !s.ok()) return s;
+  absl::string_view prefix = root;
+  while (prefix.size() > 1 && prefix.back() == '/') prefix.remove_suffix(1);
+  const bool below = path.size() > prefix.size() + 1 && absl::StartsWith(path, prefix) &&
+                     (prefix == "/" || path[prefix.size()] == '/');
+  bool climbs = false;
+  for (absl::string_view part : absl::StrSplit(path, '/')) climbs |= part == "." || part == "..";
+  if (!below || climbs) {
+    return absl::PermissionDeniedError(absl::StrCat(what, " ", Quoted(path),
+                                                    " is not inside ", Quoted(root)));
   }
   return absl::OkStatus();
 }

@@ -39,6 +39,10 @@ absl::Status CheckTensorName(absl::string_view name);
 // most kMaxPathBytes, no NUL byte (the system would cut the name there), no
 // component longer than 255 bytes (NAME_MAX).
 absl::Status CheckPath(absl::string_view what, absl::string_view path);
+// PERMISSION_DENIED unless `path` lies inside directory `root` (a
+// CheckPath-valid path, with no "." or ".." component, below root).
+absl::Status CheckPathInside(absl::string_view what, absl::string_view path,
+                             absl::string_view root);
 
 }  // namespace shardopt
 

@@ -58,5 +58,18 @@ TEST(CheckPathTest, RefusesNulLongAndOverlongComponents) {
   EXPECT_TRUE(CheckPath("directory", "/tmp/" + std::string(255, 'n')).ok());
 }
 
+TEST(CheckPathInsideTest, OnlyBelowTheRootWithoutClimbing) {
+  EXPECT_TRUE(CheckPathInside("directory", "/ckpt/mlp/step-1", "/ckpt").ok());
+  EXPECT_TRUE(CheckPathInside("directory", "/ckpt/mlp", "/ckpt/").ok());
+  for (const char* bad : {"/ckpt", "/ckpt/", "/ckptx/mlp", "/etc/passwd", "/ckpt/../etc",
+                          "/ckpt/./x", "ckpt/mlp", "/ckpt/a/../../etc"}) {
+    EXPECT_EQ(CheckPathInside("directory", bad, "/ckpt").code(),
+              absl::StatusCode::kPermissionDenied)
+        << bad;
+  }
+  EXPECT_EQ(CheckPathInside("directory", std::string("/ckpt/a\0b", 9), "/ckpt").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace shardopt

@@ -52,6 +52,10 @@ ABSL_FLAG(int, checkpoint_keep, 0,
           "Keep this many committed periodic checkpoints per model and remove older ones "
           "(each shard its own files); 0 keeps all. Keep at least 2: a shard that dies while "
           "writing one restarts from the one before.");
+ABSL_FLAG(std::string, checkpoint_request_root, "",
+          "If set, Checkpoint requests (shardoptctl checkpoint, state_dict()) may only name "
+          "directories inside this one (PERMISSION_DENIED otherwise); empty: any directory this "
+          "server may write.");
 ABSL_FLAG(std::string, restore_from, "",
           "Before serving, load models from this checkpoint directory, or from the latest "
           "committed checkpoint of each model under this --checkpoint_dir-style root (none "
@@ -200,6 +204,7 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
   options.file_env = env;
   if (!ReadSecurityFlags(env, &options)) return 2;
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.checkpoint_request_root = absl::GetFlag(FLAGS_checkpoint_request_root);
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(listen, options);

@@ -74,6 +74,9 @@ struct ShardServerOptions {
   std::string tls_client_ca_pem;
   // HOST:PORT of the HTTP /metrics and /healthz endpoint; empty: none.
   std::string metrics_listen;
+  // When set, Checkpoint requests may only name directories inside it
+  // (--checkpoint_request_root); else any directory the server may write.
+  std::string checkpoint_request_root;
 };
 
 class ShardServiceImpl final : public v1::ShardService::Service {

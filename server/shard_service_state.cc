@@ -145,7 +145,13 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
   if (!model.ok()) return Error(model.status());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
   // Before anything is created: the system would cut a name at a NUL byte.
-  if (absl::Status s = CheckPath("directory", request->directory()); !s.ok()) return Error(s);
+  if (absl::Status s = options_.checkpoint_request_root.empty()
+                           ? CheckPath("directory", request->directory())
+                           : CheckPathInside("directory", request->directory(),
+                                             options_.checkpoint_request_root);
+      !s.ok()) {
+    return Error(s);
+  }
   if (request->step() < -1) {
     return Error(absl::InvalidArgumentError(
         absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));

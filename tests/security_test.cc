@@ -110,6 +110,8 @@ grpc::Status InspectWith(const ChannelSecurity& security, const std::string& add
   return stub->Inspect(&context, request, response);
 }
 
+std::string BaseNameOf(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
 TrainerClientOptions FailFast(const ChannelSecurity& security) {
   TrainerClientOptions options;
   options.security = security;
@@ -293,6 +295,33 @@ TEST(SecurityTest, TrainingOverMutualTlsWithTokensIsBitIdentical) {
                "--tls_key_file=" + pki.path("client.key"),
                "--auth_token_file=" + pki.path("trainer.token")});
   ExpectMatchesReference("adamw", 2, 2, 12, out_root);
+}
+
+// --checkpoint_request_root: a Checkpoint request (any token that may write)
+// names only directories inside it; nothing is created elsewhere.
+TEST(SecurityTest, CheckpointRequestsStayInsideTheirRoot) {
+  const std::string root = MakeTempDir("ckroot");
+  const std::string outside = MakeTempDir("outside");
+  auto servers = StartCluster(1, {"--checkpoint_request_root=" + root});
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  TrainerClientOptions options;
+  options.retry_budget = absl::ZeroDuration();
+  auto client = TrainerClient::Connect(Addresses(*servers), options);
+  ASSERT_TRUE(client.ok());
+  const ModelSpec spec = SyntheticModelSpec("m", OptimizerConfig::Sgd(0.1), 1);
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
+  ASSERT_TRUE((*client)->Register(spec, SyntheticInitialParams(layout, 1)).ok());
+  EXPECT_TRUE((*client)->Checkpoint(root + "/m/step-0").ok());
+  for (const std::string& bad : {outside + "/m", root + "/../" + BaseNameOf(outside) + "/m",
+                                 root, std::string("/etc/shardopt-should-not-exist")}) {
+    absl::StatusOr<std::string> refused = (*client)->Checkpoint(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied)
+        << bad << ": " << refused.status();
+  }
+  auto [rc, listing] = RunShell("ls -A " + outside);
+  EXPECT_EQ(listing, "") << "created outside the root: " << listing;
+  std::tie(rc, listing) = RunShell("test -e /etc/shardopt-should-not-exist");
+  EXPECT_NE(rc, 0) << "created /etc/shardopt-should-not-exist";
 }
 
 // The README's grpcurl lines for a secured server, with the real grpcurl.
