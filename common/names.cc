@@ -87,8 +87,8 @@ absl::Status CheckPathInside(absl::string_view what, absl::string_view path,
   bool climbs = false;
   for (absl::string_view part : absl::StrSplit(path, '/')) climbs |= part == "." || part == "..";
   if (!below || climbs) {
-    return absl::PermissionDeniedError(absl::StrCat(what, " ", Quoted(path),
-                                                    " is not inside ", Quoted(root)));
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, " ", Quoted(path), " is not inside ", Quoted(root)));
   }
   return absl::OkStatus();
 }

@@ -312,8 +312,8 @@ TEST(SecurityTest, CheckpointRequestsStayInsideTheirRoot) {
   const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
   ASSERT_TRUE((*client)->Register(spec, SyntheticInitialParams(layout, 1)).ok());
   EXPECT_TRUE((*client)->Checkpoint(root + "/m/step-0").ok());
-  for (const std::string& bad : {outside + "/m", root + "/../" + BaseNameOf(outside) + "/m",
-                                 root, std::string("/etc/shardopt-should-not-exist")}) {
+  for (const std::string& bad : {outside + "/m", root + "/../" + BaseNameOf(outside) + "/m", root,
+                                 std::string("/etc/shardopt-should-not-exist")}) {
     absl::StatusOr<std::string> refused = (*client)->Checkpoint(bad);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied)
         << bad << ": " << refused.status();
