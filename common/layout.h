@@ -110,6 +110,16 @@ class ModelLayout {
 std::optional<uint64_t> FindNonZeroPadding(const ModelLayout& layout, FlatRange range,
                                            const void* values, DType dtype);
 
+// Zeros the padding elements of `values` (range.size() elements, for flat
+// elements [range.begin, range.end)): what a buffer filled element by
+// element needs before it is pushed or registered.
+template <typename Element>
+void ZeroPadding(const ModelLayout& layout, FlatRange range, Element* values) {
+  for (const FlatRange& gap : layout.PaddingIn(range)) {
+    for (uint64_t i = gap.begin; i < gap.end; ++i) values[i - range.begin] = Element{0};
+  }
+}
+
 }  // namespace shardopt
 
 #endif  // SHARDOPT_COMMON_LAYOUT_H_

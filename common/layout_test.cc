@@ -178,5 +178,29 @@ TEST(OptimizerConfigProtoTest, RoundTripAndValidation) {
   EXPECT_EQ(OptimizerConfigFromProto(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(LayoutTest, PaddingIsFoundCheckedAndZeroed) {
+  // "w" 10 elements at 0, "b" 3 at 16 (alignment 16), total 32 over 2 shards.
+  const ModelLayout layout = ModelLayout::Create({{"w", {10}}, {"b", {3}}}, 16, 2).value();
+  const FlatRange shard0 = layout.ShardRange(0), shard1 = layout.ShardRange(1);
+  ASSERT_EQ(layout.PaddingIn(shard0).size(), 1u);
+  EXPECT_EQ(layout.PaddingIn(shard0)[0].begin, 10u);
+  EXPECT_EQ(layout.PaddingIn(shard0)[0].end, 16u);
+  ASSERT_EQ(layout.PaddingIn(shard1).size(), 1u);
+  EXPECT_EQ(layout.PaddingIn(shard1)[0].begin, 19u);
+  EXPECT_EQ(layout.PaddingIn(shard1)[0].end, 32u);
+
+  std::vector<float> values(shard1.size(), 1.0f);
+  EXPECT_EQ(FindNonZeroPadding(layout, shard1, values.data(), DType::kFloat32), 19u);
+  ZeroPadding(layout, shard1, values.data());
+  EXPECT_EQ(FindNonZeroPadding(layout, shard1, values.data(), DType::kFloat32), std::nullopt);
+  EXPECT_EQ(values[2], 1.0f);  // "b" untouched.
+  values[31 - 16] = -0.0f;     // -0 is zero.
+  EXPECT_EQ(FindNonZeroPadding(layout, shard1, values.data(), DType::kFloat32), std::nullopt);
+  std::vector<uint16_t> half(shard1.size(), 0x8000);  // -0 in 16 bits.
+  EXPECT_EQ(FindNonZeroPadding(layout, shard1, half.data(), DType::kBFloat16), std::nullopt);
+  half[20 - 16] = 0x0001;  // The smallest subnormal.
+  EXPECT_EQ(FindNonZeroPadding(layout, shard1, half.data(), DType::kFloat16), 20u);
+}
+
 }  // namespace
 }  // namespace shardopt

@@ -59,6 +59,20 @@ class Page {
     Family(name, type, help);
     for (const ModelGauges& m : models) Sample(name, Label("model", m.model_id), value_of(m));
   }
+  // One gauge per (model, trainer rank), for the first kMaxTrainerSeries
+  // ranks of each model.
+  template <typename Fn>
+  void PerTrainer(absl::string_view name, absl::string_view help,
+                  const std::vector<ModelGauges>& models, Fn value_of) {
+    Family(name, "gauge", help);
+    for (const ModelGauges& m : models) {
+      for (size_t r = 0; r < std::min<size_t>(m.trainers.size(), kMaxTrainerSeries); ++r) {
+        Sample(name,
+               absl::StrCat(Label("model", m.model_id), ",", Label("trainer", absl::StrCat(r))),
+               value_of(m, m.trainers[r]));
+      }
+    }
+  }
   std::string Take() { return std::move(text_); }
 
  private:
@@ -142,35 +156,24 @@ std::string RenderMetricsPage(const ServerMetrics::Values& counters, const Serve
       "Step of the newest committed checkpoint (-1: none).", models,
       [](const ModelGauges& m) { return static_cast<double>(m.newest_committed_checkpoint); });
 
-  page.Family("shardopt_trainer_last_pushed_step", "gauge",
-              "Highest step whose push this shard committed, per trainer.");
-  for (const ModelGauges& m : models) {
-    for (size_t r = 0; r < std::min<size_t>(m.trainers.size(), kMaxTrainerSeries); ++r) {
-      page.Sample("shardopt_trainer_last_pushed_step",
-                  absl::StrCat(Label("model", m.model_id), ",", Label("trainer", absl::StrCat(r))),
-                  static_cast<double>(m.trainers[r].last_pushed_step));
-    }
-  }
-  page.Family("shardopt_trainer_lag_steps", "gauge",
-              "Steps a trainer's last push is behind the most advanced trainer's.");
-  for (const ModelGauges& m : models) {
-    int64_t newest = 0;
-    for (const TrainerGauges& t : m.trainers) newest = std::max(newest, t.last_pushed_step);
-    for (size_t r = 0; r < std::min<size_t>(m.trainers.size(), kMaxTrainerSeries); ++r) {
-      page.Sample("shardopt_trainer_lag_steps",
-                  absl::StrCat(Label("model", m.model_id), ",", Label("trainer", absl::StrCat(r))),
-                  static_cast<double>(newest - m.trainers[r].last_pushed_step));
-    }
-  }
-  page.Family("shardopt_trainer_seconds_since_last_push", "gauge",
-              "Seconds since a trainer's last committed push (-1: none since the restore).");
-  for (const ModelGauges& m : models) {
-    for (size_t r = 0; r < std::min<size_t>(m.trainers.size(), kMaxTrainerSeries); ++r) {
-      page.Sample("shardopt_trainer_seconds_since_last_push",
-                  absl::StrCat(Label("model", m.model_id), ",", Label("trainer", absl::StrCat(r))),
-                  m.trainers[r].seconds_since_last_push);
-    }
-  }
+  page.PerTrainer("shardopt_trainer_last_pushed_step",
+                  "Highest step whose push this shard committed, per trainer.", models,
+                  [](const ModelGauges&, const TrainerGauges& t) {
+                    return static_cast<double>(t.last_pushed_step);
+                  });
+  page.PerTrainer("shardopt_trainer_lag_steps",
+                  "Steps a trainer's last push is behind the most advanced trainer's.", models,
+                  [](const ModelGauges& m, const TrainerGauges& t) {
+                    int64_t newest = 0;
+                    for (const TrainerGauges& u : m.trainers) {
+                      newest = std::max(newest, u.last_pushed_step);
+                    }
+                    return static_cast<double>(newest - t.last_pushed_step);
+                  });
+  page.PerTrainer(
+      "shardopt_trainer_seconds_since_last_push",
+      "Seconds since a trainer's last committed push (-1: none since the restore).", models,
+      [](const ModelGauges&, const TrainerGauges& t) { return t.seconds_since_last_push; });
   return page.Take();
 }
 

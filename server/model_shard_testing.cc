@@ -17,10 +17,7 @@ std::vector<float> RandomGradient(uint32_t rank, int64_t step, size_t n) {
 }
 
 void ZeroPadding(const ModelLayout& layout, uint32_t shard, std::vector<float>* values) {
-  const FlatRange range = layout.ShardRange(shard);
-  for (const FlatRange& gap : layout.PaddingIn(range)) {
-    for (uint64_t i = gap.begin; i < gap.end; ++i) (*values)[i - range.begin] = 0;
-  }
+  shardopt::ZeroPadding(layout, layout.ShardRange(shard), values->data());
 }
 
 absl::StatusOr<PushResult> PushInChunks(ModelShard& shard, uint32_t rank, int64_t step,

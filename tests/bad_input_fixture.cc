@@ -95,9 +95,7 @@ std::vector<float> BadInputTest::Gradient(float scale) const {
 }
 
 void BadInputTest::ZeroPadding(std::vector<float>* range_values) const {
-  for (const FlatRange& gap : layout_->PaddingIn(range_)) {
-    for (uint64_t i = gap.begin; i < gap.end; ++i) (*range_values)[i - range_.begin] = 0;
-  }
+  shardopt::ZeroPadding(*layout_, range_, range_values->data());
 }
 
 grpc::Status BadInputTest::PullBytes(int64_t min_version, v1::DType dtype, std::string* bytes,

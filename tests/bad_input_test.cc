@@ -205,13 +205,7 @@ TEST_F(BadInputTest, SixteenBitPushesAndPulls) {
   // An fp16 gradient holding +inf (0x7c00) is refused like an fp32 inf.
   std::vector<uint16_t> half(range_.size());
   for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToHalfBits(0.25f * (i % 7));
-  const std::vector<FlatRange> padding = layout_->PaddingIn(range_);
-  auto zero_padding = [&](std::vector<uint16_t>& v) {
-    for (const FlatRange& gap : padding) {
-      for (uint64_t i = gap.begin; i < gap.end; ++i) v[i - range_.begin] = 0;
-    }
-  };
-  zero_padding(half);
+  shardopt::ZeroPadding(*layout_, range_, half.data());
   half[range_.size() / 2] = 0x7c00;
   v1::PushHeader h = Header(0, 1);
   h.set_dtype(v1::DTYPE_FLOAT16);
@@ -223,7 +217,7 @@ TEST_F(BadInputTest, SixteenBitPushesAndPulls) {
   half[range_.size() / 2] = FloatToHalfBits(-1.5f);
   std::vector<uint16_t> bf16(range_.size());
   for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = FloatToBFloat16Bits(0.1f * (i % 5) - 0.2f);
-  zero_padding(bf16);
+  shardopt::ZeroPadding(*layout_, range_, bf16.data());
   v1::PushGradientsResponse r;
   ASSERT_TRUE(Push(&h,
                    {{0, std::string(reinterpret_cast<const char*>(half.data()), 2 * 10)},
