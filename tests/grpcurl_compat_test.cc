@@ -11,8 +11,6 @@
 #include <google/protobuf/dynamic_message.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/client_unary_call.h>
-#include <grpcpp/impl/rpc_method.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -29,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "proto/grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
 
 namespace shardopt::testing {
@@ -131,23 +130,11 @@ absl::StatusOr<std::string> CallWithJson(grpc::Channel* channel, ReflectionClien
   if (pb::util::Status s = pb::util::JsonStringToMessage(json, request.get()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("request JSON: ", s.ToString()));
   }
-  const std::string bytes = request->SerializeAsString();
-  grpc::Slice slice(bytes.data(), bytes.size());
-  grpc::ByteBuffer request_buffer(&slice, 1), reply_buffer;
-  const std::string path = absl::StrCat("/", service, "/", method_name);
-  grpc::internal::RpcMethod rpc(path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  const grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel, rpc, &context, request_buffer, &reply_buffer);
+  std::string reply_bytes;
+  const grpc::Status status = RawUnaryCall(channel, absl::StrCat("/", service, "/", method_name),
+                                           request->SerializeAsString(), 10000, &reply_bytes);
   if (!status.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-  }
-  std::vector<grpc::Slice> slices;
-  if (!reply_buffer.Dump(&slices).ok()) return absl::InternalError("unreadable reply");
-  std::string reply_bytes;
-  for (const grpc::Slice& s : slices) {
-    reply_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   if (!reply->ParseFromString(reply_bytes)) return absl::InternalError("unparsable reply");
   std::string out;

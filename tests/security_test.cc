@@ -5,13 +5,9 @@
 // token may inspect; a whole training job over mutual TLS with tokens ends
 // bit-identical to the single-process reference; the real grpcurl (from
 // .venv-tools) reaches the secured server as the README shows.
-#include <grpcpp/generic/generic_stub.h>
 
-#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
-#include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
 #include "tests/support/training_job.h"
 
@@ -253,33 +250,20 @@ TEST(SecurityTest, EveryMethodChecksTheToken) {
     for (const ChannelSecurity* security : {&no_token, &reader}) {
       absl::StatusOr<ChannelFactory> channels = ChannelFactory::Create(*security);
       ASSERT_TRUE(channels.ok());
-      grpc::GenericStub generic(
-          channels->NewChannel((*servers)[0]->address(), grpc::ChannelArguments()));
-      grpc::Slice empty;  // An empty message: every field default.
-      grpc::ByteBuffer request(&empty, 1), reply;
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-      std::mutex mu;
-      std::condition_variable cv;
-      std::optional<grpc::Status> status;
-      generic.UnaryCall(&context, absl::StrCat("/", service->full_name(), "/", method),
-                        grpc::StubOptions(), &request, &reply, [&](grpc::Status s) {
-                          std::lock_guard<std::mutex> lock(mu);
-                          status = s;
-                          cv.notify_all();
-                        });
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return status.has_value(); });
-      const grpc::StatusCode code = status->error_code();
+      auto channel = channels->NewChannel((*servers)[0]->address(), grpc::ChannelArguments());
+      // An empty message: every field default.
+      const grpc::Status status = RawUnaryCall(
+          channel.get(), absl::StrCat("/", service->full_name(), "/", method), "", 10000);
+      const grpc::StatusCode code = status.error_code();
       if (security == &no_token) {
         EXPECT_EQ(code, grpc::StatusCode::UNAUTHENTICATED)
-            << method << ": " << status->error_message();
+            << method << ": " << status.error_message();
       } else if (reads) {
         EXPECT_NE(code, grpc::StatusCode::PERMISSION_DENIED) << method;
         EXPECT_NE(code, grpc::StatusCode::UNAUTHENTICATED) << method;
       } else {
         EXPECT_EQ(code, grpc::StatusCode::PERMISSION_DENIED)
-            << method << ": " << status->error_message();
+            << method << ": " << status.error_message();
       }
     }
   }

@@ -1,5 +1,8 @@
 #include "tests/support/raw_calls.h"
 
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/rpc_method.h>
+
 #include <chrono>
 
 namespace shardopt::testing {
@@ -22,6 +25,29 @@ grpc::Status RawInspect(v1::ShardService::Stub& stub, const std::string& model_i
   v1::InspectRequest request;
   request.set_model_id(model_id);
   return stub.Inspect(&context, request, response);
+}
+
+grpc::Status RawUnaryCall(grpc::ChannelInterface* channel, const std::string& full_method,
+                          const std::string& request_bytes, int timeout_ms,
+                          std::string* reply_bytes, const std::string& authorization) {
+  grpc::Slice slice(request_bytes.data(), request_bytes.size());
+  grpc::ByteBuffer request(&slice, 1), reply;
+  grpc::internal::RpcMethod method(full_method.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  if (!authorization.empty()) context.AddMetadata("authorization", authorization);
+  const grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel, method, &context, request, &reply);
+  if (status.ok() && reply_bytes != nullptr) {
+    std::vector<grpc::Slice> slices;
+    if (!reply.Dump(&slices).ok())
+      return grpc::Status(grpc::StatusCode::INTERNAL, "unreadable reply");
+    reply_bytes->clear();
+    for (const grpc::Slice& s : slices) {
+      reply_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  return status;
 }
 
 grpc::Status RawRegister(v1::ShardService::Stub& stub, const v1::ModelConfig& config,

@@ -37,6 +37,15 @@ grpc::Status RawRegister(v1::ShardService::Stub& stub, const v1::ModelConfig& co
 grpc::Status RawInspect(v1::ShardService::Stub& stub, const std::string& model_id,
                         v1::InspectResponse* response, int deadline_seconds = 0);
 
+// The unary method `full_method` ("/shardopt.v1.ShardService/Inspect") with
+// `request_bytes` as the request, whatever they hold (the server parses
+// them), within `timeout_ms`; the reply's bytes into `reply_bytes` if given;
+// `authorization`, unless empty, as the call's `authorization` metadata.
+grpc::Status RawUnaryCall(grpc::ChannelInterface* channel, const std::string& full_method,
+                          const std::string& request_bytes, int timeout_ms,
+                          std::string* reply_bytes = nullptr,
+                          const std::string& authorization = "");
+
 // PushGradients: the header (unless null), then `chunks`.
 grpc::Status RawPush(v1::ShardService::Stub& stub, const v1::PushHeader* header,
                      const std::vector<RawChunk>& chunks,

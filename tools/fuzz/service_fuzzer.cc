@@ -13,15 +13,12 @@
 // under a scratch directory (the fuzzer runs as root; a fuzzed path must not
 // write anywhere). Every call has a 50 ms deadline. After each input the
 // server must still answer Inspect of "m".
-#include <grpcpp/generic/generic_stub.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,6 +31,7 @@
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "server/access_control.h"
 #include "server/shard_server.h"
+#include "tests/support/raw_calls.h"
 #include "tools/fuzz/fuzz_input.h"
 
 namespace shardopt::fuzz {
@@ -51,8 +49,10 @@ constexpr char kReaderToken[] = "reader-token-for-fuzzing";
 // The bearer value this input's calls carry (empty: none).
 std::string g_authorization;
 
+constexpr int kDeadlineMs = 50;
+
 void WithDeadline(grpc::ClientContext* context) {
-  context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(50)));
+  context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(kDeadlineMs)));
   if (!g_authorization.empty()) context->AddMetadata("authorization", g_authorization);
 }
 
@@ -113,22 +113,8 @@ std::string SafeDirectory(const std::string& directory) {
 }
 
 void RawUnary(const std::string& method, const std::string& bytes) {
-  grpc::GenericStub generic(F().channel);
-  grpc::Slice slice(bytes.data(), bytes.size());
-  grpc::ByteBuffer request(&slice, 1), reply;
-  grpc::ClientContext context;
-  WithDeadline(&context);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  generic.UnaryCall(&context, "/shardopt.v1.ShardService/" + method, grpc::StubOptions(), &request,
-                    &reply, [&](grpc::Status) {
-                      std::lock_guard<std::mutex> lock(mu);
-                      done = true;
-                      cv.notify_all();
-                    });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
+  testing::RawUnaryCall(F().channel.get(), "/shardopt.v1.ShardService/" + method, bytes,
+                        kDeadlineMs, nullptr, g_authorization);
 }
 
 template <typename Request, typename Call>
