@@ -22,6 +22,20 @@ constexpr uint32_t kMaxSliceLength = 4096;
 // Committed checkpoints listed per model in ModelSummary.
 constexpr size_t kMaxListedCheckpoints = 16;
 
+// What Inspect and /metrics report of a trainer's last push: seconds since
+// it, -1 when unknown (after a restore).
+double SecondsSincePush(const TrainerActivity& activity, absl::Time now) {
+  return activity.last_push_time ? absl::ToDoubleSeconds(now - *activity.last_push_time) : -1.0;
+}
+
+// The newest committed checkpoint of `model`, listed afresh (another shard
+// may have committed one), -1 when there is none.
+int64_t NewestCommittedCheckpoint(HostedModel& model) {
+  if (model.periodic_checkpoints()) model.RefreshCheckpointList();
+  const std::vector<int64_t> committed = model.committed_checkpoints();
+  return committed.empty() ? -1 : committed.front();
+}
+
 void LogDamaged(const std::string& directory, const absl::Status& why) {
   LogWarning("checkpoint %s is damaged and set aside (.damaged.*): %s; falling back to an older one",
              directory, why.ToString());
@@ -90,12 +104,9 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
     v1::TrainerActivity* t = response->add_trainers();
     t->set_rank(r);
     t->set_last_pushed_step(a.last_pushed_step);
-    t->set_seconds_since_last_push(a.last_push_time ? absl::ToDoubleSeconds(now - *a.last_push_time)
-                                                    : -1.0);
+    t->set_seconds_since_last_push(SecondsSincePush(a, now));
   }
-  if ((*model)->periodic_checkpoints()) (*model)->RefreshCheckpointList();
-  const std::vector<int64_t> committed = (*model)->committed_checkpoints();
-  response->set_newest_committed_checkpoint(committed.empty() ? -1 : committed.front());
+  response->set_newest_committed_checkpoint(NewestCommittedCheckpoint(**model));
   response->set_incarnation((*model)->incarnation());
   return grpc::Status::OK;
 }
@@ -420,14 +431,9 @@ std::string ShardServiceImpl::RenderMetrics() const {
     m.loss_scale = snap->last_step.loss_scale;
     m.grad_norm = snap->last_step.decision.grad_norm;
     m.last_lr = snap->last_lr;
-    // As Inspect does, so that the two agree.
-    if (model->periodic_checkpoints()) model->RefreshCheckpointList();
-    const std::vector<int64_t> committed = model->committed_checkpoints();
-    m.newest_committed_checkpoint = committed.empty() ? -1 : committed.front();
+    m.newest_committed_checkpoint = NewestCommittedCheckpoint(*model);
     for (const TrainerActivity& a : snap->trainers) {
-      m.trainers.push_back(
-          TrainerGauges{a.last_pushed_step,
-                        a.last_push_time ? absl::ToDoubleSeconds(now - *a.last_push_time) : -1.0});
+      m.trainers.push_back(TrainerGauges{a.last_pushed_step, SecondsSincePush(a, now)});
     }
     models.push_back(std::move(m));
   }
