@@ -31,14 +31,30 @@ absl::StatusOr<size_t> CpuBackend::Stage(uint32_t rank, uint64_t offset, const v
   return ConvertToFloatAndFindNonFinite(data, count, dtype, staging_[rank].data() + offset);
 }
 
+absl::Status CpuBackend::CheckRange(uint64_t begin, uint64_t end) const {
+  if (begin > end || end > params_.size()) {
+    return absl::OutOfRangeError(absl::StrCat("elements [", begin, ", ", end,
+                                              ") are outside the range of ", params_.size()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
+  return ApplyRange(step, mean, config, 0, params_.size());
+}
+
+absl::Status CpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConfig& config,
+                                    uint64_t first, uint64_t last) {
+  if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
   if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
   const size_t trainers = staging_.size();
   const bool divide = mean && trainers > 1;
   const float divisor = static_cast<float>(trainers);
   float* const sum = staging_[0].data();
   float* const params = params_.data();
-  pool_->ParallelFor(params_.size(), kGrainElements, [&](size_t begin, size_t end) {
+  pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
+    begin += first;
+    end += first;
     for (size_t block = begin; block < end; block += kBlockElements) {
       const size_t block_end = std::min(end, block + kBlockElements);
       for (size_t t = 1; t < trainers; ++t) {
@@ -54,11 +70,16 @@ absl::Status CpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& c
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Reduce(bool mean) {
+absl::Status CpuBackend::Reduce(bool mean) { return ReduceRange(mean, 0, params_.size()); }
+
+absl::Status CpuBackend::ReduceRange(bool mean, uint64_t first, uint64_t last) {
+  if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
   const size_t trainers = staging_.size();
   const float divisor = static_cast<float>(trainers);
   float* const sum = staging_[0].data();
-  pool_->ParallelFor(params_.size(), kGrainElements, [&](size_t begin, size_t end) {
+  pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
+    begin += first;
+    end += first;
     for (size_t t = 1; t < trainers; ++t) {
       const float* __restrict other = staging_[t].data();
       for (size_t i = begin; i < end; ++i) sum[i] += other[i];
@@ -71,30 +92,52 @@ absl::Status CpuBackend::Reduce(bool mean) {
 }
 
 absl::StatusOr<double> CpuBackend::SumOfSquares(float scale) {
-  const float* const g = staging_[0].data();
   const size_t n = params_.size();
   std::vector<double> blocks((n + kNormBlockElements - 1) / kNormBlockElements, 0.0);
-  pool_->ParallelFor(blocks.size(), 1, [&](size_t first, size_t last) {
-    for (size_t b = first; b < last; ++b) {
-      double s = 0;
-      const size_t end = std::min(n, (b + 1) * kNormBlockElements);
-      for (size_t i = b * kNormBlockElements; i < end; ++i) {
-        const double x = static_cast<double>(g[i] * scale);
-        s += x * x;
-      }
-      blocks[b] = s;
-    }
-  });
+  if (absl::Status s = SumOfSquaresBlocks(scale, 0, n, blocks.data()); !s.ok()) return s;
   double total = 0;
   for (double s : blocks) total += s;
   return total;
 }
 
+absl::Status CpuBackend::SumOfSquaresBlocks(float scale, uint64_t first, uint64_t last,
+                                            double* block_sums) {
+  if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
+  if (first % kNormBlockElements != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("norm blocks start at multiples of ",
+                                                   kNormBlockElements, ", not at ", first));
+  }
+  const float* const g = staging_[0].data();
+  const size_t first_block = first / kNormBlockElements;
+  const size_t blocks = (last - first + kNormBlockElements - 1) / kNormBlockElements;
+  pool_->ParallelFor(blocks, 1, [&](size_t begin, size_t end) {
+    for (size_t b = begin; b < end; ++b) {
+      double s = 0;
+      const size_t block_begin = (first_block + b) * kNormBlockElements;
+      const size_t block_end = std::min<size_t>(last, block_begin + kNormBlockElements);
+      for (size_t i = block_begin; i < block_end; ++i) {
+        const double x = static_cast<double>(g[i] * scale);
+        s += x * x;
+      }
+      block_sums[b] = s;
+    }
+  });
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Update(int64_t step, const OptimizerConfig& config, float multiplier) {
+  return UpdateRange(step, config, multiplier, 0, params_.size());
+}
+
+absl::Status CpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config,
+                                     float multiplier, uint64_t first, uint64_t last) {
+  if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
   if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
   float* const g = staging_[0].data();
   float* const params = params_.data();
-  pool_->ParallelFor(params_.size(), kGrainElements, [&](size_t begin, size_t end) {
+  pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
+    begin += first;
+    end += first;
     for (size_t block = begin; block < end; block += kBlockElements) {
       const size_t block_end = std::min(end, block + kBlockElements);
       if (multiplier != 1.0f) {

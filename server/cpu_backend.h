@@ -41,6 +41,14 @@ class CpuBackend final : public UpdateBackend {
   absl::Status Reduce(bool mean) override;
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
+  bool supports_ranges() const override { return true; }
+  absl::Status ApplyRange(int64_t step, bool mean, const OptimizerConfig& config, uint64_t begin,
+                          uint64_t end) override;
+  absl::Status ReduceRange(bool mean, uint64_t begin, uint64_t end) override;
+  absl::Status SumOfSquaresBlocks(float scale, uint64_t begin, uint64_t end,
+                                  double* block_sums) override;
+  absl::Status UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
+                           uint64_t begin, uint64_t end) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
   absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override;
   absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) override;
@@ -55,6 +63,7 @@ class CpuBackend final : public UpdateBackend {
              ThreadPool* pool);
 
   absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
+  absl::Status CheckRange(uint64_t begin, uint64_t end) const;
 
   ThreadPool* const pool_;
   std::vector<float> params_;

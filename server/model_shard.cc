@@ -17,8 +17,19 @@ namespace {
 // Waits re-check cancellation this often.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
-StepStateOptions StepOptionsOf(const ModelShardOptions& o) {
+// Rounds `n` up to a multiple of `m`.
+uint64_t RoundUp(uint64_t n, uint64_t m) { return (n + m - 1) / m * m; }
+
+StepStateOptions StepOptionsOf(const ModelShardOptions& o, const UpdateBackend& backend) {
   StepStateOptions s;
+  s.size = o.layout.ShardRange(o.shard_index).size();
+  if (o.pipeline_range_elements > 0 && backend.supports_ranges()) {
+    // Ranges must not move the element pieces handed to threads, nor the
+    // blocks of the norm.
+    s.range_elements = RoundUp(o.pipeline_range_elements,
+                               o.needs_decision() ? UpdateBackend::kNormBlockElements : 16);
+    s.pipelined = true;
+  }
   s.model_id = o.model_id;
   s.shard_index = o.shard_index;
   s.num_trainers = o.num_trainers;
@@ -82,14 +93,17 @@ ModelShard::BackendFactory ModelShard::CpuBackendFactory(ThreadPool* pool) {
 ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend)
     : options_(std::move(options)),
       range_(options_.layout.ShardRange(options_.shard_index)),
-      state_(StepOptionsOf(options_)),
+      state_(StepOptionsOf(options_, *backend)),
+      range_elements_(state_.range_elements()),
+      range_count_(state_.range_count()),
+      range_versions_(range_count_, 0),
       backend_(std::move(backend)) {}
 
 ModelShard::~ModelShard() { Shutdown(); }
 
 double ModelShard::LrOfVersion(int64_t version) const {
   absl::MutexLock lock(&mu_);
-  return version == state_.version() ? state_.version_lr() : 0.0;
+  return state_.LrOf(version).value_or(0.0);
 }
 
 ModelShard::AttachInfo ModelShard::GetAttachInfo() const {
@@ -164,7 +178,8 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
           PushResult{PushOutcome::kDuplicate, step, state_.version(), state_.Pending()};
       break;
     case StepState::Admission::kStart:
-      start.writer.reset(new PushWriter(this, trainer_rank, step, dtype, loss_scale));
+      start.writer.reset(
+          new PushWriter(this, trainer_rank, step, dtype, loss_scale, state_.Consumed()));
       break;
   }
   return start;
@@ -207,22 +222,31 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
         "gradient of ", shard_->options_.layout.DescribeElement(*padding), " from trainer ", rank_,
         " for step ", step_, " is ", value, ": padding gets zero gradients; the push is rejected"));
   }
-  absl::StatusOr<size_t> bad = shard_->backend_->Stage(rank_, offset, data, dtype_, count);
-  if (!bad.ok()) return bad.status();
-  if (*bad != count && shard_->options_.loss_scaling) {
-    // Overflow under loss scaling: legitimate, staged, and the step will be
-    // skipped on every shard.
-    found_inf_ = true;
-  } else if (*bad != count) {
-    float value;
-    ConvertToFloatAndFindNonFinite(static_cast<const char*>(data) + *bad * element, 1, dtype_,
-                                   &value);
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient of ", shard_->DescribeElement(offset + *bad), " from trainer ",
-                     rank_, " for step ", step_, " is ", value, "; the push is rejected"));
+  // Elements consumed by ranges already applied are not staged again.
+  const uint64_t skip = std::min<uint64_t>(count, consumed_ > offset ? consumed_ - offset : 0);
+  std::optional<uint64_t> first_inf;
+  if (skip < count) {
+    const char* const staged = static_cast<const char*>(data) + skip * element;
+    const uint64_t staged_count = count - skip;
+    absl::StatusOr<size_t> bad =
+        shard_->backend_->Stage(rank_, offset + skip, staged, dtype_, staged_count);
+    if (!bad.ok()) return bad.status();
+    if (*bad != staged_count && shard_->options_.loss_scaling) {
+      // Overflow under loss scaling: legitimate, staged, and the step will
+      // be skipped on every shard.
+      found_inf_ = true;
+      first_inf = offset + skip + *bad;
+    } else if (*bad != staged_count) {
+      float value;
+      ConvertToFloatAndFindNonFinite(staged + *bad * element, 1, dtype_, &value);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of ", shard_->DescribeElement(offset + skip + *bad), " from trainer ", rank_,
+          " for step ", step_, " is ", value, "; the push is rejected"));
+    }
   }
   received_ += count;
   shard_->gradient_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+  if (skip < count) shard_->RecordDelivered(rank_, step_, received_, first_inf);
   return absl::OkStatus();
 }
 
@@ -241,55 +265,99 @@ void ModelShard::AbortPush(uint32_t rank, int64_t step) {
   state_.AbortPush(rank, step);
 }
 
-absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, bool found_inf,
-                                                  double loss_scale) {
+void ModelShard::RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered,
+                                 std::optional<uint64_t> first_inf) {
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<uint32_t> pending =
-        state_.CommitPush(rank, step, found_inf, loss_scale, absl::Now());
-    if (!pending.ok()) return pending.status();
-    if (*pending > 0) return PushResult{PushOutcome::kAccepted, step, state_.version(), *pending};
+    state_.RecordDelivered(rank, step, delivered, first_inf);
   }
-  return RunCompleteStep(step);
+  RunReadyRanges();
 }
 
-absl::StatusOr<PushResult> ModelShard::RunCompleteStep(int64_t step) {
-  StepState::StartedStep started;
-  {
-    absl::MutexLock lock(&mu_);
-    // A checkpoint of the current version holds this step back.
-    mu_.Await(absl::Condition(
-        +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return s->state_.ReadyToStart() || s->state_.failed() || s->shutdown_;
-        },
-        this));
-    if (state_.failed()) return state_.failure();
-    started = state_.StartStep();
-  }
-  // Every slot is complete, so no writer touches staging and no other commit
-  // can reach here for this step: the work runs without holding mu_, and
-  // pushes for step + 1 are refused until the version moves on.
-  if (started.reduce_first) {
-    // Reduce now and report this shard's part of the decision.
-    absl::Status reduced = backend_->Reduce(options_.mean_reduction);
-    absl::StatusOr<double> sum_of_squares =
-        reduced.ok() ? backend_->SumOfSquares(static_cast<float>(1.0 / started.loss_scale))
-                     : reduced;
-    absl::MutexLock lock(&mu_);
-    if (!sum_of_squares.ok()) return state_.Fail(step, sum_of_squares.status());
-    state_.FinishReduce(*sum_of_squares);
-    return PushResult{PushOutcome::kAwaitingDecision, step, state_.version(), 0};
-  }
-  absl::Status applied;
-  {
-    absl::WriterMutexLock lock(&params_mu_);
-    applied = backend_->Apply(step, options_.mean_reduction, started.config);
-    if (applied.ok()) params_version_ = step;
-  }
+absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, bool found_inf,
+                                                  double loss_scale) {
   absl::MutexLock lock(&mu_);
-  if (!applied.ok()) return state_.Fail(step, applied);
-  state_.FinishStep(StepState::Ending{started.config.lr, std::nullopt, started.loss_scale});
-  return PushResult{PushOutcome::kApplied, step, state_.version(), state_.Pending()};
+  absl::StatusOr<uint32_t> pending =
+      state_.CommitPush(rank, step, found_inf, loss_scale, absl::Now());
+  if (!pending.ok()) return pending.status();
+  if (*pending > 0) return PushResult{PushOutcome::kAccepted, step, state_.version(), *pending};
+  // This push completed the step's gradients: see its first stage through
+  // (a checkpoint of the current version may hold it back; a shard shutting
+  // down still finishes it).
+  state_.CompleteStepIfDone();
+  const bool decides = options_.needs_decision();
+  const auto stage_done = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return state_.version() >= step ||
+           (decides && (state_.phase() == StepState::Phase::kAwaitingDecision ||
+                        state_.phase() == StepState::Phase::kUpdating));
+  };
+  AwaitState(stage_done, absl::InfiniteFuture(), nullptr, /*stop_at_shutdown=*/false);
+  if (state_.failed()) return state_.failure();
+  if (state_.version() >= step) {
+    return PushResult{PushOutcome::kApplied, step, state_.version(), state_.Pending()};
+  }
+  return PushResult{PushOutcome::kAwaitingDecision, step, state_.version(), 0};
+}
+
+void ModelShard::RunReadyRanges() {
+  absl::MutexLock lock(&mu_);
+  while (state_.CanClaim(shutdown_)) RunOneRange();
+}
+
+void ModelShard::RunOneRange() {
+  std::optional<StepState::RangeWork> work = state_.ClaimRange(shutdown_);
+  if (!work) return;
+  std::vector<double> block_sums;
+  mu_.Unlock();
+  // The claim is exclusive: no other range work runs, and no writer stages
+  // into the claimed elements (every trainer delivered them).
+  const absl::Status done = RunRangeWork(*work, &block_sums);
+  mu_.Lock();
+  if (!done.ok()) {
+    state_.Fail(work->step, done);
+    return;
+  }
+  state_.FinishRange(*work, std::move(block_sums));
+  state_.CompleteStepIfDone();
+}
+
+absl::Status ModelShard::RunRangeWork(const StepState::RangeWork& work,
+                                      std::vector<double>* block_sums) {
+  const bool whole = !backend_->supports_ranges();
+  assert(!whole || (work.begin == 0 && work.end == range_.size()));
+  using Kind = StepState::RangeWork::Kind;
+  if (work.kind == Kind::kReduce) {
+    if (absl::Status s = whole ? backend_->Reduce(options_.mean_reduction)
+                               : backend_->ReduceRange(options_.mean_reduction, work.begin,
+                                                       work.end);
+        !s.ok()) {
+      return s;
+    }
+    const float scale = static_cast<float>(1.0 / work.loss_scale);
+    if (whole) {
+      absl::StatusOr<double> sum = backend_->SumOfSquares(scale);
+      if (!sum.ok()) return sum.status();
+      block_sums->assign(1, *sum);
+      return absl::OkStatus();
+    }
+    const uint64_t blocks = (work.end - work.begin + UpdateBackend::kNormBlockElements - 1) /
+                            UpdateBackend::kNormBlockElements;
+    block_sums->assign(blocks, 0.0);
+    return backend_->SumOfSquaresBlocks(scale, work.begin, work.end, block_sums->data());
+  }
+  absl::WriterMutexLock lock(&params_mu_);
+  absl::Status s;
+  if (work.kind == Kind::kApply) {
+    s = whole ? backend_->Apply(work.step, options_.mean_reduction, work.config)
+              : backend_->ApplyRange(work.step, options_.mean_reduction, work.config, work.begin,
+                                     work.end);
+  } else if (!work.skip) {
+    s = whole ? backend_->Update(work.optimizer_step, work.config, work.multiplier)
+              : backend_->UpdateRange(work.optimizer_step, work.config, work.multiplier,
+                                      work.begin, work.end);
+  }
+  if (s.ok()) range_versions_[work.index] = work.step;
+  return s;
 }
 
 absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time deadline,
@@ -324,37 +392,25 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
   return waited;
 }
 
-absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision) {
+absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision, bool wait) {
   if (!options_.needs_decision()) return NoDecisionsError(options_.model_id, "take no decision");
   if (absl::Status s = CheckDecision(decision, options_.max_grad_norm); !s.ok()) return s;
-  StepState::Update update;
-  {
-    absl::MutexLock lock(&mu_);
-    // Another trainer's decision for this step may be being applied right
-    // now: wait for it, then this one is a repeat to compare. A checkpoint
-    // of the current version holds the next step: wait for it first too, so
-    // that everything below is checked against the state that will be used.
-    mu_.Await(absl::Condition(
-        +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return s->state_.DecisionMayProceed(s->shutdown_);
-        },
-        this));
-    absl::StatusOr<std::optional<StepState::Update>> begun = state_.BeginDecision(step, decision);
-    if (!begun.ok()) return begun.status();
-    if (!begun->has_value()) return absl::OkStatus();  // An identical repeat.
-    update = **begun;
-  }
-  absl::Status updated;
-  {
-    absl::WriterMutexLock lock(&params_mu_);
-    if (!update.skip) {
-      updated = backend_->Update(update.optimizer_step, update.config, update.multiplier);
-    }
-    if (updated.ok()) params_version_ = step;
-  }
   absl::MutexLock lock(&mu_);
-  if (!updated.ok()) return state_.Fail(step, updated);
-  state_.FinishStep(StepState::Ending{update.config.lr, decision, update.loss_scale});
+  // Another trainer's decision for this step may be being taken right now:
+  // wait for it, then this one is a repeat to compare. A checkpoint of the
+  // current version holds the next step: wait for it first too, so that
+  // everything below is checked against the state that will be used.
+  mu_.Await(absl::Condition(
+      +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return s->state_.DecisionMayProceed(s->shutdown_);
+      },
+      this));
+  absl::StatusOr<std::optional<StepState::Update>> begun = state_.BeginDecision(step, decision);
+  if (!begun.ok()) return begun.status();
+  if (!wait) return absl::OkStatus();
+  AwaitState([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= step; },
+             absl::InfiniteFuture(), nullptr, /*stop_at_shutdown=*/false);
+  if (state_.failed()) return state_.failure();
   return absl::OkStatus();
 }
 
@@ -413,6 +469,77 @@ absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Ti
     return WaitExpired(absl::StrCat("version ", min_version), min_version);
   }
   return waited;
+}
+
+absl::StatusOr<int64_t> ModelShard::PullTarget(int64_t min_version, absl::Time deadline,
+                                               const std::function<bool()>& cancelled,
+                                               std::optional<PushedBy> pushed) {
+  if (pushed) {
+    if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
+  }
+  absl::MutexLock lock(&mu_);
+  const auto lost = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();
+  };
+  const absl::Status waited = AwaitState(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return state_.version() + 1 >= min_version || lost();
+      },
+      deadline, cancelled);
+  if (state_.failed()) return state_.failure();
+  if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
+  if (state_.version() + 1 >= min_version) {
+    // A range already at the next version has lost the current one.
+    const int64_t newest = state_.RangeVersion(0);
+    return std::max(min_version, newest);
+  }
+  if (lost()) return state_.CheckHoldsPush(pushed->rank, pushed->step);
+  if (absl::IsDeadlineExceeded(waited)) {
+    return WaitExpired(absl::StrCat("version ", min_version), min_version);
+  }
+  return waited;
+}
+
+absl::Status ModelShard::WaitForRanges(int64_t version, uint64_t offset, uint64_t count,
+                                       absl::Time deadline,
+                                       const std::function<bool()>& cancelled,
+                                       std::optional<PushedBy> pushed) {
+  if (pushed) {
+    if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
+  }
+  absl::MutexLock lock(&mu_);
+  const std::pair<size_t, size_t> ranges = state_.RangesCovering(offset, count);
+  const auto reached = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (size_t i = ranges.first; i < ranges.second; ++i) {
+      if (state_.RangeVersion(i) < version) return false;
+    }
+    return true;
+  };
+  const auto lost = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();
+  };
+  const absl::Status waited = AwaitState(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return reached() || lost(); }, deadline, cancelled);
+  if (state_.failed()) return state_.failure();
+  if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
+  if (reached()) return absl::OkStatus();
+  if (lost()) return state_.CheckHoldsPush(pushed->rank, pushed->step);
+  if (absl::IsDeadlineExceeded(waited)) {
+    return WaitExpired(absl::StrCat("version ", version), version);
+  }
+  return waited;
+}
+
+int64_t ModelShard::ParamsVersion(uint64_t offset, uint64_t count) const {
+  const size_t first = std::min<uint64_t>(offset / range_elements_, range_count_ - 1);
+  const size_t last =
+      count == 0 ? first + 1
+                 : std::min<uint64_t>((offset + count - 1) / range_elements_ + 1, range_count_);
+  const int64_t version = range_versions_[first];
+  for (size_t i = first; i < last; ++i) {
+    if (range_versions_[i] != version) return -1;
+  }
+  return version;
 }
 
 }  // namespace shardopt

@@ -17,13 +17,23 @@
 //   NaN/inf before the next. Commit() marks the rank complete only if every
 //   element arrived. A writer destroyed before Commit() (bad chunk, broken
 //   stream) frees its slot: nothing of it is ever used.
-// - The commit that completes the step reduces the T staging buffers in rank
-//   order (sum, then / T for the mean), applies the optimizer on the thread
-//   pool, and publishes version k. Arithmetic does not depend on arrival order.
+// - The step reduces the T staging buffers in rank order (sum, then / T for
+//   the mean), applies the optimizer on the thread pool, and publishes
+//   version k. Arithmetic does not depend on arrival order.
+// - Pipelined steps (options.pipeline_range_elements, a backend with range
+//   support): the step runs range by range (StepState's ranges) as soon as
+//   every trainer's gradient of a range has arrived, on whichever thread
+//   needs progress (a writer, the last committer, a waiting pull). A push
+//   refused or broken off after some of its ranges were applied keeps those
+//   ranges (they are not applied again); the trainer's next push of the step
+//   completes it. Without range support a step runs whole once every push is
+//   committed.
 //
-// Pulls: WaitForVersion blocks until version >= v; ReadParameters copies a
-// piece of the parameters if they are still at the expected version (else
-// ABORTED), so a pull that spans an update is detected, never torn.
+// Pulls: PullTarget picks the version a pull returns, WaitForRanges waits
+// until the parameters of a piece reach it (range by range), ReadParameters
+// copies a piece if it is at the expected version (else ABORTED), so a pull
+// that spans an update is detected, never torn. WaitForVersion waits for a
+// whole version.
 #ifndef SHARDOPT_SERVER_MODEL_SHARD_H_
 #define SHARDOPT_SERVER_MODEL_SHARD_H_
 
@@ -68,6 +78,10 @@ struct ModelShardOptions {
   // With loss scaling: the trainers' scaler, replicated here (see
   // GradientControl.loss_scaler in the proto).
   std::optional<LossScalerOptions> loss_scaler;
+  // Elements per pipeline range (see the header comment); 0: whole steps.
+  // Rounded up to a multiple of 16, and of the norm block with gradient
+  // control (UpdateBackend::kNormBlockElements), so that bits do not change.
+  uint64_t pipeline_range_elements = 0;
 
   bool needs_decision() const { return StepsNeedDecisions(max_grad_norm, loss_scaling); }
 };
@@ -194,8 +208,10 @@ class ModelShard {
                                              std::optional<PushedBy> pushed = std::nullopt);
   // Applies (or skips) `step` as decided. The first decision for a step is
   // applied; a repeat of it is OK; a different one is FAILED_PRECONDITION,
-  // as is a step whose gradients are not all in.
-  absl::Status Decide(int64_t step, const StepDecision& decision);
+  // as is a step whose gradients are not all in. Returns once the step is
+  // applied, or (`wait` false) once the decision is taken: the ranges are
+  // then updated by whoever waits for them (WaitForRanges, WaitForVersion).
+  absl::Status Decide(int64_t step, const StepDecision& decision, bool wait = true);
 
   // Returns the version reached (>= min_version). DEADLINE_EXCEEDED at
   // `deadline`, CANCELLED once `cancelled()` is true (polled), UNAVAILABLE
@@ -204,6 +220,19 @@ class ModelShard {
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Time deadline,
                                          const std::function<bool()>& cancelled,
                                          std::optional<PushedBy> pushed = std::nullopt);
+
+  // The version a pull asking for `min_version` returns: waits until step
+  // `min_version` is at most the next one; then `min_version`, or the next
+  // version if some range already reached it. Errors as WaitForVersion.
+  absl::StatusOr<int64_t> PullTarget(int64_t min_version, absl::Time deadline,
+                                     const std::function<bool()>& cancelled,
+                                     std::optional<PushedBy> pushed = std::nullopt);
+  // Waits until parameters [offset, offset + count) are at `version` or
+  // later, running range work that is ready meanwhile. Errors as
+  // WaitForVersion.
+  absl::Status WaitForRanges(int64_t version, uint64_t offset, uint64_t count,
+                             absl::Time deadline, const std::function<bool()>& cancelled,
+                             std::optional<PushedBy> pushed = std::nullopt);
 
   // Copies parameters [offset, offset + count) of the range into `out`, as
   // `dtype` (rounded to nearest even for the 16-bit types). ABORTED when the
@@ -271,7 +300,8 @@ class ModelShard {
   AttachInfo GetAttachInfo() const;
 
   int64_t version() const;
-  // The lr of step `version` if that is the shard's current version, else 0.
+  // The lr of the step that made `version` when known (the current version,
+  // or the next while it is applied range by range), else 0.
   double LrOfVersion(int64_t version) const;
   // Drops the pushes held for step version + 1 (see StepState::DiscardPending).
   absl::Status DiscardPendingPushes();
@@ -295,15 +325,37 @@ class ModelShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The one wait of pulls, statistics and checkpoints: until `ready()` holds
   // or the shard shuts down or fails (OK), else as AwaitOrCancel.
+  // Range work that becomes ready meanwhile is run by the waiter; with
+  // `stop_at_shutdown` false the wait goes on through a shutdown (a step
+  // already committed is finished).
   template <typename Ready>
   absl::Status AwaitState(const Ready& ready, absl::Time deadline,
-                          const std::function<bool()>& cancelled)
+                          const std::function<bool()>& cancelled, bool stop_at_shutdown = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const auto done = [this, &ready]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return shutdown_ || state_.failed() || ready();
+    const auto done = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return (stop_at_shutdown && shutdown_) || state_.failed() || ready();
     };
-    return AwaitOrCancel(absl::Condition(&done), deadline, cancelled);
+    const auto done_or_work = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return done() || state_.CanClaim(shutdown_);
+    };
+    for (;;) {
+      if (absl::Status s = AwaitOrCancel(absl::Condition(&done_or_work), deadline, cancelled);
+          !s.ok()) {
+        return s;
+      }
+      if (done()) return absl::OkStatus();
+      RunOneRange();
+    }
   }
+  // Claims the next range's work, if any, and runs it with mu_ released.
+  void RunOneRange() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs range work until none is ready (pushes call it as ranges arrive).
+  void RunReadyRanges() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RunRangeWork(const StepState::RangeWork& work, std::vector<double>* block_sums);
+  // The version every range of [offset, offset + count) is at, or -1 when
+  // they differ.
+  int64_t ParamsVersion(uint64_t offset, uint64_t count) const
+      ABSL_SHARED_LOCKS_REQUIRED(params_mu_);
   // INVALID_ARGUMENT for a rank the model has no trainer of.
   absl::Status CheckRank(uint32_t trainer_rank) const;
   // DEADLINE_EXCEEDED saying what `what` waited for: the trainers that have
@@ -312,9 +364,10 @@ class ModelShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<PushResult> CommitPush(uint32_t rank, int64_t step, bool found_inf,
                                         double loss_scale);
-  // Runs the step every push of which is in: applies it, or (with gradient
-  // control) reduces it and reports; the step state says which.
-  absl::StatusOr<PushResult> RunCompleteStep(int64_t step);
+  // Records a writer's progress and runs the ranges it made ready; returns
+  // the elements of the step consumed (a resent push skips them).
+  void RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered,
+                       std::optional<uint64_t> first_inf);
   void AbortPush(uint32_t rank, int64_t step);
   // Describes flat-range element `index` as "tensor 'w'[12]" for messages.
   std::string DescribeElement(uint64_t index) const;
@@ -326,14 +379,17 @@ class ModelShard {
   // update, reads) runs without mu_.
   mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(params_mu_);
   StepState state_ ABSL_GUARDED_BY(mu_);
+  // The ranges' geometry (StepState's, fixed at construction).
+  const uint64_t range_elements_;
+  const size_t range_count_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 
-  // Guards the backend's parameters: updates hold it exclusively, reads
-  // shared. Staging of rank r is written only by rank r's PushWriter while
-  // its slot is kReceiving, and read only by the update once every slot is
-  // kComplete, so it needs no lock.
-  absl::Mutex params_mu_;
-  int64_t params_version_ ABSL_GUARDED_BY(params_mu_) = 0;
+  // Guards the backend's parameters: updates of a range hold it
+  // exclusively, reads shared. Staging of rank r is written only by rank r's
+  // PushWriter while its slot is kReceiving, at elements no claimed range
+  // holds, and read only by range work, so it needs no lock.
+  mutable absl::Mutex params_mu_;
+  std::vector<int64_t> range_versions_ ABSL_GUARDED_BY(params_mu_);
   std::unique_ptr<UpdateBackend> backend_;
 
   std::atomic<uint64_t> gradient_bytes_received_{0};
@@ -358,14 +414,23 @@ class ModelShard::PushWriter {
 
  private:
   friend class ModelShard;
-  PushWriter(ModelShard* shard, uint32_t rank, int64_t step, DType dtype, double loss_scale)
-      : shard_(shard), rank_(rank), step_(step), dtype_(dtype), loss_scale_(loss_scale) {}
+  PushWriter(ModelShard* shard, uint32_t rank, int64_t step, DType dtype, double loss_scale,
+             uint64_t consumed)
+      : shard_(shard),
+        rank_(rank),
+        step_(step),
+        dtype_(dtype),
+        loss_scale_(loss_scale),
+        consumed_(consumed) {}
 
   ModelShard* const shard_;
   const uint32_t rank_;
   const int64_t step_;
   const DType dtype_;
   const double loss_scale_;
+  // Leading elements an earlier push of the step delivered and ranges
+  // already consumed: received again, checked for size, not staged.
+  const uint64_t consumed_;
   uint64_t received_ = 0;
   bool finished_ = false;
   bool found_inf_ = false;  // With loss scaling: inf/NaN seen, and kept.

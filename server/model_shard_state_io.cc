@@ -143,7 +143,7 @@ absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardState
   if (absl::Status s = state_.CheckRestore(progress); !s.ok()) return s;
   state_.Restore(progress);
   absl::MutexLock params_lock(&params_mu_);
-  params_version_ = progress.version;
+  std::fill(range_versions_.begin(), range_versions_.end(), progress.version);
   return absl::OkStatus();
 }
 
@@ -159,9 +159,11 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
         absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
   }
   absl::ReaderMutexLock lock(&params_mu_);
-  if (params_version_ != version) {
-    return absl::AbortedError(absl::StrCat("parameters moved from version ", version, " to ",
-                                           params_version_, " during the pull; retry"));
+  if (const int64_t now = ParamsVersion(offset, count); now != version) {
+    return absl::AbortedError(absl::StrCat(
+        "parameters [", offset, ", ", offset + count, ") moved from version ", version, " to ",
+        now < 0 ? std::string("the next, range by range,") : absl::StrCat(now),
+        " during the pull; retry"));
   }
   absl::StatusOr<bool> native_bf16 = false;
   if (dtype == DType::kBFloat16) native_bf16 = backend_->ReadBFloat16(offset, count, out);
@@ -230,8 +232,10 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
 
   // Statistics and values must describe one version: read that version under
   // the same lock as the values (an update may have finished since above).
+  // (During a pipelined step whose push stalled, the ranges already updated
+  // hold the next version's values: the oldest version is reported.)
   absl::ReaderMutexLock lock(&params_mu_);
-  snap.version = params_version_;
+  snap.version = *std::min_element(range_versions_.begin(), range_versions_.end());
   std::vector<float> block;
   for (const TensorPiece& piece : options_.layout.PiecesIn(range_)) {
     if (!with_tensor_stats) break;

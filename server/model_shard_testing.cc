@@ -5,6 +5,12 @@
 
 #include "gtest/gtest.h"
 
+// The pipelined variants of the ModelShard tests build this file with a
+// range size, so that every one of them runs range by range too.
+#ifndef SHARDOPT_TEST_PIPELINE_RANGE
+#define SHARDOPT_TEST_PIPELINE_RANGE 0
+#endif
+
 namespace shardopt::testing {
 
 std::vector<float> RandomGradient(uint32_t rank, int64_t step, size_t n) {
@@ -40,6 +46,7 @@ ModelLayout TestLayout() {
 std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
                                       OptimizerConfig optimizer) {
   ModelShardOptions options{"m", TestLayout(), kShard, optimizer, trainers, true};
+  options.pipeline_range_elements = SHARDOPT_TEST_PIPELINE_RANGE;
   std::vector<float> init(options.layout.shard_size());
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 97);
   ZeroPadding(options.layout, kShard, &init);

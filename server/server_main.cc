@@ -34,6 +34,11 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(int, pull_chunk_kib, 1024,
           "KiB of parameters per PullParameters message, in [1, 32768]. Clients must accept "
           "messages this large plus a few bytes (gRPC's default limit is 4 MiB).");
+ABSL_FLAG(int64_t, pipeline_range_elements, int64_t{1} << 20,
+          "Elements per range of a pipelined step: a range is updated as soon as every "
+          "trainer's gradient of it has arrived, and pulls stream it at once (results are "
+          "bit-identical to whole steps). 0 = whole steps. Rounded up to a multiple of 16 "
+          "(of 65536 with gradient clipping or loss scaling).");
 ABSL_FLAG(int, stream_idle_timeout_s, 60,
           "Cancel push and register streams that send nothing for this many seconds "
           "(0 = never).");
@@ -166,6 +171,12 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
     return 2;
   }
   options.pull_chunk_bytes = static_cast<size_t>(pull_chunk_kib) << 10;
+  const int64_t pipeline_range = absl::GetFlag(FLAGS_pipeline_range_elements);
+  if (pipeline_range < 0) {
+    LogError("--pipeline_range_elements=%d is negative", pipeline_range);
+    return 2;
+  }
+  options.pipeline_range_elements = static_cast<uint64_t>(pipeline_range);
   options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
 

@@ -138,6 +138,13 @@ uint64_t ShardServiceImpl::StateBytes(const ShardPlan& plan) const {
   return plan.state_bytes + bf16_copy;
 }
 
+absl::StatusOr<ShardPlan> ShardServiceImpl::PlanHere(v1::ModelConfig config) const {
+  absl::StatusOr<ShardPlan> plan =
+      PlanShard(std::move(config), options_.shard_index, options_.shard_count);
+  if (plan.ok()) plan->options.pipeline_range_elements = options_.pipeline_range_elements;
+  return plan;
+}
+
 ModelShard::BackendFactory ShardServiceImpl::BackendFactory() {
   if (options_.gpu_index < 0) return ModelShard::CpuBackendFactory(&pool_);
   return [gpu = options_.gpu_index](const ModelShardOptions& o, std::vector<float> v) {
@@ -185,7 +192,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   }
   // Validated once, here: everything below works with the canonical plan.
   absl::StatusOr<ShardPlan> plan =
-      PlanShard(std::move(config), options_.shard_index, options_.shard_count);
+      PlanHere(std::move(config));
   if (!plan.ok()) return Error(plan.status());
   config = plan->config;
   const ModelLayout& layout = plan->options.layout;
@@ -360,7 +367,8 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
     }
   }
   if (context->IsCancelled()) {
-    return grpc::Status(grpc::CANCELLED, "push cancelled by the client; nothing was staged");
+    // (What pipelined ranges already consumed stays; the rest is dropped.)
+    return grpc::Status(grpc::CANCELLED, "push cancelled by the client before it ended");
   }
   absl::StatusOr<PushResult> result = writer.Commit();
   if (!result.ok()) return Error(result.status());
@@ -393,28 +401,42 @@ grpc::Status ShardServiceImpl::PullParameters(
     }
   }
   if (request->has_decision()) {
-    if (absl::Status s =
-            shard.Decide(request->min_version(), StepDecisionFromProto(request->decision()));
+    // Taken here; the update runs range by range as the frames below (and
+    // every other trainer's pull) wait for it.
+    if (absl::Status s = shard.Decide(request->min_version(),
+                                      StepDecisionFromProto(request->decision()), /*wait=*/false);
         !s.ok()) {
       return Error(s);
     }
   }
-  absl::StatusOr<int64_t> version =
-      shard.WaitForVersion(request->min_version(), WaitDeadline(*context, request->max_wait_ms()),
-                           [context] { return context->IsCancelled(); }, PushedByOf(*request));
-  if (!version.ok()) return Error(version.status());
-
+  const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
+  const auto cancelled = [context] { return context->IsCancelled(); };
   v1::PullParametersResponse response;
-  response.set_version(*version);
-  response.set_lr(shard.LrOfVersion(*version));
   if (request->wait_only()) {
+    absl::StatusOr<int64_t> version =
+        shard.WaitForVersion(request->min_version(), deadline, cancelled, PushedByOf(*request));
+    if (!version.ok()) return Error(version.status());
+    response.set_version(*version);
+    response.set_lr(shard.LrOfVersion(*version));
     if (!writer->Write(response)) return grpc::Status(grpc::CANCELLED, "client went away");
     return grpc::Status::OK;
   }
+  // Streamed range by range as each reaches the version (pipelined steps).
+  absl::StatusOr<int64_t> version =
+      shard.PullTarget(request->min_version(), deadline, cancelled, PushedByOf(*request));
+  if (!version.ok()) return Error(version.status());
+  response.set_version(*version);
   const size_t element = DTypeSize(*dtype);
   const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / element);
   for (uint64_t offset = 0; offset < shard.size(); offset += chunk_elements) {
     const uint64_t count = std::min(chunk_elements, shard.size() - offset);
+    if (absl::Status s =
+            shard.WaitForRanges(*version, offset, count, deadline, cancelled, PushedByOf(*request));
+        !s.ok()) {
+      return Error(s);
+    }
+    // Known once the step runs: every frame carries it.
+    response.set_lr(shard.LrOfVersion(*version));
     v1::TensorChunk* chunk = response.mutable_chunk();
     chunk->set_offset(offset);
     std::string* data = chunk->mutable_data();

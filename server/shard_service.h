@@ -43,6 +43,9 @@ struct ShardServerOptions {
   // Bytes of parameter data per PullParameters message. 1 MiB keeps every
   // message under gRPC's default 4 MiB receive limit (grpcurl, Python).
   size_t pull_chunk_bytes = 1 << 20;
+  // Elements per pipeline range of every model's steps
+  // (ModelShardOptions::pipeline_range_elements); 0: whole steps.
+  uint64_t pipeline_range_elements = uint64_t{1} << 20;
   // Push and register streams that send nothing for this long are cancelled
   // (see StreamWatchdog); zero disables.
   absl::Duration stream_idle_timeout = absl::Seconds(60);
@@ -155,6 +158,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                            std::optional<uint32_t>* rank);
   // Where this server keeps a model's numbers: its GPU, or the CPU pool.
   ModelShard::BackendFactory BackendFactory();
+  // PlanShard for this server's shard, with its pipelining.
+  absl::StatusOr<ShardPlan> PlanHere(v1::ModelConfig config) const;
   // What registering `plan` reserves of the state budget (with a GPU's bf16
   // copy).
   uint64_t StateBytes(const ShardPlan& plan) const;

@@ -272,7 +272,7 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
 absl::StatusOr<std::shared_ptr<HostedModel>> ShardServiceImpl::LoadModel(
     const CheckpointReader& checkpoint) {
   absl::StatusOr<ShardPlan> plan =
-      PlanShard(checkpoint.manifest().config(), options_.shard_index, options_.shard_count);
+      PlanHere(checkpoint.manifest().config());
   if (!plan.ok()) {
     return absl::DataLossError(absl::StrCat(checkpoint.directory(),
                                             ": the saved model config is unusable: ",

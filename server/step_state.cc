@@ -15,7 +15,24 @@ StepState::StepState(StepStateOptions options)
       run_id_(options_.run_id),
       loss_scaler_(options_.loss_scaler ? std::optional<LossScaler>(*options_.loss_scaler)
                                         : std::nullopt),
-      activity_(options_.num_trainers) {}
+      activity_(options_.num_trainers),
+      delivered_(options_.num_trainers, 0),
+      first_inf_(options_.num_trainers) {
+  range_elements_ = options_.range_elements == 0 || options_.range_elements > options_.size
+                        ? std::max<uint64_t>(options_.size, 1)
+                        : options_.range_elements;
+  range_count_ = std::max<uint64_t>(1, (options_.size + range_elements_ - 1) / range_elements_);
+  block_sums_.resize(range_count_);
+}
+
+uint64_t StepState::RangeEnd(size_t index) const {
+  return std::min<uint64_t>(options_.size, (index + 1) * range_elements_);
+}
+
+uint64_t StepState::ConsumedElements() const {
+  const bool stage_one = phase_ == Phase::kReducing || (phase_ == Phase::kUpdating && !decided_);
+  return stage_one && claimed_ > 0 ? RangeEnd(claimed_ - 1) : 0;
+}
 
 uint32_t StepState::Pending() const {
   return static_cast<uint32_t>(
@@ -63,12 +80,129 @@ absl::StatusOr<StepState::Admission> StepState::BeginPush(uint32_t rank, int64_t
                      "; all trainers must run identical scalers"));
   }
   slots_[rank] = Slot::kReceiving;
+  // Fixed by the first push admitted: a pipelined step reduces ranges (with
+  // this scale) before any push is committed.
+  pending_loss_scale_ = loss_scale;
+  pending_stats_.loss_scale = loss_scale;
   pushed_ = true;
   return Admission::kStart;
 }
 
 void StepState::AbortPush(uint32_t rank, int64_t step) {
-  if (version_ + 1 == step && slots_[rank] == Slot::kReceiving) slots_[rank] = Slot::kEmpty;
+  if (version_ + 1 != step || slots_[rank] != Slot::kReceiving) return;
+  slots_[rank] = Slot::kEmpty;
+  // What claimed ranges consumed stays; the rest is resent.
+  const uint64_t consumed = ConsumedElements();
+  delivered_[rank] = std::min(delivered_[rank], consumed);
+  if (first_inf_[rank] && *first_inf_[rank] >= consumed) first_inf_[rank].reset();
+  const bool any_push = std::any_of(slots_.begin(), slots_.end(),
+                                    [](Slot s) { return s != Slot::kEmpty; });
+  if (!any_push && consumed == 0) {
+    pending_loss_scale_.reset();
+    pending_stats_.loss_scale = 1;
+  }
+}
+
+void StepState::RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered,
+                                std::optional<uint64_t> first_inf) {
+  assert(step == version_ + 1 && slots_[rank] == Slot::kReceiving);
+  (void)step;
+  delivered_[rank] = std::max(delivered_[rank], delivered);
+  if (first_inf && (!first_inf_[rank] || *first_inf < *first_inf_[rank])) {
+    first_inf_[rank] = first_inf;
+  }
+}
+
+bool StepState::CanClaim(bool shutting_down) const {
+  if (failed() || claimed_ != finished_ || claimed_ >= range_count_) return false;
+  if (phase_ == Phase::kUpdating && decided_) return true;  // Stage two.
+  if (phase_ != Phase::kCollecting && phase_ != Phase::kReducing && phase_ != Phase::kUpdating) {
+    return false;
+  }
+  if (HeldAt(version_) && !shutting_down) return false;
+  if (!options_.pipelined) return Pending() == 0;
+  const uint64_t end = RangeEnd(claimed_);
+  return std::all_of(delivered_.begin(), delivered_.end(),
+                     [end](uint64_t d) { return d >= end; });
+}
+
+std::optional<StepState::RangeWork> StepState::ClaimRange(bool shutting_down) {
+  if (!CanClaim(shutting_down)) return std::nullopt;
+  if (phase_ == Phase::kCollecting) {
+    const StartedStep started = StartStep();
+    step_config_ = started.config;
+  }
+  RangeWork work;
+  work.step = version_ + 1;
+  work.index = claimed_;
+  work.begin = claimed_ * range_elements_;
+  work.end = RangeEnd(claimed_);
+  if (phase_ == Phase::kUpdating && decided_) {
+    work.kind = RangeWork::Kind::kUpdate;
+    work.config = decided_update_.config;
+    work.skip = decided_update_.skip;
+    work.optimizer_step = decided_update_.optimizer_step;
+    work.multiplier = decided_update_.multiplier;
+  } else {
+    work.kind = phase_ == Phase::kReducing ? RangeWork::Kind::kReduce : RangeWork::Kind::kApply;
+    work.config = step_config_;
+    work.loss_scale = pending_loss_scale_.value_or(1.0);
+    // An overflow in consumed elements stays with the step even if the push
+    // that carried it breaks off.
+    for (const std::optional<uint64_t>& inf : first_inf_) {
+      if (inf && *inf >= work.begin && *inf < work.end) pending_stats_.found_inf = true;
+    }
+  }
+  ++claimed_;
+  return work;
+}
+
+void StepState::FinishRange(const RangeWork& work, std::vector<double> block_sums) {
+  assert(work.index == finished_ && claimed_ == finished_ + 1);
+  if (work.kind == RangeWork::Kind::kReduce) block_sums_[work.index] = std::move(block_sums);
+  ++finished_;
+}
+
+StepState::Completion StepState::CompleteStepIfDone() {
+  if (failed() || finished_ != range_count_) return Completion::kNone;
+  if (phase_ == Phase::kUpdating && decided_) {
+    FinishStep(Ending{decided_update_.config.lr, *decided_, decided_update_.loss_scale});
+    return Completion::kApplied;
+  }
+  if (Pending() != 0) return Completion::kNone;
+  if (phase_ == Phase::kUpdating) {
+    FinishStep(Ending{step_config_.lr, std::nullopt, pending_loss_scale_.value_or(1.0)});
+    return Completion::kApplied;
+  }
+  if (phase_ == Phase::kReducing) {
+    // Block by block in order: the same sum as one pass over the slice.
+    double total = 0;
+    for (const std::vector<double>& range : block_sums_) {
+      for (double b : range) total += b;
+    }
+    FinishReduce(total);
+    return Completion::kReduced;
+  }
+  return Completion::kNone;
+}
+
+int64_t StepState::RangeVersion(size_t index) const {
+  return phase_ == Phase::kUpdating && index < finished_ ? version_ + 1 : version_;
+}
+
+std::pair<size_t, size_t> StepState::RangesCovering(uint64_t offset, uint64_t count) const {
+  const size_t first = std::min<uint64_t>(offset / range_elements_, range_count_ - 1);
+  if (count == 0) return {first, first};
+  const size_t last = std::min<uint64_t>((offset + count - 1) / range_elements_ + 1, range_count_);
+  return {first, last};
+}
+
+std::optional<double> StepState::LrOf(int64_t version) const {
+  if (version == version_) return version_lr_;
+  if (version == version_ + 1 && phase_ == Phase::kUpdating) {
+    return decided_ ? decided_update_.config.lr : step_config_.lr;
+  }
+  return std::nullopt;
 }
 
 absl::Status StepState::DiscardPending() {
@@ -109,7 +243,7 @@ bool StepState::ReadyToStart() const {
 }
 
 StepState::StartedStep StepState::StartStep() {
-  assert(phase_ == Phase::kCollecting && Pending() == 0);
+  assert(phase_ == Phase::kCollecting && (Pending() == 0 || options_.pipelined));
   StartedStep started;
   started.step = version_ + 1;
   started.reduce_first = options_.needs_decision;
@@ -128,9 +262,12 @@ void StepState::FinishReduce(double sum_of_squares) {
   pending_stats_.step = version_ + 1;
   pending_stats_.sum_of_squares = sum_of_squares;
   phase_ = Phase::kAwaitingDecision;
+  claimed_ = finished_ = 0;  // Stage two counts its ranges afresh.
 }
 
 bool StepState::DecisionMayProceed(bool shutting_down) const {
+  // A decision being applied range by range can be compared with at once.
+  if (phase_ == Phase::kUpdating && decided_) return true;
   return failed() || (!running() && (!HeldAt(version_) || shutting_down));
 }
 
@@ -143,6 +280,11 @@ absl::StatusOr<std::optional<StepState::Update>> StepState::BeginDecision(
     }
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " was already decided differently (or long ago)"));
+  }
+  if (phase_ == Phase::kUpdating && decided_ && step == version_ + 1) {
+    if (*decided_ == decision) return std::optional<Update>();
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " is being applied as decided differently"));
   }
   const bool awaiting = phase_ == Phase::kAwaitingDecision;
   if (step != version_ + 1 || !awaiting) {
@@ -162,6 +304,9 @@ absl::StatusOr<std::optional<StepState::Update>> StepState::BeginDecision(
   update.optimizer_step = optimizer_steps_ + 1;
   update.multiplier = GradientMultiplier(decision, pending_stats_.loss_scale);
   update.loss_scale = pending_stats_.loss_scale;
+  decided_ = decision;
+  decided_update_ = update;
+  claimed_ = finished_ = 0;
   return std::optional<Update>(update);
 }
 
@@ -190,6 +335,11 @@ void StepState::ClearStep() {
   std::fill(slots_.begin(), slots_.end(), Slot::kEmpty);
   pending_loss_scale_.reset();
   pending_stats_ = StepStats();
+  std::fill(delivered_.begin(), delivered_.end(), 0);
+  std::fill(first_inf_.begin(), first_inf_.end(), std::nullopt);
+  claimed_ = finished_ = 0;
+  decided_.reset();
+  for (std::vector<double>& sums : block_sums_) sums.clear();
 }
 
 absl::Status StepState::Fail(int64_t step, const absl::Status& cause) {

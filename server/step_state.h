@@ -14,9 +14,27 @@
 //
 // Per trainer there is one push slot for step v + 1: kEmpty, kReceiving (a
 // PushWriter owns it) or kComplete. A step's arithmetic never depends on
-// arrival order: the reduction runs only once every slot is complete.
-// (Progress is per whole range today; a slot is where per-range progress of
-// a pipelined step would be kept.)
+// arrival order.
+//
+// Ranges (pipelined steps): the shard's slice is cut into ranges of
+// `range_elements`; each trainer's push delivers its elements in order, and
+// `delivered` (per trainer) says how far. Work on a range is claimed
+// (ClaimRange) by whichever thread needs progress, one claim at a time and
+// ranges in ascending order, so every element is reduced and updated exactly
+// as in a whole step (the arithmetic per element, and the fixed blocks of the
+// norm, do not change). Pipelined, a range is claimable once every trainer
+// delivered it; otherwise only once every push is committed. Stages:
+//   without gradient control: kApply per range (the step starts at the first
+//     claim); the step ends when every range is applied and every push is
+//     committed;
+//   with it: kReduce per range (reduction and this shard's blocks of the
+//     norm), FinishReduce once every range is reduced and every push
+//     committed; after the decision, kUpdate per range, then the step ends.
+// A range's parameters are at version v + 1 once its update finished
+// (RangeVersion), which lets pulls stream a version range by range.
+// Elements of a range already claimed were consumed: a trainer whose push
+// broke off after that keeps them (Delivered) and its next push of the step
+// resends only the rest, so nothing is applied twice.
 //
 // Checkpoint holds: while a hold on version v exists, step v + 1 does not
 // start, so every shard asked for step v saves exactly that boundary.
@@ -78,6 +96,11 @@ struct StepStateOptions {
   Hyperparameters initial;
   std::string run_id;
   std::optional<LossScalerOptions> loss_scaler;  // The trainers' scaler, replicated.
+  // Ranges (see the header comment): the slice's size, the elements per
+  // range (0: one range), and whether ranges are claimed as they arrive.
+  uint64_t size = 0;
+  uint64_t range_elements = 0;
+  bool pipelined = false;
 };
 
 class StepState {
@@ -156,6 +179,49 @@ class StepState {
   // returned INTERNAL status.
   absl::Status Fail(int64_t step, const absl::Status& cause);
 
+  // ---- Ranges (see the header comment).
+  struct RangeWork {
+    enum class Kind { kApply, kReduce, kUpdate };
+    Kind kind = Kind::kApply;
+    int64_t step = 0;
+    size_t index = 0;
+    uint64_t begin = 0, end = 0;  // Range-local elements.
+    OptimizerConfig config;       // kApply and kUpdate: with the step's lr.
+    double loss_scale = 1;        // kReduce: the norm is of g / loss_scale.
+    bool skip = false;            // kUpdate: nothing changes.
+    int64_t optimizer_step = 0;   // kUpdate.
+    float multiplier = 1;         // kUpdate.
+  };
+  // `rank`'s push of `step` (in progress) has delivered its first
+  // `delivered` elements clean; `first_inf`: the first inf/NaN among them
+  // (with loss scaling), if any.
+  void RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered,
+                       std::optional<uint64_t> first_inf);
+  // The leading elements of every trainer's push of step version + 1 that
+  // claimed ranges consumed: a new push of that step skips them.
+  uint64_t Consumed() const { return ConsumedElements(); }
+  // True when ClaimRange would hand out work.
+  bool CanClaim(bool shutting_down) const;
+  // The next range's work, or nullopt. The first claim of a step starts it
+  // (StartStep). Holds keep stage-one work back unless `shutting_down`.
+  std::optional<RangeWork> ClaimRange(bool shutting_down);
+  // The claimed work is done; `block_sums`: a kReduce range's sums of
+  // squares, one per norm block in order.
+  void FinishRange(const RangeWork& work, std::vector<double> block_sums = {});
+  // Ends the stage whose work and pushes are all done: kApplied (version
+  // moved on), kReduced (now kAwaitingDecision), or kNone.
+  enum class Completion { kNone, kApplied, kReduced };
+  Completion CompleteStepIfDone();
+  // The version range `index`'s parameters are at.
+  int64_t RangeVersion(size_t index) const;
+  size_t range_count() const { return range_count_; }
+  uint64_t range_elements() const { return range_elements_; }
+  // The ranges [first, last) that elements [offset, offset + count) touch.
+  std::pair<size_t, size_t> RangesCovering(uint64_t offset, uint64_t count) const;
+  // The lr of the step that makes `version`, when known (the current
+  // version, or the next once it is being applied).
+  std::optional<double> LrOf(int64_t version) const;
+
   // ---- Questions waiters ask.
   int64_t version() const { return version_; }
   Phase phase() const { return phase_; }
@@ -217,6 +283,9 @@ class StepState {
            phase_ == Phase::kUpdating;
   }
   void ClearStep();
+  uint64_t RangeEnd(size_t index) const;
+  // Elements of every trainer's push consumed by claimed stage-one ranges.
+  uint64_t ConsumedElements() const;
 
   const StepStateOptions options_;
   int64_t version_ = 0;
@@ -239,6 +308,18 @@ class StepState {
   std::string run_id_;
   std::optional<LossScaler> loss_scaler_;
   std::vector<TrainerActivity> activity_;
+
+  // Ranges of the step collected (see the header comment).
+  uint64_t range_elements_ = 1;
+  size_t range_count_ = 1;
+  std::vector<uint64_t> delivered_;                 // Per trainer.
+  std::vector<std::optional<uint64_t>> first_inf_;  // Per trainer.
+  size_t claimed_ = 0;   // Ranges handed out in the current stage.
+  size_t finished_ = 0;  // Ranges done in the current stage.
+  OptimizerConfig step_config_;  // Stage one without gradient control.
+  std::optional<StepDecision> decided_;  // Stage two: the decision applied.
+  Update decided_update_;
+  std::vector<std::vector<double>> block_sums_;  // Per range, with gradient control.
 };
 
 }  // namespace shardopt

@@ -61,6 +61,31 @@ class UpdateBackend {
   virtual absl::StatusOr<double> SumOfSquares(float scale) = 0;
   virtual absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) = 0;
 
+  // The same on elements [begin, end) of the range alone (pipelined steps,
+  // see StepState): the result of every element is the whole call's, so a
+  // step applied range by range gives the same bits. SumOfSquaresBlocks
+  // writes the sum of each norm block in [begin, end) (begin is a multiple
+  // of kNormBlockElements) to `block_sums`, in order. Range work runs one
+  // range at a time, never concurrently with Read of that range, while
+  // Stage of later elements may go on. Backends without them keep
+  // supports_ranges() false and get whole-range calls only.
+  virtual bool supports_ranges() const { return false; }
+  virtual absl::Status ApplyRange(int64_t step, bool mean, const OptimizerConfig& config,
+                                  uint64_t begin, uint64_t end) {
+    return absl::UnimplementedError("range updates");
+  }
+  virtual absl::Status ReduceRange(bool mean, uint64_t begin, uint64_t end) {
+    return absl::UnimplementedError("range updates");
+  }
+  virtual absl::Status SumOfSquaresBlocks(float scale, uint64_t begin, uint64_t end,
+                                          double* block_sums) {
+    return absl::UnimplementedError("range updates");
+  }
+  virtual absl::Status UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
+                                   uint64_t begin, uint64_t end) {
+    return absl::UnimplementedError("range updates");
+  }
+
   // Copies parameters [offset, offset + count) of the range into `out`.
   virtual absl::Status Read(uint64_t offset, uint64_t count, float* out) = 0;
 

@@ -25,7 +25,7 @@ class Cluster:
             self.procs.append(subprocess.Popen(
                 [server_binary(), "--listen=127.0.0.1:0", f"--port_file={port_file}",
                  f"--shard_index={i}", f"--shard_count={shards}", "--device=cpu",
-                 "--threads=1", *extra_flags],
+                 "--threads=1", "--pipeline_range_elements=64", *extra_flags],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             deadline = time.time() + 30
             while not os.path.exists(port_file):

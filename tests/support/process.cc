@@ -94,6 +94,9 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
                                    absl::StrCat("--shard_count=", shard_count),
                                    "--threads=2",
                                    "--device=cpu",
+                                   // Tiny ranges: every test's steps run
+                                   // pipelined, range by range.
+                                   "--pipeline_range_elements=64",
                                    "--port_file=" + port_file};
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   std::string binary = Runfile(placement.binary);
