@@ -104,8 +104,8 @@ absl::Status CpuBackend::SumOfSquaresBlocks(float scale, uint64_t first, uint64_
                                             double* block_sums) {
   if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
   if (first % kNormBlockElements != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("norm blocks start at multiples of ",
-                                                   kNormBlockElements, ", not at ", first));
+    return absl::InvalidArgumentError(
+        absl::StrCat("norm blocks start at multiples of ", kNormBlockElements, ", not at ", first));
   }
   const float* const g = staging_[0].data();
   const size_t first_block = first / kNormBlockElements;
@@ -129,8 +129,8 @@ absl::Status CpuBackend::Update(int64_t step, const OptimizerConfig& config, flo
   return UpdateRange(step, config, multiplier, 0, params_.size());
 }
 
-absl::Status CpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config,
-                                     float multiplier, uint64_t first, uint64_t last) {
+absl::Status CpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
+                                     uint64_t first, uint64_t last) {
   if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
   if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
   float* const g = staging_[0].data();

@@ -327,9 +327,9 @@ absl::Status ModelShard::RunRangeWork(const StepState::RangeWork& work,
   assert(!whole || (work.begin == 0 && work.end == range_.size()));
   using Kind = StepState::RangeWork::Kind;
   if (work.kind == Kind::kReduce) {
-    if (absl::Status s = whole ? backend_->Reduce(options_.mean_reduction)
-                               : backend_->ReduceRange(options_.mean_reduction, work.begin,
-                                                       work.end);
+    if (absl::Status s = whole
+                             ? backend_->Reduce(options_.mean_reduction)
+                             : backend_->ReduceRange(options_.mean_reduction, work.begin, work.end);
         !s.ok()) {
       return s;
     }
@@ -353,8 +353,8 @@ absl::Status ModelShard::RunRangeWork(const StepState::RangeWork& work,
                                      work.end);
   } else if (!work.skip) {
     s = whole ? backend_->Update(work.optimizer_step, work.config, work.multiplier)
-              : backend_->UpdateRange(work.optimizer_step, work.config, work.multiplier,
-                                      work.begin, work.end);
+              : backend_->UpdateRange(work.optimizer_step, work.config, work.multiplier, work.begin,
+                                      work.end);
   }
   if (s.ok()) range_versions_[work.index] = work.step;
   return s;
@@ -401,9 +401,8 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision, bool
   // current version holds the next step: wait for it first too, so that
   // everything below is checked against the state that will be used.
   mu_.Await(absl::Condition(
-      +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return s->state_.DecisionMayProceed(s->shutdown_);
-      },
+      +[](ModelShard* s)
+           ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->state_.DecisionMayProceed(s->shutdown_); },
       this));
   absl::StatusOr<std::optional<StepState::Update>> begun = state_.BeginDecision(step, decision);
   if (!begun.ok()) return begun.status();
@@ -482,9 +481,8 @@ absl::StatusOr<int64_t> ModelShard::PullTarget(int64_t min_version, absl::Time d
     return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();
   };
   const absl::Status waited = AwaitState(
-      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return state_.version() + 1 >= min_version || lost();
-      },
+      [&]()
+          ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() + 1 >= min_version || lost(); },
       deadline, cancelled);
   if (state_.failed()) return state_.failure();
   if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
@@ -501,8 +499,7 @@ absl::StatusOr<int64_t> ModelShard::PullTarget(int64_t min_version, absl::Time d
 }
 
 absl::Status ModelShard::WaitForRanges(int64_t version, uint64_t offset, uint64_t count,
-                                       absl::Time deadline,
-                                       const std::function<bool()>& cancelled,
+                                       absl::Time deadline, const std::function<bool()>& cancelled,
                                        std::optional<PushedBy> pushed) {
   if (pushed) {
     if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;

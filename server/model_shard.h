@@ -230,8 +230,8 @@ class ModelShard {
   // Waits until parameters [offset, offset + count) are at `version` or
   // later, running range work that is ready meanwhile. Errors as
   // WaitForVersion.
-  absl::Status WaitForRanges(int64_t version, uint64_t offset, uint64_t count,
-                             absl::Time deadline, const std::function<bool()>& cancelled,
+  absl::Status WaitForRanges(int64_t version, uint64_t offset, uint64_t count, absl::Time deadline,
+                             const std::function<bool()>& cancelled,
                              std::optional<PushedBy> pushed = std::nullopt);
 
   // Copies parameters [offset, offset + count) of the range into `out`, as

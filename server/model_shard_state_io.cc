@@ -160,10 +160,10 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
   }
   absl::ReaderMutexLock lock(&params_mu_);
   if (const int64_t now = ParamsVersion(offset, count); now != version) {
-    return absl::AbortedError(absl::StrCat(
-        "parameters [", offset, ", ", offset + count, ") moved from version ", version, " to ",
-        now < 0 ? std::string("the next, range by range,") : absl::StrCat(now),
-        " during the pull; retry"));
+    return absl::AbortedError(
+        absl::StrCat("parameters [", offset, ", ", offset + count, ") moved from version ", version,
+                     " to ", now < 0 ? std::string("the next, range by range,") : absl::StrCat(now),
+                     " during the pull; retry"));
   }
   absl::StatusOr<bool> native_bf16 = false;
   if (dtype == DType::kBFloat16) native_bf16 = backend_->ReadBFloat16(offset, count, out);

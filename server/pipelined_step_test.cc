@@ -70,8 +70,8 @@ void RunStep(ModelShard& shard, const Job& setup, int64_t step, size_t chunk) {
     if (setup.loss_scaling) {
       for (float& g : grads.back()) g *= 1024;
     }
-    absl::StatusOr<ModelShard::PushStart> start = shard.BeginPush(
-        r, step, n, DType::kFloat32, setup.loss_scaling ? 1024.0 : 1.0);
+    absl::StatusOr<ModelShard::PushStart> start =
+        shard.BeginPush(r, step, n, DType::kFloat32, setup.loss_scaling ? 1024.0 : 1.0);
     ASSERT_TRUE(start.ok()) << start.status();
     writers.push_back(std::move(start->writer));
   }

@@ -191,8 +191,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
                      " shards but this server is one of ", options_.shard_count)));
   }
   // Validated once, here: everything below works with the canonical plan.
-  absl::StatusOr<ShardPlan> plan =
-      PlanHere(std::move(config));
+  absl::StatusOr<ShardPlan> plan = PlanHere(std::move(config));
   if (!plan.ok()) return Error(plan.status());
   config = plan->config;
   const ModelLayout& layout = plan->options.layout;

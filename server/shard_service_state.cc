@@ -271,8 +271,7 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
 
 absl::StatusOr<std::shared_ptr<HostedModel>> ShardServiceImpl::LoadModel(
     const CheckpointReader& checkpoint) {
-  absl::StatusOr<ShardPlan> plan =
-      PlanHere(checkpoint.manifest().config());
+  absl::StatusOr<ShardPlan> plan = PlanHere(checkpoint.manifest().config());
   if (!plan.ok()) {
     return absl::DataLossError(absl::StrCat(checkpoint.directory(),
                                             ": the saved model config is unusable: ",

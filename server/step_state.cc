@@ -95,8 +95,8 @@ void StepState::AbortPush(uint32_t rank, int64_t step) {
   const uint64_t consumed = ConsumedElements();
   delivered_[rank] = std::min(delivered_[rank], consumed);
   if (first_inf_[rank] && *first_inf_[rank] >= consumed) first_inf_[rank].reset();
-  const bool any_push = std::any_of(slots_.begin(), slots_.end(),
-                                    [](Slot s) { return s != Slot::kEmpty; });
+  const bool any_push =
+      std::any_of(slots_.begin(), slots_.end(), [](Slot s) { return s != Slot::kEmpty; });
   if (!any_push && consumed == 0) {
     pending_loss_scale_.reset();
     pending_stats_.loss_scale = 1;
@@ -122,8 +122,7 @@ bool StepState::CanClaim(bool shutting_down) const {
   if (HeldAt(version_) && !shutting_down) return false;
   if (!options_.pipelined) return Pending() == 0;
   const uint64_t end = RangeEnd(claimed_);
-  return std::all_of(delivered_.begin(), delivered_.end(),
-                     [end](uint64_t d) { return d >= end; });
+  return std::all_of(delivered_.begin(), delivered_.end(), [end](uint64_t d) { return d >= end; });
 }
 
 std::optional<StepState::RangeWork> StepState::ClaimRange(bool shutting_down) {

@@ -314,10 +314,10 @@ class StepState {
   size_t range_count_ = 1;
   std::vector<uint64_t> delivered_;                 // Per trainer.
   std::vector<std::optional<uint64_t>> first_inf_;  // Per trainer.
-  size_t claimed_ = 0;   // Ranges handed out in the current stage.
-  size_t finished_ = 0;  // Ranges done in the current stage.
-  OptimizerConfig step_config_;  // Stage one without gradient control.
-  std::optional<StepDecision> decided_;  // Stage two: the decision applied.
+  size_t claimed_ = 0;                              // Ranges handed out in the current stage.
+  size_t finished_ = 0;                             // Ranges done in the current stage.
+  OptimizerConfig step_config_;                     // Stage one without gradient control.
+  std::optional<StepDecision> decided_;             // Stage two: the decision applied.
   Update decided_update_;
   std::vector<std::vector<double>> block_sums_;  // Per range, with gradient control.
 };

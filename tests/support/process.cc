@@ -89,15 +89,12 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const ServerPlacement& placement) {
   const std::string dir = MakeTempDir(absl::StrCat("shard", shard_index));
   const std::string port_file = dir + "/port";
-  std::vector<std::string> args = {absl::StrCat("--listen=", placement.host, ":0"),
-                                   absl::StrCat("--shard_index=", shard_index),
-                                   absl::StrCat("--shard_count=", shard_count),
-                                   "--threads=2",
-                                   "--device=cpu",
-                                   // Tiny ranges: every test's steps run
-                                   // pipelined, range by range.
-                                   "--pipeline_range_elements=64",
-                                   "--port_file=" + port_file};
+  std::vector<std::string> args = {
+      absl::StrCat("--listen=", placement.host, ":0"), absl::StrCat("--shard_index=", shard_index),
+      absl::StrCat("--shard_count=", shard_count), "--threads=2", "--device=cpu",
+      // Tiny ranges: every test's steps run
+      // pipelined, range by range.
+      "--pipeline_range_elements=64", "--port_file=" + port_file};
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   std::string binary = Runfile(placement.binary);
   const std::string name = placement.binary.substr(placement.binary.rfind('/') + 1);
