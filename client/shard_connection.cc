@@ -38,6 +38,7 @@ ShardConnection::ShardConnection(uint32_t index, std::string address,
   channel_args_.SetMaxSendMessageSize(kMaxMessageBytes);
   // Each shard gets its own connection even when addresses repeat.
   channel_args_.SetInt("shardopt.shard_index", static_cast<int>(index));
+  channel_args_.SetInt("shardopt.lane", options.lane);
   // Detect a peer that died or froze while a call is open: its transport is
   // closed, failing the call (and releasing zero-copy payload slices). The
   // pings must go on while a call waits without data (a pull waiting for

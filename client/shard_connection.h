@@ -39,6 +39,10 @@ struct ConnectionOptions {
   absl::Duration keepalive_timeout = absl::Seconds(3);
   // Plaintext or TLS, and the bearer token (client/channel_security.h).
   ChannelFactory channels;
+  // Connections of different lanes to one shard are separate TCP
+  // connections (a channel argument tells them apart): the pull of a step
+  // streams on lane 1 while its push streams on lane 0.
+  int lane = 0;
 };
 
 // What a pull returned.

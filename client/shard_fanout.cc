@@ -12,12 +12,13 @@ namespace shardopt {
 // The calls of one Run to its shards. When one shard fails for good, the
 // attempts to the others are cancelled: a pull waiting for a version that
 // can no longer come would otherwise sit out its whole deadline.
-class ShardFanOut::Operation {
+class ShardFanOutOperation {
  public:
-  Operation(const Call& call, const AttemptFn& attempt) : call(call), attempt(attempt) {}
+  ShardFanOutOperation(const ShardFanOut::Call& call, const ShardFanOut::AttemptFn& attempt)
+      : call(call), attempt(attempt) {}
 
-  const Call& call;
-  const AttemptFn& attempt;
+  const ShardFanOut::Call& call;
+  const ShardFanOut::AttemptFn& attempt;
 
   // Registers an attempt's context; false once the operation has failed.
   bool Begin(grpc::ClientContext* context) {
@@ -39,6 +40,14 @@ class ShardFanOut::Operation {
       for (grpc::ClientContext* c : contexts_) c->TryCancel();
     }
     --running_;
+  }
+  // Fails the operation as if a shard had failed with `status`.
+  void Cancel(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    if (failed_) return;
+    failed_ = true;
+    first_failure_ = std::move(status);
+    for (grpc::ClientContext* c : contexts_) c->TryCancel();
   }
   bool failed() {
     absl::MutexLock lock(&mu_);
@@ -120,17 +129,38 @@ std::vector<uint32_t> ShardFanOut::Targets(const std::vector<uint32_t>& which) c
   return targets;
 }
 
+void RunCanceller::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (op_ != nullptr) op_->Cancel(absl::CancelledError("cancelled by the trainer"));
+}
+
+void RunCanceller::Reset() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = false;
+}
+
 absl::Status ShardFanOut::Run(const Call& call, const AttemptFn& attempt,
                               const std::vector<uint32_t>& which) {
   const std::vector<uint32_t> targets = Targets(which);
   Operation op(call, attempt);
+  if (call.canceller != nullptr) {
+    absl::MutexLock lock(&call.canceller->mu_);
+    if (call.canceller->cancelled_) return absl::CancelledError("cancelled by the trainer");
+    call.canceller->op_ = &op;
+  }
   op.Expect(static_cast<int>(targets.size()));
   for (uint32_t i : targets) {
     Worker& worker = *workers_[i];
     absl::MutexLock lock(&worker.mu);
     worker.task = &op;
   }
-  return op.Wait();
+  absl::Status status = op.Wait();
+  if (call.canceller != nullptr) {
+    absl::MutexLock lock(&call.canceller->mu_);
+    call.canceller->op_ = nullptr;
+  }
+  return status;
 }
 
 absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {

@@ -37,6 +37,20 @@
 
 namespace shardopt {
 
+// Ends the Run of a Call that names it (and later ones, until Reset) from
+// another thread: its attempts are cancelled and it returns CANCELLED.
+class RunCanceller {
+ public:
+  void Cancel();
+  void Reset();
+
+ private:
+  friend class ShardFanOut;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  class ShardFanOutOperation* op_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
 class ShardFanOut {
  public:
   using AttemptFn = std::function<absl::Status(ShardConnection&, grpc::ClientContext&)>;
@@ -50,6 +64,7 @@ class ShardFanOut {
     // End the call at the first such report instead of waiting on (the
     // report is then the result): for callers that look again first.
     bool end_on_wait_report = false;
+    RunCanceller* canceller = nullptr;  // Not owned; may be null.
   };
 
   // Starts one worker per connection; `shards` must outlive the fan-out.
@@ -68,7 +83,7 @@ class ShardFanOut {
   const std::vector<ShardConnection*>& shards() const { return shards_; }
 
  private:
-  class Operation;
+  using Operation = ShardFanOutOperation;
   struct Worker;
   void WorkerLoop(Worker* worker);
   absl::Status RunOnShard(Operation& op, ShardConnection& shard);

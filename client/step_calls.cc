@@ -17,6 +17,7 @@ ShardFanOut::Call CallFrom(const StepCallsContext& context, const std::string& w
   call.attempt_timeout = context.rpc_timeout;
   call.on_wait = context.on_wait;
   call.end_on_wait_report = context.end_on_wait_report;
+  call.canceller = context.canceller;
   return call;
 }
 
@@ -68,7 +69,9 @@ absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step, int64_t pu
         request.set_step(step);
         request.set_shard_index(shard.index());
         request.set_trainer_rank(context_.trainer_rank);
-        request.set_pushed_step(pushed_step);
+        request.set_pushed_step(context_.pushed_step_now != nullptr
+                                    ? context_.pushed_step_now->load()
+                                    : pushed_step);
         request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
         v1::StepStats s;
         absl::Status got = shard.GetStepStats(context, request, &s);
@@ -111,7 +114,9 @@ absl::StatusOr<PulledVersion> StepCalls::PullOnce(int64_t min_version, int64_t p
         request.set_shard_index(shard.index());
         request.set_dtype(DTypeToProto(context_.pull_dtype));
         request.set_trainer_rank(context_.trainer_rank);
-        request.set_pushed_step(pushed_step);
+        request.set_pushed_step(context_.pushed_step_now != nullptr
+                                    ? context_.pushed_step_now->load()
+                                    : pushed_step);
         request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
         request.set_wait_only(flat_params == nullptr);
         if (decision != nullptr) *request.mutable_decision() = StepDecisionToProto(*decision);

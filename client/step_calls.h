@@ -7,6 +7,7 @@
 #ifndef SHARDOPT_CLIENT_STEP_CALLS_H_
 #define SHARDOPT_CLIENT_STEP_CALLS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -35,6 +36,10 @@ struct StepCallsContext {
   bool send_loss_scale = false;  // The model uses loss scaling.
   std::string label;             // Prefixes what errors and reports say ("recovery: ").
   bool end_on_wait_report = false;  // See ShardFanOut::Call.
+  RunCanceller* canceller = nullptr;  // See ShardFanOut::Call.
+  // When set, every pull attempt carries this step as the one this trainer
+  // pushed (read afresh per attempt) instead of Pull's `pushed_step`.
+  const std::atomic<int64_t>* pushed_step_now = nullptr;
 };
 
 // The shards a call goes to: all of them when empty.

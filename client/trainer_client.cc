@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -51,12 +52,14 @@ ShardFanOut::Call CallOf(const TrainerClientOptions& options, std::string what) 
 
 int64_t TrainerClient::failed_attempts() const {
   int64_t total = 0;
-  for (const auto& shard : shards_) total += shard->unreachable_attempts();
+  for (size_t i = 0; i < shards_.size(); ++i) total += failed_attempts(i);
   return total;
 }
 
 int64_t TrainerClient::failed_attempts(size_t shard) const {
-  return shard < shards_.size() ? shards_[shard]->unreachable_attempts() : 0;
+  if (shard >= shards_.size()) return 0;
+  return shards_[shard]->unreachable_attempts() +
+         (shard < pull_shards_.size() ? pull_shards_[shard]->unreachable_attempts() : 0);
 }
 
 int64_t TrainerClient::replayed_pushes() const {
@@ -81,16 +84,25 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   connection.initial_backoff = options.initial_backoff;
   connection.max_backoff = options.max_backoff;
   std::vector<std::unique_ptr<ShardConnection>> shards;
+  std::vector<std::unique_ptr<ShardConnection>> pull_shards;
   for (size_t i = 0; i < shard_addresses.size(); ++i) {
     shards.push_back(std::make_unique<ShardConnection>(static_cast<uint32_t>(i),
                                                        shard_addresses[i], connection));
+    if (options.overlap_pull) {
+      ConnectionOptions lane = connection;
+      lane.lane = 1;
+      pull_shards.push_back(
+          std::make_unique<ShardConnection>(static_cast<uint32_t>(i), shard_addresses[i], lane));
+    }
   }
-  return std::unique_ptr<TrainerClient>(new TrainerClient(options, std::move(shards)));
+  return std::unique_ptr<TrainerClient>(
+      new TrainerClient(options, std::move(shards), std::move(pull_shards)));
 }
 
 TrainerClient::TrainerClient(const TrainerClientOptions& options,
-                             std::vector<std::unique_ptr<ShardConnection>> shards)
-    : options_(options), shards_(std::move(shards)) {
+                             std::vector<std::unique_ptr<ShardConnection>> shards,
+                             std::vector<std::unique_ptr<ShardConnection>> pull_shards)
+    : options_(options), shards_(std::move(shards)), pull_shards_(std::move(pull_shards)) {
   if (!options_.on_wait) {
     const uint32_t rank = options_.trainer_rank;
     options_.on_wait = [rank](const std::string& report) {
@@ -100,6 +112,12 @@ TrainerClient::TrainerClient(const TrainerClientOptions& options,
   std::vector<ShardConnection*> raw;
   for (auto& shard : shards_) raw.push_back(shard.get());
   fanout_ = std::make_unique<ShardFanOut>(std::move(raw));
+  if (!pull_shards_.empty()) {
+    std::vector<ShardConnection*> pulls;
+    for (auto& shard : pull_shards_) pulls.push_back(shard.get());
+    pull_fanout_ = std::make_unique<ShardFanOut>(std::move(pulls));
+    early_pull_canceller_ = std::make_unique<RunCanceller>();
+  }
 }
 
 TrainerClient::~TrainerClient() = default;
@@ -144,6 +162,7 @@ absl::Status TrainerClient::Attach(const ModelSpec& spec) { return RegisterOrAtt
 
 absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayout& layout) {
   for (auto& shard : shards_) shard->set_range(layout.ShardRange(shard->index()));
+  for (auto& shard : pull_shards_) shard->set_range(layout.ShardRange(shard->index()));
   const bool same_model = history_ && spec_ && spec_->model_id == spec.model_id;
   if (!same_model) {
     PushHistoryOptions history;
@@ -171,6 +190,13 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
         RecoveryContext{StepsNeedDecisions(spec.max_grad_norm, spec.loss_scaling), calls});
   }
   steps_ = std::make_unique<StepCalls>(fanout_.get(), calls);
+  if (pull_fanout_) {
+    StepCallsContext early = calls;
+    early.label = "pull overlapping the push: ";
+    early.canceller = early_pull_canceller_.get();
+    early.pushed_step_now = &early_pull_pushed_step_;
+    early_pulls_ = std::make_shared<StepCalls>(pull_fanout_.get(), early);
+  }
   return absl::OkStatus();
 }
 
@@ -419,7 +445,24 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     return s;
   const bool needs_decision = StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling);
   for (int round = 0;; ++round) {
+    // The pull of the version this push makes, opened at once (see
+    // overlap_pull). It carries no pushed step: the push may not have reached
+    // a shard yet. Whatever goes wrong with it, the pull below runs as usual.
+    std::optional<std::thread> early;
+    absl::StatusOr<PulledVersion> early_pulled = absl::UnknownError("no early pull");
+    if (!needs_decision && early_pulls_ && round == 0) {
+      early_pull_canceller_->Reset();
+      early_pull_pushed_step_ = step - 1;
+      early.emplace([&, calls = early_pulls_] {
+        early_pulled = calls->Pull(step, 0, nullptr, flat_params.data());
+      });
+    }
     absl::StatusOr<StepResult> result = PushPayload(step, payload, scale);
+    if (early) {
+      early_pull_pushed_step_ = step;
+      if (!result.ok()) early_pull_canceller_->Cancel();
+      early->join();
+    }
     if (!result.ok()) return result;
     std::optional<StepDecision> decision;
     absl::Status status;
@@ -443,9 +486,10 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
       }
     }
     absl::StatusOr<PulledVersion> pulled =
-        status.ok()
-            ? steps_->Pull(step, step, decision ? &*decision : nullptr, flat_params.data())
-            : absl::StatusOr<PulledVersion>(status);
+        !status.ok()        ? absl::StatusOr<PulledVersion>(status)
+        : early_pulled.ok() ? early_pulled
+                            : steps_->Pull(step, step, decision ? &*decision : nullptr,
+                                           flat_params.data());
     if (absl::IsOutOfRange(pulled.status()) && round < kMaxRecoveries) {
       // A shard lost this step's push (it restarted): bring every shard up
       // to the step before, then the whole step again (all of it idempotent).

@@ -33,6 +33,7 @@
 #ifndef SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 #define SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -57,6 +58,7 @@ class Recovery;
 class ShardConnection;
 class ShardFanOut;
 class StepCalls;
+class RunCanceller;
 struct RetryPolicy;
 
 // What one step did, as the shards reported it.
@@ -176,7 +178,8 @@ class TrainerClient {
 
  private:
   TrainerClient(const TrainerClientOptions& options,
-                std::vector<std::unique_ptr<ShardConnection>> shards);
+                std::vector<std::unique_ptr<ShardConnection>> shards,
+                std::vector<std::unique_ptr<ShardConnection>> pull_shards);
 
   absl::Status RegisterOrAttach(const ModelSpec& spec, const float* initial_params);
   // Sets up the model's history, recovery and step calls (after the spec
@@ -196,6 +199,18 @@ class TrainerClient {
   TrainerClientOptions options_;
   std::vector<std::unique_ptr<ShardConnection>> shards_;
   std::unique_ptr<ShardFanOut> fanout_;
+  // Lane 1 (overlap_pull): the pull that opens while a step's push streams.
+  std::vector<std::unique_ptr<ShardConnection>> pull_shards_;
+  std::unique_ptr<ShardFanOut> pull_fanout_;
+  // Shared with the thread of a step's early pull: a re-attach during the
+  // push (after a rollback) replaces it while that pull still runs.
+  std::shared_ptr<StepCalls> early_pulls_;
+  std::unique_ptr<RunCanceller> early_pull_canceller_;
+  // What the early pull's attempts say this trainer pushed: the step before
+  // while the push streams (a shard that lost that one answers at once), the
+  // step once every shard took it (a shard restarted since then answers
+  // OUT_OF_RANGE at its next attempt, and the step recovers as usual).
+  std::atomic<int64_t> early_pull_pushed_step_{0};
   std::optional<ModelLayout> layout_;
   std::optional<ModelSpec> spec_;
   int64_t registered_version_ = 0;

@@ -83,6 +83,11 @@ struct TrainerClientOptions {
   std::string journal_path;
   // TLS and the bearer token (plaintext without a token by default).
   ChannelSecurity security;
+  // Steps without gradient control: the pull of step k opens (on a second
+  // connection per shard) while its push still streams, and writes each
+  // range into the parameter buffer as soon as the shard has updated it
+  // (pipelined steps, server --pipeline_range_elements). Same bits either way.
+  bool overlap_pull = true;
 };
 
 }  // namespace shardopt
