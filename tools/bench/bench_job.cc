@@ -9,13 +9,15 @@
 namespace shardopt::bench {
 
 absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t elements, int threads,
-                                       ChunkSizes chunks, DType push_dtype, DType pull_dtype) {
+                                       ChunkSizes chunks, DType push_dtype, DType pull_dtype,
+                                       const StepShape& shape) {
   BenchJob job;
   ShardServerOptions server_options;
   server_options.shard_index = 0;
   server_options.shard_count = 1;
   server_options.threads = threads;
   server_options.pull_chunk_bytes = chunks.pull;
+  server_options.pipeline_range_elements = shape.pipeline_range_elements;
   absl::StatusOr<std::unique_ptr<ShardServer>> server =
       ShardServer::Start("127.0.0.1:0", server_options);
   if (!server.ok()) return server.status();
@@ -26,6 +28,7 @@ absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t ele
   client_options.chunk_bytes = chunks.push;
   client_options.push_dtype = push_dtype;
   client_options.pull_dtype = pull_dtype;
+  client_options.overlap_pull = shape.overlap_pull;
   absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(
       {absl::StrCat("127.0.0.1:", job.server->port())}, client_options);
   if (!client.ok()) return client.status();
@@ -34,7 +37,7 @@ absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t ele
   ModelSpec spec;
   spec.model_id = model_id;
   spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(elements)}, DType::kFloat32}};
-  spec.optimizer = BenchSgd();
+  spec.optimizer = shape.optimizer;
   spec.num_trainers = 1;
   absl::StatusOr<ModelLayout> layout = ModelLayout::Create(spec.tensors, spec.alignment, 1);
   if (!layout.ok()) return layout.status();

@@ -1,7 +1,8 @@
 // What sections (b) and (d) of shardopt_bench time against: an in-process
 // ShardServer on 127.0.0.1:0 (1 shard), a TrainerClient (rank 0 of 1), and a
 // model of one fp32 tensor of `elements` with plain SGD (BenchSgd), registered
-// with FillParams' values; the gradients are FillGradients'.
+// with FillParams' values; the gradients are FillGradients'. StepShape picks
+// other optimizers and turns pipelining off.
 #ifndef SHARDOPT_TOOLS_BENCH_BENCH_JOB_H_
 #define SHARDOPT_TOOLS_BENCH_BENCH_JOB_H_
 
@@ -25,9 +26,18 @@ struct BenchJob {
   std::vector<float> params, grads;
 };
 
+// How a job's steps run (section (e) compares them); the defaults are the
+// daemon's and the client's.
+struct StepShape {
+  uint64_t pipeline_range_elements = ShardServerOptions().pipeline_range_elements;
+  bool overlap_pull = TrainerClientOptions().overlap_pull;
+  OptimizerConfig optimizer = BenchSgd();
+};
+
 absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t elements, int threads,
                                        ChunkSizes chunks, DType push_dtype = DType::kFloat32,
-                                       DType pull_dtype = DType::kFloat32);
+                                       DType pull_dtype = DType::kFloat32,
+                                       const StepShape& shape = StepShape());
 
 }  // namespace shardopt::bench
 

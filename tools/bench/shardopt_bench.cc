@@ -41,6 +41,7 @@
 #include "server/malloc_tuning.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/optimizer_rate.h"
+#include "tools/bench/pipelining.h"
 #include "tools/bench/push_pull.h"
 #include "tools/bench/run_info.h"
 #include "tools/bench/tcp_loopback.h"
@@ -59,6 +60,9 @@ ABSL_FLAG(bool, skip_push_pull, false, "Skip (b), the shardopt push+pull measure
 ABSL_FLAG(bool, skip_optimizer, false, "Skip (c), the optimizer and memcpy measurement.");
 ABSL_FLAG(int, wire_mib, 64,
           "(d): MiB of fp32 parameters for the wire element-type comparison; 0 skips it.");
+ABSL_FLAG(std::vector<std::string>, pipeline_sizes_mib, std::vector<std::string>({"64", "256"}),
+          "Model sizes (MiB) of (e), whole against pipelined steps with Adam; empty skips it.");
+ABSL_FLAG(int, pipeline_rounds, 3, "Interleaved rounds of (e).");
 ABSL_FLAG(int, threads, 0,
           "Threads for the server's optimizer pool and for the multi-threaded rows of (c); "
           "0 = std::thread::hardware_concurrency().");
@@ -169,6 +173,25 @@ int Main(int argc, char** argv) {
   if (const int wire_mib = absl::GetFlag(FLAGS_wire_mib); wire_mib > 0) {
     if (absl::Status s = RunWireTypes(wire_mib, threads, seconds, chunks); !s.ok()) {
       std::fprintf(stderr, "wire types: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+
+  std::vector<int> pipeline_sizes;
+  for (const std::string& s : absl::GetFlag(FLAGS_pipeline_sizes_mib)) {
+    int mib = 0;
+    if (!absl::SimpleAtoi(s, &mib) || mib <= 0) {
+      std::fprintf(stderr, "--pipeline_sizes_mib: '%s' is not a positive size\n", s.c_str());
+      return 2;
+    }
+    pipeline_sizes.push_back(mib);
+  }
+  if (!pipeline_sizes.empty()) {
+    if (absl::Status s = RunPipeliningSection(
+            pipeline_sizes, threads, std::max(1, absl::GetFlag(FLAGS_pipeline_rounds)), seconds,
+            chunks, tcp ? std::optional<double>(tcp->best) : std::nullopt);
+        !s.ok()) {
+      std::fprintf(stderr, "pipelining: %s\n", s.ToString().c_str());
       return 1;
     }
   }

@@ -7,6 +7,7 @@ bench="$1"
 out="${TEST_TMPDIR:-/tmp}/shardopt_bench_smoke.out"
 
 if ! "$bench" --sizes_mib=1 --optimizer_params=1048576 --seconds_per_case=0.2 \
+    --pipeline_sizes_mib=8 --pipeline_rounds=1 \
     --tcp_mib=64 --memcpy_mib=16 --wire_mib=1 >"$out" 2>"$out.stderr"; then
   echo "shardopt_bench failed; stdout:"; cat "$out"; echo "stderr:"; cat "$out.stderr"
   exit 1
@@ -35,5 +36,8 @@ done
 expect "summary ratio" "^  push\+pull 1 MiB: $num ms/step, $num GB/s payload = ${num}x raw TCP best\$"
 expect "wire types fp32 row" "^  float32 / float32 +[0-9]+ +$num +$num +$num +1\\.000x +1\\.000x\$"
 expect "wire types bf16 row" "^  bfloat16 / bfloat16 +[0-9]+ +$num +$num +$num +${num}x +${num}x\$"
+for shape in whole server client both; do
+  expect "pipelining $shape row" "^  8 MiB +$shape +[0-9]+ +$num +$num +${num}x +$num +${num}x\$"
+done
 expect "peak RSS" '^  peak RSS: [0-9]+ MiB'
 exit $status
