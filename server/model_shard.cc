@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype_convert.h"
 #include "common/finite.h"
+#include "common/logging.h"
 #include "server/cpu_backend.h"
 
 namespace shardopt {
@@ -97,7 +98,20 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
       range_elements_(state_.range_elements()),
       range_count_(state_.range_count()),
       range_versions_(range_count_, 0),
-      backend_(std::move(backend)) {}
+      backend_(std::move(backend)) {
+  if (options_.step_timeline) {
+    timeline_ = std::make_unique<StepTimeline>(
+        range_count_, [model = options_.model_id, shard = options_.shard_index](
+                          const StepTimes& times) {
+          LogInfo("model '%s' shard %d timeline: %s", model, shard, times.Describe());
+        });
+  }
+}
+
+std::optional<StepTimes> ModelShard::NewestTimeline() const {
+  if (!timeline_) return std::nullopt;
+  return timeline_->NewestPulled();
+}
 
 ModelShard::~ModelShard() { Shutdown(); }
 
@@ -178,6 +192,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
           PushResult{PushOutcome::kDuplicate, step, state_.version(), state_.Pending()};
       break;
     case StepState::Admission::kStart:
+      if (timeline_) timeline_->PushBegan(step, absl::Now());
       start.writer.reset(
           new PushWriter(this, trainer_rank, step, dtype, loss_scale, state_.Consumed()));
       break;
@@ -281,6 +296,7 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
       state_.CommitPush(rank, step, found_inf, loss_scale, absl::Now());
   if (!pending.ok()) return pending.status();
   if (*pending > 0) return PushResult{PushOutcome::kAccepted, step, state_.version(), *pending};
+  if (timeline_) timeline_->Committed(step, absl::Now());
   // This push completed the step's gradients: see its first stage through
   // (a checkpoint of the current version may hold it back; a shard shutting
   // down still finishes it).
@@ -307,6 +323,10 @@ void ModelShard::RunReadyRanges() {
 void ModelShard::RunOneRange() {
   std::optional<StepState::RangeWork> work = state_.ClaimRange(shutdown_);
   if (!work) return;
+  using Kind = StepState::RangeWork::Kind;
+  if (timeline_ && work->kind != Kind::kUpdate) {
+    timeline_->Arrived(work->step, work->index, absl::Now());
+  }
   std::vector<double> block_sums;
   mu_.Unlock();
   // The claim is exclusive: no other range work runs, and no writer stages
@@ -316,6 +336,9 @@ void ModelShard::RunOneRange() {
   if (!done.ok()) {
     state_.Fail(work->step, done);
     return;
+  }
+  if (timeline_ && work->kind != Kind::kReduce) {
+    timeline_->Updated(work->step, work->index, absl::Now());
   }
   state_.FinishRange(*work, std::move(block_sums));
   state_.CompleteStepIfDone();

@@ -55,6 +55,7 @@
 #include "common/step_protocol.h"
 #include "server/parallel_for.h"
 #include "server/step_state.h"
+#include "server/step_timeline.h"
 #include "server/update_backend.h"
 
 namespace shardopt {
@@ -82,6 +83,9 @@ struct ModelShardOptions {
   // Rounded up to a multiple of 16, and of the norm block with gradient
   // control (UpdateBackend::kNormBlockElements), so that bits do not change.
   uint64_t pipeline_range_elements = 0;
+  // Keep (and log as each step ends) when the ranges of a step arrived, were
+  // updated and pulled (server/step_timeline.h).
+  bool step_timeline = false;
 
   bool needs_decision() const { return StepsNeedDecisions(max_grad_norm, loss_scaling); }
 };
@@ -303,6 +307,9 @@ class ModelShard {
   // The lr of the step that made `version` when known (the current version,
   // or the next while it is applied range by range), else 0.
   double LrOfVersion(int64_t version) const;
+  // With options.step_timeline: the newest step every range of which was
+  // pulled.
+  std::optional<StepTimes> NewestTimeline() const;
   // Drops the pushes held for step version + 1 (see StepState::DiscardPending).
   absl::Status DiscardPendingPushes();
   // Wakes every waiter with UNAVAILABLE; later waits fail at once.
@@ -391,6 +398,8 @@ class ModelShard {
   mutable absl::Mutex params_mu_;
   std::vector<int64_t> range_versions_ ABSL_GUARDED_BY(params_mu_);
   std::unique_ptr<UpdateBackend> backend_;
+
+  std::unique_ptr<StepTimeline> timeline_;  // With options.step_timeline.
 
   std::atomic<uint64_t> gradient_bytes_received_{0};
   std::atomic<uint64_t> parameter_bytes_sent_{0};

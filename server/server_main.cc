@@ -39,6 +39,9 @@ ABSL_FLAG(int64_t, pipeline_range_elements, int64_t{1} << 20,
           "trainer's gradient of it has arrived, and pulls stream it at once (results are "
           "bit-identical to whole steps). 0 = whole steps. Rounded up to a multiple of 16 "
           "(of 65536 with gradient clipping or loss scaling).");
+ABSL_FLAG(bool, step_timeline, false,
+          "Debug aid: log, as each step ends, when each of its ranges arrived, was updated and "
+          "was first pulled; Inspect returns the newest such step (step_timeline).");
 ABSL_FLAG(int, stream_idle_timeout_s, 60,
           "Cancel push and register streams that send nothing for this many seconds "
           "(0 = never).");
@@ -177,6 +180,7 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
     return 2;
   }
   options.pipeline_range_elements = static_cast<uint64_t>(pipeline_range);
+  options.step_timeline = absl::GetFlag(FLAGS_step_timeline);
   options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
 

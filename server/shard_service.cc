@@ -141,7 +141,10 @@ uint64_t ShardServiceImpl::StateBytes(const ShardPlan& plan) const {
 absl::StatusOr<ShardPlan> ShardServiceImpl::PlanHere(v1::ModelConfig config) const {
   absl::StatusOr<ShardPlan> plan =
       PlanShard(std::move(config), options_.shard_index, options_.shard_count);
-  if (plan.ok()) plan->options.pipeline_range_elements = options_.pipeline_range_elements;
+  if (plan.ok()) {
+    plan->options.pipeline_range_elements = options_.pipeline_range_elements;
+    plan->options.step_timeline = options_.step_timeline;
+  }
   return plan;
 }
 

@@ -46,6 +46,8 @@ struct ShardServerOptions {
   // Elements per pipeline range of every model's steps
   // (ModelShardOptions::pipeline_range_elements); 0: whole steps.
   uint64_t pipeline_range_elements = uint64_t{1} << 20;
+  // Keep a timeline of each step (ModelShardOptions::step_timeline).
+  bool step_timeline = false;
   // Push and register streams that send nothing for this long are cancelled
   // (see StreamWatchdog); zero disables.
   absl::Duration stream_idle_timeout = absl::Seconds(60);

@@ -108,6 +108,17 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
   }
   response->set_newest_committed_checkpoint(NewestCommittedCheckpoint(**model));
   response->set_incarnation((*model)->incarnation());
+  if (std::optional<StepTimes> times = shard.NewestTimeline()) {
+    v1::StepTimeline* timeline = response->mutable_step_timeline();
+    timeline->set_step(times->step);
+    timeline->set_last_push_committed_ms(times->committed_ms);
+    for (const RangeTimes& r : times->ranges) {
+      v1::RangeTimeline* range = timeline->add_ranges();
+      range->set_arrived_ms(r.arrived_ms);
+      range->set_updated_ms(r.updated_ms);
+      range->set_pulled_ms(r.pulled_ms);
+    }
+  }
   return grpc::Status::OK;
 }
 
