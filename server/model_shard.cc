@@ -284,7 +284,12 @@ void ModelShard::RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered
                                  std::optional<uint64_t> first_inf) {
   {
     absl::MutexLock lock(&mu_);
+    const size_t arrived = timeline_ ? state_.RangesArrived() : 0;
     state_.RecordDelivered(rank, step, delivered, first_inf);
+    if (timeline_) {
+      const absl::Time now = absl::Now();
+      for (size_t i = arrived; i < state_.RangesArrived(); ++i) timeline_->Arrived(step, i, now);
+    }
   }
   RunReadyRanges();
 }
@@ -292,11 +297,17 @@ void ModelShard::RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered
 absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, bool found_inf,
                                                   double loss_scale) {
   absl::MutexLock lock(&mu_);
+  const size_t arrived = timeline_ ? state_.RangesArrived() : 0;
   absl::StatusOr<uint32_t> pending =
       state_.CommitPush(rank, step, found_inf, loss_scale, absl::Now());
   if (!pending.ok()) return pending.status();
   if (*pending > 0) return PushResult{PushOutcome::kAccepted, step, state_.version(), *pending};
-  if (timeline_) timeline_->Committed(step, absl::Now());
+  if (timeline_) {
+    // Without pipelining every range arrives with the last push.
+    const absl::Time now = absl::Now();
+    for (size_t i = arrived; i < state_.RangesArrived(); ++i) timeline_->Arrived(step, i, now);
+    timeline_->Committed(step, now);
+  }
   // This push completed the step's gradients: see its first stage through
   // (a checkpoint of the current version may hold it back; a shard shutting
   // down still finishes it).
@@ -324,9 +335,6 @@ void ModelShard::RunOneRange() {
   std::optional<StepState::RangeWork> work = state_.ClaimRange(shutdown_);
   if (!work) return;
   using Kind = StepState::RangeWork::Kind;
-  if (timeline_ && work->kind != Kind::kUpdate) {
-    timeline_->Arrived(work->step, work->index, absl::Now());
-  }
   std::vector<double> block_sums;
   mu_.Unlock();
   // The claim is exclusive: no other range work runs, and no writer stages

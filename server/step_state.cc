@@ -113,6 +113,16 @@ void StepState::RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered,
   }
 }
 
+size_t StepState::RangesArrived() const {
+  if (!options_.pipelined || phase_ == Phase::kAwaitingDecision ||
+      (phase_ == Phase::kUpdating && decided_)) {
+    return Pending() == 0 ? range_count_ : 0;
+  }
+  const uint64_t least = *std::min_element(delivered_.begin(), delivered_.end());
+  if (least >= options_.size) return range_count_;
+  return least / range_elements_;
+}
+
 bool StepState::CanClaim(bool shutting_down) const {
   if (failed() || claimed_ != finished_ || claimed_ >= range_count_) return false;
   if (phase_ == Phase::kUpdating && decided_) return true;  // Stage two.

@@ -200,6 +200,9 @@ class StepState {
   // The leading elements of every trainer's push of step version + 1 that
   // claimed ranges consumed: a new push of that step skips them.
   uint64_t Consumed() const { return ConsumedElements(); }
+  // Ranges of step version + 1 every trainer delivered (with pipelining;
+  // else all of them once every push is committed), counted from the first.
+  size_t RangesArrived() const;
   // True when ClaimRange would hand out work.
   bool CanClaim(bool shutting_down) const;
   // The next range's work, or nullopt. The first claim of a step starts it
