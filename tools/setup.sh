@@ -21,6 +21,7 @@ packages=(
   python3
   python3-numpy
   python3-torch
+  python3-matplotlib
   python3-venv
   python3-dev
   pybind11-dev

@@ -1,0 +1,243 @@
+"""The main job: a small transformer language model (tools/train/tiny_lm.py)
+trained with PyTorch through shardopt.torch on a local cluster of 2 shard
+servers and 2 trainer processes, then the same model trained by one process
+with torch.optim.AdamW on the same batches; the two loss curves go into one
+PNG and must lie on each other.
+
+    bash tools/main_job.sh            # sets up, builds, runs this
+
+Each trainer back-propagates the mean loss of its half of every batch;
+DistributedOptimizer averages the halves' gradients on the shard servers,
+which hold the fp32 master weights and the AdamW moments (half each), and
+pulls the new weights back into the trainer's model. Progress shows the
+step, the loss of the whole batch, tokens/s, and how much of a step the
+trainer spends waiting in opt.step() (push, update and pull).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tiny_lm  # noqa: E402
+
+WORLD_SIZE = 2
+BETAS = (0.9, 0.95)
+
+
+def run_trainer(args):
+    """One trainer process: prints one JSON line per step."""
+    import shardopt.torch
+    torch.set_num_threads(1)
+    corpus, _ = tiny_lm.load_corpus(args.corpus_bytes)
+    model = tiny_lm.make_model(args)
+    opt = shardopt.torch.DistributedOptimizer(
+        model.named_parameters(), servers=args.servers.split(","), rank=args.rank,
+        world_size=WORLD_SIZE, optimizer="adamw", lr=args.lr, betas=BETAS,
+        weight_decay=args.weight_decay, model_id="tiny_lm")
+    for step in range(1, args.steps + 1):
+        inputs, targets = tiny_lm.batch(corpus, step, args.batch, args.context, args.rank,
+                                        WORLD_SIZE)
+        started = time.perf_counter()
+        opt.zero_grad()
+        loss = tiny_lm.loss_of(model, inputs, targets)
+        loss.backward()
+        computed = time.perf_counter()
+        opt.step()
+        done = time.perf_counter()
+        print(json.dumps({"step": step, "loss": loss.item(), "compute_s": computed - started,
+                          "step_s": done - computed}), flush=True)
+    return 0
+
+
+def run_reference(args, progress):
+    """The same model, batches and AdamW in this process with torch.optim."""
+    torch.set_num_threads(2)
+    corpus, _ = tiny_lm.load_corpus(args.corpus_bytes)
+    model = tiny_lm.make_model(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=BETAS,
+                            weight_decay=args.weight_decay)
+    losses = []
+    for step in range(1, args.steps + 1):
+        inputs, targets = tiny_lm.batch(corpus, step, args.batch, args.context)
+        opt.zero_grad()
+        loss = tiny_lm.loss_of(model, inputs, targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        progress.show("torch.optim", step, losses[-1], None)
+    progress.done()
+    return losses
+
+
+class Progress:
+    """A progress bar on a terminal, a line every 10 % otherwise."""
+
+    def __init__(self, steps, tokens_per_step):
+        self.steps = steps
+        self.tokens_per_step = tokens_per_step
+        self.tty = sys.stdout.isatty()
+        self.started = time.perf_counter()
+        self.label = None
+
+    def show(self, label, step, loss, wait_share):
+        if label != self.label:
+            self.label = label
+            self.started = time.perf_counter()
+        elapsed = time.perf_counter() - self.started
+        tokens_per_s = step * self.tokens_per_step / max(elapsed, 1e-9)
+        filled = int(30 * step / self.steps)
+        line = (f"{label:12s} [{'#' * filled}{'.' * (30 - filled)}] step {step:4d}/{self.steps}"
+                f"  loss {loss:.3f}  {tokens_per_s:6.0f} tokens/s")
+        if wait_share is not None:
+            line += f"  opt.step() {100 * wait_share:4.1f}% of a step"
+        if self.tty:
+            print("\r" + line, end="", flush=True)
+        elif step == 1 or step % max(1, self.steps // 10) == 0 or step == self.steps:
+            print(line, flush=True)
+
+    def done(self):
+        if self.tty:
+            print(flush=True)
+
+
+def start_servers(args, workdir):
+    servers, addresses = [], []
+    for i in range(WORLD_SIZE):
+        port_file = os.path.join(workdir, f"port{i}")
+        servers.append(subprocess.Popen(
+            [args.server_binary, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+             f"--shard_index={i}", f"--shard_count={WORLD_SIZE}", "--device=cpu", "--threads=1"],
+            stderr=open(os.path.join(workdir, f"server{i}.log"), "w")))
+        deadline = time.time() + 30
+        while not os.path.exists(port_file):
+            if time.time() > deadline or servers[-1].poll() is not None:
+                raise RuntimeError(f"shard server {i} did not start (see {workdir})")
+            time.sleep(0.01)
+        addresses.append("127.0.0.1:" + open(port_file).read().strip())
+    return servers, addresses
+
+
+def run_cluster(args, workdir, progress):
+    """Both trainers; returns the whole batch's loss per step and the share
+    of a step spent in opt.step()."""
+    servers, addresses = start_servers(args, workdir)
+    trainers = []
+    try:
+        for rank in range(WORLD_SIZE):
+            command = [sys.executable, os.path.abspath(__file__), "--rank", str(rank),
+                       "--servers", ",".join(addresses), "--steps", str(args.steps)]
+            for name in ("context", "width", "layers", "heads", "batch", "lr", "weight_decay",
+                         "corpus_bytes"):
+                command += [f"--{name}", str(getattr(args, name))]
+            trainers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+        losses, shares = [], []
+        for step in range(1, args.steps + 1):
+            records = []
+            for t in trainers:
+                line = t.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"a trainer stopped before step {step} (exit "
+                                       f"{t.wait()}); shard logs in {workdir}")
+                records.append(json.loads(line))
+            # Equal halves: the whole batch's mean loss is the halves' mean.
+            losses.append(sum(r["loss"] for r in records) / WORLD_SIZE)
+            share = max(r["step_s"] / (r["step_s"] + r["compute_s"]) for r in records)
+            shares.append(share)
+            progress.show("shardopt", step, losses[-1], share)
+        progress.done()
+        codes = [t.wait() for t in trainers]
+        if codes != [0] * WORLD_SIZE:
+            raise RuntimeError(f"trainers exited with {codes}; shard logs in {workdir}")
+        return losses, shares
+    finally:
+        for t in trainers:
+            if t.poll() is None:
+                t.kill()
+        for s in servers:
+            s.terminate()
+            s.wait()
+
+
+def plot(path, distributed, reference, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
+    steps = range(1, len(distributed) + 1)
+    axes.plot(steps, reference, label="one process, torch.optim.AdamW", linewidth=3, alpha=0.5)
+    axes.plot(steps, distributed, label="2 trainers x 2 shards, shardopt", linewidth=1)
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss (nats per byte)")
+    axes.set_title(title)
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--out", default="out/main_job", help="where the plot and losses go")
+    parser.add_argument("--server_binary", default="bazel-bin/server/shardopt_server")
+    parser.add_argument("--min_drop", type=float, default=0.5,
+                        help="the loss must fall by this much (first 5 / last 10 steps)")
+    tiny_lm.add_model_arguments(parser)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--servers", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank is not None:
+        return run_trainer(args)
+
+    os.makedirs(args.out, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="shardopt_main_job")
+    corpus, files = tiny_lm.load_corpus(args.corpus_bytes)
+    parameters = sum(p.numel() for p in tiny_lm.make_model(args).parameters())
+    print(f"tiny transformer LM: {parameters / 1e6:.2f}M parameters ({args.layers} layers, width "
+          f"{args.width}, {args.heads} heads, context {args.context}); {len(corpus) / 1e6:.1f} MB "
+          f"of Python standard library sources ({files} files); batch {args.batch} x "
+          f"{args.context} tokens; AdamW lr {args.lr}; {args.steps} steps", flush=True)
+    tokens_per_step = args.batch * args.context
+    progress = Progress(args.steps, tokens_per_step)
+    started = time.perf_counter()
+    distributed, shares = run_cluster(args, workdir, progress)
+    cluster_s = time.perf_counter() - started
+    started = time.perf_counter()
+    reference = run_reference(args, progress)
+    reference_s = time.perf_counter() - started
+
+    gap = max(abs(a - b) for a, b in zip(distributed, reference))
+    png = os.path.join(args.out, "loss.png")
+    plot(png, distributed, reference,
+         f"tiny transformer LM ({parameters / 1e6:.1f}M parameters): the same curve")
+    with open(os.path.join(args.out, "losses.csv"), "w") as f:
+        f.write("step,shardopt,torch_optim\n")
+        for step, (a, b) in enumerate(zip(distributed, reference), 1):
+            f.write(f"{step},{a:.6f},{b:.6f}\n")
+    head = sum(distributed[:5]) / 5
+    tail = sum(distributed[-10:]) / 10
+    print(f"shardopt: {cluster_s:.0f} s, {args.steps * tokens_per_step / cluster_s:.0f} tokens/s, "
+          f"opt.step() {100 * sum(shares) / len(shares):.1f}% of a step on average; "
+          f"torch.optim: {reference_s:.0f} s")
+    print(f"loss {head:.3f} -> {tail:.3f} (mean of the first 5 / last 10 steps); the curves "
+          f"differ by at most {gap:.4f} over {args.steps} steps; plot: {png}")
+    if not tail < head - args.min_drop:
+        print("FAIL: the loss did not go down enough")
+        return 1
+    if not gap < 0.05:
+        print("FAIL: the curves do not lie on each other")
+        return 1
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
