@@ -59,6 +59,7 @@ def run_trainer(args):
 def run_reference(args, progress):
     """The same model, batches and AdamW in this process with torch.optim."""
     torch.set_num_threads(2)
+    progress.begin("torch.optim")
     corpus, _ = tiny_lm.load_corpus(args.corpus_bytes)
     model = tiny_lm.make_model(args)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=BETAS,
@@ -71,7 +72,7 @@ def run_reference(args, progress):
         loss.backward()
         opt.step()
         losses.append(loss.item())
-        progress.show("torch.optim", step, losses[-1], None)
+        progress.show(step, losses[-1], None)
     progress.done()
     return losses
 
@@ -83,20 +84,22 @@ class Progress:
         self.steps = steps
         self.tokens_per_step = tokens_per_step
         self.tty = sys.stdout.isatty()
-        self.started = time.perf_counter()
-        self.label = None
+        self.begin(None)
 
-    def show(self, label, step, loss, wait_share):
-        if label != self.label:
-            self.label = label
-            self.started = time.perf_counter()
+    def begin(self, label):
+        """A new run: its rates count from now."""
+        self.label = label
+        self.started = time.perf_counter()
+
+    def show(self, step, loss, wait_share):
+        label = self.label
         elapsed = time.perf_counter() - self.started
         tokens_per_s = step * self.tokens_per_step / max(elapsed, 1e-9)
         filled = int(30 * step / self.steps)
         line = (f"{label:12s} [{'#' * filled}{'.' * (30 - filled)}] step {step:4d}/{self.steps}"
                 f"  loss {loss:.3f}  {tokens_per_s:6.0f} tokens/s")
         if wait_share is not None:
-            line += f"  opt.step() {100 * wait_share:4.1f}% of a step"
+            line += f"  in opt.step() {100 * wait_share:4.1f}% of the time"
         if self.tty:
             print("\r" + line, end="", flush=True)
         elif step == 1 or step % max(1, self.steps // 10) == 0 or step == self.steps:
@@ -127,6 +130,7 @@ def start_servers(args, workdir):
 def run_cluster(args, workdir, progress):
     """Both trainers; returns the whole batch's loss per step and the share
     of a step spent in opt.step()."""
+    progress.begin("shardopt")
     servers, addresses = start_servers(args, workdir)
     trainers = []
     try:
@@ -148,9 +152,8 @@ def run_cluster(args, workdir, progress):
                 records.append(json.loads(line))
             # Equal halves: the whole batch's mean loss is the halves' mean.
             losses.append(sum(r["loss"] for r in records) / WORLD_SIZE)
-            share = max(r["step_s"] / (r["step_s"] + r["compute_s"]) for r in records)
-            shares.append(share)
-            progress.show("shardopt", step, losses[-1], share)
+            shares.append(max(r["step_s"] / (r["step_s"] + r["compute_s"]) for r in records))
+            progress.show(step, losses[-1], sum(shares) / len(shares))
         progress.done()
         codes = [t.wait() for t in trainers]
         if codes != [0] * WORLD_SIZE:
@@ -228,7 +231,7 @@ def main():
           f"opt.step() {100 * sum(shares) / len(shares):.1f}% of a step on average; "
           f"torch.optim: {reference_s:.0f} s")
     print(f"loss {head:.3f} -> {tail:.3f} (mean of the first 5 / last 10 steps); the curves "
-          f"differ by at most {gap:.4f} over {args.steps} steps; plot: {png}")
+          f"differ by at most {gap:.1e} over {args.steps} steps; plot: {png}")
     if not tail < head - args.min_drop:
         print("FAIL: the loss did not go down enough")
         return 1
