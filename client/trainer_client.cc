@@ -162,7 +162,14 @@ absl::Status TrainerClient::Attach(const ModelSpec& spec) { return RegisterOrAtt
 
 absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayout& layout) {
   for (auto& shard : shards_) shard->set_range(layout.ShardRange(shard->index()));
-  for (auto& shard : pull_shards_) shard->set_range(layout.ShardRange(shard->index()));
+  for (auto& shard : pull_shards_) {
+    // Written only when it changes: a re-attach inside a step's push (after
+    // a rollback) runs while that step's early pull reads the same ranges.
+    const FlatRange range = layout.ShardRange(shard->index());
+    if (shard->range().begin != range.begin || shard->range().end != range.end) {
+      shard->set_range(range);
+    }
+  }
   const bool same_model = history_ && spec_ && spec_->model_id == spec.model_id;
   if (!same_model) {
     PushHistoryOptions history;

@@ -520,6 +520,15 @@ absl::StatusOr<int64_t> ModelShard::PullTarget(int64_t min_version, absl::Time d
   if (state_.version() + 1 >= min_version) {
     // A range already at the next version has lost the current one.
     const int64_t newest = state_.RangeVersion(0);
+    if (min_version < newest && state_.PartlyRun() &&
+        !(pushed && pushed->step == state_.version() + 1)) {
+      // A trainer that lost its push of the step (restarted without a
+      // journal) would wait for itself: say so at once.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", min_version, " cannot be pulled: ", state_.DescribePartlyRun(),
+          "; without it, restart every shard from a checkpoint (--restore_from) or roll the "
+          "job back"));
+    }
     return std::max(min_version, newest);
   }
   if (lost()) return state_.CheckHoldsPush(pushed->rank, pushed->step);

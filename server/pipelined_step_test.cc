@@ -187,6 +187,34 @@ TEST(PipelinedStepTest, AStalledPushKeepsTheRangesItFedAndItsResendCompletesTheS
   EXPECT_EQ(ReadAll(*shard, 2), ReadAll(*reference, 2));
 }
 
+TEST(PipelinedStepTest, ATrainerThatLostItsFedPushIsToldAtOnceAndTheStepCannotBeDropped) {
+  ThreadPool pool(2);
+  Job setup;
+  std::unique_ptr<ModelShard> shard = MakeBigShard(&pool, setup, kRange);
+  const size_t n = shard->size();
+  ASSERT_TRUE(testing::PushInChunks(*shard, 1, 1, Gradient(1, 1, n), 70000).ok());
+  {
+    absl::StatusOr<ModelShard::PushStart> start = shard->BeginPush(0, 1, n);
+    ASSERT_TRUE(Write(*start->writer, Gradient(0, 1, n), 0, kRange + 1).ok());
+  }  // Trainer 0 dies: range 0 holds its gradient.
+  // Restarted without its push, it asks for version 0: not a wait for itself.
+  const absl::Time soon = absl::Now() + absl::Seconds(5);
+  const absl::Status resumed =
+      shard->PullTarget(0, soon, nullptr, ModelShard::PushedBy{0, 0}).status();
+  EXPECT_EQ(resumed.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(resumed.message(), "ran 1 of 5 ranges of step 1")) << resumed;
+  EXPECT_TRUE(absl::StrContains(resumed.message(), "trainer(s) 0")) << resumed;
+  // Trainer 1, which pushed step 1 whole, waits for version 1 as usual.
+  EXPECT_EQ(shard->PullTarget(1, soon, nullptr, ModelShard::PushedBy{1, 1}).value(), 1);
+  EXPECT_EQ(shard->PullTarget(0, soon, nullptr, ModelShard::PushedBy{1, 1}).value(), 1);
+  // A rollback to version 0 cannot just drop the step (RollBack loads the
+  // checkpoint instead).
+  EXPECT_EQ(shard->DiscardPendingPushes().code(), absl::StatusCode::kFailedPrecondition);
+  // Its journaled push completes the step.
+  ASSERT_TRUE(testing::PushInChunks(*shard, 0, 1, Gradient(0, 1, n), 70000).ok());
+  EXPECT_EQ(shard->version(), 1);
+}
+
 TEST(PipelinedStepTest, ANaNAfterAppliedRangesIsRefusedAndTheRestStaysUntouched) {
   ThreadPool pool(2);
   Job setup;

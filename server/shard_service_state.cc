@@ -229,10 +229,13 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
         version, "): look again")));
   }
   const std::string& root = (*model)->checkpoint_options().model_root;
-  if (version == request->to_step()) {
+  const absl::Status discarded =
+      version == request->to_step() ? (*model)->shard().DiscardPendingPushes() : absl::OkStatus();
+  if (version == request->to_step() && !absl::IsFailedPrecondition(discarded)) {
     // Already there: what it holds of the next step belongs to the steps
-    // given up, and so do the later step directories.
-    if (absl::Status s = (*model)->shard().DiscardPendingPushes(); !s.ok()) return Error(s);
+    // given up, and so do the later step directories. (A pipelined step that
+    // ran ranges cannot be dropped: the checkpoint is loaded below instead.)
+    if (!discarded.ok()) return Error(discarded);
     // Pushes dropped: whatever follows, this is not the state surveyed.
     (*model)->Renew();
     if (absl::Status s = (*model)->AbandonCheckpointsAfter(request->to_step()); !s.ok()) {

@@ -214,8 +214,32 @@ std::optional<double> StepState::LrOf(int64_t version) const {
   return std::nullopt;
 }
 
+bool StepState::PartlyRun() const {
+  const bool stage_one = phase_ == Phase::kReducing || (phase_ == Phase::kUpdating && !decided_);
+  return stage_one && claimed_ > 0 && Pending() > 0 &&
+         std::count(slots_.begin(), slots_.end(), Slot::kReceiving) == 0;
+}
+
+std::string StepState::DescribePartlyRun() const {
+  std::vector<std::string> missing;
+  for (uint32_t r = 0; r < slots_.size(); ++r) {
+    if (slots_[r] != Slot::kComplete) missing.push_back(absl::StrCat(r));
+  }
+  return absl::StrCat("shard ", options_.shard_index, " ran ", finished_, " of ", range_count_,
+                      " ranges of step ", version_ + 1, " (pipelined) with what trainer(s) ",
+                      absl::StrJoin(missing, ", "),
+                      " pushed before their push broke off: the step ends only when they push it "
+                      "again (a trainer with a journal, journal_path, does so by itself), and "
+                      "version ",
+                      version_, " no longer exists whole on this shard");
+}
+
 absl::Status StepState::DiscardPending() {
   if (failed()) return failure_;
+  if (PartlyRun()) {
+    // Its ranges cannot be taken back: only a reload can give this version.
+    return absl::FailedPreconditionError(DescribePartlyRun());
+  }
   // Every push in (Pending() == 0) is a step already under way: the thread
   // that committed the last one waits to start it.
   if (phase_ != Phase::kCollecting || Pending() == 0 ||

@@ -124,8 +124,14 @@ class StepState {
   void AbortPush(uint32_t rank, int64_t step);
   // Drops every push of step version + 1 (a rollback to this version gives
   // up the steps they belong to). ABORTED while one is still streaming, or
-  // once every push is in (the step is as good as started).
+  // once every push is in (the step is as good as started);
+  // FAILED_PRECONDITION (DescribePartlyRun) when PartlyRun().
   absl::Status DiscardPending();
+  // A pipelined step ran ranges with what a push that broke off delivered,
+  // and no push of it streams now: version `version` no longer exists whole
+  // and the step waits for those trainers to push again.
+  bool PartlyRun() const;
+  std::string DescribePartlyRun() const;
   // The rank's whole gradient arrived clean (found_inf: with loss scaling, it
   // held inf/NaN). Returns the ranks still pending; 0 means the step can
   // start. FAILED_PRECONDITION (slot freed) for a loss scale another
