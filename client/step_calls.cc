@@ -69,9 +69,8 @@ absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step, int64_t pu
         request.set_step(step);
         request.set_shard_index(shard.index());
         request.set_trainer_rank(context_.trainer_rank);
-        request.set_pushed_step(context_.pushed_step_now != nullptr
-                                    ? context_.pushed_step_now->load()
-                                    : pushed_step);
+        request.set_pushed_step(
+            context_.pushed_step_now != nullptr ? context_.pushed_step_now->load() : pushed_step);
         request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
         v1::StepStats s;
         absl::Status got = shard.GetStepStats(context, request, &s);
@@ -114,9 +113,8 @@ absl::StatusOr<PulledVersion> StepCalls::PullOnce(int64_t min_version, int64_t p
         request.set_shard_index(shard.index());
         request.set_dtype(DTypeToProto(context_.pull_dtype));
         request.set_trainer_rank(context_.trainer_rank);
-        request.set_pushed_step(context_.pushed_step_now != nullptr
-                                    ? context_.pushed_step_now->load()
-                                    : pushed_step);
+        request.set_pushed_step(
+            context_.pushed_step_now != nullptr ? context_.pushed_step_now->load() : pushed_step);
         request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
         request.set_wait_only(flat_params == nullptr);
         if (decision != nullptr) *request.mutable_decision() = StepDecisionToProto(*decision);

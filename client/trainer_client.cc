@@ -493,10 +493,10 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
       }
     }
     absl::StatusOr<PulledVersion> pulled =
-        !status.ok()        ? absl::StatusOr<PulledVersion>(status)
-        : early_pulled.ok() ? early_pulled
-                            : steps_->Pull(step, step, decision ? &*decision : nullptr,
-                                           flat_params.data());
+        !status.ok() ? absl::StatusOr<PulledVersion>(status)
+        : early_pulled.ok()
+            ? early_pulled
+            : steps_->Pull(step, step, decision ? &*decision : nullptr, flat_params.data());
     if (absl::IsOutOfRange(pulled.status()) && round < kMaxRecoveries) {
       // A shard lost this step's push (it restarted): bring every shard up
       // to the step before, then the whole step again (all of it idempotent).

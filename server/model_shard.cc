@@ -101,8 +101,8 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
       backend_(std::move(backend)) {
   if (options_.step_timeline) {
     timeline_ = std::make_unique<StepTimeline>(
-        range_count_, [model = options_.model_id, shard = options_.shard_index](
-                          const StepTimes& times) {
+        range_count_,
+        [model = options_.model_id, shard = options_.shard_index](const StepTimes& times) {
           LogInfo("model '%s' shard %d timeline: %s", model, shard, times.Describe());
         });
   }

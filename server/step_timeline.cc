@@ -26,16 +26,16 @@ std::string Ms(double v) { return v < 0 ? "-" : absl::StrFormat("%.1f", v); }
 }  // namespace
 
 bool StepTimes::pulled() const {
-  return !ranges.empty() &&
-         std::all_of(ranges.begin(), ranges.end(), [](const RangeTimes& r) { return r.pulled_ms >= 0; });
+  return !ranges.empty() && std::all_of(ranges.begin(), ranges.end(),
+                                        [](const RangeTimes& r) { return r.pulled_ms >= 0; });
 }
 
 std::string StepTimes::Describe() const {
-  std::string out = absl::StrCat(
-      "step ", step, " (ms from its first push): ", ranges.size(), " ranges arrived ",
-      Span(ranges, &RangeTimes::arrived_ms), ", updated ", Span(ranges, &RangeTimes::updated_ms),
-      ", pulled ", Span(ranges, &RangeTimes::pulled_ms), "; last push committed at ",
-      Ms(committed_ms), "; per range arrived/updated/pulled:");
+  std::string out = absl::StrCat("step ", step, " (ms from its first push): ", ranges.size(),
+                                 " ranges arrived ", Span(ranges, &RangeTimes::arrived_ms),
+                                 ", updated ", Span(ranges, &RangeTimes::updated_ms), ", pulled ",
+                                 Span(ranges, &RangeTimes::pulled_ms), "; last push committed at ",
+                                 Ms(committed_ms), "; per range arrived/updated/pulled:");
   for (size_t i = 0; i < ranges.size(); ++i) {
     absl::StrAppend(&out, " ", i, ":", Ms(ranges[i].arrived_ms), "/", Ms(ranges[i].updated_ms), "/",
                     Ms(ranges[i].pulled_ms));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/trainer_client.h"
 #include "gtest/gtest.h"
@@ -96,6 +97,84 @@ TEST(PipeliningTest, PullsOverlapThePushOnlyWithOverlapPullAndTheBitsDoNotChange
   // (On each of 2 shards the first of 24 ranges is updated while 23 still
   // stream in; the trainer's open pull reads it at once.)
   EXPECT_TRUE(overlap_seen);
+}
+
+// A trainer dies in the middle of a pipelined step after some ranges ran
+// with its gradient, and has no journal: restarted, it is told at once why
+// it cannot resume (instead of waiting for its own push), and the job can
+// roll back to the checkpoint of the step before.
+TEST(PipeliningTest, ATrainerLostMidStepIsToldAndTheJobRollsBackOverThePartlyRunStep) {
+  const std::string checkpoints = MakeTempDir("pipeline_ckpt");
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      0, 1,
+      {"--pipeline_range_elements=64", "--checkpoint_dir=" + checkpoints, "--checkpoint_every=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  TrainerClientOptions options;
+  options.retry_budget = absl::Seconds(10);
+  std::vector<std::unique_ptr<TrainerClient>> trainers;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    options.trainer_rank = rank;
+    trainers.push_back(TrainerClient::Connect({(*server)->address()}, options).value());
+  }
+  ModelSpec spec;
+  spec.model_id = "lost";
+  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Adam(0.01);
+  spec.num_trainers = 2;
+  std::vector<float> params(4096, 0.25f), grad(4096, 0.125f);
+  ASSERT_TRUE(trainers[0]->Register(spec, params).ok());
+  ASSERT_TRUE(trainers[1]->Attach(spec).ok());
+  ASSERT_TRUE(trainers[0]->Push(1, grad).ok());
+  ASSERT_TRUE(trainers[1]->Push(1, grad).ok());
+  std::vector<float> after_step1(4096);
+  ASSERT_EQ(trainers[1]->Pull(1, absl::MakeSpan(after_step1)).value(), 1);
+  std::unique_ptr<v1::ShardService::Stub> stub = NewStub((*server)->address());
+  v1::InspectResponse inspect;
+  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 1; ++i) {
+    ASSERT_TRUE(RawInspect(*stub, "lost", &inspect).ok());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(inspect.newest_committed_checkpoint(), 1);
+
+  // Step 2: trainer 1 pushes all of it; trainer 0 dies after 1024 elements.
+  ASSERT_TRUE(trainers[1]->Push(2, grad).ok());
+  v1::PushHeader header;
+  header.set_model_id("lost");
+  header.set_trainer_rank(0);
+  header.set_step(2);
+  header.set_num_elements(4096);
+  const grpc::Status broken = RawPush(*stub, &header, {{0, FloatBytes(grad.data(), 1024)}});
+  EXPECT_EQ(broken.error_code(), grpc::INVALID_ARGUMENT) << broken.error_message();
+
+  // Restarted without a journal, trainer 0 attaches and asks where to resume.
+  options.trainer_rank = 0;
+  std::unique_ptr<TrainerClient> restarted =
+      TrainerClient::Connect({(*server)->address()}, options).value();
+  ASSERT_TRUE(restarted->Attach(spec).ok());
+  const absl::Time asked = absl::Now();
+  std::vector<float> resumed(4096);
+  const absl::Status told = restarted->PullToResume(absl::MakeSpan(resumed)).status();
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(5));  // At once, not after the retry budget.
+  EXPECT_EQ(told.code(), absl::StatusCode::kFailedPrecondition) << told;
+  EXPECT_TRUE(absl::StrContains(told.message(), "ran 16 of 64 ranges of step 2")) << told;
+  EXPECT_TRUE(absl::StrContains(told.message(), "trainer(s) 0")) << told;
+
+  // The job rolls back to step 1: the checkpoint is loaded over the step.
+  ASSERT_TRUE(RawInspect(*stub, "lost", &inspect).ok());
+  v1::RollBackRequest rollback;
+  rollback.set_model_id("lost");
+  rollback.set_to_step(1);
+  rollback.set_expected_incarnation(inspect.incarnation());
+  rollback.set_reason("test: trainer 0 lost its push of step 2");
+  v1::RollBackResponse rolled;
+  grpc::ClientContext context;
+  const grpc::Status status = stub->RollBack(&context, rollback, &rolled);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(rolled.rolled_back());
+  EXPECT_EQ(rolled.version(), 1);
+  std::vector<float> pulled(4096);
+  ASSERT_EQ(restarted->Pull(1, absl::MakeSpan(pulled)).value(), 1);
+  EXPECT_EQ(pulled, after_step1);
 }
 
 }  // namespace

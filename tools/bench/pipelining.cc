@@ -18,8 +18,10 @@ struct Shape {
   bool server_ranges;
   bool client_overlap;
 };
-constexpr Shape kShapes[] = {
-    {"whole", false, false}, {"server", true, false}, {"client", false, true}, {"both", true, true}};
+constexpr Shape kShapes[] = {{"whole", false, false},
+                             {"server", true, false},
+                             {"client", false, true},
+                             {"both", true, true}};
 
 // Median seconds per step of one job of `mib` with `shape`: one warm-up
 // step, then steps for about `seconds`.
@@ -37,7 +39,8 @@ absl::StatusOr<std::vector<double>> TimeShape(int mib, const Shape& shape, int t
   int64_t step = 0;
   absl::Status failed;
   const auto one = [&] {
-    absl::StatusOr<StepResult> r = job->client->Step(++step, job->grads, absl::MakeSpan(job->params));
+    absl::StatusOr<StepResult> r =
+        job->client->Step(++step, job->grads, absl::MakeSpan(job->params));
     if (!r.ok() && failed.ok()) failed = r.status();
   };
   one();
@@ -60,8 +63,7 @@ absl::Status RunPipeliningSection(const std::vector<int>& sizes_mib, int threads
       "  best of (a)\n",
       threads, rounds, Fixed(seconds_per_case, 1));
   std::fflush(stdout);
-  Table table({"size", "shape", "steps", "median ms", "min ms", "speed-up", "GB/s",
-               "vs TCP"});
+  Table table({"size", "shape", "steps", "median ms", "min ms", "speed-up", "GB/s", "vs TCP"});
   for (int mib : sizes_mib) {
     std::vector<std::vector<double>> per_shape(std::size(kShapes));
     for (int round = 0; round < rounds; ++round) {
@@ -69,8 +71,8 @@ absl::Status RunPipeliningSection(const std::vector<int>& sizes_mib, int threads
         absl::StatusOr<std::vector<double>> t =
             TimeShape(mib, kShapes[s], threads, seconds_per_case, chunks);
         if (!t.ok()) {
-          return absl::Status(t.status().code(), absl::StrCat(mib, " MiB, ", kShapes[s].name,
-                                                              ": ", t.status().message()));
+          return absl::Status(t.status().code(), absl::StrCat(mib, " MiB, ", kShapes[s].name, ": ",
+                                                              t.status().message()));
         }
         per_shape[s].insert(per_shape[s].end(), t->begin(), t->end());
       }
@@ -80,10 +82,9 @@ absl::Status RunPipeliningSection(const std::vector<int>& sizes_mib, int threads
     for (size_t s = 0; s < std::size(kShapes); ++s) {
       const double median = Median(per_shape[s]);
       const double gbps = bytes / median / 1e9;
-      table.AddRow({absl::StrCat(mib, " MiB"), kShapes[s].name,
-                    absl::StrCat(per_shape[s].size()), Fixed(median * 1e3, 2),
-                    Fixed(Min(per_shape[s]) * 1e3, 2), Fixed(whole / median, 2) + "x",
-                    Fixed(gbps, 3),
+      table.AddRow({absl::StrCat(mib, " MiB"), kShapes[s].name, absl::StrCat(per_shape[s].size()),
+                    Fixed(median * 1e3, 2), Fixed(Min(per_shape[s]) * 1e3, 2),
+                    Fixed(whole / median, 2) + "x", Fixed(gbps, 3),
                     tcp_best ? Fixed(gbps / *tcp_best, 3) + "x" : std::string("-")});
     }
   }
