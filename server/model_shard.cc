@@ -476,82 +476,13 @@ absl::Status ModelShard::WaitExpired(const std::string& what, int64_t min_versio
                                                   state_.DescribeWait(min_version)));
 }
 
-absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Time deadline,
-                                                   const std::function<bool()>& cancelled,
-                                                   std::optional<PushedBy> pushed) {
+absl::Status ModelShard::AwaitPullable(const std::function<bool()>& reached, int64_t version,
+                                       absl::Time deadline,
+                                       const std::function<bool()>& cancelled,
+                                       const std::optional<PushedBy>& pushed) {
   if (pushed) {
     if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
   }
-  absl::MutexLock lock(&mu_);
-  const auto lost = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();
-  };
-  const absl::Status waited = AwaitState(
-      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return state_.version() >= min_version || lost();
-      },
-      deadline, cancelled);
-  if (state_.failed()) return state_.failure();
-  if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
-  if (state_.version() >= min_version) return state_.version();
-  if (lost()) return state_.CheckHoldsPush(pushed->rank, pushed->step);
-  if (absl::IsDeadlineExceeded(waited)) {
-    return WaitExpired(absl::StrCat("version ", min_version), min_version);
-  }
-  return waited;
-}
-
-absl::StatusOr<int64_t> ModelShard::PullTarget(int64_t min_version, absl::Time deadline,
-                                               const std::function<bool()>& cancelled,
-                                               std::optional<PushedBy> pushed) {
-  if (pushed) {
-    if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
-  }
-  absl::MutexLock lock(&mu_);
-  const auto lost = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();
-  };
-  const absl::Status waited = AwaitState(
-      [&]()
-          ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() + 1 >= min_version || lost(); },
-      deadline, cancelled);
-  if (state_.failed()) return state_.failure();
-  if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
-  if (state_.version() + 1 >= min_version) {
-    // A range already at the next version has lost the current one.
-    const int64_t newest = state_.RangeVersion(0);
-    if (min_version < newest && state_.PartlyRun() &&
-        !(pushed && pushed->step == state_.version() + 1)) {
-      // A trainer that lost its push of the step (restarted without a
-      // journal) would wait for itself: say so at once.
-      return absl::FailedPreconditionError(absl::StrCat(
-          "version ", min_version, " cannot be pulled: ", state_.DescribePartlyRun(),
-          "; without it, restart every shard from a checkpoint (--restore_from) or roll the "
-          "job back"));
-    }
-    return std::max(min_version, newest);
-  }
-  if (lost()) return state_.CheckHoldsPush(pushed->rank, pushed->step);
-  if (absl::IsDeadlineExceeded(waited)) {
-    return WaitExpired(absl::StrCat("version ", min_version), min_version);
-  }
-  return waited;
-}
-
-absl::Status ModelShard::WaitForRanges(int64_t version, uint64_t offset, uint64_t count,
-                                       absl::Time deadline, const std::function<bool()>& cancelled,
-                                       std::optional<PushedBy> pushed) {
-  if (pushed) {
-    if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
-  }
-  absl::MutexLock lock(&mu_);
-  const std::pair<size_t, size_t> ranges = state_.RangesCovering(offset, count);
-  const auto reached = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (size_t i = ranges.first; i < ranges.second; ++i) {
-      if (state_.RangeVersion(i) < version) return false;
-    }
-    return true;
-  };
   const auto lost = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();
   };
@@ -565,6 +496,59 @@ absl::Status ModelShard::WaitForRanges(int64_t version, uint64_t offset, uint64_
     return WaitExpired(absl::StrCat("version ", version), version);
   }
   return waited;
+}
+
+absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Time deadline,
+                                                   const std::function<bool()>& cancelled,
+                                                   std::optional<PushedBy> pushed) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = AwaitPullable(
+          [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= min_version; },
+          min_version, deadline, cancelled, pushed);
+      !s.ok()) {
+    return s;
+  }
+  return state_.version();
+}
+
+absl::StatusOr<int64_t> ModelShard::PullTarget(int64_t min_version, absl::Time deadline,
+                                               const std::function<bool()>& cancelled,
+                                               std::optional<PushedBy> pushed) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = AwaitPullable(
+          [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() + 1 >= min_version; },
+          min_version, deadline, cancelled, pushed);
+      !s.ok()) {
+    return s;
+  }
+  // A range already at the next version has lost the current one.
+  const int64_t newest = state_.RangeVersion(0);
+  if (min_version < newest && state_.PartlyRun() &&
+      !(pushed && pushed->step == state_.version() + 1)) {
+    // A trainer that lost its push of the step (restarted without a
+    // journal) would wait for itself: say so at once.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", min_version, " cannot be pulled: ", state_.DescribePartlyRun(),
+        "; without it, restart every shard from a checkpoint (--restore_from) or roll the "
+        "job back"));
+  }
+  return std::max(min_version, newest);
+}
+
+absl::Status ModelShard::WaitForRanges(int64_t version, uint64_t offset, uint64_t count,
+                                       absl::Time deadline,
+                                       const std::function<bool()>& cancelled,
+                                       std::optional<PushedBy> pushed) {
+  absl::MutexLock lock(&mu_);
+  const std::pair<size_t, size_t> ranges = state_.RangesCovering(offset, count);
+  return AwaitPullable(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        for (size_t i = ranges.first; i < ranges.second; ++i) {
+          if (state_.RangeVersion(i) < version) return false;
+        }
+        return true;
+      },
+      version, deadline, cancelled, pushed);
 }
 
 int64_t ModelShard::ParamsVersion(uint64_t offset, uint64_t count) const {

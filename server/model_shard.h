@@ -363,6 +363,13 @@ class ModelShard {
   // they differ.
   int64_t ParamsVersion(uint64_t offset, uint64_t count) const
       ABSL_SHARED_LOCKS_REQUIRED(params_mu_);
+  // The one wait of pulls: OK once `reached()` holds; else the failure, or
+  // UNAVAILABLE at shutdown, OUT_OF_RANGE once the shard no longer holds
+  // `pushed`, DEADLINE_EXCEEDED saying what version `version` waits for.
+  absl::Status AwaitPullable(const std::function<bool()>& reached, int64_t version,
+                             absl::Time deadline, const std::function<bool()>& cancelled,
+                             const std::optional<PushedBy>& pushed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT for a rank the model has no trainer of.
   absl::Status CheckRank(uint32_t trainer_rank) const;
   // DEADLINE_EXCEEDED saying what `what` waited for: the trainers that have

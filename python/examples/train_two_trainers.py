@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -77,20 +76,9 @@ def main():
     if args.rank is not None:
         return train(args)
     workdir = tempfile.mkdtemp(prefix="shardopt_example")
-    servers, addresses = [], []
+    from shardopt.local_cluster import start_servers, stop_servers
+    servers, addresses = start_servers(args.server_binary, 2, workdir)
     try:
-        for i in range(2):
-            port_file = os.path.join(workdir, f"port{i}")
-            servers.append(subprocess.Popen(
-                [args.server_binary, "--listen=127.0.0.1:0", f"--port_file={port_file}",
-                 f"--shard_index={i}", "--shard_count=2", "--device=cpu", "--threads=1"],
-                stderr=open(os.path.join(workdir, f"server{i}.log"), "w")))
-            deadline = time.time() + 30
-            while not os.path.exists(port_file):
-                if time.time() > deadline or servers[-1].poll() is not None:
-                    raise RuntimeError(f"shard server {i} did not start (see {workdir})")
-                time.sleep(0.01)
-            addresses.append("127.0.0.1:" + open(port_file).read().strip())
         print(f"shard servers on {', '.join(addresses)}; 2 trainers, {args.steps} steps",
               flush=True)
         trainers = [subprocess.Popen(
@@ -100,9 +88,7 @@ def main():
         codes = [t.wait() for t in trainers]
         return 0 if codes == [0, 0] else 1
     finally:
-        for s in servers:
-            s.terminate()
-            s.wait()
+        stop_servers(servers)
 
 
 if __name__ == "__main__":

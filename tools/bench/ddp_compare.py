@@ -93,23 +93,6 @@ def run_pair(args, job, extra):
     return [max(a, b) for a, b in zip(*per_rank)]
 
 
-def start_servers(server_binary, workdir):
-    servers, addresses = [], []
-    for i in range(2):
-        port_file = os.path.join(workdir, f"port{i}")
-        servers.append(subprocess.Popen(
-            [server_binary, "--listen=127.0.0.1:0", f"--port_file={port_file}",
-             f"--shard_index={i}", "--shard_count=2", "--device=cpu", "--threads=1"],
-            stderr=subprocess.DEVNULL))
-        deadline = time.time() + 30
-        while not os.path.exists(port_file):
-            if time.time() > deadline or servers[-1].poll() is not None:
-                raise RuntimeError(f"shard server {i} did not start")
-            time.sleep(0.01)
-        addresses.append("127.0.0.1:" + open(port_file).read().strip())
-    return servers, addresses
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -131,18 +114,17 @@ def main():
     print(f"2 trainer processes, {args.params} fp32 parameters ({args.params * 4 >> 20} MiB), "
           f"Adam; {args.steps} timed steps per job per round, {args.rounds} rounds; "
           f"torch {torch.__version__}", flush=True)
+    from shardopt.local_cluster import start_servers, stop_servers
     times = {"ddp": [], "shardopt": []}
     for r in range(args.rounds):
-        workdir = tempfile.mkdtemp(prefix="ddp_compare")  # Fresh port files.
         times["ddp"] += run_pair(args, "ddp", ["--port", str(free_port())])
-        servers, addresses = start_servers(args.server_binary, workdir)
+        servers, addresses = start_servers(args.server_binary, 2,
+                                           tempfile.mkdtemp(prefix="ddp_compare"))
         try:
             times["shardopt"] += run_pair(
                 args, "shardopt", ["--servers", ",".join(addresses), "--round", str(r)])
         finally:
-            for s in servers:
-                s.terminate()
-                s.wait()
+            stop_servers(servers)
         print(f"round {r + 1}: ddp {statistics.median(times['ddp']) * 1e3:.0f} ms, shardopt "
               f"{statistics.median(times['shardopt']) * 1e3:.0f} ms (medians so far)", flush=True)
     print(f"\n  {'job':10s} {'steps':>5s} {'median ms':>10s} {'min ms':>8s} {'steps/s':>8s} "

@@ -110,28 +110,12 @@ class Progress:
             print(flush=True)
 
 
-def start_servers(args, workdir):
-    servers, addresses = [], []
-    for i in range(WORLD_SIZE):
-        port_file = os.path.join(workdir, f"port{i}")
-        servers.append(subprocess.Popen(
-            [args.server_binary, "--listen=127.0.0.1:0", f"--port_file={port_file}",
-             f"--shard_index={i}", f"--shard_count={WORLD_SIZE}", "--device=cpu", "--threads=1"],
-            stderr=open(os.path.join(workdir, f"server{i}.log"), "w")))
-        deadline = time.time() + 30
-        while not os.path.exists(port_file):
-            if time.time() > deadline or servers[-1].poll() is not None:
-                raise RuntimeError(f"shard server {i} did not start (see {workdir})")
-            time.sleep(0.01)
-        addresses.append("127.0.0.1:" + open(port_file).read().strip())
-    return servers, addresses
-
-
 def run_cluster(args, workdir, progress):
     """Both trainers; returns the whole batch's loss per step and the share
     of a step spent in opt.step()."""
+    from shardopt.local_cluster import start_servers, stop_servers
     progress.begin("shardopt")
-    servers, addresses = start_servers(args, workdir)
+    servers, addresses = start_servers(args.server_binary, WORLD_SIZE, workdir)
     trainers = []
     try:
         for rank in range(WORLD_SIZE):
@@ -163,9 +147,7 @@ def run_cluster(args, workdir, progress):
         for t in trainers:
             if t.poll() is None:
                 t.kill()
-        for s in servers:
-            s.terminate()
-            s.wait()
+        stop_servers(servers)
 
 
 def plot(path, distributed, reference, title):

@@ -1,0 +1,45 @@
+"""Shard servers on 127.0.0.1 for examples, benchmarks and the main job.
+
+    servers, addresses = start_servers(binary, 2, workdir)
+    ...  # shardopt.torch.DistributedOptimizer(..., servers=addresses, ...)
+    stop_servers(servers)
+
+Each server picks a free port and reports it through a port file in
+`workdir` (which must not hold one from an earlier start); its stderr goes to
+`workdir`/server<i>.log.
+"""
+
+import os
+import subprocess
+import time
+
+
+def start_servers(binary, count, workdir, extra_flags=(), timeout_s=30):
+    """Starts shards 0..count-1 of `count`; returns (processes, addresses)."""
+    servers, addresses = [], []
+    try:
+        for i in range(count):
+            port_file = os.path.join(workdir, f"port{i}")
+            if os.path.exists(port_file):
+                raise RuntimeError(f"{port_file} exists: use a fresh directory")
+            servers.append(subprocess.Popen(
+                [binary, "--listen=127.0.0.1:0", f"--port_file={port_file}", f"--shard_index={i}",
+                 f"--shard_count={count}", "--device=cpu", "--threads=1", *extra_flags],
+                stderr=open(os.path.join(workdir, f"server{i}.log"), "w")))
+            deadline = time.time() + timeout_s
+            while not os.path.exists(port_file):
+                if time.time() > deadline or servers[-1].poll() is not None:
+                    raise RuntimeError(f"shard server {i} did not start (see {workdir})")
+                time.sleep(0.01)
+            addresses.append("127.0.0.1:" + open(port_file).read().strip())
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers, addresses
+
+
+def stop_servers(servers):
+    for s in servers:
+        if s.poll() is None:
+            s.terminate()
+        s.wait()
