@@ -115,7 +115,8 @@ absl::Status ShardConnection::Register(grpc::ClientContext& context,
 absl::Status ShardConnection::Push(grpc::ClientContext& context,
                                    const v1::PushGradientsRequest& header, const char* payload,
                                    size_t element_size, size_t chunk_bytes, PayloadPins* pins,
-                                   v1::PushGradientsResponse* response) {
+                                   v1::PushGradientsResponse* response,
+                                   const ReadyRanges* ready) {
   std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
       grpc::internal::ClientWriterFactory<PushFrame>::Create(channel_.get(), *push_method_,
                                                              &context, response));
@@ -127,11 +128,25 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
   frame.header = nullptr;
   const uint64_t total = header.header().num_elements();
   const size_t chunk = std::max<size_t>(1, chunk_bytes / element_size);
+  bool abandoned = false;
   for (uint64_t off = 0; open && off < total; off += chunk) {
     frame.offset = off;
     frame.data = payload + off * element_size;
     frame.count = std::min<uint64_t>(chunk, total - off);
+    if (ready != nullptr && !ready->WaitReady(range_.begin + off, range_.begin + off + frame.count)) {
+      abandoned = true;
+      break;
+    }
     open = writer->Write(frame);
+  }
+  // Ended only once the caller checked the whole gradient: a stream that is
+  // not ended is never committed.
+  if (open && !abandoned && ready != nullptr && !ready->WaitCommit()) abandoned = true;
+  if (abandoned) {
+    context.TryCancel();
+    writer->Finish().ok();  // (CANCELLED.)
+    // Not CANCELLED, which the fan-out may retry: this push is over.
+    return absl::FailedPreconditionError("the streamed push was abandoned");
   }
   if (open) writer->WritesDone();
   return ToAbslStatus(writer->Finish());

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "client/channel_security.h"
+#include "client/ready_ranges.h"
 #include "client/wire_frames.h"
 #include "common/dtype.h"
 #include "common/layout.h"
@@ -83,10 +84,14 @@ class ShardConnection {
                         const float* values, uint64_t count, size_t chunk_bytes,
                         v1::RegisterModelResponse* response);
   // The push stream of `header.num_elements` elements of `element_size`
-  // bytes at `payload` (this shard's part).
+  // bytes at `payload` (this shard's part). With `ready` (flat-buffer
+  // elements, see ReadyRanges), each chunk waits until it is ready and the
+  // stream ends only once commits are allowed; FAILED_PRECONDITION (the
+  // stream cancelled, not committed) when it fails.
   absl::Status Push(grpc::ClientContext& context, const v1::PushGradientsRequest& header,
                     const char* payload, size_t element_size, size_t chunk_bytes,
-                    PayloadPins* pins, v1::PushGradientsResponse* response);
+                    PayloadPins* pins, v1::PushGradientsResponse* response,
+                    const ReadyRanges* ready = nullptr);
   // Pulls this shard's range as `dtype` into `destination` (range().size()
   // floats); with request.wait_only, only waits.
   absl::Status Pull(grpc::ClientContext& context, const v1::PullParametersRequest& request,

@@ -28,7 +28,7 @@ ShardFanOut::Call StepCalls::CallFor(const std::string& what) const {
 absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, double loss_scale,
                              const std::vector<v1::SetHyperparametersRequest>& changes,
                              std::vector<v1::PushGradientsResponse>* responses,
-                             const ShardSubset& which) {
+                             const ShardSubset& which, const ReadyRanges* ready) {
   responses->assign(fanout_->size(), v1::PushGradientsResponse());
   const size_t element = DTypeSize(dtype);
   // gRPC may hold the zero-copy payload slices a little past each call's
@@ -49,9 +49,11 @@ absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, dou
         for (const v1::SetHyperparametersRequest& c : changes) {
           *h->add_hyperparameter_changes() = c;
         }
+        h->set_defer_until_complete(ready != nullptr);
         return shard.Push(context, header,
                           static_cast<const char*>(payload) + shard.range().begin * element,
-                          element, context_.chunk_bytes, &pins, &(*responses)[shard.index()]);
+                          element, context_.chunk_bytes, &pins, &(*responses)[shard.index()],
+                          ready);
       },
       which);
   pins.WaitUntilReleased();

@@ -58,10 +58,12 @@ class StepCalls {
   // until this returns) as this trainer's step `step`, carrying `changes`
   // (PushHeader.hyperparameter_changes); each shard's answer in `responses`
   // (shard order; only the shards of `which` answer).
+  // With `ready` the pushes stream as it says (ShardConnection::Push) and
+  // ask the shards to defer them (PushHeader.defer_until_complete).
   absl::Status Push(int64_t step, const void* payload, DType dtype, double loss_scale,
                     const std::vector<v1::SetHyperparametersRequest>& changes,
                     std::vector<v1::PushGradientsResponse>* responses,
-                    const ShardSubset& which = {});
+                    const ShardSubset& which = {}, const ReadyRanges* ready = nullptr);
   // Every shard's statistics of `step` (waiting until every trainer's
   // gradient is in), in shard order; `pushed_step` (0: none) is checked to
   // be held, as in Pull.

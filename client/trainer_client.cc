@@ -8,12 +8,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/early_pull.h"
 #include "client/push_history.h"
 #include "client/push_payload.h"
+#include "client/streamed_push.h"
 #include "client/recovery.h"
 #include "client/registration.h"
 #include "client/retry.h"
@@ -59,7 +60,7 @@ int64_t TrainerClient::failed_attempts() const {
 int64_t TrainerClient::failed_attempts(size_t shard) const {
   if (shard >= shards_.size()) return 0;
   return shards_[shard]->unreachable_attempts() +
-         (shard < pull_shards_.size() ? pull_shards_[shard]->unreachable_attempts() : 0);
+         (early_pull_ ? early_pull_->failed_attempts(shard) : 0);
 }
 
 int64_t TrainerClient::replayed_pushes() const {
@@ -84,25 +85,20 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   connection.initial_backoff = options.initial_backoff;
   connection.max_backoff = options.max_backoff;
   std::vector<std::unique_ptr<ShardConnection>> shards;
-  std::vector<std::unique_ptr<ShardConnection>> pull_shards;
   for (size_t i = 0; i < shard_addresses.size(); ++i) {
     shards.push_back(std::make_unique<ShardConnection>(static_cast<uint32_t>(i),
                                                        shard_addresses[i], connection));
-    if (options.overlap_pull) {
-      ConnectionOptions lane = connection;
-      lane.lane = 1;
-      pull_shards.push_back(
-          std::make_unique<ShardConnection>(static_cast<uint32_t>(i), shard_addresses[i], lane));
-    }
   }
+  std::unique_ptr<EarlyPull> early_pull;
+  if (options.overlap_pull) early_pull = std::make_unique<EarlyPull>(shard_addresses, connection);
   return std::unique_ptr<TrainerClient>(
-      new TrainerClient(options, std::move(shards), std::move(pull_shards)));
+      new TrainerClient(options, std::move(shards), std::move(early_pull)));
 }
 
 TrainerClient::TrainerClient(const TrainerClientOptions& options,
                              std::vector<std::unique_ptr<ShardConnection>> shards,
-                             std::vector<std::unique_ptr<ShardConnection>> pull_shards)
-    : options_(options), shards_(std::move(shards)), pull_shards_(std::move(pull_shards)) {
+                             std::unique_ptr<EarlyPull> early_pull)
+    : options_(options), shards_(std::move(shards)), early_pull_(std::move(early_pull)) {
   if (!options_.on_wait) {
     const uint32_t rank = options_.trainer_rank;
     options_.on_wait = [rank](const std::string& report) {
@@ -112,15 +108,9 @@ TrainerClient::TrainerClient(const TrainerClientOptions& options,
   std::vector<ShardConnection*> raw;
   for (auto& shard : shards_) raw.push_back(shard.get());
   fanout_ = std::make_unique<ShardFanOut>(std::move(raw));
-  if (!pull_shards_.empty()) {
-    std::vector<ShardConnection*> pulls;
-    for (auto& shard : pull_shards_) pulls.push_back(shard.get());
-    pull_fanout_ = std::make_unique<ShardFanOut>(std::move(pulls));
-    early_pull_canceller_ = std::make_unique<RunCanceller>();
-  }
 }
 
-TrainerClient::~TrainerClient() = default;
+TrainerClient::~TrainerClient() { CancelStreamedPush(); }
 
 std::vector<float> TrainerClient::NewFlatBuffer() const {
   return std::vector<float>(layout_ ? layout_->total_elements() : 0, 0.0f);
@@ -162,14 +152,6 @@ absl::Status TrainerClient::Attach(const ModelSpec& spec) { return RegisterOrAtt
 
 absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayout& layout) {
   for (auto& shard : shards_) shard->set_range(layout.ShardRange(shard->index()));
-  for (auto& shard : pull_shards_) {
-    // Written only when it changes: a re-attach inside a step's push (after
-    // a rollback) runs while that step's early pull reads the same ranges.
-    const FlatRange range = layout.ShardRange(shard->index());
-    if (shard->range().begin != range.begin || shard->range().end != range.end) {
-      shard->set_range(range);
-    }
-  }
   const bool same_model = history_ && spec_ && spec_->model_id == spec.model_id;
   if (!same_model) {
     PushHistoryOptions history;
@@ -197,13 +179,7 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
         RecoveryContext{StepsNeedDecisions(spec.max_grad_norm, spec.loss_scaling), calls});
   }
   steps_ = std::make_unique<StepCalls>(fanout_.get(), calls);
-  if (pull_fanout_) {
-    StepCallsContext early = calls;
-    early.label = "pull overlapping the push: ";
-    early.canceller = early_pull_canceller_.get();
-    early.pushed_step_now = &early_pull_pushed_step_;
-    early_pulls_ = std::make_shared<StepCalls>(pull_fanout_.get(), early);
-  }
+  if (early_pull_) early_pull_->Prepare(layout, calls);
   return absl::OkStatus();
 }
 
@@ -314,6 +290,7 @@ absl::Status TrainerClient::Recover(int64_t target) {
 }
 
 absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const float> flat_grads) {
+  CancelStreamedPush();
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   std::vector<char> narrowed;
   const void* payload = nullptr;
@@ -360,9 +337,16 @@ absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* 
   }
   if (!status.ok()) return status;
   DropOldHistory(step, responses);
+  StepResult result = ResultOfPush(step, responses, wire_dtype);
+  result.replayed_pushes = static_cast<int>(replayed_pushes() - replayed_before);
+  return result;
+}
+
+StepResult TrainerClient::ResultOfPush(int64_t step,
+                                       const std::vector<v1::PushGradientsResponse>& responses,
+                                       DType wire_dtype) const {
   StepResult result;
   result.step = step;
-  result.replayed_pushes = static_cast<int>(replayed_pushes() - replayed_before);
   for (size_t i = 0; i < shards_.size(); ++i) {
     const v1::PushGradientsResponse& r = responses[i];
     if (r.outcome() == v1::PushGradientsResponse::OUTCOME_APPLIED ||
@@ -395,6 +379,7 @@ void TrainerClient::DropOldHistory(int64_t step,
 }
 
 absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<float> flat_params) {
+  CancelStreamedPush();
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   rolled_back_to_.reset();
   for (int round = 0;; ++round) {
@@ -441,6 +426,7 @@ absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_param
 
 absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const float> flat_grads,
                                                absl::Span<float> flat_params) {
+  CancelStreamedPush();
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   const double scale = loss_scale();
@@ -453,23 +439,12 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   const bool needs_decision = StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling);
   for (int round = 0;; ++round) {
     // The pull of the version this push makes, opened at once (see
-    // overlap_pull). It carries no pushed step: the push may not have reached
-    // a shard yet. Whatever goes wrong with it, the pull below runs as usual.
-    std::optional<std::thread> early;
+    // EarlyPull); whatever goes wrong with it, the pull below runs as usual.
     absl::StatusOr<PulledVersion> early_pulled = absl::UnknownError("no early pull");
-    if (!needs_decision && early_pulls_ && round == 0) {
-      early_pull_canceller_->Reset();
-      early_pull_pushed_step_ = step - 1;
-      early.emplace([&, calls = early_pulls_] {
-        early_pulled = calls->Pull(step, 0, nullptr, flat_params.data());
-      });
-    }
+    const bool early = !needs_decision && early_pull_ && round == 0;
+    if (early) early_pull_->Start(step, flat_params);
     absl::StatusOr<StepResult> result = PushPayload(step, payload, scale);
-    if (early) {
-      early_pull_pushed_step_ = step;
-      if (!result.ok()) early_pull_canceller_->Cancel();
-      early->join();
-    }
+    if (early) early_pulled = early_pull_->PushEnded(result.ok());
     if (!result.ok()) return result;
     std::optional<StepDecision> decision;
     absl::Status status;
@@ -528,6 +503,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
 absl::Status TrainerClient::SetHyperparameters(int64_t effective_step,
                                                const OptimizerConfig& optimizer,
                                                const LrSchedule& lr_schedule) {
+  CancelStreamedPush();  // (It counted its step as pushed.)
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
   if (absl::Status s = lr_schedule.Validate(); !s.ok()) return s;
   v1::SetHyperparametersRequest request;
@@ -548,6 +524,7 @@ absl::Status TrainerClient::SetHyperparameters(int64_t effective_step,
 }
 
 absl::Status TrainerClient::CancelHyperparameters(int64_t effective_step) {
+  CancelStreamedPush();
   v1::SetHyperparametersRequest request;
   request.set_effective_step(effective_step);
   request.set_cancel(true);
@@ -555,6 +532,7 @@ absl::Status TrainerClient::CancelHyperparameters(int64_t effective_step) {
 }
 
 absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest request) {
+  CancelStreamedPush();
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   request.set_model_id(spec_->model_id);
   absl::Status status = fanout_->Run(
@@ -572,6 +550,7 @@ absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest re
 }
 
 absl::StatusOr<std::string> TrainerClient::Checkpoint(const std::string& directory, int64_t step) {
+  CancelStreamedPush();
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   if (step < 0) {
     absl::StatusOr<std::vector<std::string>> unused = InspectJson();
@@ -600,6 +579,7 @@ absl::StatusOr<std::string> TrainerClient::Checkpoint(const std::string& directo
 }
 
 absl::StatusOr<std::vector<std::string>> TrainerClient::InspectJson() {
+  CancelStreamedPush();
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   std::vector<std::string> out(shards_.size());
   std::vector<int64_t> versions(shards_.size(), 0);

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "client/trainer_options.h"
 #include "common/dtype.h"
@@ -56,9 +57,9 @@ namespace shardopt {
 class PushHistory;
 class Recovery;
 class ShardConnection;
+class EarlyPull;
 class ShardFanOut;
 class StepCalls;
-class RunCanceller;
 struct RetryPolicy;
 
 // What one step did, as the shards reported it.
@@ -126,6 +127,28 @@ class TrainerClient {
   absl::StatusOr<StepResult> Step(int64_t step, absl::Span<const float> flat_grads,
                                   absl::Span<float> flat_params);
 
+  // ---- A push sent while the gradient is still being computed
+  // (shardopt.torch's backward hooks). BeginStreamedPush starts the push of
+  // `step` from `flat_grads` on every shard at once; its chunks go out as
+  // MarkGradientReady covers them (flat-buffer elements, any order, from
+  // any thread); the shards use none of it before the whole push is in
+  // (PushHeader.defer_until_complete), and the streams end only in
+  // FinishStreamedStep, which checks the whole gradient as Step does, then
+  // pulls (the pull overlapping the shards' range-by-range update). Anything
+  // wrong with the streamed push (a stream failed, a shard restarted): it is
+  // abandoned and FinishStreamedStep runs Step, so its result is Step's in
+  // every case. FAILED_PRECONDITION where it does not apply (gradient
+  // control, a 16-bit push type, a journal, one already open): use Step.
+  // Any other call first abandons an open streamed push (nothing of it is
+  // used), as does CancelStreamedPush.
+  absl::Status BeginStreamedPush(int64_t step, absl::Span<const float> flat_grads);
+  void MarkGradientReady(uint64_t begin, uint64_t end);
+  absl::StatusOr<StepResult> FinishStreamedStep(int64_t step, absl::Span<const float> flat_grads,
+                                                absl::Span<float> flat_params);
+  void CancelStreamedPush();
+  // Streamed pushes that completed (FinishStreamedStep did not fall back).
+  int64_t streamed_pushes() const { return streamed_pushes_; }
+
   // After a call failed because the job rolled back (see the class
   // comment): the version every shard went back to. Pull it and continue
   // with step rolled_back_to() + 1. nullopt when the last call did not roll
@@ -179,7 +202,7 @@ class TrainerClient {
  private:
   TrainerClient(const TrainerClientOptions& options,
                 std::vector<std::unique_ptr<ShardConnection>> shards,
-                std::vector<std::unique_ptr<ShardConnection>> pull_shards);
+                std::unique_ptr<EarlyPull> early_pull);
 
   absl::Status RegisterOrAttach(const ModelSpec& spec, const float* initial_params);
   // Sets up the model's history, recovery and step calls (after the spec
@@ -193,24 +216,19 @@ class TrainerClient {
   // Brings every shard to `target` (Recovery); after a rollback, re-attaches
   // and returns the RolledBackError.
   absl::Status Recover(int64_t target);
+  StepResult ResultOfPush(int64_t step, const std::vector<v1::PushGradientsResponse>& responses,
+                          DType wire_dtype) const;
   // After a successful push: drops history no shard can need any more.
   void DropOldHistory(int64_t step, const std::vector<v1::PushGradientsResponse>& responses);
 
   TrainerClientOptions options_;
   std::vector<std::unique_ptr<ShardConnection>> shards_;
   std::unique_ptr<ShardFanOut> fanout_;
-  // Lane 1 (overlap_pull): the pull that opens while a step's push streams.
-  std::vector<std::unique_ptr<ShardConnection>> pull_shards_;
-  std::unique_ptr<ShardFanOut> pull_fanout_;
-  // Shared with the thread of a step's early pull: a re-attach during the
-  // push (after a rollback) replaces it while that pull still runs.
-  std::shared_ptr<StepCalls> early_pulls_;
-  std::unique_ptr<RunCanceller> early_pull_canceller_;
-  // What the early pull's attempts say this trainer pushed: the step before
-  // while the push streams (a shard that lost that one answers at once), the
-  // step once every shard took it (a shard restarted since then answers
-  // OUT_OF_RANGE at its next attempt, and the step recovers as usual).
-  std::atomic<int64_t> early_pull_pushed_step_{0};
+  std::unique_ptr<EarlyPull> early_pull_;  // With overlap_pull.
+  struct StreamedPush;  // trainer_client_streamed.cc
+  absl::Mutex streamed_mu_;  // MarkGradientReady may come from other threads.
+  std::unique_ptr<StreamedPush> streamed_ ABSL_GUARDED_BY(streamed_mu_);
+  int64_t streamed_pushes_ = 0;
   std::optional<ModelLayout> layout_;
   std::optional<ModelSpec> spec_;
   int64_t registered_version_ = 0;

@@ -283,6 +283,37 @@ class Client {
     return StepResultToDict(result);
   }
 
+  // See TrainerClient::BeginStreamedPush. `grads` must stay alive (and in
+  // place) until finish_streamed_step or cancel_streamed_push.
+  void BeginStreamedPush(int64_t step, const py::buffer& grads) {
+    const size_t n = Checked().layout().total_elements();
+    FloatBuffer g = RequestFloats(grads, n, false, "gradient buffer");
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
+    ThrowIfError(client_->BeginStreamedPush(step, absl::MakeConstSpan(g.data, n)));
+  }
+  // From backward hooks: no lock beyond the client's own.
+  void MarkGradientReady(uint64_t begin, uint64_t end) { client_->MarkGradientReady(begin, end); }
+  py::dict FinishStreamedStep(int64_t step, const py::buffer& grads, const py::buffer& params) {
+    const size_t n = Checked().layout().total_elements();
+    FloatBuffer g = RequestFloats(grads, n, false, "gradient buffer");
+    FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
+    StepResult result;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> serial(mu_);
+      result = ValueOrThrow(client_->FinishStreamedStep(step, absl::MakeConstSpan(g.data, n),
+                                                        absl::MakeSpan(p.data, n)));
+    }
+    return StepResultToDict(result);
+  }
+  void CancelStreamedPush() {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
+    client_->CancelStreamedPush();
+  }
+  int64_t streamed_pushes() const { return client_->streamed_pushes(); }
+
   int64_t Pull(int64_t min_version, const py::buffer& params) {
     const size_t n = Checked().layout().total_elements();
     FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
@@ -416,6 +447,15 @@ PYBIND11_MODULE(_shardopt, m) {
       .def("total_elements", &Client::TotalElements)
       .def("step", &Client::Step, py::arg("step"), py::arg("grads"), py::arg("params"),
            "Pushes `grads` for `step`, pulls version `step` into `params`; returns the result.")
+      .def("begin_streamed_push", &Client::BeginStreamedPush, py::arg("step"), py::arg("grads"),
+           "Starts pushing `step` while the gradient is being computed.")
+      .def("mark_gradient_ready", &Client::MarkGradientReady, py::arg("begin"), py::arg("end"),
+           "Elements [begin, end) of the flat gradient are final.")
+      .def("finish_streamed_step", &Client::FinishStreamedStep, py::arg("step"),
+           py::arg("grads"), py::arg("params"),
+           "Ends a streamed push and pulls; falls back to step() when it cannot.")
+      .def("cancel_streamed_push", &Client::CancelStreamedPush)
+      .def_property_readonly("streamed_pushes", &Client::streamed_pushes)
       .def("pull", &Client::Pull, py::arg("min_version"), py::arg("params"))
       .def("checkpoint", &Client::Checkpoint, py::arg("directory"), py::arg("step") = -1)
       .def("inspect_json", &Client::InspectJson)

@@ -155,7 +155,7 @@ void ModelShard::Shutdown() {
 
 absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
     uint32_t trainer_rank, int64_t step, uint64_t num_elements, DType dtype, double loss_scale,
-    const std::vector<StepState::CarriedChange>& changes) {
+    const std::vector<StepState::CarriedChange>& changes, bool defer) {
   for (const StepState::CarriedChange& c : changes) {
     // Validated where they came in (the service, from the wire).
     assert(c.next.optimizer.Validate().ok() && c.next.lr_schedule.Validate().ok());
@@ -194,7 +194,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
     case StepState::Admission::kStart:
       if (timeline_) timeline_->PushBegan(step, absl::Now());
       start.writer.reset(
-          new PushWriter(this, trainer_rank, step, dtype, loss_scale, state_.Consumed()));
+          new PushWriter(this, trainer_rank, step, dtype, loss_scale, state_.Consumed(), defer));
       break;
   }
   return start;
@@ -261,7 +261,8 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
   }
   received_ += count;
   shard_->gradient_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
-  if (skip < count) shard_->RecordDelivered(rank_, step_, received_, first_inf);
+  if (first_inf && !first_inf_) first_inf_ = first_inf;
+  if (skip < count && !defer_) shard_->RecordDelivered(rank_, step_, received_, first_inf);
   return absl::OkStatus();
 }
 
@@ -271,6 +272,9 @@ absl::StatusOr<PushResult> ModelShard::PushWriter::Commit() {
         absl::StrCat("push ended after ", received_, " of ", shard_->range_.size(), " elements"));
   }
   if (absl::Status s = shard_->backend_->FinishStaging(rank_); !s.ok()) return s;
+  if (defer_ && consumed_ < received_) {
+    shard_->RecordDelivered(rank_, step_, received_, first_inf_);
+  }
   finished_ = true;
   return shard_->CommitPush(rank_, step_, found_inf_, loss_scale_);
 }

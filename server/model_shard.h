@@ -191,9 +191,12 @@ class ModelShard {
   // StepState::AdoptChanges), adopted first; INVALID_ARGUMENT or
   // FAILED_PRECONDITION for one that is invalid or cannot change the live
   // state.
+  // `defer`: none of the push's elements count for a pipelined step's
+  // ranges before Commit (PushHeader.defer_until_complete).
   absl::StatusOr<PushStart> BeginPush(uint32_t trainer_rank, int64_t step, uint64_t num_elements,
                                       DType dtype = DType::kFloat32, double loss_scale = 1.0,
-                                      const std::vector<StepState::CarriedChange>& changes = {});
+                                      const std::vector<StepState::CarriedChange>& changes = {},
+                                      bool defer = false);
 
   // With gradient control: blocks until every trainer's gradient for `step`
   // is in (or the deadline, cancellation, shutdown) and returns this shard's
@@ -431,13 +434,14 @@ class ModelShard::PushWriter {
  private:
   friend class ModelShard;
   PushWriter(ModelShard* shard, uint32_t rank, int64_t step, DType dtype, double loss_scale,
-             uint64_t consumed)
+             uint64_t consumed, bool defer)
       : shard_(shard),
         rank_(rank),
         step_(step),
         dtype_(dtype),
         loss_scale_(loss_scale),
-        consumed_(consumed) {}
+        consumed_(consumed),
+        defer_(defer) {}
 
   ModelShard* const shard_;
   const uint32_t rank_;
@@ -447,7 +451,9 @@ class ModelShard::PushWriter {
   // Leading elements an earlier push of the step delivered and ranges
   // already consumed: received again, checked for size, not staged.
   const uint64_t consumed_;
+  const bool defer_;  // Delivered only at Commit.
   uint64_t received_ = 0;
+  std::optional<uint64_t> first_inf_;  // With defer_: reported at Commit.
   bool finished_ = false;
   bool found_inf_ = false;  // With loss scaling: inf/NaN seen, and kept.
 };

@@ -215,6 +215,36 @@ TEST(PipelinedStepTest, ATrainerThatLostItsFedPushIsToldAtOnceAndTheStepCannotBe
   EXPECT_EQ(shard->version(), 1);
 }
 
+TEST(PipelinedStepTest, ADeferredPushCountsOnlyOnceCompleteAndLeavesNothingWhenItBreaksOff) {
+  ThreadPool pool(2);
+  Job setup;
+  setup.trainers = 1;
+  std::unique_ptr<ModelShard> reference = MakeBigShard(&pool, setup, 0);
+  RunStep(*reference, setup, 1, 1 << 20);
+  std::unique_ptr<ModelShard> shard = MakeBigShard(&pool, setup, kRange);
+  const std::vector<float> initial = ReadAll(*shard, 0);
+  const size_t n = shard->size();
+  const std::vector<float> g = Gradient(0, 1, n);
+  const auto begin = [&] {
+    return std::move(
+        shard->BeginPush(0, 1, n, DType::kFloat32, 1.0, {}, /*defer=*/true).value().writer);
+  };
+  {
+    std::unique_ptr<ModelShard::PushWriter> writer = begin();
+    ASSERT_TRUE(Write(*writer, g, 0, 3 * kRange).ok());
+    EXPECT_EQ(ReadAll(*shard, 0), initial);  // Nothing ran yet.
+  }  // Broken off: nothing of it stays.
+  EXPECT_EQ(ReadAll(*shard, 0), initial);
+  EXPECT_TRUE(shard->DiscardPendingPushes().ok());
+  std::unique_ptr<ModelShard::PushWriter> writer = begin();
+  ASSERT_TRUE(Write(*writer, g, 0, n).ok());
+  EXPECT_EQ(shard->version(), 0);
+  absl::StatusOr<PushResult> done = writer->Commit();
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->outcome, PushOutcome::kApplied);
+  EXPECT_EQ(ReadAll(*shard, 1), ReadAll(*reference, 1));
+}
+
 TEST(PipelinedStepTest, ANaNAfterAppliedRangesIsRefusedAndTheRestStaysUntouched) {
   ThreadPool pool(2);
   Job setup;

@@ -6,6 +6,8 @@
 // cluster that runs whole steps (--pipeline_range_elements=0). Ordering of
 // recorded events only, no timing thresholds.
 #include <algorithm>
+#include <limits>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -175,6 +177,112 @@ TEST(PipeliningTest, ATrainerLostMidStepIsToldAndTheJobRollsBackOverThePartlyRun
   std::vector<float> pulled(4096);
   ASSERT_EQ(restarted->Pull(1, absl::MakeSpan(pulled)).value(), 1);
   EXPECT_EQ(pulled, after_step1);
+}
+
+// Gradient of `step` for `rank`: exactly representable, different per rank.
+void FillGradient(int64_t step, uint32_t rank, std::vector<float>* grad) {
+  for (size_t i = 0; i < grad->size(); ++i) {
+    (*grad)[i] = static_cast<float>((i * 7 + step * 13 + rank * 5) % 101 - 50) / 64.0f;
+  }
+}
+
+// Streamed pushes (the gradient sent bucket by bucket while it is computed,
+// as shardopt.torch's backward hooks do): the data reaches the shards before
+// the step is finished, the bits equal Step's, a NaN in the last bucket
+// leaves every shard as it was, and the step can be retried.
+TEST(PipeliningTest, StreamedPushesArriveBeforeTheStepEndsAndGiveStepsBits) {
+  constexpr int64_t kSize = 1 << 18;
+  const auto train = [&](bool streamed, std::vector<float>* after4) {
+    std::vector<float> own;
+    std::vector<float>* params = &own;
+    absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers = StartCluster(2);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    std::vector<std::unique_ptr<TrainerClient>> trainers;
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      TrainerClientOptions options;
+      options.trainer_rank = rank;
+      options.chunk_bytes = 64 << 10;
+      trainers.push_back(TrainerClient::Connect(Addresses(*servers), options).value());
+    }
+    ModelSpec spec;
+    spec.model_id = "streamed";
+    spec.tensors = {TensorSpec{"a", {kSize / 2}, DType::kFloat32},
+                    TensorSpec{"b", {kSize / 2}, DType::kFloat32}};
+    spec.optimizer = OptimizerConfig::AdamW(0.01);
+    spec.num_trainers = 2;
+    params->assign(kSize, 0.5f);
+    std::vector<float> params1 = *params;
+    ASSERT_TRUE(trainers[0]->Register(spec, *params).ok());
+    ASSERT_TRUE(trainers[1]->Attach(spec).ok());
+    std::unique_ptr<v1::ShardService::Stub> stub = NewStub((*servers)[1]->address());
+    std::vector<float> grad0(kSize), grad1(kSize);
+    for (int64_t step = 1; step <= 4; ++step) {
+      FillGradient(step, 0, &grad0);
+      FillGradient(step, 1, &grad1);
+      std::thread other([&] {
+        EXPECT_TRUE(trainers[1]->Step(step, grad1, absl::MakeSpan(params1)).ok());
+      });
+      if (!streamed) {
+        EXPECT_TRUE(trainers[0]->Step(step, grad0, absl::MakeSpan(*params)).ok());
+      } else {
+        v1::InspectResponse before;
+        ASSERT_TRUE(RawInspect(*stub, "streamed", &before).ok());
+        ASSERT_TRUE(trainers[0]->BeginStreamedPush(step, grad0).ok());
+        // Buckets in backward order: the last tensor's gradient first.
+        for (int64_t end = kSize; end > 0; end -= kSize / 8) {
+          trainers[0]->MarkGradientReady(end - kSize / 8, end);
+        }
+        // Before the step is finished, shard 1 (the second half) has this
+        // trainer's whole gradient of it.
+        const uint64_t expected =
+            before.bytes().gradient_bytes_received() + 2 * (kSize / 2) * sizeof(float);
+        v1::InspectResponse now;
+        for (int i = 0; i < 1000; ++i) {
+          ASSERT_TRUE(RawInspect(*stub, "streamed", &now).ok());
+          if (now.bytes().gradient_bytes_received() >= expected) break;
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+        EXPECT_GE(now.bytes().gradient_bytes_received(), expected) << "step " << step;
+        absl::StatusOr<StepResult> r =
+            trainers[0]->FinishStreamedStep(step, grad0, absl::MakeSpan(*params));
+        EXPECT_TRUE(r.ok()) << r.status();
+        if (r.ok()) EXPECT_EQ(r->version, step);
+      }
+      other.join();
+      EXPECT_EQ(*params, params1) << "step " << step;
+    }
+    *after4 = *params;
+    if (!streamed) return;
+    EXPECT_EQ(trainers[0]->streamed_pushes(), 4);
+
+    // A NaN in the last bucket: refused before any stream ends, nothing used.
+    FillGradient(5, 0, &grad0);
+    grad0[3] = std::numeric_limits<float>::quiet_NaN();
+    ASSERT_TRUE(trainers[0]->BeginStreamedPush(5, grad0).ok());
+    trainers[0]->MarkGradientReady(kSize / 2, kSize);
+    const absl::Status refused =
+        trainers[0]->FinishStreamedStep(5, grad0, absl::MakeSpan(*params)).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    for (const auto& server : *servers) {
+      v1::InspectResponse inspect;
+      ASSERT_TRUE(RawInspect(*NewStub(server->address()), "streamed", &inspect).ok());
+      EXPECT_EQ(inspect.version(), 4);
+      EXPECT_EQ(inspect.trainers_pushed_size(), 0);  // Neither shard holds the push.
+    }
+    // The step again, clean: it completes as usual.
+    grad0[3] = 0;
+    FillGradient(5, 1, &grad1);
+    std::thread other([&] { EXPECT_TRUE(trainers[1]->Step(5, grad1, absl::MakeSpan(params1)).ok()); });
+    ASSERT_TRUE(trainers[0]->BeginStreamedPush(5, grad0).ok());
+    EXPECT_TRUE(trainers[0]->FinishStreamedStep(5, grad0, absl::MakeSpan(*params)).ok());
+    other.join();
+    EXPECT_EQ(*params, params1);
+  };
+  std::vector<float> stepped, streamed;
+  train(false, &stepped);
+  train(true, &streamed);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(streamed, stepped);  // After step 4, taken in each run.
 }
 
 }  // namespace

@@ -87,6 +87,18 @@ class _Group:
         self.version = 0         # The last version pulled.
         self.last_result = None
         self.pulled = None       # With check_parameters: the values last pulled.
+        # Streaming (overlap_backward): buckets of the flat buffer, and for
+        # the step being computed which parameters' gradients are final.
+        self.bucket_of = []      # Parameter index -> bucket.
+        self.buckets = []        # (begin, end) per bucket, covering the buffer.
+        self.accumulators = []   # Autograd's gradient accumulators (kept alive).
+        self.reset_stream()
+
+    def reset_stream(self):
+        self.fired = set()
+        self.pending = None      # Per bucket: parameters still to come.
+        self.streaming = False
+        self.broken = False      # Something the stream cannot follow happened.
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -111,6 +123,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
       check_parameters: refuse a step when the parameters were changed since
         the last pull (see the module docstring).
       push_dtype, pull_dtype: "float32", "bfloat16" or "float16" on the wire.
+      overlap_backward: push the gradient bucket by bucket (``bucket_cap_mb``
+        each) while ``backward()`` is still running, as DDP's reducer does:
+        hooks on the parameters' gradient accumulators send each bucket once
+        all its gradients are final, the parameters laid out in reverse so
+        that backward fills the buffer from its start; ``step()`` then checks
+        the whole gradient, lets the shards use it and pulls. The same bits
+        as without. Off by itself with ``max_grad_norm``, a loss scaler, a
+        16-bit ``push_dtype`` or a ``journal_path``; a second ``backward()``
+        before the step (gradient accumulation) or a gradient replaced
+        outside the buffer makes that step push whole.
         16-bit pushes round each gradient once (as ``.to(torch.bfloat16)``
         would); 16-bit pulls leave the parameters holding the servers' fp32
         master weights rounded to that type (the master weights and the
@@ -130,7 +152,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  model_id="model", max_grad_norm=0.0, checkpoint_dir=None,
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
-                 loss_scaler=None, security=None, **hyperparameters):
+                 loss_scaler=None, security=None, overlap_backward=True, bucket_cap_mb=1.0,
+                 **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
             hyperparameters.pop(switch, None)
@@ -160,6 +183,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  security=dict(security or {}))
         self._journal_path = journal_path
         self._check_parameters = check_parameters
+        # Pushes bucket by bucket during backward() need the gradient's parts
+        # to be final on their own: not with clipping or loss scaling (the
+        # whole gradient's statistics), a 16-bit push type, or a journal.
+        self._overlap_backward = bool(overlap_backward) and self._max_grad_norm == 0 and \
+            self._loss_scaler is None and push_dtype == "float32" and not journal_path
+        self._bucket_elements = max(1, int(float(bucket_cap_mb) * (1 << 20)) // 4)
         self._names = {}
         self._registered = False
         defaults = dict(_OPTIMIZERS[optimizer])
@@ -245,6 +274,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         indexed = [(j, p) for j, p in enumerate(group["params"]) if p.requires_grad]
         if not indexed:
             raise ValueError(f"parameter group {index} has no parameter that requires grad")
+        if self._overlap_backward:
+            # Backward produces the last parameters' gradients first: laid
+            # out in reverse, the gradient becomes final from the buffer's
+            # start, the order a push streams in.
+            indexed.reverse()
         params = [p for _, p in indexed]
         names = [self._names.get(id(p), f"param{j}") for j, p in indexed]
         g = _Group(client, model_id, params, names)
@@ -272,7 +306,54 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for p, view, grad_view in self._views(g):
             p.data = view
             p.grad = grad_view
+        if self._overlap_backward:
+            self._hook_buckets(g, total)
         return g
+
+    def _hook_buckets(self, g, total):
+        """Cuts the buffer into buckets of about bucket_cap_mb and hooks every
+        parameter's gradient accumulator: a bucket whose every gradient is
+        final goes to the shards while backward() goes on."""
+        starts = []
+        for j, (offset, size) in enumerate(g.slices):
+            if not starts or offset - starts[-1] >= self._bucket_elements:
+                starts.append(offset if starts else 0)
+            g.bucket_of.append(len(starts) - 1)
+        g.buckets = [(b, starts[i + 1] if i + 1 < len(starts) else total)
+                     for i, b in enumerate(starts)]
+        for j, p in enumerate(g.params):
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(
+                lambda grad_inputs, grad_outputs, g=g, j=j: self._gradient_final(g, j))
+            g.accumulators.append(accumulator)
+
+    def _gradient_final(self, g, j):
+        """Autograd accumulated parameter j's gradient (a backward hook)."""
+        if g.broken:
+            return
+        p, (offset, size) = g.params[j], g.slices[j]
+        in_buffer = p.grad is not None and \
+            p.grad.data_ptr() == g.flat_grads[offset:offset + size].data_ptr()
+        if j in g.fired or not in_buffer:
+            # A second backward before the step (accumulation), or a gradient
+            # outside the buffer: the streamed data would not be final.
+            g.broken = True
+            return
+        g.fired.add(j)
+        if not g.streaming:
+            try:
+                g.client.begin_streamed_push(self._version + 1, g.flat_grads.numpy())
+            except FailedPreconditionError:
+                g.broken = True
+                return
+            g.streaming = True
+            g.pending = [0] * len(g.buckets)
+            for b in g.bucket_of:
+                g.pending[b] += 1
+        b = g.bucket_of[j]
+        g.pending[b] -= 1
+        if g.pending[b] == 0:
+            g.client.mark_gradient_ready(*g.buckets[b])
 
     def _views(self, g):
         for p, (offset, size) in zip(g.params, g.slices):
@@ -289,6 +370,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         still without one is refused at the step).
         """
         for g in self._groups:
+            if g.streaming:
+                g.client.cancel_streamed_push()  # Its gradient is being zeroed.
+            g.reset_stream()
             g.flat_grads.zero_()
             for p, _, grad_view in self._views(g):
                 if set_to_none:
@@ -315,8 +399,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 g.client.set_hyperparameters(version, self._kind, hyper)
                 g.sent_hyperparameters = hyper
             # A failure leaves this step to be tried again (pushes are
-            # idempotent per trainer and step).
-            g.last_result = g.client.step(version, g.flat_grads.numpy(), g.flat_params.numpy())
+            # idempotent per trainer and step). A streamed push that cannot
+            # be finished falls back to a whole one by itself.
+            streamed = g.streaming and not g.broken
+            if g.streaming and g.broken:
+                g.client.cancel_streamed_push()
+            g.reset_stream()
+            if streamed:
+                g.last_result = g.client.finish_streamed_step(version, g.flat_grads.numpy(),
+                                                              g.flat_params.numpy())
+            else:
+                g.last_result = g.client.step(version, g.flat_grads.numpy(),
+                                              g.flat_params.numpy())
             g.version = version
             if g.pulled is not None:
                 g.pulled.copy_(g.flat_params)

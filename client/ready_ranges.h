@@ -1,0 +1,43 @@
+// ReadyRanges: which parts of a flat gradient buffer are final while the
+// gradient is still being computed (shardopt.torch marks each bucket as its
+// backward hooks fire), so that a push can stream each chunk as soon as it is
+// (TrainerClient::BeginStreamedPush). Pushes wait on it before each chunk and
+// before ending their stream, which they do only once the caller has checked
+// the whole gradient (AllowCommit); Fail() ends every wait with false.
+// Thread-safe.
+#ifndef SHARDOPT_CLIENT_READY_RANGES_H_
+#define SHARDOPT_CLIENT_READY_RANGES_H_
+
+#include <cstdint>
+#include <map>
+
+#include "absl/synchronization/mutex.h"
+
+namespace shardopt {
+
+class ReadyRanges {
+ public:
+  // Elements [begin, end) of the flat buffer are final (any order, overlaps
+  // allowed).
+  void MarkReady(uint64_t begin, uint64_t end);
+  void AllowCommit();
+  void Fail();
+
+  // Blocks until [begin, end) is ready (true) or Fail() (false).
+  bool WaitReady(uint64_t begin, uint64_t end) const;
+  // Blocks until AllowCommit() (true) or Fail() (false).
+  bool WaitCommit() const;
+  bool failed() const;
+
+ private:
+  bool CoveredLocked(uint64_t begin, uint64_t end) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, uint64_t> ready_ ABSL_GUARDED_BY(mu_);  // begin -> end, disjoint, merged.
+  bool commit_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_CLIENT_READY_RANGES_H_
