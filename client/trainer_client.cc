@@ -40,16 +40,16 @@ RetryPolicy RetryPolicyOf(const TrainerClientOptions& options) {
   return RetryPolicy{options.retry_budget, options.initial_backoff, options.max_backoff};
 }
 
-ShardFanOut::Call CallOf(const TrainerClientOptions& options, std::string what) {
+}  // namespace
+
+ShardFanOut::Call TrainerClient::CallFor(std::string what) const {
   ShardFanOut::Call call;
   call.what = std::move(what);
-  call.policy = RetryPolicyOf(options);
-  call.attempt_timeout = options.rpc_timeout;
-  call.on_wait = options.on_wait;
+  call.policy = RetryPolicyOf(options_);
+  call.attempt_timeout = options_.rpc_timeout;
+  call.on_wait = options_.on_wait;
   return call;
 }
-
-}  // namespace
 
 int64_t TrainerClient::failed_attempts() const {
   int64_t total = 0;
@@ -194,7 +194,7 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
   if (!config.ok()) return config.status();
   if (absl::Status s = PrepareModel(spec, *layout); !s.ok()) return s;
   ShardFanOut::Call call =
-      CallOf(options_, initial_params ? "RegisterModel" : "RegisterModel (attach)");
+      CallFor(initial_params ? "RegisterModel" : "RegisterModel (attach)");
   if (!initial_params) {
     call.policy.budget = options_.attach_timeout;
     call.retryable = [](const absl::Status& s) { return IsRetryable(s) || absl::IsNotFound(s); };
@@ -536,7 +536,7 @@ absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest re
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   request.set_model_id(spec_->model_id);
   absl::Status status = fanout_->Run(
-      CallOf(options_, absl::StrCat(request.cancel()
+      CallFor(absl::StrCat(request.cancel()
                                         ? "cancelling the hyperparameter change at step "
                                         : "SetHyperparameters from step ",
                                     request.effective_step())),
@@ -547,62 +547,6 @@ absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest re
   // again (the last word for each step, a cancel too).
   if (status.ok()) return history_->RecordChange(request);
   return status;
-}
-
-absl::StatusOr<std::string> TrainerClient::Checkpoint(const std::string& directory, int64_t step) {
-  CancelStreamedPush();
-  if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
-  if (step < 0) {
-    absl::StatusOr<std::vector<std::string>> unused = InspectJson();
-    if (!unused.ok()) return unused.status();
-    step = std::max<int64_t>(0, latest_inspected_version_);
-  }
-  std::vector<std::string> manifests(shards_.size());
-  absl::Status status = fanout_->Run(
-      CallOf(options_, absl::StrCat("Checkpoint step ", step)),
-      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-        v1::CheckpointRequest request;
-        request.set_model_id(spec_->model_id);
-        request.set_directory(directory);
-        request.set_step(step);
-        request.set_shard_index(shard.index());
-        v1::CheckpointResponse response;
-        absl::Status s = shard.Checkpoint(context, request, &response);
-        manifests[shard.index()] = response.manifest();
-        return s;
-      });
-  if (!status.ok()) return status;
-  for (const std::string& m : manifests) {
-    if (!m.empty()) return m;
-  }
-  return absl::InternalError("every shard saved its part but none reports the manifest");
-}
-
-absl::StatusOr<std::vector<std::string>> TrainerClient::InspectJson() {
-  CancelStreamedPush();
-  if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
-  std::vector<std::string> out(shards_.size());
-  std::vector<int64_t> versions(shards_.size(), 0);
-  absl::Status status = fanout_->Run(
-      CallOf(options_, "Inspect"),
-      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-        v1::InspectRequest request;
-        request.set_model_id(spec_->model_id);
-        v1::InspectResponse response;
-        absl::Status s = shard.Inspect(context, request, &response);
-        if (!s.ok()) return s;
-        versions[shard.index()] = response.version();
-        google::protobuf::util::JsonPrintOptions options;
-        options.preserve_proto_field_names = true;
-        if (!google::protobuf::util::MessageToJsonString(response, &out[shard.index()], options)
-                 .ok()) {
-          return absl::InternalError("cannot print the InspectResponse as JSON");
-        }
-        return absl::OkStatus();
-      });
-  if (!status.ok()) return status;
-  latest_inspected_version_ = *std::max_element(versions.begin(), versions.end());
-  return out;
 }
 
 }  // namespace shardopt

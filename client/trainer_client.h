@@ -43,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "client/shard_fanout.h"
 #include "client/trainer_options.h"
 #include "common/dtype.h"
 #include "common/layout.h"
@@ -216,6 +217,9 @@ class TrainerClient {
   // Brings every shard to `target` (Recovery); after a rollback, re-attaches
   // and returns the RolledBackError.
   absl::Status Recover(int64_t target);
+  // A call to every shard made as the options say (retries, deadlines,
+  // wait reports), `what` naming it in errors.
+  ShardFanOut::Call CallFor(std::string what) const;
   StepResult ResultOfPush(int64_t step, const std::vector<v1::PushGradientsResponse>& responses,
                           DType wire_dtype) const;
   // After a successful push: drops history no shard can need any more.
