@@ -8,6 +8,7 @@
 #ifndef SHARDOPT_CLIENT_READY_RANGES_H_
 #define SHARDOPT_CLIENT_READY_RANGES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 
@@ -29,6 +30,10 @@ class ReadyRanges {
   bool WaitCommit() const;
   bool failed() const;
 
+  // Payload bytes the pushes have written so far (retries count again).
+  void AddSent(uint64_t bytes) const { sent_.fetch_add(bytes, std::memory_order_relaxed); }
+  uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
+
  private:
   bool CoveredLocked(uint64_t begin, uint64_t end) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
@@ -36,6 +41,7 @@ class ReadyRanges {
   std::map<uint64_t, uint64_t> ready_ ABSL_GUARDED_BY(mu_);  // begin -> end, disjoint, merged.
   bool commit_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  mutable std::atomic<uint64_t> sent_{0};
 };
 
 }  // namespace shardopt

@@ -70,6 +70,7 @@ absl::StatusOr<StepResult> TrainerClient::FinishStreamedStep(int64_t step,
     }
   }
   if (!push) return Step(step, flat_grads, flat_params);  // (Abandons another.)
+  const uint64_t sent_early = push->ready.sent();
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) {
     push->ready.Fail();
     push->thread.join();
@@ -113,6 +114,7 @@ absl::StatusOr<StepResult> TrainerClient::FinishStreamedStep(int64_t step,
   result.version = pulled->version;
   result.lr = pulled->lr;
   result.bytes_pulled = flat_params.size() * DTypeSize(options_.pull_dtype);
+  result.bytes_pushed_early = std::min<uint64_t>(sent_early, result.bytes_pushed);
   return result;
 }
 

@@ -185,6 +185,7 @@ py::dict StepResultToDict(const StepResult& r) {
   d["replayed_pushes"] = r.replayed_pushes;
   d["bytes_pushed"] = r.bytes_pushed;
   d["bytes_pulled"] = r.bytes_pulled;
+  d["bytes_pushed_early"] = r.bytes_pushed_early;
   return d;
 }
 

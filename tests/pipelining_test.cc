@@ -249,7 +249,12 @@ TEST(PipeliningTest, StreamedPushesArriveBeforeTheStepEndsAndGiveStepsBits) {
         absl::StatusOr<StepResult> r =
             trainers[0]->FinishStreamedStep(step, grad0, absl::MakeSpan(*params));
         EXPECT_TRUE(r.ok()) << r.status();
-        if (r.ok()) EXPECT_EQ(r->version, step);
+        if (r.ok()) {
+          EXPECT_EQ(r->version, step);
+          // Shard 1's part at least went out before the step was finished.
+          EXPECT_GE(r->bytes_pushed_early, (kSize / 2) * sizeof(float));
+          EXPECT_LE(r->bytes_pushed_early, r->bytes_pushed);
+        }
       }
       other.join();
       EXPECT_EQ(*params, params1) << "step " << step;

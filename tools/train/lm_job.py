@@ -10,8 +10,9 @@ Each trainer back-propagates the mean loss of its half of every batch;
 DistributedOptimizer averages the halves' gradients on the shard servers,
 which hold the fp32 master weights and the AdamW moments (half each), and
 pulls the new weights back into the trainer's model. Progress shows the
-step, the loss of the whole batch, tokens/s, and how much of a step the
-trainer spends waiting in opt.step() (push, update and pull).
+step, the loss of the whole batch, tokens/s, how much of a step the
+trainer spends waiting in opt.step() (push, update and pull), and the share
+of the push sent while backward() still ran (overlap_backward).
 """
 
 import argparse
@@ -51,8 +52,10 @@ def run_trainer(args):
         computed = time.perf_counter()
         opt.step()
         done = time.perf_counter()
+        result = opt.last_results[0]
+        early = result["bytes_pushed_early"] / max(1, result["bytes_pushed"])
         print(json.dumps({"step": step, "loss": loss.item(), "compute_s": computed - started,
-                          "step_s": done - computed}), flush=True)
+                          "step_s": done - computed, "early": early}), flush=True)
     return 0
 
 
@@ -91,7 +94,7 @@ class Progress:
         self.label = label
         self.started = time.perf_counter()
 
-    def show(self, step, loss, wait_share):
+    def show(self, step, loss, wait_share, early_share=None):
         label = self.label
         elapsed = time.perf_counter() - self.started
         tokens_per_s = step * self.tokens_per_step / max(elapsed, 1e-9)
@@ -100,6 +103,8 @@ class Progress:
                 f"  loss {loss:.3f}  {tokens_per_s:6.0f} tokens/s")
         if wait_share is not None:
             line += f"  in opt.step() {100 * wait_share:4.1f}% of the time"
+        if early_share is not None:
+            line += f"  push hidden behind backward {100 * early_share:3.0f}%"
         if self.tty:
             print("\r" + line, end="", flush=True)
         elif step == 1 or step % max(1, self.steps // 10) == 0 or step == self.steps:
@@ -125,7 +130,7 @@ def run_cluster(args, workdir, progress):
                          "corpus_bytes"):
                 command += [f"--{name}", str(getattr(args, name))]
             trainers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
-        losses, shares = [], []
+        losses, shares, early = [], [], []
         for step in range(1, args.steps + 1):
             records = []
             for t in trainers:
@@ -137,12 +142,13 @@ def run_cluster(args, workdir, progress):
             # Equal halves: the whole batch's mean loss is the halves' mean.
             losses.append(sum(r["loss"] for r in records) / WORLD_SIZE)
             shares.append(max(r["step_s"] / (r["step_s"] + r["compute_s"]) for r in records))
-            progress.show(step, losses[-1], sum(shares) / len(shares))
+            early.append(sum(r["early"] for r in records) / WORLD_SIZE)
+            progress.show(step, losses[-1], sum(shares) / len(shares), sum(early) / len(early))
         progress.done()
         codes = [t.wait() for t in trainers]
         if codes != [0] * WORLD_SIZE:
             raise RuntimeError(f"trainers exited with {codes}; shard logs in {workdir}")
-        return losses, shares
+        return losses, shares, early
     finally:
         for t in trainers:
             if t.poll() is None:
@@ -193,7 +199,7 @@ def main():
     tokens_per_step = args.batch * args.context
     progress = Progress(args.steps, tokens_per_step)
     started = time.perf_counter()
-    distributed, shares = run_cluster(args, workdir, progress)
+    distributed, shares, early = run_cluster(args, workdir, progress)
     cluster_s = time.perf_counter() - started
     started = time.perf_counter()
     reference = run_reference(args, progress)
@@ -210,7 +216,8 @@ def main():
     head = sum(distributed[:5]) / 5
     tail = sum(distributed[-10:]) / 10
     print(f"shardopt: {cluster_s:.0f} s, {args.steps * tokens_per_step / cluster_s:.0f} tokens/s, "
-          f"opt.step() {100 * sum(shares) / len(shares):.1f}% of a step on average; "
+          f"opt.step() {100 * sum(shares) / len(shares):.1f}% of a step on average, "
+          f"{100 * sum(early) / len(early):.0f}% of the push sent during backward; "
           f"torch.optim: {reference_s:.0f} s")
     print(f"loss {head:.3f} -> {tail:.3f} (mean of the first 5 / last 10 steps); the curves "
           f"differ by at most {gap:.1e} over {args.steps} steps; plot: {png}")
