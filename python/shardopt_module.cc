@@ -271,17 +271,7 @@ class Client {
   uint64_t TotalElements() const { return Checked().layout().total_elements(); }
 
   py::dict Step(int64_t step, const py::buffer& grads, const py::buffer& params) {
-    const size_t n = Checked().layout().total_elements();
-    FloatBuffer g = RequestFloats(grads, n, false, "gradient buffer");
-    FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
-    StepResult result;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> serial(mu_);
-      result = ValueOrThrow(
-          client_->Step(step, absl::MakeConstSpan(g.data, n), absl::MakeSpan(p.data, n)));
-    }
-    return StepResultToDict(result);
+    return RunStep(step, grads, params, &TrainerClient::Step);
   }
 
   // See TrainerClient::BeginStreamedPush. `grads` must stay alive (and in
@@ -296,17 +286,7 @@ class Client {
   // From backward hooks: no lock beyond the client's own.
   void MarkGradientReady(uint64_t begin, uint64_t end) { client_->MarkGradientReady(begin, end); }
   py::dict FinishStreamedStep(int64_t step, const py::buffer& grads, const py::buffer& params) {
-    const size_t n = Checked().layout().total_elements();
-    FloatBuffer g = RequestFloats(grads, n, false, "gradient buffer");
-    FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
-    StepResult result;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> serial(mu_);
-      result = ValueOrThrow(client_->FinishStreamedStep(step, absl::MakeConstSpan(g.data, n),
-                                                        absl::MakeSpan(p.data, n)));
-    }
-    return StepResultToDict(result);
+    return RunStep(step, grads, params, &TrainerClient::FinishStreamedStep);
   }
   void CancelStreamedPush() {
     py::gil_scoped_release release;
@@ -314,6 +294,23 @@ class Client {
     client_->CancelStreamedPush();
   }
   int64_t streamed_pushes() const { return client_->streamed_pushes(); }
+
+  // Step or FinishStreamedStep on the two flat buffers, without the GIL.
+  using StepFn = absl::StatusOr<StepResult> (TrainerClient::*)(
+      int64_t, absl::Span<const float>, absl::Span<float>);
+  py::dict RunStep(int64_t step, const py::buffer& grads, const py::buffer& params, StepFn fn) {
+    const size_t n = Checked().layout().total_elements();
+    FloatBuffer g = RequestFloats(grads, n, false, "gradient buffer");
+    FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
+    StepResult result;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> serial(mu_);
+      result = ValueOrThrow(
+          (client_.get()->*fn)(step, absl::MakeConstSpan(g.data, n), absl::MakeSpan(p.data, n)));
+    }
+    return StepResultToDict(result);
+  }
 
   int64_t Pull(int64_t min_version, const py::buffer& params) {
     const size_t n = Checked().layout().total_elements();

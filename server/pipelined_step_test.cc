@@ -91,6 +91,14 @@ void RunStep(ModelShard& shard, const Job& setup, int64_t step, size_t chunk) {
   ASSERT_TRUE(shard.WaitForVersion(step, absl::Now() + absl::Seconds(10), nullptr).ok());
 }
 
+// The job's shard with whole steps, after step 1 (what pipelined runs of it
+// must equal).
+std::unique_ptr<ModelShard> WholeStepShard(ThreadPool* pool, const Job& setup) {
+  std::unique_ptr<ModelShard> shard = MakeBigShard(pool, setup, 0);
+  RunStep(*shard, setup, 1, 1 << 20);
+  return shard;
+}
+
 TEST(PipelinedStepTest, BitsEqualWholeStepsWithAndWithoutGradientControl) {
   ThreadPool pool(2);
   std::vector<Job> jobs(4);
@@ -120,8 +128,7 @@ TEST(PipelinedStepTest, ARangeIsUpdatedAndReadableWhileLaterRangesStillStream) {
   ThreadPool pool(2);
   Job setup;
   setup.trainers = 1;
-  std::unique_ptr<ModelShard> reference = MakeBigShard(&pool, setup, 0);
-  RunStep(*reference, setup, 1, 1 << 20);
+  std::unique_ptr<ModelShard> reference = WholeStepShard(&pool, setup);
   const std::vector<float> expected = ReadAll(*reference, 1);
 
   std::unique_ptr<ModelShard> shard = MakeBigShard(&pool, setup, kRange);
@@ -158,8 +165,7 @@ TEST(PipelinedStepTest, ARangeIsUpdatedAndReadableWhileLaterRangesStillStream) {
 TEST(PipelinedStepTest, AStalledPushKeepsTheRangesItFedAndItsResendCompletesTheStep) {
   ThreadPool pool(2);
   Job setup;
-  std::unique_ptr<ModelShard> reference = MakeBigShard(&pool, setup, 0);
-  RunStep(*reference, setup, 1, 1 << 20);
+  std::unique_ptr<ModelShard> reference = WholeStepShard(&pool, setup);
   std::unique_ptr<ModelShard> shard = MakeBigShard(&pool, setup, kRange);
   const size_t n = shard->size();
   {
@@ -219,8 +225,7 @@ TEST(PipelinedStepTest, ADeferredPushCountsOnlyOnceCompleteAndLeavesNothingWhenI
   ThreadPool pool(2);
   Job setup;
   setup.trainers = 1;
-  std::unique_ptr<ModelShard> reference = MakeBigShard(&pool, setup, 0);
-  RunStep(*reference, setup, 1, 1 << 20);
+  std::unique_ptr<ModelShard> reference = WholeStepShard(&pool, setup);
   std::unique_ptr<ModelShard> shard = MakeBigShard(&pool, setup, kRange);
   const std::vector<float> initial = ReadAll(*shard, 0);
   const size_t n = shard->size();
@@ -249,8 +254,7 @@ TEST(PipelinedStepTest, ANaNAfterAppliedRangesIsRefusedAndTheRestStaysUntouched)
   ThreadPool pool(2);
   Job setup;
   setup.trainers = 1;
-  std::unique_ptr<ModelShard> reference = MakeBigShard(&pool, setup, 0);
-  RunStep(*reference, setup, 1, 1 << 20);
+  std::unique_ptr<ModelShard> reference = WholeStepShard(&pool, setup);
   std::unique_ptr<ModelShard> shard = MakeBigShard(&pool, setup, kRange);
   const std::vector<float> initial = ReadAll(*shard, 0);
   const size_t n = shard->size();
@@ -319,8 +323,7 @@ TEST(PipelinedStepTest, PullsDriveTheUpdateAfterADecision) {
   Job setup;
   setup.trainers = 1;
   setup.max_grad_norm = 10;
-  std::unique_ptr<ModelShard> reference = MakeBigShard(&pool, setup, 0);
-  RunStep(*reference, setup, 1, 1 << 20);
+  std::unique_ptr<ModelShard> reference = WholeStepShard(&pool, setup);
   std::unique_ptr<ModelShard> shard = MakeBigShard(&pool, setup, kRange);
   ASSERT_TRUE(testing::PushInChunks(*shard, 0, 1, Gradient(0, 1, shard->size()), 9999).ok());
   absl::StatusOr<StepStats> stats = shard->WaitForStepStats(1, absl::Now(), nullptr);
