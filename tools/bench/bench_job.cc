@@ -18,6 +18,7 @@ absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t ele
   server_options.threads = threads;
   server_options.pull_chunk_bytes = chunks.pull;
   server_options.pipeline_range_elements = shape.pipeline_range_elements;
+  server_options.step_timeline = shape.step_timeline;
   absl::StatusOr<std::unique_ptr<ShardServer>> server =
       ShardServer::Start("127.0.0.1:0", server_options);
   if (!server.ok()) return server.status();

@@ -32,6 +32,7 @@ struct StepShape {
   uint64_t pipeline_range_elements = ShardServerOptions().pipeline_range_elements;
   bool overlap_pull = TrainerClientOptions().overlap_pull;
   OptimizerConfig optimizer = BenchSgd();
+  bool step_timeline = false;  // The server's --step_timeline.
 };
 
 absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t elements, int threads,

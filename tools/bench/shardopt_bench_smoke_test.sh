@@ -36,6 +36,7 @@ done
 expect "summary ratio" "^  push\+pull 1 MiB: $num ms/step, $num GB/s payload = ${num}x raw TCP best\$"
 expect "wire types fp32 row" "^  float32 / float32 +[0-9]+ +$num +$num +$num +1\\.000x +1\\.000x\$"
 expect "wire types bf16 row" "^  bfloat16 / bfloat16 +[0-9]+ +$num +$num +$num +${num}x +${num}x\$"
+expect "pipelining time split" "^  8 MiB +[0-9]+ +$num\.\.$num +\+-?$num +$num\.\.$num +(during|after)-push +$num\$"
 for shape in whole server client both; do
   expect "pipelining $shape row" "^  8 MiB +$shape +[0-9]+ +$num +$num +${num}x +$num +${num}x\$"
 done
