@@ -40,10 +40,14 @@ struct TimeSplit {
 
 std::optional<TimeSplit> SplitOf(TrainerClient& client) {
   absl::StatusOr<std::vector<std::string>> inspected = client.InspectJson();
-  if (!inspected.ok() || inspected->empty()) return std::nullopt;
+  if (!inspected.ok() || inspected->empty()) {
+    std::fprintf(stderr, "no timeline: %s\n", inspected.status().ToString().c_str());
+    return std::nullopt;
+  }
   v1::InspectResponse response;
-  if (!google::protobuf::util::JsonStringToMessage((*inspected)[0], &response).ok() ||
-      !response.has_step_timeline()) {
+  if (const auto parsed = google::protobuf::util::JsonStringToMessage((*inspected)[0], &response);
+      !parsed.ok() || !response.has_step_timeline()) {
+    std::fprintf(stderr, "no timeline in Inspect: %s\n", parsed.ToString().c_str());
     return std::nullopt;
   }
   TimeSplit split;
