@@ -117,6 +117,11 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
                                    size_t element_size, size_t chunk_bytes, PayloadPins* pins,
                                    v1::PushGradientsResponse* response,
                                    const ReadyRanges* ready) {
+  // An abandoned streamed push is over, also for an attempt retried after a
+  // shard was unreachable.
+  if (ready != nullptr && ready->failed()) {
+    return absl::FailedPreconditionError("the streamed push was abandoned");
+  }
   std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
       grpc::internal::ClientWriterFactory<PushFrame>::Create(channel_.get(), *push_method_,
                                                              &context, response));

@@ -184,6 +184,7 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
 }
 
 absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float* initial_params) {
+  CancelStreamedPush();  // (PrepareModel replaces what its thread uses.)
   if (options_.trainer_rank >= spec.num_trainers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "trainer rank ", options_.trainer_rank, " is not below num_trainers ", spec.num_trainers));

@@ -74,6 +74,7 @@ absl::StatusOr<StepResult> TrainerClient::FinishStreamedStep(int64_t step,
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) {
     push->ready.Fail();
     push->thread.join();
+    last_pushed_step_ = std::max(push->last_pushed_before, registered_version_);
     return s;
   }
   // Checked whole before any stream may end, as Step checks it before any

@@ -123,16 +123,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
       check_parameters: refuse a step when the parameters were changed since
         the last pull (see the module docstring).
       push_dtype, pull_dtype: "float32", "bfloat16" or "float16" on the wire.
-      overlap_backward: push the gradient bucket by bucket (``bucket_cap_mb``
-        each) while ``backward()`` is still running, as DDP's reducer does:
-        hooks on the parameters' gradient accumulators send each bucket once
-        all its gradients are final, the parameters laid out in reverse so
-        that backward fills the buffer from its start; ``step()`` then checks
-        the whole gradient, lets the shards use it and pulls. The same bits
-        as without. Off by itself with ``max_grad_norm``, a loss scaler, a
-        16-bit ``push_dtype`` or a ``journal_path``; a second ``backward()``
-        before the step (gradient accumulation) or a gradient replaced
-        outside the buffer makes that step push whole.
+      overlap_backward: (off by default) push the gradient bucket by bucket
+        (``bucket_cap_mb`` each) while ``backward()`` is still running, as
+        DDP's reducer does: hooks on the parameters' gradient accumulators
+        send each bucket once all its gradients are final, the parameters
+        laid out in reverse so that backward fills the buffer from its start;
+        ``step()`` then checks the whole gradient, lets the shards use it and
+        pulls. Only for loops that do not change the gradients between
+        ``backward()`` and ``step()`` (no ``clip_grad_norm_``, no in-place
+        scaling: use ``max_grad_norm`` on the servers): what was already sent
+        is what the shards apply. Streaming turns itself off with
+        ``max_grad_norm``, a loss scaler, a 16-bit ``push_dtype`` or a
+        ``journal_path`` (the reversed layout stays), and a step with a second
+        ``backward()`` before it (gradient accumulation) or a gradient replaced
+        outside the buffer is pushed whole. The same bits as without.
         16-bit pushes round each gradient once (as ``.to(torch.bfloat16)``
         would); 16-bit pulls leave the parameters holding the servers' fp32
         master weights rounded to that type (the master weights and the
@@ -152,7 +156,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  model_id="model", max_grad_norm=0.0, checkpoint_dir=None,
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
-                 loss_scaler=None, security=None, overlap_backward=True, bucket_cap_mb=1.0,
+                 loss_scaler=None, security=None, overlap_backward=False, bucket_cap_mb=1.0,
                  **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
@@ -183,10 +187,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  security=dict(security or {}))
         self._journal_path = journal_path
         self._check_parameters = check_parameters
-        # Pushes bucket by bucket during backward() need the gradient's parts
-        # to be final on their own: not with clipping or loss scaling (the
-        # whole gradient's statistics), a 16-bit push type, or a journal.
-        self._overlap_backward = bool(overlap_backward) and self._max_grad_norm == 0 and \
+        # The layout follows the flag alone (every rank and every restart
+        # must lay the model out alike); streaming also needs the gradient's
+        # parts to be final on their own: not with clipping or loss scaling
+        # (the whole gradient's statistics), a 16-bit push type, or a journal.
+        self._reverse_layout = bool(overlap_backward)
+        self._overlap_backward = self._reverse_layout and self._max_grad_norm == 0 and \
             self._loss_scaler is None and push_dtype == "float32" and not journal_path
         self._bucket_elements = max(1, int(float(bucket_cap_mb) * (1 << 20)) // 4)
         self._names = {}
@@ -274,7 +280,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         indexed = [(j, p) for j, p in enumerate(group["params"]) if p.requires_grad]
         if not indexed:
             raise ValueError(f"parameter group {index} has no parameter that requires grad")
-        if self._overlap_backward:
+        if self._reverse_layout:
             # Backward produces the last parameters' gradients first: laid
             # out in reverse, the gradient becomes final from the buffer's
             # start, the order a push streams in.
@@ -392,6 +398,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         results = []
         for i, g in enumerate(self._groups):
             if g.version == version:  # Done by an earlier call that failed later.
+                if g.streaming:
+                    g.client.cancel_streamed_push()
+                g.reset_stream()
                 results.append(g.last_result)
                 continue
             hyper = self._hyperparameters(self.param_groups[i])
@@ -439,6 +448,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if p.grad.data_ptr() != grad_view.data_ptr():
                 grad_view.copy_(p.grad)
                 p.grad = grad_view
+                g.broken = True  # What was streamed is not this gradient.
 
     @property
     def loss_scale(self):

@@ -1,8 +1,9 @@
-"""shardopt.torch's pushes during backward (overlap_backward): bucket by
+"""shardopt.torch's pushes during backward (overlap_backward=True): bucket by
 bucket from the gradient accumulators' hooks, bit-identical to torch.optim
 with one trainer; a second backward before the step (accumulation) pushes
-that step whole, still exact; overlap_backward=False lays the parameters out
-in their own order and never streams; the layout is reversed with it.
+that step whole, still exact; without it (the default) the parameters keep
+their own order, nothing streams, and gradients changed between backward()
+and step() (clip_grad_norm_) are what the shards apply.
 """
 
 import sys
@@ -49,6 +50,7 @@ def reference(accumulate):
 
 class OverlapTest(unittest.TestCase):
     def run_job(self, cluster, model_id, accumulate=False, **kwargs):
+        kwargs.setdefault("overlap_backward", True)
         model = net()
         opt = shardopt.torch.DistributedOptimizer(
             model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
@@ -92,12 +94,31 @@ class OverlapTest(unittest.TestCase):
             self.assertEqual([name for name, _, _, _ in group.client.layout()][0], "0.weight")
             self.assert_exact(model, reference(accumulate=False))
 
+    def test_by_default_gradients_may_change_before_the_step(self):
+        with Cluster(1) as cluster:
+            model = net()
+            opt = shardopt.torch.DistributedOptimizer(
+                model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adam", lr=0.01, model_id="clip_by_hand")
+            reference_model = net()
+            reference_opt = torch.optim.Adam(reference_model.parameters(), lr=0.01)
+            for step in range(1, 4):
+                for m, o in ((model, opt), (reference_model, reference_opt)):
+                    o.zero_grad()
+                    loss_of(m, *data(step)).backward()
+                    torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+                    o.step()
+            self.assertEqual(opt._groups[0].client.streamed_pushes, 0)
+            self.assertEqual(opt._groups[0].accumulators, [])
+            self.assert_exact(model, [p.detach() for p in reference_model.parameters()])
+
     def test_clipping_turns_it_off(self):
         with Cluster(1) as cluster:
             model = net()
             opt = shardopt.torch.DistributedOptimizer(
                 model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
-                optimizer="adam", lr=0.01, model_id="clipped", max_grad_norm=1.0)
+                optimizer="adam", lr=0.01, model_id="clipped", max_grad_norm=1.0,
+                overlap_backward=True)
             opt.zero_grad()
             loss_of(model, *data(1)).backward()
             opt.step()
