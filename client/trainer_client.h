@@ -232,7 +232,9 @@ class TrainerClient {
   std::vector<std::unique_ptr<ShardConnection>> shards_;
   std::unique_ptr<ShardFanOut> fanout_;
   std::unique_ptr<EarlyPull> early_pull_;  // With overlap_pull.
-  struct StreamedPush;  // trainer_client_streamed.cc
+  struct StreamedPush;  // client/streamed_push.h
+  // Ends `push` without any shard committing it (see CancelStreamedPush).
+  void Abandon(std::unique_ptr<StreamedPush> push);
   absl::Mutex streamed_mu_;  // MarkGradientReady may come from other threads.
   std::unique_ptr<StreamedPush> streamed_ ABSL_GUARDED_BY(streamed_mu_);
   int64_t streamed_pushes_ = 0;

@@ -53,7 +53,10 @@ void TrainerClient::CancelStreamedPush() {
     absl::MutexLock lock(&streamed_mu_);
     push = std::move(streamed_);
   }
-  if (!push) return;
+  if (push) Abandon(std::move(push));
+}
+
+void TrainerClient::Abandon(std::unique_ptr<StreamedPush> push) {
   push->ready.Fail();  // No stream ends: no shard commits any of it.
   push->thread.join();
   last_pushed_step_ = std::max(push->last_pushed_before, registered_version_);
@@ -72,9 +75,7 @@ absl::StatusOr<StepResult> TrainerClient::FinishStreamedStep(int64_t step,
   if (!push) return Step(step, flat_grads, flat_params);  // (Abandons another.)
   const uint64_t sent_early = push->ready.sent();
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) {
-    push->ready.Fail();
-    push->thread.join();
-    last_pushed_step_ = std::max(push->last_pushed_before, registered_version_);
+    Abandon(std::move(push));
     return s;
   }
   // Checked whole before any stream may end, as Step checks it before any
@@ -84,9 +85,7 @@ absl::StatusOr<StepResult> TrainerClient::FinishStreamedStep(int64_t step,
   if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, DType::kFloat32, false,
                                           &narrowed, &payload);
       !s.ok()) {
-    push->ready.Fail();
-    push->thread.join();
-    last_pushed_step_ = std::max(push->last_pushed_before, registered_version_);
+    Abandon(std::move(push));
     return s;
   }
   push->ready.MarkReady(0, layout_->total_elements());

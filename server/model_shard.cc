@@ -290,10 +290,7 @@ void ModelShard::RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered
     absl::MutexLock lock(&mu_);
     const size_t arrived = timeline_ ? state_.RangesArrived() : 0;
     state_.RecordDelivered(rank, step, delivered, first_inf);
-    if (timeline_) {
-      const absl::Time now = absl::Now();
-      for (size_t i = arrived; i < state_.RangesArrived(); ++i) timeline_->Arrived(step, i, now);
-    }
+    RecordArrivals(step, arrived);
   }
   RunReadyRanges();
 }
@@ -306,12 +303,9 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
       state_.CommitPush(rank, step, found_inf, loss_scale, absl::Now());
   if (!pending.ok()) return pending.status();
   if (*pending > 0) return PushResult{PushOutcome::kAccepted, step, state_.version(), *pending};
-  if (timeline_) {
-    // Without pipelining every range arrives with the last push.
-    const absl::Time now = absl::Now();
-    for (size_t i = arrived; i < state_.RangesArrived(); ++i) timeline_->Arrived(step, i, now);
-    timeline_->Committed(step, now);
-  }
+  // (Without pipelining every range arrives with the last push.)
+  RecordArrivals(step, arrived);
+  if (timeline_) timeline_->Committed(step, absl::Now());
   // This push completed the step's gradients: see its first stage through
   // (a checkpoint of the current version may hold it back; a shard shutting
   // down still finishes it).
@@ -328,6 +322,14 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
     return PushResult{PushOutcome::kApplied, step, state_.version(), state_.Pending()};
   }
   return PushResult{PushOutcome::kAwaitingDecision, step, state_.version(), 0};
+}
+
+void ModelShard::RecordArrivals(int64_t step, size_t arrived_before) {
+  if (!timeline_) return;
+  const absl::Time now = absl::Now();
+  for (size_t i = arrived_before; i < state_.RangesArrived(); ++i) {
+    timeline_->Arrived(step, i, now);
+  }
 }
 
 void ModelShard::RunReadyRanges() {
@@ -556,10 +558,7 @@ absl::Status ModelShard::WaitForRanges(int64_t version, uint64_t offset, uint64_
 }
 
 int64_t ModelShard::ParamsVersion(uint64_t offset, uint64_t count) const {
-  const size_t first = std::min<uint64_t>(offset / range_elements_, range_count_ - 1);
-  const size_t last =
-      count == 0 ? first + 1
-                 : std::min<uint64_t>((offset + count - 1) / range_elements_ + 1, range_count_);
+  const auto [first, last] = RangesCovering(offset, count, range_elements_, range_count_);
   const int64_t version = range_versions_[first];
   for (size_t i = first; i < last; ++i) {
     if (range_versions_[i] != version) return -1;

@@ -381,11 +381,13 @@ class ModelShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<PushResult> CommitPush(uint32_t rank, int64_t step, bool found_inf,
                                         double loss_scale);
-  // Records a writer's progress and runs the ranges it made ready; returns
-  // the elements of the step consumed (a resent push skips them).
+  // Records a writer's progress and runs the ranges it made ready.
   void RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered,
                        std::optional<uint64_t> first_inf);
   void AbortPush(uint32_t rank, int64_t step);
+  // With the timeline: the ranges that arrived since `arrived_before` of
+  // them had (StepState::RangesArrived).
+  void RecordArrivals(int64_t step, size_t arrived_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Describes flat-range element `index` as "tensor 'w'[12]" for messages.
   std::string DescribeElement(uint64_t index) const;
 

@@ -194,10 +194,9 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
     }
   }
   parameter_bytes_sent_.fetch_add(count * DTypeSize(dtype), std::memory_order_relaxed);
-  if (timeline_ && count > 0) {
-    timeline_->Pulled(version, offset / range_elements_,
-                      std::min<uint64_t>((offset + count - 1) / range_elements_ + 1, range_count_),
-                      absl::Now());
+  if (timeline_) {
+    const auto [first, last] = RangesCovering(offset, count, range_elements_, range_count_);
+    timeline_->Pulled(version, first, last, absl::Now());
   }
   return absl::OkStatus();
 }

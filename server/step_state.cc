@@ -30,8 +30,7 @@ uint64_t StepState::RangeEnd(size_t index) const {
 }
 
 uint64_t StepState::ConsumedElements() const {
-  const bool stage_one = phase_ == Phase::kReducing || (phase_ == Phase::kUpdating && !decided_);
-  return stage_one && claimed_ > 0 ? RangeEnd(claimed_ - 1) : 0;
+  return InStageOne() && claimed_ > 0 ? RangeEnd(claimed_ - 1) : 0;
 }
 
 uint32_t StepState::Pending() const {
@@ -199,13 +198,6 @@ int64_t StepState::RangeVersion(size_t index) const {
   return phase_ == Phase::kUpdating && index < finished_ ? version_ + 1 : version_;
 }
 
-std::pair<size_t, size_t> StepState::RangesCovering(uint64_t offset, uint64_t count) const {
-  const size_t first = std::min<uint64_t>(offset / range_elements_, range_count_ - 1);
-  if (count == 0) return {first, first};
-  const size_t last = std::min<uint64_t>((offset + count - 1) / range_elements_ + 1, range_count_);
-  return {first, last};
-}
-
 std::optional<double> StepState::LrOf(int64_t version) const {
   if (version == version_) return version_lr_;
   if (version == version_ + 1 && phase_ == Phase::kUpdating) {
@@ -215,8 +207,7 @@ std::optional<double> StepState::LrOf(int64_t version) const {
 }
 
 bool StepState::PartlyRun() const {
-  const bool stage_one = phase_ == Phase::kReducing || (phase_ == Phase::kUpdating && !decided_);
-  return stage_one && claimed_ > 0 && Pending() > 0 &&
+  return InStageOne() && claimed_ > 0 && Pending() > 0 &&
          std::count(slots_.begin(), slots_.end(), Slot::kReceiving) == 0;
 }
 
@@ -271,10 +262,6 @@ absl::StatusOr<uint32_t> StepState::CommitPush(uint32_t rank, int64_t step, bool
   return Pending();
 }
 
-bool StepState::ReadyToStart() const {
-  return phase_ == Phase::kCollecting && Pending() == 0 && !HeldAt(version_);
-}
-
 StepState::StartedStep StepState::StartStep() {
   assert(phase_ == Phase::kCollecting && (Pending() == 0 || options_.pipelined));
   StartedStep started;
@@ -295,7 +282,6 @@ void StepState::FinishReduce(double sum_of_squares) {
   pending_stats_.step = version_ + 1;
   pending_stats_.sum_of_squares = sum_of_squares;
   phase_ = Phase::kAwaitingDecision;
-  claimed_ = finished_ = 0;  // Stage two counts its ranges afresh.
 }
 
 bool StepState::DecisionMayProceed(bool shutting_down) const {
@@ -339,7 +325,7 @@ absl::StatusOr<std::optional<StepState::Update>> StepState::BeginDecision(
   update.loss_scale = pending_stats_.loss_scale;
   decided_ = decision;
   decided_update_ = update;
-  claimed_ = finished_ = 0;
+  claimed_ = finished_ = 0;  // Stage two counts its ranges afresh.
   return std::optional<Update>(update);
 }
 

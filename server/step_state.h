@@ -41,6 +41,7 @@
 #ifndef SHARDOPT_SERVER_STEP_STATE_H_
 #define SHARDOPT_SERVER_STEP_STATE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -103,6 +104,16 @@ struct StepStateOptions {
   bool pipelined = false;
 };
 
+// The ranges [first, last) of `range_elements` elements each (the last may
+// be short; `range_count` in all) that elements [offset, offset + count)
+// touch; an empty piece touches none.
+inline std::pair<size_t, size_t> RangesCovering(uint64_t offset, uint64_t count,
+                                                uint64_t range_elements, size_t range_count) {
+  const size_t first = std::min<uint64_t>(offset / range_elements, range_count - 1);
+  if (count == 0) return {first, first};
+  return {first, std::min<uint64_t>((offset + count - 1) / range_elements + 1, range_count)};
+}
+
 class StepState {
  public:
   enum class Phase { kCollecting, kReducing, kAwaitingDecision, kUpdating, kFailed };
@@ -140,16 +151,14 @@ class StepState {
                                       double loss_scale, absl::Time now);
 
   // ---- Running a step.
-  // True when step version + 1 has every push and no hold keeps it back.
-  bool ReadyToStart() const;
   struct StartedStep {
     int64_t step = 0;
     bool reduce_first = false;  // Gradient control: Reduce, then a decision.
     OptimizerConfig config;     // Without gradient control: what to apply.
     double loss_scale = 1;
   };
-  // From kCollecting with every push in (normally once ReadyToStart(); a
-  // shard shutting down no longer honours holds): kReducing or kUpdating.
+  // From kCollecting with every push in, or (pipelined) the first range
+  // (ClaimRange calls it): kReducing or kUpdating.
   StartedStep StartStep();
   // kReducing -> kAwaitingDecision with this shard's sum of squares.
   void FinishReduce(double sum_of_squares);
@@ -226,7 +235,9 @@ class StepState {
   size_t range_count() const { return range_count_; }
   uint64_t range_elements() const { return range_elements_; }
   // The ranges [first, last) that elements [offset, offset + count) touch.
-  std::pair<size_t, size_t> RangesCovering(uint64_t offset, uint64_t count) const;
+  std::pair<size_t, size_t> RangesCovering(uint64_t offset, uint64_t count) const {
+    return shardopt::RangesCovering(offset, count, range_elements_, range_count_);
+  }
   // The lr of the step that makes `version`, when known (the current
   // version, or the next once it is being applied).
   std::optional<double> LrOf(int64_t version) const;
@@ -292,6 +303,11 @@ class StepState {
            phase_ == Phase::kUpdating;
   }
   void ClearStep();
+  // Stage one of a started step: ranges applied (no gradient control) or
+  // reduced, from pushes that may still be streaming.
+  bool InStageOne() const {
+    return phase_ == Phase::kReducing || (phase_ == Phase::kUpdating && !decided_);
+  }
   uint64_t RangeEnd(size_t index) const;
   // Elements of every trainer's push consumed by claimed stage-one ranges.
   uint64_t ConsumedElements() const;

@@ -55,7 +55,7 @@ TEST(StepStateTest, PushSlotsAdmitOnceAndRefuseWhatIsNotTheNextStep) {
   EXPECT_EQ(s.trainers()[0].last_push_time, kT0);
   EXPECT_EQ(s.trainers()[1].last_pushed_step, 0);
   EXPECT_FALSE(s.trainers()[1].last_push_time.has_value());
-  EXPECT_FALSE(s.ReadyToStart());
+  EXPECT_FALSE(s.CanClaim(false));
   // An abort of a push that is not in progress changes nothing.
   s.AbortPush(0, 1);
   EXPECT_EQ(s.BeginPush(0, 1, 1.0).value(), Admission::kDuplicate);
@@ -65,7 +65,7 @@ TEST(StepStateTest, AStepWithoutDecisionRunsOnceEveryPushIsIn) {
   StepState s(Options(2, false));
   EXPECT_EQ(PushWhole(s, 1, 1), 1u);  // Arrival order does not matter.
   EXPECT_EQ(PushWhole(s, 0, 1), 0u);
-  ASSERT_TRUE(s.ReadyToStart());
+  ASSERT_TRUE(s.CanClaim(false));
   const StepState::StartedStep started = s.StartStep();
   EXPECT_EQ(started.step, 1);
   EXPECT_FALSE(started.reduce_first);
@@ -91,14 +91,14 @@ TEST(StepStateTest, ACheckpointHoldKeepsTheNextStepBack) {
   s.AddHold(0);
   s.AddHold(0);  // Counted.
   EXPECT_EQ(PushWhole(s, 0, 1), 0u);
-  EXPECT_FALSE(s.ReadyToStart());
+  EXPECT_FALSE(s.CanClaim(false));
   EXPECT_TRUE(absl::StrContains(s.DescribeWait(1), "waiting for the checkpoint of step 0"))
       << s.DescribeWait(1);
   s.ReleaseHold(0);
-  EXPECT_FALSE(s.ReadyToStart());
+  EXPECT_FALSE(s.CanClaim(false));
   s.AddHold(5);  // Holds of other versions do not matter now.
   s.ReleaseHold(0);
-  EXPECT_TRUE(s.ReadyToStart());
+  EXPECT_TRUE(s.CanClaim(false));
   EXPECT_TRUE(s.HeldAt(5));
   s.ReleaseHold(7);  // Releasing what is not held is harmless.
 }
@@ -328,7 +328,7 @@ TEST(StepStateTest, ARollbackToThisVersionDropsThePushesOfTheNextStep) {
   // Every push in: the committer of the last one is about to start it (a
   // hold may keep it waiting), so it is not dropped from under it.
   EXPECT_EQ(s.DiscardPending().code(), absl::StatusCode::kAborted);
-  EXPECT_TRUE(s.ReadyToStart());
+  EXPECT_TRUE(s.CanClaim(false));
   EXPECT_EQ(s.TrainersPushed().size(), 2u);
   s.StartStep();
   EXPECT_EQ(s.DiscardPending().code(), absl::StatusCode::kAborted);  // Started.

@@ -94,6 +94,12 @@ class _Group:
         self.accumulators = []   # Autograd's gradient accumulators (kept alive).
         self.reset_stream()
 
+    def abandon_stream(self):
+        """Ends the step's streamed push, if any, unused by the shards."""
+        if self.streaming:
+            self.client.cancel_streamed_push()
+        self.reset_stream()
+
     def reset_stream(self):
         self.fired = set()
         self.pending = None      # Per bucket: parameters still to come.
@@ -376,9 +382,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         still without one is refused at the step).
         """
         for g in self._groups:
-            if g.streaming:
-                g.client.cancel_streamed_push()  # Its gradient is being zeroed.
-            g.reset_stream()
+            g.abandon_stream()  # Its gradient is being zeroed.
             g.flat_grads.zero_()
             for p, _, grad_view in self._views(g):
                 if set_to_none:
@@ -398,9 +402,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         results = []
         for i, g in enumerate(self._groups):
             if g.version == version:  # Done by an earlier call that failed later.
-                if g.streaming:
-                    g.client.cancel_streamed_push()
-                g.reset_stream()
+                g.abandon_stream()
                 results.append(g.last_result)
                 continue
             hyper = self._hyperparameters(self.param_groups[i])
@@ -411,9 +413,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # idempotent per trainer and step). A streamed push that cannot
             # be finished falls back to a whole one by itself.
             streamed = g.streaming and not g.broken
-            if g.streaming and g.broken:
-                g.client.cancel_streamed_push()
-            g.reset_stream()
+            if streamed:
+                g.reset_stream()
+            else:
+                g.abandon_stream()
             if streamed:
                 g.last_result = g.client.finish_streamed_step(version, g.flat_grads.numpy(),
                                                               g.flat_params.numpy())
