@@ -27,7 +27,7 @@ constexpr int kSteps = 6;
 
 struct TrainingRun {
   std::vector<float> params;
-  std::vector<v1::StepTimeline> timelines;  // Per shard, after the last step.
+  std::vector<v1::StepTimeline> timelines;  // Per step and shard.
 };
 
 TrainingRun Train(bool overlap_pull, const std::vector<std::string>& flags) {
@@ -54,11 +54,13 @@ TrainingRun Train(bool overlap_pull, const std::vector<std::string>& flags) {
     }
     absl::StatusOr<StepResult> r = client->Step(step, grad, absl::MakeSpan(run.params));
     EXPECT_TRUE(r.ok()) << r.status();
-  }
-  for (const auto& server : *servers) {
-    v1::InspectResponse inspect;
-    EXPECT_TRUE(RawInspect(*NewStub(server->address()), "pipe", &inspect).ok());
-    run.timelines.push_back(inspect.step_timeline());
+    // Each step's timeline: whether the overlap shows depends on how the
+    // two CPUs were shared in that step, so every step is looked at.
+    for (const auto& server : *servers) {
+      v1::InspectResponse inspect;
+      EXPECT_TRUE(RawInspect(*NewStub(server->address()), "pipe", &inspect).ok());
+      run.timelines.push_back(inspect.step_timeline());
+    }
   }
   return run;
 }
@@ -73,11 +75,14 @@ TEST(PipeliningTest, PullsOverlapThePushOnlyWithOverlapPullAndTheBitsDoNotChange
   EXPECT_EQ(sequential.params, whole.params);
 
   bool overlap_seen = false;
-  for (size_t shard = 0; shard < 2; ++shard) {
+  for (size_t i = 0; i < 2 * kSteps; ++i) {
+    const int64_t step = static_cast<int64_t>(i / 2) + 1;
+    const size_t shard = i % 2;
     for (const TrainingRun* run : {&overlapped, &sequential}) {
-      const v1::StepTimeline& t = run->timelines[shard];
-      EXPECT_EQ(t.step(), kSteps) << "shard " << shard;
-      ASSERT_EQ(t.ranges_size(), 24) << "shard " << shard;
+      ASSERT_EQ(run->timelines.size(), 2u * kSteps);
+      const v1::StepTimeline& t = run->timelines[i];
+      EXPECT_EQ(t.step(), step) << "shard " << shard;
+      ASSERT_EQ(t.ranges_size(), 24) << "shard " << shard << ", step " << step;
       double last_arrival = -1;
       for (const v1::RangeTimeline& r : t.ranges()) {
         // Each range: arrived, then updated, then pulled.
@@ -90,14 +95,15 @@ TEST(PipeliningTest, PullsOverlapThePushOnlyWithOverlapPullAndTheBitsDoNotChange
       const double first_pull = t.ranges(0).pulled_ms();
       if (run == &sequential) {
         // The pull opens once the push returned: after every arrival.
-        EXPECT_GT(first_pull, last_arrival) << "shard " << shard;
+        EXPECT_GT(first_pull, last_arrival) << "shard " << shard << ", step " << step;
       } else if (first_pull < last_arrival) {
         overlap_seen = true;
       }
     }
   }
   // (On each of 2 shards the first of 24 ranges is updated while 23 still
-  // stream in; the trainer's open pull reads it at once.)
+  // stream in; the trainer's open pull reads it at once, unless the CPUs
+  // were busy elsewhere for the whole push: in one step of six at least.)
   EXPECT_TRUE(overlap_seen);
 }
 
