@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <iterator>
 
+#include "client/chunk_digest.h"
+
 namespace shardopt {
 
 void ReadyRanges::MarkReady(uint64_t begin, uint64_t end) {
@@ -51,6 +53,27 @@ bool ReadyRanges::WaitCommit() const {
   const auto done = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return failed_ || commit_; };
   mu_.Await(absl::Condition(&done));
   return !failed_;
+}
+
+void ReadyRanges::RecordSent(uint64_t begin, uint64_t end, const float* chunk) const {
+  const uint64_t digest = DigestBytes(chunk, (end - begin) * sizeof(float));
+  absl::MutexLock lock(&sent_mu_);
+  sent_chunks_.push_back({begin, end, digest});
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> ReadyRanges::FirstChangedChunk(
+    const float* flat) const {
+  std::vector<SentChunk> chunks;
+  {
+    absl::MutexLock lock(&sent_mu_);
+    chunks = sent_chunks_;
+  }
+  for (const SentChunk& c : chunks) {
+    if (DigestBytes(flat + c.begin, (c.end - c.begin) * sizeof(float)) != c.digest) {
+      return std::make_pair(c.begin, c.end);
+    }
+  }
+  return std::nullopt;
 }
 
 bool ReadyRanges::failed() const {

@@ -4,6 +4,9 @@
 // (TrainerClient::BeginStreamedPush). Pushes wait on it before each chunk and
 // before ending their stream, which they do only once the caller has checked
 // the whole gradient (AllowCommit); Fail() ends every wait with false.
+// It also keeps a digest of every chunk a push handed to gRPC (RecordSent),
+// so that the caller can tell whether the final gradient still is what was
+// sent (FirstChangedChunk) before it allows the commit.
 // Thread-safe.
 #ifndef SHARDOPT_CLIENT_READY_RANGES_H_
 #define SHARDOPT_CLIENT_READY_RANGES_H_
@@ -11,6 +14,9 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 
@@ -34,6 +40,14 @@ class ReadyRanges {
   void AddSent(uint64_t bytes) const { sent_.fetch_add(bytes, std::memory_order_relaxed); }
   uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
 
+  // Elements [begin, end) of the flat fp32 buffer at `chunk` are about to be
+  // handed to gRPC (before the write: a write after the caller's check then
+  // reads the final values). Kept per call, retries too.
+  void RecordSent(uint64_t begin, uint64_t end, const float* chunk) const;
+  // The first recorded chunk whose elements in `flat` (the whole buffer) are
+  // no longer what was recorded, as [begin, end); nullopt when all still are.
+  std::optional<std::pair<uint64_t, uint64_t>> FirstChangedChunk(const float* flat) const;
+
  private:
   bool CoveredLocked(uint64_t begin, uint64_t end) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
@@ -42,6 +56,11 @@ class ReadyRanges {
   bool commit_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   mutable std::atomic<uint64_t> sent_{0};
+  struct SentChunk {
+    uint64_t begin, end, digest;
+  };
+  mutable absl::Mutex sent_mu_;
+  mutable std::vector<SentChunk> sent_chunks_ ABSL_GUARDED_BY(sent_mu_);
 };
 
 }  // namespace shardopt

@@ -142,6 +142,11 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
       abandoned = true;
       break;
     }
+    if (ready != nullptr) {
+      // (Streamed pushes are fp32.)
+      ready->RecordSent(range_.begin + off, range_.begin + off + frame.count,
+                        static_cast<const float*>(frame.data));
+    }
     open = writer->Write(frame);
     if (open && ready != nullptr) ready->AddSent(frame.count * element_size);
   }

@@ -139,7 +139,9 @@ class TrainerClient {
   // (PushHeader.defer_until_complete), and the streams end only in
   // FinishStreamedStep, which checks the whole gradient as Step does, then
   // pulls (the pull overlapping the shards' range-by-range update). Anything
-  // wrong with the streamed push (a stream failed, a shard restarted): it is
+  // wrong with the streamed push (a stream failed, a shard restarted, a chunk
+  // already sent no longer equal to `flat_grads` at FinishStreamedStep, e.g.
+  // clipped after backward: a digest of every sent chunk is compared): it is
   // abandoned and FinishStreamedStep runs Step, so its result is Step's in
   // every case. FAILED_PRECONDITION where it does not apply (gradient
   // control, a 16-bit push type, a journal, one already open): use Step.
@@ -152,6 +154,12 @@ class TrainerClient {
   void CancelStreamedPush();
   // Streamed pushes that completed (FinishStreamedStep did not fall back).
   int64_t streamed_pushes() const { return streamed_pushes_; }
+  // Streamed pushes abandoned because the gradient changed after a chunk of
+  // it was sent.
+  int64_t streamed_pushes_changed() const { return changed_after_send_; }
+  // Payload bytes the open streamed push has handed to gRPC so far (0 when
+  // none is open; retried attempts count again).
+  uint64_t streamed_bytes_sent();
 
   // After a call failed because the job rolled back (see the class
   // comment): the version every shard went back to. Pull it and continue
@@ -238,6 +246,7 @@ class TrainerClient {
   absl::Mutex streamed_mu_;  // MarkGradientReady may come from other threads.
   std::unique_ptr<StreamedPush> streamed_ ABSL_GUARDED_BY(streamed_mu_);
   int64_t streamed_pushes_ = 0;
+  int64_t changed_after_send_ = 0;
   std::optional<ModelLayout> layout_;
   std::optional<ModelSpec> spec_;
   int64_t registered_version_ = 0;

@@ -47,6 +47,11 @@ void TrainerClient::MarkGradientReady(uint64_t begin, uint64_t end) {
   if (streamed_) streamed_->ready.MarkReady(begin, end);
 }
 
+uint64_t TrainerClient::streamed_bytes_sent() {
+  absl::MutexLock lock(&streamed_mu_);
+  return streamed_ ? streamed_->ready.sent() : 0;
+}
+
 void TrainerClient::CancelStreamedPush() {
   std::unique_ptr<StreamedPush> push;
   {
@@ -87,6 +92,14 @@ absl::StatusOr<StepResult> TrainerClient::FinishStreamedStep(int64_t step,
       !s.ok()) {
     Abandon(std::move(push));
     return s;
+  }
+  // What was sent while backward ran must still be the gradient (code
+  // between backward() and the step may have clipped or scaled it): else
+  // no shard commits any of it and the gradient goes whole.
+  if (push->ready.FirstChangedChunk(flat_grads.data())) {
+    Abandon(std::move(push));
+    ++changed_after_send_;
+    return Step(step, flat_grads, flat_params);
   }
   push->ready.MarkReady(0, layout_->total_elements());
   push->ready.AllowCommit();

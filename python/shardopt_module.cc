@@ -294,6 +294,8 @@ class Client {
     client_->CancelStreamedPush();
   }
   int64_t streamed_pushes() const { return client_->streamed_pushes(); }
+  int64_t streamed_pushes_changed() const { return client_->streamed_pushes_changed(); }
+  uint64_t streamed_bytes_sent() const { return client_->streamed_bytes_sent(); }
 
   // Step or FinishStreamedStep on the two flat buffers, without the GIL.
   using StepFn = absl::StatusOr<StepResult> (TrainerClient::*)(
@@ -454,6 +456,8 @@ PYBIND11_MODULE(_shardopt, m) {
            "Ends a streamed push and pulls; falls back to step() when it cannot.")
       .def("cancel_streamed_push", &Client::CancelStreamedPush)
       .def_property_readonly("streamed_pushes", &Client::streamed_pushes)
+      .def_property_readonly("streamed_pushes_changed", &Client::streamed_pushes_changed)
+      .def_property_readonly("streamed_bytes_sent", &Client::streamed_bytes_sent)
       .def("pull", &Client::Pull, py::arg("min_version"), py::arg("params"))
       .def("checkpoint", &Client::Checkpoint, py::arg("directory"), py::arg("step") = -1)
       .def("inspect_json", &Client::InspectJson)

@@ -52,6 +52,8 @@ a single parameter group (each group is its own model on the servers).
 """
 
 import os
+import warnings
+import weakref
 
 import torch
 from torch.optim.optimizer import required
@@ -75,7 +77,8 @@ _OPTIMIZERS = {
 class _Group:
     """One parameter group: its shardopt model and flat buffers."""
 
-    def __init__(self, client, model_id, params, names):
+    def __init__(self, index, client, model_id, params, names):
+        self.index = index       # In param_groups.
         self.client = client
         self.model_id = model_id
         self.params = params
@@ -92,6 +95,7 @@ class _Group:
         self.bucket_of = []      # Parameter index -> bucket.
         self.buckets = []        # (begin, end) per bucket, covering the buffer.
         self.accumulators = []   # Autograd's gradient accumulators (kept alive).
+        self.changed_in_a_row = 0  # Streamed steps whose gradient changed after sending.
         self.reset_stream()
 
     def abandon_stream(self):
@@ -129,20 +133,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
       check_parameters: refuse a step when the parameters were changed since
         the last pull (see the module docstring).
       push_dtype, pull_dtype: "float32", "bfloat16" or "float16" on the wire.
-      overlap_backward: (off by default) push the gradient bucket by bucket
+      overlap_backward: (on by default) push the gradient bucket by bucket
         (``bucket_cap_mb`` each) while ``backward()`` is still running, as
         DDP's reducer does: hooks on the parameters' gradient accumulators
         send each bucket once all its gradients are final, the parameters
         laid out in reverse so that backward fills the buffer from its start;
-        ``step()`` then checks the whole gradient, lets the shards use it and
-        pulls. Only for loops that do not change the gradients between
-        ``backward()`` and ``step()`` (no ``clip_grad_norm_``, no in-place
-        scaling: use ``max_grad_norm`` on the servers): what was already sent
-        is what the shards apply. Streaming turns itself off with
-        ``max_grad_norm``, a loss scaler, a 16-bit ``push_dtype`` or a
-        ``journal_path`` (the reversed layout stays), and a step with a second
-        ``backward()`` before it (gradient accumulation) or a gradient replaced
-        outside the buffer is pushed whole. The same bits as without.
+        ``step()`` then checks the whole gradient, compares what was sent with
+        it (a digest per chunk), lets the shards use it and pulls. A gradient
+        changed between ``backward()`` and ``step()`` (``clip_grad_norm_``,
+        in-place scaling) is found there and pushed whole instead: exact, but
+        the streamed bytes were wasted, so after three such steps in a row
+        streaming stops with a warning (clip with ``max_grad_norm`` on the
+        servers instead). Streaming turns itself off with ``max_grad_norm``,
+        a loss scaler, a 16-bit ``push_dtype`` or a ``journal_path`` (the
+        reversed layout stays), and a step with a second ``backward()``
+        before it (gradient accumulation) or a gradient replaced outside the
+        buffer is pushed whole. The same bits as without in every case. The
+        flag decides the layout: every rank and restart of a job must pass
+        the same value (``False`` keeps the parameters' own order, as
+        before this default).
         16-bit pushes round each gradient once (as ``.to(torch.bfloat16)``
         would); 16-bit pulls leave the parameters holding the servers' fp32
         master weights rounded to that type (the master weights and the
@@ -162,7 +171,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  model_id="model", max_grad_norm=0.0, checkpoint_dir=None,
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
-                 loss_scaler=None, security=None, overlap_backward=False, bucket_cap_mb=1.0,
+                 loss_scaler=None, security=None, overlap_backward=True, bucket_cap_mb=1.0,
                  **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
@@ -293,7 +302,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             indexed.reverse()
         params = [p for _, p in indexed]
         names = [self._names.get(id(p), f"param{j}") for j, p in indexed]
-        g = _Group(client, model_id, params, names)
+        g = _Group(index, client, model_id, params, names)
         tensors = [(n, list(p.shape)) for n, p in zip(names, params)]
         layout = client.layout_for(tensors)
         total = layout[-1][2]
@@ -333,15 +342,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
             g.bucket_of.append(len(starts) - 1)
         g.buckets = [(b, starts[i + 1] if i + 1 < len(starts) else total)
                      for i, b in enumerate(starts)]
-        for j, p in enumerate(g.params):
-            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-            accumulator.register_hook(
-                lambda grad_inputs, grad_outputs, g=g, j=j: self._gradient_final(g, j))
-            g.accumulators.append(accumulator)
+        # The hooks hold the optimizer weakly: autograd keeps the accumulators
+        # (and so the hooks) as long as the parameters live.
+        me = weakref.ref(self)
+
+        def hook(g, j):
+            opt = me()
+            if opt is not None:
+                opt._gradient_final(g, j)
+
+        with torch.enable_grad():  # (Also when built under no_grad.)
+            for j, p in enumerate(g.params):
+                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                accumulator.register_hook(
+                    lambda grad_inputs, grad_outputs, g=g, j=j: hook(g, j))
+                g.accumulators.append(accumulator)
 
     def _gradient_final(self, g, j):
         """Autograd accumulated parameter j's gradient (a backward hook)."""
-        if g.broken:
+        if g.broken or not self._overlap_backward:
             return
         p, (offset, size) = g.params[j], g.slices[j]
         in_buffer = p.grad is not None and \
@@ -354,8 +373,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         g.fired.add(j)
         if not g.streaming:
             try:
+                # A change since the last step (an lr scheduler's) goes
+                # first: the streamed push carries it.
+                self._send_hyperparameters(g, self._version + 1)
                 g.client.begin_streamed_push(self._version + 1, g.flat_grads.numpy())
-            except FailedPreconditionError:
+            except Exception:  # pylint: disable=broad-except
+                # Nothing may escape into backward(): step() pushes whole,
+                # and raises what failed if it fails again.
                 g.broken = True
                 return
             g.streaming = True
@@ -405,21 +429,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 g.abandon_stream()
                 results.append(g.last_result)
                 continue
-            hyper = self._hyperparameters(self.param_groups[i])
-            if hyper != g.sent_hyperparameters:
-                g.client.set_hyperparameters(version, self._kind, hyper)
-                g.sent_hyperparameters = hyper
+            streamed = g.streaming and not g.broken
+            if self._send_hyperparameters(g, version):
+                streamed = False  # (Changed after backward: that ended the stream.)
             # A failure leaves this step to be tried again (pushes are
             # idempotent per trainer and step). A streamed push that cannot
             # be finished falls back to a whole one by itself.
-            streamed = g.streaming and not g.broken
             if streamed:
                 g.reset_stream()
             else:
                 g.abandon_stream()
             if streamed:
+                changed_before = g.client.streamed_pushes_changed
                 g.last_result = g.client.finish_streamed_step(version, g.flat_grads.numpy(),
                                                               g.flat_params.numpy())
+                self._note_changed_gradient(g, g.client.streamed_pushes_changed > changed_before)
             else:
                 g.last_result = g.client.step(version, g.flat_grads.numpy(),
                                               g.flat_params.numpy())
@@ -430,6 +454,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._version = version
         self.last_results = results
         return loss
+
+    def _send_hyperparameters(self, g, version):
+        """Sends the group's hyperparameters if they changed since last sent
+        (they take effect at `version`); True if it sent them."""
+        hyper = self._hyperparameters(self.param_groups[g.index])
+        if hyper == g.sent_hyperparameters:
+            return False
+        g.client.set_hyperparameters(version, self._kind, hyper)
+        g.sent_hyperparameters = hyper
+        return True
+
+    def _note_changed_gradient(self, g, changed):
+        """Stops streaming for a loop that changes its gradients after
+        backward() every time (each such step sends its gradient twice)."""
+        g.changed_in_a_row = g.changed_in_a_row + 1 if changed else 0
+        if g.changed_in_a_row >= 3 and self._overlap_backward:
+            self._overlap_backward = False
+            warnings.warn(
+                "shardopt.torch: the gradients changed between backward() and step() in three "
+                "steps in a row (clip_grad_norm_ or in-place scaling?), so each was pushed twice; "
+                "pushing during backward is off from now on. Clip on the servers with "
+                "max_grad_norm, or pass overlap_backward=False", RuntimeWarning, stacklevel=3)
 
     def _gather(self, g):
         """Brings gradients that are not views of the buffer into it; refuses

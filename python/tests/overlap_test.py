@@ -1,13 +1,20 @@
-"""shardopt.torch's pushes during backward (overlap_backward=True): bucket by
-bucket from the gradient accumulators' hooks, bit-identical to torch.optim
-with one trainer; a second backward before the step (accumulation) pushes
-that step whole, still exact; without it (the default) the parameters keep
-their own order, nothing streams, and gradients changed between backward()
-and step() (clip_grad_norm_) are what the shards apply.
+"""shardopt.torch's pushes during backward (overlap_backward, on by default):
+bucket by bucket from the gradient accumulators' hooks, bit-identical to
+torch.optim with one trainer; a second backward before the step
+(accumulation) pushes that step whole, still exact; gradients changed between
+backward() and step() (clip_grad_norm_, one element) are noticed by the
+sent chunks' digests and pushed whole, exactly, and a loop that does it every
+step stops streaming with a warning; an lr scheduler's change every step
+still streams; overlap_backward=False keeps the parameters' own order and
+never streams; the hooks neither keep the optimizer alive nor need grad mode.
 """
 
+import gc
 import sys
+import time
 import unittest
+import warnings
+import weakref
 
 import torch
 
@@ -48,6 +55,17 @@ def reference(accumulate):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def wait_until_sent(opt):
+    group = opt._groups[0]
+    total = group.flat_grads.numel() * 4
+    deadline = time.monotonic() + 30
+    while group.client.streamed_bytes_sent < total:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the streamed push of step {opt.step_count + 1} sent only "
+                                 f"{group.client.streamed_bytes_sent} of {total} bytes in 30 s")
+        time.sleep(0.001)
+
+
 class OverlapTest(unittest.TestCase):
     def run_job(self, cluster, model_id, accumulate=False, **kwargs):
         kwargs.setdefault("overlap_backward", True)
@@ -86,6 +104,18 @@ class OverlapTest(unittest.TestCase):
             self.assertEqual(opt._groups[0].client.streamed_pushes, 0)
             self.assert_exact(model, reference(accumulate=True))
 
+    def test_on_by_default(self):
+        with Cluster(1) as cluster:
+            model = net()
+            opt = shardopt.torch.DistributedOptimizer(
+                model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adam", lr=0.01, model_id="default")
+            for step in range(1, 3):
+                opt.zero_grad()
+                loss_of(model, *data(step)).backward()
+                opt.step()
+            self.assertEqual(opt._groups[0].client.streamed_pushes, 2)
+
     def test_off_keeps_the_parameters_order_and_never_streams(self):
         with Cluster(2) as cluster:
             model, opt = self.run_job(cluster, "whole", overlap_backward=False)
@@ -94,23 +124,95 @@ class OverlapTest(unittest.TestCase):
             self.assertEqual([name for name, _, _, _ in group.client.layout()][0], "0.weight")
             self.assert_exact(model, reference(accumulate=False))
 
-    def test_by_default_gradients_may_change_before_the_step(self):
-        with Cluster(1) as cluster:
-            model = net()
-            opt = shardopt.torch.DistributedOptimizer(
-                model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
-                optimizer="adam", lr=0.01, model_id="clip_by_hand")
-            reference_model = net()
-            reference_opt = torch.optim.Adam(reference_model.parameters(), lr=0.01)
-            for step in range(1, 4):
+    def run_changing_gradients(self, cluster, model_id, change, steps):
+        """Both optimizers see `change` applied to their gradients after
+        every backward, shardopt's once its streamed push sent every chunk
+        (so that what is changed was sent); returns (model, opt, reference
+        parameters, warnings)."""
+        model = net()
+        opt = shardopt.torch.DistributedOptimizer(
+            model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
+            optimizer="adam", lr=0.01, model_id=model_id, bucket_cap_mb=0.005)
+        reference_model = net()
+        reference_opt = torch.optim.Adam(reference_model.parameters(), lr=0.01)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(1, steps + 1):
                 for m, o in ((model, opt), (reference_model, reference_opt)):
                     o.zero_grad()
                     loss_of(m, *data(step)).backward()
-                    torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+                    if o is opt and opt._overlap_backward:
+                        wait_until_sent(opt)
+                    change(m, step)
                     o.step()
-            self.assertEqual(opt._groups[0].client.streamed_pushes, 0)
-            self.assertEqual(opt._groups[0].accumulators, [])
+        return model, opt, [p.detach() for p in reference_model.parameters()], caught
+
+    def test_gradients_clipped_after_backward_are_pushed_whole_and_exact(self):
+        with Cluster(2) as cluster:
+            model, opt, expected, caught = self.run_changing_gradients(
+                cluster, "clip_by_hand",
+                lambda m, step: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05), 5)
+            self.assert_exact(model, expected)
+            client = opt._groups[0].client
+            # Three steps streamed and found changed, then streaming stops.
+            self.assertEqual(client.streamed_pushes_changed, 3)
+            self.assertEqual(client.streamed_pushes, 0)
+            self.assertEqual(len([w for w in caught if "clip_grad_norm_" in str(w.message)]), 1)
+
+    def test_one_element_changed_after_backward_is_noticed(self):
+        def change(m, step):
+            if step % 2 == 0:
+                with torch.no_grad():
+                    m[0].weight.grad[3, 5] += 0.25  # The last bucket sent.
+        with Cluster(2) as cluster:
+            model, opt, expected, caught = self.run_changing_gradients(
+                cluster, "one_element", change, 6)
+            self.assert_exact(model, expected)
+            client = opt._groups[0].client
+            self.assertEqual(client.streamed_pushes_changed, 3)  # Steps 2, 4, 6.
+            self.assertEqual(client.streamed_pushes, 3)
+            self.assertEqual(caught, [])  # Never three in a row.
+
+    def test_an_lr_schedule_still_streams_every_step(self):
+        with Cluster(2) as cluster:
+            results = []
+            for kind in ("shardopt", "torch"):
+                model = net()
+                if kind == "shardopt":
+                    opt = shardopt.torch.DistributedOptimizer(
+                        model.named_parameters(), servers=cluster.addresses, rank=0,
+                        world_size=1, optimizer="adam", lr=0.01, model_id="scheduled",
+                        bucket_cap_mb=0.005)
+                else:
+                    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+                schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0 / (1 + e))
+                for step in range(1, STEPS + 1):
+                    opt.zero_grad()
+                    loss_of(model, *data(step)).backward()
+                    opt.step()
+                    schedule.step()
+                results.append((model, opt))
+            (model, opt), (reference_model, _) = results
+            self.assertEqual(opt._groups[0].client.streamed_pushes, STEPS)
             self.assert_exact(model, [p.detach() for p in reference_model.parameters()])
+
+    def test_hooks_need_no_grad_mode_and_do_not_keep_the_optimizer(self):
+        with Cluster(1) as cluster:
+            model = net()
+            with torch.no_grad():
+                opt = shardopt.torch.DistributedOptimizer(
+                    model.named_parameters(), servers=cluster.addresses, rank=0,
+                    world_size=1, optimizer="adam", lr=0.01, model_id="no_grad")
+            opt.zero_grad()
+            loss_of(model, *data(1)).backward()
+            opt.step()
+            self.assertEqual(opt._groups[0].client.streamed_pushes, 1)
+            gone = weakref.ref(opt)
+            del opt
+            gc.collect()
+            self.assertIsNone(gone())
+            # The model trains on without it (the hooks find no optimizer).
+            loss_of(model, *data(2)).backward()
 
     def test_clipping_turns_it_off(self):
         with Cluster(1) as cluster:

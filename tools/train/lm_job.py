@@ -41,8 +41,7 @@ def run_trainer(args):
     opt = shardopt.torch.DistributedOptimizer(
         model.named_parameters(), servers=args.servers.split(","), rank=args.rank,
         world_size=WORLD_SIZE, optimizer="adamw", lr=args.lr, betas=BETAS,
-        weight_decay=args.weight_decay, model_id="tiny_lm",
-        overlap_backward=True)  # This loop leaves the gradients as backward made them.
+        weight_decay=args.weight_decay, model_id="tiny_lm")  # (overlap_backward on by default.)
     for step in range(1, args.steps + 1):
         inputs, targets = tiny_lm.batch(corpus, step, args.batch, args.context, args.rank,
                                         WORLD_SIZE)
