@@ -136,6 +136,36 @@ absl::Status Recovery::BringTo(int64_t target) {
   }
 }
 
+absl::Status Recovery::RollBackOverLostPush(int64_t version) {
+  const uint32_t rank = context_.calls.trainer_rank;
+  // A few rounds: a shard may change between the survey and the rollback
+  // (another trainer rolled it back first, or it restarted).
+  absl::Status last;
+  for (int round = 0; round < 5; ++round) {
+    absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
+    if (!shards.ok()) return shards.status();
+    std::vector<std::string> stuck;
+    for (size_t i = 0; i < shards->size(); ++i) {
+      const v1::ModelSummary& s = (*shards)[i];
+      const bool mine_in = std::find(s.trainers_pushed().begin(), s.trainers_pushed().end(),
+                                     rank) != s.trainers_pushed().end();
+      if (s.partly_run() && s.version() == version && !mine_in) {
+        stuck.push_back(absl::StrCat(i));
+      }
+    }
+    if (stuck.empty()) return absl::OkStatus();
+    last = RollBackJob(
+        *shards,
+        absl::StrCat("shard(s) ", absl::StrJoin(stuck, ", "), " ran part of step ", version + 1,
+                     " (pipelined) with the other trainers' pushes, and trainer ", rank,
+                     " lost its push of it (restarted without a journal): version ", version,
+                     " no longer exists whole there"));
+    if (RolledBackTo(last)) return last;
+    if (!absl::IsAborted(last) && !absl::IsDataLoss(last) && !absl::IsNotFound(last)) return last;
+  }
+  return last;
+}
+
 absl::Status Recovery::SendLastWords(const std::vector<v1::ModelSummary>& shards,
                                     int64_t target) {
   std::vector<uint32_t> which;

@@ -77,6 +77,15 @@ class Recovery {
   // Every shard at version >= target (see the class comment).
   absl::Status BringTo(int64_t target);
 
+  // For a trainer that lost its push of the step after `version` (restarted
+  // without a journal) while some shard ran part of that step with the
+  // others' pushes (ModelSummary.partly_run): that step cannot end and
+  // `version` is gone there, so the job rolls back to the newest committed
+  // checkpoint every shard holds (RolledBackError, as in BringTo);
+  // FAILED_PRECONDITION saying what is missing without one; OK when no shard
+  // is in that state (nothing to do).
+  absl::Status RollBackOverLostPush(int64_t version);
+
   // Pushes re-sent to shards that lacked them, so far.
   int64_t replayed_pushes() const { return replayed_pushes_.load(); }
 

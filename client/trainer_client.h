@@ -171,8 +171,11 @@ class TrainerClient {
   // returns their version; the trainer continues with the next step. After
   // Register/Attach that is registered_version(), or one more (a step this
   // trainer's earlier process pushed was applied meanwhile); after a call
-  // that rolled the job back, exactly rolled_back_to(). INTERNAL for any
-  // other version.
+  // that rolled the job back, exactly rolled_back_to(). A trainer restarted
+  // without a journal whose lost push some shard had already used in part
+  // (a pipelined step that cannot end without it) rolls the job back to the
+  // newest common checkpoint here and returns its version (the others' calls
+  // end with the rollback, as in recovery). INTERNAL for any other version.
   absl::StatusOr<int64_t> PullToResume(absl::Span<float> flat_params);
 
   // From step `effective_step` on, every shard uses `optimizer` and

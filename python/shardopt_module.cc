@@ -322,6 +322,14 @@ class Client {
     return ValueOrThrow(client_->Pull(min_version, absl::MakeSpan(p.data, n)));
   }
 
+  int64_t PullToResume(const py::buffer& params) {
+    const size_t n = Checked().layout().total_elements();
+    FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
+    return ValueOrThrow(client_->PullToResume(absl::MakeSpan(p.data, n)));
+  }
+
   std::string Checkpoint(const std::string& directory, int64_t step) {
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> serial(mu_);
@@ -451,14 +459,18 @@ PYBIND11_MODULE(_shardopt, m) {
            "Starts pushing `step` while the gradient is being computed.")
       .def("mark_gradient_ready", &Client::MarkGradientReady, py::arg("begin"), py::arg("end"),
            "Elements [begin, end) of the flat gradient are final.")
-      .def("finish_streamed_step", &Client::FinishStreamedStep, py::arg("step"),
-           py::arg("grads"), py::arg("params"),
+      .def("finish_streamed_step", &Client::FinishStreamedStep, py::arg("step"), py::arg("grads"),
+           py::arg("params"),
            "Ends a streamed push and pulls; falls back to step() when it cannot.")
       .def("cancel_streamed_push", &Client::CancelStreamedPush)
       .def_property_readonly("streamed_pushes", &Client::streamed_pushes)
       .def_property_readonly("streamed_pushes_changed", &Client::streamed_pushes_changed)
       .def_property_readonly("streamed_bytes_sent", &Client::streamed_bytes_sent)
       .def("pull", &Client::Pull, py::arg("min_version"), py::arg("params"))
+      .def("pull_to_resume", &Client::PullToResume, py::arg("params"),
+           "Pulls the version to go on from after register/attach (or after a rollback) and "
+           "returns it; rolls the job back to a checkpoint when a step ran in part without "
+           "this trainer's lost push (see TrainerClient::PullToResume).")
       .def("checkpoint", &Client::Checkpoint, py::arg("directory"), py::arg("step") = -1)
       .def("inspect_json", &Client::InspectJson)
       .def("set_hyperparameters", &Client::SetHyperparameters, py::arg("effective_step"),

@@ -118,6 +118,7 @@ using ShardStateReadFn =
 struct ShardSnapshot {
   int64_t version = 0;
   std::vector<uint32_t> trainers_pushed;  // For the step after the version then.
+  bool partly_run = false;                // StepState::PartlyRun() then.
   std::vector<TensorPieceStats> tensors;
   std::vector<float> values;  // The requested slice.
   uint64_t parameter_bytes = 0;

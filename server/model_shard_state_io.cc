@@ -219,6 +219,7 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
     absl::MutexLock lock(&mu_);
     snap.version = state_.version();
     snap.trainers_pushed = state_.TrainersPushed();
+    snap.partly_run = state_.PartlyRun();
     snap.current = state_.schedule().current();
     snap.last_lr = state_.last_lr();
     snap.last_step = state_.last_step();

@@ -143,6 +143,7 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
       summary->set_version(snap->version);
       FillByteCounts(*snap, summary->mutable_bytes());
       for (uint32_t r : snap->trainers_pushed) summary->add_trainers_pushed(r);
+      summary->set_partly_run(snap->partly_run);
     }
     summary->set_incarnation(model->incarnation());
     // Listed afresh: recovery decides on these.

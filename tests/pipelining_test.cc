@@ -108,10 +108,14 @@ TEST(PipeliningTest, PullsOverlapThePushOnlyWithOverlapPullAndTheBitsDoNotChange
 }
 
 // A trainer dies in the middle of a pipelined step after some ranges ran
-// with its gradient, and has no journal: restarted, it is told at once why
-// it cannot resume (instead of waiting for its own push), and the job can
-// roll back to the checkpoint of the step before.
-TEST(PipeliningTest, ATrainerLostMidStepIsToldAndTheJobRollsBackOverThePartlyRunStep) {
+// with its gradient, and has no journal: restarted, it cannot get the
+// version it would resume from (its ranges moved on), so PullToResume rolls
+// the job back to the checkpoint of the step before by itself and resumes
+// there at once (instead of waiting for its own push); the surviving
+// trainer's pull of the step ends with the rollback, and both go on to the
+// end, every shard holding exactly the steps taken. Without a checkpoint
+// the restarted trainer is told what is missing.
+TEST(PipeliningTest, ATrainerLostMidStepRollsTheJobBackOverThePartlyRunStepByItself) {
   const std::string checkpoints = MakeTempDir("pipeline_ckpt");
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
       0, 1,
@@ -154,6 +158,15 @@ TEST(PipeliningTest, ATrainerLostMidStepIsToldAndTheJobRollsBackOverThePartlyRun
   const grpc::Status broken = RawPush(*stub, &header, {{0, FloatBytes(grad.data(), 1024)}});
   EXPECT_EQ(broken.error_code(), grpc::INVALID_ARGUMENT) << broken.error_message();
 
+  // Trainer 1 is in its Step(2) meanwhile (the push acknowledged as a
+  // duplicate, the pull waiting); after the rollback its shard has lost the
+  // push, which the step sends again (its gradient was of version 1, which
+  // the job is back at).
+  std::vector<float> survivor_params(4096);
+  absl::StatusOr<StepResult> survivor;
+  std::thread survivor_step(
+      [&] { survivor = trainers[1]->Step(2, grad, absl::MakeSpan(survivor_params)); });
+
   // Restarted without a journal, trainer 0 attaches and asks where to resume.
   options.trainer_rank = 0;
   std::unique_ptr<TrainerClient> restarted =
@@ -161,28 +174,83 @@ TEST(PipeliningTest, ATrainerLostMidStepIsToldAndTheJobRollsBackOverThePartlyRun
   ASSERT_TRUE(restarted->Attach(spec).ok());
   const absl::Time asked = absl::Now();
   std::vector<float> resumed(4096);
-  const absl::Status told = restarted->PullToResume(absl::MakeSpan(resumed)).status();
+  absl::StatusOr<int64_t> resumed_at = restarted->PullToResume(absl::MakeSpan(resumed));
   EXPECT_LT(absl::Now() - asked, absl::Seconds(5));  // At once, not after the retry budget.
-  EXPECT_EQ(told.code(), absl::StatusCode::kFailedPrecondition) << told;
-  EXPECT_TRUE(absl::StrContains(told.message(), "ran 16 of 64 ranges of step 2")) << told;
-  EXPECT_TRUE(absl::StrContains(told.message(), "trainer(s) 0")) << told;
-
-  // The job rolls back to step 1: the checkpoint is loaded over the step.
+  ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
+  EXPECT_EQ(*resumed_at, 1);
+  EXPECT_EQ(resumed, after_step1);
   ASSERT_TRUE(RawInspect(*stub, "lost", &inspect).ok());
-  v1::RollBackRequest rollback;
-  rollback.set_model_id("lost");
-  rollback.set_to_step(1);
-  rollback.set_expected_incarnation(inspect.incarnation());
-  rollback.set_reason("test: trainer 0 lost its push of step 2");
-  v1::RollBackResponse rolled;
-  grpc::ClientContext context;
-  const grpc::Status status = stub->RollBack(&context, rollback, &rolled);
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  EXPECT_TRUE(rolled.rolled_back());
-  EXPECT_EQ(rolled.version(), 1);
-  std::vector<float> pulled(4096);
-  ASSERT_EQ(restarted->Pull(1, absl::MakeSpan(pulled)).value(), 1);
-  EXPECT_EQ(pulled, after_step1);
+  EXPECT_EQ(inspect.version(), 1);
+
+  // Both go on: step 2 applied once, from version 1's values.
+  const absl::StatusOr<StepResult> restarted_step =
+      restarted->Step(2, grad, absl::MakeSpan(resumed));
+  survivor_step.join();
+  ASSERT_TRUE(restarted_step.ok()) << restarted_step.status();
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  EXPECT_EQ(survivor->version, 2);
+  EXPECT_EQ(survivor_params, resumed);
+  // A job that went through step 2 once, whole, ends at the same bits.
+  absl::StatusOr<std::unique_ptr<ServerProcess>> clean = ServerProcess::Start(0, 1, {});
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  std::vector<std::unique_ptr<TrainerClient>> fresh;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    options.trainer_rank = rank;
+    fresh.push_back(TrainerClient::Connect({(*clean)->address()}, options).value());
+  }
+  std::vector<float> expected(4096, 0.25f);
+  ASSERT_TRUE(fresh[0]->Register(spec, expected).ok());
+  ASSERT_TRUE(fresh[1]->Attach(spec).ok());
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<float> other_params(4096);
+    std::thread t(
+        [&] { EXPECT_TRUE(fresh[1]->Step(step, grad, absl::MakeSpan(other_params)).ok()); });
+    ASSERT_TRUE(fresh[0]->Step(step, grad, absl::MakeSpan(expected)).ok());
+    t.join();
+  }
+  EXPECT_EQ(resumed, expected);
+}
+
+// Without a checkpoint to go back to, the restarted trainer of the same
+// situation is told at once what is missing.
+TEST(PipeliningTest, ATrainerLostMidStepWithoutACheckpointIsToldWhatIsMissing) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--pipeline_range_elements=64"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  TrainerClientOptions options;
+  options.retry_budget = absl::Seconds(10);
+  std::vector<std::unique_ptr<TrainerClient>> trainers;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    options.trainer_rank = rank;
+    trainers.push_back(TrainerClient::Connect({(*server)->address()}, options).value());
+  }
+  ModelSpec spec;
+  spec.model_id = "lost_nockpt";
+  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Adam(0.01);
+  spec.num_trainers = 2;
+  std::vector<float> params(4096, 0.25f), grad(4096, 0.125f);
+  ASSERT_TRUE(trainers[0]->Register(spec, params).ok());
+  ASSERT_TRUE(trainers[1]->Attach(spec).ok());
+  ASSERT_TRUE(trainers[1]->Push(1, grad).ok());
+  std::unique_ptr<v1::ShardService::Stub> stub = NewStub((*server)->address());
+  v1::PushHeader header;
+  header.set_model_id("lost_nockpt");
+  header.set_trainer_rank(0);
+  header.set_step(1);
+  header.set_num_elements(4096);
+  RawPush(*stub, &header, {{0, FloatBytes(grad.data(), 1024)}});
+  options.trainer_rank = 0;
+  std::unique_ptr<TrainerClient> restarted =
+      TrainerClient::Connect({(*server)->address()}, options).value();
+  ASSERT_TRUE(restarted->Attach(spec).ok());
+  const absl::Time asked = absl::Now();
+  std::vector<float> resumed(4096);
+  const absl::Status told = restarted->PullToResume(absl::MakeSpan(resumed)).status();
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(5));
+  EXPECT_EQ(told.code(), absl::StatusCode::kFailedPrecondition) << told;
+  EXPECT_TRUE(absl::StrContains(told.message(), "ran part of step 1")) << told;
+  EXPECT_TRUE(absl::StrContains(told.message(), "no committed checkpoint")) << told;
 }
 
 // Gradient of `step` for `rank`: exactly representable, different per rank.

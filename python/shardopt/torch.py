@@ -231,11 +231,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._groups = [self._register(i, group) for i, group in enumerate(self.param_groups)]
         self._registered = True
         # (Not _step_count: torch's lr schedulers use that name on optimizers.)
-        self._version = self._groups[0].client.registered_version
-        if any(g.client.registered_version != self._version for g in self._groups):
+        self._version = self._groups[0].version
+        if any(g.version != self._version for g in self._groups):
             raise FailedPreconditionError(
                 "FAILED_PRECONDITION: the parameter groups' models are at different versions "
-                f"{[g.client.registered_version for g in self._groups]}")
+                f"{[g.version for g in self._groups]}")
         self.last_results = []
 
     # -- construction --------------------------------------------------------
@@ -320,9 +320,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # hyperparameters it has; this group's are sent with the next step.
         g.sent_hyperparameters = hyper if client.registered_version == 0 else None
         # Everyone starts from the servers' values (rank 0's, or where a
-        # restored or running job is).
-        g.version = client.registered_version
-        client.pull(g.version, g.flat_params.numpy())
+        # restored or running job is; a step this rank's earlier process
+        # left half-used in a pipelined step rolls the job back here).
+        g.version = client.pull_to_resume(g.flat_params.numpy())
         g.pulled = g.flat_params.clone() if self._check_parameters else None
         for p, view, grad_view in self._views(g):
             p.data = view
