@@ -5,9 +5,17 @@
 namespace shardopt {
 namespace {
 
-constexpr uint64_t kPrime = 0x100000001b3ULL;  // FNV-1a's 64-bit prime (odd).
+constexpr uint64_t kOdd = 0xff51afd7ed558ccdULL;  // MurmurHash3's fmix64 constant.
 
-inline uint64_t Mix(uint64_t state, uint64_t word) { return (state ^ word) * kPrime; }
+// Both steps are bijections of the state for a fixed word (an odd multiplier
+// mod 2^64, a right xorshift), so two different words from one state always
+// leave different states. The multiply carries a difference upwards only;
+// the shift brings high bits back down, so that differences in the top bits
+// of two words (sign flips) do not cancel.
+inline uint64_t Mix(uint64_t state, uint64_t word) {
+  state = (state ^ word) * kOdd;
+  return state ^ (state >> 32);
+}
 
 }  // namespace
 

@@ -7,8 +7,10 @@
 // Not cryptographic: it only has to notice accidental changes. Any change of
 // a single 8-byte word always changes the digest (each lane's step is a
 // bijection of its state for a fixed word, and different words from one state
-// give different states); wider changes go unnoticed with probability about
-// 2^-64. Four independent lanes keep it memory-bound.
+// give different states); every step also folds the high half of the state
+// into the low one, so that changes of several words (sign flips, a scale)
+// do not cancel in a lane's top bits. Four independent lanes keep it
+// memory-bound.
 #ifndef SHARDOPT_CLIENT_CHUNK_DIGEST_H_
 #define SHARDOPT_CLIENT_CHUNK_DIGEST_H_
 

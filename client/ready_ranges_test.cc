@@ -92,6 +92,21 @@ TEST(ChunkDigestTest, EveryOneWordChangeAndTheLengthChangeIt) {
     EXPECT_NE(DigestBytes(changed.data(), bytes), base) << "word " << i;
   }
   EXPECT_NE(DigestBytes(words.data(), bytes - 1), base);
+  // Sign flips of floats in two words of one lane (words i and i + 4), and
+  // of every pair of elements among the first 64: their top bits must not
+  // cancel.
+  std::vector<float> floats(64);
+  for (size_t i = 0; i < floats.size(); ++i) floats[i] = 0.5f + static_cast<float>(i);
+  const uint64_t float_base = DigestBytes(floats.data(), floats.size() * 4);
+  for (size_t a = 0; a < floats.size(); ++a) {
+    for (size_t b = a + 1; b < floats.size(); ++b) {
+      std::vector<float> flipped = floats;
+      flipped[a] = -flipped[a];
+      flipped[b] = -flipped[b];
+      EXPECT_NE(DigestBytes(flipped.data(), flipped.size() * 4), float_base)
+          << "elements " << a << " and " << b;
+    }
+  }
   std::vector<uint64_t> zeros(8, 0);
   EXPECT_NE(DigestBytes(zeros.data(), 32), DigestBytes(zeros.data(), 64));
 }

@@ -137,19 +137,28 @@ absl::Status Recovery::BringTo(int64_t target) {
 }
 
 absl::Status Recovery::RollBackOverLostPush(int64_t version) {
-  const uint32_t rank = context_.calls.trainer_rank;
   // A few rounds: a shard may change between the survey and the rollback
   // (another trainer rolled it back first, or it restarted).
   absl::Status last;
   for (int round = 0; round < 5; ++round) {
     absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
     if (!shards.ok()) return shards.status();
+    const int64_t lowest = LowestVersion(*shards);
+    const bool all_rolled_back =
+        std::all_of(shards->begin(), shards->end(), [&](const v1::ModelSummary& s) {
+          return s.version() == lowest && s.rolled_back_to() == lowest;
+        });
+    if (lowest < version && all_rolled_back) {
+      // Another trainer rolled the job back meanwhile: follow it.
+      return RolledBackError(lowest, absl::StrCat("another trainer rolled the job back below "
+                                                  "version ",
+                                                  version));
+    }
     std::vector<std::string> stuck;
     for (size_t i = 0; i < shards->size(); ++i) {
-      const v1::ModelSummary& s = (*shards)[i];
-      const bool mine_in = std::find(s.trainers_pushed().begin(), s.trainers_pushed().end(),
-                                     rank) != s.trainers_pushed().end();
-      if (s.partly_run() && s.version() == version && !mine_in) {
+      // (Also where this trainer's own push was complete: it cannot tell
+      // whether the trainer whose push broke off still holds it.)
+      if ((*shards)[i].partly_run() && (*shards)[i].version() == version) {
         stuck.push_back(absl::StrCat(i));
       }
     }
@@ -157,8 +166,10 @@ absl::Status Recovery::RollBackOverLostPush(int64_t version) {
     last = RollBackJob(
         *shards,
         absl::StrCat("shard(s) ", absl::StrJoin(stuck, ", "), " ran part of step ", version + 1,
-                     " (pipelined) with the other trainers' pushes, and trainer ", rank,
-                     " lost its push of it (restarted without a journal): version ", version,
+                     " (pipelined) with pushes that then broke off, and "
+                     "trainer ",
+                     context_.calls.trainer_rank,
+                     " restarted without its push of it (no journal): version ", version,
                      " no longer exists whole there"));
     if (RolledBackTo(last)) return last;
     if (!absl::IsAborted(last) && !absl::IsDataLoss(last) && !absl::IsNotFound(last)) return last;

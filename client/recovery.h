@@ -77,13 +77,14 @@ class Recovery {
   // Every shard at version >= target (see the class comment).
   absl::Status BringTo(int64_t target);
 
-  // For a trainer that lost its push of the step after `version` (restarted
-  // without a journal) while some shard ran part of that step with the
-  // others' pushes (ModelSummary.partly_run): that step cannot end and
-  // `version` is gone there, so the job rolls back to the newest committed
-  // checkpoint every shard holds (RolledBackError, as in BringTo);
-  // FAILED_PRECONDITION saying what is missing without one; OK when no shard
-  // is in that state (nothing to do).
+  // For a trainer restarted without its push of the step after `version`
+  // (no journal) while some shard ran part of that step with pushes that
+  // broke off (ModelSummary.partly_run): `version` is gone there, and the
+  // trainer whose push broke off may have lost it too, so the job rolls back
+  // to the newest committed checkpoint every shard holds (RolledBackError, as
+  // in BringTo); FAILED_PRECONDITION saying what is missing without one.
+  // RolledBackError too when another trainer already rolled every shard back
+  // below `version`; OK when no shard is in that state (pull again).
   absl::Status RollBackOverLostPush(int64_t version);
 
   // Pushes re-sent to shards that lacked them, so far.

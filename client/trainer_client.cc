@@ -278,7 +278,10 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
 }
 
 absl::Status TrainerClient::Recover(int64_t target) {
-  absl::Status status = recovery_->BringTo(target);
+  return FollowRollBack(recovery_->BringTo(target));
+}
+
+absl::Status TrainerClient::FollowRollBack(absl::Status status) {
   std::optional<int64_t> rolled_back = RolledBackTo(status);
   if (!rolled_back) return status;
   // Every shard is at *rolled_back now: the pushes after it belong to the
@@ -409,35 +412,6 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
       return s;
     }
   }
-}
-
-absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_params) {
-  // (Pull forgets the rollback.)
-  std::optional<int64_t> rolled_back = rolled_back_to_;
-  int64_t from = rolled_back.value_or(registered_version_);
-  absl::StatusOr<int64_t> version = Pull(from, flat_params);
-  if (absl::IsFailedPrecondition(version.status()) && !rolled_back) {
-    // Perhaps a step that ran in part without the push this trainer lost
-    // when it restarted: only a rollback lets the job go on.
-    const absl::Status recovered = recovery_->RollBackOverLostPush(from);
-    if (std::optional<int64_t> back = RolledBackTo(recovered)) {
-      LogWarning("trainer %d: %s", options_.trainer_rank, std::string(recovered.message()));
-      history_->DropAfter(*back);
-      last_pushed_step_ = *back;
-      rolled_back = back;
-      from = *back;
-      version = Pull(from, flat_params);
-    } else if (!recovered.ok()) {
-      return recovered;
-    }
-  }
-  if (!version.ok()) return version.status();
-  if (*version != from && (rolled_back || *version != from + 1)) {
-    return absl::InternalError(absl::StrCat(
-        "pulled version ", *version,
-        rolled_back ? " after the job rolled back to " : " after attaching at ", from));
-  }
-  return *version;
 }
 
 absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const float> flat_grads,

@@ -171,11 +171,13 @@ class TrainerClient {
   // returns their version; the trainer continues with the next step. After
   // Register/Attach that is registered_version(), or one more (a step this
   // trainer's earlier process pushed was applied meanwhile); after a call
-  // that rolled the job back, exactly rolled_back_to(). A trainer restarted
-  // without a journal whose lost push some shard had already used in part
-  // (a pipelined step that cannot end without it) rolls the job back to the
-  // newest common checkpoint here and returns its version (the others' calls
-  // end with the rollback, as in recovery). INTERNAL for any other version.
+  // that rolled the job back, exactly rolled_back_to(). Where a shard ran
+  // part of the next step (pipelined) with pushes that broke off, so that
+  // the version is gone there: a trainer with a journal sends its push of
+  // that step again and returns the step's version; one without rolls the
+  // job back to the newest checkpoint every shard holds (or follows a
+  // trainer that did) and returns that version (the other trainers' steps
+  // send their pushes again). INTERNAL for any other version.
   absl::StatusOr<int64_t> PullToResume(absl::Span<float> flat_params);
 
   // From step `effective_step` on, every shard uses `optimizer` and
@@ -231,6 +233,14 @@ class TrainerClient {
   // Brings every shard to `target` (Recovery); after a rollback, re-attaches
   // and returns the RolledBackError.
   absl::Status Recover(int64_t target);
+  // After `status` rolled the job back (RolledBackError): this trainer's
+  // history, step count and registration follow, and rolled_back_to() is
+  // set; returns `status`. Any other status is returned as it is.
+  absl::Status FollowRollBack(absl::Status status);
+  // PullToResume's way past a pipelined step that ran in part (see there);
+  // sets `rolled_back` when the job rolled back.
+  absl::StatusOr<int64_t> ResumeOverPartlyRunStep(int64_t from, absl::Span<float> flat_params,
+                                                  std::optional<int64_t>* rolled_back);
   // A call to every shard made as the options say (retries, deadlines,
   // wait reports), `what` naming it in errors.
   ShardFanOut::Call CallFor(std::string what) const;

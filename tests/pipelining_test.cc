@@ -211,6 +211,179 @@ TEST(PipeliningTest, ATrainerLostMidStepRollsTheJobBackOverThePartlyRunStepByIts
   EXPECT_EQ(resumed, expected);
 }
 
+// Steps (from, to] with both trainers, `lr_change_at` switching Adam's lr
+// to 0.005 (both send it); for the bits of a job that took every step once.
+std::vector<float> CleanRun(const ModelSpec& spec, int64_t to, int64_t lr_change_at,
+                            const std::vector<float>& grad) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> clean = ServerProcess::Start(0, 1, {});
+  EXPECT_TRUE(clean.ok()) << clean.status();
+  if (!clean.ok()) return {};
+  TrainerClientOptions options;
+  std::vector<std::unique_ptr<TrainerClient>> fresh;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    options.trainer_rank = rank;
+    fresh.push_back(TrainerClient::Connect({(*clean)->address()}, options).value());
+  }
+  std::vector<float> params(4096, 0.25f), other(4096);
+  EXPECT_TRUE(fresh[0]->Register(spec, params).ok());
+  EXPECT_TRUE(fresh[1]->Attach(spec).ok());
+  for (int64_t step = 1; step <= to; ++step) {
+    if (step == lr_change_at) {
+      for (auto& t : fresh)
+        EXPECT_TRUE(t->SetHyperparameters(step, OptimizerConfig::Adam(0.005), LrSchedule{}).ok());
+    }
+    std::thread t([&] { EXPECT_TRUE(fresh[1]->Step(step, grad, absl::MakeSpan(other)).ok()); });
+    EXPECT_TRUE(fresh[0]->Step(step, grad, absl::MakeSpan(params)).ok());
+    t.join();
+  }
+  return params;
+}
+
+// The same with the newest checkpoint two steps back: the restarted trainer
+// resumes there (its registration follows: it can schedule a change for the
+// next step), the survivor's step ends with the rollback (its push of the
+// step in between is gone), and both take the two steps again.
+TEST(PipeliningTest, ALostPushRollsBackPastAnOlderCheckpointAndBothTrainersRedoTheSteps) {
+  const std::string checkpoints = MakeTempDir("pipeline_old_ckpt");
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      0, 1,
+      {"--pipeline_range_elements=64", "--checkpoint_dir=" + checkpoints, "--checkpoint_every=2"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  TrainerClientOptions options;
+  options.retry_budget = absl::Seconds(10);
+  std::vector<std::unique_ptr<TrainerClient>> trainers;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    options.trainer_rank = rank;
+    trainers.push_back(TrainerClient::Connect({(*server)->address()}, options).value());
+  }
+  ModelSpec spec;
+  spec.model_id = "lost_old";
+  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Adam(0.01);
+  spec.num_trainers = 2;
+  std::vector<float> params(4096, 0.25f), grad(4096, 0.125f), other(4096);
+  ASSERT_TRUE(trainers[0]->Register(spec, params).ok());
+  ASSERT_TRUE(trainers[1]->Attach(spec).ok());
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::thread t([&] { EXPECT_TRUE(trainers[1]->Step(step, grad, absl::MakeSpan(other)).ok()); });
+    ASSERT_TRUE(trainers[0]->Step(step, grad, absl::MakeSpan(params)).ok());
+    t.join();
+  }
+  std::unique_ptr<v1::ShardService::Stub> stub = NewStub((*server)->address());
+  v1::InspectResponse inspect;
+  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 2; ++i) {
+    ASSERT_TRUE(RawInspect(*stub, "lost_old", &inspect).ok());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(inspect.newest_committed_checkpoint(), 2);
+  // Step 4: trainer 1 pushes all of it; trainer 0 dies after 1024 elements.
+  ASSERT_TRUE(trainers[1]->Push(4, grad).ok());
+  v1::PushHeader header;
+  header.set_model_id("lost_old");
+  header.set_trainer_rank(0);
+  header.set_step(4);
+  header.set_num_elements(4096);
+  RawPush(*stub, &header, {{0, FloatBytes(grad.data(), 1024)}});
+  absl::StatusOr<StepResult> survivor;
+  std::thread survivor_step([&] { survivor = trainers[1]->Step(4, grad, absl::MakeSpan(other)); });
+
+  options.trainer_rank = 0;
+  std::unique_ptr<TrainerClient> restarted =
+      TrainerClient::Connect({(*server)->address()}, options).value();
+  ASSERT_TRUE(restarted->Attach(spec).ok());
+  absl::StatusOr<int64_t> resumed_at = restarted->PullToResume(absl::MakeSpan(params));
+  ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
+  EXPECT_EQ(*resumed_at, 2);
+  EXPECT_EQ(restarted->registered_version(), 2);
+  survivor_step.join();
+  ASSERT_FALSE(survivor.ok());
+  ASSERT_EQ(trainers[1]->rolled_back_to(), std::optional<int64_t>(2)) << survivor.status();
+  ASSERT_EQ(trainers[1]->PullToResume(absl::MakeSpan(other)).value(), 2);
+  for (TrainerClient* t : {restarted.get(), trainers[1].get()}) {
+    const absl::Status changed =
+        t->SetHyperparameters(3, OptimizerConfig::Adam(0.005), LrSchedule{});
+    ASSERT_TRUE(changed.ok()) << changed;
+  }
+  for (int64_t step = 3; step <= 4; ++step) {
+    std::thread t([&] { EXPECT_TRUE(trainers[1]->Step(step, grad, absl::MakeSpan(other)).ok()); });
+    ASSERT_TRUE(restarted->Step(step, grad, absl::MakeSpan(params)).ok());
+    t.join();
+  }
+  EXPECT_EQ(params, other);
+  EXPECT_EQ(params, CleanRun(spec, 4, 3, grad));
+}
+
+// A trainer with a journal in the same place sends its push again instead:
+// no rollback, and the step ends once the other trainer's push is whole.
+TEST(PipeliningTest, AJournaledTrainerResumesOverAPartlyRunStepWithoutARollBack) {
+  const std::string checkpoints = MakeTempDir("pipeline_journal_ckpt");
+  const std::string journal = MakeTempDir("pipeline_journal");
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      0, 1,
+      {"--pipeline_range_elements=64", "--checkpoint_dir=" + checkpoints, "--checkpoint_every=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  TrainerClientOptions options;
+  options.retry_budget = absl::Seconds(10);
+  TrainerClientOptions journaled = options;
+  journaled.journal_path = journal;
+  journaled.trainer_rank = 1;
+  std::unique_ptr<TrainerClient> other_trainer =
+      TrainerClient::Connect({(*server)->address()}, options).value();
+  std::unique_ptr<TrainerClient> first =
+      TrainerClient::Connect({(*server)->address()}, journaled).value();
+  ModelSpec spec;
+  spec.model_id = "journaled";
+  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Adam(0.01);
+  spec.num_trainers = 2;
+  std::vector<float> params(4096, 0.25f), grad(4096, 0.125f), other(4096);
+  ASSERT_TRUE(other_trainer->Register(spec, params).ok());
+  ASSERT_TRUE(first->Attach(spec).ok());
+  std::thread t([&] { EXPECT_TRUE(other_trainer->Step(1, grad, absl::MakeSpan(other)).ok()); });
+  ASSERT_TRUE(first->Step(1, grad, absl::MakeSpan(params)).ok());
+  t.join();
+  // Step 2: trainer 1 (journaled) pushes all of it, trainer 0's push breaks
+  // off after 1024 elements: the first 16 ranges run.
+  std::unique_ptr<v1::ShardService::Stub> stub = NewStub((*server)->address());
+  v1::InspectResponse saved;
+  for (int i = 0; i < 500 && saved.newest_committed_checkpoint() < 1; ++i) {
+    ASSERT_TRUE(RawInspect(*stub, "journaled", &saved).ok());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(first->Push(2, grad).ok());
+  v1::PushHeader header;
+  header.set_model_id("journaled");
+  header.set_trainer_rank(0);
+  header.set_step(2);
+  header.set_num_elements(4096);
+  RawPush(*stub, &header, {{0, FloatBytes(grad.data(), 1024)}});
+  v1::InspectResponse before;
+  ASSERT_TRUE(RawInspect(*stub, "journaled", &before).ok());
+  {
+    grpc::ClientContext context;
+    v1::ServerInfo info;
+    ASSERT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+    ASSERT_EQ(info.models_size(), 1);
+    ASSERT_TRUE(info.models(0).partly_run()) << info.DebugString();
+  }
+  first.reset();  // Trainer 1 "dies" and restarts on its journal.
+  std::unique_ptr<TrainerClient> restarted =
+      TrainerClient::Connect({(*server)->address()}, journaled).value();
+  ASSERT_TRUE(restarted->Attach(spec).ok());
+  absl::StatusOr<int64_t> resumed_at;
+  std::thread resume([&] { resumed_at = restarted->PullToResume(absl::MakeSpan(params)); });
+  // Trainer 0 (alive) sends its step 2 again, whole.
+  ASSERT_TRUE(other_trainer->Step(2, grad, absl::MakeSpan(other)).ok());
+  resume.join();
+  ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
+  EXPECT_EQ(*resumed_at, 2);
+  EXPECT_EQ(params, other);
+  v1::InspectResponse after;
+  ASSERT_TRUE(RawInspect(*stub, "journaled", &after).ok());
+  EXPECT_EQ(after.incarnation(), before.incarnation());  // Never rolled back.
+  EXPECT_EQ(params, CleanRun(spec, 2, 0, grad));
+}
+
 // Without a checkpoint to go back to, the restarted trainer of the same
 // situation is told at once what is missing.
 TEST(PipeliningTest, ATrainerLostMidStepWithoutACheckpointIsToldWhatIsMissing) {

@@ -342,8 +342,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             g.bucket_of.append(len(starts) - 1)
         g.buckets = [(b, starts[i + 1] if i + 1 < len(starts) else total)
                      for i, b in enumerate(starts)]
-        # The hooks hold the optimizer weakly: autograd keeps the accumulators
-        # (and so the hooks) as long as the parameters live.
+        # The hooks hold the optimizer weakly: g.accumulators keeps the
+        # accumulators (and so the hooks) alive, and g must not keep the
+        # optimizer alive through them.
         me = weakref.ref(self)
 
         def hook(g, j):
@@ -430,6 +431,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 results.append(g.last_result)
                 continue
             streamed = g.streaming and not g.broken
+            # A stream that started but broke (a second backward, a replaced
+            # .grad) sent its bytes for nothing, as a changed gradient does.
+            wasted = g.streaming and g.broken
             if self._send_hyperparameters(g, version):
                 streamed = False  # (Changed after backward: that ended the stream.)
             # A failure leaves this step to be tried again (pushes are
@@ -445,6 +449,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                                               g.flat_params.numpy())
                 self._note_changed_gradient(g, g.client.streamed_pushes_changed > changed_before)
             else:
+                if self._overlap_backward:
+                    self._note_changed_gradient(g, wasted)
                 g.last_result = g.client.step(version, g.flat_grads.numpy(),
                                               g.flat_params.numpy())
             g.version = version
@@ -472,10 +478,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if g.changed_in_a_row >= 3 and self._overlap_backward:
             self._overlap_backward = False
             warnings.warn(
-                "shardopt.torch: the gradients changed between backward() and step() in three "
-                "steps in a row (clip_grad_norm_ or in-place scaling?), so each was pushed twice; "
-                "pushing during backward is off from now on. Clip on the servers with "
-                "max_grad_norm, or pass overlap_backward=False", RuntimeWarning, stacklevel=3)
+                "shardopt.torch: the gradients changed after parts of them were sent during "
+                "backward() in three steps in a row (clip_grad_norm_ or in-place scaling after "
+                "backward, a second backward() before step(), a replaced .grad), so each was "
+                "pushed twice; pushing during backward is off from now on. Clip on the servers "
+                "with max_grad_norm, or pass overlap_backward=False", RuntimeWarning,
+                stacklevel=4)
 
     def _gather(self, g):
         """Brings gradients that are not views of the buffer into it; refuses

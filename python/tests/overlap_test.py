@@ -103,6 +103,9 @@ class OverlapTest(unittest.TestCase):
                                       bucket_cap_mb=0.005)
             self.assertEqual(opt._groups[0].client.streamed_pushes, 0)
             self.assert_exact(model, reference(accumulate=True))
+            # Each step's first backward streamed for nothing: after three,
+            # streaming stopped.
+            self.assertFalse(opt._overlap_backward)
 
     def test_on_by_default(self):
         with Cluster(1) as cluster:

@@ -1,0 +1,61 @@
+// TrainerClient::PullToResume (see trainer_client.h): where a (re)started
+// trainer goes on from, past a pipelined step that ran in part without it.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/push_history.h"
+#include "client/recovery.h"
+#include "client/step_calls.h"
+#include "client/trainer_client.h"
+#include "common/logging.h"
+
+namespace shardopt {
+
+absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_params) {
+  // (Pull forgets the rollback.)
+  std::optional<int64_t> rolled_back = rolled_back_to_;
+  int64_t from = rolled_back.value_or(registered_version_);
+  absl::StatusOr<int64_t> version = Pull(from, flat_params);
+  if (absl::IsFailedPrecondition(version.status()) && !rolled_back) {
+    version = ResumeOverPartlyRunStep(from, flat_params, &rolled_back);
+    if (rolled_back) from = *rolled_back;
+  }
+  if (!version.ok()) return version.status();
+  if (*version != from && (rolled_back || *version != from + 1)) {
+    return absl::InternalError(absl::StrCat(
+        "pulled version ", *version,
+        rolled_back ? " after the job rolled back to " : " after attaching at ", from));
+  }
+  return *version;
+}
+
+absl::StatusOr<int64_t> TrainerClient::ResumeOverPartlyRunStep(
+    int64_t from, absl::Span<float> flat_params, std::optional<int64_t>* rolled_back) {
+  // Perhaps a shard ran part of step from + 1 (pipelined) with pushes that
+  // broke off, this trainer's earlier process's among them: `from` is gone.
+  if (absl::StatusOr<PushedStep> mine = history_->Find(from + 1); mine.ok()) {
+    // Journaled: send it again whole (the ranges it fed skip it) and go on
+    // from the step's result.
+    std::vector<v1::PushGradientsResponse> responses;
+    if (absl::Status s = steps_->Push(from + 1, mine->payload->data(), mine->dtype,
+                                      mine->loss_scale, history_->ChangesAfter(from), &responses);
+        !s.ok()) {
+      return s;
+    }
+    return Pull(from + 1, flat_params);
+  }
+  // Without it the step may never end: roll the job back (or follow the
+  // trainer that did).
+  const absl::Status recovered = FollowRollBack(recovery_->RollBackOverLostPush(from));
+  if (!RolledBackTo(recovered)) {
+    if (!recovered.ok()) return recovered;
+    return Pull(from, flat_params);  // (The state passed meanwhile.)
+  }
+  LogWarning("trainer %d: %s", options_.trainer_rank, std::string(recovered.message()));
+  *rolled_back = rolled_back_to_;
+  return Pull(**rolled_back, flat_params);
+}
+
+}  // namespace shardopt
