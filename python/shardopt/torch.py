@@ -231,11 +231,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._groups = [self._register(i, group) for i, group in enumerate(self.param_groups)]
         self._registered = True
         # (Not _step_count: torch's lr schedulers use that name on optimizers.)
-        self._version = self._groups[0].version
-        if any(g.version != self._version for g in self._groups):
+        # A trainer restarted between its groups' pushes of a step finds the
+        # groups one version apart: it goes on from the lower one, and the
+        # step skips the groups already past it (as after a failed step()).
+        self._version = min(g.version for g in self._groups)
+        if max(g.version for g in self._groups) > self._version + 1:
             raise FailedPreconditionError(
-                "FAILED_PRECONDITION: the parameter groups' models are at different versions "
-                f"{[g.version for g in self._groups]}")
+                "FAILED_PRECONDITION: the parameter groups' models are at versions "
+                f"{[g.version for g in self._groups]}, more than one step apart (restart the "
+                "servers from a common checkpoint)")
         self.last_results = []
 
     # -- construction --------------------------------------------------------

@@ -85,6 +85,32 @@ class OptimizerApiTest(unittest.TestCase):
             self.assertTrue(torch.equal(a, b), (a - b).abs().max())
 
 
+    def test_a_restart_between_the_groups_pushes_of_a_step_goes_on(self):
+        groups = lambda m: [{"params": m[0].parameters(), "lr": 0.05},
+                            {"params": m[2].parameters()}]
+        with Cluster(2) as cluster:
+            model = net()
+            opt = shardopt.torch.DistributedOptimizer(
+                groups(model), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adam", lr=0.01, model_id="halfway", overlap_backward=False)
+            train(model, opt, 1, 3)
+            # Step 4 reaches the first group's model only, then the trainer dies.
+            x, y = data(4)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            first = opt._groups[0]
+            first.client.step(4, first.flat_grads.numpy(), first.flat_params.numpy())
+            del opt
+            restarted = net()
+            opt = shardopt.torch.DistributedOptimizer(
+                groups(restarted), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adam", lr=0.01, model_id="halfway", overlap_backward=False)
+            self.assertEqual([g.version for g in opt._groups], [4, 3])
+            self.assertEqual(opt.step_count, 3)
+            train(restarted, opt, 4, 6)  # Step 4 goes to the second group only.
+            self.assertEqual(opt.step_count, 6)
+            self.assertEqual([shards[0]["version"] for shards in opt.inspect()], ["6", "6"])
+
     def test_sixteen_bit_wire_matches_torch_with_the_same_roundings(self):
         # Mixed precision with fp32 masters: the servers update fp32 master
         # weights with the gradients rounded to the push type, and the model
