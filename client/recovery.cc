@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/proto_convert.h"
 
 namespace shardopt {
@@ -136,23 +137,64 @@ absl::Status Recovery::BringTo(int64_t target) {
   }
 }
 
-absl::Status Recovery::RollBackOverLostPush(int64_t version) {
-  // A few rounds: a shard may change between the survey and the rollback
-  // (another trainer rolled it back first, or it restarted).
-  absl::Status last;
-  for (int round = 0; round < 5; ++round) {
+Recovery::RollBackBelow Recovery::RolledBackBelow(const std::vector<v1::ModelSummary>& shards,
+                                                  int64_t version, int64_t* to) {
+  *to = LowestVersion(shards);
+  if (*to >= version) return RollBackBelow::kNone;
+  const auto there = [&](const v1::ModelSummary& s) {
+    return s.version() == *to && s.rolled_back_to() == *to;
+  };
+  if (std::all_of(shards.begin(), shards.end(), there)) return RollBackBelow::kDone;
+  return std::any_of(shards.begin(), shards.end(), there) ? RollBackBelow::kUnderWay
+                                                          : RollBackBelow::kNone;
+}
+
+absl::Status Recovery::AwaitRollBackUnderWay(const std::vector<v1::ModelSummary>& shards,
+                                             int64_t to, absl::Time give_up) {
+  if (absl::Now() >= give_up) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "model '", context_.calls.model_id, "': another trainer's rollback to step ", to,
+        " did not reach every shard within the retry budget (", Versions(shards), ")"));
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  return absl::OkStatus();
+}
+
+absl::Status Recovery::FollowRollBackBelow(int64_t version) {
+  const absl::Time give_up = absl::Now() + context_.calls.policy.budget;
+  for (;;) {
     absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
     if (!shards.ok()) return shards.status();
-    const int64_t lowest = LowestVersion(*shards);
-    const bool all_rolled_back =
-        std::all_of(shards->begin(), shards->end(), [&](const v1::ModelSummary& s) {
-          return s.version() == lowest && s.rolled_back_to() == lowest;
-        });
-    if (lowest < version && all_rolled_back) {
-      // Another trainer rolled the job back meanwhile: follow it.
-      return RolledBackError(lowest, absl::StrCat("another trainer rolled the job back below "
-                                                  "version ",
-                                                  version));
+    int64_t to = 0;
+    switch (RolledBackBelow(*shards, version, &to)) {
+      case RollBackBelow::kNone:
+        return absl::OkStatus();
+      case RollBackBelow::kDone:
+        return RolledBackError(
+            to, absl::StrCat("another trainer rolled the job back below version ", version));
+      case RollBackBelow::kUnderWay:
+        if (absl::Status s = AwaitRollBackUnderWay(*shards, to, give_up); !s.ok()) return s;
+    }
+  }
+}
+
+absl::Status Recovery::RollBackOverLostPush(int64_t version) {
+  // A few rollback attempts: a shard may change between the survey and the
+  // rollback (another trainer rolled it back first, or it restarted).
+  absl::Status last;
+  const absl::Time give_up = absl::Now() + context_.calls.policy.budget;
+  for (int attempts = 0; attempts < 5;) {
+    absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
+    if (!shards.ok()) return shards.status();
+    int64_t to = 0;
+    const RollBackBelow below = RolledBackBelow(*shards, version, &to);
+    if (below == RollBackBelow::kDone) {
+      return RolledBackError(
+          to, absl::StrCat("another trainer rolled the job back below version ", version));
+    }
+    if (below == RollBackBelow::kUnderWay) {
+      if (absl::Status s = AwaitRollBackUnderWay(*shards, to, give_up); !s.ok()) return s;
+      continue;
     }
     std::vector<std::string> stuck;
     for (size_t i = 0; i < shards->size(); ++i) {
@@ -173,6 +215,7 @@ absl::Status Recovery::RollBackOverLostPush(int64_t version) {
                      " no longer exists whole there"));
     if (RolledBackTo(last)) return last;
     if (!absl::IsAborted(last) && !absl::IsDataLoss(last) && !absl::IsNotFound(last)) return last;
+    ++attempts;
   }
   return last;
 }

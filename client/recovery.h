@@ -86,6 +86,10 @@ class Recovery {
   // RolledBackError too when another trainer already rolled every shard back
   // below `version`; OK when no shard is in that state (pull again).
   absl::Status RollBackOverLostPush(int64_t version);
+  // RolledBackError when another trainer rolled every shard back below
+  // `version` (waiting, within the retry budget, while that rollback is
+  // under way: some shards there, the others not yet); OK when none did.
+  absl::Status FollowRollBackBelow(int64_t version);
 
   // Pushes re-sent to shards that lacked them, so far.
   int64_t replayed_pushes() const { return replayed_pushes_.load(); }
@@ -106,6 +110,14 @@ class Recovery {
   absl::Status AwaitStep(int64_t step, const std::optional<StepDecision>& decision, bool pushed,
                          const ShardSubset& which);
   absl::Status RollBackJob(const std::vector<v1::ModelSummary>& shards, const std::string& why);
+  // Whether some trainer rolled the shards back below `version`, to `*to`.
+  enum class RollBackBelow { kNone, kUnderWay, kDone };
+  static RollBackBelow RolledBackBelow(const std::vector<v1::ModelSummary>& shards, int64_t version,
+                                       int64_t* to);
+  // For a rollback under way: sleeps a little, or DEADLINE_EXCEEDED past
+  // `give_up`.
+  absl::Status AwaitRollBackUnderWay(const std::vector<v1::ModelSummary>& shards, int64_t to,
+                                     absl::Time give_up);
   ShardFanOut::Call CallFor(const std::string& what) const;
 
   ShardFanOut* const fanout_;

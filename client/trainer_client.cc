@@ -64,7 +64,7 @@ int64_t TrainerClient::failed_attempts(size_t shard) const {
 }
 
 int64_t TrainerClient::replayed_pushes() const {
-  return recovery_ ? recovery_->replayed_pushes() : 0;
+  return (recovery_ ? recovery_->replayed_pushes() : 0) + resent_on_resume_.load();
 }
 
 double TrainerClient::loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }

@@ -203,7 +203,8 @@ class TrainerClient {
   // mapping, field names as in the proto), in shard order.
   absl::StatusOr<std::vector<std::string>> InspectJson();
 
-  // Earlier steps re-pushed to restarted shards so far (see replay_steps).
+  // Earlier steps re-pushed to restarted shards so far (see replay_steps),
+  // and journaled pushes PullToResume sent again.
   int64_t replayed_pushes() const;
   // Attempts of calls to shards (register, attach, push, pull, statistics,
   // hyperparameters, checkpoints) that failed UNAVAILABLE or
@@ -259,6 +260,9 @@ class TrainerClient {
   absl::Mutex streamed_mu_;  // MarkGradientReady may come from other threads.
   std::unique_ptr<StreamedPush> streamed_ ABSL_GUARDED_BY(streamed_mu_);
   int64_t streamed_pushes_ = 0;
+  // Journaled pushes PullToResume sent again (counted in replayed_pushes();
+  // read from other threads by tests).
+  std::atomic<int64_t> resent_on_resume_{0};
   int64_t changed_after_send_ = 0;
   std::optional<ModelLayout> layout_;
   std::optional<ModelSpec> spec_;

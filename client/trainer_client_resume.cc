@@ -16,6 +16,17 @@ namespace shardopt {
 absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_params) {
   // (Pull forgets the rollback.)
   std::optional<int64_t> rolled_back = rolled_back_to_;
+  if (!rolled_back) {
+    // Attached before another trainer rolled the job back: that version
+    // will not come (or only with pushes this trainer no longer has).
+    const absl::Status followed =
+        FollowRollBack(recovery_->FollowRollBackBelow(registered_version_));
+    if (RolledBackTo(followed)) {
+      rolled_back = rolled_back_to_;
+    } else if (!followed.ok()) {
+      return followed;
+    }
+  }
   int64_t from = rolled_back.value_or(registered_version_);
   absl::StatusOr<int64_t> version = Pull(from, flat_params);
   if (absl::IsFailedPrecondition(version.status()) && !rolled_back) {
@@ -33,18 +44,24 @@ absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_param
 
 absl::StatusOr<int64_t> TrainerClient::ResumeOverPartlyRunStep(
     int64_t from, absl::Span<float> flat_params, std::optional<int64_t>* rolled_back) {
+  // Whatever rolls the job back on the way, this trainer goes on from there.
+  const auto followed = [&](absl::StatusOr<int64_t> version) -> absl::StatusOr<int64_t> {
+    if (version.ok() || !rolled_back_to_) return version;
+    *rolled_back = rolled_back_to_;
+    return Pull(**rolled_back, flat_params);
+  };
   // Perhaps a shard ran part of step from + 1 (pipelined) with pushes that
   // broke off, this trainer's earlier process's among them: `from` is gone.
-  if (absl::StatusOr<PushedStep> mine = history_->Find(from + 1); mine.ok()) {
-    // Journaled: send it again whole (the ranges it fed skip it) and go on
-    // from the step's result.
-    std::vector<v1::PushGradientsResponse> responses;
-    if (absl::Status s = steps_->Push(from + 1, mine->payload->data(), mine->dtype,
-                                      mine->loss_scale, history_->ChangesAfter(from), &responses);
-        !s.ok()) {
-      return s;
-    }
-    return Pull(from + 1, flat_params);
+  absl::StatusOr<PushedStep> mine = history_->Find(from + 1);
+  if (mine.ok() && mine->dtype == options_.push_dtype) {
+    // Journaled: send it again whole (the ranges it fed skip it; a shard
+    // found behind is recovered first, as for any push) and go on from the
+    // step's result.
+    ++resent_on_resume_;
+    absl::StatusOr<StepResult> pushed =
+        PushPayload(from + 1, mine->payload->data(), mine->loss_scale);
+    if (!pushed.ok()) return followed(pushed.status());
+    return followed(Pull(from + 1, flat_params));
   }
   // Without it the step may never end: roll the job back (or follow the
   // trainer that did).

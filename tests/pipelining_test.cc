@@ -239,78 +239,135 @@ std::vector<float> CleanRun(const ModelSpec& spec, int64_t to, int64_t lr_change
   return params;
 }
 
+// A job of 2 trainers (no journals) on one shard with a checkpoint every
+// `checkpoint_every` steps, `steps` steps taken whole, the newest checkpoint
+// `checkpoint` committed; then step steps + 1 partly run: trainer 1's push
+// whole, trainer 0's broken off after 1024 elements (16 ranges ran).
+struct PartlyRunJob {
+  std::unique_ptr<ServerProcess> server;
+  std::unique_ptr<v1::ShardService::Stub> stub;
+  ModelSpec spec;
+  TrainerClientOptions options;
+  std::vector<std::unique_ptr<TrainerClient>> trainers;
+  std::vector<float> grad = std::vector<float>(4096, 0.125f);
+};
+
+void StartPartlyRunJob(const std::string& model_id, int checkpoint_every, int64_t steps,
+                       int64_t checkpoint, PartlyRunJob* job) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      0, 1,
+      {"--pipeline_range_elements=64", "--checkpoint_dir=" + MakeTempDir(model_id),
+       absl::StrCat("--checkpoint_every=", checkpoint_every)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  job->server = std::move(*server);
+  job->stub = NewStub(job->server->address());
+  job->options.retry_budget = absl::Seconds(10);
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    job->options.trainer_rank = rank;
+    job->trainers.push_back(TrainerClient::Connect({job->server->address()}, job->options).value());
+  }
+  job->spec.model_id = model_id;
+  job->spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
+  job->spec.optimizer = OptimizerConfig::Adam(0.01);
+  job->spec.num_trainers = 2;
+  std::vector<float> params(4096, 0.25f), other(4096);
+  ASSERT_TRUE(job->trainers[0]->Register(job->spec, params).ok());
+  ASSERT_TRUE(job->trainers[1]->Attach(job->spec).ok());
+  for (int64_t step = 1; step <= steps; ++step) {
+    std::thread t(
+        [&] { EXPECT_TRUE(job->trainers[1]->Step(step, job->grad, absl::MakeSpan(other)).ok()); });
+    ASSERT_TRUE(job->trainers[0]->Step(step, job->grad, absl::MakeSpan(params)).ok());
+    t.join();
+  }
+  v1::InspectResponse inspect;
+  // (A checkpoint being written would hold the ranges back.)
+  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < checkpoint; ++i) {
+    ASSERT_TRUE(RawInspect(*job->stub, model_id, &inspect).ok());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(inspect.newest_committed_checkpoint(), checkpoint);
+  ASSERT_TRUE(job->trainers[1]->Push(steps + 1, job->grad).ok());
+  v1::PushHeader header;
+  header.set_model_id(model_id);
+  header.set_trainer_rank(0);
+  header.set_step(steps + 1);
+  header.set_num_elements(4096);
+  RawPush(*job->stub, &header, {{0, FloatBytes(job->grad.data(), 1024)}});
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(job->stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  ASSERT_TRUE(info.models(0).partly_run()) << info.DebugString();
+}
+
+// Both trainers `from` to `to` (steps), from `params` / `other`.
+void BothStep(TrainerClient& a, TrainerClient& b, int64_t from, int64_t to,
+              const std::vector<float>& grad, std::vector<float>* params,
+              std::vector<float>* other) {
+  for (int64_t step = from; step <= to; ++step) {
+    std::thread t([&] { EXPECT_TRUE(b.Step(step, grad, absl::MakeSpan(*other)).ok()); });
+    EXPECT_TRUE(a.Step(step, grad, absl::MakeSpan(*params)).ok());
+    t.join();
+  }
+}
+
 // The same with the newest checkpoint two steps back: the restarted trainer
 // resumes there (its registration follows: it can schedule a change for the
 // next step), the survivor's step ends with the rollback (its push of the
 // step in between is gone), and both take the two steps again.
 TEST(PipeliningTest, ALostPushRollsBackPastAnOlderCheckpointAndBothTrainersRedoTheSteps) {
-  const std::string checkpoints = MakeTempDir("pipeline_old_ckpt");
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-      0, 1,
-      {"--pipeline_range_elements=64", "--checkpoint_dir=" + checkpoints, "--checkpoint_every=2"});
-  ASSERT_TRUE(server.ok()) << server.status();
-  TrainerClientOptions options;
-  options.retry_budget = absl::Seconds(10);
-  std::vector<std::unique_ptr<TrainerClient>> trainers;
-  for (uint32_t rank = 0; rank < 2; ++rank) {
-    options.trainer_rank = rank;
-    trainers.push_back(TrainerClient::Connect({(*server)->address()}, options).value());
-  }
-  ModelSpec spec;
-  spec.model_id = "lost_old";
-  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Adam(0.01);
-  spec.num_trainers = 2;
-  std::vector<float> params(4096, 0.25f), grad(4096, 0.125f), other(4096);
-  ASSERT_TRUE(trainers[0]->Register(spec, params).ok());
-  ASSERT_TRUE(trainers[1]->Attach(spec).ok());
-  for (int64_t step = 1; step <= 3; ++step) {
-    std::thread t([&] { EXPECT_TRUE(trainers[1]->Step(step, grad, absl::MakeSpan(other)).ok()); });
-    ASSERT_TRUE(trainers[0]->Step(step, grad, absl::MakeSpan(params)).ok());
-    t.join();
-  }
-  std::unique_ptr<v1::ShardService::Stub> stub = NewStub((*server)->address());
-  v1::InspectResponse inspect;
-  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 2; ++i) {
-    ASSERT_TRUE(RawInspect(*stub, "lost_old", &inspect).ok());
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_EQ(inspect.newest_committed_checkpoint(), 2);
-  // Step 4: trainer 1 pushes all of it; trainer 0 dies after 1024 elements.
-  ASSERT_TRUE(trainers[1]->Push(4, grad).ok());
-  v1::PushHeader header;
-  header.set_model_id("lost_old");
-  header.set_trainer_rank(0);
-  header.set_step(4);
-  header.set_num_elements(4096);
-  RawPush(*stub, &header, {{0, FloatBytes(grad.data(), 1024)}});
+  PartlyRunJob job;
+  ASSERT_NO_FATAL_FAILURE(StartPartlyRunJob("lost_old", 2, 3, 2, &job));
+  std::vector<float> params(4096), other(4096);
   absl::StatusOr<StepResult> survivor;
-  std::thread survivor_step([&] { survivor = trainers[1]->Step(4, grad, absl::MakeSpan(other)); });
-
-  options.trainer_rank = 0;
+  std::thread survivor_step(
+      [&] { survivor = job.trainers[1]->Step(4, job.grad, absl::MakeSpan(other)); });
+  job.options.trainer_rank = 0;
   std::unique_ptr<TrainerClient> restarted =
-      TrainerClient::Connect({(*server)->address()}, options).value();
-  ASSERT_TRUE(restarted->Attach(spec).ok());
+      TrainerClient::Connect({job.server->address()}, job.options).value();
+  ASSERT_TRUE(restarted->Attach(job.spec).ok());
   absl::StatusOr<int64_t> resumed_at = restarted->PullToResume(absl::MakeSpan(params));
   ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
   EXPECT_EQ(*resumed_at, 2);
   EXPECT_EQ(restarted->registered_version(), 2);
   survivor_step.join();
   ASSERT_FALSE(survivor.ok());
-  ASSERT_EQ(trainers[1]->rolled_back_to(), std::optional<int64_t>(2)) << survivor.status();
-  ASSERT_EQ(trainers[1]->PullToResume(absl::MakeSpan(other)).value(), 2);
-  for (TrainerClient* t : {restarted.get(), trainers[1].get()}) {
+  ASSERT_EQ(job.trainers[1]->rolled_back_to(), std::optional<int64_t>(2)) << survivor.status();
+  ASSERT_EQ(job.trainers[1]->PullToResume(absl::MakeSpan(other)).value(), 2);
+  for (TrainerClient* t : {restarted.get(), job.trainers[1].get()}) {
     const absl::Status changed =
         t->SetHyperparameters(3, OptimizerConfig::Adam(0.005), LrSchedule{});
     ASSERT_TRUE(changed.ok()) << changed;
   }
-  for (int64_t step = 3; step <= 4; ++step) {
-    std::thread t([&] { EXPECT_TRUE(trainers[1]->Step(step, grad, absl::MakeSpan(other)).ok()); });
-    ASSERT_TRUE(restarted->Step(step, grad, absl::MakeSpan(params)).ok());
-    t.join();
-  }
+  BothStep(*restarted, *job.trainers[1], 3, 4, job.grad, &params, &other);
   EXPECT_EQ(params, other);
-  EXPECT_EQ(params, CleanRun(spec, 4, 3, grad));
+  EXPECT_EQ(params, CleanRun(job.spec, 4, 3, job.grad));
+}
+
+// Both trainers restart without journals. The one whose push was whole
+// comes first: it cannot know whether the other still holds its push, so it
+// rolls the job back; the other, attached before that rollback, follows it.
+TEST(PipeliningTest, BothTrainersRestartWithoutJournalsTheFirstRollsBackTheSecondFollows) {
+  PartlyRunJob job;
+  ASSERT_NO_FATAL_FAILURE(StartPartlyRunJob("both_restart", 2, 3, 2, &job));
+  job.trainers.clear();
+  std::vector<std::unique_ptr<TrainerClient>> restarted;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    job.options.trainer_rank = rank;
+    restarted.push_back(TrainerClient::Connect({job.server->address()}, job.options).value());
+    ASSERT_TRUE(restarted.back()->Attach(job.spec).ok());
+    EXPECT_EQ(restarted.back()->registered_version(), 3);
+  }
+  std::vector<float> params(4096), other(4096);
+  absl::StatusOr<int64_t> first = restarted[1]->PullToResume(absl::MakeSpan(other));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, 2);
+  absl::StatusOr<int64_t> second = restarted[0]->PullToResume(absl::MakeSpan(params));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*second, 2);
+  EXPECT_EQ(restarted[0]->registered_version(), 2);
+  BothStep(*restarted[0], *restarted[1], 3, 4, job.grad, &params, &other);
+  EXPECT_EQ(params, other);
+  EXPECT_EQ(params, CleanRun(job.spec, 4, 0, job.grad));
 }
 
 // A trainer with a journal in the same place sends its push again instead:
@@ -372,7 +429,12 @@ TEST(PipeliningTest, AJournaledTrainerResumesOverAPartlyRunStepWithoutARollBack)
   ASSERT_TRUE(restarted->Attach(spec).ok());
   absl::StatusOr<int64_t> resumed_at;
   std::thread resume([&] { resumed_at = restarted->PullToResume(absl::MakeSpan(params)); });
-  // Trainer 0 (alive) sends its step 2 again, whole.
+  // Once the restarted trainer has sent its journaled push again (it found
+  // the step partly run), trainer 0 (alive) sends its step 2 again, whole.
+  for (int i = 0; i < 1000 && restarted->replayed_pushes() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(restarted->replayed_pushes(), 1);
   ASSERT_TRUE(other_trainer->Step(2, grad, absl::MakeSpan(other)).ok());
   resume.join();
   ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();

@@ -240,6 +240,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "FAILED_PRECONDITION: the parameter groups' models are at versions "
                 f"{[g.version for g in self._groups]}, more than one step apart (restart the "
                 "servers from a common checkpoint)")
+        for g in self._groups:
+            if g.version > self._version:  # What its (skipped) next step reports.
+                g.last_result = {"step": g.version, "version": g.version,
+                                 "lr": float(self.param_groups[g.index]["lr"]),
+                                 "applied_before_restart": True}
         self.last_results = []
 
     # -- construction --------------------------------------------------------

@@ -107,7 +107,10 @@ class OptimizerApiTest(unittest.TestCase):
                 optimizer="adam", lr=0.01, model_id="halfway", overlap_backward=False)
             self.assertEqual([g.version for g in opt._groups], [4, 3])
             self.assertEqual(opt.step_count, 3)
-            train(restarted, opt, 4, 6)  # Step 4 goes to the second group only.
+            train(restarted, opt, 4, 4)  # Step 4 goes to the second group only.
+            self.assertTrue(opt.last_results[0]["applied_before_restart"])
+            self.assertEqual(opt.last_results[1]["version"], 4)
+            train(restarted, opt, 5, 6)
             self.assertEqual(opt.step_count, 6)
             self.assertEqual([shards[0]["version"] for shards in opt.inspect()], ["6", "6"])
 
