@@ -107,111 +107,7 @@ TEST(PipeliningTest, PullsOverlapThePushOnlyWithOverlapPullAndTheBitsDoNotChange
   EXPECT_TRUE(overlap_seen);
 }
 
-// A trainer dies in the middle of a pipelined step after some ranges ran
-// with its gradient, and has no journal: restarted, it cannot get the
-// version it would resume from (its ranges moved on), so PullToResume rolls
-// the job back to the checkpoint of the step before by itself and resumes
-// there at once (instead of waiting for its own push); the surviving
-// trainer's pull of the step ends with the rollback, and both go on to the
-// end, every shard holding exactly the steps taken. Without a checkpoint
-// the restarted trainer is told what is missing.
-TEST(PipeliningTest, ATrainerLostMidStepRollsTheJobBackOverThePartlyRunStepByItself) {
-  const std::string checkpoints = MakeTempDir("pipeline_ckpt");
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-      0, 1,
-      {"--pipeline_range_elements=64", "--checkpoint_dir=" + checkpoints, "--checkpoint_every=1"});
-  ASSERT_TRUE(server.ok()) << server.status();
-  TrainerClientOptions options;
-  options.retry_budget = absl::Seconds(10);
-  std::vector<std::unique_ptr<TrainerClient>> trainers;
-  for (uint32_t rank = 0; rank < 2; ++rank) {
-    options.trainer_rank = rank;
-    trainers.push_back(TrainerClient::Connect({(*server)->address()}, options).value());
-  }
-  ModelSpec spec;
-  spec.model_id = "lost";
-  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Adam(0.01);
-  spec.num_trainers = 2;
-  std::vector<float> params(4096, 0.25f), grad(4096, 0.125f);
-  ASSERT_TRUE(trainers[0]->Register(spec, params).ok());
-  ASSERT_TRUE(trainers[1]->Attach(spec).ok());
-  ASSERT_TRUE(trainers[0]->Push(1, grad).ok());
-  ASSERT_TRUE(trainers[1]->Push(1, grad).ok());
-  std::vector<float> after_step1(4096);
-  ASSERT_EQ(trainers[1]->Pull(1, absl::MakeSpan(after_step1)).value(), 1);
-  std::unique_ptr<v1::ShardService::Stub> stub = NewStub((*server)->address());
-  v1::InspectResponse inspect;
-  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 1; ++i) {
-    ASSERT_TRUE(RawInspect(*stub, "lost", &inspect).ok());
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_EQ(inspect.newest_committed_checkpoint(), 1);
-
-  // Step 2: trainer 1 pushes all of it; trainer 0 dies after 1024 elements.
-  ASSERT_TRUE(trainers[1]->Push(2, grad).ok());
-  v1::PushHeader header;
-  header.set_model_id("lost");
-  header.set_trainer_rank(0);
-  header.set_step(2);
-  header.set_num_elements(4096);
-  const grpc::Status broken = RawPush(*stub, &header, {{0, FloatBytes(grad.data(), 1024)}});
-  EXPECT_EQ(broken.error_code(), grpc::INVALID_ARGUMENT) << broken.error_message();
-
-  // Trainer 1 is in its Step(2) meanwhile (the push acknowledged as a
-  // duplicate, the pull waiting); after the rollback its shard has lost the
-  // push, which the step sends again (its gradient was of version 1, which
-  // the job is back at).
-  std::vector<float> survivor_params(4096);
-  absl::StatusOr<StepResult> survivor;
-  std::thread survivor_step(
-      [&] { survivor = trainers[1]->Step(2, grad, absl::MakeSpan(survivor_params)); });
-
-  // Restarted without a journal, trainer 0 attaches and asks where to resume.
-  options.trainer_rank = 0;
-  std::unique_ptr<TrainerClient> restarted =
-      TrainerClient::Connect({(*server)->address()}, options).value();
-  ASSERT_TRUE(restarted->Attach(spec).ok());
-  const absl::Time asked = absl::Now();
-  std::vector<float> resumed(4096);
-  absl::StatusOr<int64_t> resumed_at = restarted->PullToResume(absl::MakeSpan(resumed));
-  EXPECT_LT(absl::Now() - asked, absl::Seconds(5));  // At once, not after the retry budget.
-  ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
-  EXPECT_EQ(*resumed_at, 1);
-  EXPECT_EQ(resumed, after_step1);
-  ASSERT_TRUE(RawInspect(*stub, "lost", &inspect).ok());
-  EXPECT_EQ(inspect.version(), 1);
-
-  // Both go on: step 2 applied once, from version 1's values.
-  const absl::StatusOr<StepResult> restarted_step =
-      restarted->Step(2, grad, absl::MakeSpan(resumed));
-  survivor_step.join();
-  ASSERT_TRUE(restarted_step.ok()) << restarted_step.status();
-  ASSERT_TRUE(survivor.ok()) << survivor.status();
-  EXPECT_EQ(survivor->version, 2);
-  EXPECT_EQ(survivor_params, resumed);
-  // A job that went through step 2 once, whole, ends at the same bits.
-  absl::StatusOr<std::unique_ptr<ServerProcess>> clean = ServerProcess::Start(0, 1, {});
-  ASSERT_TRUE(clean.ok()) << clean.status();
-  std::vector<std::unique_ptr<TrainerClient>> fresh;
-  for (uint32_t rank = 0; rank < 2; ++rank) {
-    options.trainer_rank = rank;
-    fresh.push_back(TrainerClient::Connect({(*clean)->address()}, options).value());
-  }
-  std::vector<float> expected(4096, 0.25f);
-  ASSERT_TRUE(fresh[0]->Register(spec, expected).ok());
-  ASSERT_TRUE(fresh[1]->Attach(spec).ok());
-  for (int64_t step = 1; step <= 2; ++step) {
-    std::vector<float> other_params(4096);
-    std::thread t(
-        [&] { EXPECT_TRUE(fresh[1]->Step(step, grad, absl::MakeSpan(other_params)).ok()); });
-    ASSERT_TRUE(fresh[0]->Step(step, grad, absl::MakeSpan(expected)).ok());
-    t.join();
-  }
-  EXPECT_EQ(resumed, expected);
-}
-
-// Steps (from, to] with both trainers, `lr_change_at` switching Adam's lr
+// Steps 1..`to` with both trainers, `lr_change_at` switching Adam's lr
 // to 0.005 (both send it); for the bits of a job that took every step once.
 std::vector<float> CleanRun(const ModelSpec& spec, int64_t to, int64_t lr_change_at,
                             const std::vector<float>& grad) {
@@ -240,9 +136,10 @@ std::vector<float> CleanRun(const ModelSpec& spec, int64_t to, int64_t lr_change
 }
 
 // A job of 2 trainers (no journals) on one shard with a checkpoint every
-// `checkpoint_every` steps, `steps` steps taken whole, the newest checkpoint
-// `checkpoint` committed; then step steps + 1 partly run: trainer 1's push
-// whole, trainer 0's broken off after 1024 elements (16 ranges ran).
+// `checkpoint_every` steps (0: no checkpoints), `steps` steps taken whole,
+// the newest checkpoint `checkpoint` committed; then step steps + 1 partly
+// run: trainer 1's push whole, trainer 0's broken off after 1024 elements
+// (16 ranges ran).
 struct PartlyRunJob {
   std::unique_ptr<ServerProcess> server;
   std::unique_ptr<v1::ShardService::Stub> stub;
@@ -254,10 +151,12 @@ struct PartlyRunJob {
 
 void StartPartlyRunJob(const std::string& model_id, int checkpoint_every, int64_t steps,
                        int64_t checkpoint, PartlyRunJob* job) {
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-      0, 1,
-      {"--pipeline_range_elements=64", "--checkpoint_dir=" + MakeTempDir(model_id),
-       absl::StrCat("--checkpoint_every=", checkpoint_every)});
+  std::vector<std::string> flags = {"--pipeline_range_elements=64"};
+  if (checkpoint_every > 0) {
+    flags.push_back("--checkpoint_dir=" + MakeTempDir(model_id));
+    flags.push_back(absl::StrCat("--checkpoint_every=", checkpoint_every));
+  }
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(0, 1, flags);
   ASSERT_TRUE(server.ok()) << server.status();
   job->server = std::move(*server);
   job->stub = NewStub(job->server->address());
@@ -279,20 +178,24 @@ void StartPartlyRunJob(const std::string& model_id, int checkpoint_every, int64_
     ASSERT_TRUE(job->trainers[0]->Step(step, job->grad, absl::MakeSpan(params)).ok());
     t.join();
   }
-  v1::InspectResponse inspect;
-  // (A checkpoint being written would hold the ranges back.)
-  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < checkpoint; ++i) {
-    ASSERT_TRUE(RawInspect(*job->stub, model_id, &inspect).ok());
-    absl::SleepFor(absl::Milliseconds(10));
+  if (checkpoint_every > 0) {
+    v1::InspectResponse inspect;
+    // (A checkpoint being written would hold the ranges back.)
+    for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < checkpoint; ++i) {
+      ASSERT_TRUE(RawInspect(*job->stub, model_id, &inspect).ok());
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(inspect.newest_committed_checkpoint(), checkpoint);
   }
-  ASSERT_EQ(inspect.newest_committed_checkpoint(), checkpoint);
   ASSERT_TRUE(job->trainers[1]->Push(steps + 1, job->grad).ok());
   v1::PushHeader header;
   header.set_model_id(model_id);
   header.set_trainer_rank(0);
   header.set_step(steps + 1);
   header.set_num_elements(4096);
-  RawPush(*job->stub, &header, {{0, FloatBytes(job->grad.data(), 1024)}});
+  const grpc::Status broken =
+      RawPush(*job->stub, &header, {{0, FloatBytes(job->grad.data(), 1024)}});
+  EXPECT_EQ(broken.error_code(), grpc::INVALID_ARGUMENT) << broken.error_message();
   grpc::ClientContext context;
   v1::ServerInfo info;
   ASSERT_TRUE(job->stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
@@ -308,6 +211,52 @@ void BothStep(TrainerClient& a, TrainerClient& b, int64_t from, int64_t to,
     EXPECT_TRUE(a.Step(step, grad, absl::MakeSpan(*params)).ok());
     t.join();
   }
+}
+
+// A trainer dies in the middle of a pipelined step after some ranges ran
+// with its gradient, and has no journal: restarted, it cannot get the
+// version it would resume from (its ranges moved on), so PullToResume rolls
+// the job back to the checkpoint of the step before by itself and resumes
+// there at once (instead of waiting for its own push); the surviving
+// trainer's step re-sends its push, and both go on to the bits of a job
+// that took the step once.
+TEST(PipeliningTest, ATrainerLostMidStepRollsTheJobBackOverThePartlyRunStepByItself) {
+  PartlyRunJob job;
+  ASSERT_NO_FATAL_FAILURE(StartPartlyRunJob("lost", 1, 1, 1, &job));
+  // Trainer 1 is in its Step(2) meanwhile (the push acknowledged as a
+  // duplicate, the pull waiting); after the rollback its shard has lost the
+  // push, which the step sends again (its gradient was of version 1, which
+  // the job is back at).
+  std::vector<float> survivor_params(4096);
+  absl::StatusOr<StepResult> survivor;
+  std::thread survivor_step(
+      [&] { survivor = job.trainers[1]->Step(2, job.grad, absl::MakeSpan(survivor_params)); });
+
+  // Restarted without a journal, trainer 0 attaches and asks where to resume.
+  job.options.trainer_rank = 0;
+  std::unique_ptr<TrainerClient> restarted =
+      TrainerClient::Connect({job.server->address()}, job.options).value();
+  ASSERT_TRUE(restarted->Attach(job.spec).ok());
+  const absl::Time asked = absl::Now();
+  std::vector<float> resumed(4096);
+  absl::StatusOr<int64_t> resumed_at = restarted->PullToResume(absl::MakeSpan(resumed));
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(5));  // At once, not after the retry budget.
+  ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
+  EXPECT_EQ(*resumed_at, 1);
+  EXPECT_EQ(resumed, CleanRun(job.spec, 1, 0, job.grad));
+  v1::InspectResponse inspect;
+  ASSERT_TRUE(RawInspect(*job.stub, "lost", &inspect).ok());
+  EXPECT_EQ(inspect.version(), 1);
+
+  // Both go on: step 2 applied once, from version 1's values.
+  const absl::StatusOr<StepResult> restarted_step =
+      restarted->Step(2, job.grad, absl::MakeSpan(resumed));
+  survivor_step.join();
+  ASSERT_TRUE(restarted_step.ok()) << restarted_step.status();
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  EXPECT_EQ(survivor->version, 2);
+  EXPECT_EQ(survivor_params, resumed);
+  EXPECT_EQ(resumed, CleanRun(job.spec, 2, 0, job.grad));
 }
 
 // The same with the newest checkpoint two steps back: the restarted trainer
@@ -449,36 +398,12 @@ TEST(PipeliningTest, AJournaledTrainerResumesOverAPartlyRunStepWithoutARollBack)
 // Without a checkpoint to go back to, the restarted trainer of the same
 // situation is told at once what is missing.
 TEST(PipeliningTest, ATrainerLostMidStepWithoutACheckpointIsToldWhatIsMissing) {
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(0, 1, {"--pipeline_range_elements=64"});
-  ASSERT_TRUE(server.ok()) << server.status();
-  TrainerClientOptions options;
-  options.retry_budget = absl::Seconds(10);
-  std::vector<std::unique_ptr<TrainerClient>> trainers;
-  for (uint32_t rank = 0; rank < 2; ++rank) {
-    options.trainer_rank = rank;
-    trainers.push_back(TrainerClient::Connect({(*server)->address()}, options).value());
-  }
-  ModelSpec spec;
-  spec.model_id = "lost_nockpt";
-  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Adam(0.01);
-  spec.num_trainers = 2;
-  std::vector<float> params(4096, 0.25f), grad(4096, 0.125f);
-  ASSERT_TRUE(trainers[0]->Register(spec, params).ok());
-  ASSERT_TRUE(trainers[1]->Attach(spec).ok());
-  ASSERT_TRUE(trainers[1]->Push(1, grad).ok());
-  std::unique_ptr<v1::ShardService::Stub> stub = NewStub((*server)->address());
-  v1::PushHeader header;
-  header.set_model_id("lost_nockpt");
-  header.set_trainer_rank(0);
-  header.set_step(1);
-  header.set_num_elements(4096);
-  RawPush(*stub, &header, {{0, FloatBytes(grad.data(), 1024)}});
-  options.trainer_rank = 0;
+  PartlyRunJob job;
+  ASSERT_NO_FATAL_FAILURE(StartPartlyRunJob("lost_nockpt", 0, 0, -1, &job));
+  job.options.trainer_rank = 0;
   std::unique_ptr<TrainerClient> restarted =
-      TrainerClient::Connect({(*server)->address()}, options).value();
-  ASSERT_TRUE(restarted->Attach(spec).ok());
+      TrainerClient::Connect({job.server->address()}, job.options).value();
+  ASSERT_TRUE(restarted->Attach(job.spec).ok());
   const absl::Time asked = absl::Now();
   std::vector<float> resumed(4096);
   const absl::Status told = restarted->PullToResume(absl::MakeSpan(resumed)).status();
