@@ -147,6 +147,17 @@ struct PartlyRunJob {
   TrainerClientOptions options;
   std::vector<std::unique_ptr<TrainerClient>> trainers;
   std::vector<float> grad = std::vector<float>(4096, 0.125f);
+
+  // Trainer `rank` restarted without a journal: a new client, attached.
+  std::unique_ptr<TrainerClient> Restarted(uint32_t rank) {
+    TrainerClientOptions restarted = options;
+    restarted.trainer_rank = rank;
+    std::unique_ptr<TrainerClient> client =
+        TrainerClient::Connect({server->address()}, restarted).value();
+    const absl::Status attached = client->Attach(spec);
+    EXPECT_TRUE(attached.ok()) << attached;
+    return client;
+  }
 };
 
 void StartPartlyRunJob(const std::string& model_id, int checkpoint_every, int64_t steps,
@@ -233,10 +244,7 @@ TEST(PipeliningTest, ATrainerLostMidStepRollsTheJobBackOverThePartlyRunStepByIts
       [&] { survivor = job.trainers[1]->Step(2, job.grad, absl::MakeSpan(survivor_params)); });
 
   // Restarted without a journal, trainer 0 attaches and asks where to resume.
-  job.options.trainer_rank = 0;
-  std::unique_ptr<TrainerClient> restarted =
-      TrainerClient::Connect({job.server->address()}, job.options).value();
-  ASSERT_TRUE(restarted->Attach(job.spec).ok());
+  std::unique_ptr<TrainerClient> restarted = job.Restarted(0);
   const absl::Time asked = absl::Now();
   std::vector<float> resumed(4096);
   absl::StatusOr<int64_t> resumed_at = restarted->PullToResume(absl::MakeSpan(resumed));
@@ -270,10 +278,7 @@ TEST(PipeliningTest, ALostPushRollsBackPastAnOlderCheckpointAndBothTrainersRedoT
   absl::StatusOr<StepResult> survivor;
   std::thread survivor_step(
       [&] { survivor = job.trainers[1]->Step(4, job.grad, absl::MakeSpan(other)); });
-  job.options.trainer_rank = 0;
-  std::unique_ptr<TrainerClient> restarted =
-      TrainerClient::Connect({job.server->address()}, job.options).value();
-  ASSERT_TRUE(restarted->Attach(job.spec).ok());
+  std::unique_ptr<TrainerClient> restarted = job.Restarted(0);
   absl::StatusOr<int64_t> resumed_at = restarted->PullToResume(absl::MakeSpan(params));
   ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
   EXPECT_EQ(*resumed_at, 2);
@@ -301,9 +306,7 @@ TEST(PipeliningTest, BothTrainersRestartWithoutJournalsTheFirstRollsBackTheSecon
   job.trainers.clear();
   std::vector<std::unique_ptr<TrainerClient>> restarted;
   for (uint32_t rank = 0; rank < 2; ++rank) {
-    job.options.trainer_rank = rank;
-    restarted.push_back(TrainerClient::Connect({job.server->address()}, job.options).value());
-    ASSERT_TRUE(restarted.back()->Attach(job.spec).ok());
+    restarted.push_back(job.Restarted(rank));
     EXPECT_EQ(restarted.back()->registered_version(), 3);
   }
   std::vector<float> params(4096), other(4096);
@@ -400,10 +403,7 @@ TEST(PipeliningTest, AJournaledTrainerResumesOverAPartlyRunStepWithoutARollBack)
 TEST(PipeliningTest, ATrainerLostMidStepWithoutACheckpointIsToldWhatIsMissing) {
   PartlyRunJob job;
   ASSERT_NO_FATAL_FAILURE(StartPartlyRunJob("lost_nockpt", 0, 0, -1, &job));
-  job.options.trainer_rank = 0;
-  std::unique_ptr<TrainerClient> restarted =
-      TrainerClient::Connect({job.server->address()}, job.options).value();
-  ASSERT_TRUE(restarted->Attach(job.spec).ok());
+  std::unique_ptr<TrainerClient> restarted = job.Restarted(0);
   const absl::Time asked = absl::Now();
   std::vector<float> resumed(4096);
   const absl::Status told = restarted->PullToResume(absl::MakeSpan(resumed)).status();
