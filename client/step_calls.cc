@@ -34,8 +34,13 @@ absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, dou
   // gRPC may hold the zero-copy payload slices a little past each call's
   // Finish(); the payload must outlive them.
   PayloadPins pins;
+  ShardFanOut::Call call = CallFor(absl::StrCat("PushGradients step ", step));
+  if (ready != nullptr) {
+    // Open while the gradient is computed: that time is not the shard's.
+    call.attempt_timeout = std::max(call.attempt_timeout, context_.streamed_push_timeout);
+  }
   absl::Status status = fanout_->Run(
-      CallFor(absl::StrCat("PushGradients step ", step)),
+      call,
       [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
         v1::PushGradientsRequest header;
         v1::PushHeader* h = header.mutable_header();

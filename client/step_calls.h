@@ -28,6 +28,7 @@ struct StepCallsContext {
   std::string model_id;
   uint32_t trainer_rank = 0;
   absl::Duration rpc_timeout = absl::Seconds(60);
+  absl::Duration streamed_push_timeout = absl::Minutes(15);  // Pushes with ReadyRanges.
   RetryPolicy policy;
   absl::Duration wait_report_interval = absl::Seconds(5);
   std::function<void(const std::string&)> on_wait;

@@ -167,6 +167,7 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
   calls.model_id = spec.model_id;
   calls.trainer_rank = options_.trainer_rank;
   calls.rpc_timeout = options_.rpc_timeout;
+  calls.streamed_push_timeout = options_.streamed_push_timeout;
   calls.policy = RetryPolicyOf(options_);
   calls.wait_report_interval = options_.wait_report_interval;
   calls.on_wait = options_.on_wait;

@@ -42,6 +42,11 @@ struct TrainerClientOptions {
   // Deadline of each single RPC attempt (a pull waiting for slower trainers
   // counts against it).
   absl::Duration rpc_timeout = absl::Seconds(60);
+  // Deadline of each attempt of a streamed push (BeginStreamedPush), which
+  // stays open while backward() computes the gradient: a backward pass
+  // longer than rpc_timeout must not fail every attempt. (The server still
+  // ends a stream that sends nothing for its --stream_idle_timeout_s.)
+  absl::Duration streamed_push_timeout = absl::Minutes(15);
   // Total time a call keeps retrying retryable failures (and waiting for
   // other trainers) without progress.
   absl::Duration retry_budget = absl::Seconds(60);

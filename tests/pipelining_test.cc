@@ -527,5 +527,44 @@ TEST(PipeliningTest, StreamedPushesArriveBeforeTheStepEndsAndGiveStepsBits) {
   EXPECT_EQ(streamed, stepped);  // After step 4, taken in each run.
 }
 
+// A streamed push stays open while backward runs: a backward pass longer
+// than rpc_timeout (here 2.5 s against 1 s) still completes as a stream
+// (streamed_push_timeout), and the step's bits are those of Step.
+TEST(PipeliningTest, AStreamedPushOutlastsTheRpcTimeoutWhileTheGradientIsComputed) {
+  absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> servers = StartCluster(1);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  TrainerClientOptions options;
+  options.rpc_timeout = absl::Seconds(1);
+  options.chunk_bytes = 8 << 10;  // 4 chunks: the first two go before the wait.
+  std::unique_ptr<TrainerClient> trainer =
+      TrainerClient::Connect(Addresses(*servers), options).value();
+  ModelSpec spec;
+  spec.model_id = "slow_backward";
+  spec.tensors = {TensorSpec{"w", {8192}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Adam(0.01);
+  spec.num_trainers = 1;
+  std::vector<float> params(8192, 0.5f), grad(8192);
+  FillGradient(1, 0, &grad);
+  ASSERT_TRUE(trainer->Register(spec, params).ok());
+  ASSERT_TRUE(trainer->BeginStreamedPush(1, grad).ok());
+  trainer->MarkGradientReady(0, 4096);
+  absl::SleepFor(absl::Milliseconds(2500));  // The rest of backward.
+  trainer->MarkGradientReady(4096, 8192);
+  absl::StatusOr<StepResult> r = trainer->FinishStreamedStep(1, grad, absl::MakeSpan(params));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(trainer->streamed_pushes(), 1);  // Not pushed again whole.
+  EXPECT_EQ(trainer->failed_attempts(), 0);
+  EXPECT_GE(r->bytes_pushed_early, 4096 * sizeof(float));
+
+  absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> clean = StartCluster(1);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  std::unique_ptr<TrainerClient> reference =
+      TrainerClient::Connect(Addresses(*clean), options).value();
+  std::vector<float> expected(8192, 0.5f);
+  ASSERT_TRUE(reference->Register(spec, expected).ok());
+  ASSERT_TRUE(reference->Step(1, grad, absl::MakeSpan(expected)).ok());
+  EXPECT_EQ(params, expected);
+}
+
 }  // namespace
 }  // namespace shardopt::testing
