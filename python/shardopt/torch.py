@@ -43,6 +43,13 @@ How it works:
   servers are at (restart the servers with ``--restore_from`` to go back to
   an older one).
 
+When the job rolls back to a checkpoint (a shard came back without steps that
+no trainer can send again: docs/checkpoints.md), ``step()`` pulls that
+checkpoint's parameters and returns without applying this step's gradient
+(a RuntimeWarning; ``last_results[0]["rolled_back_to"]`` and ``step_count``
+say where the job went on from); the loop simply continues. With several
+parameter groups (each its own model) it raises AbortedError instead.
+
 Differences from torch.optim: every trainable parameter is updated at every
 step, so a parameter without a gradient (after ``zero_grad(set_to_none=True)``)
 is refused rather than skipped; with the default ``zero_grad()`` an unused
@@ -58,7 +65,7 @@ import weakref
 import torch
 from torch.optim.optimizer import required
 
-from . import Client, FailedPreconditionError
+from . import AbortedError, Client, FailedPreconditionError
 
 # torch.optim's defaults; SGD's lr is `required`, as in torch 1.13 (a
 # parameter group without one is refused by torch's own add_param_group).
@@ -452,16 +459,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 g.reset_stream()
             else:
                 g.abandon_stream()
-            if streamed:
-                changed_before = g.client.streamed_pushes_changed
-                g.last_result = g.client.finish_streamed_step(version, g.flat_grads.numpy(),
-                                                              g.flat_params.numpy())
-                self._note_changed_gradient(g, g.client.streamed_pushes_changed > changed_before)
-            else:
-                if self._overlap_backward:
-                    self._note_changed_gradient(g, wasted)
-                g.last_result = g.client.step(version, g.flat_grads.numpy(),
-                                              g.flat_params.numpy())
+            try:
+                if streamed:
+                    changed_before = g.client.streamed_pushes_changed
+                    g.last_result = g.client.finish_streamed_step(
+                        version, g.flat_grads.numpy(), g.flat_params.numpy())
+                    self._note_changed_gradient(
+                        g, g.client.streamed_pushes_changed > changed_before)
+                else:
+                    if self._overlap_backward:
+                        self._note_changed_gradient(g, wasted)
+                    g.last_result = g.client.step(version, g.flat_grads.numpy(),
+                                                  g.flat_params.numpy())
+            except AbortedError:
+                if g.client.rolled_back_to is None or len(self._groups) > 1:
+                    raise
+                self._follow_rollback(g)
+                return loss
             g.version = version
             if g.pulled is not None:
                 g.pulled.copy_(g.flat_params)
@@ -469,6 +483,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._version = version
         self.last_results = results
         return loss
+
+    def _follow_rollback(self, g):
+        """The job rolled back to a checkpoint (a shard came back without
+        steps no trainer could send again): goes on from there, as every
+        other trainer does."""
+        version = g.client.pull_to_resume(g.flat_params.numpy())
+        g.version = version
+        self._version = version
+        # The shards went back to that checkpoint's hyperparameters: the
+        # next step sends the current ones again.
+        g.sent_hyperparameters = None
+        if g.pulled is not None:
+            g.pulled.copy_(g.flat_params)
+        g.last_result = {"step": version, "version": version, "rolled_back_to": version,
+                         "lr": float(self.param_groups[g.index]["lr"])}
+        self.last_results = [g.last_result]
+        warnings.warn(f"shardopt.torch: the job rolled back to step {version} (see the shard "
+                      "servers' logs for why); training goes on from there", RuntimeWarning,
+                      stacklevel=4)
 
     def _send_hyperparameters(self, g, version):
         """Sends the group's hyperparameters if they changed since last sent

@@ -1,0 +1,158 @@
+"""shardopt.torch goes on by itself when the job rolls back: two trainers
+(threads of this process) train on one shard server with periodic
+checkpoints; the server is killed with SIGKILL after step 5 and its newest
+checkpoint (step 4) is lost, so it comes back at step 2 and the trainers no
+longer hold the pushes of steps 3-5 (no journal). Their next step() rolls the
+job back to step 2 (a RuntimeWarning, last_results saying so), both pull that
+checkpoint's parameters, and the loops run to their end, the two trainers'
+parameters equal throughout.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import warnings
+
+import torch
+
+import shardopt.torch
+from support import server_binary
+
+LOOP = 8
+KILL_AFTER = 5
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One shard server on a fixed port, restartable, restoring from its
+    checkpoint directory."""
+
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.checkpoints = os.path.join(workdir, "checkpoints")
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.starts = 0
+        self.proc = None
+
+    def start(self):
+        self.starts += 1
+        port_file = os.path.join(self.workdir, f"port{self.starts}")
+        self.proc = subprocess.Popen(
+            [server_binary(), f"--listen={self.address}", f"--port_file={port_file}",
+             "--shard_index=0", "--shard_count=1", "--device=cpu", "--threads=1",
+             "--pipeline_range_elements=64", f"--checkpoint_dir={self.checkpoints}",
+             "--checkpoint_every=2", f"--restore_from={self.checkpoints}"],
+            stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.workdir, f"server{self.starts}.log"), "w"))
+        deadline = time.time() + 30
+        while not os.path.exists(port_file):
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"the shard server did not start (see {self.workdir})")
+            time.sleep(0.01)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+
+
+def net():
+    torch.manual_seed(11)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def batch(i, rank):
+    g = torch.Generator().manual_seed(1000 * rank + i)
+    x = torch.randn(8, 6, generator=g)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+class RollbackTest(unittest.TestCase):
+    def test_step_follows_a_rollback_and_the_loops_finish(self):
+        workdir = tempfile.mkdtemp(prefix="rollback_test")
+        server = Server(workdir)
+        server.start()
+        paused = threading.Barrier(3, timeout=60)
+        resumed = threading.Barrier(3, timeout=60)
+        models, opts, errors = [None, None], [None, None], []
+        versions, rolled_back = [[], []], [[], []]
+
+        def trainer(rank):
+            try:
+                models[rank] = net()
+                opts[rank] = opt = shardopt.torch.DistributedOptimizer(
+                    models[rank].named_parameters(), servers=[server.address], rank=rank,
+                    world_size=2, optimizer="adam", lr=0.01, model_id="rollback",
+                    rpc_timeout=5.0, retry_budget=30.0)
+                for i in range(1, LOOP + 1):
+                    opt.zero_grad()
+                    x, y = batch(i, rank)
+                    torch.nn.functional.cross_entropy(models[rank](x), y).backward()
+                    opt.step()
+                    versions[rank].append(opt.step_count)
+                    rolled_back[rank].append(opt.last_results[0].get("rolled_back_to"))
+                    if i == KILL_AFTER:
+                        paused.wait()
+                        resumed.wait()
+            except BaseException as e:  # pylint: disable=broad-except
+                errors.append((rank, repr(e)))
+                paused.abort()
+                resumed.abort()
+
+        threads = [threading.Thread(target=trainer, args=(r,)) for r in range(2)]
+        # (Recorded here: catch_warnings is process-wide, not per thread.)
+        caught = warnings.catch_warnings(record=True)
+        seen = caught.__enter__()
+        warnings.simplefilter("always")
+        try:
+            for t in threads:
+                t.start()
+            paused.wait()
+            # Step 4's checkpoint committed, then lost with the server.
+            for _ in range(500):
+                newest = int(opts[0].inspect()[0][0].get("newest_committed_checkpoint", 0))
+                if newest >= 4:
+                    break
+                time.sleep(0.01)
+            self.assertEqual(newest, 4)
+            server.kill()
+            shutil.rmtree(os.path.join(server.checkpoints, "rollback", "step-00000004"))
+            server.start()
+            resumed.wait()
+            for t in threads:
+                t.join(timeout=120)
+                self.assertFalse(t.is_alive(), "a trainer did not finish")
+        finally:
+            caught.__exit__(None, None, None)
+            server.stop()
+        self.assertEqual(errors, [])
+        # Loop 6 rolled the job back to version 2; loops 7 and 8 made 3 and 4.
+        for rank in range(2):
+            self.assertEqual(versions[rank], [1, 2, 3, 4, 5, 2, 3, 4], versions[rank])
+            self.assertEqual(rolled_back[rank], [None] * 5 + [2, None, None])
+        messages = [str(w.message) for w in seen]
+        self.assertEqual(len([m for m in messages if "rolled back to step 2" in m]), 2, messages)
+        for a, b in zip(models[0].parameters(), models[1].parameters()):
+            self.assertTrue(torch.equal(a, b))
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(unittest.main(verbosity=2))
