@@ -429,18 +429,27 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
   return waited;
 }
 
-absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision, bool wait) {
+absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision, bool wait,
+                                absl::Time deadline, const std::function<bool()>& cancelled) {
   if (!options_.needs_decision()) return NoDecisionsError(options_.model_id, "take no decision");
   if (absl::Status s = CheckDecision(decision, options_.max_grad_norm); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   // Another trainer's decision for this step may be being taken right now:
   // wait for it, then this one is a repeat to compare. A checkpoint of the
   // current version holds the next step: wait for it first too, so that
-  // everything below is checked against the state that will be used.
-  mu_.Await(absl::Condition(
-      +[](ModelShard* s)
-           ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->state_.DecisionMayProceed(s->shutdown_); },
-      this));
+  // everything below is checked against the state that will be used. (A
+  // decision that comes while its step is still being reduced, e.g. resent
+  // to a restarted shard, waits for the pushes that step lacks: bounded.)
+  const absl::Status waited = AwaitOrCancel(absl::Condition(
+                                                +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                                  return s->state_.DecisionMayProceed(s->shutdown_);
+                                                },
+                                                this),
+                                            deadline, cancelled);
+  if (absl::IsDeadlineExceeded(waited)) {
+    return WaitExpired(absl::StrCat("room for the decision of step ", step), step);
+  }
+  if (!waited.ok()) return waited;
   absl::StatusOr<std::optional<StepState::Update>> begun = state_.BeginDecision(step, decision);
   if (!begun.ok()) return begun.status();
   if (!wait) return absl::OkStatus();

@@ -219,7 +219,12 @@ class ModelShard {
   // as is a step whose gradients are not all in. Returns once the step is
   // applied, or (`wait` false) once the decision is taken: the ranges are
   // then updated by whoever waits for them (WaitForRanges, WaitForVersion).
-  absl::Status Decide(int64_t step, const StepDecision& decision, bool wait = true);
+  // A decision that comes while its step is still being reduced waits for
+  // that, until `deadline` (then DEADLINE_EXCEEDED saying what the step waits
+  // for) or `cancelled()`.
+  absl::Status Decide(int64_t step, const StepDecision& decision, bool wait = true,
+                      absl::Time deadline = absl::InfiniteFuture(),
+                      const std::function<bool()>& cancelled = nullptr);
 
   // Returns the version reached (>= min_version). DEADLINE_EXCEEDED at
   // `deadline`, CANCELLED once `cancelled()` is true (polled), UNAVAILABLE

@@ -4,8 +4,9 @@
 // equal whole steps (with and without gradient control, pushes interleaved
 // across trainers), a pull never gets a torn mix, a push that stalls or is
 // refused half way keeps the ranges it fed (not applied twice) and its resend
-// completes the step, holds stop range work, and an overflow in a consumed
-// range still skips the step.
+// completes the step, holds stop range work, an overflow in a consumed
+// range still skips the step, and a decision that comes too early waits
+// only until its deadline.
 #include <cmath>
 #include <limits>
 #include <thread>
@@ -340,6 +341,34 @@ TEST(PipelinedStepTest, PullsDriveTheUpdateAfterADecision) {
   ASSERT_TRUE(shard->ReadParameters(1, 0, kRange, first.data()).ok());
   ASSERT_TRUE(shard->WaitForVersion(1, absl::Now() + absl::Seconds(5), nullptr).ok());
   EXPECT_EQ(ReadAll(*shard, 1), ReadAll(*reference, 1));
+}
+
+// A decision that comes while its step is still being reduced (a trainer's
+// push half way) waits only until the call's deadline, then says what the
+// step waits for; the step goes on as usual afterwards.
+TEST(PipelinedStepTest, AnEarlyDecisionWaitsOnlyUntilItsDeadline) {
+  ThreadPool pool(2);
+  Job setup;
+  setup.max_grad_norm = 1.0;
+  std::unique_ptr<ModelShard> shard = MakeBigShard(&pool, setup, kRange);
+  const size_t n = shard->size();
+  ASSERT_TRUE(testing::PushInChunks(*shard, 0, 1, Gradient(0, 1, n), 9999).ok());
+  absl::StatusOr<ModelShard::PushStart> start = shard->BeginPush(1, 1, n, DType::kFloat32, 1.0);
+  ASSERT_TRUE(start.ok()) << start.status();
+  const std::vector<float> g1 = Gradient(1, 1, n);
+  ASSERT_TRUE(Write(*start->writer, g1, 0, kRange).ok());  // Range 0 is reduced.
+  const absl::Time asked = absl::Now();
+  const absl::Status early =
+      shard->Decide(1, {false, 1, 0}, /*wait=*/false, absl::Now() + absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(5));
+  EXPECT_EQ(early.code(), absl::StatusCode::kDeadlineExceeded) << early;
+  EXPECT_TRUE(absl::StrContains(early.message(), "trainer 1")) << early;
+  ASSERT_TRUE(Write(*start->writer, g1, kRange, n).ok());
+  ASSERT_TRUE(start->writer->Commit().ok());
+  absl::StatusOr<StepStats> stats = shard->WaitForStepStats(1, absl::Now(), nullptr);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_TRUE(shard->Decide(1, DecideStep({*stats}, setup.max_grad_norm)).ok());
+  EXPECT_EQ(shard->version(), 1);
 }
 
 }  // namespace

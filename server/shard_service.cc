@@ -403,17 +403,18 @@ grpc::Status ShardServiceImpl::PullParameters(
       return Error(s);
     }
   }
+  const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
+  const auto cancelled = [context] { return context->IsCancelled(); };
   if (request->has_decision()) {
     // Taken here; the update runs range by range as the frames below (and
     // every other trainer's pull) wait for it.
-    if (absl::Status s = shard.Decide(request->min_version(),
-                                      StepDecisionFromProto(request->decision()), /*wait=*/false);
+    if (absl::Status s =
+            shard.Decide(request->min_version(), StepDecisionFromProto(request->decision()),
+                         /*wait=*/false, deadline, cancelled);
         !s.ok()) {
       return Error(s);
     }
   }
-  const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
-  const auto cancelled = [context] { return context->IsCancelled(); };
   v1::PullParametersResponse response;
   if (request->wait_only()) {
     absl::StatusOr<int64_t> version =
