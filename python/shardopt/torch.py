@@ -103,6 +103,7 @@ class _Group:
         self.buckets = []        # (begin, end) per bucket, covering the buffer.
         self.accumulators = []   # Autograd's gradient accumulators (kept alive).
         self.changed_in_a_row = 0  # Streamed steps whose gradient changed after sending.
+        self.resume_pending = False  # A rollback's pull failed: pull first.
         self.reset_stream()
 
     def abandon_stream(self):
@@ -437,6 +438,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for g in self._groups:
+            if g.resume_pending:  # (A single group: see _follow_rollback.)
+                g.abandon_stream()
+                self._resume(g)
+                return loss
         version = self._version + 1
         for g in self._groups:
             self._gather(g)
@@ -488,20 +494,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The job rolled back to a checkpoint (a shard came back without
         steps no trainer could send again): goes on from there, as every
         other trainer does."""
-        version = g.client.pull_to_resume(g.flat_params.numpy())
-        g.version = version
-        self._version = version
+        back = g.client.rolled_back_to  # (The client has re-attached there.)
+        g.version = self._version = back
         # The shards went back to that checkpoint's hyperparameters: the
         # next step sends the current ones again.
         g.sent_hyperparameters = None
-        if g.pulled is not None:
-            g.pulled.copy_(g.flat_params)
-        g.last_result = {"step": version, "version": version, "rolled_back_to": version,
-                         "lr": float(self.param_groups[g.index]["lr"])}
-        self.last_results = [g.last_result]
-        warnings.warn(f"shardopt.torch: the job rolled back to step {version} (see the shard "
+        g.resume_pending = True
+        warnings.warn(f"shardopt.torch: the job rolled back to step {back} (see the shard "
                       "servers' logs for why); training goes on from there", RuntimeWarning,
                       stacklevel=4)
+        self._resume(g)
+
+    def _resume(self, g):
+        """Pulls the parameters to go on from after a rollback. If that fails,
+        the next step() tries again first (and drops its gradient, computed
+        from parameters half pulled)."""
+        version = g.client.pull_to_resume(g.flat_params.numpy())
+        g.resume_pending = False
+        g.version = self._version = version
+        if g.pulled is not None:
+            g.pulled.copy_(g.flat_params)
+        result = dict(g.last_result) if isinstance(g.last_result, dict) else {}
+        result.update(step=version, version=version, rolled_back_to=version, skipped=False,
+                      bytes_pushed=0, bytes_pushed_early=0, duplicate_pushes=0,
+                      replayed_pushes=0, lr=float(self.param_groups[g.index]["lr"]))
+        g.last_result = result
+        self.last_results = [result]
 
     def _send_hyperparameters(self, g, version):
         """Sends the group's hyperparameters if they changed since last sent
