@@ -3,7 +3,8 @@
     bash tools/bench/pslite_compare.sh --pslite=DIR [--sizes_mib=64,256] [--rounds=4]
 
 DIR is a ps-lite source tree or git directory (e.g. a `git clone
-https://github.com/dmlc/ps-lite`; nothing is downloaded here). Its sources
+https://github.com/dmlc/ps-lite`; nothing is downloaded here); without
+--pslite only shardopt and raw TCP run (the smoke test does that). Its sources
 are copied into a temporary folder and built there with Debian's protobuf and
 ZeroMQ (libzmq3-dev, installed by this script when missing and run as root),
 together with tools/bench/pslite/adam_kv_bench.cc; none of it enters the
@@ -149,9 +150,9 @@ def time_shardopt(server_binary, mib, seconds, name):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def raw_tcp(bench_binary):
+def raw_tcp(bench_binary, tcp_mib):
     out = run([bench_binary, "--skip_push_pull", "--skip_optimizer", "--wire_mib=0",
-               "--pipeline_sizes_mib=", "--tcp_mib=512", "--tcp_repeats=3"])
+               "--pipeline_sizes_mib=", f"--tcp_mib={tcp_mib}", "--tcp_repeats=3"])
     match = re.search(r"best \(used for ratios\)\s*\|?[\s|]*([\d.]+)", out)
     if not match:
         raise RuntimeError(f"no raw TCP result in:\n{out}")
@@ -161,27 +162,32 @@ def raw_tcp(bench_binary):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pslite", required=True,
-                        help="a ps-lite source tree or git directory")
+    parser.add_argument("--pslite", default="",
+                        help="a ps-lite source tree or git directory (none: shardopt only)")
     parser.add_argument("--sizes_mib", default="64,256")
     parser.add_argument("--key_mib", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=3.0, help="per job and round")
+    parser.add_argument("--tcp_mib", type=int, default=512, help="per raw TCP repetition")
     parser.add_argument("--server_binary", default="bazel-bin/server/shardopt_server")
     parser.add_argument("--bench_binary", default="bazel-bin/tools/bench/shardopt_bench")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes_mib.split(",") if s]
 
-    ensure_zeromq()
     workdir = tempfile.mkdtemp(prefix="pslite_compare")
     try:
-        print(f"building ps-lite from {args.pslite} in {workdir} ...", flush=True)
-        binary = build_pslite(os.path.abspath(args.pslite), workdir)
-        jobs = ["ps-lite pipelined", "ps-lite single", "shardopt"]
+        if args.pslite:
+            ensure_zeromq()
+            print(f"building ps-lite from {args.pslite} in {workdir} ...", flush=True)
+            binary = build_pslite(os.path.abspath(args.pslite), workdir)
+            jobs = ["ps-lite pipelined", "ps-lite single", "shardopt"]
+        else:
+            print("no --pslite given: shardopt and raw TCP only", flush=True)
+            jobs = ["shardopt"]
         times = {(mib, job): [] for mib in sizes for job in jobs}
         tcp = []
         for r in range(args.rounds):
-            tcp.append(raw_tcp(args.bench_binary))
+            tcp.append(raw_tcp(args.bench_binary, args.tcp_mib))
             for mib in sizes:
                 for job in jobs:
                     if job == "shardopt":
