@@ -66,6 +66,7 @@ import torch
 from torch.optim.optimizer import required
 
 from . import AbortedError, Client, FailedPreconditionError
+from ._group import Group, hook_buckets
 
 # torch.optim's defaults; SGD's lr is `required`, as in torch 1.13 (a
 # parameter group without one is refused by torch's own add_param_group).
@@ -79,44 +80,6 @@ _OPTIMIZERS = {
     "adagrad": {"lr": 1e-2, "lr_decay": 0.0, "weight_decay": 0.0,
                 "initial_accumulator_value": 0.0, "eps": 1e-10, "maximize": False},
 }
-
-
-class _Group:
-    """One parameter group: its shardopt model and flat buffers."""
-
-    def __init__(self, index, client, model_id, params, names):
-        self.index = index       # In param_groups.
-        self.client = client
-        self.model_id = model_id
-        self.params = params
-        self.names = names
-        self.flat_params = None
-        self.flat_grads = None
-        self.slices = []  # (offset, size) of each parameter in the flat buffers
-        self.sent_hyperparameters = None
-        self.version = 0         # The last version pulled.
-        self.last_result = None
-        self.pulled = None       # With check_parameters: the values last pulled.
-        # Streaming (overlap_backward): buckets of the flat buffer, and for
-        # the step being computed which parameters' gradients are final.
-        self.bucket_of = []      # Parameter index -> bucket.
-        self.buckets = []        # (begin, end) per bucket, covering the buffer.
-        self.accumulators = []   # Autograd's gradient accumulators (kept alive).
-        self.changed_in_a_row = 0  # Streamed steps whose gradient changed after sending.
-        self.resume_pending = False  # A rollback's pull failed: pull first.
-        self.reset_stream()
-
-    def abandon_stream(self):
-        """Ends the step's streamed push, if any, unused by the shards."""
-        if self.streaming:
-            self.client.cancel_streamed_push()
-        self.reset_stream()
-
-    def reset_stream(self):
-        self.fired = set()
-        self.pending = None      # Per bucket: parameters still to come.
-        self.streaming = False
-        self.broken = False      # Something the stream cannot follow happened.
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -319,7 +282,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             indexed.reverse()
         params = [p for _, p in indexed]
         names = [self._names.get(id(p), f"param{j}") for j, p in indexed]
-        g = _Group(index, client, model_id, params, names)
+        g = Group(index, client, model_id, params, names)
         tensors = [(n, list(p.shape)) for n, p in zip(names, params)]
         layout = client.layout_for(tensors)
         total = layout[-1][2]
@@ -349,32 +312,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return g
 
     def _hook_buckets(self, g, total):
-        """Cuts the buffer into buckets of about bucket_cap_mb and hooks every
-        parameter's gradient accumulator: a bucket whose every gradient is
-        final goes to the shards while backward() goes on."""
-        starts = []
-        for j, (offset, size) in enumerate(g.slices):
-            if not starts or offset - starts[-1] >= self._bucket_elements:
-                starts.append(offset if starts else 0)
-            g.bucket_of.append(len(starts) - 1)
-        g.buckets = [(b, starts[i + 1] if i + 1 < len(starts) else total)
-                     for i, b in enumerate(starts)]
         # The hooks hold the optimizer weakly: g.accumulators keeps the
         # accumulators (and so the hooks) alive, and g must not keep the
         # optimizer alive through them.
         me = weakref.ref(self)
 
-        def hook(g, j):
+        def final(g, j):
             opt = me()
             if opt is not None:
                 opt._gradient_final(g, j)
 
-        with torch.enable_grad():  # (Also when built under no_grad.)
-            for j, p in enumerate(g.params):
-                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                accumulator.register_hook(
-                    lambda grad_inputs, grad_outputs, g=g, j=j: hook(g, j))
-                g.accumulators.append(accumulator)
+        hook_buckets(g, total, self._bucket_elements, final)
 
     def _gradient_final(self, g, j):
         """Autograd accumulated parameter j's gradient (a backward hook)."""

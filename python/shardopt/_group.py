@@ -1,0 +1,62 @@
+"""shardopt.torch's parameter groups: each one's shardopt model, flat
+buffers and, with overlap_backward, the buckets its gradient streams in."""
+
+import torch
+
+
+class Group:
+    """One parameter group: its shardopt model and flat buffers."""
+
+    def __init__(self, index, client, model_id, params, names):
+        self.index = index       # In param_groups.
+        self.client = client
+        self.model_id = model_id
+        self.params = params
+        self.names = names
+        self.flat_params = None
+        self.flat_grads = None
+        self.slices = []  # (offset, size) of each parameter in the flat buffers
+        self.sent_hyperparameters = None
+        self.version = 0         # The last version pulled.
+        self.last_result = None
+        self.pulled = None       # With check_parameters: the values last pulled.
+        # Streaming (overlap_backward): buckets of the flat buffer, and for
+        # the step being computed which parameters' gradients are final.
+        self.bucket_of = []      # Parameter index -> bucket.
+        self.buckets = []        # (begin, end) per bucket, covering the buffer.
+        self.accumulators = []   # Autograd's gradient accumulators (kept alive).
+        self.changed_in_a_row = 0  # Streamed steps whose gradient changed after sending.
+        self.resume_pending = False  # A rollback's pull failed: pull first.
+        self.reset_stream()
+
+    def abandon_stream(self):
+        """Ends the step's streamed push, if any, unused by the shards."""
+        if self.streaming:
+            self.client.cancel_streamed_push()
+        self.reset_stream()
+
+    def reset_stream(self):
+        self.fired = set()
+        self.pending = None      # Per bucket: parameters still to come.
+        self.streaming = False
+        self.broken = False      # Something the stream cannot follow happened.
+
+
+def hook_buckets(g, total, bucket_elements, on_final):
+    """Cuts g's flat buffer (`total` elements) into buckets of about
+    `bucket_elements`, at tensor boundaries, and hooks every parameter's
+    gradient accumulator to call on_final(g, j) once parameter j's gradient
+    of this backward pass is accumulated (kept alive in g.accumulators)."""
+    starts = []
+    for offset, _ in g.slices:
+        if not starts or offset - starts[-1] >= bucket_elements:
+            starts.append(offset if starts else 0)
+        g.bucket_of.append(len(starts) - 1)
+    g.buckets = [(b, starts[i + 1] if i + 1 < len(starts) else total)
+                 for i, b in enumerate(starts)]
+    with torch.enable_grad():  # (Also when built under no_grad.)
+        for j, p in enumerate(g.params):
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(
+                lambda grad_inputs, grad_outputs, g=g, j=j: on_final(g, j))
+            g.accumulators.append(accumulator)
