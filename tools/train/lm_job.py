@@ -41,7 +41,8 @@ def run_trainer(args):
     opt = shardopt.torch.DistributedOptimizer(
         model.named_parameters(), servers=args.servers.split(","), rank=args.rank,
         world_size=WORLD_SIZE, optimizer="adamw", lr=args.lr, betas=BETAS,
-        weight_decay=args.weight_decay, model_id="tiny_lm")  # (overlap_backward on by default.)
+        weight_decay=args.weight_decay, model_id="tiny_lm",
+        overlap_backward=not args.no_overlap_backward)
     for step in range(1, args.steps + 1):
         inputs, targets = tiny_lm.batch(corpus, step, args.batch, args.context, args.rank,
                                         WORLD_SIZE)
@@ -129,6 +130,8 @@ def run_cluster(args, workdir, progress):
             for name in ("context", "width", "layers", "heads", "batch", "lr", "weight_decay",
                          "corpus_bytes"):
                 command += [f"--{name}", str(getattr(args, name))]
+            if args.no_overlap_backward:
+                command.append("--no_overlap_backward")
             trainers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
         losses, shares, early = [], [], []
         for step in range(1, args.steps + 1):
@@ -181,6 +184,8 @@ def main():
     parser.add_argument("--server_binary", default="bazel-bin/server/shardopt_server")
     parser.add_argument("--min_drop", type=float, default=0.5,
                         help="the loss must fall by this much (first 5 / last 10 steps)")
+    parser.add_argument("--no_overlap_backward", action="store_true",
+                        help="push each gradient whole in step() instead of during backward()")
     tiny_lm.add_model_arguments(parser)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--servers", help=argparse.SUPPRESS)

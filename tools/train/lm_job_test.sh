@@ -1,7 +1,8 @@
 #!/bin/sh
 # The main job (lm_job.py) shortened to a tiny model: it must PASS, write the
 # plot (a PNG) and the two loss curves, which must agree; and a run whose loss
-# cannot fall (lr 0) must FAIL with exit 1.
+# cannot fall (lr 0) must FAIL with exit 1 (run with --no_overlap_backward: it
+# then sends nothing during backward).
 # $1: lm_job.py, $2: shardopt_server, $3: _shardopt.so.
 set -eu
 job="$PWD/$1"
@@ -30,10 +31,12 @@ assert float(rows[-1]["shardopt"]) < float(rows[0]["shardopt"]), "the loss did n
 print(f"curves agree to {gap:.2e}")
 PY
 
-if /usr/bin/python3 "$job" $tiny --lr=0 --server_binary="$server" --out="$out.lr0" \
-    >"$out.lr0.log" 2>&1; then
+if /usr/bin/python3 "$job" $tiny --lr=0 --no_overlap_backward --server_binary="$server" \
+    --out="$out.lr0" >"$out.lr0.log" 2>&1; then
   echo "a job with lr 0 passed:"; cat "$out.lr0.log"; exit 1
 fi
 grep -q 'FAIL: the loss did not go down' "$out.lr0.log" ||
   { echo "lr 0: not the expected failure:"; cat "$out.lr0.log"; exit 1; }
+grep -q ' 0% of the push sent during backward' "$out.lr0.log" ||
+  { echo "--no_overlap_backward: something was sent during backward:"; cat "$out.lr0.log"; exit 1; }
 echo "lm_job_test: ok"
