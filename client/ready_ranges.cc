@@ -59,6 +59,12 @@ void ReadyRanges::RecordSent(uint64_t begin, uint64_t end, const float* chunk) c
   const uint64_t digest = DigestBytes(chunk, (end - begin) * sizeof(float));
   absl::MutexLock lock(&sent_mu_);
   sent_chunks_.push_back({begin, end, digest});
+  sent_bytes_ += (end - begin) * sizeof(float);
+}
+
+uint64_t ReadyRanges::sent() const {
+  absl::MutexLock lock(&sent_mu_);
+  return sent_bytes_;
 }
 
 std::optional<std::pair<uint64_t, uint64_t>> ReadyRanges::FirstChangedChunk(

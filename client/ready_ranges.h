@@ -11,7 +11,6 @@
 #ifndef SHARDOPT_CLIENT_READY_RANGES_H_
 #define SHARDOPT_CLIENT_READY_RANGES_H_
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -36,14 +35,12 @@ class ReadyRanges {
   bool WaitCommit() const;
   bool failed() const;
 
-  // Payload bytes the pushes have written so far (retries count again).
-  void AddSent(uint64_t bytes) const { sent_.fetch_add(bytes, std::memory_order_relaxed); }
-  uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
-
   // Elements [begin, end) of the flat fp32 buffer at `chunk` are about to be
   // handed to gRPC (before the write: a write after the caller's check then
   // reads the final values). Kept per call, retries too.
   void RecordSent(uint64_t begin, uint64_t end, const float* chunk) const;
+  // Payload bytes of the chunks recorded so far (retries count again).
+  uint64_t sent() const;
   // The first recorded chunk whose elements in `flat` (the whole buffer) are
   // no longer what was recorded, as [begin, end); nullopt when all still are.
   std::optional<std::pair<uint64_t, uint64_t>> FirstChangedChunk(const float* flat) const;
@@ -55,12 +52,12 @@ class ReadyRanges {
   std::map<uint64_t, uint64_t> ready_ ABSL_GUARDED_BY(mu_);  // begin -> end, disjoint, merged.
   bool commit_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
-  mutable std::atomic<uint64_t> sent_{0};
   struct SentChunk {
     uint64_t begin, end, digest;
   };
   mutable absl::Mutex sent_mu_;
   mutable std::vector<SentChunk> sent_chunks_ ABSL_GUARDED_BY(sent_mu_);
+  mutable uint64_t sent_bytes_ ABSL_GUARDED_BY(sent_mu_) = 0;
 };
 
 }  // namespace shardopt

@@ -137,65 +137,42 @@ absl::Status Recovery::BringTo(int64_t target) {
   }
 }
 
-Recovery::RollBackBelow Recovery::RolledBackBelow(const std::vector<v1::ModelSummary>& shards,
-                                                  int64_t version, int64_t* to) {
-  *to = LowestVersion(shards);
-  if (*to >= version) return RollBackBelow::kNone;
-  const auto there = [&](const v1::ModelSummary& s) {
-    return s.version() == *to && s.rolled_back_to() == *to;
-  };
-  if (std::all_of(shards.begin(), shards.end(), there)) return RollBackBelow::kDone;
-  return std::any_of(shards.begin(), shards.end(), there) ? RollBackBelow::kUnderWay
-                                                          : RollBackBelow::kNone;
-}
-
-absl::Status Recovery::AwaitRollBackUnderWay(const std::vector<v1::ModelSummary>& shards,
-                                             int64_t to, absl::Time give_up) {
-  if (absl::Now() >= give_up) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "model '", context_.calls.model_id, "': another trainer's rollback to step ", to,
-        " did not reach every shard within the retry budget (", Versions(shards), ")"));
-  }
-  absl::SleepFor(absl::Milliseconds(50));
-  return absl::OkStatus();
-}
-
-absl::Status Recovery::FollowRollBackBelow(int64_t version) {
+absl::StatusOr<std::vector<v1::ModelSummary>> Recovery::SurveyUnlessRolledBackBelow(
+    int64_t version) {
   const absl::Time give_up = absl::Now() + context_.calls.policy.budget;
   for (;;) {
     absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
     if (!shards.ok()) return shards.status();
-    int64_t to = 0;
-    switch (RolledBackBelow(*shards, version, &to)) {
-      case RollBackBelow::kNone:
-        return absl::OkStatus();
-      case RollBackBelow::kDone:
-        return RolledBackError(
-            to, absl::StrCat("another trainer rolled the job back below version ", version));
-      case RollBackBelow::kUnderWay:
-        if (absl::Status s = AwaitRollBackUnderWay(*shards, to, give_up); !s.ok()) return s;
+    const int64_t lowest = LowestVersion(*shards);
+    const auto there = [&](const v1::ModelSummary& s) {
+      return s.version() == lowest && s.rolled_back_to() == lowest;
+    };
+    if (lowest >= version || std::none_of(shards->begin(), shards->end(), there)) return shards;
+    if (std::all_of(shards->begin(), shards->end(), there)) {
+      return RolledBackError(
+          lowest, absl::StrCat("another trainer rolled the job back below version ", version));
     }
+    // Under way: some shards there, the others not yet.
+    if (absl::Now() >= give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "model '", context_.calls.model_id, "': another trainer's rollback to step ", lowest,
+          " did not reach every shard within the retry budget (", Versions(*shards), ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
   }
+}
+
+absl::Status Recovery::FollowRollBackBelow(int64_t version) {
+  return SurveyUnlessRolledBackBelow(version).status();
 }
 
 absl::Status Recovery::RollBackOverLostPush(int64_t version) {
   // A few rollback attempts: a shard may change between the survey and the
   // rollback (another trainer rolled it back first, or it restarted).
   absl::Status last;
-  const absl::Time give_up = absl::Now() + context_.calls.policy.budget;
-  for (int attempts = 0; attempts < 5;) {
-    absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    absl::StatusOr<std::vector<v1::ModelSummary>> shards = SurveyUnlessRolledBackBelow(version);
     if (!shards.ok()) return shards.status();
-    int64_t to = 0;
-    const RollBackBelow below = RolledBackBelow(*shards, version, &to);
-    if (below == RollBackBelow::kDone) {
-      return RolledBackError(
-          to, absl::StrCat("another trainer rolled the job back below version ", version));
-    }
-    if (below == RollBackBelow::kUnderWay) {
-      if (absl::Status s = AwaitRollBackUnderWay(*shards, to, give_up); !s.ok()) return s;
-      continue;
-    }
     std::vector<std::string> stuck;
     for (size_t i = 0; i < shards->size(); ++i) {
       // (Also where this trainer's own push was complete: it cannot tell
@@ -215,7 +192,6 @@ absl::Status Recovery::RollBackOverLostPush(int64_t version) {
                      " no longer exists whole there"));
     if (RolledBackTo(last)) return last;
     if (!absl::IsAborted(last) && !absl::IsDataLoss(last) && !absl::IsNotFound(last)) return last;
-    ++attempts;
   }
   return last;
 }

@@ -110,14 +110,10 @@ class Recovery {
   absl::Status AwaitStep(int64_t step, const std::optional<StepDecision>& decision, bool pushed,
                          const ShardSubset& which);
   absl::Status RollBackJob(const std::vector<v1::ModelSummary>& shards, const std::string& why);
-  // Whether some trainer rolled the shards back below `version`, to `*to`.
-  enum class RollBackBelow { kNone, kUnderWay, kDone };
-  static RollBackBelow RolledBackBelow(const std::vector<v1::ModelSummary>& shards, int64_t version,
-                                       int64_t* to);
-  // For a rollback under way: sleeps a little, or DEADLINE_EXCEEDED past
-  // `give_up`.
-  absl::Status AwaitRollBackUnderWay(const std::vector<v1::ModelSummary>& shards, int64_t to,
-                                     absl::Time give_up);
+  // Every shard's summary, unless another trainer rolled the shards back
+  // below `version`: then RolledBackError once every shard is there (waiting
+  // within the retry budget while that rollback is under way).
+  absl::StatusOr<std::vector<v1::ModelSummary>> SurveyUnlessRolledBackBelow(int64_t version);
   ShardFanOut::Call CallFor(const std::string& what) const;
 
   ShardFanOut* const fanout_;

@@ -148,7 +148,6 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
                         static_cast<const float*>(frame.data));
     }
     open = writer->Write(frame);
-    if (open && ready != nullptr) ready->AddSent(frame.count * element_size);
   }
   // Ended only once the caller checked the whole gradient: a stream that is
   // not ended is never committed.

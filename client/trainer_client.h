@@ -78,8 +78,8 @@ struct StepResult {
   uint64_t bytes_pushed = 0;  // Payload bytes on the wire (push_dtype).
   uint64_t bytes_pulled = 0;  // Payload bytes on the wire (pull_dtype).
   int replayed_pushes = 0;    // Earlier steps re-pushed to restarted shards.
-  // A streamed push (FinishStreamedStep): of bytes_pushed, those written
-  // before FinishStreamedStep was called, i.e. while backward still ran.
+  // A streamed push (FinishStreamedStep): of bytes_pushed, those handed to
+  // gRPC before FinishStreamedStep was called, i.e. while backward still ran.
   uint64_t bytes_pushed_early = 0;
 };
 

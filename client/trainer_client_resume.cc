@@ -66,13 +66,11 @@ absl::StatusOr<int64_t> TrainerClient::ResumeOverPartlyRunStep(
   // Without it the step may never end: roll the job back (or follow the
   // trainer that did).
   const absl::Status recovered = FollowRollBack(recovery_->RollBackOverLostPush(from));
-  if (!RolledBackTo(recovered)) {
-    if (!recovered.ok()) return recovered;
-    return Pull(from, flat_params);  // (The state passed meanwhile.)
+  if (recovered.ok()) return Pull(from, flat_params);  // (The state passed meanwhile.)
+  if (RolledBackTo(recovered)) {
+    LogWarning("trainer %d: %s", options_.trainer_rank, std::string(recovered.message()));
   }
-  LogWarning("trainer %d: %s", options_.trainer_rank, std::string(recovered.message()));
-  *rolled_back = rolled_back_to_;
-  return Pull(**rolled_back, flat_params);
+  return followed(recovered);
 }
 
 }  // namespace shardopt

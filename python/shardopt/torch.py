@@ -213,9 +213,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "servers from a common checkpoint)")
         for g in self._groups:
             if g.version > self._version:  # What its (skipped) next step reports.
-                g.last_result = {"step": g.version, "version": g.version,
-                                 "lr": float(self.param_groups[g.index]["lr"]),
-                                 "applied_before_restart": True}
+                g.last_result = self._result_without_push(g, applied_before_restart=True)
         self.last_results = []
 
     # -- construction --------------------------------------------------------
@@ -462,12 +460,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         g.version = self._version = version
         if g.pulled is not None:
             g.pulled.copy_(g.flat_params)
+        g.last_result = self._result_without_push(g, rolled_back_to=version)
+        self.last_results = [g.last_result]
+
+    def _result_without_push(self, g, **marks):
+        """The result a step reports for group g at g.version without having
+        pushed anything: the usual keys (as the last result had them), the
+        version, the group's lr, and `marks` saying why."""
         result = dict(g.last_result) if isinstance(g.last_result, dict) else {}
-        result.update(step=version, version=version, rolled_back_to=version, skipped=False,
-                      bytes_pushed=0, bytes_pushed_early=0, duplicate_pushes=0,
-                      replayed_pushes=0, lr=float(self.param_groups[g.index]["lr"]))
-        g.last_result = result
-        self.last_results = [result]
+        result.update(step=g.version, version=g.version, skipped=False, bytes_pushed=0,
+                      bytes_pushed_early=0, duplicate_pushes=0, replayed_pushes=0,
+                      lr=float(self.param_groups[g.index]["lr"]), **marks)
+        return result
 
     def _send_hyperparameters(self, g, version):
         """Sends the group's hyperparameters if they changed since last sent
