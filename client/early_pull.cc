@@ -19,12 +19,15 @@ EarlyPull::~EarlyPull() {
   if (thread_) PushEnded(false).status().IgnoreError();
 }
 
-void EarlyPull::Prepare(const ModelLayout& layout, StepCallsContext calls) {
+void EarlyPull::Prepare(const ModelLayout& layout, StepCallsContext calls,
+                        const std::vector<std::shared_ptr<SharedMemoryRoute>>& routes) {
   for (auto& shard : shards_) {
     const FlatRange range = layout.ShardRange(shard->index());
     if (shard->range().begin != range.begin || shard->range().end != range.end) {
       shard->set_range(range);
     }
+    std::shared_ptr<SharedMemoryRoute> route = routes.empty() ? nullptr : routes[shard->index()];
+    if (shard->shared_memory() != route.get()) shard->set_shared_memory(std::move(route));
   }
   calls.label = "pull overlapping the push: ";
   calls.canceller = &canceller_;

@@ -4,8 +4,10 @@
 #include <grpcpp/security/credentials.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype_convert.h"
 #include "common/grpc_status.h"
 
 namespace shardopt {
@@ -122,6 +124,19 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
   if (ready != nullptr && ready->failed()) {
     return absl::FailedPreconditionError("the streamed push was abandoned");
   }
+  const uint64_t total = header.header().num_elements();
+  if (ready == nullptr) {
+    if (std::shared_ptr<SharedMemoryLink> link = SharedLink()) {
+      const TrainerSegment& segment = shared_memory_->segment();
+      if (std::optional<TrainerSegment::PushPlace> place =
+              segment.PlacePush(range_.begin, payload, element_size)) {
+        if (place->copy) {
+          std::memcpy(segment.segment().data() + place->offset, payload, total * element_size);
+        }
+        return PushShared(context, header, link, place->offset, response);
+      }
+    }
+  }
   std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
       grpc::internal::ClientWriterFactory<PushFrame>::Create(channel_.get(), *push_method_,
                                                              &context, response));
@@ -131,7 +146,6 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
   frame.header = &header;
   bool open = writer->Write(frame);
   frame.header = nullptr;
-  const uint64_t total = header.header().num_elements();
   const size_t chunk = std::max<size_t>(1, chunk_bytes / element_size);
   bool abandoned = false;
   for (uint64_t off = 0; open && off < total; off += chunk) {
@@ -165,6 +179,14 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
 absl::Status ShardConnection::Pull(grpc::ClientContext& context,
                                    const v1::PullParametersRequest& request, DType dtype,
                                    float* destination, PulledVersion* pulled) {
+  if (!request.wait_only()) {
+    if (std::shared_ptr<SharedMemoryLink> link = SharedLink()) {
+      const int64_t place = shared_memory_->segment().PullOffset(range_.begin, dtype);
+      if (place >= 0) {
+        return PullShared(context, request, dtype, link, place, destination, pulled);
+      }
+    }
+  }
   std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
       grpc::internal::ClientReaderFactory<PullFrame>::Create(channel_.get(), *pull_method_,
                                                              &context, request));
@@ -202,6 +224,83 @@ absl::Status ShardConnection::Pull(grpc::ClientContext& context,
         absl::StrCat("pull ended after ", received, " of ", expected, " elements"));
   }
   pulled->version = version;
+  return absl::OkStatus();
+}
+
+std::shared_ptr<SharedMemoryLink> ShardConnection::SharedLink() {
+  if (shared_memory_ == nullptr || range_.size() == 0) return nullptr;
+  return shared_memory_->Link([this]() -> absl::StatusOr<std::string> {
+    std::unique_ptr<grpc::ClientContext> context = ContextWithTimeout(absl::Seconds(5));
+    v1::ServerInfo info;
+    absl::Status s =
+        ToAbslStatus(stub_->GetServerInfo(context.get(), v1::GetServerInfoRequest(), &info));
+    if (!s.ok()) return s;
+    return info.shared_memory_socket();
+  });
+}
+
+absl::Status ShardConnection::SharedCallFailed(const std::shared_ptr<SharedMemoryLink>& link,
+                                               absl::Status status) {
+  if (shared_memory_->DropIfDead(link) && !absl::IsUnavailable(status)) {
+    return absl::UnavailableError(
+        absl::StrCat("the shard's shared-memory link closed (it exited?): ", status.message()));
+  }
+  return status;
+}
+
+absl::Status ShardConnection::PushShared(grpc::ClientContext& context,
+                                         const v1::PushGradientsRequest& header,
+                                         const std::shared_ptr<SharedMemoryLink>& link,
+                                         int64_t place, v1::PushGradientsResponse* response) {
+  v1::PushGradientsRequest shared = header;
+  v1::SharedMemoryPayload* where = shared.mutable_header()->mutable_shared_memory();
+  where->set_attachment(link->attachment());
+  where->set_byte_offset(static_cast<uint64_t>(place));
+  std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
+      stub_->PushGradients(&context, response);
+  if (writer->Write(shared)) writer->WritesDone();
+  absl::Status s = ToAbslStatus(writer->Finish());
+  if (!s.ok()) return SharedCallFailed(link, s);
+  shared_memory_->CountTransfer();
+  return s;
+}
+
+absl::Status ShardConnection::PullShared(grpc::ClientContext& context,
+                                         const v1::PullParametersRequest& request, DType dtype,
+                                         const std::shared_ptr<SharedMemoryLink>& link,
+                                         int64_t place, float* destination, PulledVersion* pulled) {
+  v1::PullParametersRequest shared = request;
+  shared.mutable_shared_memory()->set_attachment(link->attachment());
+  shared.mutable_shared_memory()->set_byte_offset(static_cast<uint64_t>(place));
+  std::unique_ptr<grpc::ClientReader<v1::PullParametersResponse>> reader =
+      stub_->PullParameters(&context, shared);
+  v1::PullParametersResponse response;
+  int messages = 0;
+  int64_t version = -1;
+  double lr = 0;
+  while (reader->Read(&response)) {
+    ++messages;
+    version = response.version();
+    lr = response.lr();
+  }
+  absl::Status s = ToAbslStatus(reader->Finish());
+  if (!s.ok()) return SharedCallFailed(link, s);
+  if (messages != 1 || version < 0 || response.has_chunk()) {
+    return absl::InternalError(absl::StrCat("a pull through shared memory ended after ", messages,
+                                            " messages (expected one, without data)"));
+  }
+  const char* written = shared_memory_->segment().segment().data() + place;
+  const uint64_t count = range_.size();
+  if (dtype == DType::kFloat32) {
+    if (written != reinterpret_cast<const char*>(destination)) {
+      std::memcpy(destination, written, count * sizeof(float));
+    }
+  } else {
+    ConvertToFloatAndFindNonFinite(written, count, dtype, destination);
+  }
+  pulled->version = version;
+  pulled->lr = lr;
+  shared_memory_->CountTransfer();
   return absl::OkStatus();
 }
 

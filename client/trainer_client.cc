@@ -14,13 +14,14 @@
 #include "client/early_pull.h"
 #include "client/push_history.h"
 #include "client/push_payload.h"
-#include "client/streamed_push.h"
 #include "client/recovery.h"
 #include "client/registration.h"
 #include "client/retry.h"
 #include "client/shard_connection.h"
 #include "client/shard_fanout.h"
+#include "client/shared_memory_route.h"
 #include "client/step_calls.h"
+#include "client/streamed_push.h"
 #include "common/dtype_convert.h"
 #include "common/finite.h"
 #include "common/logging.h"
@@ -180,8 +181,45 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
         RecoveryContext{StepsNeedDecisions(spec.max_grad_norm, spec.loss_scaling), calls});
   }
   steps_ = std::make_unique<StepCalls>(fanout_.get(), calls);
-  if (early_pull_) early_pull_->Prepare(layout, calls);
+  PrepareSharedMemory(layout);
+  if (early_pull_) early_pull_->Prepare(layout, calls, shared_routes_);
   return absl::OkStatus();
+}
+
+void TrainerClient::PrepareSharedMemory(const ModelLayout& layout) {
+  if (!options_.shared_memory) return;
+  if (segment_ != nullptr && segment_->total_elements() == layout.total_elements()) return;
+  shared_routes_.clear();
+  for (auto& shard : shards_) shard->set_shared_memory(nullptr);
+  absl::StatusOr<std::unique_ptr<TrainerSegment>> segment =
+      TrainerSegment::Create(layout.total_elements(), options_.push_dtype, options_.pull_dtype);
+  if (!segment.ok()) {
+    LogWarning("trainer %d: no shared memory (payloads go over gRPC): %s", options_.trainer_rank,
+               segment.status().ToString());
+    segment_.reset();
+    return;
+  }
+  segment_ = *std::move(segment);
+  for (auto& shard : shards_) {
+    shared_routes_.push_back(std::make_shared<SharedMemoryRoute>(segment_, shard->index()));
+    shard->set_shared_memory(shared_routes_.back());
+  }
+}
+
+absl::Span<float> TrainerClient::shared_gradients() const {
+  if (segment_ == nullptr) return {};
+  return absl::MakeSpan(segment_->gradients(), segment_->total_elements());
+}
+
+absl::Span<float> TrainerClient::shared_parameters() const {
+  if (segment_ == nullptr) return {};
+  return absl::MakeSpan(segment_->parameters(), segment_->total_elements());
+}
+
+int64_t TrainerClient::shared_memory_transfers() const {
+  int64_t transfers = 0;
+  for (const auto& route : shared_routes_) transfers += route->transfers();
+  return transfers;
 }
 
 absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float* initial_params) {

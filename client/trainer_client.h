@@ -56,6 +56,8 @@
 namespace shardopt {
 
 class PushHistory;
+class SharedMemoryRoute;
+class TrainerSegment;
 class Recovery;
 class ShardConnection;
 class EarlyPull;
@@ -217,6 +219,21 @@ class TrainerClient {
   // A zero-filled flat buffer of the layout's size.
   std::vector<float> NewFlatBuffer() const;
 
+  // With shared memory (TrainerClientOptions::shared_memory; after
+  // Register/Attach): flat buffers in the segment the co-located shards
+  // map. A gradient computed in shared_gradients() is pushed without any
+  // copy on this side, and a pull into shared_parameters() is written there
+  // by the shards; any other buffers work too (the client copies through
+  // the segment; a pull into another buffer overwrites
+  // shared_parameters()). Empty without shared memory.
+  absl::Span<float> shared_gradients() const;
+  absl::Span<float> shared_parameters() const;
+  // The segment itself (null without shared memory): a holder keeps its
+  // memory mapped past this client's end (the Python binding's buffers).
+  std::shared_ptr<const TrainerSegment> shared_segment() const { return segment_; }
+  // Pushes and pulls to single shards that went through shared memory.
+  int64_t shared_memory_transfers() const;
+
  private:
   TrainerClient(const TrainerClientOptions& options,
                 std::vector<std::unique_ptr<ShardConnection>> shards,
@@ -227,6 +244,9 @@ class TrainerClient {
   // and layout are known).
   absl::Status PrepareModel(const ModelSpec& spec, const ModelLayout& layout);
   absl::Status CheckBuffer(size_t size, const char* what) const;
+  // The segment and the shards' routes for `layout` (kept across
+  // re-registrations of the same layout).
+  void PrepareSharedMemory(const ModelLayout& layout);
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
   // Pushes `payload` as step `step` (recording it first), recovering shards
   // that are behind.
@@ -254,6 +274,8 @@ class TrainerClient {
   std::vector<std::unique_ptr<ShardConnection>> shards_;
   std::unique_ptr<ShardFanOut> fanout_;
   std::unique_ptr<EarlyPull> early_pull_;  // With overlap_pull.
+  std::shared_ptr<const TrainerSegment> segment_;                  // With shared memory.
+  std::vector<std::shared_ptr<SharedMemoryRoute>> shared_routes_;  // Shard order.
   struct StreamedPush;  // client/streamed_push.h
   // Ends `push` without any shard committing it (see CancelStreamedPush).
   void Abandon(std::unique_ptr<StreamedPush> push);

@@ -93,6 +93,11 @@ struct TrainerClientOptions {
   // range into the parameter buffer as soon as the shard has updated it
   // (pipelined steps, server --pipeline_range_elements). Same bits either way.
   bool overlap_pull = true;
+  // Shards on this host (same user, same network namespace) read pushes
+  // from and write pulls into a shared-memory segment of this trainer
+  // instead of the gRPC stream (client/shared_memory_route.h); the rest,
+  // and streamed pushes, use the stream. Same bits either way.
+  bool shared_memory = true;
 };
 
 }  // namespace shardopt

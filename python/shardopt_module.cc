@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/shared_memory_route.h"
 #include "client/trainer_client.h"
 #include "common/dtype.h"
 #include "common/optimizer_config.h"
@@ -210,13 +211,21 @@ ChannelSecurity SecurityFromDict(const py::dict& security) {
   return s;
 }
 
+// A flat buffer in a client's shared segment, holding the segment.
+struct SharedBufferView {
+  std::shared_ptr<const TrainerSegment> segment;
+  float* data;
+};
+
 // One trainer of one model (see TrainerClient).
 class Client {
  public:
   Client(std::vector<std::string> servers, uint32_t rank, double rpc_timeout_s,
          double retry_budget_s, int replay_steps, std::string journal_path,
-         const std::string& push_dtype, const std::string& pull_dtype, const py::dict& security) {
+         const std::string& push_dtype, const std::string& pull_dtype, const py::dict& security,
+         bool shared_memory) {
     TrainerClientOptions options;
+    options.shared_memory = shared_memory;
     options.security = SecurityFromDict(security);
     options.trainer_rank = rank;
     options.rpc_timeout = absl::Seconds(rpc_timeout_s);
@@ -366,6 +375,15 @@ class Client {
   int64_t failed_attempts() const { return client_->failed_attempts(); }
   double loss_scale() const { return client_->loss_scale(); }
   int64_t replayed_pushes() const { return client_->replayed_pushes(); }
+  int64_t shared_memory_transfers() const { return client_->shared_memory_transfers(); }
+  // One of the client's shared buffers as a Python buffer that keeps the
+  // segment mapped (tensors made from it outlive the client), or None.
+  py::object SharedBuffer(bool gradients) const {
+    std::shared_ptr<const TrainerSegment> segment = client_->shared_segment();
+    if (segment == nullptr) return py::none();
+    return py::cast(
+        SharedBufferView{segment, gradients ? segment->gradients() : segment->parameters()});
+  }
   std::optional<int64_t> rolled_back_to() const { return client_->rolled_back_to(); }
 
  private:
@@ -433,13 +451,23 @@ PYBIND11_MODULE(_shardopt, m) {
     }
   });
 
+  py::class_<SharedBufferView>(m, "SharedBuffer", py::buffer_protocol(),
+                               "A writable float32 flat buffer in a client's shared-memory "
+                               "segment; keeps the segment mapped while it lives.")
+      .def_buffer([](SharedBufferView& view) {
+        return py::buffer_info(view.data, sizeof(float), py::format_descriptor<float>::format(), 1,
+                               {static_cast<ssize_t>(view.segment->total_elements())},
+                               {static_cast<ssize_t>(sizeof(float))});
+      });
+
   py::class_<Client>(m, "Client", "One trainer (rank) of one model on a set of shard servers.")
       .def(py::init<std::vector<std::string>, uint32_t, double, double, int, std::string,
-                    const std::string&, const std::string&, const py::dict&>(),
+                    const std::string&, const std::string&, const py::dict&, bool>(),
            py::arg("servers"), py::arg("rank"), py::arg("rpc_timeout_s") = 60.0,
            py::arg("retry_budget_s") = 60.0, py::arg("replay_steps") = 0,
            py::arg("journal_path") = "", py::arg("push_dtype") = "float32",
-           py::arg("pull_dtype") = "float32", py::arg("security") = py::dict())
+           py::arg("pull_dtype") = "float32", py::arg("security") = py::dict(),
+           py::arg("shared_memory") = true)
       .def("register", &Client::Register, py::arg("model_id"), py::arg("tensors"),
            py::arg("optimizer"), py::arg("hyperparameters"), py::arg("num_trainers"),
            py::arg("max_grad_norm") = 0.0, py::arg("initial") = py::none(),
@@ -484,6 +512,18 @@ PYBIND11_MODULE(_shardopt, m) {
                              "Attempts of calls to shards that failed UNAVAILABLE or "
                              "DEADLINE_EXCEEDED so far (each is retried within the retry "
                              "budget): shards down, unreachable or slower than rpc_timeout.")
+      .def_property_readonly("shared_memory_transfers", &Client::shared_memory_transfers,
+                             "Pushes and pulls to single shards that went through shared memory.")
+      .def(
+          "shared_gradients", [](const Client& c) { return c.SharedBuffer(true); },
+          "After register: the flat gradient buffer in the segment co-located shards map "
+          "(a float32 buffer: numpy.frombuffer or torch.frombuffer(..., dtype=torch.float32) "
+          "view it, and keep the memory alive after the client is gone); pushed without a "
+          "copy. None without shared memory.")
+      .def(
+          "shared_parameters", [](const Client& c) { return c.SharedBuffer(false); },
+          "After register: the flat parameter buffer the shards pull into directly; None "
+          "without shared memory.")
       .def_property_readonly("replayed_pushes", &Client::replayed_pushes,
                              "Earlier steps re-pushed to shards restarted from a checkpoint.")
       .def_property_readonly("rolled_back_to", &Client::rolled_back_to,

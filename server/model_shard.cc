@@ -97,6 +97,7 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
       state_(StepOptionsOf(options_, *backend)),
       range_elements_(state_.range_elements()),
       range_count_(state_.range_count()),
+      range_mu_(new absl::Mutex[range_count_]),
       range_versions_(range_count_, 0),
       backend_(std::move(backend)) {
   if (options_.step_timeline) {
@@ -382,7 +383,10 @@ absl::Status ModelShard::RunRangeWork(const StepState::RangeWork& work,
     block_sums->assign(blocks, 0.0);
     return backend_->SumOfSquaresBlocks(scale, work.begin, work.end, block_sums->data());
   }
-  absl::WriterMutexLock lock(&params_mu_);
+  absl::ReaderMutexLock lock(&params_mu_);
+  // (Whole steps update every range at once.)
+  const RangeLocks ranges(*this, whole ? 0 : work.index, whole ? range_count_ : work.index + 1,
+                          /*exclusive=*/true);
   absl::Status s;
   if (work.kind == Kind::kApply) {
     s = whole ? backend_->Apply(work.step, options_.mean_reduction, work.config)

@@ -370,6 +370,7 @@ class ModelShard {
   absl::Status RunRangeWork(const StepState::RangeWork& work, std::vector<double>* block_sums);
   // The version every range of [offset, offset + count) is at, or -1 when
   // they differ.
+  // (Under params_mu_ and the locks of those ranges, shared.)
   int64_t ParamsVersion(uint64_t offset, uint64_t count) const
       ABSL_SHARED_LOCKS_REQUIRED(params_mu_);
   // The one wait of pulls: OK once `reached()` holds; else the failure, or
@@ -409,12 +410,49 @@ class ModelShard {
   const size_t range_count_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 
-  // Guards the backend's parameters: updates of a range hold it
-  // exclusively, reads shared. Staging of rank r is written only by rank r's
-  // PushWriter while its slot is kReceiving, at elements no claimed range
-  // holds, and read only by range work, so it needs no lock.
+  // Guards the backend's parameters and optimizer state in two levels, so
+  // that a pull can read a range that is done while the next range is
+  // updated: range work and reads hold params_mu_ shared and then the
+  // locks of their ranges (RangeLocks: in index order, an update
+  // exclusively, a read shared); a restore holds params_mu_ exclusively.
+  // Staging of rank r is written only by rank r's PushWriter while its slot
+  // is kReceiving, at elements no claimed range holds, and read only by
+  // range work, so it needs no lock.
   mutable absl::Mutex params_mu_;
-  std::vector<int64_t> range_versions_ ABSL_GUARDED_BY(params_mu_);
+  std::unique_ptr<absl::Mutex[]> range_mu_;
+  // [i]: the version range i holds; written under range_mu_[i] exclusively
+  // (or params_mu_ exclusively), read under either shared.
+  std::vector<int64_t> range_versions_;
+  // Holds the locks of ranges [first, last) for its lifetime.
+  class RangeLocks {
+   public:
+    RangeLocks(const ModelShard& shard, size_t first, size_t last, bool exclusive)
+        : shard_(shard), first_(first), last_(last), exclusive_(exclusive) {
+      for (size_t i = first_; i < last_; ++i) {
+        if (exclusive_) {
+          shard_.range_mu_[i].Lock();
+        } else {
+          shard_.range_mu_[i].ReaderLock();
+        }
+      }
+    }
+    ~RangeLocks() {
+      for (size_t i = last_; i > first_; --i) {
+        if (exclusive_) {
+          shard_.range_mu_[i - 1].Unlock();
+        } else {
+          shard_.range_mu_[i - 1].ReaderUnlock();
+        }
+      }
+    }
+    RangeLocks(const RangeLocks&) = delete;
+    RangeLocks& operator=(const RangeLocks&) = delete;
+
+   private:
+    const ModelShard& shard_;
+    const size_t first_, last_;
+    const bool exclusive_;
+  };
   std::unique_ptr<UpdateBackend> backend_;
 
   std::unique_ptr<StepTimeline> timeline_;  // With options.step_timeline.

@@ -96,6 +96,7 @@ absl::Status ModelShard::CheckpointAt(
   absl::Status written;
   {
     absl::ReaderMutexLock lock(&params_mu_);
+    const RangeLocks ranges(*this, 0, range_count_, /*exclusive=*/false);
     const ShardStateReadFn read = [this](int slot, uint64_t offset, uint64_t count,
                                          float* out) -> absl::Status {
       if (slot < 0) {
@@ -159,6 +160,9 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
         absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
   }
   absl::ReaderMutexLock lock(&params_mu_);
+  const auto [first, last] = RangesCovering(offset, count, range_elements_, range_count_);
+  // (An empty read still looks at its range's version.)
+  const RangeLocks ranges(*this, first, std::max(last, first + 1), /*exclusive=*/false);
   if (const int64_t now = ParamsVersion(offset, count); now != version) {
     return absl::AbortedError(
         absl::StrCat("parameters [", offset, ", ", offset + count, ") moved from version ", version,
@@ -240,6 +244,7 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
   // (During a pipelined step whose push stalled, the ranges already updated
   // hold the next version's values: the oldest version is reported.)
   absl::ReaderMutexLock lock(&params_mu_);
+  const RangeLocks ranges(*this, 0, range_count_, /*exclusive=*/false);
   snap.version = *std::min_element(range_versions_.begin(), range_versions_.end());
   std::vector<float> block;
   for (const TensorPiece& piece : options_.layout.PiecesIn(range_)) {

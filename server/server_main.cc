@@ -42,6 +42,10 @@ ABSL_FLAG(int64_t, pipeline_range_elements, int64_t{1} << 20,
 ABSL_FLAG(bool, step_timeline, false,
           "Debug aid: log, as each step ends, when each of its ranges arrived, was updated and "
           "was first pulled; Inspect returns the newest such step (step_timeline).");
+ABSL_FLAG(bool, shared_memory, true,
+          "Let trainers on this host (same user, same network namespace) move gradients and "
+          "parameters through shared memory instead of the gRPC stream; --noshared_memory: "
+          "always the stream.");
 ABSL_FLAG(int, stream_idle_timeout_s, 60,
           "Cancel push and register streams that send nothing for this many seconds "
           "(0 = never).");
@@ -181,6 +185,7 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
   }
   options.pipeline_range_elements = static_cast<uint64_t>(pipeline_range);
   options.step_timeline = absl::GetFlag(FLAGS_step_timeline);
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
 

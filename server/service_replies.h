@@ -5,6 +5,8 @@
 
 #include <grpcpp/support/status.h>
 
+#include <optional>
+
 #include "absl/status/status.h"
 #include "common/grpc_status.h"
 #include "common/layout.h"
@@ -14,6 +16,13 @@
 namespace shardopt {
 
 inline grpc::Status Error(const absl::Status& status) { return ToGrpcStatus(status); }
+
+// The push a waiting trainer made (its request's trainer_rank, pushed_step).
+template <typename Request>
+std::optional<ModelShard::PushedBy> PushedByOf(const Request& request) {
+  if (request.pushed_step() <= 0) return std::nullopt;
+  return ModelShard::PushedBy{request.trainer_rank(), request.pushed_step()};
+}
 
 inline void SetRange(const FlatRange& range, v1::ShardRange* proto) {
   proto->set_begin(range.begin);

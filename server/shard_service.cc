@@ -67,13 +67,6 @@ absl::Time WaitDeadline(const grpc::ServerContext& context, int64_t max_wait_ms)
   return std::min(deadline, absl::Now() + absl::Milliseconds(max_wait_ms));
 }
 
-// The push a waiting trainer made (its request's trainer_rank, pushed_step).
-template <typename Request>
-std::optional<ModelShard::PushedBy> PushedByOf(const Request& request) {
-  if (request.pushed_step() <= 0) return std::nullopt;
-  return ModelShard::PushedBy{request.trainer_rank(), request.pushed_step()};
-}
-
 }  // namespace
 
 ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
@@ -82,7 +75,17 @@ ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
       pool_(options.threads),
       watchdog_(options.stream_idle_timeout),
       budget_(options.max_state_bytes, options.shard_index),
-      models_(options.shard_index) {}
+      models_(options.shard_index) {
+  if (options.shared_memory) {
+    absl::StatusOr<std::unique_ptr<SharedMemoryHost>> host = SharedMemoryHost::Start();
+    if (host.ok()) {
+      shared_memory_ = *std::move(host);
+    } else {
+      LogWarning("shared memory is off (trainers use gRPC for payloads): %s",
+                 host.status().ToString());
+    }
+  }
+}
 
 ShardServiceImpl::~ShardServiceImpl() { Shutdown(); }
 
@@ -356,7 +359,12 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
     return grpc::Status::OK;
   }
   ModelShard::PushWriter& writer = *start->writer;
-  while (reader->Read(&request)) {
+  if (header.has_shared_memory()) {
+    if (absl::Status s = ReceiveSharedPayload(header, *dtype, reader, writer); !s.ok()) {
+      return Error(s);
+    }
+  }
+  while (!header.has_shared_memory() && reader->Read(&request)) {
     watch.Touch();
     if (!request.has_chunk()) {
       return Error(absl::InvalidArgumentError(
@@ -430,6 +438,19 @@ grpc::Status ShardServiceImpl::PullParameters(
       shard.PullTarget(request->min_version(), deadline, cancelled, PushedByOf(*request));
   if (!version.ok()) return Error(version.status());
   response.set_version(*version);
+  if (request->has_shared_memory()) {
+    if (absl::Status s =
+            PullIntoSharedMemory(*request, shard, *version, *dtype, deadline, cancelled);
+        !s.ok()) {
+      return Error(s);
+    }
+    response.set_lr(shard.LrOfVersion(*version));
+    if (!writer->Write(response)) {
+      return grpc::Status(grpc::CANCELLED, "client went away during the pull");
+    }
+    metrics_.RecordPull(request->model_id());
+    return grpc::Status::OK;
+  }
   const size_t element = DTypeSize(*dtype);
   const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / element);
   for (uint64_t offset = 0; offset < shard.size(); offset += chunk_elements) {

@@ -13,6 +13,7 @@
 #ifndef SHARDOPT_SERVER_SHARD_SERVICE_H_
 #define SHARDOPT_SERVER_SHARD_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@
 #include "server/model_registry.h"
 #include "server/model_shard.h"
 #include "server/parallel_for.h"
+#include "server/shared_memory_host.h"
 #include "server/state_budget.h"
 #include "server/stream_watchdog.h"
 
@@ -82,6 +84,9 @@ struct ShardServerOptions {
   // When set, Checkpoint requests may only name directories inside it
   // (--checkpoint_request_root); else any directory the server may write.
   std::string checkpoint_request_root;
+  // Trainers on this host may move payloads through shared memory
+  // (SharedMemoryHost; --shared_memory).
+  bool shared_memory = true;
 };
 
 class ShardServiceImpl final : public v1::ShardService::Service {
@@ -180,8 +185,20 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   absl::Status CheckCheckpointRoot(const std::string& model_id, int64_t version,
                                    const std::string& run_id);
 
+  // The push's payload from an attached segment (PushHeader.shared_memory)
+  // into `writer`; the stream must end after the header.
+  absl::Status ReceiveSharedPayload(const v1::PushHeader& header, DType dtype,
+                                    grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                                    ModelShard::PushWriter& writer);
+  // The pull's elements into an attached segment (PullParametersRequest.
+  // shared_memory) as each range reaches `version`.
+  absl::Status PullIntoSharedMemory(const v1::PullParametersRequest& request, ModelShard& shard,
+                                    int64_t version, DType dtype, absl::Time deadline,
+                                    const std::function<bool()>& cancelled);
+
   const ShardServerOptions options_;
   const absl::Time start_time_;
+  std::unique_ptr<SharedMemoryHost> shared_memory_;  // Null without shared memory.
   mutable ServerMetrics metrics_;  // Thread-safe; counted from const paths too.
   ThreadPool pool_;
   StreamWatchdog watchdog_;

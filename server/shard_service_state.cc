@@ -131,6 +131,10 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
   response->set_device(options_.gpu_index < 0 ? "cpu" : absl::StrCat("cuda:", options_.gpu_index));
   response->set_threads(pool_.threads());
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  if (shared_memory_ != nullptr) {
+    response->set_shared_memory_socket(shared_memory_->socket_name());
+    response->set_shared_memory_attachments(static_cast<uint32_t>(shared_memory_->attachments()));
+  }
   for (const std::shared_ptr<HostedModel>& model : models_.All()) {
     v1::ModelSummary* summary = response->add_models();
     summary->set_model_id(model->config().model_id());

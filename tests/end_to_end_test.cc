@@ -71,6 +71,12 @@ void RunAndCompare(uint32_t shards, uint32_t trainers, const std::vector<std::st
     ASSERT_NE(std::memcmp(expected.data(), initial.data(), expected.size() * sizeof(float)), 0)
         << name << ": the reference did not move";
     for (uint32_t r = 0; r < trainers; ++r) {
+      // Trainers and shards on one host: the payloads went through shared
+      // memory (tests/shared_memory_test.cc compares it with gRPC).
+      absl::StatusOr<std::vector<float>> transfers =
+          ReadFloats(absl::StrCat(out_root, "/rank", r, "/", name, ".shm_transfers"));
+      ASSERT_TRUE(transfers.ok()) << transfers.status();
+      EXPECT_GE((*transfers)[0], 2.0f * kSteps * shards) << name << " rank " << r;
       // What the trainer pulled, and the servers' fp32 masters.
       const std::pair<std::string, const std::vector<float>*> outputs[] = {
           {".bin", &expected}, {".master.bin", &masters}};

@@ -56,6 +56,11 @@ ABSL_FLAG(std::string, journal_dir, "",
 ABSL_FLAG(int64_t, die_mid_push_at_step, 0,
           "Fault injection: at this step, journal the gradient, push it to shard 0 only, and "
           "exit with status 3 (a trainer that dies in the middle of a push).");
+ABSL_FLAG(bool, shared_memory, true,
+          "Move payloads through shared memory with shards that take it (else gRPC).");
+ABSL_FLAG(bool, shared_buffers, false,
+          "Compute gradients in and pull parameters into the client's shared buffers (no "
+          "copies on the trainer's side).");
 ABSL_FLAG(std::vector<std::string>, plant_inf_steps, {},
           "Rank 0 puts +inf into its gradient at these steps (in the last tensor, so on the "
           "last shard only).");
@@ -99,6 +104,7 @@ int Train(const std::string& name) {
   }
   options.push_dtype = ParseDType(absl::GetFlag(FLAGS_push_dtype)).value();
   options.pull_dtype = ParseDType(absl::GetFlag(FLAGS_pull_dtype)).value();
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(servers, options);
   if (!client.ok()) {
     fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -125,9 +131,23 @@ int Train(const std::string& name) {
   // where a restored or running job is) as the wire delivers it (rounded
   // when pull_dtype is 16-bit).
   int64_t start = 0;
+  std::vector<float> grad;
+  absl::Span<float> params_view;
+  absl::Span<float> grad_view;
   if (status.ok()) {
     params = (*client)->NewFlatBuffer();
-    absl::StatusOr<int64_t> version = (*client)->PullToResume(absl::MakeSpan(params));
+    grad = (*client)->NewFlatBuffer();
+    params_view = absl::MakeSpan(params);
+    grad_view = absl::MakeSpan(grad);
+    if (absl::GetFlag(FLAGS_shared_buffers)) {
+      if ((*client)->shared_gradients().empty()) {
+        fprintf(stderr, "rank %u: --shared_buffers without shared memory\n", options.trainer_rank);
+        return 1;
+      }
+      params_view = (*client)->shared_parameters();
+      grad_view = (*client)->shared_gradients();
+    }
+    absl::StatusOr<int64_t> version = (*client)->PullToResume(params_view);
     status = version.status();
     if (version.ok()) start = *version;
   }
@@ -135,7 +155,6 @@ int Train(const std::string& name) {
     fprintf(stderr, "rank %u: %s\n", options.trainer_rank, status.ToString().c_str());
     return 1;
   }
-  std::vector<float> grad = (*client)->NewFlatBuffer();
   if (start > 0) {
     fprintf(stderr, "rank %u: model '%s' resumes at version %ld\n", options.trainer_rank,
             name.c_str(), static_cast<long>(start));
@@ -146,14 +165,14 @@ int Train(const std::string& name) {
     absl::Cleanup pace = [step_start] {
       absl::SleepFor(absl::GetFlag(FLAGS_min_step_time) - (absl::Now() - step_start));
     };
-    SyntheticGradient((*client)->layout(), params, options.trainer_rank, step, seed,
-                      absl::MakeSpan(grad));
+    SyntheticGradient((*client)->layout(), params_view, options.trainer_rank, step, seed,
+                      grad_view);
     if (spec.loss_scaling) {
       const float scale = static_cast<float>((*client)->loss_scale());
-      for (float& v : grad) v *= scale;
+      for (float& v : grad_view) v *= scale;
     }
     if (options.trainer_rank == 0 && plant.count(step) > 0) {
-      grad[PlantedElement((*client)->layout())] = PlantedValue(step);
+      grad_view[PlantedElement((*client)->layout())] = PlantedValue(step);
     }
     if (const std::string change = absl::GetFlag(FLAGS_lr_change); !change.empty()) {
       const std::vector<std::string> parts = absl::StrSplit(change, ':');
@@ -170,9 +189,10 @@ int Train(const std::string& name) {
       // What TrainerClient::Push does up to its first shard, then death.
       absl::StatusOr<std::unique_ptr<PushHistory>> journal =
           PushHistory::Open({name, options.trainer_rank, 0, options.journal_path});
-      if (!journal.ok() ||
-          !(*journal)->Record(step, DType::kFloat32, 1.0, grad.data(), grad.size() * sizeof(float))
-               .ok()) {
+      if (!journal.ok() || !(*journal)
+                                ->Record(step, DType::kFloat32, 1.0, grad_view.data(),
+                                         grad_view.size() * sizeof(float))
+                                .ok()) {
         return 1;
       }
       const FlatRange range = (*client)->layout().ShardRange(0);
@@ -183,18 +203,18 @@ int Train(const std::string& name) {
       header.set_num_elements(range.size());
       auto stub = NewStub(servers[0]);
       const grpc::Status pushed =
-          RawPush(*stub, &header, {{0, FloatBytes(grad.data() + range.begin, range.size())}});
+          RawPush(*stub, &header, {{0, FloatBytes(grad_view.data() + range.begin, range.size())}});
       fprintf(stderr, "rank %u: pushed step %ld to shard 0 only (%s); dying\n",
               options.trainer_rank, static_cast<long>(step), pushed.error_message().c_str());
       _exit(3);
     }
-    absl::StatusOr<StepResult> result = (*client)->Step(step, grad, absl::MakeSpan(params));
+    absl::StatusOr<StepResult> result = (*client)->Step(step, grad_view, params_view);
     if (std::optional<int64_t> back = (*client)->rolled_back_to(); !result.ok() && back) {
       // The job went back to a checkpoint: continue from its version.
       fprintf(stderr, "rank %u: %s\n", options.trainer_rank, result.status().ToString().c_str());
       std::ofstream(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".rollback_reason")
           << result.status().message();
-      absl::StatusOr<int64_t> pulled = (*client)->PullToResume(absl::MakeSpan(params));
+      absl::StatusOr<int64_t> pulled = (*client)->PullToResume(params_view);
       if (!pulled.ok()) {
         fprintf(stderr, "rank %u: after the rollback: %s\n", options.trainer_rank,
                 pulled.status().ToString().c_str());
@@ -226,7 +246,8 @@ int Train(const std::string& name) {
   fflush(stdout);
   for (const auto& [what, count] :
        {std::pair<std::string, float>{"replayed", (*client)->replayed_pushes()},
-        {"rollbacks", rollbacks}}) {
+        {"rollbacks", rollbacks},
+        {"shm_transfers", static_cast<float>((*client)->shared_memory_transfers())}}) {
     if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + "." + what,
                                      {count});
         !s.ok()) {
@@ -245,7 +266,8 @@ int Train(const std::string& name) {
     return 1;
   }
   const std::string out = absl::GetFlag(FLAGS_out_dir) + "/" + name + ".bin";
-  if (absl::Status s = WriteFloats(out, params); !s.ok()) {
+  if (absl::Status s = WriteFloats(out, std::vector<float>(params_view.begin(), params_view.end()));
+      !s.ok()) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
   }

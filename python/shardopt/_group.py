@@ -29,6 +29,18 @@ class Group:
         self.resume_pending = False  # A rollback's pull failed: pull first.
         self.reset_stream()
 
+    def use_shared_buffers(self):
+        """Moves the flat buffers into the client's shared-memory segment
+        (after register), where co-located shards read pushes and write
+        pulls in place; nothing changes without one."""
+        grads, params = self.client.shared_gradients(), self.client.shared_parameters()
+        if grads is None:
+            return
+        self.flat_grads = torch.frombuffer(grads, dtype=torch.float32)
+        in_segment = torch.frombuffer(params, dtype=torch.float32)
+        in_segment.copy_(self.flat_params)
+        self.flat_params = in_segment
+
     def abandon_stream(self):
         """Ends the step's streamed push, if any, unused by the shards."""
         if self.streaming:

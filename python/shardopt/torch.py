@@ -136,6 +136,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         whose gradients overflowed anywhere is skipped on every shard (its
         result says ``skipped``) and backs the scale off. Needs a single
         parameter group.
+      shared_memory: (on by default) with shard servers on this host (same
+        user, same network namespace), gradients and parameters move through
+        a shared-memory segment the servers map instead of the gRPC stream:
+        the flat buffers the parameters and gradients live in are that
+        segment, so a push is read by the servers in place and a pull is
+        written straight into the parameters. Other servers get the stream.
+        Same bits either way; ``False`` always streams.
     """
 
     def __init__(self, params, servers, rank, world_size, optimizer="adamw",
@@ -143,7 +150,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
                  loss_scaler=None, security=None, overlap_backward=True, bucket_cap_mb=1.0,
-                 **hyperparameters):
+                 shared_memory=True, **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
             hyperparameters.pop(switch, None)
@@ -170,7 +177,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  retry_budget_s=float(retry_budget),
                                  replay_steps=int(replay_steps),
                                  push_dtype=push_dtype, pull_dtype=pull_dtype,
-                                 security=dict(security or {}))
+                                 security=dict(security or {}),
+                                 shared_memory=bool(shared_memory))
         self._journal_path = journal_path
         self._check_parameters = check_parameters
         # The layout follows the flag alone (every rank and every restart
@@ -297,6 +305,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # A model that existed already (restored, or running) keeps the
         # hyperparameters it has; this group's are sent with the next step.
         g.sent_hyperparameters = hyper if client.registered_version == 0 else None
+        g.use_shared_buffers()  # (Before any view of the flat buffers is handed out.)
         # Everyone starts from the servers' values (rank 0's, or where a
         # restored or running job is; a step this rank's earlier process
         # left half-used in a pipelined step rolls the job back here).
@@ -527,6 +536,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def scale(self, loss):
         """``loss * loss_scale``: back-propagate this with loss scaling on."""
         return loss * self.loss_scale
+
+    @property
+    def shared_memory_transfers(self):
+        """Pushes and pulls to single shards that went through shared memory."""
+        return sum(g.client.shared_memory_transfers for g in self._groups)
 
     @property
     def step_count(self):

@@ -33,6 +33,9 @@ struct StepShape {
   bool overlap_pull = TrainerClientOptions().overlap_pull;
   OptimizerConfig optimizer = BenchSgd();
   bool step_timeline = false;  // The server's --step_timeline.
+  // Payloads through shared memory (TrainerClientOptions::shared_memory).
+  // Off for the sections that measure the gRPC path; section (f) compares.
+  bool shared_memory = false;
 };
 
 absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t elements, int threads,

@@ -11,7 +11,10 @@ gradient in both, so no backward pass is timed):
             the world size (what DistributedDataParallel's reducer does),
             then a local torch.optim.Adam step on each process;
   shardopt  shardopt.torch.DistributedOptimizer over 2 shard servers (each
-            holds half of the Adam state): push, update on the servers, pull.
+            holds half of the Adam state): push, update on the servers, pull;
+            payloads through shared memory (the default on one host);
+  shardopt-grpc  the same with shared_memory=False: payloads in the gRPC
+            streams.
 
 The two alternate over --rounds rounds; the table gives each job's median
 step time and steps/s, and shardopt's ratio to DDP.
@@ -68,7 +71,8 @@ def shardopt_worker(args):
     p = torch.nn.Parameter(torch.zeros(args.params))
     opt = shardopt.torch.DistributedOptimizer(
         [p], servers=args.servers.split(","), rank=args.rank, world_size=2, optimizer="adam",
-        lr=1e-4, model_id=f"bench{args.round}", check_parameters=False)
+        lr=1e-4, model_id=f"bench{args.round}", check_parameters=False,
+        shared_memory=args.shared_memory)
     g = synthetic_gradient(args.params, args.rank)
     times = []
     for step in range(args.steps + 1):
@@ -105,34 +109,38 @@ def main():
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--servers", help=argparse.SUPPRESS)
     parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--shared_memory", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "ddp":
         return ddp_worker(args)
-    if args.worker == "shardopt":
+    if args.worker in ("shardopt", "shardopt-grpc"):
         return shardopt_worker(args)
 
     print(f"2 trainer processes, {args.params} fp32 parameters ({args.params * 4 >> 20} MiB), "
           f"Adam; {args.steps} timed steps per job per round, {args.rounds} rounds; "
           f"torch {torch.__version__}", flush=True)
     from shardopt.local_cluster import start_servers, stop_servers
-    times = {"ddp": [], "shardopt": []}
+    times = {"ddp": [], "shardopt": [], "shardopt-grpc": []}
     for r in range(args.rounds):
         times["ddp"] += run_pair(args, "ddp", ["--port", str(free_port())])
-        servers, addresses = start_servers(args.server_binary, 2,
-                                           tempfile.mkdtemp(prefix="ddp_compare"))
-        try:
-            times["shardopt"] += run_pair(
-                args, "shardopt", ["--servers", ",".join(addresses), "--round", str(r)])
-        finally:
-            stop_servers(servers)
-        print(f"round {r + 1}: ddp {statistics.median(times['ddp']) * 1e3:.0f} ms, shardopt "
-              f"{statistics.median(times['shardopt']) * 1e3:.0f} ms (medians so far)", flush=True)
-    print(f"\n  {'job':10s} {'steps':>5s} {'median ms':>10s} {'min ms':>8s} {'steps/s':>8s} "
+        for job, shared in (("shardopt", 1), ("shardopt-grpc", 0)):
+            servers, addresses = start_servers(args.server_binary, 2,
+                                               tempfile.mkdtemp(prefix="ddp_compare"))
+            try:
+                times[job] += run_pair(
+                    args, job, ["--servers", ",".join(addresses), "--round", str(r),
+                                "--shared_memory", str(shared)])
+            finally:
+                stop_servers(servers)
+        print(f"round {r + 1}: " + ", ".join(
+            f"{job} {statistics.median(t) * 1e3:.0f} ms" for job, t in times.items()) +
+            " (medians so far)", flush=True)
+    print(f"\n  {'job':13s} {'steps':>5s} {'median ms':>10s} {'min ms':>8s} {'steps/s':>8s} "
           f"{'vs ddp':>7s}")
     ddp_median = statistics.median(times["ddp"])
-    for job in ("ddp", "shardopt"):
+    for job in ("ddp", "shardopt", "shardopt-grpc"):
         median = statistics.median(times[job])
-        print(f"  {job:10s} {len(times[job]):5d} {median * 1e3:10.1f} {min(times[job]) * 1e3:8.1f} "
+        print(f"  {job:13s} {len(times[job]):5d} {median * 1e3:10.1f} {min(times[job]) * 1e3:8.1f} "
               f"{1 / median:8.2f} {ddp_median / median:6.2f}x")
     return 0
 

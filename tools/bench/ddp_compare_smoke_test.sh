@@ -11,3 +11,4 @@ fi
 cat "$out"
 grep -Eq '^  ddp +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +1\.00x$' "$out" || { echo "no ddp row"; exit 1; }
 grep -Eq '^  shardopt +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x$' "$out" || { echo "no shardopt row"; exit 1; }
+grep -Eq '^  shardopt-grpc +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x$' "$out" || { echo "no shardopt-grpc row"; exit 1; }

@@ -20,13 +20,17 @@ push + Adam + pull of --sizes_mib MiB of fp32 per step:
   ps-lite single     the whole gradient as one key (one message each way);
   shardopt           shardopt_server (defaults: ranges updated as they
                      arrive) and the C++ client through the Python binding
-                     (overlap_pull on: the pull streams during the push);
+                     (overlap_pull on: the pull streams during the push),
+                     payloads in the gRPC streams (shared_memory=False);
+  shardopt shm       the same with payloads through shared memory, the
+                     trainer computing in the client's shared buffers (the
+                     default data plane of a trainer on the server's host);
   raw TCP            shardopt_bench's (a), one direction, best repetition.
 
 The jobs alternate over --rounds rounds (the machine's noise falls on all);
 the table gives each job's median step time, its payload rate (push + pull
 bytes, both directions counted, over the median step) and that rate over raw
-TCP's, and shardopt's speed over each ps-lite mode.
+TCP's, and each shardopt job's speed over each ps-lite mode.
 """
 
 import argparse
@@ -122,17 +126,25 @@ def time_pslite(binary, mib, key_mib, seconds):
     return int(match.group(1)), float(match.group(2)) / 1e3, float(match.group(3)) / 1e3
 
 
-def time_shardopt(server_binary, mib, seconds, name):
+def time_shardopt(server_binary, mib, seconds, name, shared_memory):
     import shardopt
     from shardopt.local_cluster import start_servers, stop_servers
     workdir = tempfile.mkdtemp(prefix="pslite_compare_shardopt")
     servers, addresses = start_servers(server_binary, 1, workdir, extra_flags=["--threads=0"])
     try:
         n = mib << 18
-        client = shardopt.Client(addresses, 0)
+        client = shardopt.Client(addresses, 0, shared_memory=shared_memory)
         params = np.full(n, 0.5, dtype=np.float32)
         grads = (np.sin((np.arange(n) % 4096).astype(np.float32)) * 1e-2).astype(np.float32)
         client.register(name, [("w", [n])], "adam", ADAM, 1, 0.0, params)
+        if shared_memory:
+            shared_grads = client.shared_gradients()
+            if shared_grads is None:
+                raise RuntimeError("the client got no shared memory")
+            shared_params = np.frombuffer(client.shared_parameters(), dtype=np.float32)
+            np.frombuffer(shared_grads, dtype=np.float32)[:] = grads
+            shared_params[:] = params
+            grads, params = np.frombuffer(shared_grads, dtype=np.float32), shared_params
         client.step(1, grads, params)  # Warm-up.
         times, step = [], 1
         start = time.perf_counter()
@@ -143,6 +155,8 @@ def time_shardopt(server_binary, mib, seconds, name):
             times.append(time.perf_counter() - t0)
         if params[-1] == np.float32(0.5):
             raise RuntimeError("shardopt's pulled parameters were not updated")
+        if shared_memory and client.shared_memory_transfers < 2 * step:
+            raise RuntimeError("shardopt's payloads did not all go through shared memory")
         del client
         return len(times), statistics.median(times), min(times)
     finally:
@@ -152,7 +166,7 @@ def time_shardopt(server_binary, mib, seconds, name):
 
 def raw_tcp(bench_binary, tcp_mib):
     out = run([bench_binary, "--skip_push_pull", "--skip_optimizer", "--wire_mib=0",
-               "--pipeline_sizes_mib=", f"--tcp_mib={tcp_mib}", "--tcp_repeats=3"])
+               "--pipeline_sizes_mib=", "--transport_sizes_mib=", f"--tcp_mib={tcp_mib}", "--tcp_repeats=3"])
     match = re.search(r"best \(used for ratios\)\s*\|?[\s|]*([\d.]+)", out)
     if not match:
         raise RuntimeError(f"no raw TCP result in:\n{out}")
@@ -180,19 +194,19 @@ def main():
             ensure_zeromq()
             print(f"building ps-lite from {args.pslite} in {workdir} ...", flush=True)
             binary = build_pslite(os.path.abspath(args.pslite), workdir)
-            jobs = ["ps-lite pipelined", "ps-lite single", "shardopt"]
+            jobs = ["ps-lite pipelined", "ps-lite single", "shardopt", "shardopt shm"]
         else:
             print("no --pslite given: shardopt and raw TCP only", flush=True)
-            jobs = ["shardopt"]
+            jobs = ["shardopt", "shardopt shm"]
         times = {(mib, job): [] for mib in sizes for job in jobs}
         tcp = []
         for r in range(args.rounds):
             tcp.append(raw_tcp(args.bench_binary, args.tcp_mib))
             for mib in sizes:
                 for job in jobs:
-                    if job == "shardopt":
+                    if job.startswith("shardopt"):
                         _, median, _ = time_shardopt(args.server_binary, mib, args.seconds,
-                                                     f"cmp{r}_{mib}")
+                                                     f"cmp{r}_{mib}", job == "shardopt shm")
                     else:
                         key_mib = args.key_mib if job == "ps-lite pipelined" else 0
                         _, median, _ = time_pslite(binary, mib, key_mib, args.seconds)
@@ -208,15 +222,17 @@ def main():
           f"(each round's value is that job's median step); raw TCP {tcp_median:.2f} GB/s "
           f"(median of the rounds' bests)")
     print(f"  {'size':>8s}  {'job':18s} {'median ms':>10s} {'GB/s':>7s} {'vs TCP':>7s} "
-          f"{'shardopt is':>12s}")
+          f"{'shardopt is':>12s} {'shm is':>8s}")
     for mib in sizes:
         ours = statistics.median(times[(mib, "shardopt")])
+        shm = statistics.median(times[(mib, "shardopt shm")])
         for job in jobs:
             median = statistics.median(times[(mib, job)])
             gbps = 2 * mib * (1 << 20) / median / 1e9
             speed = "" if job == "shardopt" else f"{median / ours:.2f}x"
+            shm_speed = "" if job == "shardopt shm" else f"{median / shm:.2f}x"
             print(f"  {mib:5d} MiB  {job:18s} {median * 1e3:10.1f} {gbps:7.2f} "
-                  f"{gbps / tcp_median:6.2f}x {speed:>12s}")
+                  f"{gbps / tcp_median:6.2f}x {speed:>12s} {shm_speed:>8s}")
     return 0
 
 

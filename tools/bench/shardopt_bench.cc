@@ -45,6 +45,7 @@
 #include "tools/bench/push_pull.h"
 #include "tools/bench/run_info.h"
 #include "tools/bench/tcp_loopback.h"
+#include "tools/bench/transports.h"
 #include "tools/bench/wire_types.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"4", "64", "256"}),
@@ -63,6 +64,9 @@ ABSL_FLAG(int, wire_mib, 64,
 ABSL_FLAG(std::vector<std::string>, pipeline_sizes_mib, std::vector<std::string>({"64", "256"}),
           "Model sizes (MiB) of (e), whole against pipelined steps with Adam; empty skips it.");
 ABSL_FLAG(int, pipeline_rounds, 3, "Interleaved rounds of (e).");
+ABSL_FLAG(std::vector<std::string>, transport_sizes_mib, std::vector<std::string>({"64", "256"}),
+          "Sizes of (f), the data planes (gRPC, shared memory) side by side; empty: skip (f).");
+ABSL_FLAG(int, transport_rounds, 3, "Interleaved rounds of (f).");
 ABSL_FLAG(int, threads, 0,
           "Threads for the server's optimizer pool and for the multi-threaded rows of (c); "
           "0 = std::thread::hardware_concurrency().");
@@ -82,6 +86,23 @@ ABSL_FLAG(int, pull_chunk_kib, 1024,
 namespace shardopt::bench {
 namespace {
 
+// The sizes of a --*_sizes_mib flag, each in [1, max_mib]; nullopt (after
+// saying which) when one is not.
+std::optional<std::vector<int>> SizesOf(const std::vector<std::string>& values, const char* flag,
+                                        int max_mib) {
+  std::vector<int> sizes;
+  for (const std::string& s : values) {
+    int mib = 0;
+    if (!absl::SimpleAtoi(s, &mib) || mib <= 0 || mib > max_mib) {
+      std::fprintf(stderr, "--%s: '%s' is not a size in MiB in [1, %d]\n", flag, s.c_str(),
+                   max_mib);
+      return std::nullopt;
+    }
+    sizes.push_back(mib);
+  }
+  return sizes;
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "shardopt throughput benchmark: raw TCP loopback, push+pull, optimizer update rate");
@@ -94,15 +115,14 @@ int Main(int argc, char** argv) {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const double seconds = std::max(0.0, absl::GetFlag(FLAGS_seconds_per_case));
-  std::vector<int> sizes;
-  for (const std::string& s : absl::GetFlag(FLAGS_sizes_mib)) {
-    int mib = 0;
-    if (!absl::SimpleAtoi(s, &mib) || mib <= 0 || mib > 4096) {
-      std::fprintf(stderr, "--sizes_mib: '%s' is not a size in MiB in [1, 4096]\n", s.c_str());
-      return 2;
-    }
-    sizes.push_back(mib);
-  }
+  const std::optional<std::vector<int>> push_pull_sizes =
+      SizesOf(absl::GetFlag(FLAGS_sizes_mib), "sizes_mib", 4096);
+  const std::optional<std::vector<int>> pipeline_sizes =
+      SizesOf(absl::GetFlag(FLAGS_pipeline_sizes_mib), "pipeline_sizes_mib", 1 << 16);
+  const std::optional<std::vector<int>> transport_sizes =
+      SizesOf(absl::GetFlag(FLAGS_transport_sizes_mib), "transport_sizes_mib", 1 << 16);
+  if (!push_pull_sizes || !pipeline_sizes || !transport_sizes) return 2;
+  const std::vector<int>& sizes = *push_pull_sizes;
   const int64_t optimizer_params = absl::GetFlag(FLAGS_optimizer_params);
   const int64_t tcp_mib = absl::GetFlag(FLAGS_tcp_mib);
   const int64_t memcpy_mib = absl::GetFlag(FLAGS_memcpy_mib);
@@ -177,21 +197,22 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::vector<int> pipeline_sizes;
-  for (const std::string& s : absl::GetFlag(FLAGS_pipeline_sizes_mib)) {
-    int mib = 0;
-    if (!absl::SimpleAtoi(s, &mib) || mib <= 0) {
-      std::fprintf(stderr, "--pipeline_sizes_mib: '%s' is not a positive size\n", s.c_str());
-      return 2;
-    }
-    pipeline_sizes.push_back(mib);
-  }
-  if (!pipeline_sizes.empty()) {
+  if (!pipeline_sizes->empty()) {
     if (absl::Status s = RunPipeliningSection(
-            pipeline_sizes, threads, std::max(1, absl::GetFlag(FLAGS_pipeline_rounds)), seconds,
+            *pipeline_sizes, threads, std::max(1, absl::GetFlag(FLAGS_pipeline_rounds)), seconds,
             chunks, tcp ? std::optional<double>(tcp->best) : std::nullopt);
         !s.ok()) {
       std::fprintf(stderr, "pipelining: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+
+  if (!transport_sizes->empty()) {
+    if (absl::Status s = RunTransportsSection(
+            *transport_sizes, threads, std::max(1, absl::GetFlag(FLAGS_transport_rounds)), seconds,
+            chunks, tcp ? std::optional<double>(tcp->best) : std::nullopt);
+        !s.ok()) {
+      std::fprintf(stderr, "data planes: %s\n", s.ToString().c_str());
       return 1;
     }
   }

@@ -7,7 +7,7 @@ bench="$1"
 out="${TEST_TMPDIR:-/tmp}/shardopt_bench_smoke.out"
 
 if ! "$bench" --sizes_mib=1 --optimizer_params=1048576 --seconds_per_case=0.2 \
-    --pipeline_sizes_mib=8 --pipeline_rounds=1 \
+    --pipeline_sizes_mib=8 --pipeline_rounds=1 --transport_sizes_mib=4 --transport_rounds=1 \
     --tcp_mib=64 --memcpy_mib=16 --wire_mib=1 >"$out" 2>"$out.stderr"; then
   echo "shardopt_bench failed; stdout:"; cat "$out"; echo "stderr:"; cat "$out.stderr"
   exit 1
@@ -40,5 +40,9 @@ expect "pipelining time split" "^  8 MiB +[0-9]+ +$num\.\.$num +\+-?$num +$num\.
 for shape in whole server client both; do
   expect "pipelining $shape row" "^  8 MiB +$shape +[0-9]+ +$num +$num +${num}x +$num +${num}x\$"
 done
+for plane in grpc shm-copy shm; do
+  expect "data plane $plane row" "^  4 MiB +$plane +[0-9]+ +$num +$num +$num +${num}x +${num}x +${num}x\$"
+done
+expect "data plane memcpy row" "^  4 MiB +memcpy +[0-9]+ +$num +$num +$num +- +1\.000x +${num}x\$"
 expect "peak RSS" '^  peak RSS: [0-9]+ MiB'
 exit $status

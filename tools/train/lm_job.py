@@ -56,7 +56,8 @@ def run_trainer(args):
         result = opt.last_results[0]
         early = result["bytes_pushed_early"] / max(1, result["bytes_pushed"])
         print(json.dumps({"step": step, "loss": loss.item(), "compute_s": computed - started,
-                          "step_s": done - computed, "early": early}), flush=True)
+                          "step_s": done - computed, "early": early,
+                          "shm": opt.shared_memory_transfers}), flush=True)
     return 0
 
 
@@ -133,7 +134,7 @@ def run_cluster(args, workdir, progress):
             if args.no_overlap_backward:
                 command.append("--no_overlap_backward")
             trainers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
-        losses, shares, early = [], [], []
+        losses, shares, early, records = [], [], [], []
         for step in range(1, args.steps + 1):
             records = []
             for t in trainers:
@@ -151,6 +152,10 @@ def run_cluster(args, workdir, progress):
         codes = [t.wait() for t in trainers]
         if codes != [0] * WORLD_SIZE:
             raise RuntimeError(f"trainers exited with {codes}; shard logs in {workdir}")
+        transfers = sum(r["shm"] for r in records)
+        print(f"data plane: {'shared memory' if transfers else 'gRPC streams'} ({transfers} "
+              f"shard transfers through shared memory; pushes sent during backward stream "
+              f"over gRPC)", flush=True)
         return losses, shares, early
     finally:
         for t in trainers:

@@ -1,0 +1,113 @@
+#include "server/shared_memory_host.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/shared_memory.h"
+#include "gtest/gtest.h"
+
+namespace shardopt {
+namespace {
+
+// Waits (bounded) until the host holds `count` attachments.
+bool WaitForAttachments(const SharedMemoryHost& host, size_t count) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (host.attachments() != count) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// Connects and sends `message` with `fd`; returns the socket and the answer.
+std::pair<int, std::string> Ask(const SharedMemoryHost& host, const std::string& message, int fd) {
+  absl::StatusOr<int> socket = ConnectAbstract(host.socket_name());
+  EXPECT_TRUE(socket.ok()) << socket.status();
+  EXPECT_TRUE(SendMessage(*socket, message, fd).ok());
+  absl::StatusOr<std::string> answer = ReceiveMessage(*socket, absl::Seconds(10));
+  EXPECT_TRUE(answer.ok()) << answer.status();
+  return {*socket, answer.ok() ? *answer : ""};
+}
+
+TEST(SharedMemoryHostTest, AttachmentLastsAsLongAsItsConnection) {
+  absl::StatusOr<std::unique_ptr<SharedMemoryHost>> host = SharedMemoryHost::Start();
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_TRUE(absl::StartsWith((*host)->socket_name(), "shardopt-shm-"));
+  absl::StatusOr<SharedSegment> segment = SharedSegment::Create(1 << 16);
+  ASSERT_TRUE(segment.ok());
+  auto [socket, answer] = Ask(**host, "attach 65536", segment->fd());
+  ASSERT_TRUE(absl::StartsWith(answer, "ok ")) << answer;
+  const std::string attachment(absl::StripPrefix(answer, "ok "));
+  EXPECT_EQ(attachment.size(), 32u);
+
+  absl::StatusOr<std::shared_ptr<const SharedSegment>> found = (*host)->Find(attachment);
+  ASSERT_TRUE(found.ok()) << found.status();
+  // The shard's mapping and the trainer's are one memory.
+  segment->data()[1234] = 77;
+  EXPECT_EQ((*found)->data()[1234], 77);
+  (*found)->data()[4321] = 55;
+  EXPECT_EQ(segment->data()[4321], 55);
+  EXPECT_EQ((*host)->attachments(), 1u);
+  EXPECT_EQ((*host)->Find("0123").status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // The trainer goes away: the attachment is dropped; a call that still
+  // holds the segment keeps a valid mapping.
+  close(socket);
+  ASSERT_TRUE(WaitForAttachments(**host, 0));
+  EXPECT_EQ((*host)->Find(attachment).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*found)->data()[1234], 77);
+}
+
+TEST(SharedMemoryHostTest, TheTrainerSeesTheServerGo) {
+  absl::StatusOr<std::unique_ptr<SharedMemoryHost>> host = SharedMemoryHost::Start();
+  ASSERT_TRUE(host.ok());
+  absl::StatusOr<SharedSegment> segment = SharedSegment::Create(4096);
+  ASSERT_TRUE(segment.ok());
+  auto [socket, answer] = Ask(**host, "attach 4096", segment->fd());
+  ASSERT_TRUE(absl::StartsWith(answer, "ok ")) << answer;
+  EXPECT_FALSE(PeerClosed(socket));
+  host->reset();
+  EXPECT_TRUE(PeerClosed(socket));
+  close(socket);
+}
+
+TEST(SharedMemoryHostTest, BadAttachMessagesAreAnsweredAndRefused) {
+  absl::StatusOr<std::unique_ptr<SharedMemoryHost>> host = SharedMemoryHost::Start();
+  ASSERT_TRUE(host.ok());
+  absl::StatusOr<SharedSegment> segment = SharedSegment::Create(4096);
+  ASSERT_TRUE(segment.ok());
+  const int unsealed = memfd_create("test", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(unsealed, 4096), 0);
+  const struct {
+    std::string message;
+    int fd;
+    std::string why;
+  } cases[] = {
+      {"attach 4096", -1, "carried no segment"},
+      {"attach 8192", segment->fd(), "not the 8192 announced"},
+      {"attach 0", segment->fd(), "expected 'attach <bytes>'"},
+      {"hello", segment->fd(), "expected 'attach <bytes>'"},
+      {"attach 4096", unsealed, "not sealed"},
+  };
+  for (const auto& c : cases) {
+    auto [socket, answer] = Ask(**host, c.message, c.fd);
+    EXPECT_TRUE(absl::StartsWith(answer, "error ")) << c.message << ": " << answer;
+    EXPECT_TRUE(absl::StrContains(answer, c.why)) << c.message << ": " << answer;
+    // Then the host closes the connection.
+    EXPECT_EQ(ReceiveMessage(socket, absl::Seconds(10)).status().code(),
+              absl::StatusCode::kUnavailable)
+        << c.message;
+    close(socket);
+  }
+  close(unsealed);
+  EXPECT_EQ((*host)->attachments(), 0u);
+}
+
+}  // namespace
+}  // namespace shardopt

@@ -1,0 +1,152 @@
+// Bad input through the shared-memory path (PushHeader.shared_memory,
+// PullParametersRequest.shared_memory) against a real shard process: each is
+// refused with a clear status and leaves the shard as it was; then a good
+// push and pull through the same segment work.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/shared_memory.h"
+#include "tests/bad_input_fixture.h"
+
+namespace shardopt::testing {
+namespace {
+
+class SharedMemoryBadInputTest : public BadInputTest {
+ protected:
+  void SetUp() override {
+    BadInputTest::SetUp();
+    if (HasFatalFailure()) return;
+    v1::ServerInfo info;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+    ASSERT_FALSE(info.shared_memory_socket().empty());
+    // Room for the range's gradient and, after it, its parameters.
+    absl::StatusOr<SharedSegment> segment = SharedSegment::Create(2 * range_.size() * 4);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    segment_ = *std::move(segment);
+    absl::StatusOr<int> socket = ConnectAbstract(info.shared_memory_socket());
+    ASSERT_TRUE(socket.ok()) << socket.status();
+    socket_ = *socket;
+    ASSERT_TRUE(SendMessage(socket_, absl::StrCat("attach ", segment_.size()), segment_.fd()).ok());
+    absl::StatusOr<std::string> answer = ReceiveMessage(socket_, absl::Seconds(10));
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_TRUE(absl::StartsWith(*answer, "ok ")) << *answer;
+    attachment_ = std::string(absl::StripPrefix(*answer, "ok "));
+  }
+  void TearDown() override {
+    if (socket_ >= 0) close(socket_);
+  }
+
+  void PutGradient(const std::vector<float>& grad) {
+    std::memcpy(segment_.data(), grad.data(), grad.size() * sizeof(float));
+  }
+  v1::PushHeader SharedHeader(uint32_t rank, int64_t step, uint64_t byte_offset = 0,
+                              const std::string& attachment = "") const {
+    v1::PushHeader header = Header(rank, step);
+    header.mutable_shared_memory()->set_attachment(attachment.empty() ? attachment_ : attachment);
+    header.mutable_shared_memory()->set_byte_offset(byte_offset);
+    return header;
+  }
+  // A pull through the segment: its one message's version.
+  grpc::Status SharedPull(int64_t min_version, uint64_t byte_offset, int64_t* version,
+                          const std::string& attachment = "") {
+    v1::PullParametersRequest request;
+    request.set_model_id(kModel);
+    request.set_shard_index(kShardIndex);
+    request.set_min_version(min_version);
+    request.mutable_shared_memory()->set_attachment(attachment.empty() ? attachment_ : attachment);
+    request.mutable_shared_memory()->set_byte_offset(byte_offset);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto reader = stub_->PullParameters(&context, request);
+    v1::PullParametersResponse response;
+    int messages = 0;
+    while (reader->Read(&response)) {
+      ++messages;
+      EXPECT_FALSE(response.has_chunk());
+      *version = response.version();
+    }
+    grpc::Status status = reader->Finish();
+    if (status.ok()) EXPECT_EQ(messages, 1);
+    return status;
+  }
+
+  SharedSegment segment_;
+  int socket_ = -1;
+  std::string attachment_;
+};
+
+TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
+  const State before = Capture();
+  PutGradient(Gradient(1.0f));
+  const uint64_t bytes = range_.size() * 4;
+
+  v1::PushHeader unknown = SharedHeader(0, 1, 0, "00112233445566778899aabbccddeeff");
+  ExpectRejected(Push(&unknown, {}), grpc::FAILED_PRECONDITION, "is not open on this shard",
+                 before);
+  v1::PushHeader overrun = SharedHeader(0, 1, bytes + 4);
+  ExpectRejected(Push(&overrun, {}), grpc::INVALID_ARGUMENT, "overrun", before);
+  v1::PushHeader huge = SharedHeader(0, 1, ~uint64_t{0} - 2);
+  ExpectRejected(Push(&huge, {}), grpc::INVALID_ARGUMENT, "overrun", before);
+  v1::PushHeader with_chunk = SharedHeader(0, 1);
+  ExpectRejected(Push(&with_chunk, GoodChunks(Gradient(1.0f))), grpc::INVALID_ARGUMENT,
+                 "shared memory sent a chunk too", before);
+
+  // A NaN in shared memory, as in a stream.
+  std::vector<float> bad = Gradient(1.0f);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  PutGradient(bad);
+  v1::PushHeader nan = SharedHeader(0, 1);
+  ExpectRejected(Push(&nan, {}), grpc::INVALID_ARGUMENT, "is nan", before);
+
+  int64_t version = -1;
+  ExpectRejected(SharedPull(0, segment_.size() - 4, &version), grpc::INVALID_ARGUMENT, "overrun",
+                 before);
+  ExpectRejected(SharedPull(0, 0, &version, "0123"), grpc::FAILED_PRECONDITION,
+                 "is not open on this shard", before);
+
+  // The same segment, used right: both trainers push step 1 through it.
+  PutGradient(Gradient(1.0f));
+  v1::PushHeader good0 = SharedHeader(0, 1);
+  v1::PushHeader good1 = SharedHeader(1, 1);
+  v1::PushGradientsResponse response;
+  ASSERT_TRUE(Push(&good0, {}, &response).ok());
+  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_ACCEPTED);
+  ASSERT_TRUE(Push(&good1, {}, &response).ok());
+  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
+  // Pulled through the segment: the same values as a streamed pull.
+  ASSERT_TRUE(SharedPull(1, bytes, &version).ok());
+  EXPECT_EQ(version, 1);
+  std::vector<float> streamed;
+  int64_t streamed_version = -1;
+  ASSERT_TRUE(Pull(1, &streamed, &streamed_version).ok());
+  ASSERT_EQ(streamed.size(), range_.size());
+  EXPECT_EQ(std::memcmp(streamed.data(), segment_.data() + bytes, bytes), 0);
+  EXPECT_NE(std::memcmp(streamed.data(), initial_.data(), bytes), 0) << "the step was applied";
+
+  // Detached (the socket closed): the attachment is refused from then on.
+  close(socket_);
+  socket_ = -1;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (;;) {
+    v1::ServerInfo info;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+    if (info.shared_memory_attachments() == 0) break;
+    ASSERT_LT(absl::Now(), deadline) << "the shard kept the attachment of a closed socket";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const State after = Capture();
+  v1::PushHeader late = SharedHeader(0, 2);
+  ExpectRejected(Push(&late, {}), grpc::FAILED_PRECONDITION, "is not open on this shard", after);
+}
+
+}  // namespace
+}  // namespace shardopt::testing

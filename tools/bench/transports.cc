@@ -1,0 +1,124 @@
+// shardopt_bench section (f): the data planes side by side (transports.h).
+#include "tools/bench/transports.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "tools/bench/bench_job.h"
+#include "tools/bench/bench_util.h"
+
+namespace shardopt::bench {
+namespace {
+
+struct Plane {
+  const char* name;
+  bool shared_memory;
+  bool shared_buffers;
+};
+constexpr Plane kPlanes[] = {
+    {"grpc", false, false}, {"shm-copy", true, false}, {"shm", true, true}};
+
+// Seconds per step of a job of `mib` on `plane`: a warm-up step, then steps
+// for about `seconds`.
+absl::StatusOr<std::vector<double>> TimePlane(int mib, const Plane& plane, int threads,
+                                              double seconds, ChunkSizes chunks) {
+  StepShape shape;
+  shape.shared_memory = plane.shared_memory;
+  const uint64_t elements = static_cast<uint64_t>(mib) * (kMiB / sizeof(float));
+  absl::StatusOr<BenchJob> job =
+      StartBenchJob(absl::StrCat("plane", mib, plane.name), elements, threads, chunks,
+                    DType::kFloat32, DType::kFloat32, shape);
+  if (!job.ok()) return job.status();
+  absl::Span<float> grads = absl::MakeSpan(job->grads);
+  absl::Span<float> params = absl::MakeSpan(job->params);
+  if (plane.shared_buffers) {
+    grads = job->client->shared_gradients();
+    params = job->client->shared_parameters();
+    if (grads.empty()) return absl::FailedPreconditionError("the client got no shared memory");
+    std::copy(job->grads.begin(), job->grads.end(), grads.begin());
+    std::copy(job->params.begin(), job->params.end(), params.begin());
+  }
+  int64_t step = 0;
+  absl::Status failed;
+  const auto one = [&] {
+    absl::StatusOr<StepResult> r = job->client->Step(++step, grads, params);
+    if (!r.ok() && failed.ok()) failed = r.status();
+  };
+  one();
+  std::vector<double> times = TimeRepeated(seconds, 3, 1000, one);
+  if (!failed.ok()) return failed;
+  if (plane.shared_memory && job->client->shared_memory_transfers() < 2 * step) {
+    return absl::InternalError(absl::StrCat("only ", job->client->shared_memory_transfers(), " of ",
+                                            2 * step, " transfers used shared memory"));
+  }
+  return times;
+}
+
+// One single-threaded memcpy of `mib` each way, as the push and the pull
+// would move them (fresh destinations touched once first).
+std::vector<double> TimeMemcpy(int mib, double seconds) {
+  const size_t bytes = static_cast<size_t>(mib) * kMiB;
+  std::vector<char> a(bytes, 1), b(bytes, 2), c(bytes, 3), d(bytes, 4);
+  return TimeRepeated(seconds, 3, 1000, [&] {
+    std::memcpy(b.data(), a.data(), bytes);
+    std::memcpy(d.data(), c.data(), bytes);
+  });
+}
+
+}  // namespace
+
+absl::Status RunTransportsSection(const std::vector<int>& sizes_mib, int threads, int rounds,
+                                  double seconds_per_case, ChunkSizes chunks,
+                                  std::optional<double> tcp_best) {
+  absl::PrintF(
+      "\n(f) data planes: push + SGD update + pull, 1 trainer, 1 shard on this host, %d\n"
+      "  optimizer threads, %d interleaved rounds of ~%s s each; grpc = payloads in the\n"
+      "  streams; shm-copy = through shared memory from the caller's buffers; shm = with the\n"
+      "  client's shared buffers (no copy on the trainer's side). memcpy = one thread\n"
+      "  copying the push's and the pull's bytes; GB/s counts both directions\n",
+      threads, rounds, Fixed(seconds_per_case, 1));
+  std::fflush(stdout);
+  Table table(
+      {"size", "plane", "steps", "median ms", "min ms", "GB/s", "vs grpc", "vs memcpy", "vs TCP"});
+  for (int mib : sizes_mib) {
+    std::vector<std::vector<double>> per_plane(std::size(kPlanes));
+    std::vector<double> copies;
+    for (int round = 0; round < rounds; ++round) {
+      for (size_t p = 0; p < std::size(kPlanes); ++p) {
+        absl::StatusOr<std::vector<double>> t =
+            TimePlane(mib, kPlanes[p], threads, seconds_per_case, chunks);
+        if (!t.ok()) {
+          return absl::Status(t.status().code(), absl::StrCat(mib, " MiB, ", kPlanes[p].name, ": ",
+                                                              t.status().message()));
+        }
+        per_plane[p].insert(per_plane[p].end(), t->begin(), t->end());
+      }
+      const std::vector<double> m = TimeMemcpy(mib, seconds_per_case / 2);
+      copies.insert(copies.end(), m.begin(), m.end());
+    }
+    const double bytes = 2.0 * static_cast<double>(mib) * kMiB;
+    const double memcpy_median = Median(copies);
+    const double grpc = Median(per_plane[0]);
+    for (size_t p = 0; p < std::size(kPlanes); ++p) {
+      const double median = Median(per_plane[p]);
+      const double gbps = bytes / median / 1e9;
+      table.AddRow({absl::StrCat(mib, " MiB"), kPlanes[p].name, absl::StrCat(per_plane[p].size()),
+                    Fixed(median * 1e3, 2), Fixed(Min(per_plane[p]) * 1e3, 2), Fixed(gbps, 3),
+                    Fixed(grpc / median, 2) + "x", Fixed(memcpy_median / median, 3) + "x",
+                    tcp_best ? Fixed(gbps / *tcp_best, 3) + "x" : std::string("-")});
+    }
+    table.AddRow(
+        {absl::StrCat(mib, " MiB"), "memcpy", absl::StrCat(copies.size()),
+         Fixed(memcpy_median * 1e3, 2), Fixed(Min(copies) * 1e3, 2),
+         Fixed(bytes / memcpy_median / 1e9, 3), "-", "1.000x",
+         tcp_best ? Fixed(bytes / memcpy_median / 1e9 / *tcp_best, 3) + "x" : std::string("-")});
+  }
+  table.Print();
+  return absl::OkStatus();
+}
+
+}  // namespace shardopt::bench
