@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/dtype_convert.h"
 #include "common/grpc_status.h"
@@ -230,7 +231,7 @@ absl::Status ShardConnection::Pull(grpc::ClientContext& context,
 std::shared_ptr<SharedMemoryLink> ShardConnection::SharedLink() {
   if (shared_memory_ == nullptr || range_.size() == 0) return nullptr;
   return shared_memory_->Link([this]() -> absl::StatusOr<std::string> {
-    std::unique_ptr<grpc::ClientContext> context = ContextWithTimeout(absl::Seconds(5));
+    std::unique_ptr<grpc::ClientContext> context = ContextWithTimeout(absl::Seconds(2));
     v1::ServerInfo info;
     absl::Status s =
         ToAbslStatus(stub_->GetServerInfo(context.get(), v1::GetServerInfoRequest(), &info));
@@ -241,6 +242,13 @@ std::shared_ptr<SharedMemoryLink> ShardConnection::SharedLink() {
 
 absl::Status ShardConnection::SharedCallFailed(const std::shared_ptr<SharedMemoryLink>& link,
                                                absl::Status status) {
+  if (absl::IsFailedPrecondition(status) &&
+      absl::StrContains(status.message(), kAttachmentNotOpen)) {
+    // The shard lost the attachment the link still holds: attach again.
+    shared_memory_->Drop(link);
+    return absl::UnavailableError(
+        absl::StrCat("the shard no longer holds this trainer's segment: ", status.message()));
+  }
   if (shared_memory_->DropIfDead(link) && !absl::IsUnavailable(status)) {
     return absl::UnavailableError(
         absl::StrCat("the shard's shared-memory link closed (it exited?): ", status.message()));

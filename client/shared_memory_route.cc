@@ -115,19 +115,23 @@ std::shared_ptr<SharedMemoryLink> SharedMemoryRoute::Link(const SocketLookup& lo
     LogInfo("shard %d: payloads go over gRPC: %s", shard_index_, why);
     last_refusal_ = why;
   }
-  // (A shard that was only unreachable is asked again at the next call.)
-  if (socket_name.ok() == false) retry_after_ = absl::InfinitePast();
+  // A shard that did not answer is asked again soon (it may be restarting).
+  if (!socket_name.ok()) retry_after_ = now + absl::Milliseconds(250);
   return nullptr;
 }
 
 bool SharedMemoryRoute::DropIfDead(const std::shared_ptr<SharedMemoryLink>& link) {
   if (link == nullptr || link->alive()) return false;
+  Drop(link);
+  return true;
+}
+
+void SharedMemoryRoute::Drop(const std::shared_ptr<SharedMemoryLink>& link) {
   absl::MutexLock lock(&mu_);
   if (link_ == link) {
     link_.reset();
     retry_after_ = absl::InfinitePast();
   }
-  return true;
 }
 
 }  // namespace shardopt

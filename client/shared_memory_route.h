@@ -16,7 +16,10 @@
 // first time, and again after the shard restarted (its end of the socket
 // closed); a shard that cannot be reached so (another host or network
 // namespace, another user, shared memory off there) is asked again at most
-// every kRetryInterval, and meanwhile payloads go over gRPC. Thread-safe.
+// every kRetryInterval (one that did not answer, every 250 ms), and
+// meanwhile payloads go over gRPC. Thread-safe; the lookup and the attach
+// run under the route's lock, bounded (the lookup's own deadline, a connect
+// that never blocks, a 10 s wait for the shard's answer).
 #ifndef SHARDOPT_CLIENT_SHARED_MEMORY_ROUTE_H_
 #define SHARDOPT_CLIENT_SHARED_MEMORY_ROUTE_H_
 
@@ -106,6 +109,9 @@ class SharedMemoryRoute {
   // After a call over `link` failed: true (and the link is dropped) when the
   // shard's end closed, so that the call is worth retrying.
   bool DropIfDead(const std::shared_ptr<SharedMemoryLink>& link);
+  // After the shard said it does not hold `link`'s attachment: the next
+  // call attaches again.
+  void Drop(const std::shared_ptr<SharedMemoryLink>& link);
 
   const TrainerSegment& segment() const { return *segment_; }
   // Payload transfers (pushes and pulls) that went through shared memory.

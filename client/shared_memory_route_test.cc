@@ -16,6 +16,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {
@@ -38,7 +40,10 @@ class StandInShard {
   }
   const std::string& name() const { return name_; }
   int attached() const { return attached_.load(); }
-  char* last_mapping() const { return last_.data(); }
+  char* last_mapping() {
+    absl::MutexLock lock(&mu_);
+    return last_.data();
+  }
 
  private:
   void Serve() {
@@ -63,7 +68,10 @@ class StandInShard {
         close(c);
         continue;
       }
-      last_ = *std::move(s);
+      {
+        absl::MutexLock lock(&mu_);
+        last_ = *std::move(s);
+      }
       SendMessage(c, absl::StrCat("ok a", attached_.fetch_add(1))).IgnoreError();
       connections_.push_back(c);
     }
@@ -75,7 +83,8 @@ class StandInShard {
   std::atomic<bool> stop_{false};
   std::atomic<int> attached_{0};
   std::vector<int> connections_;
-  SharedSegment last_;
+  absl::Mutex mu_;
+  SharedSegment last_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
@@ -184,7 +193,7 @@ TEST(SharedMemoryRouteTest, FallsBackWhenTheShardCannotTakeIt) {
     const auto lookup = [&]() -> absl::StatusOr<std::string> { return refusing.name(); };
     EXPECT_EQ(route.Link(lookup), nullptr);
   }
-  // An unreachable shard (its ServerInfo failed) is asked again next time.
+  // An unreachable shard (its ServerInfo failed) is asked again soon.
   {
     SharedMemoryRoute route(segment, 4);
     int lookups = 0;
@@ -193,6 +202,9 @@ TEST(SharedMemoryRouteTest, FallsBackWhenTheShardCannotTakeIt) {
       return absl::UnavailableError("connection refused");
     };
     EXPECT_EQ(route.Link(down), nullptr);
+    EXPECT_EQ(route.Link(down), nullptr);  // (Not asked again at once.)
+    EXPECT_EQ(lookups, 1);
+    absl::SleepFor(absl::Milliseconds(300));
     EXPECT_EQ(route.Link(down), nullptr);
     EXPECT_EQ(lookups, 2);
   }

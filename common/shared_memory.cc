@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardopt {
@@ -43,16 +44,34 @@ absl::StatusOr<sockaddr_un> AbstractAddress(absl::string_view name, socklen_t* l
   return address;
 }
 
-// MemAvailable of /proc/meminfo in bytes; 0 when unknown.
+// What this process may still allocate: MemAvailable of /proc/meminfo, or
+// less when its cgroup (v2) has a memory.max; 0 when unknown.
 uint64_t AvailableMemoryBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib << 10;
+  uint64_t available = 0;
+  {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kib = 0;
+    while (meminfo >> key >> kib >> unit) {
+      if (key == "MemAvailable:") {
+        available = kib << 10;
+        break;
+      }
+    }
   }
-  return 0;
+  std::ifstream cgroup_of("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cgroup_of, line)) {
+    if (!absl::StartsWith(line, "0::")) continue;  // The v2 hierarchy.
+    const std::string dir = absl::StrCat("/sys/fs/cgroup", line.substr(3));
+    std::ifstream max_file(dir + "/memory.max"), current_file(dir + "/memory.current");
+    uint64_t max = 0, current = 0;
+    if (max_file >> max && current_file >> current) {  // ("max" does not parse: no limit.)
+      const uint64_t left = max > current ? max - current : 0;
+      available = available == 0 ? left : std::min(available, left);
+    }
+  }
+  return available;
 }
 
 }  // namespace
@@ -175,12 +194,19 @@ absl::StatusOr<int> ConnectAbstract(absl::string_view name) {
   socklen_t length = 0;
   absl::StatusOr<sockaddr_un> address = AbstractAddress(name, &length);
   if (!address.ok()) return address.status();
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  // Non-blocking: a Unix socket's connect completes at once or fails with
+  // EAGAIN (the listener's backlog is full); it never waits.
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return ErrnoError("socket", errno);
   if (connect(fd, reinterpret_cast<const sockaddr*>(&*address), length) != 0) {
-    const int error = errno;
+    const int error = errno == EAGAIN ? ECONNREFUSED : errno;
     close(fd);
     return ErrnoError(absl::StrCat("connecting to abstract socket '", name, "'"), error);
+  }
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoError("fcntl", error);
   }
   return fd;
 }
@@ -262,6 +288,13 @@ absl::StatusOr<std::string> ReceiveMessage(int socket, absl::Duration timeout, i
     }
   }
   if (n == 0) return absl::UnavailableError("the peer closed the shared-memory socket");
+  if (header.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+    if (fd != nullptr && *fd >= 0) {
+      close(*fd);
+      *fd = -1;
+    }
+    return absl::InvalidArgumentError("a shared-memory message (or its descriptors) was too long");
+  }
   message.resize(static_cast<size_t>(n));
   return message;
 }

@@ -9,8 +9,8 @@
 // so that a process mapping it can trust its size for as long as it maps it.
 // Map() refuses a descriptor that is not sealed so.
 //
-// The descriptor travels over a Unix stream socket in the abstract namespace
-// (SCM_RIGHTS): such a socket exists only in its network namespace, so a
+// The descriptor travels over a Unix seqpacket socket in the abstract
+// namespace (SCM_RIGHTS): such a socket exists only in its network namespace, so a
 // trainer on another host or in another container cannot reach it and falls
 // back to gRPC. The listening side learns the peer's uid from the kernel
 // (SO_PEERCRED) and refuses other users.
@@ -33,8 +33,8 @@ namespace shardopt {
 class SharedSegment {
  public:
   // A new zero-filled segment of `bytes` (> 0), every page allocated and
-  // sealed against growing and shrinking. RESOURCE_EXHAUSTED when the host
-  // lacks the memory.
+  // sealed against growing and shrinking. RESOURCE_EXHAUSTED when the host,
+  // or this process's memory cgroup, lacks the memory.
   static absl::StatusOr<SharedSegment> Create(size_t bytes);
   // Maps a segment received from another process (taking `fd` over, also on
   // error). FAILED_PRECONDITION unless it is sealed against shrinking and
@@ -67,6 +67,10 @@ class SharedSegment {
   size_t size_ = 0;
 };
 
+// What a shard's refusal of an attachment it does not hold says (the host
+// writes it, the client recognises it and attaches again).
+inline constexpr char kAttachmentNotOpen[] = "is not open on this shard";
+
 // `bytes` random bytes from the kernel, in hex.
 std::string RandomHexToken(int bytes);
 
@@ -74,7 +78,8 @@ std::string RandomHexToken(int bytes);
 // leading NUL), non-blocking and close-on-exec.
 absl::StatusOr<int> ListenAbstract(absl::string_view name);
 // A connected socket to abstract name `name`; UNAVAILABLE when nothing
-// listens there in this network namespace.
+// listens there in this network namespace, or its backlog is full (the
+// connect never blocks).
 absl::StatusOr<int> ConnectAbstract(absl::string_view name);
 // The uid of the process at the other end of connected socket `socket`.
 absl::StatusOr<uid_t> PeerUid(int socket);

@@ -126,17 +126,22 @@ absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardState
   constexpr uint64_t kBlock = uint64_t{1} << 20;
   std::vector<float> block;
   const int slots = options_.optimizer.StateSlotsPerElement();
-  for (int slot = 0; slot < slots; ++slot) {
-    for (uint64_t done = 0; done < range_.size(); done += kBlock) {
-      const uint64_t n = std::min<uint64_t>(kBlock, range_.size() - done);
-      block.resize(n);
-      if (absl::Status s = read_slot(slot, done, n, block.data()); !s.ok()) return s;
-      if (size_t bad = FindNonFinite(block.data(), n); bad != n) {
-        return absl::DataLossError(absl::StrCat("saved optimizer state ",
-                                                options_.optimizer.StateSlotNames()[slot], " of ",
-                                                DescribeElement(done + bad), " is ", block[bad]));
+  {
+    // (A shard is restored before it serves; held all the same, as the
+    // lock's contract says.)
+    absl::WriterMutexLock slots_lock(&params_mu_);
+    for (int slot = 0; slot < slots; ++slot) {
+      for (uint64_t done = 0; done < range_.size(); done += kBlock) {
+        const uint64_t n = std::min<uint64_t>(kBlock, range_.size() - done);
+        block.resize(n);
+        if (absl::Status s = read_slot(slot, done, n, block.data()); !s.ok()) return s;
+        if (size_t bad = FindNonFinite(block.data(), n); bad != n) {
+          return absl::DataLossError(absl::StrCat("saved optimizer state ",
+                                                  options_.optimizer.StateSlotNames()[slot], " of ",
+                                                  DescribeElement(done + bad), " is ", block[bad]));
+        }
+        if (absl::Status s = backend_->WriteSlot(slot, done, n, block.data()); !s.ok()) return s;
       }
-      if (absl::Status s = backend_->WriteSlot(slot, done, n, block.data()); !s.ok()) return s;
     }
   }
   absl::MutexLock lock(&mu_);

@@ -360,7 +360,8 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
   }
   ModelShard::PushWriter& writer = *start->writer;
   if (header.has_shared_memory()) {
-    if (absl::Status s = ReceiveSharedPayload(header, *dtype, reader, writer); !s.ok()) {
+    if (absl::Status s = ReceiveSharedPayload(header, *dtype, context, reader, watch, writer);
+        !s.ok()) {
       return Error(s);
     }
   }
@@ -408,6 +409,12 @@ grpc::Status ShardServiceImpl::PullParameters(
     // be refused as incomplete, not answered OUT_OF_RANGE.
     if (absl::Status s = shard.CheckHoldsPush(request->trainer_rank(), request->pushed_step());
         !s.ok()) {
+      return Error(s);
+    }
+  }
+  if (request->has_shared_memory() && !request->wait_only()) {
+    // Before the decision and the wait: a bad place fails at once.
+    if (absl::Status s = CheckSharedPull(*request, shard.size(), *dtype); !s.ok()) {
       return Error(s);
     }
   }

@@ -186,12 +186,18 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                                    const std::string& run_id);
 
   // The push's payload from an attached segment (PushHeader.shared_memory)
-  // into `writer`; the stream must end after the header.
+  // into `writer`: the stream must end after the header (checked before
+  // anything is staged); stops when the call is cancelled.
   absl::Status ReceiveSharedPayload(const v1::PushHeader& header, DType dtype,
+                                    grpc::ServerContext* context,
                                     grpc::ServerReader<v1::PushGradientsRequest>* reader,
-                                    ModelShard::PushWriter& writer);
-  // The pull's elements into an attached segment (PullParametersRequest.
-  // shared_memory) as each range reaches `version`.
+                                    StreamWatchdog::Watch& watch, ModelShard::PushWriter& writer);
+  // OK when the pull's place in its segment (PullParametersRequest.
+  // shared_memory) is open and large enough: checked before the pull waits.
+  absl::Status CheckSharedPull(const v1::PullParametersRequest& request, uint64_t elements,
+                               DType dtype) const;
+  // The pull's elements into an attached segment as each range reaches
+  // `version`.
   absl::Status PullIntoSharedMemory(const v1::PullParametersRequest& request, ModelShard& shard,
                                     int64_t version, DType dtype, absl::Time deadline,
                                     const std::function<bool()>& cancelled);

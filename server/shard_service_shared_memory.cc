@@ -37,28 +37,43 @@ absl::StatusOr<SharedBytes> Locate(const SharedMemoryHost* host,
 }  // namespace
 
 absl::Status ShardServiceImpl::ReceiveSharedPayload(
-    const v1::PushHeader& header, DType dtype, grpc::ServerReader<v1::PushGradientsRequest>* reader,
+    const v1::PushHeader& header, DType dtype, grpc::ServerContext* context,
+    grpc::ServerReader<v1::PushGradientsRequest>* reader, StreamWatchdog::Watch& watch,
     ModelShard::PushWriter& writer) {
   const size_t element = DTypeSize(dtype);
   absl::StatusOr<SharedBytes> payload =
       Locate(shared_memory_.get(), header.shared_memory(), header.num_elements() * element, "push");
   if (!payload.ok()) return payload.status();
-  // In pieces of a pipeline range or so, as a stream would bring them:
-  // ranges every trainer has delivered are updated while the rest is read.
-  const uint64_t piece = std::max<uint64_t>(1, (uint64_t{4} << 20) / element);
-  const char* data = payload->data;
-  for (uint64_t done = 0; done < header.num_elements(); done += piece) {
-    const uint64_t count = std::min(piece, header.num_elements() - done);
-    if (absl::Status s = writer.Write(done, data + done * element, count * element); !s.ok()) {
-      return s;
-    }
-  }
+  // The client ends its stream after the header: a chunk besides the shared
+  // payload is refused before any of it is staged.
   v1::PushGradientsRequest extra;
   if (reader->Read(&extra)) {
     return absl::InvalidArgumentError(
         "PushGradients with its payload in shared memory sent a chunk too");
   }
+  // In pieces of a pipeline range or so, as a stream would bring them:
+  // ranges every trainer has delivered are updated while the rest is read.
+  // A call its trainer gave up on stops reading the trainer's memory at the
+  // next piece (the trainer may be writing it again).
+  const uint64_t piece = std::max<uint64_t>(1, (uint64_t{4} << 20) / element);
+  const char* data = payload->data;
+  for (uint64_t done = 0; done < header.num_elements(); done += piece) {
+    if (context->IsCancelled()) {
+      return absl::CancelledError("push cancelled by the client before it was read");
+    }
+    watch.Touch();
+    const uint64_t count = std::min(piece, header.num_elements() - done);
+    if (absl::Status s = writer.Write(done, data + done * element, count * element); !s.ok()) {
+      return s;
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::Status ShardServiceImpl::CheckSharedPull(const v1::PullParametersRequest& request,
+                                               uint64_t elements, DType dtype) const {
+  return Locate(shared_memory_.get(), request.shared_memory(), elements * DTypeSize(dtype), "pull")
+      .status();
 }
 
 absl::Status ShardServiceImpl::PullIntoSharedMemory(const v1::PullParametersRequest& request,
@@ -72,6 +87,7 @@ absl::Status ShardServiceImpl::PullIntoSharedMemory(const v1::PullParametersRequ
   char* const destination = place->data;
   const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / element);
   for (uint64_t at = 0; at < shard.size(); at += chunk_elements) {
+    if (cancelled()) return absl::CancelledError("pull cancelled by the client");
     const uint64_t count = std::min(chunk_elements, shard.size() - at);
     if (absl::Status s =
             shard.WaitForRanges(version, at, count, deadline, cancelled, PushedByOf(request));

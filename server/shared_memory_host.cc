@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 
 namespace shardopt {
@@ -20,6 +21,8 @@ namespace {
 
 // A trainer that connects but does not say what it attaches is let go.
 constexpr absl::Duration kAttachMessageTimeout = absl::Seconds(10);
+// Connections that have not said what they attach yet.
+constexpr size_t kMaxPending = 256;
 // Far more than any model; a bound so that a bad announcement fails cleanly.
 constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 42;
 
@@ -60,9 +63,9 @@ absl::StatusOr<std::shared_ptr<const SharedSegment>> SharedMemoryHost::Find(
   absl::MutexLock lock(&mu_);
   auto it = segments_.find(attachment);
   if (it == segments_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory attachment '", attachment.substr(0, 64),
-        "' is not open on this shard (its trainer detached, or the shard restarted since)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared-memory attachment '", attachment.substr(0, 64), "' ",
+                     kAttachmentNotOpen, " (its trainer detached, or the shard restarted since)"));
   }
   return it->second;
 }
@@ -92,7 +95,25 @@ void SharedMemoryHost::Serve() {
     if (watched[1].revents & POLLIN) {
       for (;;) {
         const int connection = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (connection < 0) break;
+        if (connection < 0) {
+          // Out of descriptors: the connection stays queued; do not spin on it.
+          if (errno == EMFILE || errno == ENFILE) absl::SleepFor(absl::Milliseconds(50));
+          break;
+        }
+        // Other users, and more would-be trainers than any job has at once,
+        // are let go before they cost more than this descriptor.
+        absl::StatusOr<uid_t> peer = PeerUid(connection);
+        if (!peer.ok() || *peer != geteuid() || pending_.size() >= kMaxPending) {
+          SendMessage(connection,
+                      peer.ok() && *peer == geteuid()
+                          ? "error too many trainers are attaching at once; try again"
+                          : absl::StrCat("error the trainer runs as another user (uid ",
+                                         peer.ok() ? static_cast<int64_t>(*peer) : int64_t{-1},
+                                         "; this shard runs as ", geteuid(), ")"))
+              .IgnoreError();
+          close(connection);
+          continue;
+        }
         pending_[connection] = absl::Now() + kAttachMessageTimeout;
       }
     }
@@ -128,13 +149,6 @@ void SharedMemoryHost::Admit(int connection) {
   };
   if (!message.ok()) {
     refuse(std::string(message.status().message()));
-    return;
-  }
-  absl::StatusOr<uid_t> peer = PeerUid(connection);
-  if (!peer.ok() || *peer != geteuid()) {
-    refuse(absl::StrCat("the trainer runs as another user (uid ",
-                        peer.ok() ? static_cast<int64_t>(*peer) : int64_t{-1},
-                        "; this shard runs as ", geteuid(), ")"));
     return;
   }
   absl::string_view text = *message;

@@ -1,8 +1,14 @@
 #include "server/shared_memory_host.h"
 
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -106,6 +112,52 @@ TEST(SharedMemoryHostTest, BadAttachMessagesAreAnsweredAndRefused) {
     close(socket);
   }
   close(unsealed);
+  EXPECT_EQ((*host)->attachments(), 0u);
+}
+
+// A process of another user (root's child after setuid) is refused at once.
+TEST(SharedMemoryHostTest, AnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  absl::StatusOr<std::unique_ptr<SharedMemoryHost>> host = SharedMemoryHost::Start();
+  ASSERT_TRUE(host.ok());
+  // Everything the child needs is made before fork (the child of a threaded
+  // process should only make system calls).
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string& name = (*host)->socket_name();
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  const socklen_t length =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  int answer_pipe[2];
+  ASSERT_EQ(pipe(answer_pipe), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char buffer[512] = {};
+    ssize_t n = -1;
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    const int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    if (s >= 0 && connect(s, reinterpret_cast<const sockaddr*>(&address), length) == 0) {
+      // (The host may have answered and closed already: no SIGPIPE.)
+      send(s, "attach 4096", 11, MSG_NOSIGNAL);
+      pollfd waiting{s, POLLIN, 0};
+      if (poll(&waiting, 1, 10000) == 1) n = recv(s, buffer, sizeof(buffer) - 1, 0);
+    }
+    if (n > 0 && write(answer_pipe[1], buffer, static_cast<size_t>(n)) < 0) _exit(2);
+    _exit(n > 0 ? 0 : 1);
+  }
+  close(answer_pipe[1]);
+  char buffer[512] = {};
+  const ssize_t n = read(answer_pipe[0], buffer, sizeof(buffer) - 1);
+  close(answer_pipe[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+    GTEST_SKIP() << "this sandbox cannot switch a process to uid 65534";
+  }
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child got no answer";
+  const std::string text(buffer, n > 0 ? static_cast<size_t>(n) : 0);
+  EXPECT_TRUE(absl::StartsWith(text, "error the trainer runs as another user (uid 65534")) << text;
   EXPECT_EQ((*host)->attachments(), 0u);
 }
 

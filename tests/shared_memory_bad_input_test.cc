@@ -74,7 +74,9 @@ class SharedMemoryBadInputTest : public BadInputTest {
       *version = response.version();
     }
     grpc::Status status = reader->Finish();
-    if (status.ok()) EXPECT_EQ(messages, 1);
+    if (status.ok()) {
+      EXPECT_EQ(messages, 1);
+    }
     return status;
   }
 

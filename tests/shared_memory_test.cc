@@ -197,7 +197,7 @@ TEST(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
   auto servers = StartCluster(2, flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> addresses = Addresses(*servers);
-  constexpr int kLongSteps = 40;
+  constexpr int kLongSteps = 80;
   std::vector<std::unique_ptr<ChildProcess>> trainers(2);
   const std::vector<std::string> slow = {"--min_step_time=50ms", "--replay_steps=8"};
   for (uint32_t r = 0; r < 2; ++r) {
@@ -217,6 +217,11 @@ TEST(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   (*servers)[1] = std::move(*restarted);
   ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses[1], "adamw", 20));
+  // (A trainer asks a shard that did not answer again 250 ms later.)
+  const absl::Time reattached_by = absl::Now() + absl::Seconds(10);
+  while (Info(addresses[1]).shared_memory_attachments() != 2 && absl::Now() < reattached_by) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   EXPECT_EQ(Info(addresses[1]).shared_memory_attachments(), 2u) << "the trainers re-attached";
   ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
   ExpectMatchesReference("adamw", 2, 2, kLongSteps, root + "/out");

@@ -9,6 +9,7 @@ gone; the binding's shared buffers are plain float32 buffers.
 import gc
 import sys
 import unittest
+import weakref
 
 import numpy as np
 import torch
@@ -69,10 +70,13 @@ class SharedMemoryTest(unittest.TestCase):
 
     def test_parameters_outlive_the_optimizer(self):
         with Cluster(1) as cluster:
-            model, opt = self.run_job(cluster, "outlive")
+            # (Without the backward hooks, which would keep the client.)
+            model, opt = self.run_job(cluster, "outlive", overlap_backward=False)
             kept = [p.detach().clone() for p in model.parameters()]
+            client = weakref.ref(opt._groups[0].client)
             del opt
             gc.collect()
+            self.assertIsNone(client(), "the client is gone")
             # The parameters still live in the segment, now held by them alone.
             for p, q in zip(model.parameters(), kept):
                 self.assertTrue(torch.equal(p.detach(), q))

@@ -55,7 +55,8 @@ std::string NewestCheckpoint(const v1::InspectResponse& info) {
 
 int Status(const CommandOptions& options, FILE* out) {
   int rc = 0;
-  Table servers({"SHARD", "ADDRESS", "HEALTH", "DEVICE", "THREADS", "MODELS", "UPTIME_S"});
+  Table servers(
+      {"SHARD", "ADDRESS", "HEALTH", "DEVICE", "THREADS", "MODELS", "UPTIME_S", "SHM_ATTACHED"});
   Table models({"MODEL", "SHARD", "RANGE", "VERSION", "TRAINERS", "PUSHED", "CHECKPOINT",
                 "OPTIMIZER", "PARAM_MB", "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
   Table trainers({"MODEL", "SHARD", "TRAINER", "LAST_PUSHED_STEP", "SECONDS_SINCE"});
@@ -76,12 +77,16 @@ int Status(const CommandOptions& options, FILE* out) {
     grpc::Status s = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
     if (!s.ok()) {
       rc = 1;
-      servers.AddRow({"?", address, health == "?" ? Failure(s) : health, "", "", "", ""});
+      servers.AddRow({"?", address, health == "?" ? Failure(s) : health, "", "", "", "", ""});
       continue;
     }
     servers.AddRow({absl::StrCat(info.shard_index(), "/", info.shard_count()), address, health,
                     info.device(), absl::StrCat(info.threads()), absl::StrCat(info.models_size()),
-                    absl::StrFormat("%.0f", info.uptime_seconds())});
+                    absl::StrFormat("%.0f", info.uptime_seconds()),
+                    // Trainer processes whose payloads go through shared memory.
+                    info.shared_memory_socket().empty()
+                        ? std::string("off")
+                        : absl::StrCat(info.shared_memory_attachments())});
     for (const v1::ModelSummary& m : info.models()) {
       // Which ranks have pushed the pending step, and when each last did,
       // come from Inspect.

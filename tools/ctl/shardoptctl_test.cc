@@ -1,6 +1,7 @@
 // shardoptctl against a real 2-shard cluster: the status table shows both
 // shards and the model's version and ranks, inspect shows tensor statistics
 // and JSON, and an unreachable server makes status exit 1.
+#include <regex>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -36,6 +37,10 @@ TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
   EXPECT_NE(out.find("0/2"), std::string::npos) << out;
+  // The client on this host attached its segment to both shards.
+  EXPECT_TRUE(std::regex_search(out, std::regex("\\n0/2 .* 1\\n"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("\\n1/2 .* 1\\n"))) << out;
+  EXPECT_NE(out.find("SHM_ATTACHED"), std::string::npos) << out;
   EXPECT_NE(out.find("1/2"), std::string::npos) << out;
   EXPECT_NE(out.find("ctl_model"), std::string::npos) << out;
   EXPECT_NE(out.find("adam"), std::string::npos) << out;
