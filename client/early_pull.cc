@@ -20,14 +20,15 @@ EarlyPull::~EarlyPull() {
 }
 
 void EarlyPull::Prepare(const ModelLayout& layout, StepCallsContext calls,
-                        const std::vector<std::shared_ptr<SharedMemoryRoute>>& routes) {
+                        const std::vector<std::shared_ptr<PayloadTransport>>& transports) {
   for (auto& shard : shards_) {
     const FlatRange range = layout.ShardRange(shard->index());
     if (shard->range().begin != range.begin || shard->range().end != range.end) {
       shard->set_range(range);
     }
-    std::shared_ptr<SharedMemoryRoute> route = routes.empty() ? nullptr : routes[shard->index()];
-    if (shard->shared_memory() != route.get()) shard->set_shared_memory(std::move(route));
+    std::shared_ptr<PayloadTransport> transport =
+        transports.empty() ? nullptr : transports[shard->index()];
+    if (shard->transport() != transport.get()) shard->set_transport(std::move(transport));
   }
   calls.label = "pull overlapping the push: ";
   calls.canceller = &canceller_;

@@ -39,10 +39,10 @@ class EarlyPull {
   // After Register/Attach: the layout and how calls are made. Safe while a
   // pull runs (a re-attach inside a push): the ranges are written only when
   // they change, and the running pull keeps the calls it started with.
-  // `routes` (shard order, empty: none) are the shards' shared-memory
-  // routes, shared with lane 0.
+  // `transports` (shard order, empty: none) are the pairs' other data
+  // planes, shared with lane 0.
   void Prepare(const ModelLayout& layout, StepCallsContext calls,
-               const std::vector<std::shared_ptr<SharedMemoryRoute>>& routes);
+               const std::vector<std::shared_ptr<PayloadTransport>>& transports);
   bool prepared() const { return calls_ != nullptr; }
 
   // Opens the pull of version `step` into `flat_params`, which must stay

@@ -4,11 +4,8 @@
 #include <grpcpp/security/credentials.h>
 
 #include <algorithm>
-#include <cstring>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/dtype_convert.h"
 #include "common/grpc_status.h"
 
 namespace shardopt {
@@ -126,16 +123,10 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
     return absl::FailedPreconditionError("the streamed push was abandoned");
   }
   const uint64_t total = header.header().num_elements();
-  if (ready == nullptr) {
-    if (std::shared_ptr<SharedMemoryLink> link = SharedLink()) {
-      const TrainerSegment& segment = shared_memory_->segment();
-      if (std::optional<TrainerSegment::PushPlace> place =
-              segment.PlacePush(range_.begin, payload, element_size)) {
-        if (place->copy) {
-          std::memcpy(segment.segment().data() + place->offset, payload, total * element_size);
-        }
-        return PushShared(context, header, link, place->offset, response);
-      }
+  if (ready == nullptr && transport_ != nullptr) {
+    if (std::optional<absl::Status> s = transport_->Push(PayloadCall{context, *stub_, range_},
+                                                         header, payload, element_size, response)) {
+      return *s;
     }
   }
   std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
@@ -180,12 +171,10 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
 absl::Status ShardConnection::Pull(grpc::ClientContext& context,
                                    const v1::PullParametersRequest& request, DType dtype,
                                    float* destination, PulledVersion* pulled) {
-  if (!request.wait_only()) {
-    if (std::shared_ptr<SharedMemoryLink> link = SharedLink()) {
-      const int64_t place = shared_memory_->segment().PullOffset(range_.begin, dtype);
-      if (place >= 0) {
-        return PullShared(context, request, dtype, link, place, destination, pulled);
-      }
+  if (transport_ != nullptr) {
+    if (std::optional<absl::Status> s = transport_->Pull(PayloadCall{context, *stub_, range_},
+                                                         request, dtype, destination, pulled)) {
+      return *s;
     }
   }
   std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
@@ -225,90 +214,6 @@ absl::Status ShardConnection::Pull(grpc::ClientContext& context,
         absl::StrCat("pull ended after ", received, " of ", expected, " elements"));
   }
   pulled->version = version;
-  return absl::OkStatus();
-}
-
-std::shared_ptr<SharedMemoryLink> ShardConnection::SharedLink() {
-  if (shared_memory_ == nullptr || range_.size() == 0) return nullptr;
-  return shared_memory_->Link([this]() -> absl::StatusOr<std::string> {
-    std::unique_ptr<grpc::ClientContext> context = ContextWithTimeout(absl::Seconds(2));
-    v1::ServerInfo info;
-    absl::Status s =
-        ToAbslStatus(stub_->GetServerInfo(context.get(), v1::GetServerInfoRequest(), &info));
-    if (!s.ok()) return s;
-    return info.shared_memory_socket();
-  });
-}
-
-absl::Status ShardConnection::SharedCallFailed(const std::shared_ptr<SharedMemoryLink>& link,
-                                               absl::Status status) {
-  if (absl::IsFailedPrecondition(status) &&
-      absl::StrContains(status.message(), kAttachmentNotOpen)) {
-    // The shard lost the attachment the link still holds: attach again.
-    shared_memory_->Drop(link);
-    return absl::UnavailableError(
-        absl::StrCat("the shard no longer holds this trainer's segment: ", status.message()));
-  }
-  if (shared_memory_->DropIfDead(link) && !absl::IsUnavailable(status)) {
-    return absl::UnavailableError(
-        absl::StrCat("the shard's shared-memory link closed (it exited?): ", status.message()));
-  }
-  return status;
-}
-
-absl::Status ShardConnection::PushShared(grpc::ClientContext& context,
-                                         const v1::PushGradientsRequest& header,
-                                         const std::shared_ptr<SharedMemoryLink>& link,
-                                         int64_t place, v1::PushGradientsResponse* response) {
-  v1::PushGradientsRequest shared = header;
-  v1::SharedMemoryPayload* where = shared.mutable_header()->mutable_shared_memory();
-  where->set_attachment(link->attachment());
-  where->set_byte_offset(static_cast<uint64_t>(place));
-  std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
-      stub_->PushGradients(&context, response);
-  if (writer->Write(shared)) writer->WritesDone();
-  absl::Status s = ToAbslStatus(writer->Finish());
-  if (!s.ok()) return SharedCallFailed(link, s);
-  shared_memory_->CountTransfer();
-  return s;
-}
-
-absl::Status ShardConnection::PullShared(grpc::ClientContext& context,
-                                         const v1::PullParametersRequest& request, DType dtype,
-                                         const std::shared_ptr<SharedMemoryLink>& link,
-                                         int64_t place, float* destination, PulledVersion* pulled) {
-  v1::PullParametersRequest shared = request;
-  shared.mutable_shared_memory()->set_attachment(link->attachment());
-  shared.mutable_shared_memory()->set_byte_offset(static_cast<uint64_t>(place));
-  std::unique_ptr<grpc::ClientReader<v1::PullParametersResponse>> reader =
-      stub_->PullParameters(&context, shared);
-  v1::PullParametersResponse response;
-  int messages = 0;
-  int64_t version = -1;
-  double lr = 0;
-  while (reader->Read(&response)) {
-    ++messages;
-    version = response.version();
-    lr = response.lr();
-  }
-  absl::Status s = ToAbslStatus(reader->Finish());
-  if (!s.ok()) return SharedCallFailed(link, s);
-  if (messages != 1 || version < 0 || response.has_chunk()) {
-    return absl::InternalError(absl::StrCat("a pull through shared memory ended after ", messages,
-                                            " messages (expected one, without data)"));
-  }
-  const char* written = shared_memory_->segment().segment().data() + place;
-  const uint64_t count = range_.size();
-  if (dtype == DType::kFloat32) {
-    if (written != reinterpret_cast<const char*>(destination)) {
-      std::memcpy(destination, written, count * sizeof(float));
-    }
-  } else {
-    ConvertToFloatAndFindNonFinite(written, count, dtype, destination);
-  }
-  pulled->version = version;
-  pulled->lr = lr;
-  shared_memory_->CountTransfer();
   return absl::OkStatus();
 }
 

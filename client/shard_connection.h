@@ -22,8 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "client/channel_security.h"
+#include "client/payload_transport.h"
 #include "client/ready_ranges.h"
-#include "client/shared_memory_route.h"
 #include "client/wire_frames.h"
 #include "common/dtype.h"
 #include "common/layout.h"
@@ -47,12 +47,6 @@ struct ConnectionOptions {
   int lane = 0;
 };
 
-// What a pull returned.
-struct PulledVersion {
-  int64_t version = -1;
-  double lr = 0;  // Of the step that made the version.
-};
-
 class ShardConnection {
  public:
   ShardConnection(uint32_t index, std::string address, const ConnectionOptions& options);
@@ -63,13 +57,14 @@ class ShardConnection {
   FlatRange range() const { return range_; }
   void set_range(FlatRange range) { range_ = range; }
 
-  // Payloads go through this trainer's shared segment whenever the shard
-  // takes it (see SharedMemoryRoute), else over the stream. Set before
-  // calls start; the lanes of one shard share one route.
-  void set_shared_memory(std::shared_ptr<SharedMemoryRoute> route) {
-    shared_memory_ = std::move(route);
+  // The pair's other data plane (client/payload_transport.h), offered every
+  // push but streamed ones and every pull before the stream; null: the
+  // stream alone. Set before calls start (or to the one already set); the
+  // lanes of one shard share one transport.
+  void set_transport(std::shared_ptr<PayloadTransport> transport) {
+    transport_ = std::move(transport);
   }
-  const SharedMemoryRoute* shared_memory() const { return shared_memory_.get(); }
+  const PayloadTransport* transport() const { return transport_.get(); }
 
   // Before an attempt: replaces a channel that failed to connect (a channel
   // that failed to reach a shard that was down can keep failing for many
@@ -102,9 +97,7 @@ class ShardConnection {
                     PayloadPins* pins, v1::PushGradientsResponse* response,
                     const ReadyRanges* ready = nullptr);
   // Pulls this shard's range as `dtype` into `destination` (range().size()
-  // floats); with request.wait_only, only waits. (Through shared memory:
-  // streamed pushes go over gRPC; the others, and pulls, through the
-  // segment when the shard has it.)
+  // floats); with request.wait_only, only waits.
   absl::Status Pull(grpc::ClientContext& context, const v1::PullParametersRequest& request,
                     DType dtype, float* destination, PulledVersion* pulled);
   absl::Status GetStepStats(grpc::ClientContext& context, const v1::GetStepStatsRequest& request,
@@ -124,19 +117,6 @@ class ShardConnection {
 
  private:
   void OpenChannel();
-  // The shard's shared-memory link when payloads can use it, else null.
-  std::shared_ptr<SharedMemoryLink> SharedLink();
-  // The push of a header alone, its payload in the segment at `place`.
-  absl::Status PushShared(grpc::ClientContext& context, const v1::PushGradientsRequest& header,
-                          const std::shared_ptr<SharedMemoryLink>& link, int64_t place,
-                          v1::PushGradientsResponse* response);
-  absl::Status PullShared(grpc::ClientContext& context, const v1::PullParametersRequest& request,
-                          DType dtype, const std::shared_ptr<SharedMemoryLink>& link, int64_t place,
-                          float* destination, PulledVersion* pulled);
-  // A failed call over `link`: UNAVAILABLE (retried, then without it) when
-  // the shard's end of it closed, else `status`.
-  absl::Status SharedCallFailed(const std::shared_ptr<SharedMemoryLink>& link, absl::Status status);
-
   const uint32_t index_;
   const std::string address_;
   const ChannelFactory channels_;
@@ -146,7 +126,7 @@ class ShardConnection {
   std::unique_ptr<grpc::internal::RpcMethod> push_method_;
   std::unique_ptr<grpc::internal::RpcMethod> pull_method_;
   bool reopen_channel_ = false;
-  std::shared_ptr<SharedMemoryRoute> shared_memory_;
+  std::shared_ptr<PayloadTransport> transport_;
   FlatRange range_;
   std::atomic<int64_t> unreachable_attempts_{0};
 };

@@ -20,6 +20,7 @@
 #include "client/shard_connection.h"
 #include "client/shard_fanout.h"
 #include "client/shared_memory_route.h"
+#include "client/shared_memory_transport.h"
 #include "client/step_calls.h"
 #include "client/streamed_push.h"
 #include "common/dtype_convert.h"
@@ -182,15 +183,15 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
   }
   steps_ = std::make_unique<StepCalls>(fanout_.get(), calls);
   PrepareSharedMemory(layout);
-  if (early_pull_) early_pull_->Prepare(layout, calls, shared_routes_);
+  if (early_pull_) early_pull_->Prepare(layout, calls, transports_);
   return absl::OkStatus();
 }
 
 void TrainerClient::PrepareSharedMemory(const ModelLayout& layout) {
   if (!options_.shared_memory) return;
   if (segment_ != nullptr && segment_->total_elements() == layout.total_elements()) return;
-  shared_routes_.clear();
-  for (auto& shard : shards_) shard->set_shared_memory(nullptr);
+  transports_.clear();
+  for (auto& shard : shards_) shard->set_transport(nullptr);
   absl::StatusOr<std::unique_ptr<TrainerSegment>> segment =
       TrainerSegment::Create(layout.total_elements(), options_.push_dtype, options_.pull_dtype);
   if (!segment.ok()) {
@@ -201,8 +202,8 @@ void TrainerClient::PrepareSharedMemory(const ModelLayout& layout) {
   }
   segment_ = *std::move(segment);
   for (auto& shard : shards_) {
-    shared_routes_.push_back(std::make_shared<SharedMemoryRoute>(segment_, shard->index()));
-    shard->set_shared_memory(shared_routes_.back());
+    transports_.push_back(std::make_shared<SharedMemoryTransport>(segment_, shard->index()));
+    shard->set_transport(transports_.back());
   }
 }
 
@@ -218,7 +219,7 @@ absl::Span<float> TrainerClient::shared_parameters() const {
 
 int64_t TrainerClient::shared_memory_transfers() const {
   int64_t transfers = 0;
-  for (const auto& route : shared_routes_) transfers += route->transfers();
+  for (const auto& transport : transports_) transfers += transport->transfers();
   return transfers;
 }
 

@@ -56,7 +56,7 @@
 namespace shardopt {
 
 class PushHistory;
-class SharedMemoryRoute;
+class PayloadTransport;
 class TrainerSegment;
 class Recovery;
 class ShardConnection;
@@ -244,8 +244,8 @@ class TrainerClient {
   // and layout are known).
   absl::Status PrepareModel(const ModelSpec& spec, const ModelLayout& layout);
   absl::Status CheckBuffer(size_t size, const char* what) const;
-  // The segment and the shards' routes for `layout` (kept across
-  // re-registrations of the same layout).
+  // The segment and the shards' shared-memory transports for `layout`
+  // (kept across re-registrations of the same layout).
   void PrepareSharedMemory(const ModelLayout& layout);
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
   // Pushes `payload` as step `step` (recording it first), recovering shards
@@ -275,7 +275,8 @@ class TrainerClient {
   std::unique_ptr<ShardFanOut> fanout_;
   std::unique_ptr<EarlyPull> early_pull_;  // With overlap_pull.
   std::shared_ptr<const TrainerSegment> segment_;                  // With shared memory.
-  std::vector<std::shared_ptr<SharedMemoryRoute>> shared_routes_;  // Shard order.
+  // The pairs' data planes besides the stream (shard order; empty: none).
+  std::vector<std::shared_ptr<PayloadTransport>> transports_;
   struct StreamedPush;  // client/streamed_push.h
   // Ends `push` without any shard committing it (see CancelStreamedPush).
   void Abandon(std::unique_ptr<StreamedPush> push);
