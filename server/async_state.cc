@@ -1,0 +1,176 @@
+#include "server/async_state.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardopt {
+
+AsyncState::AsyncState(AsyncOptions options)
+    : options_(options),
+      applied_(options.num_trainers, 0),
+      slots_(options.num_trainers, Slot::kEmpty) {}
+
+int64_t AsyncState::pushed(uint32_t rank) const {
+  // A queued or applying push is this trainer's next step.
+  const bool waiting = slots_[rank] == Slot::kQueued || slots_[rank] == Slot::kApplying;
+  return applied_[rank] + (waiting ? 1 : 0);
+}
+
+absl::StatusOr<AsyncAdmission> AsyncState::BeginPush(uint32_t rank, int64_t step) {
+  if (failed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the shard failed applying a push: ", failure_.message()));
+  }
+  if (rank >= options_.num_trainers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer rank ", rank, " of ", options_.num_trainers, " trainers"));
+  }
+  if (step < 1)
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, " (steps start at 1)"));
+  if (step <= applied_[rank]) return AsyncAdmission::kAlreadyApplied;
+  if (step > applied_[rank] + 1) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "trainer ", rank, " pushed its step ", step, " but this shard applied its steps up to ",
+        applied_[rank], ": push steps ", applied_[rank] + 1, "..", step - 1, " first"));
+  }
+  if (slots_[rank] != Slot::kEmpty) {
+    return absl::AbortedError(absl::StrCat("trainer ", rank, "'s push of step ", step,
+                                           slots_[rank] == Slot::kReceiving
+                                               ? " is still being received"
+                                               : " is in and waits to be applied"));
+  }
+  slots_[rank] = Slot::kReceiving;
+  return AsyncAdmission::kAccepted;
+}
+
+void AsyncState::AbortPush(uint32_t rank, int64_t step) {
+  if (rank < slots_.size() && step == applied_[rank] + 1 && slots_[rank] == Slot::kReceiving) {
+    slots_[rank] = Slot::kEmpty;
+  }
+}
+
+absl::Status AsyncState::CommitPush(uint32_t rank, int64_t step) {
+  if (rank >= slots_.size() || step != applied_[rank] + 1 || slots_[rank] != Slot::kReceiving) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("trainer ", rank, "'s push of step ", step, " is not being received"));
+  }
+  slots_[rank] = Slot::kQueued;
+  queue_.emplace_back(rank, step);
+  return absl::OkStatus();
+}
+
+bool AsyncState::Eligible(uint32_t rank, int64_t step) const {
+  if (cut_ && step > (*cut_)[rank]) return false;
+  return Laggards(rank, step).empty();
+}
+
+std::vector<std::pair<uint32_t, int64_t>> AsyncState::Laggards(uint32_t rank, int64_t step) const {
+  std::vector<std::pair<uint32_t, int64_t>> laggards;
+  if (options_.staleness <= 0) return laggards;
+  for (uint32_t t = 0; t < options_.num_trainers; ++t) {
+    if (t != rank && pushed(t) < step - options_.staleness) laggards.emplace_back(t, pushed(t));
+  }
+  return laggards;
+}
+
+std::string AsyncState::DescribeWait(uint32_t rank, int64_t step) const {
+  std::vector<std::string> reasons;
+  const std::vector<std::pair<uint32_t, int64_t>> laggards = Laggards(rank, step);
+  if (!laggards.empty()) {
+    reasons.push_back(
+        absl::StrCat("staleness ", options_.staleness, ": waits for trainer(s) ",
+                     absl::StrJoin(laggards, ", ",
+                                   [](std::string* out, const std::pair<uint32_t, int64_t>& l) {
+                                     absl::StrAppend(out, l.first, " (pushed step ", l.second, ")");
+                                   }),
+                     " to push step ", step - options_.staleness));
+  }
+  if (cut_ && step > (*cut_)[rank]) {
+    reasons.push_back(
+        absl::StrCat("a checkpoint's cut holds trainer ", rank, " at step ", (*cut_)[rank]));
+  }
+  if (reasons.empty()) return "";
+  return absl::StrCat("trainer ", rank, "'s step ", step, ": ", absl::StrJoin(reasons, "; "));
+}
+
+std::optional<AsyncState::Claim> AsyncState::ClaimApply() {
+  if (applying_ || failed()) return std::nullopt;
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    const auto [rank, step] = *it;
+    if (!Eligible(rank, step)) continue;
+    int64_t slowest = pushed(0);
+    for (uint32_t t = 1; t < options_.num_trainers; ++t) slowest = std::min(slowest, pushed(t));
+    queue_.erase(it);
+    slots_[rank] = Slot::kApplying;
+    applying_ = true;
+    return Claim{rank, step, version_ + 1, step - slowest};
+  }
+  return std::nullopt;
+}
+
+void AsyncState::FinishApply(const Claim& claim) {
+  applied_[claim.rank] = claim.step;
+  slots_[claim.rank] = Slot::kEmpty;
+  applying_ = false;
+  version_ = claim.version;
+  recent_order_.emplace_back(claim.rank, claim.step);
+  if (recent_order_.size() > kRecentOrder) recent_order_.pop_front();
+}
+
+void AsyncState::FailApply(const Claim& claim, absl::Status failure) {
+  slots_[claim.rank] = Slot::kEmpty;
+  applying_ = false;
+  failure_ = std::move(failure);
+}
+
+absl::Status AsyncState::SetCut(std::vector<int64_t> cut) {
+  if (cut.size() != options_.num_trainers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a cut of ", cut.size(), " steps for ", options_.num_trainers, " trainers"));
+  }
+  if (cut_) return absl::FailedPreconditionError("another checkpoint's cut is still set");
+  for (uint32_t t = 0; t < options_.num_trainers; ++t) {
+    const int64_t done = applied_[t] + (slots_[t] == Slot::kApplying ? 1 : 0);
+    if (done > cut[t]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "trainer ", t, "'s step ", done, " is applied here already, past the cut's ", cut[t]));
+    }
+  }
+  cut_ = std::move(cut);
+  return absl::OkStatus();
+}
+
+bool AsyncState::CutReached() const { return cut_ && !applying_ && applied_ == *cut_; }
+
+absl::Status AsyncState::CheckRestore(const AsyncProgress& progress) const {
+  if (progress.applied.size() != options_.num_trainers) {
+    return absl::InvalidArgumentError(absl::StrCat("a record of ", progress.applied.size(),
+                                                   " trainers for a model of ",
+                                                   options_.num_trainers));
+  }
+  if (std::any_of(progress.applied.begin(), progress.applied.end(),
+                  [](int64_t s) { return s < 0; }) ||
+      std::accumulate(progress.applied.begin(), progress.applied.end(), int64_t{0}) !=
+          progress.version) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "version ", progress.version, " is not the sum of the trainers' applied steps [",
+        absl::StrJoin(progress.applied, ", "), "]"));
+  }
+  if (applying_ || !queue_.empty() ||
+      std::any_of(slots_.begin(), slots_.end(), [](Slot s) { return s != Slot::kEmpty; })) {
+    return absl::FailedPreconditionError("pushes are open, waiting or being applied");
+  }
+  return absl::OkStatus();
+}
+
+void AsyncState::Restore(const AsyncProgress& progress) {
+  applied_ = progress.applied;
+  version_ = progress.version;
+  recent_order_.clear();
+  cut_.reset();
+}
+
+}  // namespace shardopt

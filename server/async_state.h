@@ -1,0 +1,148 @@
+// AsyncState: one shard's step protocol in the asynchronous and
+// bounded-staleness consistency modes (the first part of issue 14; not yet
+// driven by ModelShard), as pure transitions: no locks, no I/O, no clock, in
+// the manner of StepState.
+//
+// Each trainer's push of its own step k (1, 2, ...) is an optimizer step of
+// its own, applied alone (no reduction across trainers), one at a time, in
+// the order the pushes were committed (CommitPush) among those eligible. The
+// shard's version counts the pushes it applied. The exactly-once record is
+// the per-trainer vector `applied` (the last step of each trainer applied
+// here), which checkpoints keep: trainer r's push of step k <= applied[r] is
+// acknowledged and ignored, k == applied[r] + 1 is admitted (one push of it
+// at a time), and a later k is OUT_OF_RANGE naming the steps missing (the
+// trainer re-pushes them first, as after a restore from an older
+// checkpoint).
+//
+// A committed push waits (kQueued) until it is eligible:
+//  - bounded staleness s >= 1: trainer r's step k, until every trainer has
+//    pushed (committed here) its step k - s or later; Laggards() names the
+//    trainers it waits for;
+//  - a cut (SetCut: a checkpoint as a consistent cut): a push of a step
+//    beyond the cut's entry for its trainer, until the cut is released, so
+//    that the shard reaches exactly the cut (CutReached) and every shard's
+//    checkpoint of it holds the same pushes.
+// Per trainer one slot: kEmpty, kReceiving (a writer owns it), kQueued,
+// kApplying. A failed application makes the state terminal (kFailed), as in
+// StepState: the backend's numbers are then unknown.
+#ifndef SHARDOPT_SERVER_ASYNC_STATE_H_
+#define SHARDOPT_SERVER_ASYNC_STATE_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace shardopt {
+
+struct AsyncOptions {
+  uint32_t num_trainers = 1;
+  // Bounded staleness s >= 1; 0: asynchronous without a bound.
+  int64_t staleness = 0;
+};
+
+// What BeginPush decided.
+enum class AsyncAdmission {
+  kAccepted,        // The trainer's slot is now receiving this push.
+  kAlreadyApplied,  // Applied before: acknowledge, ignore the payload.
+};
+
+// The exactly-once record a checkpoint keeps.
+struct AsyncProgress {
+  std::vector<int64_t> applied;  // Per trainer: its last step applied here.
+  int64_t version = 0;           // Pushes applied (the sum of `applied`).
+};
+
+class AsyncState {
+ public:
+  enum class Slot { kEmpty, kReceiving, kQueued, kApplying };
+
+  explicit AsyncState(AsyncOptions options);
+
+  // ---- A push's life.
+  // INVALID_ARGUMENT for a rank out of range or a step < 1; ABORTED while
+  // this trainer's push of the step is already open or waiting;
+  // OUT_OF_RANGE for a step beyond the next one; FAILED_PRECONDITION once
+  // failed.
+  absl::StatusOr<AsyncAdmission> BeginPush(uint32_t rank, int64_t step);
+  // The receiving push broke off or was refused: the slot is empty again.
+  void AbortPush(uint32_t rank, int64_t step);
+  // The whole push arrived clean: queued behind the pushes committed before.
+  absl::Status CommitPush(uint32_t rank, int64_t step);
+
+  // ---- Applying, one push at a time.
+  struct Claim {
+    uint32_t rank = 0;
+    int64_t step = 0;
+    int64_t version = 0;    // The shard's version once it is applied.
+    int64_t staleness = 0;  // How far `step` is ahead of the slowest trainer's pushed step.
+  };
+  // The first eligible queued push (now kApplying); nullopt while one is
+  // being applied, or none is eligible.
+  std::optional<Claim> ClaimApply();
+  void FinishApply(const Claim& claim);
+  // The backend failed while applying: terminal.
+  void FailApply(const Claim& claim, absl::Status failure);
+
+  // ---- Questions.
+  int64_t version() const { return version_; }
+  const std::vector<int64_t>& applied() const { return applied_; }
+  // The highest step of `rank` committed here (queued or applied).
+  int64_t pushed(uint32_t rank) const;
+  Slot slot(uint32_t rank) const { return slots_[rank]; }
+  bool IsApplied(uint32_t rank, int64_t step) const { return step <= applied_[rank]; }
+  bool failed() const { return !failure_.ok(); }
+  const absl::Status& failure() const { return failure_; }
+  // Bounded staleness: the trainers whose pushed step is below step - s, as
+  // (rank, pushed step); empty when trainer `rank`'s step `step` may go.
+  std::vector<std::pair<uint32_t, int64_t>> Laggards(uint32_t rank, int64_t step) const;
+  // What trainer `rank`'s step `step` waits for, in words (for errors and
+  // wait reports); empty when it is not waiting.
+  std::string DescribeWait(uint32_t rank, int64_t step) const;
+  // The last pushes applied, oldest first (at most kRecentOrder): the order
+  // this shard applied them in, for tests and Inspect.
+  static constexpr size_t kRecentOrder = 4096;
+  const std::deque<std::pair<uint32_t, int64_t>>& recent_order() const { return recent_order_; }
+
+  // ---- Consistent cuts (checkpoints).
+  // From now on no push beyond `cut` (one step per trainer) is applied until
+  // ReleaseCut. INVALID_ARGUMENT for a cut of the wrong size;
+  // FAILED_PRECONDITION while another cut is set, or when some trainer's
+  // applied step is already past the cut (it can no longer be reached).
+  absl::Status SetCut(std::vector<int64_t> cut);
+  const std::optional<std::vector<int64_t>>& cut() const { return cut_; }
+  // The shard holds exactly the cut's pushes (and applies none meanwhile).
+  bool CutReached() const;
+  void ReleaseCut() { cut_.reset(); }
+
+  // ---- Checkpoints.
+  AsyncProgress Progress() const { return {applied_, version_}; }
+  // INVALID_ARGUMENT for a record of another trainer count or whose
+  // version is not the sum of its steps; FAILED_PRECONDITION while a push is
+  // open, queued or applying.
+  absl::Status CheckRestore(const AsyncProgress& progress) const;
+  void Restore(const AsyncProgress& progress);
+
+ private:
+  bool Eligible(uint32_t rank, int64_t step) const;
+
+  const AsyncOptions options_;
+  std::vector<int64_t> applied_;
+  std::vector<Slot> slots_;
+  // Committed, not yet applied, in commit order: (rank, step).
+  std::deque<std::pair<uint32_t, int64_t>> queue_;
+  bool applying_ = false;
+  int64_t version_ = 0;
+  std::optional<std::vector<int64_t>> cut_;
+  std::deque<std::pair<uint32_t, int64_t>> recent_order_;
+  absl::Status failure_;
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_ASYNC_STATE_H_
