@@ -70,6 +70,25 @@ absl::Status CpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConf
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::ApplyOneRange(uint32_t rank, int64_t step, const OptimizerConfig& config,
+                                       uint64_t first, uint64_t last) {
+  if (rank >= staging_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("no staging for trainer ", rank));
+  }
+  if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
+  if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
+  float* const gradient = staging_[rank].data();
+  float* const params = params_.data();
+  pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
+    begin += first;
+    end += first;
+    for (size_t block = begin; block < end; block += kBlockElements) {
+      optimizer_->Update(step, params, gradient, block, std::min(end, block + kBlockElements));
+    }
+  });
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Reduce(bool mean) { return ReduceRange(mean, 0, params_.size()); }
 
 absl::Status CpuBackend::ReduceRange(bool mean, uint64_t first, uint64_t last) {

@@ -45,6 +45,8 @@ class CpuBackend final : public UpdateBackend {
   absl::Status ApplyRange(int64_t step, bool mean, const OptimizerConfig& config, uint64_t begin,
                           uint64_t end) override;
   absl::Status ReduceRange(bool mean, uint64_t begin, uint64_t end) override;
+  absl::Status ApplyOneRange(uint32_t rank, int64_t step, const OptimizerConfig& config,
+                             uint64_t begin, uint64_t end) override;
   absl::Status SumOfSquaresBlocks(float scale, uint64_t begin, uint64_t end,
                                   double* block_sums) override;
   absl::Status UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,

@@ -86,6 +86,16 @@ class UpdateBackend {
     return absl::UnimplementedError("range updates");
   }
 
+  // Asynchronous modes (server/async_state.h): optimizer step `step` on
+  // trainer `rank`'s staged gradient alone, no reduction and no averaging,
+  // on elements [begin, end). Runs when that rank finished staging, never
+  // concurrently with Stage of that rank or with reads of [begin, end).
+  // UNIMPLEMENTED where a backend lacks it.
+  virtual absl::Status ApplyOneRange(uint32_t rank, int64_t step, const OptimizerConfig& config,
+                                     uint64_t begin, uint64_t end) {
+    return absl::UnimplementedError("asynchronous updates");
+  }
+
   // Copies parameters [offset, offset + count) of the range into `out`.
   virtual absl::Status Read(uint64_t offset, uint64_t count, float* out) = 0;
 
