@@ -117,6 +117,7 @@ class ShardConnection {
 
  private:
   void OpenChannel();
+
   const uint32_t index_;
   const std::string address_;
   const ChannelFactory channels_;

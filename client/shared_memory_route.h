@@ -23,7 +23,6 @@
 #ifndef SHARDOPT_CLIENT_SHARED_MEMORY_ROUTE_H_
 #define SHARDOPT_CLIENT_SHARED_MEMORY_ROUTE_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -114,14 +113,10 @@ class SharedMemoryRoute {
   void Drop(const std::shared_ptr<SharedMemoryLink>& link);
 
   const TrainerSegment& segment() const { return *segment_; }
-  // Payload transfers (pushes and pulls) that went through shared memory.
-  void CountTransfer() { transfers_.fetch_add(1, std::memory_order_relaxed); }
-  int64_t transfers() const { return transfers_.load(std::memory_order_relaxed); }
 
  private:
   const std::shared_ptr<const TrainerSegment> segment_;
   const uint32_t shard_index_;
-  std::atomic<int64_t> transfers_{0};
   absl::Mutex mu_;
   std::shared_ptr<SharedMemoryLink> link_ ABSL_GUARDED_BY(mu_);
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -10,6 +10,7 @@
 #ifndef SHARDOPT_CLIENT_SHARED_MEMORY_TRANSPORT_H_
 #define SHARDOPT_CLIENT_SHARED_MEMORY_TRANSPORT_H_
 
+#include <atomic>
 #include <memory>
 
 #include "client/payload_transport.h"
@@ -29,7 +30,7 @@ class SharedMemoryTransport final : public PayloadTransport {
   std::optional<absl::Status> Pull(const PayloadCall& call,
                                    const v1::PullParametersRequest& request, DType dtype,
                                    float* destination, PulledVersion* pulled) override;
-  int64_t transfers() const override { return route_.transfers(); }
+  int64_t transfers() const override { return transfers_.load(std::memory_order_relaxed); }
 
  private:
   // The link to the shard, attaching first when needed; null: decline.
@@ -40,6 +41,7 @@ class SharedMemoryTransport final : public PayloadTransport {
   absl::Status Failed(const std::shared_ptr<SharedMemoryLink>& link, absl::Status status);
 
   SharedMemoryRoute route_;
+  std::atomic<int64_t> transfers_{0};
 };
 
 }  // namespace shardopt

@@ -13,6 +13,10 @@ AsyncState::AsyncState(AsyncOptions options)
       applied_(options.num_trainers, 0),
       slots_(options.num_trainers, Slot::kEmpty) {}
 
+int64_t AsyncState::version() const {
+  return std::accumulate(applied_.begin(), applied_.end(), int64_t{0});
+}
+
 int64_t AsyncState::pushed(uint32_t rank) const {
   // A queued or applying push is this trainer's next step.
   const bool waiting = slots_[rank] == Slot::kQueued || slots_[rank] == Slot::kApplying;
@@ -106,7 +110,7 @@ std::optional<AsyncState::Claim> AsyncState::ClaimApply() {
     queue_.erase(it);
     slots_[rank] = Slot::kApplying;
     applying_ = true;
-    return Claim{rank, step, version_ + 1, step - slowest};
+    return Claim{rank, step, version() + 1, step - slowest};
   }
   return std::nullopt;
 }
@@ -115,7 +119,6 @@ void AsyncState::FinishApply(const Claim& claim) {
   applied_[claim.rank] = claim.step;
   slots_[claim.rank] = Slot::kEmpty;
   applying_ = false;
-  version_ = claim.version;
   recent_order_.emplace_back(claim.rank, claim.step);
   if (recent_order_.size() > kRecentOrder) recent_order_.pop_front();
 }
@@ -167,8 +170,7 @@ absl::Status AsyncState::CheckRestore(const AsyncProgress& progress) const {
 }
 
 void AsyncState::Restore(const AsyncProgress& progress) {
-  applied_ = progress.applied;
-  version_ = progress.version;
+  applied_ = progress.applied;  // (CheckRestore: its version is their sum.)
   recent_order_.clear();
   cut_.reset();
 }

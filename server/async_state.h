@@ -90,7 +90,8 @@ class AsyncState {
   void FailApply(const Claim& claim, absl::Status failure);
 
   // ---- Questions.
-  int64_t version() const { return version_; }
+  // Pushes applied: the sum of `applied`.
+  int64_t version() const;
   const std::vector<int64_t>& applied() const { return applied_; }
   // The highest step of `rank` committed here (queued or applied).
   int64_t pushed(uint32_t rank) const;
@@ -121,7 +122,7 @@ class AsyncState {
   void ReleaseCut() { cut_.reset(); }
 
   // ---- Checkpoints.
-  AsyncProgress Progress() const { return {applied_, version_}; }
+  AsyncProgress Progress() const { return {applied_, version()}; }
   // INVALID_ARGUMENT for a record of another trainer count or whose
   // version is not the sum of its steps; FAILED_PRECONDITION while a push is
   // open, queued or applying.
@@ -137,7 +138,6 @@ class AsyncState {
   // Committed, not yet applied, in commit order: (rank, step).
   std::deque<std::pair<uint32_t, int64_t>> queue_;
   bool applying_ = false;
-  int64_t version_ = 0;
   std::optional<std::vector<int64_t>> cut_;
   std::deque<std::pair<uint32_t, int64_t>> recent_order_;
   absl::Status failure_;

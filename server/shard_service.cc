@@ -412,11 +412,14 @@ grpc::Status ShardServiceImpl::PullParameters(
       return Error(s);
     }
   }
+  // Where a pull through shared memory writes: found before the decision and
+  // the wait, so that a bad place fails at once.
+  std::optional<SharedPlace> shared;
   if (request->has_shared_memory() && !request->wait_only()) {
-    // Before the decision and the wait: a bad place fails at once.
-    if (absl::Status s = CheckSharedPull(*request, shard.size(), *dtype); !s.ok()) {
-      return Error(s);
-    }
+    absl::StatusOr<SharedPlace> place =
+        LocateShared(request->shared_memory(), shard.size() * DTypeSize(*dtype), "pull");
+    if (!place.ok()) return Error(place.status());
+    shared = *std::move(place);
   }
   const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
   const auto cancelled = [context] { return context->IsCancelled(); };
@@ -445,22 +448,11 @@ grpc::Status ShardServiceImpl::PullParameters(
       shard.PullTarget(request->min_version(), deadline, cancelled, PushedByOf(*request));
   if (!version.ok()) return Error(version.status());
   response.set_version(*version);
-  if (request->has_shared_memory()) {
-    if (absl::Status s =
-            PullIntoSharedMemory(*request, shard, *version, *dtype, deadline, cancelled);
-        !s.ok()) {
-      return Error(s);
-    }
-    response.set_lr(shard.LrOfVersion(*version));
-    if (!writer->Write(response)) {
-      return grpc::Status(grpc::CANCELLED, "client went away during the pull");
-    }
-    metrics_.RecordPull(request->model_id());
-    return grpc::Status::OK;
-  }
   const size_t element = DTypeSize(*dtype);
   const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / element);
   for (uint64_t offset = 0; offset < shard.size(); offset += chunk_elements) {
+    // (A pull its trainer gave up on stops writing the trainer's memory.)
+    if (shared && cancelled()) return grpc::Status(grpc::CANCELLED, "pull cancelled by the client");
     const uint64_t count = std::min(chunk_elements, shard.size() - offset);
     if (absl::Status s =
             shard.WaitForRanges(*version, offset, count, deadline, cancelled, PushedByOf(*request));
@@ -469,15 +461,25 @@ grpc::Status ShardServiceImpl::PullParameters(
     }
     // Known once the step runs: every frame carries it.
     response.set_lr(shard.LrOfVersion(*version));
-    v1::TensorChunk* chunk = response.mutable_chunk();
-    chunk->set_offset(offset);
-    std::string* data = chunk->mutable_data();
-    data->resize(count * element);
-    absl::Status read = shard.ReadParameters(*version, offset, count, *dtype, data->data());
+    char* out = nullptr;
+    if (shared) {
+      out = shared->data + offset * element;
+    } else {
+      v1::TensorChunk* chunk = response.mutable_chunk();
+      chunk->set_offset(offset);
+      std::string* data = chunk->mutable_data();
+      data->resize(count * element);
+      out = data->data();
+    }
+    absl::Status read = shard.ReadParameters(*version, offset, count, *dtype, out);
     if (!read.ok()) return Error(read);
-    if (!writer->Write(response)) {
+    if (!shared && !writer->Write(response)) {
       return grpc::Status(grpc::CANCELLED, "client went away during the pull");
     }
+  }
+  // Through shared memory: one message, once every element is written.
+  if (shared && !writer->Write(response)) {
+    return grpc::Status(grpc::CANCELLED, "client went away during the pull");
   }
   metrics_.RecordPull(request->model_id());
   return grpc::Status::OK;

@@ -13,7 +13,6 @@
 #ifndef SHARDOPT_SERVER_SHARD_SERVICE_H_
 #define SHARDOPT_SERVER_SHARD_SERVICE_H_
 
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -185,6 +184,15 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   absl::Status CheckCheckpointRoot(const std::string& model_id, int64_t version,
                                    const std::string& run_id);
 
+  // `bytes` bytes at the place `where` names in an attached segment, with
+  // the segment held: FAILED_PRECONDITION without shared memory or when the
+  // attachment is not open, INVALID_ARGUMENT when the bytes overrun it.
+  struct SharedPlace {
+    std::shared_ptr<const SharedSegment> segment;
+    char* data = nullptr;
+  };
+  absl::StatusOr<SharedPlace> LocateShared(const v1::SharedMemoryPayload& where, uint64_t bytes,
+                                           const char* what) const;
   // The push's payload from an attached segment (PushHeader.shared_memory)
   // into `writer`: the stream must end after the header (checked before
   // anything is staged); stops when the call is cancelled.
@@ -192,15 +200,6 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                                     grpc::ServerContext* context,
                                     grpc::ServerReader<v1::PushGradientsRequest>* reader,
                                     StreamWatchdog::Watch& watch, ModelShard::PushWriter& writer);
-  // OK when the pull's place in its segment (PullParametersRequest.
-  // shared_memory) is open and large enough: checked before the pull waits.
-  absl::Status CheckSharedPull(const v1::PullParametersRequest& request, uint64_t elements,
-                               DType dtype) const;
-  // The pull's elements into an attached segment as each range reaches
-  // `version`.
-  absl::Status PullIntoSharedMemory(const v1::PullParametersRequest& request, ModelShard& shard,
-                                    int64_t version, DType dtype, absl::Time deadline,
-                                    const std::function<bool()>& cancelled);
 
   const ShardServerOptions options_;
   const absl::Time start_time_;

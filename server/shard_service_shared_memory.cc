@@ -1,29 +1,22 @@
-// ShardServiceImpl's payloads through shared memory (PushHeader.shared_memory,
-// PullParametersRequest.shared_memory): the same checks and staging as the
-// streamed payloads, only the bytes come from (go to) a trainer's attached
-// segment (server/shared_memory_host.h).
+// ShardServiceImpl's pushes through shared memory (PushHeader.shared_memory),
+// and where in a trainer's attached segment (server/shared_memory_host.h) a
+// push reads or a pull writes (the pull's loop is PullParameters'): the same
+// checks and staging as streamed payloads, only the bytes come from (go to)
+// the segment.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/service_replies.h"
 #include "server/shard_service.h"
 
 namespace shardopt {
-namespace {
 
-// `bytes` bytes at the place `where` names, with its segment held.
-struct SharedBytes {
-  std::shared_ptr<const SharedSegment> segment;
-  char* data = nullptr;
-};
-
-absl::StatusOr<SharedBytes> Locate(const SharedMemoryHost* host,
-                                   const v1::SharedMemoryPayload& where, uint64_t bytes,
-                                   const char* what) {
-  if (host == nullptr) {
+absl::StatusOr<ShardServiceImpl::SharedPlace> ShardServiceImpl::LocateShared(
+    const v1::SharedMemoryPayload& where, uint64_t bytes, const char* what) const {
+  if (shared_memory_ == nullptr) {
     return absl::FailedPreconditionError("this shard runs without shared memory");
   }
-  absl::StatusOr<std::shared_ptr<const SharedSegment>> segment = host->Find(where.attachment());
+  absl::StatusOr<std::shared_ptr<const SharedSegment>> segment =
+      shared_memory_->Find(where.attachment());
   if (!segment.ok()) return segment.status();
   if (!(*segment)->Contains(where.byte_offset(), bytes)) {
     return absl::InvalidArgumentError(
@@ -31,18 +24,16 @@ absl::StatusOr<SharedBytes> Locate(const SharedMemoryHost* host,
                      " of its shared segment overrun the ", (*segment)->size(), " bytes it holds"));
   }
   char* data = (*segment)->data() + where.byte_offset();
-  return SharedBytes{*std::move(segment), data};
+  return SharedPlace{*std::move(segment), data};
 }
-
-}  // namespace
 
 absl::Status ShardServiceImpl::ReceiveSharedPayload(
     const v1::PushHeader& header, DType dtype, grpc::ServerContext* context,
     grpc::ServerReader<v1::PushGradientsRequest>* reader, StreamWatchdog::Watch& watch,
     ModelShard::PushWriter& writer) {
   const size_t element = DTypeSize(dtype);
-  absl::StatusOr<SharedBytes> payload =
-      Locate(shared_memory_.get(), header.shared_memory(), header.num_elements() * element, "push");
+  absl::StatusOr<SharedPlace> payload =
+      LocateShared(header.shared_memory(), header.num_elements() * element, "push");
   if (!payload.ok()) return payload.status();
   // The client ends its stream after the header: a chunk besides the shared
   // payload is refused before any of it is staged.
@@ -64,39 +55,6 @@ absl::Status ShardServiceImpl::ReceiveSharedPayload(
     watch.Touch();
     const uint64_t count = std::min(piece, header.num_elements() - done);
     if (absl::Status s = writer.Write(done, data + done * element, count * element); !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardServiceImpl::CheckSharedPull(const v1::PullParametersRequest& request,
-                                               uint64_t elements, DType dtype) const {
-  return Locate(shared_memory_.get(), request.shared_memory(), elements * DTypeSize(dtype), "pull")
-      .status();
-}
-
-absl::Status ShardServiceImpl::PullIntoSharedMemory(const v1::PullParametersRequest& request,
-                                                    ModelShard& shard, int64_t version, DType dtype,
-                                                    absl::Time deadline,
-                                                    const std::function<bool()>& cancelled) {
-  const size_t element = DTypeSize(dtype);
-  absl::StatusOr<SharedBytes> place =
-      Locate(shared_memory_.get(), request.shared_memory(), shard.size() * element, "pull");
-  if (!place.ok()) return place.status();
-  char* const destination = place->data;
-  const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / element);
-  for (uint64_t at = 0; at < shard.size(); at += chunk_elements) {
-    if (cancelled()) return absl::CancelledError("pull cancelled by the client");
-    const uint64_t count = std::min(chunk_elements, shard.size() - at);
-    if (absl::Status s =
-            shard.WaitForRanges(version, at, count, deadline, cancelled, PushedByOf(request));
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s =
-            shard.ReadParameters(version, at, count, dtype, destination + at * element);
-        !s.ok()) {
       return s;
     }
   }

@@ -103,18 +103,15 @@ void SharedMemoryHost::Serve() {
         // Other users, and more would-be trainers than any job has at once,
         // are let go before they cost more than this descriptor.
         absl::StatusOr<uid_t> peer = PeerUid(connection);
-        if (!peer.ok() || *peer != geteuid() || pending_.size() >= kMaxPending) {
-          SendMessage(connection,
-                      peer.ok() && *peer == geteuid()
-                          ? "error too many trainers are attaching at once; try again"
-                          : absl::StrCat("error the trainer runs as another user (uid ",
-                                         peer.ok() ? static_cast<int64_t>(*peer) : int64_t{-1},
-                                         "; this shard runs as ", geteuid(), ")"))
-              .IgnoreError();
-          close(connection);
-          continue;
+        if (!peer.ok() || *peer != geteuid()) {
+          Refuse(connection, absl::StrCat("the trainer runs as another user (uid ",
+                                          peer.ok() ? static_cast<int64_t>(*peer) : int64_t{-1},
+                                          "; this shard runs as ", geteuid(), ")"));
+        } else if (pending_.size() >= kMaxPending) {
+          Refuse(connection, "too many trainers are attaching at once; try again");
+        } else {
+          pending_[connection] = absl::Now() + kAttachMessageTimeout;
         }
-        pending_[connection] = absl::Now() + kAttachMessageTimeout;
       }
     }
     for (size_t i = 2; i < watched.size(); ++i) {
@@ -142,13 +139,12 @@ void SharedMemoryHost::Admit(int connection) {
   pending_.erase(connection);
   int fd = -1;
   absl::StatusOr<std::string> message = ReceiveMessage(connection, absl::ZeroDuration(), &fd);
-  auto refuse = [&](const std::string& why) {
+  auto refuse = [&](absl::string_view why) {
     if (fd >= 0) close(fd);
-    SendMessage(connection, absl::StrCat("error ", why)).IgnoreError();
-    close(connection);
+    Refuse(connection, why);
   };
   if (!message.ok()) {
-    refuse(std::string(message.status().message()));
+    refuse(message.status().message());
     return;
   }
   absl::string_view text = *message;
@@ -165,7 +161,7 @@ void SharedMemoryHost::Admit(int connection) {
   absl::StatusOr<SharedSegment> segment = SharedSegment::Map(fd, bytes);
   fd = -1;  // Map took it over.
   if (!segment.ok()) {
-    refuse(std::string(segment.status().message()));
+    refuse(segment.status().message());
     return;
   }
   // Open before the trainer hears of it: its next call may name it at once.
@@ -176,6 +172,11 @@ void SharedMemoryHost::Admit(int connection) {
     segments_[attachment] = std::make_shared<const SharedSegment>(*std::move(segment));
   }
   if (!SendMessage(connection, absl::StrCat("ok ", attachment)).ok()) Drop(connection);
+}
+
+void SharedMemoryHost::Refuse(int connection, absl::string_view why) {
+  SendMessage(connection, absl::StrCat("error ", why)).IgnoreError();
+  close(connection);
 }
 
 void SharedMemoryHost::Drop(int connection) {

@@ -49,6 +49,8 @@ class SharedMemoryHost {
   // A trainer's first message: answered, and the connection either kept
   // (attached) or closed.
   void Admit(int connection);
+  // Answers "error <why>" and closes the connection.
+  void Refuse(int connection, absl::string_view why);
   void Drop(int connection);
 
   const std::string socket_name_;

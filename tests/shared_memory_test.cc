@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -177,6 +178,16 @@ int SegmentMappings(pid_t pid) {
   return count;
 }
 
+// Polls `holds` until it is true or `timeout` passed; whether it held.
+bool Becomes(const std::function<bool()>& holds, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!holds()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
 v1::ServerInfo Info(const std::string& address) {
   v1::ServerInfo info;
   grpc::ClientContext context;
@@ -218,10 +229,7 @@ TEST(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
   (*servers)[1] = std::move(*restarted);
   ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses[1], "adamw", 20));
   // (A trainer asks a shard that did not answer again 250 ms later.)
-  const absl::Time reattached_by = absl::Now() + absl::Seconds(10);
-  while (Info(addresses[1]).shared_memory_attachments() != 2 && absl::Now() < reattached_by) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  Becomes([&] { return Info(addresses[1]).shared_memory_attachments() == 2; }, absl::Seconds(10));
   EXPECT_EQ(Info(addresses[1]).shared_memory_attachments(), 2u) << "the trainers re-attached";
   ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
   ExpectMatchesReference("adamw", 2, 2, kLongSteps, root + "/out");
@@ -229,10 +237,8 @@ TEST(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
 
   // The trainers have exited: every attachment and mapping is gone.
   for (const auto& server : *servers) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (Info(server->address()).shared_memory_attachments() != 0 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    Becomes([&] { return Info(server->address()).shared_memory_attachments() == 0; },
+            absl::Seconds(10));
     EXPECT_EQ(Info(server->address()).shared_memory_attachments(), 0u);
     EXPECT_EQ(SegmentMappings(server->process().pid()), 0);
   }
@@ -241,23 +247,18 @@ TEST(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
   std::unique_ptr<ChildProcess> doomed;
   ASSERT_NO_FATAL_FAILURE(
       StartTrainer(addresses, 0, 2, "adamw", kLongSteps + 100, root + "/out2", slow, &doomed));
-  const absl::Time attached_by = absl::Now() + absl::Seconds(30);
-  while (Info(addresses[0]).shared_memory_attachments() == 0 && absl::Now() < attached_by) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  Becomes([&] { return Info(addresses[0]).shared_memory_attachments() != 0; }, absl::Seconds(30));
   ASSERT_EQ(Info(addresses[0]).shared_memory_attachments(), 1u);
   doomed->Signal(SIGKILL);
   ASSERT_TRUE(doomed->Wait(absl::Seconds(10)).has_value());
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (Info(addresses[0]).shared_memory_attachments() != 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  Becomes([&] { return Info(addresses[0]).shared_memory_attachments() == 0; },
+          deadline - absl::Now());
   EXPECT_EQ(Info(addresses[0]).shared_memory_attachments(), 0u);
   // (Its pull of the next step held the mapping until the shard saw that
   // call cancelled.)
-  while (SegmentMappings((*servers)[0]->process().pid()) != 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  Becomes([&] { return SegmentMappings((*servers)[0]->process().pid()) == 0; },
+          deadline - absl::Now());
   EXPECT_EQ(SegmentMappings((*servers)[0]->process().pid()), 0);
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/layout.h"
+#include "tools/bench/bench_util.h"
 
 namespace shardopt::bench {
 
@@ -49,6 +50,20 @@ absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t ele
   FillGradients(job.grads);
   if (absl::Status s = job.client->Register(spec, job.params); !s.ok()) return s;
   return job;
+}
+
+absl::StatusOr<std::vector<double>> TimeSteps(TrainerClient& client, absl::Span<const float> grads,
+                                              absl::Span<float> params, double seconds,
+                                              int64_t* steps) {
+  absl::Status failed;
+  const auto one = [&] {
+    absl::StatusOr<StepResult> r = client.Step(++*steps, grads, params);
+    if (!r.ok() && failed.ok()) failed = r.status();
+  };
+  one();
+  std::vector<double> times = TimeRepeated(seconds, 3, 1000, one);
+  if (!failed.ok()) return failed;
+  return times;
 }
 
 }  // namespace shardopt::bench

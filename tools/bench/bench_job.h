@@ -43,6 +43,13 @@ absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t ele
                                        DType pull_dtype = DType::kFloat32,
                                        const StepShape& shape = StepShape());
 
+// Seconds per Step of `client` from `grads` into `params`, steps numbered
+// on from `*steps` (which counts them): one untimed warm-up step, then
+// steps for about `seconds` (3 at least); the first failure, if any.
+absl::StatusOr<std::vector<double>> TimeSteps(TrainerClient& client, absl::Span<const float> grads,
+                                              absl::Span<float> params, double seconds,
+                                              int64_t* steps);
+
 }  // namespace shardopt::bench
 
 #endif  // SHARDOPT_TOOLS_BENCH_BENCH_JOB_H_

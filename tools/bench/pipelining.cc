@@ -83,17 +83,12 @@ absl::StatusOr<ShapeRun> TimeShape(int mib, const Shape& shape, int threads, dou
       StartBenchJob(absl::StrCat("pipe", mib, shape.name), elements, threads, chunks,
                     DType::kFloat32, DType::kFloat32, step_shape);
   if (!job.ok()) return job.status();
-  int64_t step = 0;
-  absl::Status failed;
-  const auto one = [&] {
-    absl::StatusOr<StepResult> r =
-        job->client->Step(++step, job->grads, absl::MakeSpan(job->params));
-    if (!r.ok() && failed.ok()) failed = r.status();
-  };
-  one();
+  int64_t steps = 0;
+  absl::StatusOr<std::vector<double>> times =
+      TimeSteps(*job->client, job->grads, absl::MakeSpan(job->params), seconds, &steps);
+  if (!times.ok()) return times.status();
   ShapeRun run;
-  run.times = TimeRepeated(seconds, 3, 1000, one);
-  if (!failed.ok()) return failed;
+  run.times = *std::move(times);
   if (timeline) run.split = SplitOf(*job->client);
   return run;
 }

@@ -42,18 +42,13 @@ absl::StatusOr<std::vector<double>> TimePlane(int mib, const Plane& plane, int t
     std::copy(job->grads.begin(), job->grads.end(), grads.begin());
     std::copy(job->params.begin(), job->params.end(), params.begin());
   }
-  int64_t step = 0;
-  absl::Status failed;
-  const auto one = [&] {
-    absl::StatusOr<StepResult> r = job->client->Step(++step, grads, params);
-    if (!r.ok() && failed.ok()) failed = r.status();
-  };
-  one();
-  std::vector<double> times = TimeRepeated(seconds, 3, 1000, one);
-  if (!failed.ok()) return failed;
-  if (plane.shared_memory && job->client->shared_memory_transfers() < 2 * step) {
+  int64_t steps = 0;
+  absl::StatusOr<std::vector<double>> times =
+      TimeSteps(*job->client, grads, params, seconds, &steps);
+  if (!times.ok()) return times.status();
+  if (plane.shared_memory && job->client->shared_memory_transfers() < 2 * steps) {
     return absl::InternalError(absl::StrCat("only ", job->client->shared_memory_transfers(), " of ",
-                                            2 * step, " transfers used shared memory"));
+                                            2 * steps, " transfers used shared memory"));
   }
   return times;
 }
