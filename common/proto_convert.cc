@@ -224,4 +224,41 @@ v1::StepDecision StepDecisionToProto(const StepDecision& decision) {
   return proto;
 }
 
+absl::StatusOr<Consistency> ConsistencyFromConfig(const v1::ModelConfig& config) {
+  Consistency consistency;
+  switch (config.consistency()) {
+    case v1::CONSISTENCY_SYNC:
+      consistency = Consistency::kSync;
+      break;
+    case v1::CONSISTENCY_ASYNC:
+      consistency = Consistency::kAsync;
+      break;
+    case v1::CONSISTENCY_BOUNDED:
+      consistency = Consistency::kBounded;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown consistency ", static_cast<int>(config.consistency())));
+  }
+  if (absl::Status s = CheckConsistency(consistency, config.staleness(),
+                                        config.gradient_control().max_grad_norm(),
+                                        config.gradient_control().loss_scaling());
+      !s.ok()) {
+    return s;
+  }
+  return consistency;
+}
+
+v1::Consistency ConsistencyToProto(Consistency consistency) {
+  switch (consistency) {
+    case Consistency::kSync:
+      return v1::CONSISTENCY_SYNC;
+    case Consistency::kAsync:
+      return v1::CONSISTENCY_ASYNC;
+    case Consistency::kBounded:
+      return v1::CONSISTENCY_BOUNDED;
+  }
+  return v1::CONSISTENCY_SYNC;
+}
+
 }  // namespace shardopt

@@ -4,6 +4,7 @@
 #define SHARDOPT_COMMON_PROTO_CONVERT_H_
 
 #include "absl/status/statusor.h"
+#include "common/consistency.h"
 #include "common/dtype.h"
 #include "common/layout.h"
 #include "common/lr_schedule.h"
@@ -34,6 +35,11 @@ StepStats StepStatsFromProto(const v1::StepStats& proto);
 v1::StepStats StepStatsToProto(const StepStats& stats);
 StepDecision StepDecisionFromProto(const v1::StepDecision& proto);
 v1::StepDecision StepDecisionToProto(const StepDecision& decision);
+
+// INVALID_ARGUMENT for an unknown mode, or settings that do not go together
+// (CheckConsistency).
+absl::StatusOr<Consistency> ConsistencyFromConfig(const v1::ModelConfig& config);
+v1::Consistency ConsistencyToProto(Consistency consistency);
 
 }  // namespace shardopt
 

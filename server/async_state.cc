@@ -11,7 +11,8 @@ namespace shardopt {
 AsyncState::AsyncState(AsyncOptions options)
     : options_(options),
       applied_(options.num_trainers, 0),
-      slots_(options.num_trainers, Slot::kEmpty) {}
+      slots_(options.num_trainers, Slot::kEmpty),
+      last_staleness_(options.num_trainers, 0) {}
 
 int64_t AsyncState::version() const {
   return std::accumulate(applied_.begin(), applied_.end(), int64_t{0});
@@ -56,6 +57,14 @@ void AsyncState::AbortPush(uint32_t rank, int64_t step) {
   }
 }
 
+bool AsyncState::WithdrawQueued(uint32_t rank, int64_t step) {
+  const auto it = std::find(queue_.begin(), queue_.end(), std::make_pair(rank, step));
+  if (it == queue_.end()) return false;
+  queue_.erase(it);
+  slots_[rank] = Slot::kEmpty;
+  return true;
+}
+
 absl::Status AsyncState::CommitPush(uint32_t rank, int64_t step) {
   if (rank >= slots_.size() || step != applied_[rank] + 1 || slots_[rank] != Slot::kReceiving) {
     return absl::FailedPreconditionError(
@@ -68,6 +77,7 @@ absl::Status AsyncState::CommitPush(uint32_t rank, int64_t step) {
 
 bool AsyncState::Eligible(uint32_t rank, int64_t step) const {
   if (cut_ && step > (*cut_)[rank]) return false;
+  if (!holds_.empty() && step > *holds_.begin()) return false;
   return Laggards(rank, step).empty();
 }
 
@@ -96,8 +106,19 @@ std::string AsyncState::DescribeWait(uint32_t rank, int64_t step) const {
     reasons.push_back(
         absl::StrCat("a checkpoint's cut holds trainer ", rank, " at step ", (*cut_)[rank]));
   }
+  if (!holds_.empty() && step > *holds_.begin()) {
+    reasons.push_back(absl::StrCat("the checkpoint of step ", *holds_.begin(),
+                                   " holds every trainer there until it is saved"));
+  }
   if (reasons.empty()) return "";
   return absl::StrCat("trainer ", rank, "'s step ", step, ": ", absl::StrJoin(reasons, "; "));
+}
+
+bool AsyncState::CanClaim() const {
+  if (applying_ || failed()) return false;
+  return std::any_of(queue_.begin(), queue_.end(), [this](const std::pair<uint32_t, int64_t>& q) {
+    return Eligible(q.first, q.second);
+  });
 }
 
 std::optional<AsyncState::Claim> AsyncState::ClaimApply() {
@@ -119,6 +140,8 @@ void AsyncState::FinishApply(const Claim& claim) {
   applied_[claim.rank] = claim.step;
   slots_[claim.rank] = Slot::kEmpty;
   applying_ = false;
+  max_staleness_ = std::max(max_staleness_, claim.staleness);
+  last_staleness_[claim.rank] = claim.staleness;
   recent_order_.emplace_back(claim.rank, claim.step);
   if (recent_order_.size() > kRecentOrder) recent_order_.pop_front();
 }
@@ -148,6 +171,27 @@ absl::Status AsyncState::SetCut(std::vector<int64_t> cut) {
 
 bool AsyncState::CutReached() const { return cut_ && !applying_ && applied_ == *cut_; }
 
+void AsyncState::ReleaseHold(int64_t step) {
+  const auto it = holds_.find(step);
+  if (it != holds_.end()) holds_.erase(it);
+}
+
+bool AsyncState::UniformCutReachable(int64_t step) const {
+  for (uint32_t t = 0; t < options_.num_trainers; ++t) {
+    if (applied_[t] + (slots_[t] == Slot::kApplying ? 1 : 0) > step) return false;
+  }
+  return true;
+}
+
+bool AsyncState::UniformCutReached(int64_t step) const {
+  return !applying_ &&
+         std::all_of(applied_.begin(), applied_.end(), [step](int64_t s) { return s == step; });
+}
+
+int64_t AsyncState::slowest_applied() const {
+  return *std::min_element(applied_.begin(), applied_.end());
+}
+
 absl::Status AsyncState::CheckRestore(const AsyncProgress& progress) const {
   if (progress.applied.size() != options_.num_trainers) {
     return absl::InvalidArgumentError(absl::StrCat("a record of ", progress.applied.size(),
@@ -172,6 +216,8 @@ absl::Status AsyncState::CheckRestore(const AsyncProgress& progress) const {
 void AsyncState::Restore(const AsyncProgress& progress) {
   applied_ = progress.applied;  // (CheckRestore: its version is their sum.)
   recent_order_.clear();
+  max_staleness_ = 0;
+  std::fill(last_staleness_.begin(), last_staleness_.end(), 0);
   cut_.reset();
 }
 

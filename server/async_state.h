@@ -21,7 +21,10 @@
 //  - a cut (SetCut: a checkpoint as a consistent cut): a push of a step
 //    beyond the cut's entry for its trainer, until the cut is released, so
 //    that the shard reaches exactly the cut (CutReached) and every shard's
-//    checkpoint of it holds the same pushes.
+//    checkpoint of it holds the same pushes;
+//  - a hold of step N (AddHold: periodic checkpoints, which take the next
+//    one's hold before they release their own): the uniform cut "every
+//    trainer's step N", of which several may be held (the lowest counts).
 // Per trainer one slot: kEmpty, kReceiving (a writer owns it), kQueued,
 // kApplying. A failed application makes the state terminal (kFailed), as in
 // StepState: the backend's numbers are then unknown.
@@ -31,6 +34,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +76,10 @@ class AsyncState {
   absl::StatusOr<AsyncAdmission> BeginPush(uint32_t rank, int64_t step);
   // The receiving push broke off or was refused: the slot is empty again.
   void AbortPush(uint32_t rank, int64_t step);
+  // The committed push's call gave up before it was applied (its deadline,
+  // a shutdown): out of the queue, the slot empty again; false when it is
+  // not queued (being applied, or applied).
+  bool WithdrawQueued(uint32_t rank, int64_t step);
   // The whole push arrived clean: queued behind the pushes committed before.
   absl::Status CommitPush(uint32_t rank, int64_t step);
 
@@ -85,6 +93,9 @@ class AsyncState {
   // The first eligible queued push (now kApplying); nullopt while one is
   // being applied, or none is eligible.
   std::optional<Claim> ClaimApply();
+  // ClaimApply would claim one now.
+  bool CanClaim() const;
+  bool applying() const { return applying_; }
   void FinishApply(const Claim& claim);
   // The backend failed while applying: terminal.
   void FailApply(const Claim& claim, absl::Status failure);
@@ -108,6 +119,10 @@ class AsyncState {
   // The last pushes applied, oldest first (at most kRecentOrder): the order
   // this shard applied them in, for tests and Inspect.
   static constexpr size_t kRecentOrder = 4096;
+  // The largest Claim::staleness applied so far (since the last restore).
+  int64_t max_staleness() const { return max_staleness_; }
+  // The staleness of `rank`'s last push applied (0 before any).
+  int64_t last_staleness(uint32_t rank) const { return last_staleness_[rank]; }
   const std::deque<std::pair<uint32_t, int64_t>>& recent_order() const { return recent_order_; }
 
   // ---- Consistent cuts (checkpoints).
@@ -120,6 +135,17 @@ class AsyncState {
   // The shard holds exactly the cut's pushes (and applies none meanwhile).
   bool CutReached() const;
   void ReleaseCut() { cut_.reset(); }
+  // Holds of the uniform cut at step `step` (see the class comment). A hold
+  // below a step some trainer already applied holds nothing back (the
+  // caller checks with UniformCutReachable first).
+  void AddHold(int64_t step) { holds_.insert(step); }
+  void ReleaseHold(int64_t step);
+  // No trainer's applied (or applying) step is past `step`.
+  bool UniformCutReachable(int64_t step) const;
+  // Every trainer's step `step` and no later one is applied, none applying.
+  bool UniformCutReached(int64_t step) const;
+  // The lowest step every trainer has applied.
+  int64_t slowest_applied() const;
 
   // ---- Checkpoints.
   AsyncProgress Progress() const { return {applied_, version()}; }
@@ -139,7 +165,10 @@ class AsyncState {
   std::deque<std::pair<uint32_t, int64_t>> queue_;
   bool applying_ = false;
   std::optional<std::vector<int64_t>> cut_;
+  std::multiset<int64_t> holds_;
   std::deque<std::pair<uint32_t, int64_t>> recent_order_;
+  int64_t max_staleness_ = 0;
+  std::vector<int64_t> last_staleness_;
   absl::Status failure_;
 };
 

@@ -142,6 +142,60 @@ TEST(AsyncStateTest, ACutStopsEveryTrainerExactlyThere) {
   EXPECT_TRUE(absl::StrContains(late.message(), "trainer 0's step 3")) << late;
 }
 
+TEST(AsyncStateTest, HoldsOfUniformCutsTheLowestCounts) {
+  AsyncState state({2, 0});
+  state.AddHold(2);
+  state.AddHold(4);  // The next periodic checkpoint's, taken before 2 is saved.
+  using Applied = std::vector<std::pair<uint32_t, int64_t>>;
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_NO_FATAL_FAILURE(Push(state, 0, step));
+    EXPECT_EQ(ApplyAll(state), (Applied{{0, step}}));
+  }
+  // Trainer 0's step 3 waits at the cut of step 2.
+  ASSERT_NO_FATAL_FAILURE(Push(state, 0, 3));
+  EXPECT_EQ(ApplyAll(state), Applied{});
+  EXPECT_TRUE(absl::StrContains(state.DescribeWait(0, 3), "checkpoint of step 2"))
+      << state.DescribeWait(0, 3);
+  EXPECT_FALSE(state.UniformCutReached(2));
+  EXPECT_TRUE(state.UniformCutReachable(2));
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_NO_FATAL_FAILURE(Push(state, 1, step));
+    EXPECT_EQ(ApplyAll(state), (Applied{{1, step}}));
+  }
+  EXPECT_TRUE(state.UniformCutReached(2));
+  EXPECT_EQ(state.slowest_applied(), 2);
+  state.ReleaseHold(2);
+  EXPECT_EQ(ApplyAll(state), (Applied{{0, 3}}));
+  EXPECT_FALSE(state.UniformCutReachable(2));
+  EXPECT_TRUE(state.UniformCutReachable(4));
+  state.ReleaseHold(4);
+  state.ReleaseHold(7);  // (Not held: nothing happens.)
+}
+
+TEST(AsyncStateTest, AWithdrawnPushLeavesNoTrace) {
+  AsyncState state({2, 1});
+  using Applied = std::vector<std::pair<uint32_t, int64_t>>;
+  ASSERT_NO_FATAL_FAILURE(Push(state, 0, 1));
+  ASSERT_NO_FATAL_FAILURE(Push(state, 1, 1));
+  EXPECT_EQ(ApplyAll(state).size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(Push(state, 0, 2));
+  EXPECT_EQ(ApplyAll(state), (Applied{{0, 2}}));
+  // 0's step 3 waits for trainer 1's step 2: its call gives up.
+  ASSERT_NO_FATAL_FAILURE(Push(state, 0, 3));
+  EXPECT_FALSE(state.ClaimApply().has_value());
+  EXPECT_TRUE(state.WithdrawQueued(0, 3));
+  EXPECT_FALSE(state.WithdrawQueued(0, 3));
+  EXPECT_EQ(state.slot(0), AsyncState::Slot::kEmpty);
+  EXPECT_EQ(state.pushed(0), 2);
+  // Pushed again later, it goes as any other.
+  ASSERT_NO_FATAL_FAILURE(Push(state, 1, 2));
+  EXPECT_EQ(ApplyAll(state), (Applied{{1, 2}}));
+  ASSERT_NO_FATAL_FAILURE(Push(state, 0, 3));
+  EXPECT_EQ(ApplyAll(state), (Applied{{0, 3}}));
+  EXPECT_EQ(state.applied(), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(state.max_staleness(), 1);
+}
+
 TEST(AsyncStateTest, RestoreAndFailure) {
   AsyncState state({2, 0});
   EXPECT_EQ(state.CheckRestore({{1}, 1}).code(), absl::StatusCode::kInvalidArgument);

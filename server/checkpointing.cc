@@ -65,6 +65,7 @@ v1::CheckpointProgress ProgressToProto(const ShardProgress& p) {
     proto.mutable_loss_scaler()->set_hysteresis_tracker(p.loss_scaler->hysteresis_tracker);
   }
   *proto.mutable_shard_last_stats() = StepStatsToProto(p.last_stats);
+  for (int64_t step : p.trainer_steps) proto.add_trainer_steps(step);
   return proto;
 }
 
@@ -91,6 +92,7 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
         LossScaler::State{proto.loss_scaler().scale(), proto.loss_scaler().growth_tracker(),
                           proto.loss_scaler().hysteresis_tracker()};
   }
+  p.trainer_steps.assign(proto.trainer_steps().begin(), proto.trainer_steps().end());
   return p;
 }
 
@@ -134,6 +136,8 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
   if (!optimizer.ok()) return optimizer.status();
   absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(config.lr_schedule());
   if (!schedule.ok()) return schedule.status();
+  absl::StatusOr<Consistency> consistency = ConsistencyFromConfig(config);
+  if (!consistency.ok()) return consistency.status();
   const double max_grad_norm = config.gradient_control().max_grad_norm();
   if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
     return absl::InvalidArgumentError(
@@ -170,6 +174,8 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
                             max_grad_norm,
                             config.gradient_control().loss_scaling()};
   options.loss_scaler = scaler;
+  options.consistency = *consistency;
+  options.staleness = config.staleness();
   return ShardPlan{std::move(config), std::move(options), state_bytes};
 }
 

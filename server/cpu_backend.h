@@ -42,6 +42,7 @@ class CpuBackend final : public UpdateBackend {
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
   bool supports_ranges() const override { return true; }
+  bool supports_one_trainer_updates() const override { return true; }
   absl::Status ApplyRange(int64_t step, bool mean, const OptimizerConfig& config, uint64_t begin,
                           uint64_t end) override;
   absl::Status ReduceRange(bool mean, uint64_t begin, uint64_t end) override;

@@ -89,7 +89,7 @@ void HostedModel::SaveLoop() {
   // counts: a restored shard finds that checkpoint already there). Each
   // checkpoint takes the next one's hold before releasing its own, so that
   // no step boundary slips past between two of them.
-  int64_t next = (shard.version() + every - 1) / every * every;
+  int64_t next = (shard.checkpoint_step() + every - 1) / every * every;
   ModelShard::StepHold hold = shard.HoldStep(next);
   while (!stopping()) {
     const std::string dir = JoinPath(checkpoints_.model_root, CheckpointStepDirName(next));

@@ -24,7 +24,9 @@ uint64_t RoundUp(uint64_t n, uint64_t m) { return (n + m - 1) / m * m; }
 StepStateOptions StepOptionsOf(const ModelShardOptions& o, const UpdateBackend& backend) {
   StepStateOptions s;
   s.size = o.layout.ShardRange(o.shard_index).size();
-  if (o.pipeline_range_elements > 0 && backend.supports_ranges()) {
+  // (The asynchronous modes apply whole pushes, one at a time.)
+  if (o.pipeline_range_elements > 0 && backend.supports_ranges() &&
+      !IsAsynchronous(o.consistency)) {
     // Ranges must not move the element pieces handed to threads, nor the
     // blocks of the norm.
     s.range_elements = RoundUp(o.pipeline_range_elements,
@@ -70,8 +72,18 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions
     return absl::InvalidArgumentError(
         absl::StrCat("initial value ", bad, " of the range is ", initial_values[bad]));
   }
+  if (absl::Status s = CheckConsistency(options.consistency, options.staleness,
+                                        options.max_grad_norm, options.loss_scaling);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::unique_ptr<UpdateBackend>> made = backend(options, std::move(initial_values));
   if (!made.ok()) return made.status();
+  if (IsAsynchronous(options.consistency) && !(*made)->supports_one_trainer_updates()) {
+    return absl::UnimplementedError(absl::StrCat("the ", (*made)->device(), " backend has no ",
+                                                 ConsistencyName(options.consistency),
+                                                 " updates (use the cpu backend)"));
+  }
   return std::unique_ptr<ModelShard>(new ModelShard(std::move(options), std::move(*made)));
 }
 
@@ -100,6 +112,9 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
       range_mu_(new absl::Mutex[range_count_]),
       range_versions_(range_count_, 0),
       backend_(std::move(backend)) {
+  if (asynchronous()) {
+    async_.emplace(AsyncOptions{options_.num_trainers, options_.staleness});
+  }
   if (options_.step_timeline) {
     timeline_ = std::make_unique<StepTimeline>(
         range_count_,
@@ -118,11 +133,13 @@ ModelShard::~ModelShard() { Shutdown(); }
 
 double ModelShard::LrOfVersion(int64_t version) const {
   absl::MutexLock lock(&mu_);
+  if (async_) return version == async_->version() ? last_async_lr_ : 0.0;
   return state_.LrOf(version).value_or(0.0);
 }
 
 ModelShard::AttachInfo ModelShard::GetAttachInfo() const {
   absl::MutexLock lock(&mu_);
+  if (async_) return AttachInfo{async_->version(), std::nullopt, state_.run_id()};
   return AttachInfo{state_.version(), state_.loss_scaler_state(), state_.run_id()};
 }
 
@@ -136,15 +153,28 @@ absl::Status ModelShard::CheckRank(uint32_t trainer_rank) const {
 absl::Status ModelShard::CheckHoldsPush(uint32_t trainer_rank, int64_t step) const {
   if (absl::Status s = CheckRank(trainer_rank); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  if (async_) return AsyncCheckHolds(PushedBy{trainer_rank, step});
   return state_.CheckHoldsPush(trainer_rank, step);
 }
 
 int64_t ModelShard::version() const {
   absl::MutexLock lock(&mu_);
-  return state_.version();
+  return async_ ? async_->version() : state_.version();
+}
+
+int64_t ModelShard::checkpoint_step() const {
+  absl::MutexLock lock(&mu_);
+  return async_ ? async_->slowest_applied() : state_.version();
+}
+
+int64_t ModelShard::latest_checkpoint_step() const {
+  absl::MutexLock lock(&mu_);
+  if (!async_) return state_.version();
+  return *std::max_element(async_->applied().begin(), async_->applied().end());
 }
 
 absl::Status ModelShard::DiscardPendingPushes() {
+  if (asynchronous()) return NotInAsyncMode("discarding the pushes of the next step is");
   absl::MutexLock lock(&mu_);
   return state_.DiscardPending();
 }
@@ -177,6 +207,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
                                                    " elements; shard ", options_.shard_index,
                                                    " owns ", range_.size()));
   }
+  if (asynchronous()) return BeginAsyncPush(trainer_rank, step, dtype, loss_scale, changes);
   absl::MutexLock lock(&mu_);
   if (!state_.failed()) state_.AdoptChanges(changes);
   absl::StatusOr<StepState::Admission> admitted =
@@ -267,12 +298,17 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
   return absl::OkStatus();
 }
 
-absl::StatusOr<PushResult> ModelShard::PushWriter::Commit() {
+absl::StatusOr<PushResult> ModelShard::PushWriter::Commit(absl::Time deadline,
+                                                          const std::function<bool()>& cancelled) {
   if (received_ != shard_->range_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("push ended after ", received_, " of ", shard_->range_.size(), " elements"));
   }
   if (absl::Status s = shard_->backend_->FinishStaging(rank_); !s.ok()) return s;
+  if (shard_->asynchronous()) {
+    finished_ = true;  // (A push the commit withdraws leaves its slot empty itself.)
+    return shard_->CommitAsyncPush(rank_, step_, deadline, cancelled);
+  }
   if (defer_ && consumed_ < received_) {
     shard_->RecordDelivered(rank_, step_, received_, first_inf_);
   }
@@ -282,6 +318,10 @@ absl::StatusOr<PushResult> ModelShard::PushWriter::Commit() {
 
 void ModelShard::AbortPush(uint32_t rank, int64_t step) {
   absl::MutexLock lock(&mu_);
+  if (async_) {
+    async_->AbortPush(rank, step);
+    return;
+  }
   state_.AbortPush(rank, step);
 }
 
@@ -405,6 +445,7 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
                                                        const std::function<bool()>& cancelled,
                                                        std::optional<PushedBy> pushed) {
   if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
+  if (asynchronous()) return NotInAsyncMode("step statistics are");
   if (!options_.needs_decision()) return NoDecisionsError(options_.model_id, "need no decision");
   if (pushed) {
     if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
@@ -435,6 +476,7 @@ absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time 
 
 absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision, bool wait,
                                 absl::Time deadline, const std::function<bool()>& cancelled) {
+  if (asynchronous()) return NotInAsyncMode("step decisions are");
   if (!options_.needs_decision()) return NoDecisionsError(options_.model_id, "take no decision");
   if (absl::Status s = CheckDecision(decision, options_.max_grad_norm); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
@@ -467,12 +509,14 @@ absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperp
   // Validated where it came in (the service, from the wire); whether it fits
   // the live state is this shard's to say.
   assert(next.optimizer.Validate().ok() && next.lr_schedule.Validate().ok());
+  if (asynchronous()) return NotInAsyncMode("hyperparameter changes are");
   if (absl::Status s = options_.optimizer.CheckCanChangeTo(next.optimizer); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   return state_.ScheduleChange(effective_step, next);
 }
 
 absl::Status ModelShard::CancelHyperparameters(int64_t effective_step) {
+  if (asynchronous()) return NotInAsyncMode("hyperparameter changes are");
   absl::MutexLock lock(&mu_);
   return state_.CancelChange(effective_step);
 }
@@ -520,6 +564,10 @@ absl::Status ModelShard::AwaitPullable(const std::function<bool()>& reached, int
 absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Time deadline,
                                                    const std::function<bool()>& cancelled,
                                                    std::optional<PushedBy> pushed) {
+  if (asynchronous()) {
+    // (Released at once: the caller reads nothing under it.)
+    return AsyncPullTarget(min_version, deadline, cancelled, pushed, nullptr);
+  }
   absl::MutexLock lock(&mu_);
   if (absl::Status s = AwaitPullable(
           [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= min_version; },
@@ -532,7 +580,11 @@ absl::StatusOr<int64_t> ModelShard::WaitForVersion(int64_t min_version, absl::Ti
 
 absl::StatusOr<int64_t> ModelShard::PullTarget(int64_t min_version, absl::Time deadline,
                                                const std::function<bool()>& cancelled,
-                                               std::optional<PushedBy> pushed) {
+                                               std::optional<PushedBy> pushed, ReadPin* pin) {
+  if (asynchronous()) {
+    assert(pin != nullptr);
+    return AsyncPullTarget(min_version, deadline, cancelled, pushed, pin);
+  }
   absl::MutexLock lock(&mu_);
   if (absl::Status s = AwaitPullable(
           [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() + 1 >= min_version; },
@@ -559,6 +611,11 @@ absl::Status ModelShard::WaitForRanges(int64_t version, uint64_t offset, uint64_
                                        const std::function<bool()>& cancelled,
                                        std::optional<PushedBy> pushed) {
   absl::MutexLock lock(&mu_);
+  if (async_) {
+    // (Pinned by PullTarget: the version cannot move.)
+    if (async_->version() >= version) return absl::OkStatus();
+    return absl::AbortedError(absl::StrCat("version ", version, " is not applied here"));
+  }
   const std::pair<size_t, size_t> ranges = state_.RangesCovering(offset, count);
   return AwaitPullable(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {

@@ -29,6 +29,19 @@
 //   completes it. Without range support a step runs whole once every push is
 //   committed.
 //
+// Asynchronous and bounded-staleness modes (options.consistency; the
+// protocol's states are AsyncState's, server/async_state.h, driven in
+// model_shard_async.cc): each trainer's push of its own step k is admitted
+// once (k == its last applied step + 1), applied alone as an optimizer step
+// of its own (ApplyOneRange: no reduction, no pipelining, no decisions),
+// one at a time in commit order, and the push's call returns once it is
+// applied (Commit waits, within its deadline, for the staleness bound and
+// for checkpoint cuts). Versions count the pushes applied. A pull pins the
+// newest version (ReadPin) so that no push is applied while it reads;
+// pushes that became eligible are applied before a new pin is granted, so
+// pulls cannot starve them. Checkpoints of step N are the uniform cut where
+// every trainer's step N and no later one is applied (HoldStep holds it).
+//
 // Pulls: PullTarget picks the version a pull returns, WaitForRanges waits
 // until the parameters of a piece reach it (range by range), ReadParameters
 // copies a piece if it is at the expected version (else ABORTED), so a pull
@@ -48,11 +61,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/consistency.h"
 #include "common/layout.h"
 #include "common/loss_scaler.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer_config.h"
 #include "common/step_protocol.h"
+#include "server/async_state.h"
 #include "server/parallel_for.h"
 #include "server/step_state.h"
 #include "server/step_timeline.h"
@@ -86,6 +101,9 @@ struct ModelShardOptions {
   // Keep (and log as each step ends) when the ranges of a step arrived, were
   // updated and pulled (server/step_timeline.h).
   bool step_timeline = false;
+  // The step protocol (see the header comment); `staleness` with kBounded.
+  Consistency consistency = Consistency::kSync;
+  int64_t staleness = 0;
 
   bool needs_decision() const { return StepsNeedDecisions(max_grad_norm, loss_scaling); }
 };
@@ -99,6 +117,10 @@ struct PushResult {
   int64_t step = 0;
   int64_t version = 0;            // After this push.
   uint32_t trainers_pending = 0;  // For the step still waiting, if any.
+  // Asynchronous modes: the push's staleness when applied (AsyncState::Claim)
+  // and each trainer's last applied step then.
+  int64_t staleness = 0;
+  std::vector<int64_t> trainer_steps;
 };
 
 // Statistics of the part of one tensor in this shard's range.
@@ -133,6 +155,11 @@ struct ShardSnapshot {
   int64_t optimizer_steps = 0;             // Updates applied (skips excluded).
   int64_t skipped_steps = 0;
   std::vector<TrainerActivity> trainers;   // By rank.
+  // Asynchronous modes: AsyncState's applied steps, largest staleness and
+  // recent order (rank, step).
+  std::vector<int64_t> trainer_steps;
+  int64_t max_staleness = 0;
+  std::vector<std::pair<uint32_t, int64_t>> applied_order;
 };
 
 // Keeps a ModelShard's step `step` + 1 from being applied once it reaches
@@ -154,6 +181,24 @@ class StepHold {
   StepHold(ModelShard* shard, int64_t step) : shard_(shard), step_(step) {}
   ModelShard* shard_ = nullptr;
   int64_t step_ = 0;
+};
+
+// Asynchronous modes: while it lives, no push is applied to its shard, so a
+// pull reads one whole version (see ModelShard::PullTarget). Movable; must
+// not outlive the shard.
+class ReadPin {
+ public:
+  ReadPin() = default;
+  ReadPin(ReadPin&& other) noexcept { *this = std::move(other); }
+  ReadPin& operator=(ReadPin&& other) noexcept;
+  ~ReadPin() { Release(); }
+  bool held() const { return shard_ != nullptr; }
+  void Release();
+
+ private:
+  friend class ModelShard;
+  explicit ReadPin(ModelShard* shard) : shard_(shard) {}
+  ModelShard* shard_ = nullptr;
 };
 
 class ModelShard {
@@ -237,9 +282,13 @@ class ModelShard {
   // The version a pull asking for `min_version` returns: waits until step
   // `min_version` is at most the next one; then `min_version`, or the next
   // version if some range already reached it. Errors as WaitForVersion.
+  // Asynchronous modes: waits until the version is >= min_version and no
+  // push that may be applied waits, then returns the newest version and sets
+  // `pin` (required there) so that it stays until the pin is released.
   absl::StatusOr<int64_t> PullTarget(int64_t min_version, absl::Time deadline,
                                      const std::function<bool()>& cancelled,
-                                     std::optional<PushedBy> pushed = std::nullopt);
+                                     std::optional<PushedBy> pushed = std::nullopt,
+                                     ReadPin* pin = nullptr);
   // Waits until parameters [offset, offset + count) are at `version` or
   // later, running range work that is ready meanwhile. Errors as
   // WaitForVersion.
@@ -313,6 +362,14 @@ class ModelShard {
   AttachInfo GetAttachInfo() const;
 
   int64_t version() const;
+  // The step a checkpoint is named by that the shard is at: the version
+  // (synchronous), else the lowest step every trainer has applied. And the
+  // newest such step a checkpoint of "now" can be taken at: the version,
+  // else the highest step some trainer has applied (the others are waited
+  // for).
+  int64_t checkpoint_step() const;
+  int64_t latest_checkpoint_step() const;
+  bool asynchronous() const { return IsAsynchronous(options_.consistency); }
   // The lr of the step that made `version` when known (the current version,
   // or the next while it is applied range by range), else 0.
   double LrOfVersion(int64_t version) const;
@@ -332,7 +389,50 @@ class ModelShard {
 
  private:
   friend class shardopt::StepHold;
+  friend class shardopt::ReadPin;
   ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend> backend);
+
+  // ---- Asynchronous modes (model_shard_async.cc).
+  absl::StatusOr<PushStart> BeginAsyncPush(uint32_t trainer_rank, int64_t step, DType dtype,
+                                           double loss_scale,
+                                           const std::vector<StepState::CarriedChange>& changes);
+  // Queues the push and returns once it is applied (running applications
+  // meanwhile); at `deadline`, cancellation or shutdown a push still queued
+  // is withdrawn (DEADLINE_EXCEEDED saying what it waited for, CANCELLED,
+  // UNAVAILABLE).
+  absl::StatusOr<PushResult> CommitAsyncPush(uint32_t rank, int64_t step, absl::Time deadline,
+                                             const std::function<bool()>& cancelled);
+  // A push may be applied now (none is, no pull pins the parameters).
+  bool AsyncWorkReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Claims the next eligible push and applies it with mu_ released.
+  void RunOneAsyncApply() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `ready()` (OK), running applications meanwhile; else as
+  // AwaitOrCancel, or the failure, or UNAVAILABLE at shutdown.
+  absl::Status AwaitAsync(const std::function<bool()>& ready, absl::Time deadline,
+                          const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> AsyncPullTarget(int64_t min_version, absl::Time deadline,
+                                          const std::function<bool()>& cancelled,
+                                          const std::optional<PushedBy>& pushed, ReadPin* pin);
+  // OUT_OF_RANGE once the shard no longer holds `pushed` (it restarted).
+  absl::Status AsyncCheckHolds(const std::optional<PushedBy>& pushed) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the uniform cut of `step` (CheckpointAt); the progress to save.
+  absl::StatusOr<ShardProgress> AwaitAsyncCut(int64_t step, absl::Time deadline,
+                                              const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Synchronous: waits for version `step` (CheckpointAt); the progress to
+  // save.
+  absl::StatusOr<ShardProgress> AwaitStepBoundary(int64_t step, absl::Time deadline,
+                                                  const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restore's checks, in either mode.
+  absl::Status CheckRestoreLocked(const ShardProgress& progress) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreAsyncProgress(const ShardProgress& progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION naming `what` for calls the asynchronous modes lack.
+  absl::Status NotInAsyncMode(const char* what) const;
 
   // Waits until `ready` holds (OK), the deadline passes (DEADLINE_EXCEEDED)
   // or `cancelled()` says so (CANCELLED; polled without holding mu_).
@@ -409,6 +509,11 @@ class ModelShard {
   const uint64_t range_elements_;
   const size_t range_count_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // Asynchronous modes only: the protocol's state, and the pulls pinning
+  // the parameters (ReadPin).
+  std::optional<AsyncState> async_ ABSL_GUARDED_BY(mu_);
+  int read_pins_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_async_lr_ ABSL_GUARDED_BY(mu_) = 0;  // Of the last push applied.
 
   // Guards the backend's parameters and optimizer state in two levels, so
   // that a pull can read a range that is done while the next range is
@@ -474,8 +579,11 @@ class ModelShard::PushWriter {
   // holds a NaN/inf, or anything but +0/-0 on a padding element.
   absl::Status Write(uint64_t offset, const void* data, size_t bytes);
 
-  // INVALID_ARGUMENT unless every element arrived.
-  absl::StatusOr<PushResult> Commit();
+  // INVALID_ARGUMENT unless every element arrived. In the asynchronous
+  // modes it returns once the push is applied, waiting until `deadline` or
+  // `cancelled()` (see ModelShard's header comment).
+  absl::StatusOr<PushResult> Commit(absl::Time deadline = absl::InfiniteFuture(),
+                                    const std::function<bool()>& cancelled = nullptr);
 
  private:
   friend class ModelShard;

@@ -45,14 +45,50 @@ StepHold& StepHold::operator=(StepHold&& other) noexcept {
 void StepHold::Release() {
   if (shard_ == nullptr) return;
   absl::MutexLock lock(&shard_->mu_);
-  shard_->state_.ReleaseHold(step_);
+  if (shard_->async_) {
+    shard_->async_->ReleaseHold(step_);
+  } else {
+    shard_->state_.ReleaseHold(step_);
+  }
   shard_ = nullptr;
 }
 
 ModelShard::StepHold ModelShard::HoldStep(int64_t step) {
   absl::MutexLock lock(&mu_);
-  state_.AddHold(step);
+  if (async_) {
+    async_->AddHold(step);
+  } else {
+    state_.AddHold(step);
+  }
   return StepHold(this, step);
+}
+
+absl::StatusOr<ShardProgress> ModelShard::AwaitStepBoundary(
+    int64_t step, absl::Time deadline, const std::function<bool()>& cancelled) {
+  if (state_.failed()) return state_.failure();
+  // (A step that is only being reduced, waiting for its decision, has not
+  // touched the parameters: its version can still be saved.)
+  const int64_t version = state_.version();
+  if (version > step || (version == step && state_.updating())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_index, " of model '", options_.model_id, "' is at version ",
+        version, state_.updating() ? " (applying the next step)" : "", ", past step ", step,
+        ": checkpoint a later step"));
+  }
+  absl::Status waited =
+      AwaitState([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= step; },
+                 deadline, cancelled);
+  if (waited.ok() && state_.version() != step) {
+    waited = state_.failed() ? state_.failure()
+                             : absl::UnavailableError("the shard server is shutting down");
+  }
+  if (!waited.ok()) {
+    if (absl::IsDeadlineExceeded(waited)) {
+      return WaitExpired(absl::StrCat("version ", step, " (to checkpoint)"), step);
+    }
+    return waited;
+  }
+  return state_.Progress();
 }
 
 absl::Status ModelShard::CheckpointAt(
@@ -66,32 +102,10 @@ absl::Status ModelShard::CheckpointAt(
     if (step < 0) {
       return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
     }
-    if (state_.failed()) {
-      return state_.failure();
-    }
-    // (A step that is only being reduced, waiting for its decision, has not
-    // touched the parameters: its version can still be saved.)
-    const int64_t version = state_.version();
-    if (version > step || (version == step && state_.updating())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", options_.shard_index, " of model '", options_.model_id, "' is at version ",
-          version, state_.updating() ? " (applying the next step)" : "", ", past step ", step,
-          ": checkpoint a later step"));
-    }
-    absl::Status waited = AwaitState(
-        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= step; }, deadline,
-        cancelled);
-    if (waited.ok() && state_.version() != step) {
-      waited = state_.failed() ? state_.failure()
-                               : absl::UnavailableError("the shard server is shutting down");
-    }
-    if (!waited.ok()) {
-      if (absl::IsDeadlineExceeded(waited)) {
-        return WaitExpired(absl::StrCat("version ", step, " (to checkpoint)"), step);
-      }
-      return waited;
-    }
-    progress = state_.Progress();
+    absl::StatusOr<ShardProgress> reached = async_ ? AwaitAsyncCut(step, deadline, cancelled)
+                                                   : AwaitStepBoundary(step, deadline, cancelled);
+    if (!reached.ok()) return reached.status();
+    progress = *std::move(reached);
   }
   absl::Status written;
   {
@@ -112,10 +126,23 @@ absl::Status ModelShard::CheckpointAt(
   return written;
 }
 
+absl::Status ModelShard::CheckRestoreLocked(const ShardProgress& progress) const {
+  if (absl::Status s = state_.CheckRestore(progress); !s.ok()) return s;
+  if (async_) {
+    return async_->CheckRestore(AsyncProgress{progress.trainer_steps, progress.version});
+  }
+  if (!progress.trainer_steps.empty()) {
+    return absl::InvalidArgumentError(
+        "the saved state is of an asynchronous model (it has trainer steps); this one is "
+        "synchronous");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardStateReadFn& read_slot) {
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status s = state_.CheckRestore(progress); !s.ok()) return s;
+    if (absl::Status s = CheckRestoreLocked(progress); !s.ok()) return s;
   }
   // Validated where it came in (ProgressFromProto, from the checkpoint).
   assert(progress.current.optimizer.Validate().ok());
@@ -146,8 +173,11 @@ absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardState
   }
   absl::MutexLock lock(&mu_);
   // (Checked again: a concurrent restore may have won.)
-  if (absl::Status s = state_.CheckRestore(progress); !s.ok()) return s;
+  if (absl::Status s = CheckRestoreLocked(progress); !s.ok()) return s;
   state_.Restore(progress);
+  if (async_) {
+    if (absl::Status s = RestoreAsyncProgress(progress); !s.ok()) return s;
+  }
   absl::MutexLock params_lock(&params_mu_);
   std::fill(range_versions_.begin(), range_versions_.end(), progress.version);
   return absl::OkStatus();
@@ -236,6 +266,17 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
     snap.skipped_steps = state_.skipped_steps();
     snap.scheduled_changes = state_.schedule().ScheduledSteps();
     snap.trainers = state_.trainers();
+    if (async_) {
+      snap.version = async_->version();
+      snap.optimizer_steps = snap.version;
+      snap.last_lr = last_async_lr_;
+      snap.trainer_steps = async_->applied();
+      snap.max_staleness = async_->max_staleness();
+      snap.applied_order.assign(async_->recent_order().begin(), async_->recent_order().end());
+      for (uint32_t t = 0; t < snap.trainers.size(); ++t) {
+        snap.trainers[t].last_pushed_step = async_->pushed(t);
+      }
+    }
   }
   snap.parameter_bytes = backend_->parameter_bytes();
   snap.optimizer_state_bytes = backend_->optimizer_state_bytes();

@@ -57,6 +57,8 @@ void FillPushResponse(const PushResult& result, const HostedModel& model,
   response->set_version(result.version);
   response->set_trainers_pending(result.trainers_pending);
   response->set_recovery_floor(model.recovery_floor());
+  response->set_staleness(result.staleness);
+  for (int64_t step : result.trainer_steps) response->add_trainer_steps(step);
 }
 
 // A wait of a call that asked for at most `max_wait_ms` (0: the call's
@@ -382,7 +384,10 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
     // (What pipelined ranges already consumed stays; the rest is dropped.)
     return grpc::Status(grpc::CANCELLED, "push cancelled by the client before it ended");
   }
-  absl::StatusOr<PushResult> result = writer.Commit();
+  // (In the asynchronous modes the push waits to be applied: the call's
+  // deadline bounds that.)
+  absl::StatusOr<PushResult> result =
+      writer.Commit(WaitDeadline(*context, 0), [context] { return context->IsCancelled(); });
   if (!result.ok()) return Error(result.status());
   FillPushResponse(*result, **model, response);
   return grpc::Status::OK;
@@ -444,8 +449,10 @@ grpc::Status ShardServiceImpl::PullParameters(
     return grpc::Status::OK;
   }
   // Streamed range by range as each reaches the version (pipelined steps).
+  // In the asynchronous modes the version is pinned until the pull ends.
+  ReadPin pin;
   absl::StatusOr<int64_t> version =
-      shard.PullTarget(request->min_version(), deadline, cancelled, PushedByOf(*request));
+      shard.PullTarget(request->min_version(), deadline, cancelled, PushedByOf(*request), &pin);
   if (!version.ok()) return Error(version.status());
   response.set_version(*version);
   const size_t element = DTypeSize(*dtype);

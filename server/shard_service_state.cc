@@ -70,6 +70,13 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
   response->set_next_step(snap->version + 1);
   response->set_num_trainers(config.num_trainers());
   for (uint32_t r : snap->trainers_pushed) response->add_trainers_pushed(r);
+  for (int64_t step : snap->trainer_steps) response->add_trainer_steps(step);
+  response->set_max_staleness(snap->max_staleness);
+  for (const auto& [rank, step] : snap->applied_order) {
+    v1::AppliedPush* applied = response->add_applied_order();
+    applied->set_trainer_rank(rank);
+    applied->set_step(step);
+  }
   *response->mutable_optimizer() = config.optimizer();
   response->set_reduction(config.reduction());
   for (const TensorPieceStats& t : snap->tensors) {
@@ -148,6 +155,8 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
       FillByteCounts(*snap, summary->mutable_bytes());
       for (uint32_t r : snap->trainers_pushed) summary->add_trainers_pushed(r);
       summary->set_partly_run(snap->partly_run);
+      for (int64_t step : snap->trainer_steps) summary->add_trainer_steps(step);
+      summary->set_max_staleness(snap->max_staleness);
     }
     summary->set_incarnation(model->incarnation());
     // Listed afresh: recovery decides on these.
@@ -184,7 +193,7 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
         absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));
   }
   ModelShard& shard = (*model)->shard();
-  const int64_t step = request->step() == -1 ? shard.version() : request->step();
+  const int64_t step = request->step() == -1 ? shard.latest_checkpoint_step() : request->step();
   absl::Duration write_time;
   absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
       shard, (*model)->config(), request->directory(), step, absl::FromChrono(context->deadline()),
@@ -223,6 +232,12 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
     return Error(absl::FailedPreconditionError(
         absl::StrCat("shard ", options_.shard_index, " keeps no periodic checkpoints of model '",
                      model_id, "' (--checkpoint_dir, --checkpoint_every): nothing to roll back to")));
+  }
+  if ((*model)->shard().asynchronous()) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "model '", model_id, "' is ", ConsistencyName((*model)->shard().options().consistency),
+        ": a rollback is only for synchronous models (restart the shards from a checkpoint, "
+        "--restore_from, instead)")));
   }
   const int64_t version = (*model)->shard().version();
   response->set_version(version);

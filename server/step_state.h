@@ -81,6 +81,9 @@ struct ShardProgress {
   std::string run_id;                              // The training run.
   StepStats last_stats;  // This shard's part of the last decided step's statistics.
   std::optional<LossScaler::State> loss_scaler;  // The replica, if any.
+  // Asynchronous modes (not StepState's): each trainer's last applied step;
+  // `version` is their sum.
+  std::vector<int64_t> trainer_steps;
 };
 
 // What one trainer has done, as this shard saw it.

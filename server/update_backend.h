@@ -70,6 +70,8 @@ class UpdateBackend {
   // Stage of later elements may go on. Backends without them keep
   // supports_ranges() false and get whole-range calls only.
   virtual bool supports_ranges() const { return false; }
+  // ApplyOneRange is there (the asynchronous consistency modes need it).
+  virtual bool supports_one_trainer_updates() const { return false; }
   virtual absl::Status ApplyRange(int64_t step, bool mean, const OptimizerConfig& config,
                                   uint64_t begin, uint64_t end) {
     return absl::UnimplementedError("range updates");

@@ -1,0 +1,389 @@
+// ModelShard in the asynchronous and bounded-staleness modes, in process:
+// exactness of plain SGD with dyadic numbers whatever the interleaving, Adam
+// equal to a sequential optimizer fed the pushes in the shard's order,
+// exactly-once admission and bad input leaving state untouched, the
+// staleness bound (and its error naming the laggard), consistent cuts with a
+// restore that continues exactly, pinned pulls, and the synchronous-only
+// calls refused.
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "server/model_shard.h"
+#include "server/model_shard_testing.h"
+#include "server/optim/optimizer.h"
+
+namespace shardopt {
+namespace {
+
+using testing::kShard;
+using testing::PushInChunks;
+using testing::TestLayout;
+using testing::ZeroPadding;
+
+constexpr double kLr = 1.0 / 16;
+
+// Multiples of 2^-10 below 1: every sum of them below 2^10 is exact in fp32.
+std::vector<float> DyadicStart(const ModelLayout& layout) {
+  std::vector<float> v(layout.shard_size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 97) / 128.0f;
+  ZeroPadding(layout, kShard, &v);
+  return v;
+}
+
+// Multiples of 2^-6 in [-1/8, 1/8]; zeros on the padding.
+std::vector<float> DyadicGradient(const ModelLayout& layout, uint32_t rank, int64_t step) {
+  std::vector<float> g(layout.shard_size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = static_cast<float>(static_cast<int64_t>((rank * 7 + step * 3 + i) % 17) - 8) / 64.0f;
+  }
+  ZeroPadding(layout, kShard, &g);
+  return g;
+}
+
+std::unique_ptr<ModelShard> MakeAsyncShard(ThreadPool* pool, uint32_t trainers,
+                                           Consistency consistency, int64_t staleness,
+                                           OptimizerConfig optimizer,
+                                           std::vector<float> init = {}) {
+  ModelShardOptions options{"m", TestLayout(), kShard, optimizer, trainers, true};
+  options.consistency = consistency;
+  options.staleness = staleness;
+  if (init.empty()) init = DyadicStart(options.layout);
+  return ModelShard::Create(std::move(options), std::move(init), pool).value();
+}
+
+std::vector<float> ReadNewest(ModelShard& shard) {
+  ReadPin pin;
+  const int64_t version = shard.PullTarget(0, absl::InfiniteFuture(), nullptr, {}, &pin).value();
+  std::vector<float> out(shard.size());
+  EXPECT_TRUE(shard.ReadParameters(version, 0, out.size(), out.data()).ok());
+  return out;
+}
+
+// p0 - lr * (every push of steps 1..steps of every trainer), in double.
+std::vector<float> ExpectedSgd(const ModelLayout& layout, uint32_t trainers, int64_t steps) {
+  const std::vector<float> p0 = DyadicStart(layout);
+  std::vector<double> sum(p0.size(), 0.0);
+  for (uint32_t r = 0; r < trainers; ++r) {
+    for (int64_t k = 1; k <= steps; ++k) {
+      const std::vector<float> g = DyadicGradient(layout, r, k);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
+    }
+  }
+  std::vector<float> out(p0.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(p0[i] - kLr * sum[i]);
+  return out;
+}
+
+void RunTrainers(ModelShard& shard, uint32_t trainers, int64_t first, int64_t last,
+                 std::vector<std::string>* errors) {
+  errors->assign(trainers, "");
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < trainers; ++r) {
+    threads.emplace_back([&, r] {
+      for (int64_t k = first; k <= last; ++k) {
+        absl::StatusOr<PushResult> pushed =
+            PushInChunks(shard, r, k, DyadicGradient(shard.layout(), r, k), 500 + 77 * r);
+        if (!pushed.ok()) {
+          (*errors)[r] = pushed.status().ToString();
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(ModelShardAsyncTest, SgdIsExactWhateverTheInterleaving) {
+  ThreadPool pool(2);
+  constexpr uint32_t kTrainers = 3;
+  constexpr int64_t kSteps = 40;
+  std::unique_ptr<ModelShard> shard =
+      MakeAsyncShard(&pool, kTrainers, Consistency::kAsync, 0, OptimizerConfig::Sgd(kLr));
+  std::vector<std::string> errors;
+  RunTrainers(*shard, kTrainers, 1, kSteps, &errors);
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(shard->version(), kTrainers * kSteps);
+  const std::vector<float> got = ReadNewest(*shard);
+  const std::vector<float> want = ExpectedSgd(shard->layout(), kTrainers, kSteps);
+  ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  ShardSnapshot snap = shard->Snapshot("", 0, 0, false).value();
+  EXPECT_EQ(snap.trainer_steps, (std::vector<int64_t>(kTrainers, kSteps)));
+  ASSERT_EQ(snap.applied_order.size(), kTrainers * kSteps);
+  std::vector<int64_t> last(kTrainers, 0);
+  for (const auto& [rank, step] : snap.applied_order) {
+    EXPECT_EQ(step, last[rank] + 1) << "trainer " << rank << "'s steps out of order";
+    last[rank] = step;
+  }
+}
+
+TEST(ModelShardAsyncTest, AdamEqualsASequentialOptimizerInTheShardsOrder) {
+  ThreadPool pool(2);
+  constexpr uint32_t kTrainers = 3;
+  constexpr int64_t kSteps = 12;
+  const OptimizerConfig adam = OptimizerConfig::Adam(0.01);
+  std::unique_ptr<ModelShard> shard =
+      MakeAsyncShard(&pool, kTrainers, Consistency::kAsync, 0, adam);
+  std::vector<std::string> errors(kTrainers);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back([&, r] {
+      for (int64_t k = 1; k <= kSteps; ++k) {
+        absl::StatusOr<PushResult> pushed = testing::PushAll(*shard, r, k);
+        if (!pushed.ok()) errors[r] = pushed.status().ToString();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  const ShardSnapshot snap = shard->Snapshot("", 0, 0, false).value();
+  EXPECT_EQ(snap.optimizer_steps, kTrainers * kSteps);
+  ASSERT_EQ(snap.applied_order.size(), kTrainers * kSteps);
+  std::vector<float> params = DyadicStart(shard->layout());
+  std::unique_ptr<Optimizer> reference = Optimizer::Create(adam, params.size()).value();
+  int64_t optimizer_step = 0;
+  for (const auto& [rank, step] : snap.applied_order) {
+    const std::vector<float> g = testing::RandomGradient(rank, step, params.size());
+    reference->Update(++optimizer_step, params.data(), g.data(), 0, params.size());
+  }
+  const std::vector<float> got = ReadNewest(*shard);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &params[i], sizeof(float)), 0)
+        << "element " << i << ": " << got[i] << " vs " << params[i];
+  }
+}
+
+TEST(ModelShardAsyncTest, AdmissionIsExactlyOnceAndBadPushesChangeNothing) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> shard =
+      MakeAsyncShard(&pool, 2, Consistency::kAsync, 0, OptimizerConfig::Sgd(kLr));
+  const ModelLayout& layout = shard->layout();
+  absl::StatusOr<PushResult> first = PushInChunks(*shard, 0, 1, DyadicGradient(layout, 0, 1), 999);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->outcome, PushOutcome::kApplied);
+  EXPECT_EQ(first->version, 1);
+  EXPECT_EQ(first->trainer_steps, (std::vector<int64_t>{1, 0}));
+  const std::vector<float> after_one = ReadNewest(*shard);
+  // A retry of an applied push: acknowledged, not applied again.
+  absl::StatusOr<PushResult> again = PushInChunks(*shard, 0, 1, DyadicGradient(layout, 0, 1), 999);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->outcome, PushOutcome::kAlreadyApplied);
+  EXPECT_EQ(shard->version(), 1);
+  // A gap names the steps to push first.
+  absl::Status gap = PushInChunks(*shard, 0, 3, DyadicGradient(layout, 0, 3), 999).status();
+  EXPECT_EQ(gap.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(absl::StrContains(gap.message(), "push steps 2..2 first")) << gap;
+  // One push of a (trainer, step) at a time.
+  absl::StatusOr<ModelShard::PushStart> open =
+      shard->BeginPush(1, 1, shard->size(), DType::kFloat32, 1.0, {}, false);
+  ASSERT_TRUE(open.ok() && open->writer);
+  EXPECT_EQ(shard->BeginPush(1, 1, shard->size(), DType::kFloat32, 1.0, {}, false).status().code(),
+            absl::StatusCode::kAborted);
+  // A NaN refuses the push; the slot is free again once its writer is gone.
+  std::vector<float> bad = DyadicGradient(layout, 1, 1);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(open->writer->Write(0, bad.data(), bad.size() * sizeof(float)).code(),
+            absl::StatusCode::kInvalidArgument);
+  open->writer.reset();
+  EXPECT_EQ(shard->version(), 1);
+  const std::vector<float> unchanged = ReadNewest(*shard);
+  EXPECT_EQ(std::memcmp(unchanged.data(), after_one.data(), unchanged.size() * sizeof(float)), 0);
+  // A push that ends early is not applied either.
+  absl::StatusOr<ModelShard::PushStart> short_push =
+      shard->BeginPush(1, 1, shard->size(), DType::kFloat32, 1.0, {}, false);
+  ASSERT_TRUE(short_push.ok() && short_push->writer);
+  const std::vector<float> g = DyadicGradient(layout, 1, 1);
+  ASSERT_TRUE(short_push->writer->Write(0, g.data(), 100 * sizeof(float)).ok());
+  EXPECT_EQ(short_push->writer->Commit().status().code(), absl::StatusCode::kInvalidArgument);
+  short_push->writer.reset();
+  EXPECT_EQ(shard->version(), 1);
+  ASSERT_TRUE(PushInChunks(*shard, 1, 1, g, 999).ok());
+  EXPECT_EQ(shard->version(), 2);
+}
+
+TEST(ModelShardAsyncTest, BoundedStalenessHoldsTheFastTrainerAndNamesTheLaggard) {
+  ThreadPool pool(2);
+  constexpr int64_t kStaleness = 2;
+  std::unique_ptr<ModelShard> shard =
+      MakeAsyncShard(&pool, 2, Consistency::kBounded, kStaleness, OptimizerConfig::Sgd(kLr));
+  const ModelLayout& layout = shard->layout();
+  for (int64_t k = 1; k <= kStaleness; ++k) {
+    ASSERT_TRUE(PushInChunks(*shard, 0, k, DyadicGradient(layout, 0, k), 999).ok());
+  }
+  // Step 3 needs trainer 1's step 1: the call gives up and names it.
+  absl::StatusOr<ModelShard::PushStart> start =
+      shard->BeginPush(0, 3, shard->size(), DType::kFloat32, 1.0, {}, false);
+  ASSERT_TRUE(start.ok() && start->writer);
+  const std::vector<float> g3 = DyadicGradient(layout, 0, 3);
+  ASSERT_TRUE(start->writer->Write(0, g3.data(), g3.size() * sizeof(float)).ok());
+  absl::Status held = start->writer->Commit(absl::Now() + absl::Milliseconds(200)).status();
+  EXPECT_EQ(held.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(held.message(), "trainer(s) 1 (pushed step 0)")) << held;
+  start->writer.reset();
+  EXPECT_EQ(shard->version(), kStaleness);
+  ShardSnapshot snap = shard->Snapshot("", 0, 0, false).value();
+  EXPECT_EQ(snap.trainer_steps, (std::vector<int64_t>{kStaleness, 0}));
+
+  // Trainer 1 slow on purpose: no push is applied more than s steps ahead.
+  constexpr int64_t kSteps = 25;
+  std::atomic<int64_t> worst{0};
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      for (int64_t k = r == 0 ? 3 : 1; k <= kSteps; ++k) {
+        if (r == 1) absl::SleepFor(absl::Milliseconds(3));
+        absl::StatusOr<PushResult> pushed =
+            PushInChunks(*shard, r, k, DyadicGradient(layout, r, k), 999);
+        if (!pushed.ok()) {
+          errors[r] = pushed.status().ToString();
+          return;
+        }
+        int64_t seen = worst.load();
+        while (pushed->staleness > seen && !worst.compare_exchange_weak(seen, pushed->staleness)) {
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_LE(worst.load(), kStaleness);
+  EXPECT_GE(worst.load(), 1);  // The slow trainer did make the fast one run ahead.
+  snap = shard->Snapshot("", 0, 0, false).value();
+  EXPECT_LE(snap.max_staleness, kStaleness);
+  EXPECT_EQ(snap.trainer_steps, (std::vector<int64_t>{kSteps, kSteps}));
+  const std::vector<float> want = ExpectedSgd(layout, 2, kSteps);
+  const std::vector<float> got = ReadNewest(*shard);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+}
+
+TEST(ModelShardAsyncTest, ACheckpointIsAConsistentCutAndARestoreContinuesExactly) {
+  ThreadPool pool(2);
+  constexpr uint32_t kTrainers = 2;
+  constexpr int64_t kCut = 3, kSteps = 6;
+  std::unique_ptr<ModelShard> shard =
+      MakeAsyncShard(&pool, kTrainers, Consistency::kAsync, 0, OptimizerConfig::Sgd(kLr));
+  ModelShard::StepHold hold = shard->HoldStep(kCut);
+  ShardProgress saved;
+  std::vector<float> saved_params;
+  std::thread checkpointer([&] {
+    const absl::Status s = shard->CheckpointAt(
+        kCut, absl::InfiniteFuture(), nullptr,
+        [&](const ShardProgress& progress, const ShardStateReadFn& read) {
+          saved = progress;
+          saved_params.resize(shard->size());
+          return read(-1, 0, saved_params.size(), saved_params.data());
+        },
+        std::move(hold));
+    EXPECT_TRUE(s.ok()) << s;
+  });
+  std::vector<std::string> errors;
+  RunTrainers(*shard, kTrainers, 1, kSteps, &errors);
+  checkpointer.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(saved.trainer_steps, (std::vector<int64_t>(kTrainers, kCut)));
+  EXPECT_EQ(saved.version, kTrainers * kCut);
+  const std::vector<float> at_cut = ExpectedSgd(shard->layout(), kTrainers, kCut);
+  ASSERT_EQ(std::memcmp(saved_params.data(), at_cut.data(), at_cut.size() * sizeof(float)), 0);
+  // Past the cut now: refused, naming where the shard is.
+  absl::Status late = shard->CheckpointAt(
+      kCut - 1, absl::InfiniteFuture(), nullptr,
+      [](const ShardProgress&, const ShardStateReadFn&) { return absl::OkStatus(); });
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(late.message(), "applied trainers' steps [6, 6]")) << late;
+
+  // A shard restored from the cut takes the rest of the pushes and ends
+  // where the first one did; pushes it already holds are acknowledged.
+  std::unique_ptr<ModelShard> restored = MakeAsyncShard(&pool, kTrainers, Consistency::kAsync, 0,
+                                                        OptimizerConfig::Sgd(kLr), saved_params);
+  ASSERT_TRUE(
+      restored->Restore(saved, [](int, uint64_t, uint64_t, float*) { return absl::OkStatus(); })
+          .ok());
+  EXPECT_EQ(restored->version(), kTrainers * kCut);
+  EXPECT_EQ(restored->checkpoint_step(), kCut);
+  EXPECT_EQ(
+      PushInChunks(*restored, 0, kCut, DyadicGradient(restored->layout(), 0, kCut), 999)->outcome,
+      PushOutcome::kAlreadyApplied);
+  RunTrainers(*restored, kTrainers, kCut + 1, kSteps, &errors);
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  const std::vector<float> a = ReadNewest(*shard), b = ReadNewest(*restored);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  // A record whose version is not the sum of its steps is refused.
+  std::unique_ptr<ModelShard> fresh =
+      MakeAsyncShard(&pool, kTrainers, Consistency::kAsync, 0, OptimizerConfig::Sgd(kLr));
+  ShardProgress wrong = saved;
+  wrong.version += 1;
+  wrong.optimizer_steps += 1;
+  EXPECT_EQ(fresh->Restore(wrong, [](int, uint64_t, uint64_t, float*) { return absl::OkStatus(); })
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelShardAsyncTest, PinnedPullsReadWholeVersions) {
+  ThreadPool pool(2);
+  constexpr uint32_t kTrainers = 2;
+  std::unique_ptr<ModelShard> shard =
+      MakeAsyncShard(&pool, kTrainers, Consistency::kAsync, 0, OptimizerConfig::Sgd(kLr));
+  std::atomic<bool> done{false};
+  std::thread trainers([&] {
+    std::vector<std::string> errors;
+    RunTrainers(*shard, kTrainers, 1, 30, &errors);
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    done = true;
+  });
+  int reads = 0;
+  std::vector<float> out(shard->size());
+  while (!done.load() || reads == 0) {
+    ReadPin pin;
+    absl::StatusOr<int64_t> version =
+        shard->PullTarget(0, absl::InfiniteFuture(), nullptr, {}, &pin);
+    ASSERT_TRUE(version.ok()) << version.status();
+    // In pieces, as the service streams it: none is aborted.
+    for (uint64_t offset = 0; offset < out.size(); offset += 1000) {
+      const uint64_t n = std::min<uint64_t>(1000, out.size() - offset);
+      ASSERT_TRUE(shard->WaitForRanges(*version, offset, n, absl::InfiniteFuture(), nullptr).ok());
+      ASSERT_TRUE(shard->ReadParameters(*version, offset, n, out.data() + offset).ok());
+    }
+    ++reads;
+  }
+  trainers.join();
+  EXPECT_GT(reads, 0);
+}
+
+TEST(ModelShardAsyncTest, SynchronousOnlyCallsAreRefused) {
+  ThreadPool pool(1);
+  std::unique_ptr<ModelShard> shard =
+      MakeAsyncShard(&pool, 2, Consistency::kAsync, 0, OptimizerConfig::Sgd(kLr));
+  EXPECT_EQ(shard->Decide(1, StepDecision{}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->WaitForStepStats(1, absl::InfiniteFuture(), nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->SetHyperparameters(5, Hyperparameters{OptimizerConfig::Sgd(0.5), {}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->DiscardPendingPushes().code(), absl::StatusCode::kFailedPrecondition);
+  std::vector<StepState::CarriedChange> changes{
+      {3, Hyperparameters{OptimizerConfig::Sgd(0.5), {}}}};
+  absl::Status carried =
+      shard->BeginPush(0, 1, shard->size(), DType::kFloat32, 1.0, changes, false).status();
+  EXPECT_EQ(carried.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(carried.message(), "only in synchronous mode")) << carried;
+  // Gradient control and a staleness outside bounded mode do not go with it.
+  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(kLr), 2, true};
+  options.consistency = Consistency::kAsync;
+  options.max_grad_norm = 1.0;
+  EXPECT_EQ(ModelShard::Create(options, DyadicStart(options.layout), &pool).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.max_grad_norm = 0;
+  options.staleness = 2;
+  EXPECT_EQ(ModelShard::Create(options, DyadicStart(options.layout), &pool).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->version(), 0);
+}
+
+}  // namespace
+}  // namespace shardopt
