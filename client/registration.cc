@@ -13,6 +13,11 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFor(const ModelSpec& spec, const Mode
   if (spec.loss_scaling) {
     if (absl::Status s = spec.loss_scaler.Validate(); !s.ok()) return s;
   }
+  if (absl::Status s =
+          CheckConsistency(spec.consistency, spec.staleness, spec.max_grad_norm, spec.loss_scaling);
+      !s.ok()) {
+    return s;
+  }
   v1::ModelConfig config;
   config.set_model_id(spec.model_id);
   *config.mutable_layout() = LayoutToProto(layout);
@@ -37,6 +42,8 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFor(const ModelSpec& spec, const Mode
   config.set_reduction(spec.reduction == GradientReduction::kSum ? v1::GRADIENT_REDUCTION_SUM
                                                                  : v1::GRADIENT_REDUCTION_MEAN);
   config.set_shard_count(shard_count);
+  config.set_consistency(ConsistencyToProto(spec.consistency));
+  config.set_staleness(spec.staleness);
   return config;
 }
 

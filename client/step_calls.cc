@@ -55,6 +55,8 @@ absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, dou
           *h->add_hyperparameter_changes() = c;
         }
         h->set_defer_until_complete(ready != nullptr);
+        // (Asynchronous modes: a push held back reports what it waits for.)
+        h->set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
         return shard.Push(context, header,
                           static_cast<const char*>(payload) + shard.range().begin * element,
                           element, context_.chunk_bytes, &pins, &(*responses)[shard.index()],
@@ -110,8 +112,37 @@ absl::StatusOr<PulledVersion> StepCalls::PullOnce(int64_t min_version, int64_t p
                                                   const StepDecision* decision,
                                                   float* flat_params, const ShardSubset& which,
                                                   int64_t* newest) {
-  std::vector<PulledVersion> pulled(fanout_->size());
-  absl::Status status = fanout_->Run(
+  std::vector<PulledVersion> pulled;
+  if (absl::Status s = RunPull(min_version, pushed_step, decision, flat_params, which, &pulled);
+      !s.ok()) {
+    return s;
+  }
+  const std::vector<uint32_t> asked = fanout_->Targets(which);
+  for (uint32_t i : asked) *newest = std::max(*newest, pulled[i].version);
+  const uint32_t first = asked[0];
+  for (uint32_t i : asked) {
+    if (pulled[i].version != pulled[first].version) {
+      return absl::FailedPreconditionError(absl::StrCat("shards disagree on the version: shard ",
+                                                        first, " is at ", pulled[first].version,
+                                                        ", shard ", i, " at ", pulled[i].version));
+    }
+  }
+  return pulled[first];
+}
+
+absl::StatusOr<std::vector<PulledVersion>> StepCalls::PullEach(float* flat_params,
+                                                               const ShardSubset& which) {
+  std::vector<PulledVersion> pulled;
+  if (absl::Status s = RunPull(0, 0, nullptr, flat_params, which, &pulled); !s.ok()) return s;
+  return pulled;
+}
+
+absl::Status StepCalls::RunPull(int64_t min_version, int64_t pushed_step,
+                                const StepDecision* decision, float* flat_params,
+                                const ShardSubset& which, std::vector<PulledVersion>* out) {
+  std::vector<PulledVersion>& pulled = *out;
+  pulled.assign(fanout_->size(), PulledVersion());
+  return fanout_->Run(
       CallFor(absl::StrCat("PullParameters version >= ", min_version)),
       [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
         v1::PullParametersRequest request;
@@ -130,18 +161,6 @@ absl::StatusOr<PulledVersion> StepCalls::PullOnce(int64_t min_version, int64_t p
                           &pulled[shard.index()]);
       },
       which);
-  if (!status.ok()) return status;
-  const std::vector<uint32_t> asked = fanout_->Targets(which);
-  for (uint32_t i : asked) *newest = std::max(*newest, pulled[i].version);
-  const uint32_t first = asked[0];
-  for (uint32_t i : asked) {
-    if (pulled[i].version != pulled[first].version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shards disagree on the version: shard ", first, " is at ", pulled[first].version,
-          ", shard ", i, " at ", pulled[i].version));
-    }
-  }
-  return pulled[first];
 }
 
 }  // namespace shardopt

@@ -80,8 +80,17 @@ class StepCalls {
   absl::StatusOr<PulledVersion> Pull(int64_t min_version, int64_t pushed_step,
                                      const StepDecision* decision, float* flat_params,
                                      const ShardSubset& which = {});
+  // Asynchronous modes: every shard's newest parameters into `flat_params`;
+  // each shard's version and lr, in shard order (versions differ there:
+  // each shard counts the pushes it applied).
+  absl::StatusOr<std::vector<PulledVersion>> PullEach(float* flat_params,
+                                                      const ShardSubset& which = {});
 
  private:
+  // One pull from each shard of `which` into `pulled` (shard order).
+  absl::Status RunPull(int64_t min_version, int64_t pushed_step, const StepDecision* decision,
+                       float* flat_params, const ShardSubset& which,
+                       std::vector<PulledVersion>* pulled);
   ShardFanOut::Call CallFor(const std::string& what) const;
   // One round; `newest` gets the highest version any shard answered.
   absl::StatusOr<PulledVersion> PullOnce(int64_t min_version, int64_t pushed_step,

@@ -66,7 +66,8 @@ int64_t TrainerClient::failed_attempts(size_t shard) const {
 }
 
 int64_t TrainerClient::replayed_pushes() const {
-  return (recovery_ ? recovery_->replayed_pushes() : 0) + resent_on_resume_.load();
+  return (recovery_ ? recovery_->replayed_pushes() : 0) + resent_on_resume_.load() +
+         caught_up_pushes_.load();
 }
 
 double TrainerClient::loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
@@ -257,6 +258,15 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
       // SetHyperparameters).
       last_pushed_step_ = std::max(last_pushed_step_, history_->newest_step());
     }
+    if (IsAsynchronous(spec.consistency)) {
+      // Shards count different pushes applied: their versions differ. Only
+      // a shard that had to create the model while others hold it is wrong.
+      const bool created = std::any_of(shards.begin(), shards.end(),
+                                       [](const ShardRegistration& s) { return s.created; });
+      const bool trained = std::any_of(shards.begin(), shards.end(),
+                                       [](const ShardRegistration& s) { return s.version > 0; });
+      if (!(created && trained)) break;
+    }
     int64_t highest = shards[0].version;
     bool agree = true;
     for (const ShardRegistration& s : shards) {
@@ -377,7 +387,9 @@ absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* 
                           &responses);
     if (!absl::IsOutOfRange(status) || round >= kMaxRecoveries) break;
     // A shard restarted from an older checkpoint: steps up to `step` - 1 first.
-    if (absl::Status s = Recover(step - 1); !s.ok()) return s;
+    if (absl::Status s = asynchronous() ? CatchUpShards(step) : Recover(step - 1); !s.ok()) {
+      return s;
+    }
   }
   if (!status.ok()) return status;
   DropOldHistory(step, responses);
@@ -397,6 +409,7 @@ StepResult TrainerClient::ResultOfPush(int64_t step,
         r.outcome() == v1::PushGradientsResponse::OUTCOME_AWAITING_DECISION) {
       result.applied_here = true;  // This push completed the step's gradients.
     }
+    result.staleness = std::max(result.staleness, r.staleness());
     if (r.outcome() == v1::PushGradientsResponse::OUTCOME_DUPLICATE ||
         r.outcome() == v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED) {
       ++result.duplicate_pushes;
@@ -426,6 +439,7 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
   CancelStreamedPush();
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   rolled_back_to_.reset();
+  if (asynchronous()) return AsyncPull(flat_params);
   for (int round = 0;; ++round) {
     // A shard that lost this trainer's push of the step (it restarted) says
     // so at once instead of waiting for a version that cannot come.
@@ -466,6 +480,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
                                           scaler_.has_value(), &narrowed, &payload);
       !s.ok())
     return s;
+  if (asynchronous()) return AsyncStep(step, payload, flat_params);
   const bool needs_decision = StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling);
   for (int round = 0;; ++round) {
     // The pull of the version this push makes, opened at once (see

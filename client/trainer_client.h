@@ -30,6 +30,18 @@
 // rolled_back_to() says the version to resume from (PullToResume, then
 // continue with the next step). A TrainerClient is not thread-safe: one trainer thread
 // drives it.
+//
+// Asynchronous and bounded-staleness models (ModelSpec::consistency; see
+// client/trainer_client_async.cc): Step(k) pushes this trainer's step k,
+// which each shard applies alone as an optimizer step of its own (the push
+// returns once applied, or, bounded, DEADLINE_EXCEEDED naming the trainers
+// it waited for), then pulls every shard's newest parameters (versions
+// differ between shards; StepResult.shard_versions). A shard that restarted
+// from a checkpoint answers OUT_OF_RANGE naming the steps of this trainer it
+// lacks: the client re-pushes them from its history to that shard alone,
+// then goes on. PullToResume returns the step this trainer goes on from
+// (the lowest step of this trainer every shard applied). No gradient
+// control, streamed pushes, hyperparameter changes or rollbacks there.
 #ifndef SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 #define SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 
@@ -83,6 +95,11 @@ struct StepResult {
   // A streamed push (FinishStreamedStep): of bytes_pushed, those handed to
   // gRPC before FinishStreamedStep was called, i.e. while backward still ran.
   uint64_t bytes_pushed_early = 0;
+  // Asynchronous modes: the largest staleness any shard applied the push
+  // with (PushGradientsResponse.staleness), and each shard's version pulled
+  // (`version` is the lowest of them).
+  int64_t staleness = 0;
+  std::vector<int64_t> shard_versions;
 };
 
 class TrainerClient {
@@ -115,8 +132,11 @@ class TrainerClient {
   const ModelLayout& layout() const { return *layout_; }
   uint32_t trainer_rank() const { return options_.trainer_rank; }
   uint32_t shard_count() const { return static_cast<uint32_t>(shards_.size()); }
-  // The version every shard was at after the last Register/Attach.
+  // The version every shard was at after the last Register/Attach (in the
+  // asynchronous modes: shard 0's).
   int64_t registered_version() const { return registered_version_; }
+  // The model's mode is asynchronous or bounded (after Register/Attach).
+  bool asynchronous() const { return spec_ && IsAsynchronous(spec_->consistency); }
 
   // Pushes this trainer's gradient for `step` to every shard.
   absl::StatusOr<StepResult> Push(int64_t step, absl::Span<const float> flat_grads);
@@ -162,6 +182,13 @@ class TrainerClient {
   // Payload bytes the open streamed push has handed to gRPC so far (0 when
   // none is open; retried attempts count again).
   uint64_t streamed_bytes_sent();
+
+  // Asynchronous modes, at the end of a job: returns once every shard holds
+  // every trainer's steps up to `step`, re-pushing this trainer's own that a
+  // shard which came back from a checkpoint lacks (no later push would bring
+  // them). DEADLINE_EXCEEDED after retry_budget without progress, naming the
+  // trainers and shards waited for. OK at once in synchronous mode.
+  absl::Status WaitForEveryTrainer(int64_t step);
 
   // After a call failed because the job rolled back (see the class
   // comment): the version every shard went back to. Pull it and continue
@@ -267,6 +294,19 @@ class TrainerClient {
   ShardFanOut::Call CallFor(std::string what) const;
   StepResult ResultOfPush(int64_t step, const std::vector<v1::PushGradientsResponse>& responses,
                           DType wire_dtype) const;
+  // ---- Asynchronous modes (trainer_client_async.cc).
+  absl::StatusOr<StepResult> AsyncStep(int64_t step, const void* payload,
+                                       absl::Span<float> flat_params);
+  // Re-pushes, from the history, this trainer's steps before `step` that some
+  // shard lacks (it restarted from a checkpoint) to that shard alone.
+  absl::Status CatchUpShards(int64_t step);
+  absl::StatusOr<int64_t> AsyncPull(absl::Span<float> flat_params,
+                                    std::vector<PulledVersion>* each = nullptr);
+  absl::StatusOr<int64_t> AsyncPullToResume(absl::Span<float> flat_params);
+  // The newest checkpoint step reachable now: the highest step any shard
+  // applied of any trainer.
+  absl::StatusOr<int64_t> AsyncLatestCheckpointStep();
+
   // After a successful push: drops history no shard can need any more.
   void DropOldHistory(int64_t step, const std::vector<v1::PushGradientsResponse>& responses);
 
@@ -286,6 +326,7 @@ class TrainerClient {
   // Journaled pushes PullToResume sent again (counted in replayed_pushes();
   // read from other threads by tests).
   std::atomic<int64_t> resent_on_resume_{0};
+  std::atomic<int64_t> caught_up_pushes_{0};  // CatchUpShards' re-pushes.
   int64_t changed_after_send_ = 0;
   std::optional<ModelLayout> layout_;
   std::optional<ModelSpec> spec_;

@@ -15,7 +15,11 @@ namespace shardopt {
 absl::StatusOr<std::string> TrainerClient::Checkpoint(const std::string& directory, int64_t step) {
   CancelStreamedPush();
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
-  if (step < 0) {
+  if (step < 0 && asynchronous()) {
+    absl::StatusOr<int64_t> latest = AsyncLatestCheckpointStep();
+    if (!latest.ok()) return latest.status();
+    step = *latest;
+  } else if (step < 0) {
     absl::StatusOr<std::vector<std::string>> unused = InspectJson();
     if (!unused.ok()) return unused.status();
     step = std::max<int64_t>(0, latest_inspected_version_);

@@ -14,6 +14,7 @@
 namespace shardopt {
 
 absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_params) {
+  if (asynchronous()) return AsyncPullToResume(flat_params);
   // (Pull forgets the rollback.)
   std::optional<int64_t> rolled_back = rolled_back_to_;
   if (!rolled_back) {

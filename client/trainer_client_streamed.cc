@@ -15,7 +15,9 @@ absl::Status TrainerClient::BeginStreamedPush(int64_t step, absl::Span<const flo
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
   const char* why = nullptr;
-  if (StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling)) {
+  if (asynchronous()) {
+    why = "asynchronous pushes are applied whole, as they arrive";
+  } else if (StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling)) {
     why = "gradient control needs the whole gradient's statistics first";
   } else if (options_.push_dtype != DType::kFloat32) {
     why = "a 16-bit push type is rounded from the whole gradient";

@@ -11,6 +11,7 @@
 
 #include "absl/time/time.h"
 #include "client/channel_security.h"
+#include "common/consistency.h"
 #include "common/dtype.h"
 #include "common/layout.h"
 #include "common/loss_scaler.h"
@@ -35,6 +36,13 @@ struct ModelSpec {
   LossScalerOptions loss_scaler;
   uint32_t num_trainers = 1;
   GradientReduction reduction = GradientReduction::kMean;
+  // The step protocol (ModelConfig.consistency in the proto). In the
+  // asynchronous modes each trainer's Step is applied alone as it arrives
+  // (no gradient control on the shards: clip the gradient before Step), a
+  // pull returns each shard's newest parameters, and `staleness` (kBounded)
+  // bounds how far a trainer's step may run ahead of the slowest one's.
+  Consistency consistency = Consistency::kSync;
+  int64_t staleness = 0;
 };
 
 struct TrainerClientOptions {

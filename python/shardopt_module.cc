@@ -187,6 +187,8 @@ py::dict StepResultToDict(const StepResult& r) {
   d["bytes_pushed"] = r.bytes_pushed;
   d["bytes_pulled"] = r.bytes_pulled;
   d["bytes_pushed_early"] = r.bytes_pushed_early;
+  d["staleness"] = r.staleness;
+  d["shard_versions"] = r.shard_versions;
   return d;
 }
 
@@ -243,8 +245,10 @@ class Client {
                 const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
                 const std::string& optimizer, const py::dict& hyperparameters,
                 uint32_t num_trainers, double max_grad_norm, const py::object& initial,
-                const py::object& loss_scaler) {
+                const py::object& loss_scaler, const std::string& consistency, int64_t staleness) {
     ModelSpec spec;
+    spec.consistency = ValueOrThrow(ConsistencyFromName(consistency));
+    spec.staleness = staleness;
     spec.model_id = model_id;
     for (const auto& [name, shape] : tensors) spec.tensors.push_back({name, shape});
     spec.optimizer = OptimizerFromKwargs(optimizer, hyperparameters);
@@ -375,6 +379,16 @@ class Client {
   int64_t failed_attempts() const { return client_->failed_attempts(); }
   double loss_scale() const { return client_->loss_scale(); }
   int64_t replayed_pushes() const { return client_->replayed_pushes(); }
+  void WaitForEveryTrainer(int64_t step) {
+    Checked();
+    absl::Status waited;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> serial(mu_);
+      waited = client_->WaitForEveryTrainer(step);
+    }
+    ThrowIfError(waited);
+  }
   int64_t shared_memory_transfers() const { return client_->shared_memory_transfers(); }
   // One of the client's shared buffers as a Python buffer that keeps the
   // segment mapped (tensors made from it outlive the client), or None.
@@ -471,11 +485,19 @@ PYBIND11_MODULE(_shardopt, m) {
       .def("register", &Client::Register, py::arg("model_id"), py::arg("tensors"),
            py::arg("optimizer"), py::arg("hyperparameters"), py::arg("num_trainers"),
            py::arg("max_grad_norm") = 0.0, py::arg("initial") = py::none(),
-           py::arg("loss_scaler") = py::none(),
+           py::arg("loss_scaler") = py::none(), py::arg("consistency") = "sync",
+           py::arg("staleness") = 0,
            "Registers the model with `initial` (a flat float32 buffer of its layout), or "
            "attaches to it when `initial` is None. `loss_scaler`: a dict of dynamic loss "
            "scaling options (Megatron's DynamicGradScaler: initial_scale, min_scale, max_scale, "
-           "growth_factor, backoff_factor, growth_interval, hysteresis) turns it on.")
+           "growth_factor, backoff_factor, growth_interval, hysteresis) turns it on. "
+           "`consistency`: 'sync' (lockstep), 'async' (each push applied alone as it "
+           "arrives) or 'bounded' (async, a trainer at most `staleness` steps ahead of the "
+           "slowest).")
+      .def("wait_for_every_trainer", &Client::WaitForEveryTrainer, py::arg("step"),
+           "Asynchronous modes, at the end of a job: returns once every shard holds every "
+           "trainer's steps up to `step` (re-pushing this trainer's own that a restarted shard "
+           "lacks).")
       .def("layout", &Client::Layout, "[(name, shape, offset, size)] of the flat layout.")
       .def("layout_for", &Client::LayoutFor, py::arg("tensors"),
            "The layout `tensors` would get: [(name, shape, offset, size)], then ('', [], "

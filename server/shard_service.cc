@@ -386,8 +386,8 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
   }
   // (In the asynchronous modes the push waits to be applied: the call's
   // deadline bounds that.)
-  absl::StatusOr<PushResult> result =
-      writer.Commit(WaitDeadline(*context, 0), [context] { return context->IsCancelled(); });
+  absl::StatusOr<PushResult> result = writer.Commit(WaitDeadline(*context, header.max_wait_ms()),
+                                                    [context] { return context->IsCancelled(); });
   if (!result.ok()) return Error(result.status());
   FillPushResponse(*result, **model, response);
   return grpc::Status::OK;

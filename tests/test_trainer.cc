@@ -65,6 +65,13 @@ ABSL_FLAG(std::vector<std::string>, plant_inf_steps, {},
           "Rank 0 puts +inf into its gradient at these steps (in the last tensor, so on the "
           "last shard only).");
 
+ABSL_FLAG(std::string, consistency, "sync", "sync, async or bounded (ModelConfig.consistency).");
+ABSL_FLAG(int64_t, staleness, 0, "With --consistency=bounded: the bound.");
+ABSL_FLAG(bool, dyadic, false,
+          "Exact numbers (tests/support/synthetic.h DyadicInitialParams, DyadicGradient): "
+          "gradients that do not depend on the parameters.");
+ABSL_FLAG(double, lr, 0, "> 0: the optimizer's lr instead of the named config's.");
+
 namespace shardopt::testing {
 namespace {
 
@@ -110,7 +117,19 @@ int Train(const std::string& name) {
     fprintf(stderr, "%s\n", client.status().ToString().c_str());
     return 1;
   }
+  if (absl::GetFlag(FLAGS_lr) > 0) optimizer->lr = absl::GetFlag(FLAGS_lr);
   ModelSpec spec = SyntheticModelSpec(name, *optimizer, absl::GetFlag(FLAGS_num_trainers));
+  absl::StatusOr<Consistency> consistency = ConsistencyFromName(absl::GetFlag(FLAGS_consistency));
+  if (!consistency.ok()) {
+    fprintf(stderr, "%s\n", consistency.status().ToString().c_str());
+    return 2;
+  }
+  spec.consistency = *consistency;
+  spec.staleness = absl::GetFlag(FLAGS_staleness);
+  const bool dyadic = absl::GetFlag(FLAGS_dyadic);
+  // Asynchronous: each push's observed staleness, by step (what the bounded
+  // tests assert on).
+  std::vector<float> staleness_by_step;
   spec.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
   spec.loss_scaling = absl::GetFlag(FLAGS_loss_scaling);
   spec.loss_scaler.initial_scale = absl::GetFlag(FLAGS_initial_loss_scale);
@@ -122,7 +141,7 @@ int Train(const std::string& name) {
   std::vector<float> params;
   if (options.trainer_rank == 0) {
     const ModelLayout layout = (*client)->LayoutFor(spec).value();
-    params = SyntheticInitialParams(layout, seed);
+    params = dyadic ? DyadicInitialParams(layout, seed) : SyntheticInitialParams(layout, seed);
     status = (*client)->Register(spec, params);
   } else {
     status = (*client)->Attach(spec);
@@ -165,8 +184,12 @@ int Train(const std::string& name) {
     absl::Cleanup pace = [step_start] {
       absl::SleepFor(absl::GetFlag(FLAGS_min_step_time) - (absl::Now() - step_start));
     };
-    SyntheticGradient((*client)->layout(), params_view, options.trainer_rank, step, seed,
-                      grad_view);
+    if (dyadic) {
+      DyadicGradient((*client)->layout(), options.trainer_rank, step, seed, grad_view);
+    } else {
+      SyntheticGradient((*client)->layout(), params_view, options.trainer_rank, step, seed,
+                        grad_view);
+    }
     if (spec.loss_scaling) {
       const float scale = static_cast<float>((*client)->loss_scale());
       for (float& v : grad_view) v *= scale;
@@ -234,9 +257,32 @@ int Train(const std::string& name) {
               static_cast<long>(step), result->skipped, static_cast<int>(plant.count(step)));
       return 1;
     }
+    if (IsAsynchronous(spec.consistency)) {
+      staleness_by_step.resize(step + 1, -1);
+      staleness_by_step[step] = static_cast<float>(result->staleness);
+      continue;
+    }
     if (result->version != step) {
       fprintf(stderr, "rank %u pulled version %ld after step %ld\n", options.trainer_rank,
               static_cast<long>(result->version), static_cast<long>(step));
+      return 1;
+    }
+  }
+  if (IsAsynchronous(spec.consistency)) {
+    // Nothing of this trainer may be missing anywhere once it is gone.
+    if (absl::Status s = (*client)->WaitForEveryTrainer(absl::GetFlag(FLAGS_steps)); !s.ok()) {
+      fprintf(stderr, "rank %u: %s\n", options.trainer_rank, s.ToString().c_str());
+      return 1;
+    }
+    // The parameters every trainer ends with: all pushes applied.
+    if (absl::Status s = (*client)->Pull(0, params_view).status(); !s.ok()) {
+      fprintf(stderr, "rank %u: final pull: %s\n", options.trainer_rank, s.ToString().c_str());
+      return 1;
+    }
+    if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".staleness",
+                                     staleness_by_step);
+        !s.ok()) {
+      fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;
     }
   }

@@ -143,6 +143,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         segment, so a push is read by the servers in place and a pull is
         written straight into the parameters. Other servers get the stream.
         Same bits either way; ``False`` always streams.
+      consistency: "sync" (the default: step k is applied once every rank
+        pushed it, from the mean of their gradients), "async" (each rank's
+        step is applied on the servers alone, as it arrives, as PyTorch RPC's
+        DistributedOptimizer does; ``step()`` then pulls the newest
+        parameters) or "bounded" (async, and a rank's step k waits until
+        every rank has pushed step k - ``staleness``). The asynchronous modes
+        take no ``max_grad_norm`` or loss scaler (clip the gradient before
+        ``step()``), no hyperparameter changes after the first step and no
+        streaming during backward (the reversed layout stays); the lr
+        schedule counts each rank's own steps.
+      staleness: the bound s >= 1 of "bounded".
     """
 
     def __init__(self, params, servers, rank, world_size, optimizer="adamw",
@@ -150,7 +161,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
                  loss_scaler=None, security=None, overlap_backward=True, bucket_cap_mb=1.0,
-                 shared_memory=True, **hyperparameters):
+                 shared_memory=True, consistency="sync", staleness=0, **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
             hyperparameters.pop(switch, None)
@@ -173,6 +184,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._max_grad_norm = float(max_grad_norm)
         self._loss_scaler = None if loss_scaler is None else dict(loss_scaler)
         self._checkpoint_dir = checkpoint_dir
+        if consistency not in ("sync", "async", "bounded"):
+            raise ValueError(f"consistency {consistency!r} is not one of 'sync', 'async', "
+                             "'bounded'")
+        self._consistency = consistency
+        self._staleness = int(staleness)
         self._client_args = dict(rpc_timeout_s=float(rpc_timeout),
                                  retry_budget_s=float(retry_budget),
                                  replay_steps=int(replay_steps),
@@ -187,7 +203,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # (the whole gradient's statistics), a 16-bit push type, or a journal.
         self._reverse_layout = bool(overlap_backward)
         self._overlap_backward = self._reverse_layout and self._max_grad_norm == 0 and \
-            self._loss_scaler is None and push_dtype == "float32" and not journal_path
+            self._loss_scaler is None and push_dtype == "float32" and not journal_path and \
+            consistency == "sync"
         self._bucket_elements = max(1, int(float(bucket_cap_mb) * (1 << 20)) // 4)
         self._names = {}
         self._registered = False
@@ -301,10 +318,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         client.register(model_id, tensors, self._kind, hyper, self._world_size,
                         self._max_grad_norm,
                         g.flat_params.numpy() if self._rank == 0 else None,
-                        loss_scaler=self._loss_scaler)
+                        loss_scaler=self._loss_scaler, consistency=self._consistency,
+                        staleness=self._staleness)
         # A model that existed already (restored, or running) keeps the
         # hyperparameters it has; this group's are sent with the next step.
-        g.sent_hyperparameters = hyper if client.registered_version == 0 else None
+        # (Asynchronous models take no changes: only a real one is sent, and
+        # refused.)
+        g.sent_hyperparameters = hyper if client.registered_version == 0 or \
+            self._consistency != "sync" else None
         g.use_shared_buffers()  # (Before any view of the flat buffers is handed out.)
         # Everyone starts from the servers' values (rank 0's, or where a
         # restored or running job is; a step this rank's earlier process
@@ -546,6 +567,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def step_count(self):
         """The version the servers' model is at, as this trainer knows it."""
         return self._version
+
+    def wait_for_every_trainer(self):
+        """At the end of an asynchronous job: waits until every shard holds every
+        rank's steps up to this rank's last one (re-sending this rank's own that a
+        restarted shard lacks), then pulls the final parameters into the model.
+        Returns at once in synchronous mode, where every rank is there already."""
+        if self._consistency == "sync":
+            return
+        for g in self._groups:
+            g.client.wait_for_every_trainer(self._version)
+            g.client.pull(0, g.flat_params.numpy())
+            if g.pulled is not None:
+                g.pulled = g.flat_params.clone()
 
     def inspect(self):
         """Every shard's Inspect of each group's model: [[dict per shard] per group]."""

@@ -93,6 +93,45 @@ std::vector<float> SyntheticInitialParams(const ModelLayout& layout, uint64_t se
   return params;
 }
 
+std::vector<float> DyadicInitialParams(const ModelLayout& layout, uint64_t seed) {
+  std::vector<float> params(layout.total_elements(), 0.0f);
+  for (const TensorPlacement& t : layout.tensors()) {
+    for (uint64_t i = 0; i < t.size; ++i) {
+      // UnitNoise is in [-1, 1): 1023 steps of 2^-10 either side.
+      params[t.offset + i] = std::round(1023.0f * UnitNoise(seed, 0xD1AD, t.offset, i)) / 1024.0f;
+    }
+  }
+  return params;
+}
+
+void DyadicGradient(const ModelLayout& layout, uint32_t rank, int64_t step, uint64_t seed,
+                    absl::Span<float> grad) {
+  std::fill(grad.begin(), grad.end(), 0.0f);
+  for (const TensorPlacement& t : layout.tensors()) {
+    for (uint64_t i = 0; i < t.size; ++i) {
+      const uint64_t flat = t.offset + i;
+      grad[flat] =
+          std::round(8.0f * UnitNoise(seed ^ rank, static_cast<uint64_t>(step), flat, 5)) / 64.0f;
+    }
+  }
+}
+
+std::vector<float> DyadicSgdResult(const ModelLayout& layout, uint32_t trainers, int64_t steps,
+                                   uint64_t seed, double lr) {
+  const std::vector<float> p0 = DyadicInitialParams(layout, seed);
+  std::vector<double> sum(p0.size(), 0.0);
+  std::vector<float> grad(p0.size());
+  for (uint32_t r = 0; r < trainers; ++r) {
+    for (int64_t k = 1; k <= steps; ++k) {
+      DyadicGradient(layout, r, k, seed, absl::MakeSpan(grad));
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += grad[i];
+    }
+  }
+  std::vector<float> out(p0.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(p0[i] - lr * sum[i]);
+  return out;
+}
+
 void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params, uint32_t rank,
                        int64_t step, uint64_t seed, absl::Span<float> grad) {
   std::fill(grad.begin(), grad.end(), 0.0f);

@@ -35,6 +35,20 @@ ModelSpec SyntheticModelSpec(const std::string& model_id, const OptimizerConfig&
 // Initial values: deterministic per (seed, element), zero in padding.
 std::vector<float> SyntheticInitialParams(const ModelLayout& layout, uint64_t seed);
 
+// Exact numbers for the asynchronous modes' tests: initial parameters that
+// are multiples of 2^-10 in (-1, 1), and gradients that are multiples of
+// 2^-6 in [-1/8, 1/8] and do not depend on the parameters; zero in padding.
+// Plain SGD with a power-of-two lr then ends at p0 - lr * (sum of every
+// push) exactly, in any order of the pushes (every partial sum is a
+// multiple of 2^-10 far below 2^13).
+std::vector<float> DyadicInitialParams(const ModelLayout& layout, uint64_t seed);
+void DyadicGradient(const ModelLayout& layout, uint32_t rank, int64_t step, uint64_t seed,
+                    absl::Span<float> grad);
+// p0 - lr * (the pushes of steps 1..steps of every trainer), summed in
+// double (exact).
+std::vector<float> DyadicSgdResult(const ModelLayout& layout, uint32_t trainers, int64_t steps,
+                                   uint64_t seed, double lr);
+
 // Trainer `rank`'s gradient for `step` given the parameters it holds.
 void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params, uint32_t rank,
                        int64_t step, uint64_t seed, absl::Span<float> grad);

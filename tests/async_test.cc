@@ -1,0 +1,257 @@
+// The asynchronous and bounded-staleness modes with real processes
+// (shardopt_server, tests/test_trainer on 127.0.0.1): plain SGD with dyadic
+// numbers ends exactly at p0 - lr * (sum of every push) whatever the
+// interleaving, also through kill -9 of shards (restarted from periodic
+// checkpoints, the trainers re-pushing what they lost) and of a trainer; the
+// staleness bound holds on every push of a trainer that runs ahead of a slow
+// one; a trainer that stops makes the others' error name it; an async
+// checkpoint restores on other shard counts and continues exactly.
+#include <signal.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/support/process.h"
+#include "tests/support/raw_calls.h"
+#include "tests/support/synthetic.h"
+#include "tests/support/training_job.h"
+
+namespace shardopt::testing {
+namespace {
+
+constexpr double kLr = 1.0 / 16;
+const char kModel[] = "sgd";
+
+std::vector<std::string> AsyncFlags(const std::string& consistency, int64_t staleness = 0) {
+  std::vector<std::string> flags = {"--consistency=" + consistency, "--dyadic",
+                                    absl::StrCat("--lr=", kLr)};
+  if (staleness > 0) flags.push_back(absl::StrCat("--staleness=", staleness));
+  return flags;
+}
+
+ModelLayout JobLayout(uint32_t shards, uint32_t trainers) {
+  ModelSpec spec = SyntheticModelSpec(kModel, OptimizerByName(kModel).value(), trainers);
+  return ModelLayout::Create(spec.tensors, spec.alignment, shards).value();
+}
+
+// Every rank's final parameters are exactly the dyadic sum.
+void ExpectExactSgd(uint32_t shards, uint32_t trainers, int steps, const std::string& out_root) {
+  const std::vector<float> want =
+      DyadicSgdResult(JobLayout(shards, trainers), trainers, steps, kJobSeed, kLr);
+  for (uint32_t r = 0; r < trainers; ++r) {
+    absl::StatusOr<std::vector<float>> got =
+        ReadFloats(absl::StrCat(out_root, "/rank", r, "/", kModel, ".bin"));
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want.size());
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (std::memcmp(&(*got)[i], &want[i], sizeof(float)) != 0 && differ++ == 0) first = i;
+    }
+    EXPECT_EQ(differ, 0u) << "rank " << r << ": " << differ << " elements differ, first " << first
+                          << ": " << (*got)[first] << " vs " << want[first];
+  }
+}
+
+v1::InspectResponse Inspect(const std::string& address) {
+  auto stub = NewStub(address);
+  v1::InspectResponse response;
+  const grpc::Status s = RawInspect(*stub, kModel, &response, 10);
+  EXPECT_TRUE(s.ok()) << address << ": " << s.error_message();
+  return response;
+}
+
+// Each shard applied every push once: every trainer at `steps`, the version
+// and the optimizer's step count their sum.
+void ExpectEveryPushOnce(const std::vector<std::string>& addresses, uint32_t trainers, int steps) {
+  for (const std::string& address : addresses) {
+    const v1::InspectResponse r = Inspect(address);
+    EXPECT_EQ(std::vector<int64_t>(r.trainer_steps().begin(), r.trainer_steps().end()),
+              std::vector<int64_t>(trainers, steps))
+        << address;
+    EXPECT_EQ(r.version(), int64_t{trainers} * steps) << address;
+    EXPECT_EQ(r.optimizer_steps(), int64_t{trainers} * steps) << address;
+  }
+}
+
+TEST(AsyncTest, SgdIsExactWhateverTheInterleaving) {
+  constexpr uint32_t kShards = 2, kTrainers = 3;
+  constexpr int kSteps = 30;
+  auto servers = StartCluster(kShards);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::string out = MakeTempDir("async_exact");
+  RunTrainers(Addresses(*servers), kTrainers, kModel, kSteps, out, AsyncFlags("async"));
+  ExpectExactSgd(kShards, kTrainers, kSteps, out);
+  ExpectEveryPushOnce(Addresses(*servers), kTrainers, kSteps);
+  // The shards applied the pushes in orders of their own, each trainer's in
+  // its step order.
+  for (const std::string& address : Addresses(*servers)) {
+    const v1::InspectResponse r = Inspect(address);
+    ASSERT_EQ(r.applied_order_size(), kTrainers * kSteps);
+    std::vector<int64_t> last(kTrainers, 0);
+    for (const v1::AppliedPush& p : r.applied_order()) {
+      ASSERT_EQ(p.step(), last[p.trainer_rank()] + 1) << address;
+      last[p.trainer_rank()] = p.step();
+    }
+  }
+}
+
+// SIGKILL each shard in turn (and one trainer) while three trainers train
+// asynchronously; shards come back from their periodic checkpoints (cuts),
+// the trainers re-push what they lost, and the end is exact.
+TEST(AsyncTest, KilledShardsAndTrainerLoseNothingAndApplyNothingTwice) {
+  constexpr uint32_t kShards = 2, kTrainers = 3;
+  constexpr int kSteps = 60, kKills = 4;
+  const std::string root = MakeTempDir("async_faults");
+  const std::string ckpt = root + "/ckpt";
+  const std::vector<std::string> flags = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=5",
+                                          "--restore_from=" + ckpt};
+  auto servers = StartCluster(kShards, flags);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> addresses = Addresses(*servers);
+  std::vector<std::string> extra = AsyncFlags("async");
+  extra.insert(extra.end(), {"--replay_steps=40", "--retry_budget=60s", "--chunk_bytes=256",
+                             "--min_step_time=15ms"});
+  std::vector<std::unique_ptr<ChildProcess>> trainers;
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainers(addresses, kTrainers, kModel, kSteps, root + "/out", extra, &trainers));
+  std::mt19937 rng(14);
+  for (int kill = 0; kill < kKills; ++kill) {
+    const uint32_t victim = kill % kShards;
+    // Spread over the run: versions count pushes (T per trainer step).
+    AwaitVersion(addresses[victim], kModel, (kill + 1) * kTrainers * kSteps / (kKills + 2));
+    absl::SleepFor(absl::Microseconds(std::uniform_int_distribution<int>(0, 5000)(rng)));
+    (*servers)[victim]->process().Signal(SIGKILL);
+    ASSERT_TRUE((*servers)[victim]->process().Wait(absl::Seconds(10)).has_value());
+    std::vector<std::string> restart = flags;
+    restart.push_back("--listen=" + addresses[victim]);
+    auto restarted = ServerProcess::Start(victim, kShards, restart);
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+    (*servers)[victim] = std::move(*restarted);
+    if (kill == 1) {
+      // A trainer dies too and its new process goes on from where the shards
+      // have it (its gradients do not depend on the parameters: the same).
+      trainers[1]->Signal(SIGKILL);
+      ASSERT_TRUE(trainers[1]->Wait(absl::Seconds(10)).has_value());
+      ASSERT_NO_FATAL_FAILURE(StartTrainer(addresses, 1, kTrainers, kModel, kSteps, root + "/out",
+                                           extra, &trainers[1]));
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
+  ExpectExactSgd(kShards, kTrainers, kSteps, root + "/out");
+  ExpectEveryPushOnce(addresses, kTrainers, kSteps);
+  int64_t replayed = 0;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    replayed += TrainerCount(root + "/out", r, kModel, "replayed");
+  }
+  EXPECT_GT(replayed, 0) << "no shard lost a push: the kills tested nothing";
+}
+
+TEST(AsyncTest, BoundedStalenessHoldsEveryPushOfTheFastTrainer) {
+  constexpr uint32_t kShards = 2, kTrainers = 2;
+  constexpr int kSteps = 30;
+  constexpr int64_t kStaleness = 2;
+  auto servers = StartCluster(kShards);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::string out = MakeTempDir("bounded");
+  std::vector<std::unique_ptr<ChildProcess>> trainers(kTrainers);
+  const std::vector<std::string> flags = AsyncFlags("bounded", kStaleness);
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainer(Addresses(*servers), 0, kTrainers, kModel, kSteps, out, flags, &trainers[0]));
+  std::vector<std::string> slow = flags;
+  slow.push_back("--min_step_time=40ms");  // Twice... many times slower on purpose.
+  ASSERT_NO_FATAL_FAILURE(
+      StartTrainer(Addresses(*servers), 1, kTrainers, kModel, kSteps, out, slow, &trainers[1]));
+  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
+  absl::StatusOr<std::vector<float>> staleness =
+      ReadFloats(absl::StrCat(out, "/rank0/", kModel, ".staleness"));
+  ASSERT_TRUE(staleness.ok()) << staleness.status();
+  ASSERT_EQ(staleness->size(), kSteps + 1u);
+  float worst = 0;
+  for (int step = 1; step <= kSteps; ++step) {
+    EXPECT_LE((*staleness)[step], kStaleness) << "step " << step;
+    worst = std::max(worst, (*staleness)[step]);
+  }
+  EXPECT_EQ(worst, kStaleness) << "the fast trainer never ran ahead: the test tested nothing";
+  for (const std::string& address : Addresses(*servers)) {
+    EXPECT_LE(Inspect(address).max_staleness(), kStaleness) << address;
+  }
+  ExpectExactSgd(kShards, kTrainers, kSteps, out);
+}
+
+TEST(AsyncTest, ATrainerThatStopsIsNamedInTheOthersError) {
+  auto servers = StartCluster(1);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::string out = MakeTempDir("stopped");
+  // Rank 0 of 2 alone: its step 2 waits for trainer 1's step 1, which never
+  // comes.
+  std::vector<std::string> args =
+      TrainerArgs(Addresses(*servers), 0, 2, kModel, 5, out, AsyncFlags("bounded", 1));
+  args.insert(args.end(), {"--retry_budget=3s", "--rpc_timeout=10s"});
+  std::string command = Runfile("tests/test_trainer");
+  for (const std::string& a : args) command += " '" + a + "'";
+  const auto [code, output] = RunShell(command);
+  EXPECT_NE(code, 0) << output;
+  EXPECT_TRUE(absl::StrContains(output, "waits for trainer(s) 1 (pushed step 0)")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "step 2")) << output;
+  // Nothing of the refused push stayed: trainer 0 has its step 1 only.
+  const v1::InspectResponse r = Inspect((*servers)[0]->address());
+  EXPECT_EQ(std::vector<int64_t>(r.trainer_steps().begin(), r.trainer_steps().end()),
+            (std::vector<int64_t>{1, 0}));
+}
+
+// The Checkpoint RPC on every shard for the same step (a uniform cut).
+void CheckpointEveryShard(const std::vector<std::string>& servers, int64_t step,
+                          const std::string& dir) {
+  for (uint32_t i = 0; i < servers.size(); ++i) {
+    auto stub = NewStub(servers[i]);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::CheckpointRequest request;
+    request.set_model_id(kModel);
+    request.set_directory(dir);
+    request.set_step(step);
+    request.set_shard_index(i);
+    v1::CheckpointResponse response;
+    const grpc::Status s = stub->Checkpoint(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.committed(), i + 1 == servers.size()) << "shard " << i;
+  }
+}
+
+TEST(AsyncTest, AnAsyncCheckpointRestoresOnOtherShardCountsExactly) {
+  constexpr uint32_t kTrainers = 2;
+  constexpr int kFirst = 10, kTotal = 16;
+  const std::string root = MakeTempDir("async_reshard");
+  {
+    auto servers = StartCluster(3);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    RunTrainers(Addresses(*servers), kTrainers, kModel, kFirst, root + "/first",
+                AsyncFlags("async"));
+    ASSERT_NO_FATAL_FAILURE(
+        CheckpointEveryShard(Addresses(*servers), kFirst, root + "/ckpt/" + kModel));
+  }
+  for (uint32_t shards : {2u, 5u}) {
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    auto servers = StartCluster(shards, {"--restore_from=" + root + "/ckpt"});
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    for (const std::string& address : Addresses(*servers)) {
+      const v1::InspectResponse r = Inspect(address);
+      EXPECT_EQ(std::vector<int64_t>(r.trainer_steps().begin(), r.trainer_steps().end()),
+                std::vector<int64_t>(kTrainers, kFirst));
+    }
+    const std::string out = absl::StrCat(root, "/resumed", shards);
+    RunTrainers(Addresses(*servers), kTrainers, kModel, kTotal, out, AsyncFlags("async"));
+    ExpectExactSgd(shards, kTrainers, kTotal, out);
+    ExpectEveryPushOnce(Addresses(*servers), kTrainers, kTotal);
+  }
+}
+
+}  // namespace
+}  // namespace shardopt::testing
