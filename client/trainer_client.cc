@@ -388,6 +388,8 @@ absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* 
     if (!absl::IsOutOfRange(status) || round >= kMaxRecoveries) break;
     // A shard restarted from an older checkpoint: steps up to `step` - 1 first.
     if (absl::Status s = asynchronous() ? CatchUpShards(step) : Recover(step - 1); !s.ok()) {
+      // (A shard that went back again during the catch-up: look again.)
+      if (asynchronous() && absl::IsOutOfRange(s)) continue;
       return s;
     }
   }

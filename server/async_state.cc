@@ -58,7 +58,8 @@ void AsyncState::AbortPush(uint32_t rank, int64_t step) {
 }
 
 bool AsyncState::WithdrawQueued(uint32_t rank, int64_t step) {
-  const auto it = std::find(queue_.begin(), queue_.end(), std::make_pair(rank, step));
+  const auto it = std::find_if(queue_.begin(), queue_.end(),
+                               [&](const Queued& q) { return q.rank == rank && q.step == step; });
   if (it == queue_.end()) return false;
   queue_.erase(it);
   slots_[rank] = Slot::kEmpty;
@@ -71,7 +72,7 @@ absl::Status AsyncState::CommitPush(uint32_t rank, int64_t step) {
         absl::StrCat("trainer ", rank, "'s push of step ", step, " is not being received"));
   }
   slots_[rank] = Slot::kQueued;
-  queue_.emplace_back(rank, step);
+  queue_.push_back(Queued{rank, step, commits_++});
   return absl::OkStatus();
 }
 
@@ -85,7 +86,10 @@ std::vector<std::pair<uint32_t, int64_t>> AsyncState::Laggards(uint32_t rank, in
   std::vector<std::pair<uint32_t, int64_t>> laggards;
   if (options_.staleness <= 0) return laggards;
   for (uint32_t t = 0; t < options_.num_trainers; ++t) {
-    if (t != rank && pushed(t) < step - options_.staleness) laggards.emplace_back(t, pushed(t));
+    // Applied steps only: a queued push may still be withdrawn (its call
+    // gave up), and the bound must hold for what is applied. (The slowest
+    // trainer's next step is always eligible: no deadlock.)
+    if (t != rank && applied_[t] < step - options_.staleness) laggards.emplace_back(t, applied_[t]);
   }
   return laggards;
 }
@@ -94,13 +98,13 @@ std::string AsyncState::DescribeWait(uint32_t rank, int64_t step) const {
   std::vector<std::string> reasons;
   const std::vector<std::pair<uint32_t, int64_t>> laggards = Laggards(rank, step);
   if (!laggards.empty()) {
-    reasons.push_back(
-        absl::StrCat("staleness ", options_.staleness, ": waits for trainer(s) ",
-                     absl::StrJoin(laggards, ", ",
-                                   [](std::string* out, const std::pair<uint32_t, int64_t>& l) {
-                                     absl::StrAppend(out, l.first, " (pushed step ", l.second, ")");
-                                   }),
-                     " to push step ", step - options_.staleness));
+    reasons.push_back(absl::StrCat(
+        "staleness ", options_.staleness, ": waits for trainer(s) ",
+        absl::StrJoin(laggards, ", ",
+                      [](std::string* out, const std::pair<uint32_t, int64_t>& l) {
+                        absl::StrAppend(out, l.first, " (applied step ", l.second, ")");
+                      }),
+        " to push step ", step - options_.staleness));
   }
   if (cut_ && step > (*cut_)[rank]) {
     reasons.push_back(
@@ -114,20 +118,24 @@ std::string AsyncState::DescribeWait(uint32_t rank, int64_t step) const {
   return absl::StrCat("trainer ", rank, "'s step ", step, ": ", absl::StrJoin(reasons, "; "));
 }
 
-bool AsyncState::CanClaim() const {
+bool AsyncState::CanClaimCommittedBefore(uint64_t commit) const {
   if (applying_ || failed()) return false;
-  return std::any_of(queue_.begin(), queue_.end(), [this](const std::pair<uint32_t, int64_t>& q) {
-    return Eligible(q.first, q.second);
-  });
+  return std::any_of(queue_.begin(), queue_.end(),
+                     [&](const Queued& q) { return q.seq < commit && Eligible(q.rank, q.step); });
 }
 
 std::optional<AsyncState::Claim> AsyncState::ClaimApply() {
   if (applying_ || failed()) return std::nullopt;
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-    const auto [rank, step] = *it;
+    const uint32_t rank = it->rank;
+    const int64_t step = it->step;
     if (!Eligible(rank, step)) continue;
-    int64_t slowest = pushed(0);
-    for (uint32_t t = 1; t < options_.num_trainers; ++t) slowest = std::min(slowest, pushed(t));
+    // How far ahead of the slowest trainer's applied step, counting this
+    // push as done: 0 when every trainer is level.
+    int64_t slowest = step;
+    for (uint32_t t = 0; t < options_.num_trainers; ++t) {
+      if (t != rank) slowest = std::min(slowest, applied_[t]);
+    }
     queue_.erase(it);
     slots_[rank] = Slot::kApplying;
     applying_ = true;

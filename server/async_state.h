@@ -15,9 +15,10 @@
 // checkpoint).
 //
 // A committed push waits (kQueued) until it is eligible:
-//  - bounded staleness s >= 1: trainer r's step k, until every trainer has
-//    pushed (committed here) its step k - s or later; Laggards() names the
-//    trainers it waits for;
+//  - bounded staleness s >= 1: trainer r's step k, until every other
+//    trainer's step k - s or later is applied here (applied, not only
+//    queued: a queued push may be withdrawn); Laggards() names the trainers
+//    it waits for;
 //  - a cut (SetCut: a checkpoint as a consistent cut): a push of a step
 //    beyond the cut's entry for its trainer, until the cut is released, so
 //    that the shard reaches exactly the cut (CutReached) and every shard's
@@ -88,13 +89,21 @@ class AsyncState {
     uint32_t rank = 0;
     int64_t step = 0;
     int64_t version = 0;    // The shard's version once it is applied.
-    int64_t staleness = 0;  // How far `step` is ahead of the slowest trainer's pushed step.
+    // How far `step` is ahead of the slowest other trainer's applied step
+    // (0 when every trainer is level; at most the bound).
+    int64_t staleness = 0;
   };
   // The first eligible queued push (now kApplying); nullopt while one is
   // being applied, or none is eligible.
   std::optional<Claim> ClaimApply();
   // ClaimApply would claim one now.
-  bool CanClaim() const;
+  bool CanClaim() const { return CanClaimCommittedBefore(commits_); }
+  // The same among the pushes committed before the `commit`-th (see
+  // commits()): a pull waits for those only, so that later commits cannot
+  // keep it waiting.
+  bool CanClaimCommittedBefore(uint64_t commit) const;
+  // Pushes committed so far.
+  uint64_t commits() const { return commits_; }
   bool applying() const { return applying_; }
   void FinishApply(const Claim& claim);
   // The backend failed while applying: terminal.
@@ -110,8 +119,9 @@ class AsyncState {
   bool IsApplied(uint32_t rank, int64_t step) const { return step <= applied_[rank]; }
   bool failed() const { return !failure_.ok(); }
   const absl::Status& failure() const { return failure_; }
-  // Bounded staleness: the trainers whose pushed step is below step - s, as
-  // (rank, pushed step); empty when trainer `rank`'s step `step` may go.
+  // Bounded staleness: the other trainers whose applied step is below
+  // step - s, as (rank, applied step); empty when trainer `rank`'s step
+  // `step` may go.
   std::vector<std::pair<uint32_t, int64_t>> Laggards(uint32_t rank, int64_t step) const;
   // What trainer `rank`'s step `step` waits for, in words (for errors and
   // wait reports); empty when it is not waiting.
@@ -161,8 +171,14 @@ class AsyncState {
   const AsyncOptions options_;
   std::vector<int64_t> applied_;
   std::vector<Slot> slots_;
-  // Committed, not yet applied, in commit order: (rank, step).
-  std::deque<std::pair<uint32_t, int64_t>> queue_;
+  // Committed, not yet applied, in commit order.
+  struct Queued {
+    uint32_t rank;
+    int64_t step;
+    uint64_t seq;  // Its place among all commits.
+  };
+  std::deque<Queued> queue_;
+  uint64_t commits_ = 0;
   bool applying_ = false;
   std::optional<std::vector<int64_t>> cut_;
   std::multiset<int64_t> holds_;

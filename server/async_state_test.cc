@@ -96,21 +96,27 @@ TEST(AsyncStateTest, BoundedStalenessHoldsTheFastTrainerAndNamesTheSlowOne) {
   EXPECT_TRUE(ApplyAll(state).empty()) << "step 3 waits for step 1 of trainers 1 and 2";
   EXPECT_EQ(state.Laggards(0, 3), (std::vector<std::pair<uint32_t, int64_t>>{{1, 0}, {2, 0}}));
   const std::string why = state.DescribeWait(0, 3);
-  EXPECT_TRUE(absl::StrContains(why, "trainer(s) 1 (pushed step 0), 2 (pushed step 0)")) << why;
+  EXPECT_TRUE(absl::StrContains(why, "trainer(s) 1 (applied step 0), 2 (applied step 0)")) << why;
   EXPECT_TRUE(absl::StrContains(why, "to push step 1")) << why;
   ASSERT_NO_FATAL_FAILURE(Push(state, 1, 1));
   // Trainer 1's step applies; 0's step 3 still waits for trainer 2.
   EXPECT_EQ(ApplyAll(state), (std::vector<std::pair<uint32_t, int64_t>>{{1, 1}}));
   EXPECT_EQ(state.Laggards(0, 3), (std::vector<std::pair<uint32_t, int64_t>>{{2, 0}}));
   ASSERT_NO_FATAL_FAILURE(Push(state, 2, 1));
-  // A queued push counts as pushed: 2's step 1 frees 0's step 3 at once.
+  // A queued push does not count until it is applied (it could still be
+  // withdrawn): 2's step 1 goes first, then 0's step 3, 2 steps ahead.
   std::optional<AsyncState::Claim> claim = state.ClaimApply();
+  ASSERT_TRUE(claim.has_value());
+  EXPECT_EQ(claim->rank, 2u);
+  EXPECT_EQ(claim->step, 1);
+  state.FinishApply(*claim);
+  claim = state.ClaimApply();
   ASSERT_TRUE(claim.has_value());
   EXPECT_EQ(claim->rank, 0u);
   EXPECT_EQ(claim->step, 3);
   EXPECT_EQ(claim->staleness, 2);
   state.FinishApply(*claim);
-  EXPECT_EQ(ApplyAll(state), (std::vector<std::pair<uint32_t, int64_t>>{{2, 1}}));
+  EXPECT_EQ(ApplyAll(state), (std::vector<std::pair<uint32_t, int64_t>>{}));
   EXPECT_EQ(state.DescribeWait(0, 3), "");
   // Its step 4 would wait for both others' step 2.
   EXPECT_EQ(state.Laggards(0, 4), (std::vector<std::pair<uint32_t, int64_t>>{{1, 1}, {2, 1}}));
@@ -220,9 +226,11 @@ TEST(AsyncStateTest, RestoreAndFailure) {
 }
 
 // Trainers that push their steps in a random interleaving, break off and
-// resend, retry pushes already applied; applications come at random moments.
-// Every (trainer, step) is applied exactly once, each trainer's in order,
-// none more than s ahead of the slowest trainer's pushed step.
+// resend, retry pushes already applied, give up on queued pushes
+// (withdrawn); checkpoint holds come and go; applications come at random
+// moments. Every (trainer, step) is applied exactly once, each trainer's in
+// order, none more than s ahead of any other trainer's applied step (checked
+// against applied(), not the claim's own figure), none past a hold.
 TEST(AsyncStateTest, RandomSchedulesApplyEveryPushExactlyOnce) {
   for (int64_t staleness : {0, 1, 3}) {
     for (uint64_t seed = 1; seed <= 20; ++seed) {
@@ -232,9 +240,10 @@ TEST(AsyncStateTest, RandomSchedulesApplyEveryPushExactlyOnce) {
       AsyncState state({kTrainers, staleness});
       std::vector<int64_t> next(kTrainers, 1);  // Each trainer's step to push.
       std::map<std::pair<uint32_t, int64_t>, int> times_applied;
+      std::optional<int64_t> hold;
       for (int round = 0; round < 100000 && state.version() < kTrainers * kSteps; ++round) {
         const uint32_t r = static_cast<uint32_t>(rng() % kTrainers);
-        switch (rng() % 4) {
+        switch (rng() % 6) {
           case 0:
           case 1: {  // Trainer r pushes its next step (maybe breaking off).
             if (next[r] > kSteps) break;
@@ -266,9 +275,32 @@ TEST(AsyncStateTest, RandomSchedulesApplyEveryPushExactlyOnce) {
               ASSERT_EQ(c->step, state.applied()[c->rank] + 1) << "in each trainer's order";
               if (staleness > 0) {
                 ASSERT_LE(c->staleness, staleness);
+                for (uint32_t t = 0; t < kTrainers; ++t) {
+                  if (t != c->rank) ASSERT_GE(state.applied()[t], c->step - staleness);
+                }
               }
+              if (hold) ASSERT_LE(c->step, *hold) << "past the held cut";
               ++times_applied[{c->rank, c->step}];
               state.FinishApply(*c);
+            }
+            break;
+          }
+          case 4: {  // Trainer r's call gives up on its queued push.
+            if (state.slot(r) == AsyncState::Slot::kQueued) {
+              ASSERT_TRUE(state.WithdrawQueued(r, state.applied()[r] + 1));
+            }
+            break;
+          }
+          case 5: {  // A checkpoint's hold is taken (when reachable) or released.
+            if (hold) {
+              state.ReleaseHold(*hold);
+              hold.reset();
+            } else if (rng() % 8 == 0) {
+              const int64_t at = state.applied()[r] + static_cast<int64_t>(rng() % 4);
+              if (state.UniformCutReachable(at)) {
+                state.AddHold(at);
+                hold = at;
+              }
             }
             break;
           }

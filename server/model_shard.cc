@@ -114,6 +114,7 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
       backend_(std::move(backend)) {
   if (asynchronous()) {
     async_.emplace(AsyncOptions{options_.num_trainers, options_.staleness});
+    async_push_times_.resize(options_.num_trainers);
   }
   if (options_.step_timeline) {
     timeline_ = std::make_unique<StepTimeline>(
@@ -165,12 +166,6 @@ int64_t ModelShard::version() const {
 int64_t ModelShard::checkpoint_step() const {
   absl::MutexLock lock(&mu_);
   return async_ ? async_->slowest_applied() : state_.version();
-}
-
-int64_t ModelShard::latest_checkpoint_step() const {
-  absl::MutexLock lock(&mu_);
-  if (!async_) return state_.version();
-  return *std::max_element(async_->applied().begin(), async_->applied().end());
 }
 
 absl::Status ModelShard::DiscardPendingPushes() {

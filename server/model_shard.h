@@ -363,12 +363,8 @@ class ModelShard {
 
   int64_t version() const;
   // The step a checkpoint is named by that the shard is at: the version
-  // (synchronous), else the lowest step every trainer has applied. And the
-  // newest such step a checkpoint of "now" can be taken at: the version,
-  // else the highest step some trainer has applied (the others are waited
-  // for).
+  // (synchronous), else the lowest step every trainer has applied.
   int64_t checkpoint_step() const;
-  int64_t latest_checkpoint_step() const;
   bool asynchronous() const { return IsAsynchronous(options_.consistency); }
   // The lr of the step that made `version` when known (the current version,
   // or the next while it is applied range by range), else 0.
@@ -514,6 +510,8 @@ class ModelShard {
   std::optional<AsyncState> async_ ABSL_GUARDED_BY(mu_);
   int read_pins_ ABSL_GUARDED_BY(mu_) = 0;
   double last_async_lr_ ABSL_GUARDED_BY(mu_) = 0;  // Of the last push applied.
+  // When each trainer's last push was applied (Inspect's activity).
+  std::vector<std::optional<absl::Time>> async_push_times_ ABSL_GUARDED_BY(mu_);
 
   // Guards the backend's parameters and optimizer state in two levels, so
   // that a pull can read a range that is done while the next range is

@@ -79,6 +79,7 @@ void ModelShard::RunOneAsyncApply() {
   }
   async_->FinishApply(*claim);
   last_async_lr_ = config.lr;
+  async_push_times_[claim->rank] = absl::Now();
 }
 
 absl::Status ModelShard::AwaitAsync(const std::function<bool()>& ready, absl::Time deadline,
@@ -150,14 +151,17 @@ absl::StatusOr<int64_t> ModelShard::AsyncPullTarget(int64_t min_version, absl::T
   if (pushed) {
     if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
   }
+  if (pin != nullptr) pin->Release();  // (Before mu_: releasing takes it.)
   absl::MutexLock lock(&mu_);
   if (absl::Status s = AsyncCheckHolds(pushed); !s.ok()) return s;
-  // Pushes that may be applied go first (and one being applied ends): a
-  // stream of pulls cannot starve them, and the pull gets the newest
-  // parameters.
+  // Pushes committed before this pull that may be applied go first (and one
+  // being applied ends): pulls cannot starve pushes, later commits cannot
+  // starve this pull, and it gets the parameters of every push that was in.
+  const uint64_t arrived = async_->commits();
   const absl::Status waited = AwaitAsync(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return async_->version() >= min_version && !async_->applying() && !async_->CanClaim();
+        return async_->version() >= min_version && !async_->applying() &&
+               !async_->CanClaimCommittedBefore(arrived);
       },
       deadline, cancelled);
   if (absl::IsDeadlineExceeded(waited)) {
@@ -169,7 +173,7 @@ absl::StatusOr<int64_t> ModelShard::AsyncPullTarget(int64_t min_version, absl::T
   if (!waited.ok()) return waited;
   if (pin != nullptr) {
     ++read_pins_;
-    *pin = ReadPin(this);
+    pin->shard_ = this;
   }
   return async_->version();
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/model_shard.h"
@@ -224,7 +225,7 @@ TEST(ModelShardAsyncTest, BoundedStalenessHoldsTheFastTrainerAndNamesTheLaggard)
   ASSERT_TRUE(start->writer->Write(0, g3.data(), g3.size() * sizeof(float)).ok());
   absl::Status held = start->writer->Commit(absl::Now() + absl::Milliseconds(200)).status();
   EXPECT_EQ(held.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE(absl::StrContains(held.message(), "trainer(s) 1 (pushed step 0)")) << held;
+  EXPECT_TRUE(absl::StrContains(held.message(), "trainer(s) 1 (applied step 0)")) << held;
   start->writer.reset();
   EXPECT_EQ(shard->version(), kStaleness);
   ShardSnapshot snap = shard->Snapshot("", 0, 0, false).value();
@@ -330,30 +331,58 @@ TEST(ModelShardAsyncTest, PinnedPullsReadWholeVersions) {
   constexpr uint32_t kTrainers = 2;
   std::unique_ptr<ModelShard> shard =
       MakeAsyncShard(&pool, kTrainers, Consistency::kAsync, 0, OptimizerConfig::Sgd(kLr));
+  const ModelLayout& layout = shard->layout();
   std::atomic<bool> done{false};
+  std::vector<std::string> errors;
   std::thread trainers([&] {
-    std::vector<std::string> errors;
     RunTrainers(*shard, kTrainers, 1, 30, &errors);
-    for (const std::string& e : errors) EXPECT_EQ(e, "");
     done = true;
   });
-  int reads = 0;
+  const std::vector<float> p0 = DyadicStart(layout);
+  int reads = 0, checked = 0;
   std::vector<float> out(shard->size());
-  while (!done.load() || reads == 0) {
+  std::string failure;
+  while (failure.empty() && (!done.load() || reads == 0)) {
     ReadPin pin;
     absl::StatusOr<int64_t> version =
         shard->PullTarget(0, absl::InfiniteFuture(), nullptr, {}, &pin);
-    ASSERT_TRUE(version.ok()) << version.status();
-    // In pieces, as the service streams it: none is aborted.
-    for (uint64_t offset = 0; offset < out.size(); offset += 1000) {
-      const uint64_t n = std::min<uint64_t>(1000, out.size() - offset);
-      ASSERT_TRUE(shard->WaitForRanges(*version, offset, n, absl::InfiniteFuture(), nullptr).ok());
-      ASSERT_TRUE(shard->ReadParameters(*version, offset, n, out.data() + offset).ok());
+    if (!version.ok()) {
+      failure = version.status().ToString();
+      break;
     }
-    ++reads;
+    // In pieces, as the service streams it: none is aborted.
+    for (uint64_t offset = 0; offset < out.size() && failure.empty(); offset += 1000) {
+      const uint64_t n = std::min<uint64_t>(1000, out.size() - offset);
+      absl::Status s = shard->WaitForRanges(*version, offset, n, absl::InfiniteFuture(), nullptr);
+      if (s.ok()) s = shard->ReadParameters(*version, offset, n, out.data() + offset);
+      if (!s.ok()) failure = absl::StrCat("version ", *version, ": ", s.ToString());
+    }
+    // Every fifth read: the values are p0 - lr * (the pushes applied, which
+    // the pin keeps as they are), exactly.
+    if (failure.empty() && reads++ % 5 == 0) {
+      const ShardSnapshot snap = shard->Snapshot("", 0, 0, false).value();
+      if (static_cast<int64_t>(snap.applied_order.size()) != *version) {
+        failure = absl::StrCat(snap.applied_order.size(), " pushes applied at version ", *version);
+        break;
+      }
+      std::vector<double> sum(out.size(), 0.0);
+      for (const auto& [rank, step] : snap.applied_order) {
+        const std::vector<float> g = DyadicGradient(layout, rank, step);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
+      }
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (out[i] != static_cast<float>(p0[i] - kLr * sum[i])) {
+          failure = absl::StrCat("version ", *version, " element ", i, ": ", out[i]);
+          break;
+        }
+      }
+      ++checked;
+    }
   }
   trainers.join();
-  EXPECT_GT(reads, 0);
+  EXPECT_EQ(failure, "");
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_GT(checked, 0);
 }
 
 TEST(ModelShardAsyncTest, SynchronousOnlyCallsAreRefused) {

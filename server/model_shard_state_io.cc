@@ -129,6 +129,9 @@ absl::Status ModelShard::CheckpointAt(
 absl::Status ModelShard::CheckRestoreLocked(const ShardProgress& progress) const {
   if (absl::Status s = state_.CheckRestore(progress); !s.ok()) return s;
   if (async_) {
+    if (async_->version() != 0) {
+      return absl::FailedPreconditionError("a shard that has taken pushes cannot be restored");
+    }
     return async_->CheckRestore(AsyncProgress{progress.trainer_steps, progress.version});
   }
   if (!progress.trainer_steps.empty()) {
@@ -274,7 +277,7 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
       snap.max_staleness = async_->max_staleness();
       snap.applied_order.assign(async_->recent_order().begin(), async_->recent_order().end());
       for (uint32_t t = 0; t < snap.trainers.size(); ++t) {
-        snap.trainers[t].last_pushed_step = async_->pushed(t);
+        snap.trainers[t] = TrainerActivity{async_->pushed(t), async_push_times_[t]};
       }
     }
   }

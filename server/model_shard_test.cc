@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -139,6 +140,8 @@ TEST(ModelShardTest, ReadsRacingUpdatesAreWholeVersionsOrAborted) {
   // update); the other steps follow each other at once and the reads race them.
   std::atomic<int64_t> attempted_version{-1};
   std::thread writer([&] {
+    // (Also when an assertion ends the thread early: the reader stops.)
+    absl::Cleanup stop_reader = [&] { done = true; };
     for (int64_t step = 1; step <= kSteps; ++step) {
       ASSERT_TRUE(PushAll(*shard, 0, step).ok());
       if (step % 10 != 0) continue;
@@ -148,7 +151,6 @@ TEST(ModelShardTest, ReadsRacingUpdatesAreWholeVersionsOrAborted) {
         std::this_thread::yield();
       }
     }
-    done = true;
   });
   int whole = 0, aborted = 0;
   std::vector<float> out(shard->size());

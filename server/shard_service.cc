@@ -455,6 +455,11 @@ grpc::Status ShardServiceImpl::PullParameters(
       shard.PullTarget(request->min_version(), deadline, cancelled, PushedByOf(*request), &pin);
   if (!version.ok()) return Error(version.status());
   response.set_version(*version);
+  // Asynchronous over the stream: every message is read under the pin and
+  // sent after it is released, so that a slow reader (flow control) holds no
+  // push back. (The same one copy into the messages; all of them at once.)
+  const bool read_first = shard.asynchronous() && !shared;
+  std::vector<v1::PullParametersResponse> read_messages;
   const size_t element = DTypeSize(*dtype);
   const uint64_t chunk_elements = std::max<uint64_t>(1, options_.pull_chunk_bytes / element);
   for (uint64_t offset = 0; offset < shard.size(); offset += chunk_elements) {
@@ -480,7 +485,19 @@ grpc::Status ShardServiceImpl::PullParameters(
     }
     absl::Status read = shard.ReadParameters(*version, offset, count, *dtype, out);
     if (!read.ok()) return Error(read);
+    if (read_first) {
+      read_messages.push_back(std::move(response));
+      response = v1::PullParametersResponse();
+      response.set_version(*version);
+      continue;
+    }
     if (!shared && !writer->Write(response)) {
+      return grpc::Status(grpc::CANCELLED, "client went away during the pull");
+    }
+  }
+  pin.Release();
+  for (const v1::PullParametersResponse& message : read_messages) {
+    if (!writer->Write(message)) {
       return grpc::Status(grpc::CANCELLED, "client went away during the pull");
     }
   }

@@ -72,6 +72,8 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
   for (uint32_t r : snap->trainers_pushed) response->add_trainers_pushed(r);
   for (int64_t step : snap->trainer_steps) response->add_trainer_steps(step);
   response->set_max_staleness(snap->max_staleness);
+  response->set_consistency(config.consistency());
+  response->set_staleness(config.staleness());
   for (const auto& [rank, step] : snap->applied_order) {
     v1::AppliedPush* applied = response->add_applied_order();
     applied->set_trainer_rank(rank);
@@ -157,6 +159,8 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
       summary->set_partly_run(snap->partly_run);
       for (int64_t step : snap->trainer_steps) summary->add_trainer_steps(step);
       summary->set_max_staleness(snap->max_staleness);
+      summary->set_consistency(model->config().consistency());
+      summary->set_staleness(model->config().staleness());
     }
     summary->set_incarnation(model->incarnation());
     // Listed afresh: recovery decides on these.
@@ -193,7 +197,14 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
         absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));
   }
   ModelShard& shard = (*model)->shard();
-  const int64_t step = request->step() == -1 ? shard.latest_checkpoint_step() : request->step();
+  if (request->step() == -1 && shard.asynchronous()) {
+    // Each shard's own newest would differ: the parts must be of one cut.
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "model '", request->model_id(), "' is ", ConsistencyName(shard.options().consistency),
+        ": name the step to checkpoint (every trainer's step N; TrainerClient::Checkpoint takes "
+        "the highest step any shard applied)")));
+  }
+  const int64_t step = request->step() == -1 ? shard.version() : request->step();
   absl::Duration write_time;
   absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
       shard, (*model)->config(), request->directory(), step, absl::FromChrono(context->deadline()),

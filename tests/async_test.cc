@@ -198,7 +198,7 @@ TEST(AsyncTest, ATrainerThatStopsIsNamedInTheOthersError) {
   for (const std::string& a : args) command += " '" + a + "'";
   const auto [code, output] = RunShell(command);
   EXPECT_NE(code, 0) << output;
-  EXPECT_TRUE(absl::StrContains(output, "waits for trainer(s) 1 (pushed step 0)")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "waits for trainer(s) 1 (applied step 0)")) << output;
   EXPECT_TRUE(absl::StrContains(output, "step 2")) << output;
   // Nothing of the refused push stayed: trainer 0 has its step 1 only.
   const v1::InspectResponse r = Inspect((*servers)[0]->address());

@@ -592,9 +592,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         checkpoints = None
         if self._checkpoint_dir:
             checkpoints = [
+                # (Asynchronous: the cut at the highest step any rank has
+                # applied, which the others reach; this rank's own may be behind.)
                 g.client.checkpoint(os.path.join(self._checkpoint_dir, g.model_id,
                                                  f"step-{self._version:08d}"),
-                                    self._version)
+                                    self._version if self._consistency == "sync" else -1)
                 for g in self._groups]
         groups = []
         index = 0

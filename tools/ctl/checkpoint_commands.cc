@@ -63,14 +63,21 @@ int Checkpoint(const CheckpointOptions& options, FILE* out) {
   int64_t step = options.step;
   if (step < 0) {
     // The latest version any shard has: shards still behind (mid-step)
-    // wait for it, so all save the same step.
+    // wait for it, so all save the same step. Asynchronous models: the
+    // highest step any trainer has applied on any shard (a uniform cut the
+    // others wait for; versions count pushes there).
     for (const std::string& server : options.servers) {
       absl::StatusOr<v1::ServerInfo> info = Info(options, server, absl::Seconds(10));
       if (!info.ok()) return Fail("checkpoint", info.status());
       bool found = false;
       for (const v1::ModelSummary& m : info->models()) {
         if (m.model_id() == options.model) {
-          step = std::max(step, m.version());
+          if (m.consistency() == v1::CONSISTENCY_SYNC) {
+            step = std::max(step, m.version());
+          } else {
+            step = std::max<int64_t>(step, 0);
+            for (int64_t applied : m.trainer_steps()) step = std::max(step, applied);
+          }
           found = true;
         }
       }

@@ -45,6 +45,18 @@ std::string SecondsSince(const v1::TrainerActivity& t) {
                                          : absl::StrFormat("%.1f", t.seconds_since_last_push());
 }
 
+// "sync", "async" or "bounded(s=4)".
+std::string Mode(const v1::ModelSummary& m) {
+  switch (m.consistency()) {
+    case v1::CONSISTENCY_ASYNC:
+      return "async";
+    case v1::CONSISTENCY_BOUNDED:
+      return absl::StrCat("bounded(s=", m.staleness(), ")");
+    default:
+      return "sync";
+  }
+}
+
 std::string NewestCheckpoint(const v1::InspectResponse& info) {
   return info.newest_committed_checkpoint() < 0
              ? "-"
@@ -57,9 +69,11 @@ int Status(const CommandOptions& options, FILE* out) {
   int rc = 0;
   Table servers(
       {"SHARD", "ADDRESS", "HEALTH", "DEVICE", "THREADS", "MODELS", "UPTIME_S", "SHM_ATTACHED"});
-  Table models({"MODEL", "SHARD", "RANGE", "VERSION", "TRAINERS", "PUSHED", "CHECKPOINT",
-                "OPTIMIZER", "PARAM_MB", "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
-  Table trainers({"MODEL", "SHARD", "TRAINER", "LAST_PUSHED_STEP", "SECONDS_SINCE"});
+  Table models({"MODEL", "SHARD", "RANGE", "MODE", "VERSION", "TRAINERS", "PUSHED", "MAX_STALENESS",
+                "CHECKPOINT", "OPTIMIZER", "PARAM_MB", "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
+  // APPLIED_STEP: the asynchronous modes' per-trainer record ("-" in sync).
+  Table trainers(
+      {"MODEL", "SHARD", "TRAINER", "LAST_PUSHED_STEP", "APPLIED_STEP", "SECONDS_SINCE"});
   for (const std::string& address : options.servers) {
     std::shared_ptr<grpc::Channel> channel = Channel(options, address);
     std::string health = "?";
@@ -103,16 +117,21 @@ int Status(const CommandOptions& options, FILE* out) {
         pushed = absl::StrCat(inspect.trainers_pushed_size(), "/", m.num_trainers());
         checkpoint = NewestCheckpoint(inspect);
         for (const v1::TrainerActivity& t : inspect.trainers()) {
+          const bool has_step = static_cast<int>(t.rank()) < inspect.trainer_steps_size();
           trainers.AddRow({m.model_id(), absl::StrCat(info.shard_index()), absl::StrCat(t.rank()),
-                           absl::StrCat(t.last_pushed_step()), SecondsSince(t)});
+                           absl::StrCat(t.last_pushed_step()),
+                           has_step ? absl::StrCat(inspect.trainer_steps(t.rank())) : "-",
+                           SecondsSince(t)});
         }
       }
-      models.AddRow({m.model_id(), absl::StrCat(info.shard_index()), Range(m.range()),
-                     absl::StrCat(m.version()), absl::StrCat(m.num_trainers()), pushed,
-                     checkpoint, m.optimizer(), Mib(m.bytes().parameter_bytes()),
-                     Mib(m.bytes().optimizer_state_bytes()), Mib(m.bytes().staging_bytes()),
-                     Mib(m.bytes().gradient_bytes_received()),
-                     Mib(m.bytes().parameter_bytes_sent())});
+      const bool asynchronous = m.consistency() != v1::CONSISTENCY_SYNC;
+      models.AddRow(
+          {m.model_id(), absl::StrCat(info.shard_index()), Range(m.range()), Mode(m),
+           absl::StrCat(m.version()), absl::StrCat(m.num_trainers()), asynchronous ? "-" : pushed,
+           asynchronous ? absl::StrCat(m.max_staleness()) : "-", checkpoint, m.optimizer(),
+           Mib(m.bytes().parameter_bytes()), Mib(m.bytes().optimizer_state_bytes()),
+           Mib(m.bytes().staging_bytes()), Mib(m.bytes().gradient_bytes_received()),
+           Mib(m.bytes().parameter_bytes_sent())});
     }
   }
   servers.Print(out);
@@ -168,6 +187,15 @@ int Inspect(const CommandOptions& options, FILE* out) {
     }
     fprintf(out, "  last pushes by trainer [%s]  newest committed checkpoint %s\n",
             absl::StrJoin(pushes, ", ").c_str(), NewestCheckpoint(info).c_str());
+    if (info.consistency() != v1::CONSISTENCY_SYNC) {
+      // The asynchronous record: which of each trainer's steps are applied here.
+      fprintf(out, "  %s: applied steps by trainer [%s]  largest staleness %ld\n",
+              info.consistency() == v1::CONSISTENCY_ASYNC
+                  ? "asynchronous"
+                  : absl::StrCat("bounded staleness ", info.staleness()).c_str(),
+              absl::StrJoin(info.trainer_steps(), ", ").c_str(),
+              static_cast<long>(info.max_staleness()));
+    }
     absl::StatusOr<OptimizerConfig> current = OptimizerConfigFromProto(info.current_optimizer());
     absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(info.lr_schedule());
     fprintf(out, "  optimizer %s  lr schedule %s  last lr %.6g  changes scheduled at [%s]\n",

@@ -49,8 +49,15 @@ TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
   // moment ago, rank 1 nothing yet.
   EXPECT_NE(out.find("LAST_PUSHED_STEP"), std::string::npos) << out;
   EXPECT_NE(out.find("CHECKPOINT"), std::string::npos) << out;
-  EXPECT_TRUE(absl::StrContains(out, "ctl_model  0      0        1                 0.")) << out;
-  EXPECT_TRUE(absl::StrContains(out, "ctl_model  1      1        0                 -")) << out;
+  EXPECT_TRUE(
+      absl::StrContains(out, "ctl_model  0      0        1                 -             0."))
+      << out;
+  EXPECT_TRUE(
+      absl::StrContains(out, "ctl_model  1      1        0                 -             -"))
+      << out;
+  EXPECT_TRUE(
+      std::regex_search(out, std::regex("\nctl_model +0 +\\[0, [0-9]+\\) +sync +0 +2 +1/2 +- ")))
+      << out;
 
   std::tie(rc, out) = RunCtl("inspect --model=ctl_model --servers=" + addresses);
   EXPECT_EQ(rc, 0) << out;
@@ -71,6 +78,27 @@ TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
   std::tie(rc, out) = RunCtl("inspect --model=missing --servers=" + addresses);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("not registered"), std::string::npos) << out;
+
+  // An asynchronous model: its mode, and each trainer's applied step.
+  ModelSpec async_spec = SyntheticModelSpec("ctl_async", OptimizerConfig::Sgd(0.5), 2);
+  async_spec.consistency = Consistency::kBounded;
+  async_spec.staleness = 3;
+  auto async_client = TrainerClient::Connect(Addresses(*servers), TrainerClientOptions());
+  ASSERT_TRUE(async_client.ok());
+  ASSERT_TRUE((*async_client)->Register(async_spec, params).ok());
+  ASSERT_TRUE((*async_client)->Push(1, grad).ok());  // Applied alone: no wait for rank 1.
+  std::tie(rc, out) = RunCtl("status --servers=" + addresses);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("\nctl_async +0 +\\[0, [0-9]+\\) +bounded\\(s=3\\) +1 +2 +- +1 ")))
+      << out;
+  EXPECT_TRUE(
+      absl::StrContains(out, "ctl_async  0      0        1                 1             0."))
+      << out;
+  std::tie(rc, out) = RunCtl("inspect --model=ctl_async --servers=" + addresses);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "bounded staleness 3: applied steps by trainer [1, 0]"))
+      << out;
 
   std::tie(rc, out) = RunCtl("status --timeout_s=1 --servers=" + addresses + ",127.0.0.1:1");
   EXPECT_EQ(rc, 1) << out;

@@ -2,7 +2,8 @@
 # The main job (lm_job.py) shortened to a tiny model: it must PASS, write the
 # plot (a PNG) and the two loss curves, which must agree; and a run whose loss
 # cannot fall (lr 0) must FAIL with exit 1 (run with --no_overlap_backward: it
-# then sends nothing during backward).
+# then sends nothing during backward); a bounded-staleness run with a slow
+# trainer passes within its bound.
 # $1: lm_job.py, $2: shardopt_server, $3: _shardopt.so.
 set -eu
 job="$PWD/$1"
@@ -39,4 +40,21 @@ grep -q 'FAIL: the loss did not go down' "$out.lr0.log" ||
   { echo "lr 0: not the expected failure:"; cat "$out.lr0.log"; exit 1; }
 grep -q ' 0% of the push sent during backward' "$out.lr0.log" ||
   { echo "--no_overlap_backward: something was sent during backward:"; cat "$out.lr0.log"; exit 1; }
+# Bounded staleness with trainer 1 three times slower: it passes, reports the
+# mode, and no push ran more than 2 steps ahead.
+if ! /usr/bin/python3 "$job" $tiny --min_drop=0.2 --consistency=bounded --staleness=2 \
+    --slowdown=3 --server_binary="$server" --out="$out.bounded" >"$out.bounded.log" 2>&1; then
+  echo "the bounded job failed:"; cat "$out.bounded.log"; exit 1
+fi
+grep -q '^PASS$' "$out.bounded.log" || { echo "bounded: no PASS line"; cat "$out.bounded.log"; exit 1; }
+grep -q 'consistency: bounded (staleness 2)' "$out.bounded.log" ||
+  { echo "bounded: no consistency line"; cat "$out.bounded.log"; exit 1; }
+/usr/bin/python3 - "$out.bounded/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["consistency"] == "bounded", s
+assert 1 <= s["max_staleness"] <= 2, f"staleness {s['max_staleness']} outside [1, 2]"
+assert s["eval_loss"] < s["torch_eval_loss"] + 1.0, s
+print(f"bounded: largest staleness {s['max_staleness']}, held-out loss {s['eval_loss']:.3f}")
+PY
 echo "lm_job_test: ok"
