@@ -13,9 +13,7 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFor(const ModelSpec& spec, const Mode
   if (spec.loss_scaling) {
     if (absl::Status s = spec.loss_scaler.Validate(); !s.ok()) return s;
   }
-  if (absl::Status s =
-          CheckConsistency(spec.consistency, spec.staleness, spec.max_grad_norm, spec.loss_scaling);
-      !s.ok()) {
+  if (absl::Status s = CheckConsistency(spec.consistency, spec.staleness); !s.ok()) {
     return s;
   }
   v1::ModelConfig config;

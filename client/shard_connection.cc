@@ -122,7 +122,9 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
   if (ready != nullptr && ready->failed()) {
     return absl::FailedPreconditionError("the streamed push was abandoned");
   }
-  if (ready == nullptr && transport_ != nullptr) {
+  // A skipped step (asynchronous modes) is its header alone.
+  const bool skip = header.header().skip_step();
+  if (ready == nullptr && transport_ != nullptr && !skip) {
     if (std::optional<absl::Status> s = transport_->Push(PayloadCall{context, *stub_, range_},
                                                          header, payload, element_size, response)) {
       return *s;
@@ -137,7 +139,7 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
   frame.header = &header;
   bool open = writer->Write(frame);
   frame.header = nullptr;
-  const uint64_t total = header.header().num_elements();
+  const uint64_t total = skip ? 0 : header.header().num_elements();
   const size_t chunk = std::max<size_t>(1, chunk_bytes / element_size);
   bool abandoned = false;
   for (uint64_t off = 0; open && off < total; off += chunk) {

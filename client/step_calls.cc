@@ -28,7 +28,7 @@ ShardFanOut::Call StepCalls::CallFor(const std::string& what) const {
 absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, double loss_scale,
                              const std::vector<v1::SetHyperparametersRequest>& changes,
                              std::vector<v1::PushGradientsResponse>* responses,
-                             const ShardSubset& which, const ReadyRanges* ready) {
+                             const ShardSubset& which, const ReadyRanges* ready, bool skip) {
   responses->assign(fanout_->size(), v1::PushGradientsResponse());
   const size_t element = DTypeSize(dtype);
   // gRPC may hold the zero-copy payload slices a little past each call's
@@ -55,12 +55,13 @@ absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, dou
           *h->add_hyperparameter_changes() = c;
         }
         h->set_defer_until_complete(ready != nullptr);
+        h->set_skip_step(skip);
         // (Asynchronous modes: a push held back reports what it waits for.)
         h->set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
-        return shard.Push(context, header,
-                          static_cast<const char*>(payload) + shard.range().begin * element,
-                          element, context_.chunk_bytes, &pins, &(*responses)[shard.index()],
-                          ready);
+        return shard.Push(
+            context, header,
+            skip ? nullptr : static_cast<const char*>(payload) + shard.range().begin * element,
+            element, context_.chunk_bytes, &pins, &(*responses)[shard.index()], ready);
       },
       which);
   pins.WaitUntilReleased();

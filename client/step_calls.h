@@ -60,11 +60,14 @@ class StepCalls {
   // (PushHeader.hyperparameter_changes); each shard's answer in `responses`
   // (shard order; only the shards of `which` answer).
   // With `ready` the pushes stream as it says (ShardConnection::Push) and
-  // ask the shards to defer them (PushHeader.defer_until_complete).
+  // ask the shards to defer them (PushHeader.defer_until_complete). With
+  // `skip` (asynchronous modes) the step is skipped: headers only
+  // (PushHeader.skip_step; `payload` unused).
   absl::Status Push(int64_t step, const void* payload, DType dtype, double loss_scale,
                     const std::vector<v1::SetHyperparametersRequest>& changes,
                     std::vector<v1::PushGradientsResponse>* responses,
-                    const ShardSubset& which = {}, const ReadyRanges* ready = nullptr);
+                    const ShardSubset& which = {}, const ReadyRanges* ready = nullptr,
+                    bool skip = false);
   // Every shard's statistics of `step` (waiting until every trainer's
   // gradient is in), in shard order; `pushed_step` (0: none) is checked to
   // be held, as in Pull.

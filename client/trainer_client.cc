@@ -346,6 +346,7 @@ absl::Status TrainerClient::FollowRollBack(absl::Status status) {
 absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const float> flat_grads) {
   CancelStreamedPush();
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
+  if (asynchronous()) return AsyncPush(step, flat_grads);
   std::vector<char> narrowed;
   const void* payload = nullptr;
   if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype,
@@ -356,22 +357,29 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
 }
 
 absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* payload,
-                                                      double loss_scale) {
+                                                      double loss_scale, bool skip) {
   rolled_back_to_.reset();
   // Counted before any shard can see the step (see SetHyperparameters).
   last_pushed_step_ = std::max(last_pushed_step_, step);
   const DType wire_dtype = options_.push_dtype;
-  const size_t bytes = layout_->total_elements() * DTypeSize(wire_dtype);
+  const size_t full_bytes = layout_->total_elements() * DTypeSize(wire_dtype);
+  // (A skipped step is recorded with no payload.)
+  size_t bytes = skip ? 0 : full_bytes;
   // The first push of (trainer, step) is the one the shards may already
   // hold: a restarted trainer re-sends what it journaled, not a recomputed
-  // gradient that could differ from it.
+  // gradient that could differ from it (asynchronous: a skip included).
   std::shared_ptr<const std::vector<char>> journaled;
   if (history_->persistent() && step <= history_->newest_step()) {
     absl::StatusOr<PushedStep> earlier = history_->Find(step);
-    if (earlier.ok() && earlier->dtype == wire_dtype && earlier->payload->size() == bytes &&
-        earlier->loss_scale == loss_scale) {
+    const bool same_kind =
+        earlier.ok() &&
+        (earlier->payload->size() == bytes ||
+         (asynchronous() && (earlier->payload->empty() || earlier->payload->size() == full_bytes)));
+    if (same_kind && earlier->dtype == wire_dtype && earlier->loss_scale == loss_scale) {
       journaled = earlier->payload;
       payload = journaled->data();
+      bytes = journaled->size();
+      skip = journaled->empty();
     }
   }
   if (!journaled) {
@@ -384,7 +392,7 @@ absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* 
   absl::Status status;
   for (int round = 0;; ++round) {
     status = steps_->Push(step, payload, wire_dtype, loss_scale, history_->ChangesAfter(step - 1),
-                          &responses);
+                          &responses, {}, nullptr, skip);
     if (!absl::IsOutOfRange(status) || round >= kMaxRecoveries) break;
     // A shard restarted from an older checkpoint: steps up to `step` - 1 first.
     if (absl::Status s = asynchronous() ? CatchUpShards(step) : Recover(step - 1); !s.ok()) {
@@ -475,6 +483,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   CancelStreamedPush();
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
+  if (asynchronous()) return AsyncStep(step, flat_grads, flat_params);
   const double scale = loss_scale();
   std::vector<char> narrowed;
   const void* payload = nullptr;
@@ -482,7 +491,6 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
                                           scaler_.has_value(), &narrowed, &payload);
       !s.ok())
     return s;
-  if (asynchronous()) return AsyncStep(step, payload, flat_params);
   const bool needs_decision = StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling);
   for (int round = 0;; ++round) {
     // The pull of the version this push makes, opened at once (see

@@ -277,7 +277,9 @@ class TrainerClient {
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
   // Pushes `payload` as step `step` (recording it first), recovering shards
   // that are behind.
-  absl::StatusOr<StepResult> PushPayload(int64_t step, const void* payload, double loss_scale);
+  // `skip` (asynchronous modes): the step is skipped, `payload` unused.
+  absl::StatusOr<StepResult> PushPayload(int64_t step, const void* payload, double loss_scale,
+                                         bool skip = false);
   // Brings every shard to `target` (Recovery); after a rollback, re-attaches
   // and returns the RolledBackError.
   absl::Status Recover(int64_t target);
@@ -295,7 +297,11 @@ class TrainerClient {
   StepResult ResultOfPush(int64_t step, const std::vector<v1::PushGradientsResponse>& responses,
                           DType wire_dtype) const;
   // ---- Asynchronous modes (trainer_client_async.cc).
-  absl::StatusOr<StepResult> AsyncStep(int64_t step, const void* payload,
+  // The trainer's own gradient control (ModelConfig.consistency: clip by its
+  // own norm, unscale, skip an overflow and back its scaler off), then the
+  // push.
+  absl::StatusOr<StepResult> AsyncPush(int64_t step, absl::Span<const float> flat_grads);
+  absl::StatusOr<StepResult> AsyncStep(int64_t step, absl::Span<const float> flat_grads,
                                        absl::Span<float> flat_params);
   // Re-pushes, from the history, this trainer's steps before `step` that some
   // shard lacks (it restarted from a checkpoint) to that shard alone.

@@ -3,6 +3,7 @@
 // the catch-up of shards that came back from a checkpoint, resuming, and
 // the wait for every trainer at the end of a job.
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -10,10 +11,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/push_history.h"
+#include "client/push_payload.h"
 #include "client/recovery.h"
 #include "client/shard_connection.h"
 #include "client/step_calls.h"
 #include "client/trainer_client.h"
+#include "common/step_protocol.h"
 
 namespace shardopt {
 namespace {
@@ -29,11 +32,79 @@ absl::StatusOr<int64_t> AppliedBy(const v1::ModelSummary& summary, uint32_t rank
   return summary.trainer_steps(rank);
 }
 
+// This trainer's part of a decision, over its whole (scaled) gradient: the
+// sum of squares of the unscaled values, in double, and whether any was not
+// finite (as a shard sums its range in CpuBackend::SumOfSquares).
+StepStats OwnGradientStats(int64_t step, absl::Span<const float> grads, double loss_scale) {
+  StepStats stats;
+  stats.step = step;
+  stats.loss_scale = loss_scale;
+  const float unscale = static_cast<float>(1.0 / loss_scale);
+  for (float g : grads) {
+    if (!std::isfinite(g)) {
+      stats.found_inf = true;
+      continue;
+    }
+    const double x = static_cast<double>(g * unscale);
+    stats.sum_of_squares += x * x;
+  }
+  return stats;
+}
+
 }  // namespace
 
-absl::StatusOr<StepResult> TrainerClient::AsyncStep(int64_t step, const void* payload,
+absl::StatusOr<StepResult> TrainerClient::AsyncPush(int64_t step,
+                                                    absl::Span<const float> flat_grads) {
+  if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
+  const bool controlled = spec_->max_grad_norm > 0 || scaler_.has_value();
+  const double scale = loss_scale();
+  // Gradient control is this trainer's (it holds its whole gradient): the
+  // same decision rule as the shards' in synchronous mode, on its own
+  // gradient alone.
+  StepDecision decision;
+  if (controlled) {
+    const StepStats own = OwnGradientStats(step, flat_grads, scale);
+    decision = DecideStep(absl::MakeConstSpan(&own, 1), spec_->max_grad_norm);
+  }
+  std::vector<float> multiplied;
+  absl::Span<const float> grads = flat_grads;
+  if (controlled && !decision.skip) {
+    // Unscaled and clipped in one fp32 multiply (exact for the scale alone).
+    const float multiplier = GradientMultiplier(decision, scale);
+    multiplied.resize(flat_grads.size());
+    for (size_t i = 0; i < flat_grads.size(); ++i) multiplied[i] = flat_grads[i] * multiplier;
+    grads = multiplied;
+  }
+  std::vector<char> narrowed;
+  const void* payload = nullptr;
+  if (!decision.skip) {
+    if (absl::Status s = PreparePushPayload(*layout_, step, grads, options_.push_dtype,
+                                            /*loss_scaling=*/false, &narrowed, &payload);
+        !s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<StepResult> result =
+      PushPayload(step, payload, /*loss_scale=*/1.0, /*skip=*/decision.skip);
+  if (!result.ok()) return result;
+  // Once per step, whether or not what follows succeeds (a retry of the step
+  // must not move the scaler again).
+  if (scaler_ && scaler_step_ < step) {
+    scaler_->Update(decision.skip);
+    scaler_step_ = step;
+  }
+  result->skipped = decision.skip;
+  result->grad_norm = decision.grad_norm;
+  result->clip_coef = decision.skip ? 1.0 : decision.clip_coef;
+  result->loss_scale = scale;
+  if (decision.skip) result->bytes_pushed = 0;
+  return result;
+}
+
+absl::StatusOr<StepResult> TrainerClient::AsyncStep(int64_t step,
+                                                    absl::Span<const float> flat_grads,
                                                     absl::Span<float> flat_params) {
-  absl::StatusOr<StepResult> result = PushPayload(step, payload, /*loss_scale=*/1.0);
+  absl::StatusOr<StepResult> result = AsyncPush(step, flat_grads);
   if (!result.ok()) return result;
   std::vector<PulledVersion> each;
   absl::StatusOr<int64_t> version = AsyncPull(flat_params, &each);
@@ -74,8 +145,10 @@ absl::Status TrainerClient::CatchUpShards(int64_t step) {
             "checkpoint"));
       }
       std::vector<v1::PushGradientsResponse> responses;
+      // (An empty entry is a step this trainer skipped.)
       if (absl::Status s = steps_->Push(k, entry->payload->data(), entry->dtype, entry->loss_scale,
-                                        {}, &responses, {static_cast<uint32_t>(i)});
+                                        {}, &responses, {static_cast<uint32_t>(i)}, nullptr,
+                                        /*skip=*/entry->payload->empty());
           !s.ok()) {
         return s;
       }

@@ -24,8 +24,7 @@ absl::StatusOr<Consistency> ConsistencyFromName(absl::string_view name) {
       absl::StrCat("consistency '", name, "' is not one of sync, async, bounded"));
 }
 
-absl::Status CheckConsistency(Consistency consistency, int64_t staleness, double max_grad_norm,
-                              bool loss_scaling) {
+absl::Status CheckConsistency(Consistency consistency, int64_t staleness) {
   if (consistency == Consistency::kBounded && staleness < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("bounded staleness needs a staleness of at least 1, not ", staleness));
@@ -35,13 +34,11 @@ absl::Status CheckConsistency(Consistency consistency, int64_t staleness, double
                                                    ") is only for bounded consistency, not ",
                                                    ConsistencyName(consistency)));
   }
-  if (IsAsynchronous(consistency) && (max_grad_norm > 0 || loss_scaling)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ConsistencyName(consistency),
-        " consistency has no gradient control on the shards (max_grad_norm, loss_scaling): "
-        "each push is applied alone, so clip and skip the gradient in the trainer"));
-  }
   return absl::OkStatus();
+}
+
+bool ShardsDecideSteps(Consistency consistency, double max_grad_norm, bool loss_scaling) {
+  return !IsAsynchronous(consistency) && (max_grad_norm > 0 || loss_scaling);
 }
 
 }  // namespace shardopt

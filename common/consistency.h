@@ -30,12 +30,14 @@ absl::StatusOr<Consistency> ConsistencyFromName(absl::string_view name);
 inline bool IsAsynchronous(Consistency consistency) { return consistency != Consistency::kSync; }
 
 // OK when the settings go together: kBounded with staleness >= 1, the other
-// modes with 0; in the asynchronous modes no gradient control on the shards
-// (clipping and loss scaling need one decision per step across trainers,
-// which those modes do not have: the trainer clips and skips its own
-// gradient). INVALID_ARGUMENT saying which setting is wrong otherwise.
-absl::Status CheckConsistency(Consistency consistency, int64_t staleness, double max_grad_norm,
-                              bool loss_scaling);
+// modes with 0. INVALID_ARGUMENT saying which setting is wrong otherwise.
+absl::Status CheckConsistency(Consistency consistency, int64_t staleness);
+
+// Whether the shards take decisions for a model's steps (clipping by the
+// global norm, skips under loss scaling): synchronous models with gradient
+// control. In the asynchronous modes each push is applied alone, so the
+// trainer holding the whole gradient clips and skips it itself.
+bool ShardsDecideSteps(Consistency consistency, double max_grad_norm, bool loss_scaling);
 
 }  // namespace shardopt
 

@@ -16,28 +16,25 @@ TEST(ConsistencyTest, NamesGoBothWays) {
 }
 
 TEST(ConsistencyTest, StalenessGoesOnlyWithBounded) {
-  EXPECT_TRUE(CheckConsistency(Consistency::kSync, 0, 0, false).ok());
-  EXPECT_TRUE(CheckConsistency(Consistency::kAsync, 0, 0, false).ok());
-  EXPECT_TRUE(CheckConsistency(Consistency::kBounded, 1, 0, false).ok());
-  EXPECT_TRUE(CheckConsistency(Consistency::kBounded, 4, 0, false).ok());
-  absl::Status s = CheckConsistency(Consistency::kBounded, 0, 0, false);
+  EXPECT_TRUE(CheckConsistency(Consistency::kSync, 0).ok());
+  EXPECT_TRUE(CheckConsistency(Consistency::kAsync, 0).ok());
+  EXPECT_TRUE(CheckConsistency(Consistency::kBounded, 1).ok());
+  EXPECT_TRUE(CheckConsistency(Consistency::kBounded, 4).ok());
+  absl::Status s = CheckConsistency(Consistency::kBounded, 0);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("at least 1"), absl::string_view::npos) << s;
-  EXPECT_EQ(CheckConsistency(Consistency::kBounded, -2, 0, false).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CheckConsistency(Consistency::kAsync, 3, 0, false).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CheckConsistency(Consistency::kSync, 1, 0, false).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckConsistency(Consistency::kBounded, -2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckConsistency(Consistency::kAsync, 3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckConsistency(Consistency::kSync, 1).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ConsistencyTest, GradientControlIsSynchronousOnly) {
-  EXPECT_TRUE(CheckConsistency(Consistency::kSync, 0, 1.0, true).ok());
-  absl::Status clip = CheckConsistency(Consistency::kAsync, 0, 1.0, false);
-  EXPECT_EQ(clip.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(clip.message().find("in the trainer"), absl::string_view::npos) << clip;
-  EXPECT_EQ(CheckConsistency(Consistency::kBounded, 2, 0, true).code(),
-            absl::StatusCode::kInvalidArgument);
+TEST(ConsistencyTest, ShardsDecideOnlySynchronousStepsWithGradientControl) {
+  EXPECT_TRUE(ShardsDecideSteps(Consistency::kSync, 1.0, false));
+  EXPECT_TRUE(ShardsDecideSteps(Consistency::kSync, 0, true));
+  EXPECT_FALSE(ShardsDecideSteps(Consistency::kSync, 0, false));
+  // The trainer's own in the asynchronous modes.
+  EXPECT_FALSE(ShardsDecideSteps(Consistency::kAsync, 1.0, true));
+  EXPECT_FALSE(ShardsDecideSteps(Consistency::kBounded, 0.5, false));
 }
 
 }  // namespace

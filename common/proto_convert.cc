@@ -240,10 +240,7 @@ absl::StatusOr<Consistency> ConsistencyFromConfig(const v1::ModelConfig& config)
       return absl::InvalidArgumentError(
           absl::StrCat("unknown consistency ", static_cast<int>(config.consistency())));
   }
-  if (absl::Status s = CheckConsistency(consistency, config.staleness(),
-                                        config.gradient_control().max_grad_norm(),
-                                        config.gradient_control().loss_scaling());
-      !s.ok()) {
+  if (absl::Status s = CheckConsistency(consistency, config.staleness()); !s.ok()) {
     return s;
   }
   return consistency;

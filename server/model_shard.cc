@@ -72,9 +72,7 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions
     return absl::InvalidArgumentError(
         absl::StrCat("initial value ", bad, " of the range is ", initial_values[bad]));
   }
-  if (absl::Status s = CheckConsistency(options.consistency, options.staleness,
-                                        options.max_grad_norm, options.loss_scaling);
-      !s.ok()) {
+  if (absl::Status s = CheckConsistency(options.consistency, options.staleness); !s.ok()) {
     return s;
   }
   absl::StatusOr<std::unique_ptr<UpdateBackend>> made = backend(options, std::move(initial_values));
@@ -115,6 +113,7 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
   if (asynchronous()) {
     async_.emplace(AsyncOptions{options_.num_trainers, options_.staleness});
     async_push_times_.resize(options_.num_trainers);
+    async_skip_.resize(options_.num_trainers, false);
   }
   if (options_.step_timeline) {
     timeline_ = std::make_unique<StepTimeline>(
@@ -181,7 +180,7 @@ void ModelShard::Shutdown() {
 
 absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
     uint32_t trainer_rank, int64_t step, uint64_t num_elements, DType dtype, double loss_scale,
-    const std::vector<StepState::CarriedChange>& changes, bool defer) {
+    const std::vector<StepState::CarriedChange>& changes, bool defer, bool skip) {
   for (const StepState::CarriedChange& c : changes) {
     // Validated where they came in (the service, from the wire).
     assert(c.next.optimizer.Validate().ok() && c.next.lr_schedule.Validate().ok());
@@ -202,7 +201,12 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
                                                    " elements; shard ", options_.shard_index,
                                                    " owns ", range_.size()));
   }
-  if (asynchronous()) return BeginAsyncPush(trainer_rank, step, dtype, loss_scale, changes);
+  if (asynchronous()) return BeginAsyncPush(trainer_rank, step, dtype, loss_scale, changes, skip);
+  if (skip) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", options_.model_id,
+        "' is synchronous: a trainer does not skip a step alone (the shards decide skips)"));
+  }
   absl::MutexLock lock(&mu_);
   if (!state_.failed()) state_.AdoptChanges(changes);
   absl::StatusOr<StepState::Admission> admitted =
@@ -236,6 +240,10 @@ ModelShard::PushWriter::~PushWriter() {
 }
 
 absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, size_t bytes) {
+  if (skip_) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer ", rank_, " skips step ", step_,
+                                                   ": a skipped step carries no gradient"));
+  }
   const size_t element = DTypeSize(dtype_);
   if (bytes % element != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -273,7 +281,9 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
     absl::StatusOr<size_t> bad =
         shard_->backend_->Stage(rank_, offset + skip, staged, dtype_, staged_count);
     if (!bad.ok()) return bad.status();
-    if (*bad != staged_count && shard_->options_.loss_scaling) {
+    // (Asynchronous pushes are unscaled by their trainer, which skips an
+    // overflowing step itself: never inf here.)
+    if (*bad != staged_count && shard_->options_.loss_scaling && !shard_->asynchronous()) {
       // Overflow under loss scaling: legitimate, staged, and the step will
       // be skipped on every shard.
       found_inf_ = true;
@@ -295,6 +305,10 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
 
 absl::StatusOr<PushResult> ModelShard::PushWriter::Commit(absl::Time deadline,
                                                           const std::function<bool()>& cancelled) {
+  if (skip_) {
+    finished_ = true;
+    return shard_->CommitAsyncPush(rank_, step_, /*skip=*/true, deadline, cancelled);
+  }
   if (received_ != shard_->range_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("push ended after ", received_, " of ", shard_->range_.size(), " elements"));
@@ -302,7 +316,7 @@ absl::StatusOr<PushResult> ModelShard::PushWriter::Commit(absl::Time deadline,
   if (absl::Status s = shard_->backend_->FinishStaging(rank_); !s.ok()) return s;
   if (shard_->asynchronous()) {
     finished_ = true;  // (A push the commit withdraws leaves its slot empty itself.)
-    return shard_->CommitAsyncPush(rank_, step_, deadline, cancelled);
+    return shard_->CommitAsyncPush(rank_, step_, /*skip=*/false, deadline, cancelled);
   }
   if (defer_ && consumed_ < received_) {
     shard_->RecordDelivered(rank_, step_, received_, first_inf_);

@@ -105,7 +105,11 @@ struct ModelShardOptions {
   Consistency consistency = Consistency::kSync;
   int64_t staleness = 0;
 
-  bool needs_decision() const { return StepsNeedDecisions(max_grad_norm, loss_scaling); }
+  // The shards decide steps (see ShardsDecideSteps; not in the
+  // asynchronous modes, where the trainers clip and skip their own).
+  bool needs_decision() const {
+    return ShardsDecideSteps(consistency, max_grad_norm, loss_scaling);
+  }
 };
 
 // kAwaitingDecision: this push completed the step's gradients; the step
@@ -239,10 +243,13 @@ class ModelShard {
   // state.
   // `defer`: none of the push's elements count for a pipelined step's
   // ranges before Commit (PushHeader.defer_until_complete).
+  // `skip`: asynchronous modes only (INVALID_ARGUMENT otherwise): the
+  // trainer skips its step (PushHeader.skip_step); the writer takes no
+  // chunk, and Commit applies the step as a no-op.
   absl::StatusOr<PushStart> BeginPush(uint32_t trainer_rank, int64_t step, uint64_t num_elements,
                                       DType dtype = DType::kFloat32, double loss_scale = 1.0,
                                       const std::vector<StepState::CarriedChange>& changes = {},
-                                      bool defer = false);
+                                      bool defer = false, bool skip = false);
 
   // With gradient control: blocks until every trainer's gradient for `step`
   // is in (or the deadline, cancellation, shutdown) and returns this shard's
@@ -391,12 +398,14 @@ class ModelShard {
   // ---- Asynchronous modes (model_shard_async.cc).
   absl::StatusOr<PushStart> BeginAsyncPush(uint32_t trainer_rank, int64_t step, DType dtype,
                                            double loss_scale,
-                                           const std::vector<StepState::CarriedChange>& changes);
+                                           const std::vector<StepState::CarriedChange>& changes,
+                                           bool skip);
   // Queues the push and returns once it is applied (running applications
   // meanwhile); at `deadline`, cancellation or shutdown a push still queued
   // is withdrawn (DEADLINE_EXCEEDED saying what it waited for, CANCELLED,
   // UNAVAILABLE).
-  absl::StatusOr<PushResult> CommitAsyncPush(uint32_t rank, int64_t step, absl::Time deadline,
+  absl::StatusOr<PushResult> CommitAsyncPush(uint32_t rank, int64_t step, bool skip,
+                                             absl::Time deadline,
                                              const std::function<bool()>& cancelled);
   // A push may be applied now (none is, no pull pins the parameters).
   bool AsyncWorkReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -512,6 +521,10 @@ class ModelShard {
   double last_async_lr_ ABSL_GUARDED_BY(mu_) = 0;  // Of the last push applied.
   // When each trainer's last push was applied (Inspect's activity).
   std::vector<std::optional<absl::Time>> async_push_times_ ABSL_GUARDED_BY(mu_);
+  // Per trainer: its queued push is a skipped step. And the skipped steps
+  // applied so far (the optimizer's step count is the version less them).
+  std::vector<bool> async_skip_ ABSL_GUARDED_BY(mu_);
+  int64_t async_skipped_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Guards the backend's parameters and optimizer state in two levels, so
   // that a pull can read a range that is done while the next range is
@@ -586,14 +599,15 @@ class ModelShard::PushWriter {
  private:
   friend class ModelShard;
   PushWriter(ModelShard* shard, uint32_t rank, int64_t step, DType dtype, double loss_scale,
-             uint64_t consumed, bool defer)
+             uint64_t consumed, bool defer, bool skip = false)
       : shard_(shard),
         rank_(rank),
         step_(step),
         dtype_(dtype),
         loss_scale_(loss_scale),
         consumed_(consumed),
-        defer_(defer) {}
+        defer_(defer),
+        skip_(skip) {}
 
   ModelShard* const shard_;
   const uint32_t rank_;
@@ -604,6 +618,7 @@ class ModelShard::PushWriter {
   // already consumed: received again, checked for size, not staged.
   const uint64_t consumed_;
   const bool defer_;  // Delivered only at Commit.
+  const bool skip_;   // A skipped step (asynchronous): no chunks.
   uint64_t received_ = 0;
   std::optional<uint64_t> first_inf_;  // With defer_: reported at Commit.
   bool finished_ = false;

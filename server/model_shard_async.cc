@@ -33,8 +33,14 @@ absl::Status ModelShard::NotInAsyncMode(const char* what) const {
 
 absl::StatusOr<ModelShard::PushStart> ModelShard::BeginAsyncPush(
     uint32_t trainer_rank, int64_t step, DType dtype, double loss_scale,
-    const std::vector<StepState::CarriedChange>& changes) {
+    const std::vector<StepState::CarriedChange>& changes, bool skip) {
   if (!changes.empty()) return NotInAsyncMode("hyperparameter changes are");
+  if (loss_scale != 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss scale ", loss_scale, ": model '", options_.model_id, "' is ",
+        ConsistencyName(options_.consistency),
+        ", where each trainer unscales its own gradient (and skips an overflowing step)"));
+  }
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
   absl::StatusOr<AsyncAdmission> admitted = async_->BeginPush(trainer_rank, step);
@@ -47,7 +53,7 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginAsyncPush(
   }
   // Whole pushes: nothing of one is used before all of it is in.
   start.writer.reset(new PushWriter(this, trainer_rank, step, dtype, loss_scale, /*consumed=*/0,
-                                    /*defer=*/true));
+                                    /*defer=*/true, skip));
   return start;
 }
 
@@ -61,13 +67,18 @@ void ModelShard::RunOneAsyncApply() {
   // trainer r's step k the same lr, whatever order it applies pushes in.
   OptimizerConfig config = options_.optimizer;
   config.lr = options_.lr_schedule.LearningRate(options_.optimizer.lr, claim->step);
+  const bool skip = async_skip_[claim->rank];
+  // Adam's bias correction counts this shard's updates (skips excluded).
+  const int64_t optimizer_step = claim->version - async_skipped_;
   mu_.Unlock();
   absl::Status applied;
   {
     absl::ReaderMutexLock lock(&params_mu_);
     const RangeLocks ranges(*this, 0, range_count_, /*exclusive=*/true);
-    // Adam's bias correction counts this shard's applied pushes.
-    applied = backend_->ApplyOneRange(claim->rank, claim->version, config, 0, range_.size());
+    // (A skipped step changes nothing but the version the parameters are at.)
+    if (!skip) {
+      applied = backend_->ApplyOneRange(claim->rank, optimizer_step, config, 0, range_.size());
+    }
     if (applied.ok()) {
       std::fill(range_versions_.begin(), range_versions_.end(), claim->version);
     }
@@ -78,7 +89,11 @@ void ModelShard::RunOneAsyncApply() {
     return;
   }
   async_->FinishApply(*claim);
-  last_async_lr_ = config.lr;
+  if (skip) {
+    ++async_skipped_;
+  } else {
+    last_async_lr_ = config.lr;
+  }
   async_push_times_[claim->rank] = absl::Now();
 }
 
@@ -102,11 +117,12 @@ absl::Status ModelShard::AwaitAsync(const std::function<bool()>& ready, absl::Ti
   }
 }
 
-absl::StatusOr<PushResult> ModelShard::CommitAsyncPush(uint32_t rank, int64_t step,
+absl::StatusOr<PushResult> ModelShard::CommitAsyncPush(uint32_t rank, int64_t step, bool skip,
                                                        absl::Time deadline,
                                                        const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = async_->CommitPush(rank, step); !s.ok()) return s;
+  async_skip_[rank] = skip;
   absl::Status waited =
       AwaitAsync([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return async_->IsApplied(rank, step); },
                  deadline, cancelled);
@@ -204,7 +220,8 @@ absl::StatusOr<ShardProgress> ModelShard::AwaitAsyncCut(int64_t step, absl::Time
   if (!waited.ok()) return waited;
   ShardProgress progress = state_.Progress();
   progress.version = async_->version();
-  progress.optimizer_steps = progress.version;
+  progress.optimizer_steps = progress.version - async_skipped_;
+  progress.skipped_steps = async_skipped_;
   progress.trainer_steps = async_->applied();
   progress.last_lr = last_async_lr_;
   progress.version_lr = last_async_lr_;
@@ -218,6 +235,7 @@ absl::Status ModelShard::RestoreAsyncProgress(const ShardProgress& progress) {
   }
   async_->Restore(record);
   last_async_lr_ = progress.last_lr;
+  async_skipped_ = progress.skipped_steps;
   return absl::OkStatus();
 }
 

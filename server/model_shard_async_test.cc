@@ -385,6 +385,58 @@ TEST(ModelShardAsyncTest, PinnedPullsReadWholeVersions) {
   EXPECT_GT(checked, 0);
 }
 
+// A trainer's skipped step (its own overflow under loss scaling): applied as
+// a no-op in its place, the optimizer's step count without it; scaled or
+// non-finite pushes are refused (each trainer unscales its own).
+TEST(ModelShardAsyncTest, ASkippedStepChangesNothingButTheRecord) {
+  ThreadPool pool(1);
+  const OptimizerConfig adam = OptimizerConfig::Adam(0.01);
+  ModelShardOptions options{"m", TestLayout(), kShard, adam, 2, true};
+  options.consistency = Consistency::kAsync;
+  options.loss_scaling = true;  // The trainers'; the shard takes no decision.
+  std::unique_ptr<ModelShard> shard =
+      ModelShard::Create(options, DyadicStart(options.layout), &pool).value();
+  const size_t n = shard->size();
+  ASSERT_TRUE(testing::PushAll(*shard, 0, 1).ok());
+  const std::vector<float> before = ReadNewest(*shard);
+  absl::StatusOr<ModelShard::PushStart> skip =
+      shard->BeginPush(1, 1, n, DType::kFloat32, 1.0, {}, false, /*skip=*/true);
+  ASSERT_TRUE(skip.ok() && skip->writer) << skip.status();
+  const std::vector<float> g = testing::RandomGradient(1, 1, n);
+  EXPECT_EQ(skip->writer->Write(0, g.data(), 4 * sizeof(float)).code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<PushResult> skipped = skip->writer->Commit();
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(skipped->trainer_steps, (std::vector<int64_t>{1, 1}));
+  const std::vector<float> after = ReadNewest(*shard);
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), n * sizeof(float)), 0);
+  ShardSnapshot snap = shard->Snapshot("", 0, 0, false).value();
+  EXPECT_EQ(snap.version, 2);
+  EXPECT_EQ(snap.optimizer_steps, 1);
+  EXPECT_EQ(snap.skipped_steps, 1);
+  // The next update is the optimizer's step 2, as if the skip never was.
+  ASSERT_TRUE(testing::PushAll(*shard, 1, 2).ok());
+  std::vector<float> params = DyadicStart(options.layout);
+  std::unique_ptr<Optimizer> reference = Optimizer::Create(adam, n).value();
+  reference->Update(1, params.data(), testing::RandomGradient(0, 1, n).data(), 0, n);
+  reference->Update(2, params.data(), testing::RandomGradient(1, 2, n).data(), 0, n);
+  const std::vector<float> got = ReadNewest(*shard);
+  EXPECT_EQ(std::memcmp(got.data(), params.data(), n * sizeof(float)), 0);
+  // Scaled pushes and inf are the trainer's to handle.
+  EXPECT_EQ(shard->BeginPush(0, 2, n, DType::kFloat32, 4.0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> inf = testing::RandomGradient(0, 2, n);
+  inf[7] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(PushInChunks(*shard, 0, 2, inf, 999).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->version(), 3);
+  // A synchronous shard refuses a trainer's skip.
+  std::unique_ptr<ModelShard> sync = testing::MakeShard(&pool, 2);
+  EXPECT_EQ(
+      sync->BeginPush(0, 1, sync->size(), DType::kFloat32, 1.0, {}, false, true).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ModelShardAsyncTest, SynchronousOnlyCallsAreRefused) {
   ThreadPool pool(1);
   std::unique_ptr<ModelShard> shard =
@@ -401,13 +453,9 @@ TEST(ModelShardAsyncTest, SynchronousOnlyCallsAreRefused) {
       shard->BeginPush(0, 1, shard->size(), DType::kFloat32, 1.0, changes, false).status();
   EXPECT_EQ(carried.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(carried.message(), "only in synchronous mode")) << carried;
-  // Gradient control and a staleness outside bounded mode do not go with it.
+  // A staleness outside bounded mode does not go with it.
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(kLr), 2, true};
   options.consistency = Consistency::kAsync;
-  options.max_grad_norm = 1.0;
-  EXPECT_EQ(ModelShard::Create(options, DyadicStart(options.layout), &pool).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  options.max_grad_norm = 0;
   options.staleness = 2;
   EXPECT_EQ(ModelShard::Create(options, DyadicStart(options.layout), &pool).status().code(),
             absl::StatusCode::kInvalidArgument);

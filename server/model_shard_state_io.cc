@@ -271,7 +271,8 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
     snap.trainers = state_.trainers();
     if (async_) {
       snap.version = async_->version();
-      snap.optimizer_steps = snap.version;
+      snap.optimizer_steps = snap.version - async_skipped_;
+      snap.skipped_steps = async_skipped_;
       snap.last_lr = last_async_lr_;
       snap.trainer_steps = async_->applied();
       snap.max_staleness = async_->max_staleness();

@@ -354,7 +354,7 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
   absl::StatusOr<ModelShard::PushStart> start =
       shard.BeginPush(header.trainer_rank(), header.step(), header.num_elements(), *dtype,
                       header.loss_scale() == 0 ? 1.0 : header.loss_scale(), changes,
-                      header.defer_until_complete());
+                      header.defer_until_complete(), header.skip_step());
   if (!start.ok()) return Error(start.status());
   if (start->immediate) {
     FillPushResponse(*start->immediate, **model, response);

@@ -8,7 +8,9 @@
 // checkpoint restores on other shard counts and continues exactly.
 #include <signal.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/proto_convert.h"
+#include "common/step_protocol.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_calls.h"
@@ -206,23 +211,163 @@ TEST(AsyncTest, ATrainerThatStopsIsNamedInTheOthersError) {
             (std::vector<int64_t>{1, 0}));
 }
 
-// The Checkpoint RPC on every shard for the same step (a uniform cut).
-void CheckpointEveryShard(const std::vector<std::string>& servers, int64_t step,
-                          const std::string& dir) {
-  for (uint32_t i = 0; i < servers.size(); ++i) {
-    auto stub = NewStub(servers[i]);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    v1::CheckpointRequest request;
-    request.set_model_id(kModel);
-    request.set_directory(dir);
-    request.set_step(step);
-    request.set_shard_index(i);
-    v1::CheckpointResponse response;
-    const grpc::Status s = stub->Checkpoint(&context, request, &response);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(response.committed(), i + 1 == servers.size()) << "shard " << i;
+// Gradient control is the trainer's in the asynchronous modes: under loss
+// scaling an overflowing step of one trainer is skipped by that trainer
+// alone (nothing of it anywhere, the optimizer's step count included), and
+// clipping scales each push by its own gradient's norm.
+TEST(AsyncTest, TrainersSkipAndClipTheirOwnGradients) {
+  constexpr uint32_t kShards = 2, kTrainers = 2;
+  constexpr int kSteps = 20;
+  {
+    auto servers = StartCluster(kShards);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    const std::string out = MakeTempDir("async_skip");
+    std::vector<std::string> flags = AsyncFlags("async");
+    flags.insert(flags.end(), {"--loss_scaling", "--plant_inf_steps=5,9"});
+    RunTrainers(Addresses(*servers), kTrainers, kModel, kSteps, out, flags);
+    const std::vector<float> want = DyadicSgdResult(JobLayout(kShards, kTrainers), kTrainers,
+                                                    kSteps, kJobSeed, kLr, {{0, 5}, {0, 9}});
+    absl::StatusOr<std::vector<float>> got =
+        ReadFloats(absl::StrCat(out, "/rank1/", kModel, ".bin"));
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want.size());
+    EXPECT_EQ(std::memcmp(got->data(), want.data(), want.size() * sizeof(float)), 0)
+        << "the skipped steps left a trace, or a push is missing";
+    for (const std::string& address : Addresses(*servers)) {
+      const v1::InspectResponse r = Inspect(address);
+      EXPECT_EQ(std::vector<int64_t>(r.trainer_steps().begin(), r.trainer_steps().end()),
+                std::vector<int64_t>(kTrainers, kSteps))
+          << address;
+      EXPECT_EQ(r.skipped_steps(), 2) << address;
+      EXPECT_EQ(r.optimizer_steps(), kTrainers * kSteps - 2) << address;
+    }
   }
+  {
+    constexpr double kMaxNorm = 0.5;
+    auto servers = StartCluster(kShards);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    const std::string out = MakeTempDir("async_clip");
+    std::vector<std::string> flags = AsyncFlags("async");
+    flags.push_back(absl::StrCat("--max_grad_norm=", kMaxNorm));
+    RunTrainers(Addresses(*servers), kTrainers, kModel, kSteps, out, flags);
+    // Each push times its own clip coefficient (at fp32, as the trainer
+    // multiplies), summed in double; the shards' fp32 sums round a little.
+    const ModelLayout layout = JobLayout(kShards, kTrainers);
+    const std::vector<float> p0 = DyadicInitialParams(layout, kJobSeed);
+    std::vector<double> want(p0.begin(), p0.end());
+    std::vector<float> g(p0.size());
+    double smallest_coef = 1;
+    for (uint32_t r = 0; r < kTrainers; ++r) {
+      for (int64_t k = 1; k <= kSteps; ++k) {
+        DyadicGradient(layout, r, k, kJobSeed, absl::MakeSpan(g));
+        double sum = 0;
+        for (float x : g) sum += static_cast<double>(x) * x;
+        StepDecision decision;
+        decision.clip_coef = ClipCoefficient(kMaxNorm, std::sqrt(sum));
+        smallest_coef = std::min(smallest_coef, decision.clip_coef);
+        const float multiplier = GradientMultiplier(decision, 1.0);
+        for (size_t i = 0; i < g.size(); ++i)
+          want[i] -= kLr * static_cast<float>(g[i] * multiplier);
+      }
+    }
+    ASSERT_LT(smallest_coef, 0.5) << "no push was clipped: the test tests nothing";
+    absl::StatusOr<std::vector<float>> got =
+        ReadFloats(absl::StrCat(out, "/rank0/", kModel, ".bin"));
+    ASSERT_TRUE(got.ok()) << got.status();
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::abs((*got)[i] - want[i]));
+    }
+    EXPECT_LT(worst, 5e-5) << "clipped pushes differ from each trainer's own clipping";
+  }
+}
+
+// Bad input to an asynchronous model over the wire: each gets its status and
+// leaves the record as it was.
+TEST(AsyncTest, BadCallsGetTheirStatusAndChangeNothing) {
+  auto servers = StartCluster(1);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::string address = (*servers)[0]->address();
+  auto client = TrainerClient::Connect({address}, TrainerClientOptions());
+  ASSERT_TRUE(client.ok());
+  ModelSpec spec = SyntheticModelSpec(kModel, OptimizerConfig::Sgd(kLr), 2);
+  spec.consistency = Consistency::kBounded;
+  spec.staleness = 2;
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
+  ASSERT_TRUE((*client)->Register(spec, DyadicInitialParams(layout, kJobSeed)).ok());
+  std::vector<float> grad(layout.total_elements());
+  DyadicGradient(layout, 0, 1, kJobSeed, absl::MakeSpan(grad));
+  ASSERT_TRUE((*client)->Push(1, grad).ok());
+  auto stub = NewStub(address);
+  v1::PushHeader header;
+  header.set_model_id(kModel);
+  header.set_trainer_rank(0);
+  header.set_num_elements(layout.total_elements());
+  const std::vector<RawChunk> whole = {{0, FloatBytes(grad.data(), grad.size())}};
+  struct Case {
+    const char* what;
+    int64_t step;
+    double loss_scale;
+    bool skip;
+    std::vector<RawChunk> chunks;
+    grpc::StatusCode code;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"a gap", 3, 1, false, whole, grpc::OUT_OF_RANGE, "push steps 2..2 first"},
+      {"a scaled push", 2, 4, false, whole, grpc::INVALID_ARGUMENT, "loss scale 4"},
+      {"a skip with a gradient", 2, 1, true, whole, grpc::INVALID_ARGUMENT, "carries no gradient"},
+      {"a short push",
+       2,
+       1,
+       false,
+       {{0, FloatBytes(grad.data(), 10)}},
+       grpc::INVALID_ARGUMENT,
+       "push ended after 10"},
+  };
+  for (const Case& c : cases) {
+    header.set_step(c.step);
+    header.set_loss_scale(c.loss_scale);
+    header.set_skip_step(c.skip);
+    const grpc::Status s = RawPush(*stub, &header, c.chunks);
+    EXPECT_EQ(s.error_code(), c.code) << c.what << ": " << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), c.says))
+        << c.what << ": " << s.error_message();
+  }
+  // Calls of the synchronous protocol.
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  const auto unary = [&](const std::string& method, const google::protobuf::Message& request) {
+    std::string bytes;
+    request.SerializeToString(&bytes);
+    return RawUnaryCall(channel.get(), "/shardopt.v1.ShardService/" + method, bytes, 10000);
+  };
+  v1::CheckpointRequest checkpoint;
+  checkpoint.set_model_id(kModel);
+  checkpoint.set_directory(MakeTempDir("async_bad") + "/ckpt");
+  checkpoint.set_step(-1);
+  grpc::Status s = unary("Checkpoint", checkpoint);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "name the step")) << s.error_message();
+  v1::GetStepStatsRequest stats;
+  stats.set_model_id(kModel);
+  stats.set_step(1);
+  s = unary("GetStepStats", stats);
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION) << s.error_message();
+  v1::SetHyperparametersRequest change;
+  change.set_model_id(kModel);
+  change.set_effective_step(5);
+  *change.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Sgd(0.5));
+  s = unary("SetHyperparameters", change);
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "only in synchronous mode"))
+      << s.error_message();
+  // Nothing moved: trainer 0 at step 1, one update.
+  const v1::InspectResponse r = Inspect(address);
+  EXPECT_EQ(std::vector<int64_t>(r.trainer_steps().begin(), r.trainer_steps().end()),
+            (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(r.optimizer_steps(), 1);
+  EXPECT_EQ(r.consistency(), v1::CONSISTENCY_BOUNDED);
+  EXPECT_EQ(r.staleness(), 2);
 }
 
 TEST(AsyncTest, AnAsyncCheckpointRestoresOnOtherShardCountsExactly) {
@@ -235,7 +380,7 @@ TEST(AsyncTest, AnAsyncCheckpointRestoresOnOtherShardCountsExactly) {
     RunTrainers(Addresses(*servers), kTrainers, kModel, kFirst, root + "/first",
                 AsyncFlags("async"));
     ASSERT_NO_FATAL_FAILURE(
-        CheckpointEveryShard(Addresses(*servers), kFirst, root + "/ckpt/" + kModel));
+        CheckpointEveryShard(Addresses(*servers), kModel, kFirst, root + "/ckpt/" + kModel));
   }
   for (uint32_t shards : {2u, 5u}) {
     SCOPED_TRACE(absl::StrCat(shards, " shards"));

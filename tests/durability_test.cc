@@ -25,31 +25,6 @@
 namespace shardopt::testing {
 namespace {
 
-// The Checkpoint RPC on every shard, for the same step and directory.
-void CheckpointEveryShard(const std::vector<std::string>& servers, const std::string& model,
-                          int64_t step, const std::string& dir) {
-  int committed = 0;
-  for (uint32_t i = 0; i < servers.size(); ++i) {
-    auto stub = NewStub(servers[i]);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    v1::CheckpointRequest request;
-    request.set_model_id(model);
-    request.set_directory(dir);
-    request.set_step(step);
-    request.set_shard_index(i);
-    v1::CheckpointResponse response;
-    const grpc::Status s = stub->Checkpoint(&context, request, &response);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(response.step(), step);
-    EXPECT_GT(response.bytes_written(), 0u);
-    committed += response.committed();
-    // Only the last shard finds every part present.
-    EXPECT_EQ(response.committed(), i + 1 == servers.size()) << "shard " << i;
-  }
-  EXPECT_EQ(committed, 1);
-}
-
 // Train N steps on 3 shards, checkpoint, restore on S' shards, train M more:
 // the parameters equal an uninterrupted N + M step run.
 TEST(DurabilityTest, CheckpointRestoresOnAnyShardCount) {

@@ -252,9 +252,13 @@ int Train(const std::string& name) {
               result.status().ToString().c_str());
       return 1;
     }
-    if (spec.loss_scaling && result->skipped != (plant.count(step) > 0)) {
+    // (Synchronous: rank 0's overflow skips the step for everyone;
+    // asynchronous: only rank 0 skips its own.)
+    const bool planted =
+        plant.count(step) > 0 && (!IsAsynchronous(spec.consistency) || options.trainer_rank == 0);
+    if (spec.loss_scaling && result->skipped != planted) {
       fprintf(stderr, "rank %u step %ld: skipped=%d, planted=%d\n", options.trainer_rank,
-              static_cast<long>(step), result->skipped, static_cast<int>(plant.count(step)));
+              static_cast<long>(step), result->skipped, static_cast<int>(planted));
       return 1;
     }
     if (IsAsynchronous(spec.consistency)) {

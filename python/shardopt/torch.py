@@ -148,11 +148,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         step is applied on the servers alone, as it arrives, as PyTorch RPC's
         DistributedOptimizer does; ``step()`` then pulls the newest
         parameters) or "bounded" (async, and a rank's step k waits until
-        every rank has pushed step k - ``staleness``). The asynchronous modes
-        take no ``max_grad_norm`` or loss scaler (clip the gradient before
-        ``step()``), no hyperparameter changes after the first step and no
-        streaming during backward (the reversed layout stays); the lr
-        schedule counts each rank's own steps.
+        every rank has pushed step k - ``staleness``). In the asynchronous
+        modes ``max_grad_norm`` clips each rank's own gradient by its own
+        norm and a loss scaler is each rank's own (a rank's overflowing step
+        is skipped by it alone); they take no hyperparameter changes after
+        the first step and no streaming during backward (the reversed
+        layout stays); the lr schedule counts each rank's own steps.
       staleness: the bound s >= 1 of "bounded".
     """
 

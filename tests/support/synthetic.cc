@@ -117,12 +117,14 @@ void DyadicGradient(const ModelLayout& layout, uint32_t rank, int64_t step, uint
 }
 
 std::vector<float> DyadicSgdResult(const ModelLayout& layout, uint32_t trainers, int64_t steps,
-                                   uint64_t seed, double lr) {
+                                   uint64_t seed, double lr,
+                                   const std::set<std::pair<uint32_t, int64_t>>& left_out) {
   const std::vector<float> p0 = DyadicInitialParams(layout, seed);
   std::vector<double> sum(p0.size(), 0.0);
   std::vector<float> grad(p0.size());
   for (uint32_t r = 0; r < trainers; ++r) {
     for (int64_t k = 1; k <= steps; ++k) {
+      if (left_out.count({r, k}) > 0) continue;
       DyadicGradient(layout, r, k, seed, absl::MakeSpan(grad));
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += grad[i];
     }

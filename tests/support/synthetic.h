@@ -44,10 +44,11 @@ std::vector<float> SyntheticInitialParams(const ModelLayout& layout, uint64_t se
 std::vector<float> DyadicInitialParams(const ModelLayout& layout, uint64_t seed);
 void DyadicGradient(const ModelLayout& layout, uint32_t rank, int64_t step, uint64_t seed,
                     absl::Span<float> grad);
-// p0 - lr * (the pushes of steps 1..steps of every trainer), summed in
-// double (exact).
+// p0 - lr * (the pushes of steps 1..steps of every trainer but the
+// (rank, step) pairs `left_out`, skipped steps), summed in double (exact).
 std::vector<float> DyadicSgdResult(const ModelLayout& layout, uint32_t trainers, int64_t steps,
-                                   uint64_t seed, double lr);
+                                   uint64_t seed, double lr,
+                                   const std::set<std::pair<uint32_t, int64_t>>& left_out = {});
 
 // Trainer `rank`'s gradient for `step` given the parameters it holds.
 void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params, uint32_t rank,

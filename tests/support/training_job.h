@@ -70,6 +70,12 @@ bool CheckpointInProgress(const std::string& model_root, uint32_t index, uint32_
 bool AwaitCheckpointInProgress(const std::string& model_root, uint32_t index, uint32_t shards,
                                absl::Duration timeout);
 
+// The Checkpoint RPC on every shard for the same step and directory: each
+// writes its part, only the last one finds every part there and commits.
+// (gtest assertions: call under ASSERT_NO_FATAL_FAILURE.)
+void CheckpointEveryShard(const std::vector<std::string>& servers, const std::string& model,
+                          int64_t step, const std::string& dir);
+
 // A number test_trainer wrote to out_root/rank<r>/<model>.<what> (replayed
 // pushes, rollbacks).
 int64_t TrainerCount(const std::string& out_root, uint32_t rank, const std::string& model,
