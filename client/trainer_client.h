@@ -316,6 +316,10 @@ class TrainerClient {
   // After a successful push: drops history no shard can need any more.
   void DropOldHistory(int64_t step, const std::vector<v1::PushGradientsResponse>& responses);
 
+  // Rounds of recovery one call goes through before giving up (each round
+  // follows a shard that went back again while the call ran).
+  static constexpr int kMaxRecoveries = 10;
+
   TrainerClientOptions options_;
   std::vector<std::unique_ptr<ShardConnection>> shards_;
   std::unique_ptr<ShardFanOut> fanout_;

@@ -118,8 +118,9 @@ std::string RenderMetricsPage(const ServerMetrics::Values& counters, const Serve
                   "Time to write and sync this shard's part of a checkpoint.",
                   counters.checkpoint_seconds);
 
-  page.PerModel("shardopt_model_version", "gauge", "The newest version (step) applied.", models,
-                [](const ModelGauges& m) { return static_cast<double>(m.version); });
+  page.PerModel("shardopt_model_version", "gauge",
+                "The newest version applied (the step; asynchronous models: the pushes applied).",
+                models, [](const ModelGauges& m) { return static_cast<double>(m.version); });
   page.PerModel("shardopt_steps_applied_total", "counter",
                 "Optimizer updates applied (Inspect's optimizer_steps).", models,
                 [](const ModelGauges& m) { return static_cast<double>(m.steps_applied); });

@@ -124,6 +124,39 @@ TEST(ModelShardAsyncTest, SgdIsExactWhateverTheInterleaving) {
   }
 }
 
+// The lr schedule counts the pushing trainer's own steps: trainer r's step k
+// runs with the schedule's lr of step k whatever the shard's count of
+// pushes is then, so every shard gives it the same lr (a linear warmup of
+// dyadic values here: exact).
+TEST(ModelShardAsyncTest, TheLrScheduleCountsEachTrainersOwnSteps) {
+  ThreadPool pool(2);
+  constexpr uint32_t kTrainers = 3;
+  constexpr int64_t kSteps = 8;
+  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(kLr), kTrainers, true};
+  options.consistency = Consistency::kAsync;
+  options.lr_schedule.kind = LrSchedule::Kind::kWarmup;
+  options.lr_schedule.warmup_steps = 4;  // lr 0, 1/64, 1/32, 3/64, then 1/16.
+  const LrSchedule schedule = options.lr_schedule;
+  std::unique_ptr<ModelShard> shard =
+      ModelShard::Create(options, DyadicStart(options.layout), &pool).value();
+  std::vector<std::string> errors;
+  RunTrainers(*shard, kTrainers, 1, kSteps, &errors);
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  const std::vector<float> p0 = DyadicStart(options.layout);
+  std::vector<double> want(p0.begin(), p0.end());
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    for (int64_t k = 1; k <= kSteps; ++k) {
+      const double lr = schedule.LearningRate(kLr, k);
+      const std::vector<float> g = DyadicGradient(options.layout, r, k);
+      for (size_t i = 0; i < want.size(); ++i) want[i] -= lr * g[i];
+    }
+  }
+  const std::vector<float> got = ReadNewest(*shard);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], static_cast<float>(want[i])) << "element " << i;
+  }
+}
+
 TEST(ModelShardAsyncTest, AdamEqualsASequentialOptimizerInTheShardsOrder) {
   ThreadPool pool(2);
   constexpr uint32_t kTrainers = 3;
