@@ -17,6 +17,8 @@ const char* OptimizerKindName(OptimizerKind kind) {
       return "adamw";
     case OptimizerKind::kAdagrad:
       return "adagrad";
+    case OptimizerKind::kLion:
+      return "lion";
   }
   return "unknown";
 }
@@ -51,6 +53,15 @@ OptimizerConfig OptimizerConfig::Adagrad(double lr) {
   return c;
 }
 
+OptimizerConfig OptimizerConfig::Lion(double lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kLion;
+  c.lr = lr;
+  c.beta1 = 0.9;
+  c.beta2 = 0.99;
+  return c;
+}
+
 std::vector<std::string> OptimizerConfig::StateSlotNames() const {
   switch (kind) {
     case OptimizerKind::kSgd:
@@ -62,6 +73,8 @@ std::vector<std::string> OptimizerConfig::StateSlotNames() const {
       return {"exp_avg", "exp_avg_sq"};
     case OptimizerKind::kAdagrad:
       return {"sum"};
+    case OptimizerKind::kLion:
+      return {"exp_avg"};
   }
   return {};
 }
@@ -79,6 +92,7 @@ int OptimizerConfig::StateSlotsPerElement() const {
     case OptimizerKind::kAdamW:
       return amsgrad ? 3 : 2;
     case OptimizerKind::kAdagrad:
+    case OptimizerKind::kLion:
       return 1;
   }
   return 0;
@@ -151,6 +165,9 @@ absl::Status OptimizerConfig::Validate() const {
         return s;
       }
       return NonNegative("eps", eps);
+    case OptimizerKind::kLion:
+      if (absl::Status s = Beta("beta1", beta1); !s.ok()) return s;
+      return Beta("beta2", beta2);
   }
   return absl::InvalidArgumentError("unknown optimizer kind");
 }
@@ -170,6 +187,9 @@ std::string OptimizerConfig::DebugString() const {
     case OptimizerKind::kAdagrad:
       absl::StrAppendFormat(&s, ", lr_decay=%g, initial_accumulator_value=%g, eps=%g", lr_decay,
                             initial_accumulator_value, eps);
+      break;
+    case OptimizerKind::kLion:
+      absl::StrAppendFormat(&s, ", betas=(%g, %g)", beta1, beta2);
       break;
   }
   if (maximize) s += ", maximize=1";

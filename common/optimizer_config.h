@@ -18,9 +18,10 @@ enum class OptimizerKind {
   kAdam,     // torch.optim.Adam (weight decay added to the gradient)
   kAdamW,    // torch.optim.AdamW (decoupled weight decay)
   kAdagrad,  // torch.optim.Adagrad
+  kLion,     // Lion (Chen et al. 2023; the reference lion-pytorch update)
 };
 
-// "sgd", "adam", "adamw", "adagrad".
+// "sgd", "adam", "adamw", "adagrad", "lion".
 const char* OptimizerKindName(OptimizerKind kind);
 
 struct OptimizerConfig {
@@ -34,7 +35,7 @@ struct OptimizerConfig {
   double dampening = 0.0;
   bool nesterov = false;
 
-  // Adam, AdamW.
+  // Adam, AdamW; Lion (its own defaults 0.9, 0.99: see Lion()).
   double beta1 = 0.9;
   double beta2 = 0.999;
   bool amsgrad = false;
@@ -52,12 +53,15 @@ struct OptimizerConfig {
   static OptimizerConfig Adam(double lr = 1e-3);
   static OptimizerConfig AdamW(double lr = 1e-3);  // weight_decay 1e-2
   static OptimizerConfig Adagrad(double lr = 1e-2);
+  // Lion's published defaults: lr 1e-4, betas (0.9, 0.99), no weight decay.
+  static OptimizerConfig Lion(double lr = 1e-4);
 
   // fp32 state slots kept per parameter: SGD 1 with momentum (else 0),
-  // Adam/AdamW 2 (3 with amsgrad), Adagrad 1.
+  // Adam/AdamW 2 (3 with amsgrad), Adagrad 1, Lion 1.
   // The state slots' names in PyTorch's terms, in the order every backend
   // and checkpoint keeps them: "momentum_buffer"; "exp_avg", "exp_avg_sq",
-  // "max_exp_avg_sq"; "sum". StateSlotsPerElement() of them.
+  // "max_exp_avg_sq"; "sum"; Lion's "exp_avg". StateSlotsPerElement() of
+  // them.
   std::vector<std::string> StateSlotNames() const;
   // What a slot holds before the first step: Adagrad's sum starts at
   // initial_accumulator_value, everything else at zero.

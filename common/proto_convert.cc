@@ -152,6 +152,16 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerConf
       c.maximize = a.maximize();
       break;
     }
+    case v1::OptimizerConfig::kLion: {
+      const v1::LionConfig& l = proto.lion();
+      c.kind = OptimizerKind::kLion;
+      c.lr = l.lr();
+      c.beta1 = l.beta1();
+      c.beta2 = l.beta2();
+      c.weight_decay = l.weight_decay();
+      c.maximize = l.maximize();
+      break;
+    }
     default:
       return absl::InvalidArgumentError("no optimizer set in OptimizerConfig");
   }
@@ -193,6 +203,15 @@ v1::OptimizerConfig OptimizerConfigToProto(const OptimizerConfig& c) {
       a->set_initial_accumulator_value(c.initial_accumulator_value);
       a->set_eps(c.eps);
       a->set_maximize(c.maximize);
+      break;
+    }
+    case OptimizerKind::kLion: {
+      v1::LionConfig* l = proto.mutable_lion();
+      l->set_lr(c.lr);
+      l->set_beta1(c.beta1);
+      l->set_beta2(c.beta2);
+      l->set_weight_decay(c.weight_decay);
+      l->set_maximize(c.maximize);
       break;
     }
   }

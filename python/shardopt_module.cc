@@ -123,9 +123,16 @@ OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw)
     c.lr_decay = get("lr_decay", 0);
     c.initial_accumulator_value = get("initial_accumulator_value", 0);
     c.eps = get("eps", 1e-10);
+  } else if (name == "lion") {
+    c = OptimizerConfig::Lion(get("lr", 1e-4));
+    if (kw.contains("betas")) {
+      auto betas = kw["betas"].cast<std::pair<double, double>>();
+      c.beta1 = betas.first;
+      c.beta2 = betas.second;
+    }
   } else {
     throw py::value_error(
-        absl::StrCat("unknown optimizer '", name, "' (sgd, adam, adamw, adagrad)"));
+        absl::StrCat("unknown optimizer '", name, "' (sgd, adam, adamw, adagrad, lion)"));
   }
   c.weight_decay = get("weight_decay", name == "adamw" ? 1e-2 : 0);
   c.maximize = flag("maximize");

@@ -5,6 +5,7 @@
 // bit-identical.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -25,8 +26,9 @@ namespace {
 
 constexpr int kSteps = 25;
 constexpr uint64_t kSeed = 42;
-const std::vector<std::string> kOptimizers = {
-    "sgd", "sgd_momentum", "sgd_nesterov", "adam", "adam_l2", "adamw", "adamw_amsgrad", "adagrad"};
+const std::vector<std::string> kOptimizers = {"sgd",           "sgd_momentum", "sgd_nesterov",
+                                              "adam",          "adam_l2",      "adamw",
+                                              "adamw_amsgrad", "adagrad",      "lion"};
 
 // Trains every optimizer on S servers started with `server_flags` and T
 // trainer processes, and checks each trainer's final parameters against the
@@ -198,7 +200,10 @@ TEST(EndToEndGpuTest, CudaShardsMatchTheCpuRunBitForBit) {
   }
   (*probe)->Signal(SIGTERM);
   (*probe)->Wait(absl::Seconds(10));
-  for (uint32_t shards : {1u, 2u}) RunAndCompare(shards, 2, {"--device=cuda:0"});
+  // (Lion has no fused kernel yet: the GPU backend refuses it.)
+  std::vector<std::string> fused = kOptimizers;
+  fused.erase(std::remove(fused.begin(), fused.end(), "lion"), fused.end());
+  for (uint32_t shards : {1u, 2u}) RunAndCompare(shards, 2, {"--device=cuda:0"}, fused);
 }
 
 INSTANTIATE_TEST_SUITE_P(ShardsByTrainers, EndToEndTest,

@@ -79,6 +79,8 @@ _OPTIMIZERS = {
               "amsgrad": False, "maximize": False},
     "adagrad": {"lr": 1e-2, "lr_decay": 0.0, "weight_decay": 0.0,
                 "initial_accumulator_value": 0.0, "eps": 1e-10, "maximize": False},
+    # Lion (Chen et al. 2023; not in torch.optim): lion-pytorch's defaults.
+    "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False},
 }
 
 
@@ -91,8 +93,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         They must be float32, contiguous CPU tensors.
       servers: the shard servers' addresses, in shard order.
       rank, world_size: this trainer's rank among ``world_size`` trainers.
-      optimizer: "sgd", "adam", "adamw" or "adagrad"; the other keyword
-        arguments are its hyperparameters, named as in torch.optim.
+      optimizer: "sgd", "adam", "adamw", "adagrad" or "lion"; the other
+        keyword arguments are its hyperparameters, named as in torch.optim
+        (Lion's as in lion-pytorch: lr, betas, weight_decay).
       model_id: the model's name on the servers (one per training job).
       max_grad_norm: > 0 clips the global gradient norm on the servers.
       checkpoint_dir: where ``state_dict()`` makes the servers save.

@@ -43,6 +43,8 @@ const char* SlotName(OptimizerKind kind, int slot) {
     }
     case OptimizerKind::kAdagrad:
       return "sum";
+    case OptimizerKind::kLion:
+      return "exp_avg";
   }
   return "slot";
 }
@@ -83,6 +85,9 @@ struct Validated {
 absl::StatusOr<Validated> Validate(const OptimizerConfig& config, int64_t step, size_t n,
                                    const FusedStepBuffers& b) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
+  if (config.kind == OptimizerKind::kLion) {
+    return absl::UnimplementedError("no fused Lion kernel yet: train Lion on the cpu backend");
+  }
   if (step < 1) {
     return absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", step));
   }
@@ -253,6 +258,8 @@ absl::Status FusedOptimizerStep(const OptimizerConfig& config, int64_t step, siz
       what = "fused Adagrad step kernel launch";
       err = internal::LaunchAdagrad(MakeAdagrad(config, step, buffers, v->range), AsStream(stream));
       break;
+    case OptimizerKind::kLion:
+      return absl::UnimplementedError("no fused Lion kernel yet");  // (Refused by Validate.)
   }
   return CudaStatus(err, what);
 }

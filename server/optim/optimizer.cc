@@ -18,6 +18,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConf
       return optim_internal::NewAdam(config, size);
     case OptimizerKind::kAdagrad:
       return optim_internal::NewAdagrad(config, size);
+    case OptimizerKind::kLion:
+      return optim_internal::NewLion(config, size);
   }
   return absl::InvalidArgumentError("unknown optimizer kind");
 }

@@ -19,6 +19,7 @@ namespace optim_internal {
 std::unique_ptr<Optimizer> NewSgd(const OptimizerConfig& config, size_t size);
 std::unique_ptr<Optimizer> NewAdam(const OptimizerConfig& config, size_t size);  // and AdamW
 std::unique_ptr<Optimizer> NewAdagrad(const OptimizerConfig& config, size_t size);
+std::unique_ptr<Optimizer> NewLion(const OptimizerConfig& config, size_t size);
 
 // The step count as torch.optim 1.13 sees it. PyTorch keeps state['step'] in
 // a float32 tensor and increments it with `step_t += 1`, so it stops growing

@@ -171,6 +171,33 @@ void RefStep(const OptimizerConfig& c, int64_t step, double grad, Elem& e, Scale
       sc.p = std::fabs(p_old) + clr * su;
       return;
     }
+    case OptimizerKind::kLion: {
+      double p = p_old;
+      double sp = std::fabs(p_old);
+      if (c.weight_decay != 0) {
+        const double decay = F(1 - c.lr * c.weight_decay);
+        p *= decay;
+        sp *= decay;
+      }
+      const double beta1 = F(c.beta1);
+      const double one_minus_beta1 = F(1 - c.beta1);
+      const double beta2 = F(c.beta2);
+      const double one_minus_beta2 = F(1 - c.beta2);
+      double& m = e.slot[0];
+      const double interpolated = beta1 * m + one_minus_beta1 * g;
+      const double s_interpolated = beta1 * std::fabs(m) + one_minus_beta1 * sg;
+      const double lr = F(c.lr);
+      const double sign = (interpolated > 0) - (interpolated < 0);
+      e.p = p - lr * sign;
+      // Within rounding of zero the fp32 sign may come out the other way
+      // (or zero): either is the formula's answer, so such an element may
+      // differ by up to 2 lr.
+      const bool ambiguous = std::fabs(interpolated) <= 4 * FLT_EPSILON * s_interpolated;
+      sc.p = sp + lr + (ambiguous ? 2 * lr / FLT_EPSILON : 0.0);
+      sc.slot[0] = beta2 * std::fabs(m) + one_minus_beta2 * sg;
+      m = beta2 * m + one_minus_beta2 * g;
+      return;
+    }
   }
 }
 
@@ -186,7 +213,12 @@ std::vector<Case> Cases() {
   std::vector<Case> cases;
   auto add = [&](std::string name, OptimizerConfig c) {
     const bool tiny_decay = c.kind == OptimizerKind::kAdamW && c.lr * c.weight_decay < 1e-4;
-    cases.push_back({name, c, tiny_decay ? kTrajectoryBoundTinyDecay : kTrajectoryBound});
+    double bound = tiny_decay ? kTrajectoryBoundTinyDecay : kTrajectoryBound;
+    // Lion: where the interpolated momentum is within rounding of zero, the
+    // float64 run and the fp32 one may step the other way once (2 lr); the
+    // momentum does not depend on the parameters, so that does not grow.
+    if (c.kind == OptimizerKind::kLion) bound += 4 * c.lr;
+    cases.push_back({name, c, bound});
   };
   {
     OptimizerConfig c = OptimizerConfig::Sgd(0.01);
@@ -246,6 +278,19 @@ std::vector<Case> Cases() {
     c.initial_accumulator_value = 1.0;
     c.eps = 1e-6;
     add("adagrad_maximize", c);
+  }
+  {
+    OptimizerConfig c = OptimizerConfig::Lion(1e-4);
+    add("lion_default", c);
+    c = OptimizerConfig::Lion(3e-4);
+    c.weight_decay = 0.1;
+    c.beta1 = 0.95;
+    c.beta2 = 0.98;
+    add("lion_weight_decay_betas", c);
+    c = OptimizerConfig::Lion(1e-4);
+    c.maximize = true;
+    c.weight_decay = 1.0;
+    add("lion_maximize_weight_decay", c);
   }
   return cases;
 }
@@ -441,6 +486,7 @@ TEST(OptimizerTest, SlotNamesAndInitialValues) {
   ExpectSlots(c, {"sum"}, 0.25f);
   c.initial_accumulator_value = 0.1;  // Rounded to fp32, as torch.full_like does.
   ExpectSlots(c, {"sum"}, 0.1f);
+  ExpectSlots(OptimizerConfig::Lion(), {"exp_avg"}, 0);
 }
 
 TEST(OptimizerTest, EmptyOptimizer) {

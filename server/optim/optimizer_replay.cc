@@ -44,7 +44,7 @@ struct Replay {
 
 absl::StatusOr<OptimizerKind> ParseKind(absl::string_view name) {
   for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
-                          OptimizerKind::kAdagrad}) {
+                          OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
     if (name == OptimizerKindName(k)) return k;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown kind: ", name));
@@ -73,6 +73,9 @@ absl::StatusOr<Replay> ParseHeader(const std::string& line) {
           break;
         case OptimizerKind::kAdagrad:
           r.config = OptimizerConfig::Adagrad();
+          break;
+        case OptimizerKind::kLion:
+          r.config = OptimizerConfig::Lion();
           break;
       }
     }

@@ -65,6 +65,11 @@ absl::StatusOr<OptimizerConfig> OptimizerByName(const std::string& name) {
     c.initial_accumulator_value = 0.1;
     return c;
   }
+  if (name == "lion") {
+    OptimizerConfig c = OptimizerConfig::Lion(3e-3);
+    c.weight_decay = 0.1;
+    return c;
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown optimizer name '", name, "'"));
 }
 

@@ -24,7 +24,7 @@
 namespace shardopt::testing {
 
 // Optimizer configs by short name: "sgd", "sgd_momentum", "sgd_nesterov",
-// "adam", "adam_l2", "adamw", "adamw_amsgrad", "adagrad". INVALID_ARGUMENT
+// "adam", "adam_l2", "adamw", "adamw_amsgrad", "adagrad", "lion". INVALID_ARGUMENT
 // otherwise.
 absl::StatusOr<OptimizerConfig> OptimizerByName(const std::string& name);
 

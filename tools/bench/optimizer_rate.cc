@@ -64,6 +64,7 @@ absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, do
       {"adamw", OptimizerConfig::AdamW(), 28, "r p,g,m,v; w p,m,v"},
       {"sgd-momentum", sgd_momentum, 20, "r p,g,buf; w p,buf"},
       {"adagrad", OptimizerConfig::Adagrad(), 20, "r p,g,sum; w p,sum"},
+      {"lion", OptimizerConfig::Lion(), 20, "r p,g,m; w p,m"},
       {"sgd (plain, as in b)", BenchSgd(), 12, "r p,g; w p"},
   };
   std::vector<float> params(n), grads(n);

@@ -15,9 +15,11 @@ absl::StatusOr<OptimizerConfig> ChooseOptimizer(absl::string_view name, double l
     config.momentum = 0.9;
   } else if (name == "adagrad") {
     config = OptimizerConfig::Adagrad(lr > 0 ? lr : 0.05);
+  } else if (name == "lion") {
+    config = OptimizerConfig::Lion(lr > 0 ? lr : 3e-3);
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown --optimizer '", name, "' (use adamw, adam, sgd or adagrad)"));
+        absl::StrCat("unknown --optimizer '", name, "' (use adamw, adam, sgd, adagrad or lion)"));
   }
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   return config;
