@@ -316,7 +316,9 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
     scaler_.emplace(spec.loss_scaler);
     // Where the other trainers' scalers are (after a restart: not initial).
     if (shards[0].loss_scaler) scaler_->set_state(*shards[0].loss_scaler);
-    scaler_step_ = shards[0].version;
+    // (Asynchronous: the version counts every trainer's pushes, and each
+    // trainer's scaler is its own, from its initial scale.)
+    scaler_step_ = IsAsynchronous(spec.consistency) ? 0 : shards[0].version;
   } else {
     scaler_.reset();
   }

@@ -56,19 +56,32 @@ StepStats OwnGradientStats(int64_t step, absl::Span<const float> grads, double l
 absl::StatusOr<StepResult> TrainerClient::AsyncPush(int64_t step,
                                                     absl::Span<const float> flat_grads) {
   if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
+  if (scaler_ && scaler_step_ >= step) {
+    // A retry of a step whose push went out (its scaler moved since): what
+    // was recorded goes again, not a gradient unscaled with the new scale.
+    if (absl::StatusOr<PushedStep> earlier = history_->Find(step); earlier.ok()) {
+      absl::StatusOr<StepResult> again =
+          PushPayload(step, earlier->payload->data(), earlier->loss_scale,
+                      /*skip=*/earlier->payload->empty());
+      if (again.ok() && again->skipped) again->bytes_pushed = 0;
+      return again;
+    }
+  }
   const bool controlled = spec_->max_grad_norm > 0 || scaler_.has_value();
   const double scale = loss_scale();
   // Gradient control is this trainer's (it holds its whole gradient): the
   // same decision rule as the shards' in synchronous mode, on its own
-  // gradient alone.
+  // gradient alone. Only a loss scaler skips: without one an inf/NaN is
+  // refused below, naming the element, as in every other mode.
   StepDecision decision;
   if (controlled) {
     const StepStats own = OwnGradientStats(step, flat_grads, scale);
     decision = DecideStep(absl::MakeConstSpan(&own, 1), spec_->max_grad_norm);
   }
+  const bool skip = decision.skip && scaler_.has_value();
   std::vector<float> multiplied;
   absl::Span<const float> grads = flat_grads;
-  if (controlled && !decision.skip) {
+  if (controlled && !skip) {
     // Unscaled and clipped in one fp32 multiply (exact for the scale alone).
     const float multiplier = GradientMultiplier(decision, scale);
     multiplied.resize(flat_grads.size());
@@ -77,27 +90,28 @@ absl::StatusOr<StepResult> TrainerClient::AsyncPush(int64_t step,
   }
   std::vector<char> narrowed;
   const void* payload = nullptr;
-  if (!decision.skip) {
+  if (!skip) {
     if (absl::Status s = PreparePushPayload(*layout_, step, grads, options_.push_dtype,
                                             /*loss_scaling=*/false, &narrowed, &payload);
         !s.ok()) {
       return s;
     }
   }
-  absl::StatusOr<StepResult> result =
-      PushPayload(step, payload, /*loss_scale=*/1.0, /*skip=*/decision.skip);
+  absl::StatusOr<StepResult> result = PushPayload(step, payload, /*loss_scale=*/1.0, skip);
   if (!result.ok()) return result;
-  // Once per step, whether or not what follows succeeds (a retry of the step
-  // must not move the scaler again).
+  // What went out decides (a restarted trainer re-sends its journaled push,
+  // which may be the other kind than this recomputed one). Once per step,
+  // whether or not what follows succeeds (a retry must not move it again).
   if (scaler_ && scaler_step_ < step) {
-    scaler_->Update(decision.skip);
+    scaler_->Update(result->skipped);
     scaler_step_ = step;
   }
-  result->skipped = decision.skip;
-  result->grad_norm = decision.grad_norm;
-  result->clip_coef = decision.skip ? 1.0 : decision.clip_coef;
+  if (result->skipped == skip) {
+    result->grad_norm = decision.grad_norm;
+    result->clip_coef = skip ? 1.0 : decision.clip_coef;
+  }
   result->loss_scale = scale;
-  if (decision.skip) result->bytes_pushed = 0;
+  if (result->skipped) result->bytes_pushed = 0;
   return result;
 }
 

@@ -71,6 +71,7 @@ absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* 
   if (!status.ok()) return status;
   DropOldHistory(step, responses);
   StepResult result = ResultOfPush(step, responses, wire_dtype);
+  result.skipped = skip;  // What was sent (a journaled push may differ from the caller's).
   result.replayed_pushes = static_cast<int>(replayed_pushes() - replayed_before);
   return result;
 }

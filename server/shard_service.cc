@@ -154,8 +154,21 @@ absl::StatusOr<ShardPlan> ShardServiceImpl::PlanHere(v1::ModelConfig config) con
 }
 
 ModelShard::BackendFactory ShardServiceImpl::BackendFactory() {
-  if (options_.gpu_index < 0) return ModelShard::CpuBackendFactory(&pool_);
-  return [gpu = options_.gpu_index](const ModelShardOptions& o, std::vector<float> v) {
+  const ModelShard::BackendFactory cpu = ModelShard::CpuBackendFactory(&pool_);
+  if (options_.gpu_index < 0) return cpu;
+  return [gpu = options_.gpu_index, cpu](
+             const ModelShardOptions& o,
+             std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
+    // What the GPU backend has no kernel for yet runs here on the CPU, said
+    // once per model, rather than not at all.
+    const char* lacking = o.optimizer.kind == OptimizerKind::kLion ? "Lion"
+                          : IsAsynchronous(o.consistency)          ? "asynchronous updates"
+                                                                   : nullptr;
+    if (lacking != nullptr) {
+      LogWarning("model '%s': %s on the cpu backend (the GPU backend has none yet)", o.model_id,
+                 lacking);
+      return cpu(o, std::move(v));
+    }
     return MakeGpuBackend(gpu, o, std::move(v));
   };
 }

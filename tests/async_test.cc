@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -368,6 +369,26 @@ TEST(AsyncTest, BadCallsGetTheirStatusAndChangeNothing) {
   EXPECT_EQ(r.optimizer_steps(), 1);
   EXPECT_EQ(r.consistency(), v1::CONSISTENCY_BOUNDED);
   EXPECT_EQ(r.staleness(), 2);
+
+  // With clipping but no loss scaler a NaN is refused, naming the element,
+  // not skipped (only a loss scaler skips), and nothing reaches the shard.
+  ModelSpec clipped = SyntheticModelSpec("clipped", OptimizerConfig::Sgd(kLr), 2);
+  clipped.consistency = Consistency::kAsync;
+  clipped.max_grad_norm = 1.0;
+  auto clip_client = TrainerClient::Connect({address}, TrainerClientOptions());
+  ASSERT_TRUE(clip_client.ok());
+  ASSERT_TRUE((*clip_client)->Register(clipped, DyadicInitialParams(layout, kJobSeed)).ok());
+  std::vector<float> nan = grad;
+  nan[layout.tensors()[1].offset] = std::numeric_limits<float>::quiet_NaN();
+  absl::StatusOr<StepResult> refused = (*clip_client)->Push(1, nan);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "is nan")) << refused.status();
+  auto inspect_stub = NewStub(address);
+  v1::InspectResponse c;
+  ASSERT_TRUE(RawInspect(*inspect_stub, "clipped", &c, 10).ok());
+  EXPECT_EQ(std::vector<int64_t>(c.trainer_steps().begin(), c.trainer_steps().end()),
+            (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(c.skipped_steps(), 0);
 }
 
 TEST(AsyncTest, AnAsyncCheckpointRestoresOnOtherShardCountsExactly) {

@@ -53,10 +53,10 @@ ABSL_FLAG(int, steps, 300, "Optimizer steps to train.");
 ABSL_FLAG(int, batch, 256,
           "Global batch size (all trainers together); a multiple of --num_trainers.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the dataset, the batch order and the initial parameters.");
-ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd (momentum 0.9) or adagrad.");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw, adam, sgd (momentum 0.9), adagrad or lion.");
 ABSL_FLAG(double, lr, 0,
           "Learning rate; 0 picks the optimizer's default (adamw/adam 1e-2, "
-          "sgd 0.1, adagrad 0.05).");
+          "sgd 0.1, adagrad 0.05, lion 3e-3).");
 ABSL_FLAG(std::string, model_id, "spirals_mlp", "Model id on the servers.");
 ABSL_FLAG(int, micro_batches, 1,
           "Split this trainer's share of each batch into this many micro-batches and "

@@ -15,7 +15,7 @@
 
 namespace shardopt::train {
 
-// `name` is adamw, adam, sgd or adagrad; lr <= 0 selects the default above.
+// `name` is adamw, adam, sgd, adagrad or lion; lr <= 0 selects the default above.
 // INVALID_ARGUMENT for an unknown name or a config torch.optim would reject.
 absl::StatusOr<OptimizerConfig> ChooseOptimizer(absl::string_view name, double lr);
 
