@@ -77,7 +77,6 @@ absl::Status AsyncState::CommitPush(uint32_t rank, int64_t step) {
 }
 
 bool AsyncState::Eligible(uint32_t rank, int64_t step) const {
-  if (cut_ && step > (*cut_)[rank]) return false;
   if (!holds_.empty() && step > *holds_.begin()) return false;
   return Laggards(rank, step).empty();
 }
@@ -105,10 +104,6 @@ std::string AsyncState::DescribeWait(uint32_t rank, int64_t step) const {
                         absl::StrAppend(out, l.first, " (applied step ", l.second, ")");
                       }),
         " to push step ", step - options_.staleness));
-  }
-  if (cut_ && step > (*cut_)[rank]) {
-    reasons.push_back(
-        absl::StrCat("a checkpoint's cut holds trainer ", rank, " at step ", (*cut_)[rank]));
   }
   if (!holds_.empty() && step > *holds_.begin()) {
     reasons.push_back(absl::StrCat("the checkpoint of step ", *holds_.begin(),
@@ -160,25 +155,6 @@ void AsyncState::FailApply(const Claim& claim, absl::Status failure) {
   failure_ = std::move(failure);
 }
 
-absl::Status AsyncState::SetCut(std::vector<int64_t> cut) {
-  if (cut.size() != options_.num_trainers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a cut of ", cut.size(), " steps for ", options_.num_trainers, " trainers"));
-  }
-  if (cut_) return absl::FailedPreconditionError("another checkpoint's cut is still set");
-  for (uint32_t t = 0; t < options_.num_trainers; ++t) {
-    const int64_t done = applied_[t] + (slots_[t] == Slot::kApplying ? 1 : 0);
-    if (done > cut[t]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "trainer ", t, "'s step ", done, " is applied here already, past the cut's ", cut[t]));
-    }
-  }
-  cut_ = std::move(cut);
-  return absl::OkStatus();
-}
-
-bool AsyncState::CutReached() const { return cut_ && !applying_ && applied_ == *cut_; }
-
 void AsyncState::ReleaseHold(int64_t step) {
   const auto it = holds_.find(step);
   if (it != holds_.end()) holds_.erase(it);
@@ -226,7 +202,6 @@ void AsyncState::Restore(const AsyncProgress& progress) {
   recent_order_.clear();
   max_staleness_ = 0;
   std::fill(last_staleness_.begin(), last_staleness_.end(), 0);
-  cut_.reset();
 }
 
 }  // namespace shardopt

@@ -19,13 +19,11 @@
 //    trainer's step k - s or later is applied here (applied, not only
 //    queued: a queued push may be withdrawn); Laggards() names the trainers
 //    it waits for;
-//  - a cut (SetCut: a checkpoint as a consistent cut): a push of a step
-//    beyond the cut's entry for its trainer, until the cut is released, so
-//    that the shard reaches exactly the cut (CutReached) and every shard's
-//    checkpoint of it holds the same pushes;
-//  - a hold of step N (AddHold: periodic checkpoints, which take the next
-//    one's hold before they release their own): the uniform cut "every
-//    trainer's step N", of which several may be held (the lowest counts).
+//  - a hold of step N (AddHold: a checkpoint as a consistent cut; periodic
+//    checkpoints take the next one's hold before they release their own):
+//    a push of a step beyond N, so that the shard reaches exactly "every
+//    trainer's step N" (UniformCutReached) and every shard's checkpoint of
+//    it holds the same pushes; several may be held (the lowest counts).
 // Per trainer one slot: kEmpty, kReceiving (a writer owns it), kQueued,
 // kApplying. A failed application makes the state terminal (kFailed), as in
 // StepState: the backend's numbers are then unknown.
@@ -136,15 +134,6 @@ class AsyncState {
   const std::deque<std::pair<uint32_t, int64_t>>& recent_order() const { return recent_order_; }
 
   // ---- Consistent cuts (checkpoints).
-  // From now on no push beyond `cut` (one step per trainer) is applied until
-  // ReleaseCut. INVALID_ARGUMENT for a cut of the wrong size;
-  // FAILED_PRECONDITION while another cut is set, or when some trainer's
-  // applied step is already past the cut (it can no longer be reached).
-  absl::Status SetCut(std::vector<int64_t> cut);
-  const std::optional<std::vector<int64_t>>& cut() const { return cut_; }
-  // The shard holds exactly the cut's pushes (and applies none meanwhile).
-  bool CutReached() const;
-  void ReleaseCut() { cut_.reset(); }
   // Holds of the uniform cut at step `step` (see the class comment). A hold
   // below a step some trainer already applied holds nothing back (the
   // caller checks with UniformCutReachable first).
@@ -180,7 +169,6 @@ class AsyncState {
   std::deque<Queued> queue_;
   uint64_t commits_ = 0;
   bool applying_ = false;
-  std::optional<std::vector<int64_t>> cut_;
   std::multiset<int64_t> holds_;
   std::deque<std::pair<uint32_t, int64_t>> recent_order_;
   int64_t max_staleness_ = 0;

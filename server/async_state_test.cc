@@ -122,32 +122,6 @@ TEST(AsyncStateTest, BoundedStalenessHoldsTheFastTrainerAndNamesTheSlowOne) {
   EXPECT_EQ(state.Laggards(0, 4), (std::vector<std::pair<uint32_t, int64_t>>{{1, 1}, {2, 1}}));
 }
 
-TEST(AsyncStateTest, ACutStopsEveryTrainerExactlyThere) {
-  AsyncState state({2, 0});
-  EXPECT_EQ(state.SetCut({1}).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(state.SetCut({2, 1}).ok());
-  EXPECT_EQ(state.SetCut({3, 3}).code(), absl::StatusCode::kFailedPrecondition);
-  for (int64_t step = 1; step <= 2; ++step) {
-    ASSERT_NO_FATAL_FAILURE(Push(state, 0, step));
-    ASSERT_EQ(ApplyAll(state).size(), 1u);
-  }
-  ASSERT_NO_FATAL_FAILURE(Push(state, 0, 3));
-  EXPECT_TRUE(ApplyAll(state).empty());
-  EXPECT_TRUE(absl::StrContains(state.DescribeWait(0, 3), "cut holds trainer 0 at step 2"));
-  EXPECT_FALSE(state.CutReached());
-  ASSERT_NO_FATAL_FAILURE(Push(state, 1, 1));
-  EXPECT_EQ(ApplyAll(state), (std::vector<std::pair<uint32_t, int64_t>>{{1, 1}}));
-  EXPECT_TRUE(state.CutReached());
-  EXPECT_EQ(state.Progress().applied, (std::vector<int64_t>{2, 1}));
-  EXPECT_EQ(state.Progress().version, 3);
-  state.ReleaseCut();
-  EXPECT_EQ(ApplyAll(state), (std::vector<std::pair<uint32_t, int64_t>>{{0, 3}}));
-  // A cut behind what is applied can no longer be taken.
-  absl::Status late = state.SetCut({2, 1});
-  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(late.message(), "trainer 0's step 3")) << late;
-}
-
 TEST(AsyncStateTest, HoldsOfUniformCutsTheLowestCounts) {
   AsyncState state({2, 0});
   state.AddHold(2);

@@ -346,8 +346,8 @@ class ModelShard {
   // Restore's checks, in either mode.
   absl::Status CheckRestoreLocked(const ShardProgress& progress) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RestoreAsyncProgress(const ShardProgress& progress)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a record CheckRestoreLocked accepted in place.
+  void RestoreAsyncProgress(const ShardProgress& progress) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION naming `what` for calls the asynchronous modes lack.
   absl::Status NotInAsyncMode(const char* what) const;
 

@@ -228,15 +228,10 @@ absl::StatusOr<ShardProgress> ModelShard::AwaitAsyncCut(int64_t step, absl::Time
   return progress;
 }
 
-absl::Status ModelShard::RestoreAsyncProgress(const ShardProgress& progress) {
-  const AsyncProgress record{progress.trainer_steps, progress.version};
-  if (absl::Status s = async_->CheckRestore(record); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("restoring the asynchronous record: ", s.message()));
-  }
-  async_->Restore(record);
+void ModelShard::RestoreAsyncProgress(const ShardProgress& progress) {
+  async_->Restore(AsyncProgress{progress.trainer_steps, progress.version});
   last_async_lr_ = progress.last_lr;
   async_skipped_ = progress.skipped_steps;
-  return absl::OkStatus();
 }
 
 }  // namespace shardopt

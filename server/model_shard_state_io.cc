@@ -179,7 +179,7 @@ absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardState
   if (absl::Status s = CheckRestoreLocked(progress); !s.ok()) return s;
   state_.Restore(progress);
   if (async_) {
-    if (absl::Status s = RestoreAsyncProgress(progress); !s.ok()) return s;
+    RestoreAsyncProgress(progress);  // (Checked above, under the same lock.)
   }
   absl::MutexLock params_lock(&params_mu_);
   std::fill(range_versions_.begin(), range_versions_.end(), progress.version);
