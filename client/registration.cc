@@ -9,6 +9,11 @@ namespace shardopt {
 absl::StatusOr<v1::ModelConfig> ModelConfigFor(const ModelSpec& spec, const ModelLayout& layout,
                                                uint32_t shard_count) {
   if (absl::Status s = spec.optimizer.Validate(); !s.ok()) return s;
+  if (absl::Status s = CheckOptimizerFitsPartition(spec.optimizer.kind,
+                                                   layout.partition() == Partition::kWholeTensors);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = spec.lr_schedule.Validate(); !s.ok()) return s;
   if (spec.loss_scaling) {
     if (absl::Status s = spec.loss_scaler.Validate(); !s.ok()) return s;

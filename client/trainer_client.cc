@@ -125,7 +125,7 @@ absl::Status TrainerClient::CheckBuffer(size_t size, const char* what) const {
 }
 
 absl::StatusOr<ModelLayout> TrainerClient::LayoutFor(const ModelSpec& spec) const {
-  return ModelLayout::Create(spec.tensors, spec.alignment, shard_count());
+  return ModelLayout::Create(spec.tensors, spec.alignment, shard_count(), spec.partition);
 }
 
 absl::Status TrainerClient::Register(const ModelSpec& spec,

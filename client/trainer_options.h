@@ -27,6 +27,9 @@ struct ModelSpec {
   std::string model_id;
   std::vector<TensorSpec> tensors;
   uint32_t alignment = 0;  // 0: ModelLayout::kDefaultAlignment.
+  // kWholeTensors for optimizers that need whole tensors (LAMB, Adafactor,
+  // Muon): see common/layout.h.
+  Partition partition = Partition::kFlat;
   OptimizerConfig optimizer;
   LrSchedule lr_schedule;  // Default: constant (optimizer.lr every step).
   // Gradient control (GradientControl in the proto): with either on, Step()

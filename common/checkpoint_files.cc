@@ -390,6 +390,32 @@ absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t 
   return absl::OkStatus();
 }
 
+absl::Status CheckpointReader::ReadFor(const ModelLayout& target, int section, uint64_t flat_offset,
+                                       uint64_t count, float* out) const {
+  if (!target.SameTensors(*layout_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(directory_, " holds a model of other tensors or alignment"));
+  }
+  // Both flat: every tensor at the same offset whatever the shard counts.
+  if (target.partition() == Partition::kFlat && layout_->partition() == Partition::kFlat) {
+    return Read(section, flat_offset, count, out);
+  }
+  if (section < 0 || static_cast<size_t>(section) >= section_names_.size()) {
+    return absl::OutOfRangeError(absl::StrCat("no section ", section));
+  }
+  const float initial = section == 0 ? 0.0f : optimizer_.InitialSlotValue(section - 1);
+  std::fill(out, out + count, initial);
+  for (const TensorPiece& piece : target.PiecesIn(FlatRange{flat_offset, flat_offset + count})) {
+    const TensorPlacement& saved = layout_->tensors()[piece.tensor_index];
+    if (absl::Status s = Read(section, saved.offset + piece.tensor_offset, piece.size,
+                              out + (piece.flat_offset - flat_offset));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<v1::HyperparameterChange> ScheduledChangesOf(const v1::CheckpointManifest& manifest) {
   std::map<int64_t, v1::HyperparameterChange> by_step;
   for (const v1::CheckpointPart& part : manifest.parts()) {

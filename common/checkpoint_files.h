@@ -102,6 +102,13 @@ class CheckpointReader {
   // initial value). DATA_LOSS, naming the file and block, when a block read
   // fails its checksum or is short.
   absl::Status Read(int section, uint64_t flat_offset, uint64_t count, float* out) const;
+  // The same for elements [flat_offset, flat_offset + count) of `target`'s
+  // flat buffer, any layout of the same tensors (any shard count, either
+  // partition): each tensor's values are read from where the saved layout
+  // put it; target padding reads as the section's initial value.
+  // FAILED_PRECONDITION when `target` has other tensors or alignment.
+  absl::Status ReadFor(const ModelLayout& target, int section, uint64_t flat_offset, uint64_t count,
+                       float* out) const;
 
   // Reads every block of every part and checks its checksum: OK only when
   // the whole checkpoint verifies (Open checks sizes and headers, not data).

@@ -111,6 +111,58 @@ TEST(CheckpointFilesTest, ReadsAnyRangeForAnyShardCount) {
   }
 }
 
+// Every tensor element of `target` read through ReadFor must be the saved
+// layout's value of the same tensor element. (Padding in the saved files
+// holds Value()s here, not zeros: the flat-to-flat read copies them.)
+void ExpectReadsByTensor(const CheckpointReader& reader, const ModelLayout& target) {
+  const ModelLayout& saved = reader.layout();
+  for (uint32_t s = 0; s < target.shard_count(); ++s) {
+    const FlatRange range = target.ShardRange(s);
+    for (int section = 0; section < 4; ++section) {
+      std::vector<float> got(range.size(), -1.0f);
+      ASSERT_TRUE(reader.ReadFor(target, section, range.begin, range.size(), got.data()).ok());
+      for (const TensorPiece& p : target.PiecesIn(range)) {
+        for (uint64_t k = 0; k < p.size; ++k) {
+          ASSERT_EQ(got[p.flat_offset - range.begin + k],
+                    Value(section, saved.tensors()[p.tensor_index].offset + p.tensor_offset + k))
+              << PartitionName(target.partition()) << " x" << target.shard_count() << " shard " << s
+              << " section " << section << " tensor " << p.tensor_index;
+        }
+      }
+    }
+  }
+}
+
+TEST(CheckpointFilesTest, ReadsByTensorIntoEitherPartitionAndAnyShardCount) {
+  // Saved flat by 3 shards, read as whole tensors by 1, 2, 3, 5 and flat by 4.
+  std::unique_ptr<CheckpointReader> flat =
+      CheckpointReader::Open(WriteCheckpoint("flat-to-whole")).value();
+  for (uint32_t shards : {1u, 2u, 3u, 5u}) {
+    v1::Layout proto = Config(shards).layout();
+    proto.set_partition(v1::PARTITION_WHOLE_TENSORS);
+    ExpectReadsByTensor(*flat, LayoutFromProto(proto, shards).value());
+  }
+  ExpectReadsByTensor(*flat, LayoutFromProto(Config(4).layout(), 4).value());
+
+  // Saved as whole tensors by 2 shards, read flat by 5 and whole by 3.
+  const std::string dir = TempDir("whole-to-flat");
+  v1::ModelConfig config = Config(2);
+  config.mutable_layout()->set_partition(v1::PARTITION_WHOLE_TENSORS);
+  for (uint32_t i = 0; i < 2; ++i) ASSERT_TRUE(WritePart(dir, config, i).ok());
+  std::unique_ptr<CheckpointReader> whole = CheckpointReader::Open(dir).value();
+  EXPECT_EQ(whole->layout().partition(), Partition::kWholeTensors);
+  ExpectReadsByTensor(*whole, LayoutFromProto(Config(5).layout(), 5).value());
+  v1::Layout proto = Config(3).layout();
+  proto.set_partition(v1::PARTITION_WHOLE_TENSORS);
+  ExpectReadsByTensor(*whole, LayoutFromProto(proto, 3).value());
+
+  // Other tensors: refused.
+  const ModelLayout other = LayoutFromProto(Config(2, /*extra=*/1).layout(), 2).value();
+  std::vector<float> out(other.ShardSize(0));
+  EXPECT_EQ(whole->ReadFor(other, 0, 0, out.size(), out.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(CheckpointFilesTest, LargeSectionsAreReadBlockByBlock) {
   // More than one checksummed block per section, read in odd pieces.
   const std::string dir = TempDir("blocks");

@@ -27,8 +27,19 @@ uint64_t TensorSpec::num_elements() const {
   return n;
 }
 
+const char* PartitionName(Partition partition) {
+  return partition == Partition::kWholeTensors ? "whole_tensors" : "flat";
+}
+
+absl::StatusOr<Partition> PartitionFromName(absl::string_view name) {
+  if (name == "flat") return Partition::kFlat;
+  if (name == "whole_tensors") return Partition::kWholeTensors;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown partition '", name, "' (flat or whole_tensors)"));
+}
+
 absl::StatusOr<ModelLayout> ModelLayout::Create(std::vector<TensorSpec> tensors, uint32_t alignment,
-                                                uint32_t shard_count) {
+                                                uint32_t shard_count, Partition partition) {
   if (alignment == 0) alignment = kDefaultAlignment;
   if ((alignment & (alignment - 1)) != 0) {
     return absl::InvalidArgumentError(
@@ -40,8 +51,10 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(std::vector<TensorSpec> tensors,
   ModelLayout layout;
   layout.alignment_ = alignment;
   layout.shard_count_ = shard_count;
+  layout.partition_ = partition;
   std::unordered_set<std::string> names;
-  uint64_t offset = 0;
+  std::vector<uint64_t> sizes;
+  uint64_t aligned_sum = 0;
   for (TensorSpec& spec : tensors) {
     if (absl::Status s = CheckTensorName(spec.name); !s.ok()) return s;
     if (!names.insert(spec.name).second) {
@@ -60,26 +73,92 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(std::vector<TensorSpec> tensors,
       }
       size *= static_cast<uint64_t>(d);
     }
-    offset = RoundUp(offset, alignment);
-    if (offset + size > kMaxElements) {
+    aligned_sum += RoundUp(size, alignment);
+    if (aligned_sum > kMaxElements) {
       return absl::InvalidArgumentError("model is too large (more than 2^48 elements)");
     }
+    sizes.push_back(size);
     layout.used_elements_ += size;
-    layout.tensors_.push_back(TensorPlacement{std::move(spec), offset, size});
-    offset += size;
+    layout.tensors_.push_back(TensorPlacement{std::move(spec), 0, size});
   }
-  layout.total_elements_ = RoundUp(offset, uint64_t{alignment} * shard_count);
-  if (layout.total_elements_ == 0) {
-    // An empty model still gives every shard one aligned block, so that
-    // ranges are never empty and all shard sizes stay equal.
-    layout.total_elements_ = uint64_t{alignment} * shard_count;
+  const size_t n = layout.tensors_.size();
+  // The shard of each tensor: all on shard 0 for kFlat (cut evenly below).
+  std::vector<uint32_t> shard_of(n, 0);
+  if (partition == Partition::kWholeTensors) {
+    std::vector<uint32_t> largest_first(n);
+    for (size_t i = 0; i < n; ++i) largest_first[i] = static_cast<uint32_t>(i);
+    std::stable_sort(largest_first.begin(), largest_first.end(),
+                     [&](uint32_t a, uint32_t b) { return sizes[a] > sizes[b]; });
+    std::vector<uint64_t> load(shard_count, 0);
+    for (uint32_t t : largest_first) {
+      const uint32_t s =
+          static_cast<uint32_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      shard_of[t] = s;
+      load[s] += RoundUp(sizes[t], alignment);
+    }
   }
+  uint64_t offset = 0;
+  const uint32_t placed_shards = partition == Partition::kWholeTensors ? shard_count : 1;
+  for (uint32_t s = 0; s < placed_shards; ++s) {
+    const uint64_t begin = offset;
+    layout.shard_begin_.push_back(begin);
+    for (size_t i = 0; i < n; ++i) {
+      if (shard_of[i] != s) continue;
+      offset = RoundUp(offset, alignment);
+      layout.tensors_[i].offset = offset;
+      offset += sizes[i];
+    }
+    // Never an empty range: a shard without tensors holds one aligned block.
+    offset = std::max(RoundUp(offset, alignment), begin + alignment);
+  }
+  if (partition == Partition::kWholeTensors) {
+    layout.shard_begin_.push_back(offset);
+    layout.total_elements_ = offset;
+  } else {
+    layout.total_elements_ = RoundUp(offset, uint64_t{alignment} * shard_count);
+    const uint64_t each = layout.total_elements_ / shard_count;
+    layout.shard_begin_.clear();
+    for (uint32_t s = 0; s <= shard_count; ++s) layout.shard_begin_.push_back(s * each);
+  }
+  layout.by_offset_.resize(n);
+  for (size_t i = 0; i < n; ++i) layout.by_offset_[i] = static_cast<uint32_t>(i);
+  std::stable_sort(layout.by_offset_.begin(), layout.by_offset_.end(), [&](uint32_t a, uint32_t b) {
+    return layout.tensors_[a].offset < layout.tensors_[b].offset;
+  });
   return layout;
 }
 
 FlatRange ModelLayout::ShardRange(uint32_t shard_index) const {
-  const uint64_t size = shard_size();
-  return FlatRange{shard_index * size, (shard_index + 1) * size};
+  return FlatRange{shard_begin_[shard_index], shard_begin_[shard_index + 1]};
+}
+
+double ModelLayout::Imbalance() const {
+  uint64_t largest = 0;
+  for (uint32_t s = 0; s < shard_count_; ++s) largest = std::max(largest, ShardSize(s));
+  return static_cast<double>(largest) * shard_count_ / static_cast<double>(total_elements_);
+}
+
+bool ModelLayout::LargestTensorOutweighsRest() const {
+  uint64_t largest = 0;
+  for (const TensorPlacement& t : tensors_) largest = std::max(largest, t.size);
+  return tensors_.size() > 1 && largest > used_elements_ - largest;
+}
+
+uint32_t ModelLayout::ShardOfTensor(size_t tensor_index) const {
+  const uint64_t at = tensors_[tensor_index].offset;
+  // The last shard whose range begins at or before `at`.
+  auto it = std::upper_bound(shard_begin_.begin(), shard_begin_.end() - 1, at);
+  return static_cast<uint32_t>(it - shard_begin_.begin()) - 1;
+}
+
+bool ModelLayout::SameTensors(const ModelLayout& other) const {
+  if (alignment_ != other.alignment_ || tensors_.size() != other.tensors_.size()) return false;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const TensorSpec& a = tensors_[i].spec;
+    const TensorSpec& b = other.tensors_[i].spec;
+    if (a.name != b.name || a.shape != b.shape || a.dtype != b.dtype) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<size_t> ModelLayout::Find(absl::string_view name) const {
@@ -98,16 +177,16 @@ std::string ModelLayout::DescribeElement(uint64_t flat_index) const {
 
 std::vector<TensorPiece> ModelLayout::PiecesIn(FlatRange range) const {
   std::vector<TensorPiece> pieces;
-  // Tensors are sorted by offset: binary-search the first that ends after begin.
-  auto it = std::partition_point(tensors_.begin(), tensors_.end(), [&](const TensorPlacement& t) {
-    return t.offset + t.size <= range.begin;
+  // by_offset_ is sorted by offset: binary-search the first that ends after begin.
+  auto it = std::partition_point(by_offset_.begin(), by_offset_.end(), [&](uint32_t i) {
+    return tensors_[i].offset + tensors_[i].size <= range.begin;
   });
-  for (; it != tensors_.end() && it->offset < range.end; ++it) {
-    const uint64_t begin = std::max(it->offset, range.begin);
-    const uint64_t end = std::min(it->offset + it->size, range.end);
+  for (; it != by_offset_.end() && tensors_[*it].offset < range.end; ++it) {
+    const TensorPlacement& t = tensors_[*it];
+    const uint64_t begin = std::max(t.offset, range.begin);
+    const uint64_t end = std::min(t.offset + t.size, range.end);
     if (begin >= end) continue;  // Empty tensor.
-    pieces.push_back(TensorPiece{static_cast<size_t>(it - tensors_.begin()), begin - it->offset,
-                                 begin, end - begin});
+    pieces.push_back(TensorPiece{*it, begin - t.offset, begin, end - begin});
   }
   return pieces;
 }

@@ -1,12 +1,24 @@
 // ModelLayout: where every tensor of a model lives in one flat buffer, and
 // which contiguous range of that buffer each of S optimizer shards owns.
 //
-// Megatron/ZeRO-1 style. Tensors are placed in declaration order, each starting
-// at a multiple of `alignment` elements; the buffer is then padded to a
-// multiple of shard_count * alignment, so it splits into shard_count ranges of
-// exactly equal size, each starting on an alignment boundary. Shard i owns
-// [i * total / S, (i + 1) * total / S). A tensor may straddle shards. Gaps and
-// the tail are padding: zeros that receive zero gradients.
+// Two partitions:
+// - kFlat (Megatron/ZeRO-1 style, the default). Tensors are placed in
+//   declaration order, each starting at a multiple of `alignment` elements;
+//   the buffer is padded to a multiple of shard_count * alignment, so it
+//   splits into shard_count ranges of exactly equal size. Shard i owns
+//   [i * total / S, (i + 1) * total / S). A tensor may straddle shards.
+// - kWholeTensors: every tensor lies on exactly one shard (what LAMB,
+//   Adafactor and Muon need). Tensors are assigned largest first (ties in
+//   declaration order) to the shard with the fewest elements so far (ties to
+//   the lowest index), counting each tensor's aligned size; each shard's
+//   tensors are then placed in declaration order, shard 0's first, each
+//   shard's range padded to a multiple of `alignment` and at least one
+//   aligned block. Bound: the largest shard holds at most
+//   ceil(A / S) + L + alignment elements, A the sum and L the largest of the
+//   tensors' aligned sizes (each tensor goes to a shard holding at most the
+//   mean); a tensor larger than all others together is allowed, and then
+//   its shard is simply that large (LargestTensorOutweighsRest() says so).
+// Gaps and the tail are padding: zeros that receive zero gradients.
 //
 // The same code computes the layout on trainers and servers, so both agree on
 // every offset. A ModelLayout is immutable and cheap to copy.
@@ -56,6 +68,16 @@ struct TensorPiece {
   uint64_t size = 0;
 };
 
+enum class Partition {
+  kFlat,          // Even split; tensors may straddle shards.
+  kWholeTensors,  // Every tensor on one shard, shards balanced greedily.
+};
+
+// "flat", "whole_tensors".
+const char* PartitionName(Partition partition);
+// INVALID_ARGUMENT naming the choices for anything else.
+absl::StatusOr<Partition> PartitionFromName(absl::string_view name);
+
 class ModelLayout {
  public:
   static constexpr uint32_t kDefaultAlignment = 64;
@@ -64,21 +86,36 @@ class ModelLayout {
   // size that overflows, alignment not a power of two (0 selects the default),
   // or shard_count == 0.
   static absl::StatusOr<ModelLayout> Create(std::vector<TensorSpec> tensors, uint32_t alignment,
-                                            uint32_t shard_count);
+                                            uint32_t shard_count,
+                                            Partition partition = Partition::kFlat);
 
+  // In declaration order (with whole tensors, offsets are not ascending).
   const std::vector<TensorPlacement>& tensors() const { return tensors_; }
   uint32_t alignment() const { return alignment_; }
   uint32_t shard_count() const { return shard_count_; }
+  Partition partition() const { return partition_; }
 
-  // Elements in the padded flat buffer (a multiple of shard_count * alignment).
+  // Elements in the padded flat buffer (flat: a multiple of shard_count *
+  // alignment; whole tensors: of alignment).
   uint64_t total_elements() const { return total_elements_; }
   // Elements actually used by tensors (no padding).
   uint64_t used_elements() const { return used_elements_; }
-  // Elements of each shard's range (all equal).
-  uint64_t shard_size() const { return total_elements_ / shard_count_; }
+  // Elements of shard `shard_index`'s range (with kFlat all equal).
+  uint64_t ShardSize(uint32_t shard_index) const { return ShardRange(shard_index).size(); }
+  // The largest shard's elements over the mean (1 for kFlat).
+  double Imbalance() const;
+  // Whole tensors: one tensor has more elements than all others together
+  // (its shard is then as large as it, whatever the shard count).
+  bool LargestTensorOutweighsRest() const;
 
   // The range shard `shard_index` (< shard_count) owns.
   FlatRange ShardRange(uint32_t shard_index) const;
+  // The shard whose range holds tensor `tensor_index` (kWholeTensors; with
+  // kFlat the shard of its first element).
+  uint32_t ShardOfTensor(size_t tensor_index) const;
+  // Same tensors (names, shapes, dtypes, order) and alignment: a buffer of
+  // one reads as the other's by tensor (offsets may differ).
+  bool SameTensors(const ModelLayout& other) const;
 
   // Index of the tensor called `name`, or NOT_FOUND.
   absl::StatusOr<size_t> Find(absl::string_view name) const;
@@ -97,8 +134,13 @@ class ModelLayout {
   ModelLayout() = default;
 
   std::vector<TensorPlacement> tensors_;
+  // Indices into tensors_ by ascending offset (PiecesIn searches it).
+  std::vector<uint32_t> by_offset_;
+  // shard i owns [shard_begin_[i], shard_begin_[i + 1]).
+  std::vector<uint64_t> shard_begin_;
   uint32_t alignment_ = kDefaultAlignment;
   uint32_t shard_count_ = 1;
+  Partition partition_ = Partition::kFlat;
   uint64_t total_elements_ = 0;
   uint64_t used_elements_ = 0;
 };

@@ -1,5 +1,6 @@
 #include "common/layout.h"
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -39,7 +40,7 @@ TEST(ModelLayoutTest, PartitionPropertiesOnRandomModels) {
     std::vector<int> owners(total, 0);
     for (uint32_t s = 0; s < shards; ++s) {
       const FlatRange r = layout->ShardRange(s);
-      EXPECT_EQ(r.size(), layout->shard_size());
+      EXPECT_EQ(r.size(), layout->ShardSize(0));
       EXPECT_EQ(r.begin % alignment, 0u);
       for (uint64_t i = r.begin; i < r.end; ++i) owners[i]++;
     }
@@ -77,6 +78,102 @@ TEST(ModelLayoutTest, PartitionPropertiesOnRandomModels) {
       }
     }
   }
+}
+
+// Whole tensors: every tensor inside exactly one shard's range, ranges
+// contiguous and aligned covering the buffer, every piece whole, the
+// documented bound on the largest shard, and the tensors the same as flat.
+TEST(ModelLayoutTest, WholeTensorPartitionPropertiesOnRandomModels) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const uint32_t shards = 1 + trial % 7;
+    const uint32_t alignment = 1u << (trial % 8);
+    const std::vector<TensorSpec> specs = RandomTensors(rng, 1 + trial % 12);
+    absl::StatusOr<ModelLayout> layout =
+        ModelLayout::Create(specs, alignment, shards, Partition::kWholeTensors);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    EXPECT_EQ(layout->partition(), Partition::kWholeTensors);
+    const ModelLayout flat = ModelLayout::Create(specs, alignment, shards).value();
+    EXPECT_TRUE(layout->SameTensors(flat));
+    EXPECT_EQ(layout->used_elements(), flat.used_elements());
+
+    uint64_t at = 0, aligned_sum = 0, largest = 0;
+    for (uint32_t s = 0; s < shards; ++s) {
+      const FlatRange r = layout->ShardRange(s);
+      EXPECT_EQ(r.begin, at);
+      EXPECT_EQ(r.begin % alignment, 0u);
+      EXPECT_GT(r.size(), 0u);
+      at = r.end;
+    }
+    EXPECT_EQ(at, layout->total_elements());
+    for (size_t ti = 0; ti < layout->tensors().size(); ++ti) {
+      const TensorPlacement& t = layout->tensors()[ti];
+      EXPECT_EQ(t.offset % alignment, 0u);
+      const uint32_t s = layout->ShardOfTensor(ti);
+      const FlatRange r = layout->ShardRange(s);
+      EXPECT_GE(t.offset, r.begin);
+      EXPECT_LE(t.offset + t.size, r.end) << "tensor " << ti << " straddles shard " << s;
+      const uint64_t aligned = (t.size + alignment - 1) / alignment * alignment;
+      aligned_sum += aligned;
+      largest = std::max(largest, aligned);
+    }
+    for (uint32_t s = 0; s < shards; ++s) {
+      EXPECT_LE(layout->ShardSize(s), (aligned_sum + shards - 1) / shards + largest + alignment);
+      for (const TensorPiece& p : layout->PiecesIn(layout->ShardRange(s))) {
+        EXPECT_EQ(p.tensor_offset, 0u);
+        EXPECT_EQ(p.size, layout->tensors()[p.tensor_index].size);
+      }
+    }
+    // Tensors disjoint.
+    std::vector<int> used(layout->total_elements(), 0);
+    for (const TensorPlacement& t : layout->tensors()) {
+      for (uint64_t i = t.offset; i < t.offset + t.size; ++i) ASSERT_EQ(++used[i], 1);
+    }
+  }
+}
+
+TEST(ModelLayoutTest, WholeTensorsKnownAssignment) {
+  // Largest first to the emptiest shard: "a" (100 -> 104) to 0, "c" (60 ->
+  // 64) to 1, "b" (40) to 1 (64 < 104), "d" (1 -> 8) to 0 (both hold 104: the lowest
+  // index).
+  absl::StatusOr<ModelLayout> layout = ModelLayout::Create(
+      {{"a", {10, 10}}, {"b", {40}}, {"c", {6, 10}}, {"d", {}}}, 8, 2, Partition::kWholeTensors);
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(layout->ShardOfTensor(0), 0u);
+  EXPECT_EQ(layout->ShardOfTensor(1), 1u);
+  EXPECT_EQ(layout->ShardOfTensor(2), 1u);
+  EXPECT_EQ(layout->ShardOfTensor(3), 0u);
+  // Shard 0: a at 0, d at 104; shard 1 from 112: b at 112, c at 152.
+  EXPECT_EQ(layout->tensors()[0].offset, 0u);
+  EXPECT_EQ(layout->tensors()[3].offset, 104u);
+  EXPECT_EQ(layout->ShardRange(0).end, 112u);
+  EXPECT_EQ(layout->tensors()[1].offset, 112u);
+  EXPECT_EQ(layout->tensors()[2].offset, 152u);
+  EXPECT_EQ(layout->total_elements(), 216u);
+  EXPECT_EQ(layout->DescribeElement(153), "tensor 'c'[1]");
+  EXPECT_EQ(layout->DescribeElement(105), "padding element 105");
+  EXPECT_NEAR(layout->Imbalance(), 112.0 * 2 / 216, 1e-12);
+  EXPECT_FALSE(layout->LargestTensorOutweighsRest());
+  // A proto round trip keeps the partition and the offsets.
+  absl::StatusOr<ModelLayout> back = LayoutFromProto(LayoutToProto(*layout), 2);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->partition(), Partition::kWholeTensors);
+  EXPECT_EQ(back->tensors()[2].offset, 152u);
+}
+
+TEST(ModelLayoutTest, WholeTensorsWithOneHugeTensorAndMoreShardsThanTensors) {
+  absl::StatusOr<ModelLayout> layout =
+      ModelLayout::Create({{"huge", {1000}}, {"small", {10}}}, 4, 4, Partition::kWholeTensors);
+  ASSERT_TRUE(layout.ok());
+  EXPECT_TRUE(layout->LargestTensorOutweighsRest());
+  EXPECT_EQ(layout->ShardSize(0), 1000u);
+  EXPECT_EQ(layout->ShardSize(1), 12u);
+  EXPECT_EQ(layout->ShardSize(2), 4u);  // No tensor: one aligned block.
+  EXPECT_EQ(layout->ShardSize(3), 4u);
+  EXPECT_TRUE(layout->PiecesIn(layout->ShardRange(3)).empty());
+  EXPECT_EQ(PartitionFromName("whole_tensors").value(), Partition::kWholeTensors);
+  EXPECT_EQ(PartitionFromName("flat").value(), Partition::kFlat);
+  EXPECT_EQ(PartitionFromName("rows").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ModelLayoutTest, KnownPlacement) {
@@ -138,7 +235,7 @@ TEST(ModelLayoutTest, RejectsInvalidLayouts) {
 TEST(ModelLayoutTest, EmptyModelStillGivesEveryShardARange) {
   absl::StatusOr<ModelLayout> layout = ModelLayout::Create({}, 16, 3);
   ASSERT_TRUE(layout.ok());
-  EXPECT_EQ(layout->shard_size(), 16u);
+  EXPECT_EQ(layout->ShardSize(0), 16u);
 }
 
 TEST(ModelLayoutTest, ProtoRoundTripGivesTheSameLayout) {

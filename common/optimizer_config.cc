@@ -19,8 +19,26 @@ const char* OptimizerKindName(OptimizerKind kind) {
       return "adagrad";
     case OptimizerKind::kLion:
       return "lion";
+    case OptimizerKind::kLamb:
+      return "lamb";
+    case OptimizerKind::kAdafactor:
+      return "adafactor";
   }
   return "unknown";
+}
+
+bool NeedsWholeTensors(OptimizerKind kind) {
+  return kind == OptimizerKind::kLamb || kind == OptimizerKind::kAdafactor;
+}
+
+absl::Status CheckOptimizerFitsPartition(OptimizerKind kind, bool whole_tensor_partition) {
+  if (NeedsWholeTensors(kind) && !whole_tensor_partition) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OptimizerKindName(kind),
+                     " updates each tensor from the whole tensor's values: it needs the partition "
+                     "whole_tensors (Layout.partition = PARTITION_WHOLE_TENSORS), not flat"));
+  }
+  return absl::OkStatus();
 }
 
 OptimizerConfig OptimizerConfig::Sgd(double lr) {
@@ -62,6 +80,22 @@ OptimizerConfig OptimizerConfig::Lion(double lr) {
   return c;
 }
 
+OptimizerConfig OptimizerConfig::Lamb(double lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kLamb;
+  c.lr = lr;
+  c.eps = 1e-6;
+  c.weight_decay = 0.01;
+  return c;
+}
+
+OptimizerConfig OptimizerConfig::Adafactor(double lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdafactor;
+  c.lr = lr;
+  return c;
+}
+
 std::vector<std::string> OptimizerConfig::StateSlotNames() const {
   switch (kind) {
     case OptimizerKind::kSgd:
@@ -75,6 +109,10 @@ std::vector<std::string> OptimizerConfig::StateSlotNames() const {
       return {"sum"};
     case OptimizerKind::kLion:
       return {"exp_avg"};
+    case OptimizerKind::kLamb:
+      return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::kAdafactor:
+      return {"row_var", "col_var"};
   }
   return {};
 }
@@ -94,6 +132,9 @@ int OptimizerConfig::StateSlotsPerElement() const {
     case OptimizerKind::kAdagrad:
     case OptimizerKind::kLion:
       return 1;
+    case OptimizerKind::kLamb:
+    case OptimizerKind::kAdafactor:
+      return 2;
   }
   return 0;
 }
@@ -102,7 +143,10 @@ bool OptimizerConfig::operator==(const OptimizerConfig& o) const {
   return kind == o.kind && lr == o.lr && weight_decay == o.weight_decay && maximize == o.maximize &&
          momentum == o.momentum && dampening == o.dampening && nesterov == o.nesterov &&
          beta1 == o.beta1 && beta2 == o.beta2 && amsgrad == o.amsgrad && eps == o.eps &&
-         lr_decay == o.lr_decay && initial_accumulator_value == o.initial_accumulator_value;
+         lr_decay == o.lr_decay && initial_accumulator_value == o.initial_accumulator_value &&
+         min_trust_ratio == o.min_trust_ratio && max_trust_ratio == o.max_trust_ratio &&
+         bias_correction == o.bias_correction && beta2_decay == o.beta2_decay && eps1 == o.eps1 &&
+         eps2 == o.eps2 && clip_threshold == o.clip_threshold;
 }
 
 absl::Status OptimizerConfig::CheckCanChangeTo(const OptimizerConfig& next) const {
@@ -168,6 +212,32 @@ absl::Status OptimizerConfig::Validate() const {
     case OptimizerKind::kLion:
       if (absl::Status s = Beta("beta1", beta1); !s.ok()) return s;
       return Beta("beta2", beta2);
+    case OptimizerKind::kLamb:
+      if (absl::Status s = Beta("beta1", beta1); !s.ok()) return s;
+      if (absl::Status s = Beta("beta2", beta2); !s.ok()) return s;
+      if (absl::Status s = NonNegative("eps", eps); !s.ok()) return s;
+      if (absl::Status s = NonNegative("min_trust_ratio", min_trust_ratio); !s.ok()) return s;
+      if (absl::Status s = NonNegative("max_trust_ratio", max_trust_ratio); !s.ok()) return s;
+      if (max_trust_ratio != 0.0 && min_trust_ratio > max_trust_ratio) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "min_trust_ratio ", min_trust_ratio, " is above max_trust_ratio ", max_trust_ratio));
+      }
+      return absl::OkStatus();
+    case OptimizerKind::kAdafactor:
+      // torch.optim.Adafactor's checks.
+      if (!(beta2_decay <= 0.0) || !std::isfinite(beta2_decay)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("invalid beta2_decay: ", beta2_decay, " (must be finite and <= 0)"));
+      }
+      if (eps1 >= 0.0 || !std::isfinite(eps1)) {
+        if (absl::Status s = NonNegative("eps1", eps1); !s.ok()) return s;
+      }
+      if (absl::Status s = NonNegative("eps2", eps2); !s.ok()) return s;
+      if (!(clip_threshold >= 1.0) || !std::isfinite(clip_threshold)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "invalid clipping threshold d: ", clip_threshold, " (must be finite and >= 1)"));
+      }
+      return absl::OkStatus();
   }
   return absl::InvalidArgumentError("unknown optimizer kind");
 }
@@ -190,6 +260,20 @@ std::string OptimizerConfig::DebugString() const {
       break;
     case OptimizerKind::kLion:
       absl::StrAppendFormat(&s, ", betas=(%g, %g)", beta1, beta2);
+      break;
+    case OptimizerKind::kLamb:
+      absl::StrAppendFormat(&s,
+                            ", betas=(%g, %g), eps=%g, trust_ratio=[%g, %g], bias_correction=%d",
+                            beta1, beta2, eps, min_trust_ratio, max_trust_ratio, bias_correction);
+      break;
+    case OptimizerKind::kAdafactor:
+      if (eps1 < 0) {
+        absl::StrAppendFormat(&s, ", beta2_decay=%g, eps=(None, %g), d=%g", beta2_decay, eps2,
+                              clip_threshold);
+      } else {
+        absl::StrAppendFormat(&s, ", beta2_decay=%g, eps=(%g, %g), d=%g", beta2_decay, eps1, eps2,
+                              clip_threshold);
+      }
       break;
   }
   if (maximize) s += ", maximize=1";

@@ -14,15 +14,25 @@
 namespace shardopt {
 
 enum class OptimizerKind {
-  kSgd,      // torch.optim.SGD
-  kAdam,     // torch.optim.Adam (weight decay added to the gradient)
-  kAdamW,    // torch.optim.AdamW (decoupled weight decay)
-  kAdagrad,  // torch.optim.Adagrad
-  kLion,     // Lion (Chen et al. 2023; the reference lion-pytorch update)
+  kSgd,        // torch.optim.SGD
+  kAdam,       // torch.optim.Adam (weight decay added to the gradient)
+  kAdamW,      // torch.optim.AdamW (decoupled weight decay)
+  kAdagrad,    // torch.optim.Adagrad
+  kLion,       // Lion (Chen et al. 2023; the reference lion-pytorch update)
+  kLamb,       // LAMB (You et al. 2019; DeepSpeed's FusedLamb update)
+  kAdafactor,  // torch.optim.Adafactor (PyTorch 2.5+)
 };
 
-// "sgd", "adam", "adamw", "adagrad", "lion".
+// "sgd", "adam", "adamw", "adagrad", "lion", "lamb", "adafactor".
 const char* OptimizerKindName(OptimizerKind kind);
+
+// The optimizer updates a tensor from values of the whole tensor (norms,
+// row and column means): it needs Partition::kWholeTensors (LAMB,
+// Adafactor). The elementwise ones run on any partition.
+bool NeedsWholeTensors(OptimizerKind kind);
+// INVALID_ARGUMENT naming the optimizer and what to set when it needs whole
+// tensors and the partition is flat (both trainers and shards check it).
+absl::Status CheckOptimizerFitsPartition(OptimizerKind kind, bool whole_tensor_partition);
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;
@@ -40,9 +50,24 @@ struct OptimizerConfig {
   double beta2 = 0.999;
   bool amsgrad = false;
 
-  // Adam, AdamW, Adagrad. PyTorch's defaults differ: 1e-8 for Adam(W),
-  // 1e-10 for Adagrad; the factories below set the right one.
+  // Adam, AdamW, Adagrad, LAMB. PyTorch's defaults differ: 1e-8 for
+  // Adam(W), 1e-10 for Adagrad; LAMB's is 1e-6; the factories below set the
+  // right one.
   double eps = 1e-8;
+
+  // LAMB: the trust ratio ||p|| / ||update|| of each tensor is clamped to
+  // [min_trust_ratio, max_trust_ratio] (DeepSpeed's min_coeff, max_coeff;
+  // max 0: no clamp, as apex's FusedLAMB); bias_correction as theirs.
+  double min_trust_ratio = 0.01;
+  double max_trust_ratio = 10.0;
+  bool bias_correction = true;
+
+  // Adafactor (torch.optim.Adafactor's beta2_decay, eps=(eps1, eps2), d).
+  // eps1 < 0 stands for PyTorch's None: the fp32 machine epsilon.
+  double beta2_decay = -0.8;
+  double eps1 = -1.0;
+  double eps2 = 1e-3;
+  double clip_threshold = 1.0;  // d
 
   // Adagrad.
   double lr_decay = 0.0;
@@ -55,13 +80,24 @@ struct OptimizerConfig {
   static OptimizerConfig Adagrad(double lr = 1e-2);
   // Lion's published defaults: lr 1e-4, betas (0.9, 0.99), no weight decay.
   static OptimizerConfig Lion(double lr = 1e-4);
+  // DeepSpeed FusedLamb's defaults: betas (0.9, 0.999), eps 1e-6, weight
+  // decay 0.01, trust ratio clamped to [0.01, 10].
+  static OptimizerConfig Lamb(double lr = 1e-3);
+  // torch.optim.Adafactor's defaults: beta2_decay -0.8, eps (None, 1e-3),
+  // d 1, no weight decay.
+  static OptimizerConfig Adafactor(double lr = 1e-2);
 
   // fp32 state slots kept per parameter: SGD 1 with momentum (else 0),
-  // Adam/AdamW 2 (3 with amsgrad), Adagrad 1, Lion 1.
+  // Adam/AdamW 2 (3 with amsgrad), Adagrad 1, Lion 1, LAMB 2, Adafactor 2.
   // The state slots' names in PyTorch's terms, in the order every backend
   // and checkpoint keeps them: "momentum_buffer"; "exp_avg", "exp_avg_sq",
-  // "max_exp_avg_sq"; "sum"; Lion's "exp_avg". StateSlotsPerElement() of
-  // them.
+  // "max_exp_avg_sq"; "sum"; Lion's "exp_avg"; LAMB's "exp_avg",
+  // "exp_avg_sq"; Adafactor's "row_var", "col_var" (a tensor of shape
+  // (..., R, C) keeps its B*R row factors in the first elements of its
+  // part of "row_var" and its B*C column factors in the first of "col_var",
+  // B the product of the leading dimensions; a tensor of fewer than two
+  // dimensions keeps torch's "variance" in "row_var"; the rest is zero).
+  // StateSlotsPerElement() of them.
   std::vector<std::string> StateSlotNames() const;
   // What a slot holds before the first step: Adagrad's sum starts at
   // initial_accumulator_value, everything else at zero.

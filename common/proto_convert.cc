@@ -98,12 +98,26 @@ absl::StatusOr<ModelLayout> LayoutFromProto(const v1::Layout& proto, uint32_t sh
     }
     specs.push_back(TensorSpec{t.name(), {t.shape().begin(), t.shape().end()}, *dtype});
   }
-  return ModelLayout::Create(std::move(specs), proto.alignment(), shard_count);
+  Partition partition;
+  switch (proto.partition()) {
+    case v1::PARTITION_FLAT:
+      partition = Partition::kFlat;
+      break;
+    case v1::PARTITION_WHOLE_TENSORS:
+      partition = Partition::kWholeTensors;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown partition ", static_cast<int>(proto.partition())));
+  }
+  return ModelLayout::Create(std::move(specs), proto.alignment(), shard_count, partition);
 }
 
 v1::Layout LayoutToProto(const ModelLayout& layout) {
   v1::Layout proto;
   proto.set_alignment(layout.alignment());
+  proto.set_partition(layout.partition() == Partition::kWholeTensors ? v1::PARTITION_WHOLE_TENSORS
+                                                                     : v1::PARTITION_FLAT);
   for (const TensorPlacement& t : layout.tensors()) {
     v1::TensorSpec* spec = proto.add_tensors();
     spec->set_name(t.spec.name);
@@ -162,6 +176,32 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerConf
       c.maximize = l.maximize();
       break;
     }
+    case v1::OptimizerConfig::kLamb: {
+      const v1::LambConfig& l = proto.lamb();
+      c.kind = OptimizerKind::kLamb;
+      c.lr = l.lr();
+      c.beta1 = l.beta1();
+      c.beta2 = l.beta2();
+      c.eps = l.eps();
+      c.weight_decay = l.weight_decay();
+      c.min_trust_ratio = l.min_trust_ratio();
+      c.max_trust_ratio = l.max_trust_ratio();
+      c.bias_correction = !l.disable_bias_correction();
+      c.maximize = l.maximize();
+      break;
+    }
+    case v1::OptimizerConfig::kAdafactor: {
+      const v1::AdafactorConfig& a = proto.adafactor();
+      c.kind = OptimizerKind::kAdafactor;
+      c.lr = a.lr();
+      c.beta2_decay = a.beta2_decay();
+      c.eps1 = a.eps1() < 0 ? -1.0 : a.eps1();
+      c.eps2 = a.eps2();
+      c.clip_threshold = a.clip_threshold();
+      c.weight_decay = a.weight_decay();
+      c.maximize = a.maximize();
+      break;
+    }
     default:
       return absl::InvalidArgumentError("no optimizer set in OptimizerConfig");
   }
@@ -212,6 +252,30 @@ v1::OptimizerConfig OptimizerConfigToProto(const OptimizerConfig& c) {
       l->set_beta2(c.beta2);
       l->set_weight_decay(c.weight_decay);
       l->set_maximize(c.maximize);
+      break;
+    }
+    case OptimizerKind::kLamb: {
+      v1::LambConfig* l = proto.mutable_lamb();
+      l->set_lr(c.lr);
+      l->set_beta1(c.beta1);
+      l->set_beta2(c.beta2);
+      l->set_eps(c.eps);
+      l->set_weight_decay(c.weight_decay);
+      l->set_min_trust_ratio(c.min_trust_ratio);
+      l->set_max_trust_ratio(c.max_trust_ratio);
+      l->set_disable_bias_correction(!c.bias_correction);
+      l->set_maximize(c.maximize);
+      break;
+    }
+    case OptimizerKind::kAdafactor: {
+      v1::AdafactorConfig* a = proto.mutable_adafactor();
+      a->set_lr(c.lr);
+      a->set_beta2_decay(c.beta2_decay);
+      a->set_eps1(c.eps1 < 0 ? -1.0 : c.eps1);
+      a->set_eps2(c.eps2);
+      a->set_clip_threshold(c.clip_threshold);
+      a->set_weight_decay(c.weight_decay);
+      a->set_maximize(c.maximize);
       break;
     }
   }

@@ -130,11 +130,32 @@ OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw)
       c.beta1 = betas.first;
       c.beta2 = betas.second;
     }
+  } else if (name == "lamb") {
+    c = OptimizerConfig::Lamb(get("lr", 1e-3));
+    if (kw.contains("betas")) {
+      auto betas = kw["betas"].cast<std::pair<double, double>>();
+      c.beta1 = betas.first;
+      c.beta2 = betas.second;
+    }
+    c.eps = get("eps", 1e-6);
+    c.min_trust_ratio = get("min_trust_ratio", 0.01);
+    c.max_trust_ratio = get("max_trust_ratio", 10.0);
+    c.bias_correction = !kw.contains("bias_correction") || kw["bias_correction"].cast<bool>();
+  } else if (name == "adafactor") {
+    c = OptimizerConfig::Adafactor(get("lr", 1e-2));
+    c.beta2_decay = get("beta2_decay", -0.8);
+    if (kw.contains("eps")) {
+      // torch.optim.Adafactor's eps=(eps1, eps2), eps1 None: machine epsilon.
+      auto eps = kw["eps"].cast<std::pair<py::object, double>>();
+      c.eps1 = eps.first.is_none() ? -1.0 : eps.first.cast<double>();
+      c.eps2 = eps.second;
+    }
+    c.clip_threshold = get("d", 1.0);
   } else {
-    throw py::value_error(
-        absl::StrCat("unknown optimizer '", name, "' (sgd, adam, adamw, adagrad, lion)"));
+    throw py::value_error(absl::StrCat("unknown optimizer '", name,
+                                       "' (sgd, adam, adamw, adagrad, lion, lamb, adafactor)"));
   }
-  c.weight_decay = get("weight_decay", name == "adamw" ? 1e-2 : 0);
+  c.weight_decay = get("weight_decay", name == "adamw" ? 1e-2 : name == "lamb" ? 0.01 : 0);
   c.maximize = flag("maximize");
   ThrowIfError(c.Validate());
   return c;
@@ -252,10 +273,12 @@ class Client {
                 const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
                 const std::string& optimizer, const py::dict& hyperparameters,
                 uint32_t num_trainers, double max_grad_norm, const py::object& initial,
-                const py::object& loss_scaler, const std::string& consistency, int64_t staleness) {
+                const py::object& loss_scaler, const std::string& consistency, int64_t staleness,
+                const std::string& partition) {
     ModelSpec spec;
     spec.consistency = ValueOrThrow(ConsistencyFromName(consistency));
     spec.staleness = staleness;
+    spec.partition = ValueOrThrow(PartitionFromName(partition));
     spec.model_id = model_id;
     for (const auto& [name, shape] : tensors) spec.tensors.push_back({name, shape});
     spec.optimizer = OptimizerFromKwargs(optimizer, hyperparameters);
@@ -373,8 +396,10 @@ class Client {
   int64_t registered_version() const { return Checked().registered_version(); }
   // Also answers before register(): the layout the model will get.
   std::vector<py::tuple> LayoutFor(
-      const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) const {
+      const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+      const std::string& partition) const {
     ModelSpec spec;
+    spec.partition = ValueOrThrow(PartitionFromName(partition));
     for (const auto& [name, shape] : tensors) spec.tensors.push_back({name, shape});
     const ModelLayout layout = ValueOrThrow(client_->LayoutFor(spec));
     std::vector<py::tuple> out = Placements(layout);
@@ -493,20 +518,21 @@ PYBIND11_MODULE(_shardopt, m) {
            py::arg("optimizer"), py::arg("hyperparameters"), py::arg("num_trainers"),
            py::arg("max_grad_norm") = 0.0, py::arg("initial") = py::none(),
            py::arg("loss_scaler") = py::none(), py::arg("consistency") = "sync",
-           py::arg("staleness") = 0,
+           py::arg("staleness") = 0, py::arg("partition") = "flat",
            "Registers the model with `initial` (a flat float32 buffer of its layout), or "
            "attaches to it when `initial` is None. `loss_scaler`: a dict of dynamic loss "
            "scaling options (Megatron's DynamicGradScaler: initial_scale, min_scale, max_scale, "
            "growth_factor, backoff_factor, growth_interval, hysteresis) turns it on. "
            "`consistency`: 'sync' (lockstep), 'async' (each push applied alone as it "
            "arrives) or 'bounded' (async, a trainer at most `staleness` steps ahead of the "
-           "slowest).")
+           "slowest). `partition`: 'flat' (even split) or 'whole_tensors' (each tensor on one "
+           "shard: what 'lamb' and 'adafactor' need).")
       .def("wait_for_every_trainer", &Client::WaitForEveryTrainer, py::arg("step"),
            "Asynchronous modes, at the end of a job: returns once every shard holds every "
            "trainer's steps up to `step` (re-pushing this trainer's own that a restarted shard "
            "lacks).")
       .def("layout", &Client::Layout, "[(name, shape, offset, size)] of the flat layout.")
-      .def("layout_for", &Client::LayoutFor, py::arg("tensors"),
+      .def("layout_for", &Client::LayoutFor, py::arg("tensors"), py::arg("partition") = "flat",
            "The layout `tensors` would get: [(name, shape, offset, size)], then ('', [], "
            "total_elements, 0).")
       .def("total_elements", &Client::TotalElements)

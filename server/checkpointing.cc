@@ -134,6 +134,11 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
   if (!layout.ok()) return layout.status();
   absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(config.optimizer());
   if (!optimizer.ok()) return optimizer.status();
+  if (absl::Status s = CheckOptimizerFitsPartition(optimizer->kind,
+                                                   layout->partition() == Partition::kWholeTensors);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(config.lr_schedule());
   if (!schedule.ok()) return schedule.status();
   absl::StatusOr<Consistency> consistency = ConsistencyFromConfig(config);
@@ -149,7 +154,7 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
   *config.mutable_optimizer() = OptimizerConfigToProto(*optimizer);
   *config.mutable_lr_schedule() = LrScheduleToProto(*schedule);
   config.mutable_gradient_control();  // Present either way: unset equals all zero.
-  const uint64_t size = layout->shard_size();
+  const uint64_t size = layout->ShardSize(shard_index);
   std::optional<LossScalerOptions> scaler;
   if (config.gradient_control().has_loss_scaler()) {
     const v1::LossScalerConfig& c = config.gradient_control().loss_scaler();
@@ -184,7 +189,9 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
     const ModelShard::BackendFactory& backend) {
   const FlatRange range = plan.options.layout.ShardRange(plan.options.shard_index);
   std::vector<float> params(range.size());
-  if (absl::Status s = checkpoint.Read(0, range.begin, range.size(), params.data()); !s.ok()) {
+  const ModelLayout& layout = plan.options.layout;
+  if (absl::Status s = checkpoint.ReadFor(layout, 0, range.begin, range.size(), params.data());
+      !s.ok()) {
     return s;
   }
   // Part 0's state, with the changes scheduled in any part (see
@@ -200,7 +207,8 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
   if (progress.ok()) {
     progress->last_stats = StepStats();
     for (const v1::CheckpointPart& part : checkpoint.manifest().parts()) {
-      if (part.range().begin() == range.begin && part.range().end() == range.end) {
+      if (checkpoint.layout().partition() == layout.partition() &&
+          part.range().begin() == range.begin && part.range().end() == range.end) {
         progress->last_stats = StepStatsFromProto(part.progress().shard_last_stats());
       }
     }
@@ -212,11 +220,11 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
   absl::StatusOr<std::unique_ptr<ModelShard>> shard =
       ModelShard::Create(plan.options, std::move(params), backend);
   if (!shard.ok()) return shard.status();
-  if (absl::Status s =
-          (*shard)->Restore(*progress,
-                            [&](int slot, uint64_t offset, uint64_t count, float* out) {
-                              return checkpoint.Read(slot + 1, range.begin + offset, count, out);
-                            });
+  if (absl::Status s = (*shard)->Restore(
+          *progress,
+          [&](int slot, uint64_t offset, uint64_t count, float* out) {
+            return checkpoint.ReadFor(layout, slot + 1, range.begin + offset, count, out);
+          });
       !s.ok()) {
     return s;
   }

@@ -11,9 +11,10 @@ namespace shardopt {
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const OptimizerConfig& optimizer,
                                                                uint32_t num_trainers,
                                                                std::vector<float> initial_params,
-                                                               ThreadPool* pool) {
+                                                               ThreadPool* pool,
+                                                               std::vector<RangeTensor> tensors) {
   absl::StatusOr<std::unique_ptr<Optimizer>> opt =
-      Optimizer::Create(optimizer, initial_params.size());
+      Optimizer::Create(optimizer, initial_params.size(), std::move(tensors));
   if (!opt.ok()) return opt.status();
   return std::unique_ptr<CpuBackend>(
       new CpuBackend(std::move(initial_params), std::move(*opt), num_trainers, pool));
@@ -39,6 +40,22 @@ absl::Status CpuBackend::CheckRange(uint64_t begin, uint64_t end) const {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::CheckWholeRange(uint64_t begin, uint64_t end) const {
+  if (begin != 0 || end != params_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        OptimizerKindName(optimizer_->config().kind), " updates whole tensors: elements [", begin,
+        ", ", end, ") are not the whole range of ", params_.size()));
+  }
+  return absl::OkStatus();
+}
+
+void CpuBackend::UpdateWholeTensors(int64_t step, const float* gradient) {
+  float* const params = params_.data();
+  pool_->ParallelFor(optimizer_->tensors().size(), 1, [&](size_t begin, size_t end) {
+    for (size_t t = begin; t < end; ++t) optimizer_->UpdateTensor(step, params, gradient, t);
+  });
+}
+
 absl::Status CpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
   return ApplyRange(step, mean, config, 0, params_.size());
 }
@@ -47,6 +64,12 @@ absl::Status CpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConf
                                     uint64_t first, uint64_t last) {
   if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
   if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
+  if (optimizer_->needs_whole_tensors()) {
+    if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
+    if (absl::Status s = ReduceRange(mean, first, last); !s.ok()) return s;
+    UpdateWholeTensors(step, staging_[0].data());
+    return absl::OkStatus();
+  }
   const size_t trainers = staging_.size();
   const bool divide = mean && trainers > 1;
   const float divisor = static_cast<float>(trainers);
@@ -78,6 +101,11 @@ absl::Status CpuBackend::ApplyOneRange(uint32_t rank, int64_t step, const Optimi
   if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
   if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
   float* const gradient = staging_[rank].data();
+  if (optimizer_->needs_whole_tensors()) {
+    if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
+    UpdateWholeTensors(step, gradient);
+    return absl::OkStatus();
+  }
   float* const params = params_.data();
   pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
     begin += first;
@@ -154,6 +182,16 @@ absl::Status CpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config
   if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
   float* const g = staging_[0].data();
   float* const params = params_.data();
+  if (optimizer_->needs_whole_tensors()) {
+    if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
+    if (multiplier != 1.0f) {
+      pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) g[i] *= multiplier;
+      });
+    }
+    UpdateWholeTensors(step, g);
+    return absl::OkStatus();
+  }
   pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
     begin += first;
     end += first;

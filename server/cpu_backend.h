@@ -28,10 +28,14 @@ class CpuBackend final : public UpdateBackend {
   static constexpr size_t kGrainElements = 16;
 
   // `initial_params` holds the whole range. `pool` must outlive the backend.
+  // `tensors`: the range's whole tensors, which whole-tensor optimizers
+  // (LAMB, Adafactor) need; they update one tensor per thread, and take
+  // whole-range calls only (supports_ranges() is false for them).
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const OptimizerConfig& optimizer,
                                                             uint32_t num_trainers,
                                                             std::vector<float> initial_params,
-                                                            ThreadPool* pool);
+                                                            ThreadPool* pool,
+                                                            std::vector<RangeTensor> tensors = {});
 
   std::string device() const override { return "cpu"; }
   absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
@@ -41,7 +45,7 @@ class CpuBackend final : public UpdateBackend {
   absl::Status Reduce(bool mean) override;
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
-  bool supports_ranges() const override { return true; }
+  bool supports_ranges() const override { return !optimizer_->needs_whole_tensors(); }
   bool supports_one_trainer_updates() const override { return true; }
   absl::Status ApplyRange(int64_t step, bool mean, const OptimizerConfig& config, uint64_t begin,
                           uint64_t end) override;
@@ -67,6 +71,11 @@ class CpuBackend final : public UpdateBackend {
 
   absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
   absl::Status CheckRange(uint64_t begin, uint64_t end) const;
+  // Whole-tensor optimizers: OK only for the whole range.
+  absl::Status CheckWholeRange(uint64_t begin, uint64_t end) const;
+  // Step `step` of a whole-tensor optimizer on gradient `gradient`, one
+  // tensor per task.
+  void UpdateWholeTensors(int64_t step, const float* gradient);
 
   ThreadPool* const pool_;
   std::vector<float> params_;

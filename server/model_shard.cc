@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions
   }
   // Validated where it came in (PlanShard, from the wire or a checkpoint).
   assert(options.optimizer.Validate().ok());
-  const uint64_t size = options.layout.shard_size();
+  const uint64_t size = options.layout.ShardSize(options.shard_index);
   if (initial_values.size() != size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expected ", size, " initial values for the shard range, got ", initial_values.size()));
@@ -95,8 +95,14 @@ absl::StatusOr<std::unique_ptr<ModelShard>> ModelShard::Create(ModelShardOptions
 ModelShard::BackendFactory ModelShard::CpuBackendFactory(ThreadPool* pool) {
   return [pool](const ModelShardOptions& o,
                 std::vector<float> values) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-    absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
-        CpuBackend::Create(o.optimizer, o.num_trainers, std::move(values), pool);
+    std::vector<RangeTensor> tensors;
+    if (NeedsWholeTensors(o.optimizer.kind)) {
+      absl::StatusOr<std::vector<RangeTensor>> whole = WholeTensorsOfShard(o.layout, o.shard_index);
+      if (!whole.ok()) return whole.status();
+      tensors = std::move(*whole);
+    }
+    absl::StatusOr<std::unique_ptr<CpuBackend>> cpu = CpuBackend::Create(
+        o.optimizer, o.num_trainers, std::move(values), pool, std::move(tensors));
     if (!cpu.ok()) return cpu.status();
     return std::unique_ptr<UpdateBackend>(std::move(*cpu));
   };

@@ -126,7 +126,7 @@ class ModelShard {
   using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<UpdateBackend>>(
       const ModelShardOptions& options, std::vector<float> initial_values)>;
 
-  // `initial_values` holds the whole range (layout.shard_size() elements);
+  // `initial_values` holds the whole range (layout.ShardSize(shard_index) elements);
   // `options.optimizer` has been validated where it came in (PlanShard).
   // INVALID_ARGUMENT for no trainers, a shard index out of range, a wrong
   // size or a non-finite initial value; the factory's error otherwise.

@@ -32,7 +32,7 @@ constexpr double kLr = 1.0 / 16;
 
 // Multiples of 2^-10 below 1: every sum of them below 2^10 is exact in fp32.
 std::vector<float> DyadicStart(const ModelLayout& layout) {
-  std::vector<float> v(layout.shard_size());
+  std::vector<float> v(layout.ShardSize(0));
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 97) / 128.0f;
   ZeroPadding(layout, kShard, &v);
   return v;
@@ -40,7 +40,7 @@ std::vector<float> DyadicStart(const ModelLayout& layout) {
 
 // Multiples of 2^-6 in [-1/8, 1/8]; zeros on the padding.
 std::vector<float> DyadicGradient(const ModelLayout& layout, uint32_t rank, int64_t step) {
-  std::vector<float> g(layout.shard_size());
+  std::vector<float> g(layout.ShardSize(0));
   for (size_t i = 0; i < g.size(); ++i) {
     g[i] = static_cast<float>(static_cast<int64_t>((rank * 7 + step * 3 + i) % 17) - 8) / 64.0f;
   }

@@ -88,7 +88,7 @@ TEST(ModelShardTest, StepsWithGradientControlWaitForTheirDecision) {
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Adam(0.01), 2, true};
   options.max_grad_norm = 1.0;
   options.loss_scaling = true;
-  std::vector<float> init(options.layout.shard_size(), 0.5f);
+  std::vector<float> init(options.layout.ShardSize(0), 0.5f);
   testing::ZeroPadding(options.layout, kShard, &init);
   std::unique_ptr<ModelShard> shard = ModelShard::Create(options, init, &pool).value();
   const size_t n = shard->size();
@@ -183,7 +183,7 @@ TEST(ModelShardTest, DecisionsAreRefusedWithoutGradientControl) {
 TEST(ModelShardTest, CreateRejectsBadInput) {
   ThreadPool pool(1);
   const ModelLayout layout = TestLayout();
-  std::vector<float> init(layout.shard_size(), 0.0f);
+  std::vector<float> init(layout.ShardSize(0), 0.0f);
   EXPECT_EQ(ModelShard::Create({"m", layout, kShard, OptimizerConfig::Adam(), 0, true}, init, &pool)
                 .status()
                 .code(),
@@ -193,7 +193,7 @@ TEST(ModelShardTest, CreateRejectsBadInput) {
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);
-  std::vector<float> short_init(layout.shard_size() - 1);
+  std::vector<float> short_init(layout.ShardSize(0) - 1);
   EXPECT_EQ(
       ModelShard::Create({"m", layout, kShard, OptimizerConfig::Adam(), 1, true}, short_init, &pool)
           .status()

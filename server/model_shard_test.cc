@@ -219,7 +219,7 @@ TEST(ModelShardTest, WaitHonoursDeadlineCancellationAndShutdown) {
 TEST(ModelShardTest, SumReductionAndSnapshot) {
   ThreadPool pool(1);
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(1.0), 2, false};
-  std::vector<float> init(options.layout.shard_size(), 1.0f);
+  std::vector<float> init(options.layout.ShardSize(0), 1.0f);
   testing::ZeroPadding(options.layout, kShard, &init);
   std::unique_ptr<ModelShard> shard = ModelShard::Create(options, init, &pool).value();
   ASSERT_TRUE(PushAll(*shard, 0, 1).ok());
@@ -328,7 +328,7 @@ class Bf16CopyBackend final : public UpdateBackend {
 TEST(ModelShardTest, BFloat16PullsUseTheBackendsOwnCopy) {
   ThreadPool pool(2);
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(2.0), 1, true};
-  std::vector<float> init(options.layout.shard_size());
+  std::vector<float> init(options.layout.ShardSize(0));
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 97) - 0.03f;
   testing::ZeroPadding(options.layout, kShard, &init);
   Bf16CopyBackend* backend = nullptr;
@@ -376,7 +376,7 @@ TEST(ModelShardTest, BFloat16PullsUseTheBackendsOwnCopy) {
 
 TEST(ModelShardTest, BackendFailureStopsTheShard) {
   ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(0.1), 1, true};
-  std::vector<float> init(options.layout.shard_size(), 0.0f);
+  std::vector<float> init(options.layout.ShardSize(0), 0.0f);
   std::unique_ptr<ModelShard> shard =
       ModelShard::Create(
           options, init,

@@ -18,7 +18,7 @@ std::vector<float> RandomGradient(uint32_t rank, int64_t step, size_t n) {
   std::normal_distribution<float> dist;
   std::vector<float> g(n);
   for (float& v : g) v = dist(rng);
-  if (n == TestLayout().shard_size()) ZeroPadding(TestLayout(), kShard, &g);
+  if (n == TestLayout().ShardSize(0)) ZeroPadding(TestLayout(), kShard, &g);
   return g;
 }
 
@@ -47,7 +47,7 @@ std::unique_ptr<ModelShard> MakeShard(ThreadPool* pool, uint32_t trainers,
                                       OptimizerConfig optimizer) {
   ModelShardOptions options{"m", TestLayout(), kShard, optimizer, trainers, true};
   options.pipeline_range_elements = SHARDOPT_TEST_PIPELINE_RANGE;
-  std::vector<float> init(options.layout.shard_size());
+  std::vector<float> init(options.layout.ShardSize(0));
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 97);
   ZeroPadding(options.layout, kShard, &init);
   return ModelShard::Create(std::move(options), std::move(init), pool).value();

@@ -43,7 +43,7 @@ std::unique_ptr<ModelShard> MakeBigShard(ThreadPool* pool, const Job& setup,
   options.max_grad_norm = setup.max_grad_norm;
   options.loss_scaling = setup.loss_scaling;
   options.pipeline_range_elements = range_elements;
-  std::vector<float> init(options.layout.shard_size());
+  std::vector<float> init(options.layout.ShardSize(0));
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 101);
   shardopt::ZeroPadding(options.layout, options.layout.ShardRange(0), init.data());
   return ModelShard::Create(std::move(options), std::move(init), pool).value();

@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
+#include "common/layout.h"
 #include "common/logging.h"
 #include "server/access_control.h"
 #include "server/device_support.h"
@@ -72,6 +73,9 @@ ABSL_FLAG(std::string, restore_from, "",
           "Before serving, load models from this checkpoint directory, or from the latest "
           "committed checkpoint of each model under this --checkpoint_dir-style root (none "
           "there is fine: start empty). The checkpoint may come from any shard count.");
+ABSL_FLAG(std::string, restore_partition, "",
+          "With --restore_from: flat or whole_tensors, the partition restored models take "
+          "(trainers then register with it); empty keeps the saved one.");
 
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT for plain HTTP: /metrics (Prometheus text format) and /healthz (200 while "
@@ -213,6 +217,14 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
     return 2;
   }
   options.restore_from = absl::GetFlag(FLAGS_restore_from);
+  if (const std::string p = absl::GetFlag(FLAGS_restore_partition); !p.empty()) {
+    absl::StatusOr<Partition> partition = PartitionFromName(p);
+    if (!partition.ok()) {
+      LogError("--restore_partition: %s", std::string(partition.status().message()));
+      return 2;
+    }
+    options.restore_partition = *partition;
+  }
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   if (options.checkpoint_keep < 0 || options.checkpoint_keep == 1) {
     // With one, a shard that died while writing the newest could find its

@@ -139,7 +139,9 @@ uint64_t ShardServiceImpl::StateBytes(const ShardPlan& plan) const {
   // GpuBackend): reserved up front, so it cannot take the GPU past the
   // budget later.
   const uint64_t bf16_copy =
-      options_.gpu_index >= 0 ? plan.options.layout.shard_size() * sizeof(uint16_t) : 0;
+      options_.gpu_index >= 0
+          ? plan.options.layout.ShardSize(plan.options.shard_index) * sizeof(uint16_t)
+          : 0;
   return plan.state_bytes + bf16_copy;
 }
 
@@ -161,9 +163,11 @@ ModelShard::BackendFactory ShardServiceImpl::BackendFactory() {
              std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
     // What the GPU backend has no kernel for yet runs here on the CPU, said
     // once per model, rather than not at all.
-    const char* lacking = o.optimizer.kind == OptimizerKind::kLion ? "Lion"
-                          : IsAsynchronous(o.consistency)          ? "asynchronous updates"
-                                                                   : nullptr;
+    const bool no_kernel =
+        o.optimizer.kind == OptimizerKind::kLion || NeedsWholeTensors(o.optimizer.kind);
+    const char* lacking = no_kernel                       ? OptimizerKindName(o.optimizer.kind)
+                          : IsAsynchronous(o.consistency) ? "asynchronous updates"
+                                                          : nullptr;
     if (lacking != nullptr) {
       LogWarning("model '%s': %s on the cpu backend (the GPU backend has none yet)", o.model_id,
                  lacking);
@@ -246,7 +250,7 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
     return Error(s);
   }
 
-  const uint64_t size = layout.shard_size();
+  const uint64_t size = layout.ShardSize(options_.shard_index);
   // Reserved before allocating anything, so an absurd layout cannot take the
   // server down.
   absl::StatusOr<StateBudget::Reservation> reservation =

@@ -70,6 +70,9 @@ struct ShardServerOptions {
   FileEnv* file_env = FileEnv::Default();
   // Before serving, restore the models found here (see RestoreFrom).
   std::string restore_from;
+  // Restored models take this partition instead of the saved one
+  // (--restore_partition); a rollback keeps the live model's.
+  std::optional<Partition> restore_partition;
   // Who may call what (--auth_token_file); by default every call is allowed.
   AccessControl access;
   // TLS (--tls_cert_file, --tls_key_file, PEM): empty serves plaintext. With
@@ -173,7 +176,9 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   PeriodicCheckpointOptions CheckpointOptionsFor(const std::string& model_id) const;
   // A model made from a verified checkpoint: its plan for this shard, its
   // state budget, its ModelShard. Not installed.
-  absl::StatusOr<std::shared_ptr<HostedModel>> LoadModel(const CheckpointReader& checkpoint);
+  // `partition`, when given, replaces the saved one.
+  absl::StatusOr<std::shared_ptr<HostedModel>> LoadModel(const CheckpointReader& checkpoint,
+                                                         std::optional<Partition> partition);
   absl::Status RestoreModel(const CheckpointReader& checkpoint);
   // A model's directory of periodic checkpoints (the newest that verifies),
   // or a model directory that is one checkpoint.

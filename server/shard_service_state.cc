@@ -74,6 +74,7 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
   response->set_max_staleness(snap->max_staleness);
   response->set_consistency(config.consistency());
   response->set_staleness(config.staleness());
+  response->set_partition(config.layout().partition());
   for (const auto& [rank, step] : snap->applied_order) {
     v1::AppliedPush* applied = response->add_applied_order();
     applied->set_trainer_rank(rank);
@@ -149,6 +150,7 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
     summary->set_model_id(model->config().model_id());
     summary->set_num_trainers(model->config().num_trainers());
     summary->set_optimizer(OptimizerKindName(model->shard().options().optimizer.kind));
+    summary->set_partition(model->config().layout().partition());
     SetRange(model->shard().range(), summary->mutable_range());
     absl::StatusOr<ShardSnapshot> snap =
         model->shard().Snapshot("", 0, 0, /*with_tensor_stats=*/false);
@@ -296,7 +298,8 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
     return Error(absl::FailedPreconditionError(
         absl::StrCat(dir, " holds another training run of model '", model_id, "'")));
   }
-  absl::StatusOr<std::shared_ptr<HostedModel>> replacement = LoadModel(**checkpoint);
+  absl::StatusOr<std::shared_ptr<HostedModel>> replacement =
+      LoadModel(**checkpoint, (*model)->shard().layout().partition());
   if (!replacement.ok()) return Error(replacement.status());
   (*replacement)->set_rolled_back_to(request->to_step());
   // The old model stops (its checkpoint thread with it) before the later
@@ -315,8 +318,21 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
 }
 
 absl::StatusOr<std::shared_ptr<HostedModel>> ShardServiceImpl::LoadModel(
-    const CheckpointReader& checkpoint) {
-  absl::StatusOr<ShardPlan> plan = PlanHere(checkpoint.manifest().config());
+    const CheckpointReader& checkpoint, std::optional<Partition> partition) {
+  v1::ModelConfig config = checkpoint.manifest().config();
+  if (partition.has_value()) {
+    config.mutable_layout()->set_partition(
+        *partition == Partition::kWholeTensors ? v1::PARTITION_WHOLE_TENSORS : v1::PARTITION_FLAT);
+  }
+  const bool repartitioned =
+      partition.has_value() &&
+      config.layout().partition() != checkpoint.manifest().config().layout().partition();
+  absl::StatusOr<ShardPlan> plan = PlanHere(std::move(config));
+  if (!plan.ok() && repartitioned) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        checkpoint.directory(), ": model '", checkpoint.manifest().config().model_id(),
+        "' cannot take the partition ", PartitionName(*partition), ": ", plan.status().message()));
+  }
   if (!plan.ok()) {
     return absl::DataLossError(absl::StrCat(checkpoint.directory(),
                                             ": the saved model config is unusable: ",
@@ -339,7 +355,8 @@ absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint) 
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::shared_ptr<HostedModel>> model = LoadModel(checkpoint);
+  absl::StatusOr<std::shared_ptr<HostedModel>> model =
+      LoadModel(checkpoint, options_.restore_partition);
   if (!model.ok()) return model.status();
   std::shared_ptr<HostedModel> installed = models_.Install(*model);
   if (installed == nullptr) return absl::UnavailableError("the shard server is shutting down");

@@ -264,7 +264,7 @@ TEST(Float16PullTest, AParameterBeyondFloat16IsRefusedNotSentAsInf) {
   auto stub = NewStub((*server)->address());
   // 48 elements: no padding.
   const ModelLayout layout = ModelLayout::Create({{"w", {48}, DType::kFloat32}}, 16, 1).value();
-  std::vector<float> values(layout.shard_size(), 1.0f);
+  std::vector<float> values(layout.ShardSize(0), 1.0f);
   values[7] = 70000.0f;  // Finite in fp32 and bf16, beyond fp16's 65504.
   v1::ModelConfig config;
   config.set_model_id("m");
@@ -304,7 +304,7 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
   auto stub = NewStub((*server)->address());
   // 112 elements: no padding.
   const ModelLayout layout = ModelLayout::Create({{"w", {112}, DType::kFloat32}}, 16, 1).value();
-  std::vector<float> values(layout.shard_size(), 0.5f);
+  std::vector<float> values(layout.ShardSize(0), 0.5f);
   v1::ModelConfig config;
   config.set_model_id("m");
   *config.mutable_layout() = LayoutToProto(layout);

@@ -302,13 +302,13 @@ TEST_F(ClientSemanticsTest, RegisterRefusesShardsAtDifferentVersions) {
   config.set_num_trainers(1);
   config.set_shard_count(2);
   ASSERT_TRUE(
-      RawRegister(*stub, config, 0, false, {{0, FloatBytes(params.data(), layout.shard_size())}})
+      RawRegister(*stub, config, 0, false, {{0, FloatBytes(params.data(), layout.ShardSize(0))}})
           .ok());
   v1::PushHeader header;
   header.set_model_id("split");
   header.set_step(1);
-  header.set_num_elements(layout.shard_size());
-  std::vector<float> grad(layout.shard_size(), 1.0f);
+  header.set_num_elements(layout.ShardSize(0));
+  std::vector<float> grad(layout.ShardSize(0), 1.0f);
   v1::PushGradientsResponse response;
   ASSERT_TRUE(RawPush(*stub, &header, {{0, FloatBytes(grad.data(), grad.size())}}, &response).ok());
   ASSERT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);

@@ -89,6 +89,65 @@ TEST(DurabilityTest, CheckpointRestoresOnAnyShardCount) {
   }
 }
 
+// The partition is part of the checkpoint, and a restore may change it
+// (--restore_partition) along with the shard count: AdamW trained flat on 3
+// shards goes on as whole tensors on 2 and flat again on 5; LAMB (whole
+// tensors only) goes 3 -> 2 -> 5 shards. Each ends bit for bit where an
+// uninterrupted run on the last layout does (the synthetic workload is keyed
+// by tensor element, not offset), and LAMB cannot be restored flat.
+TEST(DurabilityTest, CheckpointRestoresOntoEitherPartition) {
+  constexpr int kFirst = 6, kSecond = 11, kTotal = 16;
+  constexpr uint32_t kTrainers = 2;
+  const std::string root = MakeTempDir("repartition");
+  const std::string models = "adamw_amsgrad,lamb";
+  {
+    auto servers = StartCluster(3);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    RunTrainers(Addresses(*servers), kTrainers, models, kFirst, root + "/first");
+    for (const std::string model : {"adamw_amsgrad", "lamb"}) {
+      CheckpointEveryShard(Addresses(*servers), model, kFirst, root + "/a/" + model);
+    }
+  }
+  {
+    auto servers =
+        StartCluster(2, {"--restore_from=" + root + "/a", "--restore_partition=whole_tensors"});
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    // The restored adamw model is whole_tensors now: a flat trainer is refused.
+    TrainerClientOptions options;
+    options.retry_budget = absl::Seconds(5);
+    auto client = TrainerClient::Connect(Addresses(*servers), options).value();
+    const ModelSpec flat_spec =
+        SyntheticModelSpec("adamw_amsgrad", OptimizerByName("adamw_amsgrad").value(), kTrainers);
+    const absl::Status refused = client->Attach(flat_spec);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_NE(refused.message().find("partition"), std::string::npos) << refused;
+    client.reset();
+    RunTrainers(Addresses(*servers), kTrainers, models, kSecond, root + "/second",
+                {"--partition=whole_tensors"});
+    for (const std::string model : {"adamw_amsgrad", "lamb"}) {
+      CheckpointEveryShard(Addresses(*servers), model, kSecond, root + "/b/" + model);
+    }
+  }
+  {
+    // adamw back to flat on 5 shards; lamb stays whole on 5.
+    auto flat = StartCluster(
+        5, {"--restore_from=" + root + "/b/adamw_amsgrad", "--restore_partition=flat"});
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    RunTrainers(Addresses(*flat), kTrainers, "adamw_amsgrad", kTotal, root + "/third");
+    ExpectMatchesReference("adamw_amsgrad", 5, kTrainers, kTotal, root + "/third");
+  }
+  {
+    auto whole = StartCluster(5, {"--restore_from=" + root + "/b/lamb"});
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    RunTrainers(Addresses(*whole), kTrainers, "lamb", kTotal, root + "/third");
+    ExpectMatchesReference("lamb", 5, kTrainers, kTotal, root + "/third");
+  }
+  // LAMB restored flat: the server refuses the checkpoint, naming why.
+  auto refused =
+      StartCluster(1, {"--restore_from=" + root + "/b/lamb", "--restore_partition=flat"});
+  EXPECT_FALSE(refused.ok());
+}
+
 // SIGKILL shards at random moments (and in the middle of checkpoints) while
 // two trainers train; each comes back from its latest checkpoint on the same
 // port, the trainers re-push what it lost, and the job ends exactly where an

@@ -207,7 +207,7 @@ TEST(SecurityTest, StrangersAreRefusedAndChangeNothing) {
     v1::PushGradientsRequest header;
     header.mutable_header()->set_model_id("m");
     header.mutable_header()->set_step(4);
-    header.mutable_header()->set_num_elements(layout.shard_size());
+    header.mutable_header()->set_num_elements(layout.ShardSize(0));
     writer->Write(header);
     writer->WritesDone();
     s = writer->Finish();

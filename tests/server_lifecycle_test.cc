@@ -96,7 +96,7 @@ TEST(ServerLifecycleTest, ServerInfoDescribesShardAndModels) {
   EXPECT_EQ(info.models(0).model_id(), "info");
   EXPECT_EQ(info.models(0).optimizer(), "adamw");
   EXPECT_EQ(info.models(0).range().begin(), layout.ShardRange(1).begin);
-  EXPECT_EQ(info.models(0).bytes().parameter_bytes(), layout.shard_size() * 4);
+  EXPECT_EQ(info.models(0).bytes().parameter_bytes(), layout.ShardSize(0) * 4);
 }
 
 TEST(ServerLifecycleTest, SigtermStopsCleanlyAndWakesBlockedPulls) {
@@ -163,7 +163,7 @@ TEST(ServerLifecycleTest, SigtermWithStalledPushStreamsExitsWithinTheGracePeriod
     header.mutable_header()->set_model_id("m");
     header.mutable_header()->set_trainer_rank(rank);
     header.mutable_header()->set_step(1);
-    header.mutable_header()->set_num_elements(layout.shard_size());
+    header.mutable_header()->set_num_elements(layout.ShardSize(0));
     ASSERT_TRUE(streams.back()->Write(header));
     v1::PushGradientsRequest chunk;
     chunk.mutable_chunk()->set_offset(0);

@@ -71,6 +71,8 @@ ABSL_FLAG(bool, dyadic, false,
           "Exact numbers (tests/support/synthetic.h DyadicInitialParams, DyadicGradient): "
           "gradients that do not depend on the parameters.");
 ABSL_FLAG(double, lr, 0, "> 0: the optimizer's lr instead of the named config's.");
+ABSL_FLAG(std::string, partition, "",
+          "flat or whole_tensors instead of the named config's (SyntheticModelSpec).");
 
 namespace shardopt::testing {
 namespace {
@@ -126,6 +128,14 @@ int Train(const std::string& name) {
   }
   spec.consistency = *consistency;
   spec.staleness = absl::GetFlag(FLAGS_staleness);
+  if (const std::string p = absl::GetFlag(FLAGS_partition); !p.empty()) {
+    absl::StatusOr<Partition> partition = PartitionFromName(p);
+    if (!partition.ok()) {
+      fprintf(stderr, "%s\n", partition.status().ToString().c_str());
+      return 2;
+    }
+    spec.partition = *partition;
+  }
   const bool dyadic = absl::GetFlag(FLAGS_dyadic);
   // Asynchronous: each push's observed staleness, by step (what the bounded
   // tests assert on).

@@ -60,10 +60,14 @@ def hook_buckets(g, total, bucket_elements, on_final):
     gradient accumulator to call on_final(g, j) once parameter j's gradient
     of this backward pass is accumulated (kept alive in g.accumulators)."""
     starts = []
-    for offset, _ in g.slices:
+    g.bucket_of = [0] * len(g.slices)
+    # By offset: with the whole_tensors partition the parameters' order in
+    # the buffer is not theirs.
+    for j in sorted(range(len(g.slices)), key=lambda j: g.slices[j][0]):
+        offset = g.slices[j][0]
         if not starts or offset - starts[-1] >= bucket_elements:
             starts.append(offset if starts else 0)
-        g.bucket_of.append(len(starts) - 1)
+        g.bucket_of[j] = len(starts) - 1
     g.buckets = [(b, starts[i + 1] if i + 1 < len(starts) else total)
                  for i, b in enumerate(starts)]
     with torch.enable_grad():  # (Also when built under no_grad.)

@@ -81,7 +81,18 @@ _OPTIMIZERS = {
                 "initial_accumulator_value": 0.0, "eps": 1e-10, "maximize": False},
     # Lion (Chen et al. 2023; not in torch.optim): lion-pytorch's defaults.
     "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False},
+    # LAMB (not in torch.optim): DeepSpeed FusedLamb's defaults.
+    "lamb": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01,
+             "min_trust_ratio": 0.01, "max_trust_ratio": 10.0, "bias_correction": True,
+             "maximize": False},
+    # torch.optim.Adafactor (PyTorch 2.5+).
+    "adafactor": {"lr": 1e-2, "beta2_decay": -0.8, "eps": (None, 1e-3), "d": 1.0,
+                  "weight_decay": 0.0, "maximize": False},
 }
+
+# Optimizers that update each tensor from the whole tensor: they need the
+# whole_tensors partition (the default for them).
+_WHOLE_TENSOR_OPTIMIZERS = ("lamb", "adafactor")
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -93,9 +104,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         They must be float32, contiguous CPU tensors.
       servers: the shard servers' addresses, in shard order.
       rank, world_size: this trainer's rank among ``world_size`` trainers.
-      optimizer: "sgd", "adam", "adamw", "adagrad" or "lion"; the other
-        keyword arguments are its hyperparameters, named as in torch.optim
-        (Lion's as in lion-pytorch: lr, betas, weight_decay).
+      optimizer: "sgd", "adam", "adamw", "adagrad", "lion", "lamb" or
+        "adafactor"; the other keyword arguments are its hyperparameters,
+        named as in torch.optim (Lion's as in lion-pytorch: lr, betas,
+        weight_decay; LAMB's as DeepSpeed's FusedLamb: lr, betas, eps,
+        weight_decay, min_trust_ratio, max_trust_ratio, bias_correction;
+        Adafactor's as torch.optim.Adafactor: lr, beta2_decay, eps, d,
+        weight_decay).
+      partition: "flat" (an even split of the flat buffer, tensors may
+        straddle shards) or "whole_tensors" (each tensor on one shard,
+        shards balanced by size); None (the default) picks "whole_tensors"
+        for "lamb" and "adafactor", which need it, and "flat" otherwise.
       model_id: the model's name on the servers (one per training job).
       max_grad_norm: > 0 clips the global gradient norm on the servers.
       checkpoint_dir: where ``state_dict()`` makes the servers save.
@@ -165,7 +184,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
                  loss_scaler=None, security=None, overlap_backward=True, bucket_cap_mb=1.0,
-                 shared_memory=True, consistency="sync", staleness=0, **hyperparameters):
+                 shared_memory=True, consistency="sync", staleness=0, partition=None,
+                 **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
             hyperparameters.pop(switch, None)
@@ -193,6 +213,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "'bounded'")
         self._consistency = consistency
         self._staleness = int(staleness)
+        if partition is None:
+            partition = "whole_tensors" if optimizer in _WHOLE_TENSOR_OPTIMIZERS else "flat"
+        if partition not in ("flat", "whole_tensors"):
+            raise ValueError(f"partition {partition!r} is not one of 'flat', 'whole_tensors'")
+        self._partition = partition
         self._client_args = dict(rpc_timeout_s=float(rpc_timeout),
                                  retry_budget_s=float(retry_budget),
                                  replay_steps=int(replay_steps),
@@ -291,6 +316,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         h = {k: group[k] for k in _OPTIMIZERS[self._kind]}
         if "betas" in h:
             h["betas"] = tuple(float(b) for b in h["betas"])
+        if "eps" in h and isinstance(h["eps"], (tuple, list)):
+            h["eps"] = (None if h["eps"][0] is None else float(h["eps"][0]), float(h["eps"][1]))
         return h
 
     def _register(self, index, group):
@@ -311,7 +338,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         names = [self._names.get(id(p), f"param{j}") for j, p in indexed]
         g = Group(index, client, model_id, params, names)
         tensors = [(n, list(p.shape)) for n, p in zip(names, params)]
-        layout = client.layout_for(tensors)
+        layout = client.layout_for(tensors, self._partition)
         total = layout[-1][2]
         g.flat_params = torch.zeros(total, dtype=torch.float32)
         g.flat_grads = torch.zeros(total, dtype=torch.float32)
@@ -323,7 +350,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         self._max_grad_norm,
                         g.flat_params.numpy() if self._rank == 0 else None,
                         loss_scaler=self._loss_scaler, consistency=self._consistency,
-                        staleness=self._staleness)
+                        staleness=self._staleness, partition=self._partition)
         # A model that existed already (restored, or running) keeps the
         # hyperparameters it has; this group's are sent with the next step.
         # (Asynchronous models take no changes: only a real one is sent, and

@@ -45,6 +45,9 @@ const char* SlotName(OptimizerKind kind, int slot) {
       return "sum";
     case OptimizerKind::kLion:
       return "exp_avg";
+    case OptimizerKind::kLamb:
+    case OptimizerKind::kAdafactor:
+      return "slot";  // (Refused by Validate.)
   }
   return "slot";
 }
@@ -85,8 +88,9 @@ struct Validated {
 absl::StatusOr<Validated> Validate(const OptimizerConfig& config, int64_t step, size_t n,
                                    const FusedStepBuffers& b) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
-  if (config.kind == OptimizerKind::kLion) {
-    return absl::UnimplementedError("no fused Lion kernel yet: train Lion on the cpu backend");
+  if (config.kind == OptimizerKind::kLion || NeedsWholeTensors(config.kind)) {
+    return absl::UnimplementedError(absl::StrCat("no fused ", OptimizerKindName(config.kind),
+                                                 " kernel yet: train it on the cpu backend"));
   }
   if (step < 1) {
     return absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", step));
@@ -259,7 +263,9 @@ absl::Status FusedOptimizerStep(const OptimizerConfig& config, int64_t step, siz
       err = internal::LaunchAdagrad(MakeAdagrad(config, step, buffers, v->range), AsStream(stream));
       break;
     case OptimizerKind::kLion:
-      return absl::UnimplementedError("no fused Lion kernel yet");  // (Refused by Validate.)
+    case OptimizerKind::kLamb:
+    case OptimizerKind::kAdafactor:
+      return absl::UnimplementedError("no fused kernel yet");  // (Refused by Validate.)
   }
   return CudaStatus(err, what);
 }

@@ -20,10 +20,11 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
                                                    num_trainers));
   }
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
-  if (optimizer.kind == OptimizerKind::kLion) {
+  if (optimizer.kind == OptimizerKind::kLion || NeedsWholeTensors(optimizer.kind)) {
     // (Refused before any device memory is taken.)
-    return absl::UnimplementedError(
-        "the GPU backend has no Lion kernel yet: run the shard with --device=cpu");
+    return absl::UnimplementedError(absl::StrCat("the GPU backend has no ",
+                                                 OptimizerKindName(optimizer.kind),
+                                                 " kernel yet: run the shard with --device=cpu"));
   }
   if (absl::Status s = gpu::SetCurrentDevice(device_index); !s.ok()) return s;
   const size_t n = initial.size();

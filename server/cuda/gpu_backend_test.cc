@@ -76,7 +76,7 @@ TEST_F(GpuBackendTest, MatchesTheCpuBackendBitForBit) {
   const ModelLayout layout = ModelLayout::Create({{"w", {3 * ((1 << 21) + 77)}}}, 1, 3).value();
   for (const OptimizerConfig& config : configs) {
     ModelShardOptions options{"m", layout, 1, config, 3, true};
-    std::vector<float> init(layout.shard_size());
+    std::vector<float> init(layout.ShardSize(0));
     for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(0.001f * static_cast<float>(i));
     std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
     std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
@@ -110,7 +110,7 @@ TEST_F(GpuBackendTest, MatchesTheCpuBackendBitForBit) {
 TEST_F(GpuBackendTest, NonFiniteChunkIsRejectedAndTheRetryCounts) {
   const ModelLayout layout = ModelLayout::Create({{"w", {5000}}}, 1, 1).value();
   ModelShardOptions options{"m", layout, 0, OptimizerConfig::Sgd(1.0), 1, true};
-  std::vector<float> init(layout.shard_size(), 1.0f);
+  std::vector<float> init(layout.ShardSize(0), 1.0f);
   std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
   std::vector<float> g(gpu->size(), 0.5f);
   g[4321] = std::numeric_limits<float>::infinity();
@@ -134,7 +134,7 @@ TEST_F(GpuBackendTest, ScheduleChangesAndSixteenBitPushesMatchTheCpu) {
   options.lr_schedule.kind = LrSchedule::Kind::kWarmupCosine;
   options.lr_schedule.warmup_steps = 2;
   options.lr_schedule.total_steps = 10;
-  std::vector<float> init(layout.shard_size());
+  std::vector<float> init(layout.ShardSize(0));
   for (size_t i = 0; i < init.size(); ++i) init[i] = std::cos(0.01f * static_cast<float>(i));
   std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
   std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
@@ -146,7 +146,7 @@ TEST_F(GpuBackendTest, ScheduleChangesAndSixteenBitPushesMatchTheCpu) {
   for (int64_t step = 1; step <= 8; ++step) {
     for (uint32_t rank = 0; rank < 2; ++rank) {
       const DType dtype = rank == 0 ? DType::kBFloat16 : DType::kFloat16;
-      const std::vector<float> g = RandomGradient(rank, step, layout.shard_size());
+      const std::vector<float> g = RandomGradient(rank, step, layout.ShardSize(0));
       std::vector<uint16_t> wire(g.size());
       ConvertFromFloat(g.data(), g.size(), dtype, wire.data());
       for (ModelShard* shard : {cpu.get(), gpu.get()}) {
@@ -176,7 +176,7 @@ TEST_F(GpuBackendTest, GradientControlMatchesTheCpu) {
   ModelShardOptions options{"m", layout, 0, OptimizerConfig::AdamW(0.01), 3, true};
   options.max_grad_norm = 0.5;
   options.loss_scaling = true;
-  std::vector<float> init(layout.shard_size(), 0.25f);
+  std::vector<float> init(layout.ShardSize(0), 0.25f);
   std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
   std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
   const double scale = 4096;
@@ -185,7 +185,7 @@ TEST_F(GpuBackendTest, GradientControlMatchesTheCpu) {
     int k = 0;
     for (ModelShard* shard : {cpu.get(), gpu.get()}) {
       for (uint32_t rank = 0; rank < 3; ++rank) {
-        std::vector<float> g = RandomGradient(rank, step, layout.shard_size());
+        std::vector<float> g = RandomGradient(rank, step, layout.ShardSize(0));
         for (float& v : g) v *= static_cast<float>(scale);
         if (step == 4 && rank == 2) g[12345] = std::numeric_limits<float>::infinity();
         auto start = shard->BeginPush(rank, step, g.size(), DType::kFloat32, scale);

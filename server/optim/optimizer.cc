@@ -3,13 +3,49 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "server/optim/optimizer_internal.h"
 
 namespace shardopt {
 
+absl::StatusOr<std::vector<RangeTensor>> WholeTensorsOfShard(const ModelLayout& layout,
+                                                             uint32_t shard_index) {
+  const FlatRange range = layout.ShardRange(shard_index);
+  std::vector<RangeTensor> tensors;
+  for (const TensorPiece& piece : layout.PiecesIn(range)) {
+    const TensorPlacement& t = layout.tensors()[piece.tensor_index];
+    if (piece.size != t.size) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", t.spec.name, "' straddles shard ", shard_index, "'s range (partition ",
+          PartitionName(layout.partition()), "): this optimizer needs partition whole_tensors"));
+    }
+    tensors.push_back(RangeTensor{piece.flat_offset - range.begin, t.size, t.spec.shape});
+  }
+  return tensors;
+}
+
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config,
-                                                             size_t size) {
+                                                             size_t size,
+                                                             std::vector<RangeTensor> tensors) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
+  for (const RangeTensor& t : tensors) {
+    if (t.offset > size || t.size > size - t.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor [", t.offset, ", ", t.offset + t.size,
+                                                     ") is outside the range of ", size));
+    }
+  }
+  std::unique_ptr<Optimizer> made = MakeOptimizer(config, size);
+  if (made == nullptr) return absl::InvalidArgumentError("unknown optimizer kind");
+  made->tensors_ = std::move(tensors);
+  return made;
+}
+
+void Optimizer::UpdateTensor(int64_t step, float* params, const float* grad, size_t tensor) {
+  const RangeTensor& t = tensors_[tensor];
+  Update(step, params, grad, t.offset, t.offset + t.size);
+}
+
+std::unique_ptr<Optimizer> Optimizer::MakeOptimizer(const OptimizerConfig& config, size_t size) {
   switch (config.kind) {
     case OptimizerKind::kSgd:
       return optim_internal::NewSgd(config, size);
@@ -20,8 +56,12 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConf
       return optim_internal::NewAdagrad(config, size);
     case OptimizerKind::kLion:
       return optim_internal::NewLion(config, size);
+    case OptimizerKind::kLamb:
+      return optim_internal::NewLamb(config, size);
+    case OptimizerKind::kAdafactor:
+      return optim_internal::NewAdafactor(config, size);
   }
-  return absl::InvalidArgumentError("unknown optimizer kind");
+  return nullptr;
 }
 
 absl::Status Optimizer::SetConfig(const OptimizerConfig& config) {

@@ -22,6 +22,12 @@
 //   [begin, end) ranges with the same step. It knows nothing of threads,
 //   networks or trainers: the caller splits the range and reduces gradients.
 // - The caller must apply steps 1, 2, 3, ... in order over the whole range.
+// - Whole-tensor optimizers (needs_whole_tensors(): LAMB, Adafactor) update
+//   one tensor at a time from values of the whole tensor (norms, row and
+//   column means). They get the range's tensors at Create(); UpdateTensor
+//   updates one (concurrent calls on different tensors are safe), and
+//   Update(begin, end) every tensor that begins in [begin, end), each of
+//   which must end by `end`. Padding between them is left alone.
 #ifndef SHARDOPT_SERVER_OPTIM_OPTIMIZER_H_
 #define SHARDOPT_SERVER_OPTIM_OPTIMIZER_H_
 
@@ -33,19 +39,40 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/layout.h"
 #include "common/optimizer_config.h"
 
 namespace shardopt {
 
+// One whole tensor inside the range.
+struct RangeTensor {
+  uint64_t offset = 0;  // Range-local index of its first element.
+  uint64_t size = 0;
+  std::vector<int64_t> shape;
+};
+
+// The tensors of shard `shard_index`'s range, each whole; FAILED_PRECONDITION
+// naming the tensor when one straddles the range (a flat partition).
+absl::StatusOr<std::vector<RangeTensor>> WholeTensorsOfShard(const ModelLayout& layout,
+                                                             uint32_t shard_index);
+
 class Optimizer {
  public:
-  // INVALID_ARGUMENT when config.Validate() fails.
+  // INVALID_ARGUMENT when config.Validate() fails, or when `tensors` (the
+  // range's tensors, needed by whole-tensor optimizers) leave [0, size).
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config,
-                                                           size_t size);
+                                                           size_t size,
+                                                           std::vector<RangeTensor> tensors = {});
 
   virtual ~Optimizer() = default;
 
   virtual void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) = 0;
+
+  virtual bool needs_whole_tensors() const { return false; }
+  // Step `step` on tensors()[tensor] alone (whole-tensor optimizers; the
+  // others update its elements).
+  virtual void UpdateTensor(int64_t step, float* params, const float* grad, size_t tensor);
+  const std::vector<RangeTensor>& tensors() const { return tensors_; }
 
   const OptimizerConfig& config() const { return config_; }
   // Replaces the hyperparameters for the following updates (not during one):
@@ -67,8 +94,12 @@ class Optimizer {
   float* AddSlot(const std::string& name, float initial_value);
 
  private:
+  // The family's factory; nullptr for an unknown kind.
+  static std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config, size_t size);
+
   OptimizerConfig config_;
   size_t size_;
+  std::vector<RangeTensor> tensors_;
   std::vector<std::string> slot_names_;
   std::vector<std::vector<float>> slots_;
 };

@@ -20,6 +20,42 @@ std::unique_ptr<Optimizer> NewSgd(const OptimizerConfig& config, size_t size);
 std::unique_ptr<Optimizer> NewAdam(const OptimizerConfig& config, size_t size);  // and AdamW
 std::unique_ptr<Optimizer> NewAdagrad(const OptimizerConfig& config, size_t size);
 std::unique_ptr<Optimizer> NewLion(const OptimizerConfig& config, size_t size);
+std::unique_ptr<Optimizer> NewLamb(const OptimizerConfig& config, size_t size);
+std::unique_ptr<Optimizer> NewAdafactor(const OptimizerConfig& config, size_t size);
+
+// The sum of x[i]^2 over [0, n) in double, in kSumLanes interleaved partial
+// sums added up in lane order, then the tail: it depends only on the values
+// and n (not on threads or on how a caller splits work elsewhere), and the
+// lanes are independent chains, so it vectorises without reassociation.
+inline constexpr size_t kSumLanes = 8;
+inline double SumOfSquares(const float* x, size_t n) {
+  double lanes[kSumLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    for (size_t j = 0; j < kSumLanes; ++j) {
+      const double v = x[i + j];
+      lanes[j] += v * v;
+    }
+  }
+  double sum = 0;
+  for (size_t j = 0; j < kSumLanes; ++j) sum += lanes[j];
+  for (; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  return sum;
+}
+
+// Elements the whole-tensor kernels compute into a scratch block at a time
+// (an L1-sized piece of the update, reduced before the next).
+inline constexpr size_t kScratchElements = 2048;
+
+// For the whole-tensor optimizers: calls update(tensor) for every tensor of
+// `tensors` that begins in [begin, end).
+template <typename F>
+void ForEachTensorIn(const std::vector<RangeTensor>& tensors, size_t begin, size_t end,
+                     F&& update) {
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (tensors[t].offset >= begin && tensors[t].offset < end) update(t);
+  }
+}
 
 // The step count as torch.optim 1.13 sees it. PyTorch keeps state['step'] in
 // a float32 tensor and increments it with `step_t += 1`, so it stops growing

@@ -7,7 +7,10 @@
 // The keys are the OptimizerConfig field names (kind as OptimizerKindName,
 // bools as 0/1, doubles in any strtod form); absent keys keep the defaults of
 // the kind's OptimizerConfig factory. chunks (default 1) splits every step's
-// Update into that many uneven, consecutive ranges.
+// Update into that many uneven, consecutive ranges. shapes=4x7,5,2x3x9 lays
+// tensors of those shapes one after the other (their sizes must add up to
+// N; default: one tensor of N): whole-tensor optimizers (lamb, adafactor)
+// update each whole, in one Update of the whole range (chunks ignored).
 //
 // OUT is one text line, then raw little-endian float32 data:
 //   slots=NAME,NAME,...\n
@@ -40,11 +43,13 @@ struct Replay {
   size_t n = 0;
   int64_t steps = 0;
   size_t chunks = 1;
+  std::vector<std::vector<int64_t>> shapes;  // Empty: one tensor of n.
 };
 
 absl::StatusOr<OptimizerKind> ParseKind(absl::string_view name) {
-  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
-                          OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
+  for (OptimizerKind k :
+       {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kAdagrad,
+        OptimizerKind::kLion, OptimizerKind::kLamb, OptimizerKind::kAdafactor}) {
     if (name == OptimizerKindName(k)) return k;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown kind: ", name));
@@ -77,6 +82,12 @@ absl::StatusOr<Replay> ParseHeader(const std::string& line) {
         case OptimizerKind::kLion:
           r.config = OptimizerConfig::Lion();
           break;
+        case OptimizerKind::kLamb:
+          r.config = OptimizerConfig::Lamb();
+          break;
+        case OptimizerKind::kAdafactor:
+          r.config = OptimizerConfig::Adafactor();
+          break;
       }
     }
   }
@@ -95,13 +106,21 @@ absl::StatusOr<Replay> ParseHeader(const std::string& line) {
       {"eps", &c.eps},
       {"lr_decay", &c.lr_decay},
       {"initial_accumulator_value", &c.initial_accumulator_value},
+      {"min_trust_ratio", &c.min_trust_ratio},
+      {"max_trust_ratio", &c.max_trust_ratio},
+      {"beta2_decay", &c.beta2_decay},
+      {"eps1", &c.eps1},
+      {"eps2", &c.eps2},
+      {"clip_threshold", &c.clip_threshold},
   };
   struct BoolField {
     const char* name;
     bool* value;
   };
-  const BoolField bools[] = {
-      {"maximize", &c.maximize}, {"nesterov", &c.nesterov}, {"amsgrad", &c.amsgrad}};
+  const BoolField bools[] = {{"maximize", &c.maximize},
+                             {"nesterov", &c.nesterov},
+                             {"amsgrad", &c.amsgrad},
+                             {"bias_correction", &c.bias_correction}};
   for (size_t i = 1; i < fields.size(); ++i) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(fields[i], '=');
     const absl::string_view key = kv.first;
@@ -123,6 +142,17 @@ absl::StatusOr<Replay> ParseHeader(const std::string& line) {
       known = true;
       ok = absl::SimpleAtoi(value, &chunks) && chunks >= 1;
       r.chunks = chunks;
+    } else if (key == "shapes") {
+      known = ok = true;
+      for (absl::string_view shape : absl::StrSplit(value, ',')) {
+        std::vector<int64_t> dims;
+        for (absl::string_view d : absl::StrSplit(shape, 'x', absl::SkipEmpty())) {
+          int64_t dim = 0;
+          ok = ok && absl::SimpleAtoi(d, &dim) && dim >= 0;
+          dims.push_back(dim);
+        }
+        r.shapes.push_back(std::move(dims));
+      }
     }
     for (const DoubleField& d : doubles) {
       if (key == d.name) {
@@ -163,13 +193,26 @@ absl::Status Run(const char* in_path, const char* out_path) {
   if (!replay.ok()) return replay.status();
   const size_t n = replay->n;
 
-  absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(replay->config, n);
+  std::vector<RangeTensor> tensors;
+  if (replay->shapes.empty()) replay->shapes.push_back({static_cast<int64_t>(n)});
+  uint64_t offset = 0;
+  for (const std::vector<int64_t>& shape : replay->shapes) {
+    uint64_t size = 1;
+    for (int64_t d : shape) size *= static_cast<uint64_t>(d);
+    tensors.push_back(RangeTensor{offset, size, shape});
+    offset += size;
+  }
+  if (offset != n) {
+    return absl::InvalidArgumentError(absl::StrCat("shapes hold ", offset, " elements, not n=", n));
+  }
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      Optimizer::Create(replay->config, n, std::move(tensors));
   if (!opt.ok()) return opt.status();
 
   std::vector<float> params(n);
   if (absl::Status s = ReadFloats(in, params); !s.ok()) return s;
   std::vector<float> grad(n);
-  const size_t chunks = replay->chunks;
+  const size_t chunks = (*opt)->needs_whole_tensors() ? 1 : replay->chunks;
   for (int64_t step = 1; step <= replay->steps; ++step) {
     if (absl::Status s = ReadFloats(in, grad); !s.ok()) return s;
     // Uneven consecutive ranges: piece k ends at n * (k+1)^2 / chunks^2.

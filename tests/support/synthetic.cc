@@ -70,6 +70,12 @@ absl::StatusOr<OptimizerConfig> OptimizerByName(const std::string& name) {
     c.weight_decay = 0.1;
     return c;
   }
+  if (name == "lamb") return OptimizerConfig::Lamb(1e-2);
+  if (name == "adafactor") {
+    OptimizerConfig c = OptimizerConfig::Adafactor(5e-2);
+    c.weight_decay = 0.01;
+    return c;
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown optimizer name '", name, "'"));
 }
 
@@ -83,16 +89,22 @@ ModelSpec SyntheticModelSpec(const std::string& model_id, const OptimizerConfig&
       {"layer2.bias", {5}, DType::kFloat32},       {"temperature", {}, DType::kFloat32},
   };
   spec.alignment = 16;
+  // LAMB and Adafactor need whole tensors; the others keep the flat split.
+  spec.partition = NeedsWholeTensors(optimizer.kind) ? Partition::kWholeTensors : Partition::kFlat;
   spec.optimizer = optimizer;
   spec.num_trainers = num_trainers;
   return spec;
 }
 
+// Keyed by (tensor, element), not by flat offset: every layout of the model
+// (shard count, partition) gets the same values per tensor element, so a
+// job restored onto another partition continues the same computation.
 std::vector<float> SyntheticInitialParams(const ModelLayout& layout, uint64_t seed) {
   std::vector<float> params(layout.total_elements(), 0.0f);
-  for (const TensorPlacement& t : layout.tensors()) {
+  for (size_t ti = 0; ti < layout.tensors().size(); ++ti) {
+    const TensorPlacement& t = layout.tensors()[ti];
     for (uint64_t i = 0; i < t.size; ++i) {
-      params[t.offset + i] = 0.5f * UnitNoise(seed, 0xA11, t.offset, i);
+      params[t.offset + i] = 0.5f * UnitNoise(seed, 0xA11, ti, i);
     }
   }
   return params;
@@ -142,11 +154,13 @@ std::vector<float> DyadicSgdResult(const ModelLayout& layout, uint32_t trainers,
 void SyntheticGradient(const ModelLayout& layout, absl::Span<const float> params, uint32_t rank,
                        int64_t step, uint64_t seed, absl::Span<float> grad) {
   std::fill(grad.begin(), grad.end(), 0.0f);
-  for (const TensorPlacement& t : layout.tensors()) {
+  for (size_t ti = 0; ti < layout.tensors().size(); ++ti) {
+    const TensorPlacement& t = layout.tensors()[ti];
     for (uint64_t i = 0; i < t.size; ++i) {
       const uint64_t flat = t.offset + i;
-      const float target = 0.25f * UnitNoise(seed, 0x7A6, t.offset, i);
-      const float noise = 0.1f * UnitNoise(seed ^ rank, static_cast<uint64_t>(step), flat, 3);
+      const float target = 0.25f * UnitNoise(seed, 0x7A6, ti, i);
+      const float noise =
+          0.1f * UnitNoise(seed ^ rank, static_cast<uint64_t>(step), (uint64_t{ti} << 40) + i, 3);
       grad[flat] = 0.5f * params[flat] - target + noise + 0.01f * static_cast<float>(rank);
     }
   }
@@ -191,8 +205,13 @@ std::vector<float> ReferenceRun(const ModelSpec& spec, const ModelLayout& layout
   const bool control = spec.max_grad_norm > 0 || spec.loss_scaling;
   LossScaler scaler(spec.loss_scaler);
   std::vector<float> params = SyntheticInitialParams(layout, seed);
+  // The whole buffer as one range: every tensor whole (for LAMB, Adafactor).
+  std::vector<RangeTensor> tensors;
+  for (const TensorPlacement& t : layout.tensors()) {
+    tensors.push_back(RangeTensor{t.offset, t.size, t.spec.shape});
+  }
   std::unique_ptr<Optimizer> optimizer =
-      std::move(Optimizer::Create(spec.optimizer, params.size()).value());
+      std::move(Optimizer::Create(spec.optimizer, params.size(), std::move(tensors)).value());
   std::vector<float> sum(params.size()), grad(params.size()), visible(params.size());
   int64_t optimizer_step = 0;
   for (int64_t step = 1; step <= steps; ++step) {

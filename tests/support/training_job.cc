@@ -81,7 +81,8 @@ void RunTrainers(const std::vector<std::string>& servers, uint32_t trainers,
 void ExpectMatchesReference(const ModelSpec& spec, uint32_t shards, int steps,
                             const std::string& out_root, ReferenceOptions options) {
   const std::string& name = spec.model_id;
-  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, shards).value();
+  const ModelLayout layout =
+      ModelLayout::Create(spec.tensors, spec.alignment, shards, spec.partition).value();
   if (!options.plant_inf_steps.empty()) options.plant_inf_element = layout.tensors().back().offset;
   const std::vector<float> expected = ReferenceRun(spec, layout, steps, kJobSeed, options);
   for (uint32_t r = 0; r < spec.num_trainers; ++r) {

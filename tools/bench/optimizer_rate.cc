@@ -2,6 +2,7 @@
 // (optimizer_rate.h).
 #include "tools/bench/optimizer_rate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -12,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/optimizer_config.h"
-#include "server/optim/optimizer.h"
 #include "server/cpu_backend.h"
+#include "server/optim/optimizer.h"
 #include "server/parallel_for.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/workload.h"
@@ -65,6 +66,11 @@ absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, do
       {"sgd-momentum", sgd_momentum, 20, "r p,g,buf; w p,buf"},
       {"adagrad", OptimizerConfig::Adagrad(), 20, "r p,g,sum; w p,sum"},
       {"lion", OptimizerConfig::Lion(), 20, "r p,g,m; w p,m"},
+      // Whole tensors (1024 x 1024 matrices, one per task): two passes, the
+      // second after the tensor's norms.
+      {"lamb (whole tensors)", OptimizerConfig::Lamb(), 40, "r p,g,m,v; w m,v; r p,m,v; w p"},
+      // Four passes over g or p; the factored state is negligible.
+      {"adafactor (whole tensors)", OptimizerConfig::Adafactor(), 24, "r p; r g; r g; r p,g; w p"},
       {"sgd (plain, as in b)", BenchSgd(), 12, "r p,g; w p"},
   };
   std::vector<float> params(n), grads(n);
@@ -72,8 +78,20 @@ absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, do
   FillGradients(grads);
   Table table({"optimizer", "threads", "B/param", "traffic", "ms/update", "Mparams/s", "GB/s",
                "memcpy GB/s", "frac of memcpy"});
+  // The whole-tensor optimizers see the buffer as 1024 x 1024 matrices (and
+  // a vector of the rest).
+  constexpr uint64_t kSide = 1024;
+  std::vector<RangeTensor> matrices;
+  for (uint64_t at = 0; at < n; at += kSide * kSide) {
+    const uint64_t size = std::min(kSide * kSide, n - at);
+    matrices.push_back(size == kSide * kSide
+                           ? RangeTensor{at, size, {int64_t{kSide}, int64_t{kSide}}}
+                           : RangeTensor{at, size, {static_cast<int64_t>(size)}});
+  }
   for (const OptimizerCase& c : cases) {
-    absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(c.config, n);
+    const bool whole = NeedsWholeTensors(c.config.kind);
+    absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+        Optimizer::Create(c.config, n, whole ? matrices : std::vector<RangeTensor>());
     if (!opt.ok()) return opt.status();
     int64_t step = 0;
     for (size_t k = 0; k < thread_counts.size(); ++k) {
@@ -81,6 +99,14 @@ absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, do
       ThreadPool pool(t);
       std::vector<double> times = TimeRepeated(seconds, 3, 100000, [&] {
         ++step;
+        if (whole) {
+          pool.ParallelFor(matrices.size(), 1, [&](size_t begin, size_t end) {
+            for (size_t m = begin; m < end; ++m) {
+              (*opt)->UpdateTensor(step, params.data(), grads.data(), m);
+            }
+          });
+          return;
+        }
         pool.ParallelFor(n, CpuBackend::kGrainElements, [&](size_t begin, size_t end) {
           (*opt)->Update(step, params.data(), grads.data(), begin, end);
         });

@@ -70,7 +70,8 @@ int Status(const CommandOptions& options, FILE* out) {
   Table servers(
       {"SHARD", "ADDRESS", "HEALTH", "DEVICE", "THREADS", "MODELS", "UPTIME_S", "SHM_ATTACHED"});
   Table models({"MODEL", "SHARD", "RANGE", "MODE", "VERSION", "TRAINERS", "PUSHED", "MAX_STALENESS",
-                "CHECKPOINT", "OPTIMIZER", "PARAM_MB", "STATE_MB", "STAGING_MB", "RX_MB", "TX_MB"});
+                "CHECKPOINT", "OPTIMIZER", "PARTITION", "PARAM_MB", "STATE_MB", "STAGING_MB",
+                "RX_MB", "TX_MB"});
   // APPLIED_STEP: the asynchronous modes' per-trainer record ("-" in sync).
   Table trainers(
       {"MODEL", "SHARD", "TRAINER", "LAST_PUSHED_STEP", "APPLIED_STEP", "SECONDS_SINCE"});
@@ -129,6 +130,7 @@ int Status(const CommandOptions& options, FILE* out) {
           {m.model_id(), absl::StrCat(info.shard_index()), Range(m.range()), Mode(m),
            absl::StrCat(m.version()), absl::StrCat(m.num_trainers()), asynchronous ? "-" : pushed,
            asynchronous ? absl::StrCat(m.max_staleness()) : "-", checkpoint, m.optimizer(),
+           m.partition() == v1::PARTITION_WHOLE_TENSORS ? "whole_tensors" : "flat",
            Mib(m.bytes().parameter_bytes()), Mib(m.bytes().optimizer_state_bytes()),
            Mib(m.bytes().staging_bytes()), Mib(m.bytes().gradient_bytes_received()),
            Mib(m.bytes().parameter_bytes_sent())});

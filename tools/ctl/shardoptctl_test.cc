@@ -44,7 +44,7 @@ TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
   EXPECT_NE(out.find("1/2"), std::string::npos) << out;
   EXPECT_NE(out.find("ctl_model"), std::string::npos) << out;
   EXPECT_NE(out.find("adam"), std::string::npos) << out;
-  EXPECT_NE(out.find(absl::StrCat("[0, ", layout.shard_size(), ")")), std::string::npos) << out;
+  EXPECT_NE(out.find(absl::StrCat("[0, ", layout.ShardSize(0), ")")), std::string::npos) << out;
   // Each trainer's last push as each shard saw it: rank 0 pushed step 1 a
   // moment ago, rank 1 nothing yet.
   EXPECT_NE(out.find("LAST_PUSHED_STEP"), std::string::npos) << out;

@@ -57,8 +57,8 @@ void ServiceSeeds(const std::string& dir) {
 
   v1::PushGradientsRequest header;
   header.mutable_header()->set_step(1);
-  header.mutable_header()->set_num_elements(layout.shard_size());
-  std::vector<float> grad(layout.shard_size(), 0.0f);
+  header.mutable_header()->set_num_elements(layout.ShardSize(0));
+  std::vector<float> grad(layout.ShardSize(0), 0.0f);
   for (const TensorPlacement& t : layout.tensors()) {
     for (uint64_t i = 0; i < t.size; ++i) grad[t.offset + i] = 0.125f;
   }

@@ -87,7 +87,7 @@ Fixture* MakeFixture() {
   v1::RegisterModelRequest request;
   *request.mutable_header()->mutable_config() = config;
   writer->Write(request);
-  std::vector<float> zeros(layout.shard_size(), 0.0f);
+  std::vector<float> zeros(layout.ShardSize(0), 0.0f);
   request.Clear();
   request.mutable_values()->set_data(zeros.data(), zeros.size() * sizeof(float));
   writer->Write(request);

@@ -20,10 +20,13 @@
 #   5. fused_kernels_emulation_test: the same kernels' code on the CPU
 #   6. gpu_bench: fused AdamW at 64M and 1G params vs a D2D cudaMemcpy
 #   7. tools/gpu/torch_fused_adamw.py with the machine's python3, same sizes
-#   8. compute-sanitizer memcheck over the small cases of step 2
+#   8. tools/gpu/adafactor_torch_parity.py: the CPU Adafactor (optimizer_replay)
+#      vs the machine's torch.optim.Adafactor (PyTorch 2.5+; Debian's 1.13
+#      here has none), CPU tensors, 200 steps, within 1e-5
+#   9. compute-sanitizer memcheck over the small cases of step 2
 #      (SHARDOPT_GPU_TEST_SMALL=1), where compute-sanitizer exists (last: the
 #      numbers matter more)
-# --quick skips 8 and runs 6-7 with fewer iterations.
+# --quick skips 9 and runs 6-7 with fewer iterations.
 #
 # Every GPU test runs with SHARDOPT_REQUIRE_GPU=1: there, a test that finds
 # no usable GPU fails instead of skipping (tests/support/gpu_required.h).
@@ -32,7 +35,7 @@
 # most 8 files from it), it receives summary.txt (rewritten after every step,
 # so a run cut short still leaves one) and logs.tgz only. Exit status: 0 when
 # the bundle matches the sources, its libraries resolve, and steps 2-6 passed
-# (and 8 when it ran), else 1.
+# (and 8 and 9 when they ran), else 1.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 
@@ -157,6 +160,7 @@ summary() {
   printf '%-30s %s\n' "end to end, shards on cuda:0" "${result[e2e]:-(not run yet)}"
   printf '%-30s %s\n' "emulation tests (host)" "${result[emu]:-(not run yet)}"
   printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]:-(not run yet)} / ${result[torch]:-(not run yet)}"
+  printf '%-30s %s\n' "adafactor vs torch.optim" "${result[adafactor]:-(not run yet)}"
   printf '%-30s %s\n' "compute-sanitizer memcheck" "${result[san]:-(not run yet)}"
   echo
   awk '
@@ -217,6 +221,23 @@ if [ -n "$torch_py" ]; then
 else
   result[torch]="not run (no python3)"
   : >"$log/torch.log"
+fi
+save_summary
+
+if [ -n "$torch_py" ]; then
+  run_step "Adafactor vs torch.optim.Adafactor" 60 "$log/adafactor.log" \
+    env PYTHONUNBUFFERED=1 "$torch_py" tools/gpu/adafactor_torch_parity.py \
+    --replay "$bundle/run.sh optimizer_replay"
+  rc=$?
+  worst=$(grep -oE 'max_rel=[^ ]+' "$log/adafactor.log" | cut -d= -f2 | sort -g | tail -1)
+  case $rc in
+    0) result[adafactor]="within 1e-5 (worst ${worst:-?})" ;;
+    77) result[adafactor]="not run ($(grep -m1 SKIP "$log/adafactor.log" | cut -c7-80))" ;;
+    125) result[adafactor]="not run (budget)" ;;
+    *) result[adafactor]="FAIL (exit $rc, worst ${worst:-?})"; overall=1 ;;
+  esac
+else
+  result[adafactor]="not run (no python3)"
 fi
 save_summary
 

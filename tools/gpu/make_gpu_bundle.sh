@@ -12,7 +12,8 @@
 #                         over the binaries' Bazel RUNPATH)
 #   bin/                  fused_optimizers_test, fused_kernels_emulation_test,
 #                         gpu_backend_test, gpu_bench, end_to_end_test with
-#                         shardopt_server and test_trainer (debug info stripped)
+#                         shardopt_server and test_trainer, optimizer_replay
+#                         (debug info stripped)
 #   runfiles/             the layout end_to_end_test expects (TEST_SRCDIR)
 #   lib/                  the ldd-resolved libraries (Abseil, the Bazel solibs
 #                         of the project's own libraries, libstdc++, libgcc_s)
@@ -32,6 +33,7 @@ targets=(
   //tests:end_to_end_test
   //tests:test_trainer
   //server:shardopt_server
+  //server/optim:optimizer_replay
 )
 # The sources before and after the build must agree: an edit made while
 # Bazel ran would give a bundle whose fingerprint lies.
@@ -54,6 +56,7 @@ binaries=(
   "$bin_root/tests/end_to_end_test"
   "$bin_root/tests/test_trainer"
   "$bin_root/server/shardopt_server"
+  "$bin_root/server/optim/optimizer_replay"
 )
 
 # Part of glibc (and the kernel's vDSO): always the GPU machine's own.

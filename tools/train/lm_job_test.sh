@@ -3,7 +3,9 @@
 # plot (a PNG) and the two loss curves, which must agree; and a run whose loss
 # cannot fall (lr 0) must FAIL with exit 1 (run with --no_overlap_backward: it
 # then sends nothing during backward); a bounded-staleness run with a slow
-# trainer passes within its bound.
+# trainer passes within its bound; Lion, LAMB and Adafactor (the last two on
+# the whole_tensors partition) train it on 2 trainers x 3 shards and its loss
+# falls.
 # $1: lm_job.py, $2: shardopt_server, $3: _shardopt.so.
 set -eu
 job="$PWD/$1"
@@ -57,4 +59,20 @@ assert 1 <= s["max_staleness"] <= 2, f"staleness {s['max_staleness']} outside [1
 assert s["eval_loss"] < s["torch_eval_loss"] + 1.0, s
 print(f"bounded: largest staleness {s['max_staleness']}, held-out loss {s['eval_loss']:.3f}")
 PY
+for spec in "lion 0.003" "lamb 0.02" "adafactor 0.05"; do
+  set -- $spec
+  if ! /usr/bin/python3 "$job" $tiny --min_drop=0.2 --optimizer="$1" --lr="$2" --shards=3 \
+      --server_binary="$server" --out="$out.$1" >"$out.$1.log" 2>&1; then
+    echo "the $1 job failed:"; cat "$out.$1.log"; exit 1
+  fi
+  grep -q '^PASS$' "$out.$1.log" || { echo "$1: no PASS line"; cat "$out.$1.log"; exit 1; }
+  grep -q "$1 lr $2; 2 trainers x 3 shards" "$out.$1.log" ||
+    { echo "$1: not 2 trainers x 3 shards with $1:"; cat "$out.$1.log"; exit 1; }
+  /usr/bin/python3 - "$out.$1/summary.json" "$1" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["optimizer"] == sys.argv[2] and s["shards"] == 3, s
+print(f"{s['optimizer']}: held-out loss {s['eval_loss']:.3f}")
+PY
+done
 echo "lm_job_test: ok"

@@ -166,7 +166,7 @@ std::string Describe(const JobConfig& job, const Dataset& data, const ModelLayou
                       data.num_features - 2, " noise)\n", "model: MLP ", absl::StrJoin(widths, "-"),
                       " ", job.mlp.activation == Activation::kRelu ? "relu" : "tanh", ", ",
                       layout.used_elements(), " parameters (flat buffer ", layout.total_elements(),
-                      " floats, ", layout.shard_count(), " shards of ", layout.shard_size(), ")\n",
+                      " floats, ", layout.shard_count(), " shards of ", layout.ShardSize(0), ")\n",
                       "optimizer: ", job.spec.optimizer.DebugString(), "\n",
                       "job: ", job.num_trainers, " trainers, global batch ", job.batch, " (",
                       job.batch / job.num_trainers, " per trainer), ", job.steps, " steps, seed ",

@@ -1,0 +1,129 @@
+"""LAMB and Adafactor through shardopt.torch, on the whole_tensors partition.
+
+torch 1.13 has neither, so the reference is the project's own kernel run in
+one process by optimizer_replay on the gradients the trainer computed: the
+parameters after 60 steps must be bit-identical to it on 1 and 3 shard
+servers (which proves the hyperparameters arrive as given, every tensor is
+updated whole by one shard, and the partition's offsets are right), with
+non-default hyperparameters of every kind, and the loss must fall. A flat
+partition is refused naming the one to use. Run by run_python_test.sh with
+the optimizer_replay binary as the extra argument.
+"""
+
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+STEPS = 60
+CASES = {
+    "lamb": ({"lr": 2e-2, "betas": (0.85, 0.99), "eps": 1e-7, "weight_decay": 0.05,
+              "min_trust_ratio": 0.1, "max_trust_ratio": 5.0, "bias_correction": False},
+             "beta1=0.85 beta2=0.99 eps=1e-07 weight_decay=0.05 min_trust_ratio=0.1 "
+             "max_trust_ratio=5 bias_correction=0 lr=0.02"),
+    "adafactor": ({"lr": 3e-2, "beta2_decay": -0.6, "eps": (1e-5, 1e-2), "d": 1.5,
+                   "weight_decay": 0.02},
+                  "beta2_decay=-0.6 eps1=1e-05 eps2=0.01 clip_threshold=1.5 weight_decay=0.02 "
+                  "lr=0.03"),
+}
+
+
+def make_model():
+    torch.manual_seed(78)
+    return torch.nn.Sequential(torch.nn.Linear(7, 33), torch.nn.Tanh(), torch.nn.Linear(33, 3))
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(600 + step)
+    x = torch.randn(24, 7, generator=g)
+    y = ((x[:, 0] - x[:, 1] * x[:, 2] > 0).long() + (x[:, 3] > 0.7).long())
+    return x, y
+
+
+def train(kind, addresses):
+    """shardopt.torch training; returns the losses, the initial and final
+    parameters and every step's gradients, in model.parameters() order."""
+    import shardopt.torch
+    model = make_model()
+    initial = [p.detach().clone() for p in model.parameters()]
+    opt = shardopt.torch.DistributedOptimizer(
+        model.named_parameters(), servers=addresses, rank=0, world_size=1, optimizer=kind,
+        model_id=f"{kind}{len(addresses)}", **CASES[kind][0])
+    losses, grads = [], []
+    for step in range(1, STEPS + 1):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+        opt.step()
+    shards = opt.inspect()[0]
+    return losses, initial, [p.detach().clone() for p in model.parameters()], grads, shards
+
+
+def replay(replay_binary, kind, initial, grads):
+    """optimizer_replay of the same gradients: the final parameters."""
+    shapes = [list(p.shape) for p in initial]
+    n = sum(p.numel() for p in initial)
+    header = (f"shardopt-replay-v1 kind={kind} {CASES[kind][1]} n={n} steps={len(grads)} "
+              f"shapes={','.join('x'.join(str(d) for d in s) for s in shapes)}\n")
+    with tempfile.TemporaryDirectory() as d:
+        inp, out = os.path.join(d, "in"), os.path.join(d, "out")
+        with open(inp, "wb") as f:
+            f.write(header.encode())
+            f.write(torch.cat([p.reshape(-1) for p in initial]).numpy().tobytes())
+            for step in grads:
+                f.write(torch.cat([g.reshape(-1) for g in step]).numpy().tobytes())
+        subprocess.run([replay_binary, inp, out], check=True)
+        with open(out, "rb") as f:
+            f.readline()
+            flat = torch.tensor(struct.unpack(f"<{n}f", f.read(4 * n)))
+    params, at = [], 0
+    for p in initial:
+        params.append(flat[at:at + p.numel()].reshape(p.shape))
+        at += p.numel()
+    return params
+
+
+def main():
+    from support import Cluster
+    import shardopt.torch
+    replay_binary = os.path.abspath(sys.argv[1])
+    failures = 0
+    for kind in CASES:
+        for shards in (1, 3):
+            with Cluster(shards) as cluster:
+                losses, initial, params, grads, inspected = train(kind, cluster.addresses)
+            want = replay(replay_binary, kind, initial, grads)
+            exact = all(torch.equal(a, b) for a, b in zip(params, want))
+            worst = max((a - b).abs().max().item() for a, b in zip(params, want))
+            fell = losses[-1] < 0.8 * losses[0]
+            named = all(s["optimizer"].get(kind) is not None for s in inspected)
+            whole = all(s.get("partition") == "PARTITION_WHOLE_TENSORS" for s in inspected)
+            ok = exact and fell and named and whole
+            print(f"{'ok  ' if ok else 'FAIL'} {kind} S={shards}: vs optimizer_replay max |diff| "
+                  f"{worst:.3g}{' (bit-exact)' if exact else ''}; loss {losses[0]:.4f} -> "
+                  f"{losses[-1]:.4f}; Inspect: {kind} {named}, whole tensors {whole}")
+            failures += not ok
+    # The flat partition cannot hold them.
+    with Cluster(2) as cluster:
+        try:
+            shardopt.torch.DistributedOptimizer(
+                make_model().named_parameters(), servers=cluster.addresses, rank=0,
+                world_size=1, optimizer="lamb", partition="flat", model_id="flat_lamb")
+            print("FAIL lamb with partition='flat' was accepted")
+            failures += 1
+        except Exception as e:  # pylint: disable=broad-except
+            ok = "whole_tensors" in str(e)
+            print(f"{'ok  ' if ok else 'FAIL'} lamb with partition='flat' refused: {e}")
+            failures += not ok
+    print(f"whole tensors: {failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

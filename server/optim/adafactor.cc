@@ -1,0 +1,182 @@
+// Adafactor as torch.optim.Adafactor (PyTorch 2.5+, its single-tensor
+// path) computes it, one whole tensor at a time (see AdafactorConfig in the
+// proto). Per element in fp32, with the scalars rounded to fp32 as torch's
+// ops take them. Where torch reduces (norms, means), the sums are taken in
+// double in a fixed order (SumOfSquares) and rounded to fp32 once, as
+// torch's reductions return fp32: the result differs from torch's own
+// reduction order by fp32 rounding only, and depends on nothing but the
+// tensor's values.
+//
+// State: a tensor of shape (..., R, C) keeps its B*R row factors (B the
+// product of the leading dimensions) at the start of its part of slot
+// "row_var" and its B*C column factors at the start of its part of
+// "col_var"; a tensor of fewer than two dimensions keeps torch's "variance"
+// in "row_var". The rest of both slots stays zero.
+#include <algorithm>
+#include <cassert>
+#include <cfloat>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "server/optim/optimizer.h"
+#include "server/optim/optimizer_internal.h"
+
+namespace shardopt {
+namespace optim_internal {
+namespace {
+
+// torch.lerp for floats: self + w * (end - self) for |w| < 0.5, else
+// end - (end - self) * (1 - w).
+inline float TorchLerp(float self, float end, float weight) {
+  return std::fabs(weight) < 0.5f ? self + weight * (end - self)
+                                  : end - (end - self) * (1.0f - weight);
+}
+
+// A norm as torch returns it: fp32.
+inline double Fp32Norm(double sum_of_squares) {
+  return static_cast<float>(std::sqrt(sum_of_squares));
+}
+
+class Adafactor final : public Optimizer {
+ public:
+  Adafactor(const OptimizerConfig& config, size_t size) : Optimizer(config, size) {
+    row_var_ = AddSlot("row_var", 0.0f);
+    col_var_ = AddSlot("col_var", 0.0f);
+  }
+
+  bool needs_whole_tensors() const override { return true; }
+
+  void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) override {
+    assert(begin <= end && end <= size());
+    ForEachTensorIn(tensors(), begin, end, [&](size_t t) {
+      assert(tensors()[t].offset + tensors()[t].size <= end);
+      UpdateTensor(step, params, grad, t);
+    });
+  }
+
+  void UpdateTensor(int64_t step, float* params, const float* grad, size_t tensor) override {
+    assert(step >= 1);
+    const RangeTensor& t = tensors()[tensor];
+    if (t.size == 0) return;
+    DispatchBool(config().maximize, [&](auto maximize) {
+      Apply<decltype(maximize)::value>(step, params + t.offset, grad + t.offset, t);
+    });
+  }
+
+ private:
+  template <bool kMaximize>
+  void Apply(int64_t step, float* __restrict p, const float* __restrict grad,
+             const RangeTensor& t) {
+    const OptimizerConfig& c = config();
+    const size_t n = t.size;
+    const double step_float = TorchStep(step);
+    const float weight = static_cast<float>(std::pow(step_float, c.beta2_decay));
+    const double rho = std::min(c.lr, 1.0 / std::sqrt(step_float));
+    const double alpha =
+        std::max(c.eps2, Fp32Norm(SumOfSquares(p, n)) / std::sqrt(static_cast<double>(n))) * rho;
+    if (c.weight_decay != 0) {
+      const float decay = static_cast<float>(1.0 - c.lr * c.weight_decay);
+      for (size_t i = 0; i < n; ++i) p[i] = p[i] * decay;
+    }
+    const double eps1 = c.eps1 < 0 ? static_cast<double>(FLT_EPSILON) : c.eps1;
+    const float variance_floor = static_cast<float>(eps1 * eps1);
+    float* const rows = row_var_ + t.offset;
+    float* const cols = col_var_ + t.offset;
+    // The gradient's sign as the formulas see it (squares do not care).
+    const float sign = kMaximize ? -1.0f : 1.0f;
+
+    // Each piece of the update, U = rsqrt(max(V, eps1^2)) * g, is computed
+    // into `u` by `piece(begin, count, u)` twice: once for its norm, once to
+    // apply it (same values, same operations: the same bits).
+    double u_squares = 0;
+    float u[kScratchElements];
+    if (t.shape.size() >= 2) {
+      const size_t num_cols = static_cast<size_t>(t.shape.back());
+      const size_t num_rows = static_cast<size_t>(t.shape[t.shape.size() - 2]);
+      const size_t batches = n / (num_rows * num_cols);
+      std::vector<double> col_squares(num_cols);
+      std::vector<float> row_denominator(batches);
+      for (size_t b = 0; b < batches; ++b) {
+        std::fill(col_squares.begin(), col_squares.end(), 0.0);
+        for (size_t r = 0; r < num_rows; ++r) {
+          const float* __restrict g = grad + (b * num_rows + r) * num_cols;
+          const float norm = static_cast<float>(Fp32Norm(SumOfSquares(g, num_cols)));
+          const float mean = norm * norm / static_cast<float>(num_cols);
+          rows[b * num_rows + r] = TorchLerp(rows[b * num_rows + r], mean, weight);
+          for (size_t k = 0; k < num_cols; ++k) {
+            col_squares[k] += static_cast<double>(g[k]) * g[k];
+          }
+        }
+        for (size_t k = 0; k < num_cols; ++k) {
+          const float norm = static_cast<float>(Fp32Norm(col_squares[k]));
+          const float mean = norm * norm / static_cast<float>(num_rows);
+          cols[b * num_cols + k] = TorchLerp(cols[b * num_cols + k], mean, weight);
+        }
+        double row_sum = 0;
+        for (size_t r = 0; r < num_rows; ++r) row_sum += rows[b * num_rows + r];
+        row_denominator[b] = std::max(static_cast<float>(row_sum / static_cast<double>(num_rows)),
+                                      static_cast<float>(eps1));
+      }
+      // Row by row, in pieces of at most kScratchElements columns.
+      auto for_each_piece = [&](auto&& use) {
+        for (size_t b = 0; b < batches; ++b) {
+          for (size_t r = 0; r < num_rows; ++r) {
+            const size_t row = b * num_rows + r;
+            const float row_factor = rows[row];
+            const float* __restrict col_factor = cols + b * num_cols;
+            for (size_t k0 = 0; k0 < num_cols; k0 += kScratchElements) {
+              const size_t count = std::min(kScratchElements, num_cols - k0);
+              const float* __restrict g = grad + row * num_cols + k0;
+              for (size_t k = 0; k < count; ++k) {
+                const float v = row_factor * col_factor[k0 + k] / row_denominator[b];
+                u[k] = (1.0f / std::sqrt(std::max(v, variance_floor))) * (sign * g[k]);
+              }
+              use(row * num_cols + k0, count);
+            }
+          }
+        }
+      };
+      for_each_piece([&](size_t, size_t count) { u_squares += SumOfSquares(u, count); });
+      const double denominator = std::max(
+          1.0, Fp32Norm(u_squares) / (std::sqrt(static_cast<double>(n)) * c.clip_threshold));
+      const float step_scale = static_cast<float>(-alpha / denominator);
+      for_each_piece([&](size_t at, size_t count) {
+        for (size_t k = 0; k < count; ++k) p[at + k] = p[at + k] + step_scale * u[k];
+      });
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const float g = sign * grad[i];
+      rows[i] = TorchLerp(rows[i], g * g, weight);
+    }
+    auto for_each_piece = [&](auto&& use) {
+      for (size_t at = 0; at < n; at += kScratchElements) {
+        const size_t count = std::min(kScratchElements, n - at);
+        for (size_t k = 0; k < count; ++k) {
+          u[k] = (1.0f / std::sqrt(std::max(rows[at + k], variance_floor))) * (sign * grad[at + k]);
+        }
+        use(at, count);
+      }
+    };
+    for_each_piece([&](size_t, size_t count) { u_squares += SumOfSquares(u, count); });
+    const double denominator =
+        std::max(1.0, Fp32Norm(u_squares) / (std::sqrt(static_cast<double>(n)) * c.clip_threshold));
+    const float step_scale = static_cast<float>(-alpha / denominator);
+    for_each_piece([&](size_t at, size_t count) {
+      for (size_t k = 0; k < count; ++k) p[at + k] = p[at + k] + step_scale * u[k];
+    });
+  }
+
+  float* row_var_ = nullptr;
+  float* col_var_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> NewAdafactor(const OptimizerConfig& config, size_t size) {
+  return std::make_unique<Adafactor>(config, size);
+}
+
+}  // namespace optim_internal
+}  // namespace shardopt
