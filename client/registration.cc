@@ -14,6 +14,11 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFor(const ModelSpec& spec, const Mode
       !s.ok()) {
     return s;
   }
+  for (const TensorSpec& t : spec.tensors) {
+    if (absl::Status s = CheckOptimizerFitsTensor(spec.optimizer.kind, t.name, t.shape); !s.ok()) {
+      return s;
+    }
+  }
   if (absl::Status s = spec.lr_schedule.Validate(); !s.ok()) return s;
   if (spec.loss_scaling) {
     if (absl::Status s = spec.loss_scaler.Validate(); !s.ok()) return s;

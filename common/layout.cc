@@ -122,9 +122,15 @@ absl::StatusOr<ModelLayout> ModelLayout::Create(std::vector<TensorSpec> tensors,
   }
   layout.by_offset_.resize(n);
   for (size_t i = 0; i < n; ++i) layout.by_offset_[i] = static_cast<uint32_t>(i);
+  // By offset, then end: an empty tensor at the end of one shard has the
+  // offset of the next shard's first tensor, and must come before it for
+  // PiecesIn's binary search (ends must not decrease).
   std::stable_sort(layout.by_offset_.begin(), layout.by_offset_.end(), [&](uint32_t a, uint32_t b) {
-    return layout.tensors_[a].offset < layout.tensors_[b].offset;
+    const TensorPlacement& x = layout.tensors_[a];
+    const TensorPlacement& y = layout.tensors_[b];
+    return x.offset != y.offset ? x.offset < y.offset : x.size < y.size;
   });
+  layout.shard_of_ = std::move(shard_of);
   return layout;
 }
 
@@ -145,6 +151,7 @@ bool ModelLayout::LargestTensorOutweighsRest() const {
 }
 
 uint32_t ModelLayout::ShardOfTensor(size_t tensor_index) const {
+  if (partition_ == Partition::kWholeTensors) return shard_of_[tensor_index];
   const uint64_t at = tensors_[tensor_index].offset;
   // The last shard whose range begins at or before `at`.
   auto it = std::upper_bound(shard_begin_.begin(), shard_begin_.end() - 1, at);

@@ -138,6 +138,9 @@ class ModelLayout {
   std::vector<uint32_t> by_offset_;
   // shard i owns [shard_begin_[i], shard_begin_[i + 1]).
   std::vector<uint64_t> shard_begin_;
+  // kWholeTensors: each tensor's shard (an empty one may sit at the next
+  // shard's first offset).
+  std::vector<uint32_t> shard_of_;
   uint32_t alignment_ = kDefaultAlignment;
   uint32_t shard_count_ = 1;
   Partition partition_ = Partition::kFlat;

@@ -161,6 +161,30 @@ TEST(ModelLayoutTest, WholeTensorsKnownAssignment) {
   EXPECT_EQ(back->tensors()[2].offset, 152u);
 }
 
+// An empty tensor last on one shard sits at the next shard's first offset:
+// the next shard's tensor is still found (the pieces' search needs the
+// empty one first), and the empty one is on its own shard.
+TEST(ModelLayoutTest, WholeTensorsWithAnEmptyTensorAtAShardBoundary) {
+  absl::StatusOr<ModelLayout> layout =
+      ModelLayout::Create({{"a", {100}}, {"b", {100}}, {"c", {100}}, {"d", {100}}, {"e", {0}}}, 64,
+                          3, Partition::kWholeTensors);
+  ASSERT_TRUE(layout.ok());
+  for (uint32_t s = 0; s < 3; ++s) {
+    uint64_t elements = 0;
+    for (const TensorPiece& p : layout->PiecesIn(layout->ShardRange(s))) elements += p.size;
+    uint64_t expected = 0;
+    for (size_t t = 0; t < layout->tensors().size(); ++t) {
+      if (layout->ShardOfTensor(t) == s) expected += layout->tensors()[t].size;
+    }
+    EXPECT_EQ(elements, expected) << "shard " << s;
+    EXPECT_GT(elements, 0u) << "shard " << s;
+  }
+  const TensorPlacement& empty = layout->tensors()[4];
+  const uint32_t shard = layout->ShardOfTensor(4);
+  EXPECT_GE(empty.offset, layout->ShardRange(shard).begin);
+  EXPECT_LE(empty.offset, layout->ShardRange(shard).end);
+}
+
 TEST(ModelLayoutTest, WholeTensorsWithOneHugeTensorAndMoreShardsThanTensors) {
   absl::StatusOr<ModelLayout> layout =
       ModelLayout::Create({{"huge", {1000}}, {"small", {10}}}, 4, 4, Partition::kWholeTensors);

@@ -23,12 +23,27 @@ const char* OptimizerKindName(OptimizerKind kind) {
       return "lamb";
     case OptimizerKind::kAdafactor:
       return "adafactor";
+    case OptimizerKind::kMuon:
+      return "muon";
   }
   return "unknown";
 }
 
 bool NeedsWholeTensors(OptimizerKind kind) {
-  return kind == OptimizerKind::kLamb || kind == OptimizerKind::kAdafactor;
+  return kind == OptimizerKind::kLamb || kind == OptimizerKind::kAdafactor ||
+         kind == OptimizerKind::kMuon;
+}
+
+absl::Status CheckOptimizerFitsTensor(OptimizerKind kind, const std::string& name,
+                                      const std::vector<int64_t>& shape) {
+  if (kind == OptimizerKind::kMuon && shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muon updates 2-D tensors only (as torch.optim.Muon): tensor '", name,
+                     "' has ", shape.size(),
+                     " dimensions; train it in a model of its own with AdamW (in "
+                     "shardopt.torch: a parameter group with optimizer='adamw')"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckOptimizerFitsPartition(OptimizerKind kind, bool whole_tensor_partition) {
@@ -96,6 +111,17 @@ OptimizerConfig OptimizerConfig::Adafactor(double lr) {
   return c;
 }
 
+OptimizerConfig OptimizerConfig::Muon(double lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kMuon;
+  c.lr = lr;
+  c.weight_decay = 0.1;
+  c.momentum = 0.95;
+  c.nesterov = true;
+  c.eps = 1e-7;
+  return c;
+}
+
 std::vector<std::string> OptimizerConfig::StateSlotNames() const {
   switch (kind) {
     case OptimizerKind::kSgd:
@@ -113,6 +139,8 @@ std::vector<std::string> OptimizerConfig::StateSlotNames() const {
       return {"exp_avg", "exp_avg_sq"};
     case OptimizerKind::kAdafactor:
       return {"row_var", "col_var"};
+    case OptimizerKind::kMuon:
+      return {"momentum_buffer"};
   }
   return {};
 }
@@ -131,6 +159,7 @@ int OptimizerConfig::StateSlotsPerElement() const {
       return amsgrad ? 3 : 2;
     case OptimizerKind::kAdagrad:
     case OptimizerKind::kLion:
+    case OptimizerKind::kMuon:
       return 1;
     case OptimizerKind::kLamb:
     case OptimizerKind::kAdafactor:
@@ -146,7 +175,8 @@ bool OptimizerConfig::operator==(const OptimizerConfig& o) const {
          lr_decay == o.lr_decay && initial_accumulator_value == o.initial_accumulator_value &&
          min_trust_ratio == o.min_trust_ratio && max_trust_ratio == o.max_trust_ratio &&
          bias_correction == o.bias_correction && beta2_decay == o.beta2_decay && eps1 == o.eps1 &&
-         eps2 == o.eps2 && clip_threshold == o.clip_threshold;
+         eps2 == o.eps2 && clip_threshold == o.clip_threshold && ns_a == o.ns_a && ns_b == o.ns_b &&
+         ns_c == o.ns_c && ns_steps == o.ns_steps && adjust_lr == o.adjust_lr;
 }
 
 absl::Status OptimizerConfig::CheckCanChangeTo(const OptimizerConfig& next) const {
@@ -158,7 +188,7 @@ absl::Status OptimizerConfig::CheckCanChangeTo(const OptimizerConfig& next) cons
   if (next.amsgrad != amsgrad) {
     return absl::FailedPreconditionError("cannot turn amsgrad on or off on a live model");
   }
-  if ((next.momentum != 0.0) != (momentum != 0.0)) {
+  if (kind == OptimizerKind::kSgd && (next.momentum != 0.0) != (momentum != 0.0)) {
     return absl::FailedPreconditionError(
         "cannot switch SGD momentum between zero and non-zero on a live model");
   }
@@ -238,6 +268,18 @@ absl::Status OptimizerConfig::Validate() const {
             "invalid clipping threshold d: ", clip_threshold, " (must be finite and >= 1)"));
       }
       return absl::OkStatus();
+    case OptimizerKind::kMuon:
+      // torch.optim.Muon's checks, and the coefficients finite.
+      if (absl::Status s = NonNegative("momentum", momentum); !s.ok()) return s;
+      if (absl::Status s = NonNegative("eps", eps); !s.ok()) return s;
+      if (ns_steps < 1 || ns_steps >= 100) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ns_steps ", ns_steps, " is not in [1, 100)"));
+      }
+      if (!std::isfinite(ns_a) || !std::isfinite(ns_b) || !std::isfinite(ns_c)) {
+        return absl::InvalidArgumentError("the Newton-Schulz coefficients must be finite");
+      }
+      return absl::OkStatus();
   }
   return absl::InvalidArgumentError("unknown optimizer kind");
 }
@@ -274,6 +316,11 @@ std::string OptimizerConfig::DebugString() const {
         absl::StrAppendFormat(&s, ", beta2_decay=%g, eps=(%g, %g), d=%g", beta2_decay, eps1, eps2,
                               clip_threshold);
       }
+      break;
+    case OptimizerKind::kMuon:
+      absl::StrAppendFormat(&s, ", momentum=%g, nesterov=%d, ns=(%g, %g, %g) x%d, eps=%g, %s",
+                            momentum, nesterov, ns_a, ns_b, ns_c, ns_steps, eps,
+                            adjust_lr == MuonAdjustLr::kOriginal ? "original" : "match_rms_adamw");
       break;
   }
   if (maximize) s += ", maximize=1";

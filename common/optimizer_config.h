@@ -21,18 +21,29 @@ enum class OptimizerKind {
   kLion,       // Lion (Chen et al. 2023; the reference lion-pytorch update)
   kLamb,       // LAMB (You et al. 2019; DeepSpeed's FusedLamb update)
   kAdafactor,  // torch.optim.Adafactor (PyTorch 2.5+)
+  kMuon,       // torch.optim.Muon (PyTorch 2.9+), Newton-Schulz in fp32
 };
 
-// "sgd", "adam", "adamw", "adagrad", "lion", "lamb", "adafactor".
+// "sgd", "adam", "adamw", "adagrad", "lion", "lamb", "adafactor", "muon".
 const char* OptimizerKindName(OptimizerKind kind);
 
 // The optimizer updates a tensor from values of the whole tensor (norms,
-// row and column means): it needs Partition::kWholeTensors (LAMB,
-// Adafactor). The elementwise ones run on any partition.
+// row and column means, matrix products): it needs Partition::kWholeTensors
+// (LAMB, Adafactor, Muon). The elementwise ones run on any partition.
 bool NeedsWholeTensors(OptimizerKind kind);
 // INVALID_ARGUMENT naming the optimizer and what to set when it needs whole
 // tensors and the partition is flat (both trainers and shards check it).
 absl::Status CheckOptimizerFitsPartition(OptimizerKind kind, bool whole_tensor_partition);
+// INVALID_ARGUMENT naming the tensor when the optimizer cannot update a
+// tensor of that shape (Muon: 2-D only, as torch.optim.Muon).
+absl::Status CheckOptimizerFitsTensor(OptimizerKind kind, const std::string& name,
+                                      const std::vector<int64_t>& shape);
+
+// Muon's learning-rate adjustment per matrix of shape (A, B).
+enum class MuonAdjustLr {
+  kOriginal,       // lr * sqrt(max(1, A / B)) (Keller Jordan's; torch's default)
+  kMatchRmsAdamW,  // lr * 0.2 * sqrt(max(A, B)) (Moonshot's)
+};
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;
@@ -69,6 +80,14 @@ struct OptimizerConfig {
   double eps2 = 1e-3;
   double clip_threshold = 1.0;  // d
 
+  // Muon (also momentum, nesterov, eps, weight_decay above; Muon() sets
+  // torch.optim.Muon's defaults): the Newton-Schulz coefficients and steps.
+  double ns_a = 3.4445;
+  double ns_b = -4.7750;
+  double ns_c = 2.0315;
+  int ns_steps = 5;
+  MuonAdjustLr adjust_lr = MuonAdjustLr::kOriginal;
+
   // Adagrad.
   double lr_decay = 0.0;
   double initial_accumulator_value = 0.0;
@@ -86,9 +105,13 @@ struct OptimizerConfig {
   // torch.optim.Adafactor's defaults: beta2_decay -0.8, eps (None, 1e-3),
   // d 1, no weight decay.
   static OptimizerConfig Adafactor(double lr = 1e-2);
+  // torch.optim.Muon's defaults: weight decay 0.1, momentum 0.95, nesterov,
+  // eps 1e-7, 5 Newton-Schulz steps, the "original" lr adjustment.
+  static OptimizerConfig Muon(double lr = 1e-3);
 
   // fp32 state slots kept per parameter: SGD 1 with momentum (else 0),
-  // Adam/AdamW 2 (3 with amsgrad), Adagrad 1, Lion 1, LAMB 2, Adafactor 2.
+  // Adam/AdamW 2 (3 with amsgrad), Adagrad 1, Lion 1, LAMB 2, Adafactor 2,
+  // Muon 1 ("momentum_buffer").
   // The state slots' names in PyTorch's terms, in the order every backend
   // and checkpoint keeps them: "momentum_buffer"; "exp_avg", "exp_avg_sq",
   // "max_exp_avg_sq"; "sum"; Lion's "exp_avg"; LAMB's "exp_avg",

@@ -202,6 +202,31 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerConf
       c.maximize = a.maximize();
       break;
     }
+    case v1::OptimizerConfig::kMuon: {
+      const v1::MuonConfig& m = proto.muon();
+      c.kind = OptimizerKind::kMuon;
+      c.lr = m.lr();
+      c.weight_decay = m.weight_decay();
+      c.momentum = m.momentum();
+      c.nesterov = !m.disable_nesterov();
+      c.ns_a = m.ns_a();
+      c.ns_b = m.ns_b();
+      c.ns_c = m.ns_c();
+      c.ns_steps = m.ns_steps();
+      c.eps = m.eps();
+      switch (m.adjust_lr()) {
+        case v1::MUON_ADJUST_LR_ORIGINAL:
+          c.adjust_lr = MuonAdjustLr::kOriginal;
+          break;
+        case v1::MUON_ADJUST_LR_MATCH_RMS_ADAMW:
+          c.adjust_lr = MuonAdjustLr::kMatchRmsAdamW;
+          break;
+        default:
+          return absl::InvalidArgumentError(
+              absl::StrCat("unknown Muon adjust_lr ", static_cast<int>(m.adjust_lr())));
+      }
+      break;
+    }
     default:
       return absl::InvalidArgumentError("no optimizer set in OptimizerConfig");
   }
@@ -276,6 +301,22 @@ v1::OptimizerConfig OptimizerConfigToProto(const OptimizerConfig& c) {
       a->set_clip_threshold(c.clip_threshold);
       a->set_weight_decay(c.weight_decay);
       a->set_maximize(c.maximize);
+      break;
+    }
+    case OptimizerKind::kMuon: {
+      v1::MuonConfig* m = proto.mutable_muon();
+      m->set_lr(c.lr);
+      m->set_weight_decay(c.weight_decay);
+      m->set_momentum(c.momentum);
+      m->set_disable_nesterov(!c.nesterov);
+      m->set_ns_a(c.ns_a);
+      m->set_ns_b(c.ns_b);
+      m->set_ns_c(c.ns_c);
+      m->set_ns_steps(c.ns_steps);
+      m->set_eps(c.eps);
+      m->set_adjust_lr(c.adjust_lr == MuonAdjustLr::kMatchRmsAdamW
+                           ? v1::MUON_ADJUST_LR_MATCH_RMS_ADAMW
+                           : v1::MUON_ADJUST_LR_ORIGINAL);
       break;
     }
   }

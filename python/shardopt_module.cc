@@ -151,11 +151,35 @@ OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw)
       c.eps2 = eps.second;
     }
     c.clip_threshold = get("d", 1.0);
+  } else if (name == "muon") {
+    c = OptimizerConfig::Muon(get("lr", 1e-3));
+    c.momentum = get("momentum", 0.95);
+    c.nesterov = !kw.contains("nesterov") || kw["nesterov"].cast<bool>();
+    if (kw.contains("ns_coefficients")) {
+      auto abc = kw["ns_coefficients"].cast<std::tuple<double, double, double>>();
+      c.ns_a = std::get<0>(abc);
+      c.ns_b = std::get<1>(abc);
+      c.ns_c = std::get<2>(abc);
+    }
+    c.eps = get("eps", 1e-7);
+    if (kw.contains("ns_steps")) c.ns_steps = kw["ns_steps"].cast<int>();
+    if (kw.contains("adjust_lr_fn") && !kw["adjust_lr_fn"].is_none()) {
+      const std::string fn = kw["adjust_lr_fn"].cast<std::string>();
+      if (fn == "match_rms_adamw") {
+        c.adjust_lr = MuonAdjustLr::kMatchRmsAdamW;
+      } else if (fn != "original") {
+        throw py::value_error(absl::StrCat("unknown adjust_lr_fn '", fn,
+                                           "' (None, 'original' or 'match_rms_adamw')"));
+      }
+    }
   } else {
-    throw py::value_error(absl::StrCat("unknown optimizer '", name,
-                                       "' (sgd, adam, adamw, adagrad, lion, lamb, adafactor)"));
+    throw py::value_error(absl::StrCat(
+        "unknown optimizer '", name, "' (sgd, adam, adamw, adagrad, lion, lamb, adafactor, muon)"));
   }
-  c.weight_decay = get("weight_decay", name == "adamw" ? 1e-2 : name == "lamb" ? 0.01 : 0);
+  c.weight_decay = get("weight_decay", name == "adamw"  ? 1e-2
+                                       : name == "lamb" ? 0.01
+                                       : name == "muon" ? 0.1
+                                                        : 0);
   c.maximize = flag("maximize");
   ThrowIfError(c.Validate());
   return c;

@@ -139,6 +139,12 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
       !s.ok()) {
     return s;
   }
+  for (const TensorPlacement& t : layout->tensors()) {
+    if (absl::Status s = CheckOptimizerFitsTensor(optimizer->kind, t.spec.name, t.spec.shape);
+        !s.ok()) {
+      return s;
+    }
+  }
   absl::StatusOr<LrSchedule> schedule = LrScheduleFromProto(config.lr_schedule());
   if (!schedule.ok()) return schedule.status();
   absl::StatusOr<Consistency> consistency = ConsistencyFromConfig(config);
@@ -207,7 +213,11 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
   if (progress.ok()) {
     progress->last_stats = StepStats();
     for (const v1::CheckpointPart& part : checkpoint.manifest().parts()) {
+      // (With whole tensors, equal ranges of another shard count can hold
+      // other tensors.)
       if (checkpoint.layout().partition() == layout.partition() &&
+          (layout.partition() == Partition::kFlat ||
+           checkpoint.layout().shard_count() == layout.shard_count()) &&
           part.range().begin() == range.begin && part.range().end() == range.end) {
         progress->last_stats = StepStatsFromProto(part.progress().shard_last_stats());
       }

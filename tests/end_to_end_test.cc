@@ -26,10 +26,11 @@ namespace {
 
 constexpr int kSteps = 25;
 constexpr uint64_t kSeed = 42;
-// (lamb and adafactor on the whole_tensors partition: see SyntheticModelSpec.)
+// (lamb, adafactor and muon on the whole_tensors partition: see
+// SyntheticModelSpec.)
 const std::vector<std::string> kOptimizers = {"sgd",     "sgd_momentum", "sgd_nesterov",  "adam",
                                               "adam_l2", "adamw",        "adamw_amsgrad", "adagrad",
-                                              "lion",    "lamb",         "adafactor"};
+                                              "lion",    "lamb",         "adafactor",     "muon"};
 
 // Trains every optimizer on S servers started with `server_flags` and T
 // trainer processes, and checks each trainer's final parameters against the
@@ -202,10 +203,10 @@ TEST(EndToEndGpuTest, CudaShardsMatchTheCpuRunBitForBit) {
   }
   (*probe)->Signal(SIGTERM);
   (*probe)->Wait(absl::Seconds(10));
-  // (Lion, LAMB and Adafactor have no fused kernel yet: a GPU server runs
+  // (Lion, LAMB, Adafactor and Muon have no fused kernel yet: a GPU server runs
   // them on its CPU backend, which the CPU suite above checks.)
   std::vector<std::string> fused = kOptimizers;
-  for (const char* cpu_only : {"lion", "lamb", "adafactor"}) {
+  for (const char* cpu_only : {"lion", "lamb", "adafactor", "muon"}) {
     fused.erase(std::remove(fused.begin(), fused.end(), cpu_only), fused.end());
   }
   for (uint32_t shards : {1u, 2u}) RunAndCompare(shards, 2, {"--device=cuda:0"}, fused);

@@ -18,6 +18,7 @@ packages=(
   libbenchmark-dev
   nlohmann-json3-dev
   zlib1g-dev
+  libopenblas-dev
   python3
   python3-numpy
   python3-torch

@@ -88,11 +88,16 @@ _OPTIMIZERS = {
     # torch.optim.Adafactor (PyTorch 2.5+).
     "adafactor": {"lr": 1e-2, "beta2_decay": -0.8, "eps": (None, 1e-3), "d": 1.0,
                   "weight_decay": 0.0, "maximize": False},
+    # torch.optim.Muon (PyTorch 2.9+): 2-D parameters only (the rest goes in
+    # a group with optimizer="adamw").
+    "muon": {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
+             "ns_coefficients": (3.4445, -4.7750, 2.0315), "eps": 1e-7, "ns_steps": 5,
+             "adjust_lr_fn": None},
 }
 
 # Optimizers that update each tensor from the whole tensor: they need the
 # whole_tensors partition (the default for them).
-_WHOLE_TENSOR_OPTIMIZERS = ("lamb", "adafactor")
+_WHOLE_TENSOR_OPTIMIZERS = ("lamb", "adafactor", "muon")
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -111,10 +116,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         weight_decay, min_trust_ratio, max_trust_ratio, bias_correction;
         Adafactor's as torch.optim.Adafactor: lr, beta2_decay, eps, d,
         weight_decay).
+        "muon" is torch.optim.Muon's (lr, weight_decay, momentum, nesterov,
+        ns_coefficients, eps, ns_steps, adjust_lr_fn) for 2-D parameters
+        only: as in the reference recipes, put the others (biases,
+        embeddings, norms) in a parameter group of their own with
+        ``"optimizer": "adamw"`` (and its hyperparameters): a parameter
+        group may name its own optimizer this way, each group being its own
+        model on the servers.
       partition: "flat" (an even split of the flat buffer, tensors may
         straddle shards) or "whole_tensors" (each tensor on one shard,
         shards balanced by size); None (the default) picks "whole_tensors"
-        for "lamb" and "adafactor", which need it, and "flat" otherwise.
+        for "lamb", "adafactor" and "muon", which need it, and "flat"
+        otherwise (per parameter group).
       model_id: the model's name on the servers (one per training job).
       max_grad_norm: > 0 clips the global gradient norm on the servers.
       checkpoint_dir: where ``state_dict()`` makes the servers save.
@@ -213,9 +226,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "'bounded'")
         self._consistency = consistency
         self._staleness = int(staleness)
-        if partition is None:
-            partition = "whole_tensors" if optimizer in _WHOLE_TENSOR_OPTIMIZERS else "flat"
-        if partition not in ("flat", "whole_tensors"):
+        if partition not in (None, "flat", "whole_tensors"):
             raise ValueError(f"partition {partition!r} is not one of 'flat', 'whole_tensors'")
         self._partition = partition
         self._client_args = dict(rpc_timeout_s=float(rpc_timeout),
@@ -300,6 +311,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise TypeError("a parameter group's params must be an ordered collection, not a set")
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         param_group = dict(param_group, params=params)
+        kind = param_group.get("optimizer")
+        if kind is not None:
+            # A group of its own optimizer: its defaults, not the main one's.
+            if kind not in _OPTIMIZERS:
+                raise ValueError(f"parameter group optimizer {kind!r} is not one of "
+                                 f"{sorted(_OPTIMIZERS)}")
+            for key, value in _OPTIMIZERS[kind].items():
+                param_group.setdefault(key, value)
         for p in params:
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"parameters must be tensors, not {type(p).__name__}")
@@ -312,8 +331,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     "contiguous: make it contiguous (p.data = p.data.contiguous()) first")
         super().add_param_group(param_group)
 
+    def _kind_of(self, group):
+        """The optimizer of a parameter group (its own "optimizer", or the main one)."""
+        return group.get("optimizer", self._kind)
+
     def _hyperparameters(self, group):
-        h = {k: group[k] for k in _OPTIMIZERS[self._kind]}
+        h = {k: group[k] for k in _OPTIMIZERS[self._kind_of(group)]}
+        if "ns_coefficients" in h:
+            h["ns_coefficients"] = tuple(float(c) for c in h["ns_coefficients"])
         if "betas" in h:
             h["betas"] = tuple(float(b) for b in h["betas"])
         if "eps" in h and isinstance(h["eps"], (tuple, list)):
@@ -338,7 +363,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         names = [self._names.get(id(p), f"param{j}") for j, p in indexed]
         g = Group(index, client, model_id, params, names)
         tensors = [(n, list(p.shape)) for n, p in zip(names, params)]
-        layout = client.layout_for(tensors, self._partition)
+        kind = self._kind_of(group)
+        partition = self._partition or (
+            "whole_tensors" if kind in _WHOLE_TENSOR_OPTIMIZERS else "flat")
+        layout = client.layout_for(tensors, partition)
         total = layout[-1][2]
         g.flat_params = torch.zeros(total, dtype=torch.float32)
         g.flat_grads = torch.zeros(total, dtype=torch.float32)
@@ -346,11 +374,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             g.slices.append((offset, size))
             g.flat_params[offset:offset + size].copy_(p.detach().reshape(-1))
         hyper = self._hyperparameters(group)
-        client.register(model_id, tensors, self._kind, hyper, self._world_size,
+        client.register(model_id, tensors, kind, hyper, self._world_size,
                         self._max_grad_norm,
                         g.flat_params.numpy() if self._rank == 0 else None,
                         loss_scaler=self._loss_scaler, consistency=self._consistency,
-                        staleness=self._staleness, partition=self._partition)
+                        staleness=self._staleness, partition=partition)
         # A model that existed already (restored, or running) keeps the
         # hyperparameters it has; this group's are sent with the next step.
         # (Asynchronous models take no changes: only a real one is sent, and
@@ -540,7 +568,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         hyper = self._hyperparameters(self.param_groups[g.index])
         if hyper == g.sent_hyperparameters:
             return False
-        g.client.set_hyperparameters(version, self._kind, hyper)
+        g.client.set_hyperparameters(version, self._kind_of(self.param_groups[g.index]), hyper)
         g.sent_hyperparameters = hyper
         return True
 
@@ -663,6 +691,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"state dict has {len(state_dict['param_groups'])} parameter groups; "
                              f"this optimizer has {len(self.param_groups)}")
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
-            for k in _OPTIMIZERS[self._kind]:
+            for k in _OPTIMIZERS[self._kind_of(group)]:
                 if k in saved:
                     group[k] = saved[k]

@@ -137,7 +137,7 @@ class BadUseTest(unittest.TestCase):
 
     def test_unknown_optimizer_and_hyperparameter(self):
         with self.assertRaisesRegex(ValueError, "unknown optimizer"):
-            self.optimizer(tiny_model(), "x", optimizer="lamb")
+            self.optimizer(tiny_model(), "x", optimizer="shampoo")
         with self.assertRaisesRegex(ValueError, "no hyperparameter"):
             self.optimizer(tiny_model(), "x", momentum=0.9)
         with self.assertRaises(shardopt.InvalidArgumentError):

@@ -1,4 +1,6 @@
-"""LAMB and Adafactor through shardopt.torch, on the whole_tensors partition.
+"""LAMB, Adafactor and Muon through shardopt.torch, on the whole_tensors
+partition (Muon's matrices; the biases in a parameter group of their own with
+optimizer="adamw", as the reference recipes do).
 
 torch 1.13 has neither, so the reference is the project's own kernel run in
 one process by optimizer_replay on the gradients the trainer computed: the
@@ -28,7 +30,15 @@ CASES = {
                    "weight_decay": 0.02},
                   "beta2_decay=-0.6 eps1=1e-05 eps2=0.01 clip_threshold=1.5 weight_decay=0.02 "
                   "lr=0.03"),
+    "muon": ({"lr": 2e-2, "weight_decay": 0.05, "momentum": 0.9, "nesterov": True,
+              "ns_coefficients": (3.4445, -4.7750, 2.0315), "ns_steps": 4,
+              "adjust_lr_fn": "match_rms_adamw"},
+             "lr=0.02 weight_decay=0.05 momentum=0.9 nesterov=1 ns_steps=4 "
+             "adjust_lr=match_rms_adamw"),
 }
+# Muon's other group: AdamW for the vectors.
+ADAMW_GROUP = ({"lr": 1e-2, "betas": (0.9, 0.99), "weight_decay": 0.0},
+               "lr=0.01 beta1=0.9 beta2=0.99 weight_decay=0")
 
 
 def make_model():
@@ -49,8 +59,13 @@ def train(kind, addresses):
     import shardopt.torch
     model = make_model()
     initial = [p.detach().clone() for p in model.parameters()]
+    params = model.named_parameters()
+    if kind == "muon":
+        params = [{"params": [p for p in model.parameters() if p.dim() == 2]},
+                  dict(ADAMW_GROUP[0], optimizer="adamw",
+                       params=[p for p in model.parameters() if p.dim() != 2])]
     opt = shardopt.torch.DistributedOptimizer(
-        model.named_parameters(), servers=addresses, rank=0, world_size=1, optimizer=kind,
+        params, servers=addresses, rank=0, world_size=1, optimizer=kind,
         model_id=f"{kind}{len(addresses)}", **CASES[kind][0])
     losses, grads = [], []
     for step in range(1, STEPS + 1):
@@ -65,11 +80,27 @@ def train(kind, addresses):
     return losses, initial, [p.detach().clone() for p in model.parameters()], grads, shards
 
 
-def replay(replay_binary, kind, initial, grads):
+def replay_all(replay_binary, kind, initial, grads):
+    """The final parameters by optimizer_replay, in parameter order (Muon:
+    its matrices, and the vectors by AdamW)."""
+    if kind != "muon":
+        return replay(replay_binary, kind, CASES[kind][1], initial, grads)
+    out = [None] * len(initial)
+    for matrices, name, settings in ((True, "muon", CASES["muon"][1]),
+                                     (False, "adamw", ADAMW_GROUP[1])):
+        index = [i for i, p in enumerate(initial) if (p.dim() == 2) == matrices]
+        final = replay(replay_binary, name, settings, [initial[i] for i in index],
+                       [[step[i] for i in index] for step in grads])
+        for i, p in zip(index, final):
+            out[i] = p
+    return out
+
+
+def replay(replay_binary, kind, settings, initial, grads):
     """optimizer_replay of the same gradients: the final parameters."""
     shapes = [list(p.shape) for p in initial]
     n = sum(p.numel() for p in initial)
-    header = (f"shardopt-replay-v1 kind={kind} {CASES[kind][1]} n={n} steps={len(grads)} "
+    header = (f"shardopt-replay-v1 kind={kind} {settings} n={n} steps={len(grads)} "
               f"shapes={','.join('x'.join(str(d) for d in s) for s in shapes)}\n")
     with tempfile.TemporaryDirectory() as d:
         inp, out = os.path.join(d, "in"), os.path.join(d, "out")
@@ -98,7 +129,7 @@ def main():
         for shards in (1, 3):
             with Cluster(shards) as cluster:
                 losses, initial, params, grads, inspected = train(kind, cluster.addresses)
-            want = replay(replay_binary, kind, initial, grads)
+            want = replay_all(replay_binary, kind, initial, grads)
             exact = all(torch.equal(a, b) for a, b in zip(params, want))
             worst = max((a - b).abs().max().item() for a, b in zip(params, want))
             fell = losses[-1] < 0.8 * losses[0]

@@ -47,6 +47,7 @@ const char* SlotName(OptimizerKind kind, int slot) {
       return "exp_avg";
     case OptimizerKind::kLamb:
     case OptimizerKind::kAdafactor:
+    case OptimizerKind::kMuon:
       return "slot";  // (Refused by Validate.)
   }
   return "slot";
@@ -265,6 +266,7 @@ absl::Status FusedOptimizerStep(const OptimizerConfig& config, int64_t step, siz
     case OptimizerKind::kLion:
     case OptimizerKind::kLamb:
     case OptimizerKind::kAdafactor:
+    case OptimizerKind::kMuon:
       return absl::UnimplementedError("no fused kernel yet");  // (Refused by Validate.)
   }
   return CudaStatus(err, what);

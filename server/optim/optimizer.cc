@@ -33,6 +33,11 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConf
       return absl::InvalidArgumentError(absl::StrCat("tensor [", t.offset, ", ", t.offset + t.size,
                                                      ") is outside the range of ", size));
     }
+    if (absl::Status s =
+            CheckOptimizerFitsTensor(config.kind, absl::StrCat("at ", t.offset), t.shape);
+        !s.ok()) {
+      return s;
+    }
   }
   std::unique_ptr<Optimizer> made = MakeOptimizer(config, size);
   if (made == nullptr) return absl::InvalidArgumentError("unknown optimizer kind");
@@ -60,6 +65,8 @@ std::unique_ptr<Optimizer> Optimizer::MakeOptimizer(const OptimizerConfig& confi
       return optim_internal::NewLamb(config, size);
     case OptimizerKind::kAdafactor:
       return optim_internal::NewAdafactor(config, size);
+    case OptimizerKind::kMuon:
+      return optim_internal::NewMuon(config, size);
   }
   return nullptr;
 }

@@ -22,6 +22,7 @@ std::unique_ptr<Optimizer> NewAdagrad(const OptimizerConfig& config, size_t size
 std::unique_ptr<Optimizer> NewLion(const OptimizerConfig& config, size_t size);
 std::unique_ptr<Optimizer> NewLamb(const OptimizerConfig& config, size_t size);
 std::unique_ptr<Optimizer> NewAdafactor(const OptimizerConfig& config, size_t size);
+std::unique_ptr<Optimizer> NewMuon(const OptimizerConfig& config, size_t size);
 
 // The sum of x[i]^2 over [0, n) in double, in kSumLanes interleaved partial
 // sums added up in lane order, then the tail: it depends only on the values

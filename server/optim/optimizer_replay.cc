@@ -47,9 +47,9 @@ struct Replay {
 };
 
 absl::StatusOr<OptimizerKind> ParseKind(absl::string_view name) {
-  for (OptimizerKind k :
-       {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kAdagrad,
-        OptimizerKind::kLion, OptimizerKind::kLamb, OptimizerKind::kAdafactor}) {
+  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
+                          OptimizerKind::kAdagrad, OptimizerKind::kLion, OptimizerKind::kLamb,
+                          OptimizerKind::kAdafactor, OptimizerKind::kMuon}) {
     if (name == OptimizerKindName(k)) return k;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown kind: ", name));
@@ -88,6 +88,9 @@ absl::StatusOr<Replay> ParseHeader(const std::string& line) {
         case OptimizerKind::kAdafactor:
           r.config = OptimizerConfig::Adafactor();
           break;
+        case OptimizerKind::kMuon:
+          r.config = OptimizerConfig::Muon();
+          break;
       }
     }
   }
@@ -112,6 +115,9 @@ absl::StatusOr<Replay> ParseHeader(const std::string& line) {
       {"eps1", &c.eps1},
       {"eps2", &c.eps2},
       {"clip_threshold", &c.clip_threshold},
+      {"ns_a", &c.ns_a},
+      {"ns_b", &c.ns_b},
+      {"ns_c", &c.ns_c},
   };
   struct BoolField {
     const char* name;
@@ -142,6 +148,14 @@ absl::StatusOr<Replay> ParseHeader(const std::string& line) {
       known = true;
       ok = absl::SimpleAtoi(value, &chunks) && chunks >= 1;
       r.chunks = chunks;
+    } else if (key == "ns_steps") {
+      known = true;
+      ok = absl::SimpleAtoi(value, &r.config.ns_steps);
+    } else if (key == "adjust_lr") {
+      known = true;
+      ok = value == "original" || value == "match_rms_adamw";
+      r.config.adjust_lr =
+          value == "original" ? MuonAdjustLr::kOriginal : MuonAdjustLr::kMatchRmsAdamW;
     } else if (key == "shapes") {
       known = ok = true;
       for (absl::string_view shape : absl::StrSplit(value, ',')) {

@@ -71,6 +71,7 @@ absl::StatusOr<OptimizerConfig> OptimizerByName(const std::string& name) {
     return c;
   }
   if (name == "lamb") return OptimizerConfig::Lamb(1e-2);
+  if (name == "muon") return OptimizerConfig::Muon(2e-2);
   if (name == "adafactor") {
     OptimizerConfig c = OptimizerConfig::Adafactor(5e-2);
     c.weight_decay = 0.01;
@@ -88,8 +89,16 @@ ModelSpec SyntheticModelSpec(const std::string& model_id, const OptimizerConfig&
       {"layer1.bias", {23}, DType::kFloat32},      {"layer2.weight", {23, 5}, DType::kFloat32},
       {"layer2.bias", {5}, DType::kFloat32},       {"temperature", {}, DType::kFloat32},
   };
+  if (optimizer.kind == OptimizerKind::kMuon) {
+    // Muon takes matrices only (the vectors would be an AdamW model's).
+    std::vector<TensorSpec> matrices;
+    for (const TensorSpec& t : spec.tensors) {
+      if (t.shape.size() == 2) matrices.push_back(t);
+    }
+    spec.tensors = std::move(matrices);
+  }
   spec.alignment = 16;
-  // LAMB and Adafactor need whole tensors; the others keep the flat split.
+  // LAMB, Adafactor and Muon need whole tensors; the others keep the flat split.
   spec.partition = NeedsWholeTensors(optimizer.kind) ? Partition::kWholeTensors : Partition::kFlat;
   spec.optimizer = optimizer;
   spec.num_trainers = num_trainers;

@@ -25,11 +25,12 @@ namespace shardopt::testing {
 
 // Optimizer configs by short name: "sgd", "sgd_momentum", "sgd_nesterov",
 // "adam", "adam_l2", "adamw", "adamw_amsgrad", "adagrad", "lion", "lamb",
-// "adafactor". INVALID_ARGUMENT otherwise.
+// "adafactor", "muon". INVALID_ARGUMENT otherwise.
 absl::StatusOr<OptimizerConfig> OptimizerByName(const std::string& name);
 
 // A model of odd-shaped tensors (so tensors straddle shards), named model_id;
-// on the whole_tensors partition for the optimizers that need it.
+// on the whole_tensors partition for the optimizers that need it (Muon's:
+// its matrices only).
 ModelSpec SyntheticModelSpec(const std::string& model_id, const OptimizerConfig& optimizer,
                              uint32_t num_trainers);
 

@@ -28,6 +28,9 @@ _LIBS = {
     "gtest_main": (["gtest_main", "gmock", "gtest"], []),
     "benchmark": (["benchmark"], []),
     "zlib": (["zlib"], []),
+    # Muon's matrix products (libopenblas-dev; its cblas.h is on the default
+    # include path through Debian's alternatives).
+    "openblas": (["openblas"], []),
     # Compiled by Debian (libcpp-httplib-dev); its users need the defines of
     # its cpp-httplib.pc Cflags (see //server:metrics_http).
     "cpp_httplib": (["cpp-httplib"], []),

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "common/optimizer_config.h"
 #include "server/cpu_backend.h"
+#include "server/optim/blas.h"
 #include "server/optim/optimizer.h"
 #include "server/parallel_for.h"
 #include "tools/bench/bench_util.h"
@@ -131,6 +132,67 @@ absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, do
   return absl::OkStatus();
 }
 
+// Muon is bound by its matrix products, not by memory: its update of
+// kMatrices matrices of kSide^2 (one per task, each product on one
+// BLAS thread) against the BLAS's own sgemm of that shape on as many
+// threads, in FLOP/s.
+absl::Status RunMuon(const std::vector<int>& thread_counts, double seconds) {
+  constexpr size_t kSide = 512, kMatrices = 4;
+  const OptimizerConfig muon = OptimizerConfig::Muon();
+  const size_t n = kSide * kSide * kMatrices;
+  std::vector<RangeTensor> matrices;
+  for (size_t m = 0; m < kMatrices; ++m) {
+    matrices.push_back(
+        RangeTensor{m * kSide * kSide, kSide * kSide, {int64_t{kSide}, int64_t{kSide}}});
+  }
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(muon, n, matrices);
+  if (!opt.ok()) return opt.status();
+  std::vector<float> params(n), grads(n);
+  FillParams(params);
+  FillGradients(grads);
+  // Per matrix and Newton-Schulz step: X X^T, S S and P X (2 k m n each).
+  const double side = static_cast<double>(kSide);
+  const double flops = kMatrices * muon.ns_steps * 3 * 2 * side * side * side;
+  std::vector<float> a(kSide * kSide, 0.5f), b(kSide * kSide, 0.25f);
+  std::vector<std::vector<float>> c(kMatrices, std::vector<float>(kSide * kSide));
+  Table table({"work", "threads", "ms", "GFLOP/s", "of sgemm's"});
+  int64_t step = 0;
+  for (int t : thread_counts) {
+    ThreadPool pool(t);
+    const double gemm_s = Median(TimeRepeated(seconds, 3, 100000, [&] {
+      pool.ParallelFor(kMatrices, 1, [&](size_t begin, size_t end) {
+        for (size_t m = begin; m < end; ++m) {
+          blas::Sgemm(false, false, kSide, kSide, kSide, 1.0f, a.data(), kSide, b.data(), kSide,
+                      0.0f, c[m].data(), kSide);
+        }
+      });
+    }));
+    const double gemm_gflops = kMatrices * 2 * side * side * side / gemm_s / 1e9;
+    const double muon_s = Median(TimeRepeated(seconds, 3, 100000, [&] {
+      ++step;
+      pool.ParallelFor(kMatrices, 1, [&](size_t begin, size_t end) {
+        for (size_t m = begin; m < end; ++m) {
+          (*opt)->UpdateTensor(step, params.data(), grads.data(), m);
+        }
+      });
+    }));
+    const double muon_gflops = flops / muon_s / 1e9;
+    table.AddRow({absl::StrCat(kMatrices, " sgemm ", kSide, "^3"), absl::StrCat(t),
+                  Fixed(gemm_s * 1e3, 2), Fixed(gemm_gflops, 1), "1.00"});
+    table.AddRow({absl::StrCat("muon update, ", kMatrices, " x ", kSide, "x", kSide),
+                  absl::StrCat(t), Fixed(muon_s * 1e3, 2), Fixed(muon_gflops, 1),
+                  Fixed(muon_gflops / gemm_gflops, 2)});
+  }
+  for (float p : params) {
+    if (!std::isfinite(p)) return absl::InternalError("muon produced a non-finite value");
+  }
+  absl::PrintF(
+      "\n  Muon: %d Newton-Schulz steps of 3 products per matrix (FLOPs counted as 2mnk)\n",
+      muon.ns_steps);
+  table.Print();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunOptimizerSection(uint64_t params, int64_t memcpy_mib,
@@ -149,7 +211,8 @@ absl::Status RunOptimizerSection(uint64_t params, int64_t memcpy_mib,
   }
   copy_table.Print();
   absl::PrintF("\n");
-  return RunOptimizers(params, thread_counts, seconds, copies);
+  if (absl::Status s = RunOptimizers(params, thread_counts, seconds, copies); !s.ok()) return s;
+  return RunMuon(thread_counts, seconds);
 }
 
 }  // namespace shardopt::bench

@@ -22,10 +22,12 @@ is checked, and both runs report the loss on held-out batches at the end.
 --slowdown=F makes trainer 1 F times slower (it sleeps after backward), as
 tools/bench/consistency_compare.py measures.
 
---optimizer=lion, lamb or adafactor trains with that optimizer instead of
-AdamW (lamb and adafactor on the whole_tensors partition, each tensor on one
-shard); torch 1.13 has none of them, so there is no torch.optim curve to
-lie on: only the loss's fall is checked. --shards sets the shard count.
+--optimizer=lion, lamb, adafactor or muon trains with that optimizer instead
+of AdamW (lamb, adafactor and muon on the whole_tensors partition, each
+tensor on one shard; muon for the matrices, the vectors by AdamW in a
+parameter group of their own); torch 1.13 has none of them, so there is no
+torch.optim curve to lie on: only the loss's fall is checked. --shards sets
+the shard count.
 """
 
 import argparse
@@ -45,16 +47,26 @@ WORLD_SIZE = 2
 BETAS = (0.9, 0.95)
 # The learning rate each optimizer trains this model with when --lr is not
 # given (LAMB's and Adafactor's are relative to each tensor's norm).
-DEFAULT_LR = {"adamw": 3e-3, "lion": 1e-3, "lamb": 1e-2, "adafactor": 1e-2}
+DEFAULT_LR = {"adamw": 3e-3, "lion": 1e-3, "lamb": 1e-2, "adafactor": 1e-2, "muon": 2e-2}
 
 
-def optimizer_arguments(args):
-    """shardopt.torch's optimizer and hyperparameters for --optimizer."""
+def optimizer_arguments(args, model):
+    """shardopt.torch's parameters (or groups), optimizer and hyperparameters
+    for --optimizer. Muon takes the matrices; the embeddings' and norms'
+    vectors go to AdamW in a group of their own (the reference recipe)."""
+    if args.optimizer == "muon":
+        groups = [{"params": [p for p in model.parameters() if p.dim() == 2]},
+                  {"params": [p for p in model.parameters() if p.dim() != 2],
+                   "optimizer": "adamw", "lr": DEFAULT_LR["adamw"], "betas": BETAS,
+                   "weight_decay": 0.0}]
+        return groups, dict(optimizer="muon", lr=args.lr, weight_decay=args.weight_decay,
+                            adjust_lr_fn="match_rms_adamw")
     if args.optimizer == "adafactor":
-        return dict(optimizer="adafactor", lr=args.lr, weight_decay=args.weight_decay)
+        return model.named_parameters(), dict(optimizer="adafactor", lr=args.lr,
+                                              weight_decay=args.weight_decay)
     betas = (0.9, 0.99) if args.optimizer == "lion" else BETAS
-    return dict(optimizer=args.optimizer, lr=args.lr, betas=betas,
-                weight_decay=args.weight_decay)
+    return model.named_parameters(), dict(optimizer=args.optimizer, lr=args.lr, betas=betas,
+                                          weight_decay=args.weight_decay)
 
 
 def run_trainer(args):
@@ -63,9 +75,10 @@ def run_trainer(args):
     torch.set_num_threads(1)
     corpus, _ = tiny_lm.load_corpus(args.corpus_bytes)
     model = tiny_lm.make_model(args)
+    params, settings = optimizer_arguments(args, model)
     opt = shardopt.torch.DistributedOptimizer(
-        model.named_parameters(), servers=args.servers.split(","), rank=args.rank,
-        world_size=WORLD_SIZE, model_id="tiny_lm", **optimizer_arguments(args),
+        params, servers=args.servers.split(","), rank=args.rank,
+        world_size=WORLD_SIZE, model_id="tiny_lm", **settings,
         overlap_backward=not args.no_overlap_backward, consistency=args.consistency,
         staleness=args.staleness if args.consistency == "bounded" else 0)
     began = time.perf_counter()

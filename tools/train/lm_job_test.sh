@@ -3,9 +3,9 @@
 # plot (a PNG) and the two loss curves, which must agree; and a run whose loss
 # cannot fall (lr 0) must FAIL with exit 1 (run with --no_overlap_backward: it
 # then sends nothing during backward); a bounded-staleness run with a slow
-# trainer passes within its bound; Lion, LAMB and Adafactor (the last two on
-# the whole_tensors partition) train it on 2 trainers x 3 shards and its loss
-# falls.
+# trainer passes within its bound; Lion, LAMB, Adafactor and Muon (the last
+# three on the whole_tensors partition) train it on 2 trainers x 3 shards and
+# its loss falls.
 # $1: lm_job.py, $2: shardopt_server, $3: _shardopt.so.
 set -eu
 job="$PWD/$1"
@@ -59,7 +59,7 @@ assert 1 <= s["max_staleness"] <= 2, f"staleness {s['max_staleness']} outside [1
 assert s["eval_loss"] < s["torch_eval_loss"] + 1.0, s
 print(f"bounded: largest staleness {s['max_staleness']}, held-out loss {s['eval_loss']:.3f}")
 PY
-for spec in "lion 0.003" "lamb 0.02" "adafactor 0.05"; do
+for spec in "lion 0.003" "lamb 0.02" "adafactor 0.05" "muon 0.05"; do
   set -- $spec
   if ! /usr/bin/python3 "$job" $tiny --min_drop=0.2 --optimizer="$1" --lr="$2" --shards=3 \
       --server_binary="$server" --out="$out.$1" >"$out.$1.log" 2>&1; then
