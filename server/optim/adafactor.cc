@@ -26,33 +26,16 @@ namespace shardopt {
 namespace optim_internal {
 namespace {
 
-// torch.lerp for floats: self + w * (end - self) for |w| < 0.5, else
-// end - (end - self) * (1 - w).
-inline float TorchLerp(float self, float end, float weight) {
-  return std::fabs(weight) < 0.5f ? self + weight * (end - self)
-                                  : end - (end - self) * (1.0f - weight);
-}
-
 // A norm as torch returns it: fp32.
 inline double Fp32Norm(double sum_of_squares) {
   return static_cast<float>(std::sqrt(sum_of_squares));
 }
 
-class Adafactor final : public Optimizer {
+class Adafactor final : public WholeTensorOptimizer {
  public:
-  Adafactor(const OptimizerConfig& config, size_t size) : Optimizer(config, size) {
+  Adafactor(const OptimizerConfig& config, size_t size) : WholeTensorOptimizer(config, size) {
     row_var_ = AddSlot("row_var", 0.0f);
     col_var_ = AddSlot("col_var", 0.0f);
-  }
-
-  bool needs_whole_tensors() const override { return true; }
-
-  void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) override {
-    assert(begin <= end && end <= size());
-    ForEachTensorIn(tensors(), begin, end, [&](size_t t) {
-      assert(tensors()[t].offset + tensors()[t].size <= end);
-      UpdateTensor(step, params, grad, t);
-    });
   }
 
   void UpdateTensor(int64_t step, float* params, const float* grad, size_t tensor) override {

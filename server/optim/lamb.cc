@@ -31,21 +31,11 @@ inline float LambDirection(const LambScalars& s, float m, float v, float p) {
   return (m / s.c1) / (std::sqrt(v / s.c2) + s.eps) + s.weight_decay * p;
 }
 
-class Lamb final : public Optimizer {
+class Lamb final : public WholeTensorOptimizer {
  public:
-  Lamb(const OptimizerConfig& config, size_t size) : Optimizer(config, size) {
+  Lamb(const OptimizerConfig& config, size_t size) : WholeTensorOptimizer(config, size) {
     exp_avg_ = AddSlot("exp_avg", 0.0f);
     exp_avg_sq_ = AddSlot("exp_avg_sq", 0.0f);
-  }
-
-  bool needs_whole_tensors() const override { return true; }
-
-  void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) override {
-    assert(begin <= end && end <= size());
-    ForEachTensorIn(tensors(), begin, end, [&](size_t t) {
-      assert(tensors()[t].offset + tensors()[t].size <= end);
-      UpdateTensor(step, params, grad, t);
-    });
   }
 
   void UpdateTensor(int64_t step, float* params, const float* grad, size_t tensor) override {

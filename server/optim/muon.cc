@@ -25,27 +25,11 @@ namespace shardopt {
 namespace optim_internal {
 namespace {
 
-// torch.lerp for floats (see adafactor.cc).
-inline float TorchLerp(float self, float end, float weight) {
-  return std::fabs(weight) < 0.5f ? self + weight * (end - self)
-                                  : end - (end - self) * (1.0f - weight);
-}
-
-class Muon final : public Optimizer {
+class Muon final : public WholeTensorOptimizer {
  public:
-  Muon(const OptimizerConfig& config, size_t size) : Optimizer(config, size) {
+  Muon(const OptimizerConfig& config, size_t size) : WholeTensorOptimizer(config, size) {
     momentum_buffer_ = AddSlot("momentum_buffer", 0.0f);
     UseOneBlasThread();
-  }
-
-  bool needs_whole_tensors() const override { return true; }
-
-  void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) override {
-    assert(begin <= end && end <= size());
-    ForEachTensorIn(tensors(), begin, end, [&](size_t t) {
-      assert(tensors()[t].offset + tensors()[t].size <= end);
-      UpdateTensor(step, params, grad, t);
-    });
   }
 
   void UpdateTensor(int64_t step, float* params, const float* grad, size_t tensor) override {

@@ -3,6 +3,8 @@
 #ifndef SHARDOPT_SERVER_OPTIM_OPTIMIZER_INTERNAL_H_
 #define SHARDOPT_SERVER_OPTIM_OPTIMIZER_INTERNAL_H_
 
+#include <cassert>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -48,15 +50,31 @@ inline double SumOfSquares(const float* x, size_t n) {
 // (an L1-sized piece of the update, reduced before the next).
 inline constexpr size_t kScratchElements = 2048;
 
-// For the whole-tensor optimizers: calls update(tensor) for every tensor of
-// `tensors` that begins in [begin, end).
-template <typename F>
-void ForEachTensorIn(const std::vector<RangeTensor>& tensors, size_t begin, size_t end,
-                     F&& update) {
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    if (tensors[t].offset >= begin && tensors[t].offset < end) update(t);
-  }
+// torch.lerp for floats: self + w * (end - self) for |w| < 0.5, else
+// end - (end - self) * (1 - w).
+inline float TorchLerp(float self, float end, float weight) {
+  return std::fabs(weight) < 0.5f ? self + weight * (end - self)
+                                  : end - (end - self) * (1.0f - weight);
 }
+
+// The base of the whole-tensor optimizers (LAMB, Adafactor, Muon): they
+// implement UpdateTensor; Update runs it on every tensor that begins in
+// [begin, end) (each must end by `end`).
+class WholeTensorOptimizer : public Optimizer {
+ public:
+  bool needs_whole_tensors() const final { return true; }
+  void Update(int64_t step, float* params, const float* grad, size_t begin, size_t end) final {
+    assert(begin <= end && end <= size());
+    for (size_t t = 0; t < tensors().size(); ++t) {
+      if (tensors()[t].offset < begin || tensors()[t].offset >= end) continue;
+      assert(tensors()[t].offset + tensors()[t].size <= end);
+      UpdateTensor(step, params, grad, t);
+    }
+  }
+
+ protected:
+  using Optimizer::Optimizer;
+};
 
 // The step count as torch.optim 1.13 sees it. PyTorch keeps state['step'] in
 // a float32 tensor and increments it with `step_t += 1`, so it stops growing
