@@ -399,6 +399,65 @@ TEST(WholeTensorReferenceTest, EveryShardCountGivesTheSameBits) {
   }
 }
 
+// The elementwise optimizers on either partition: each shard updates its own
+// range (tensors cut anywhere with flat, whole with whole_tensors); gathered
+// by tensor, every layout gives the bits of one range over everything.
+TEST(WholeTensorReferenceTest, ElementwiseOptimizersGiveTheSameBitsOnEitherPartition) {
+  std::vector<TensorSpec> specs;
+  for (size_t i = 0; i < OddShapes().size(); ++i) {
+    specs.push_back(TensorSpec{"t" + std::to_string(i), OddShapes()[i], DType::kFloat32});
+  }
+  OptimizerConfig sgd = OptimizerConfig::Sgd(0.05);
+  sgd.momentum = 0.9;
+  sgd.nesterov = true;
+  OptimizerConfig adamw = OptimizerConfig::AdamW(1e-2);
+  adamw.amsgrad = true;
+  const OptimizerConfig configs[] = {sgd, adamw, OptimizerConfig::Adagrad(0.1),
+                                     OptimizerConfig::Lion(3e-3)};
+  for (const OptimizerConfig& config : configs) {
+    SCOPED_TRACE(config.DebugString());
+    std::vector<std::vector<float>> reference;
+    for (const Partition partition : {Partition::kFlat, Partition::kWholeTensors}) {
+      for (uint32_t shards : {1u, 2u, 3u, 5u}) {
+        const ModelLayout layout = ModelLayout::Create(specs, 16, shards, partition).value();
+        std::vector<float> params(layout.total_elements(), 0.0f), grad(layout.total_elements());
+        for (size_t ti = 0; ti < layout.tensors().size(); ++ti) {
+          const TensorPlacement& t = layout.tensors()[ti];
+          for (uint64_t k = 0; k < t.size; ++k) {
+            params[t.offset + k] = 0.01f * (ti + 1) * (k % 13) - 0.04f;
+          }
+        }
+        std::vector<std::unique_ptr<Optimizer>> opts;
+        for (uint32_t s = 0; s < shards; ++s) {
+          opts.push_back(Optimizer::Create(config, layout.ShardSize(s)).value());
+        }
+        for (int64_t step = 1; step <= 40; ++step) {
+          for (size_t ti = 0; ti < layout.tensors().size(); ++ti) {
+            const TensorPlacement& t = layout.tensors()[ti];
+            for (uint64_t k = 0; k < t.size; ++k) {
+              grad[t.offset + k] = std::cos(0.29 * step + 0.13 * k + ti);
+            }
+          }
+          for (uint32_t s = 0; s < shards; ++s) {
+            const FlatRange range = layout.ShardRange(s);
+            opts[s]->Update(step, params.data() + range.begin, grad.data() + range.begin, 0,
+                            range.size());
+          }
+        }
+        std::vector<std::vector<float>> by_tensor;
+        for (const TensorPlacement& t : layout.tensors()) {
+          by_tensor.emplace_back(params.begin() + t.offset, params.begin() + t.offset + t.size);
+        }
+        if (reference.empty()) {
+          reference = by_tensor;
+        } else {
+          EXPECT_EQ(by_tensor, reference) << PartitionName(partition) << " x" << shards;
+        }
+      }
+    }
+  }
+}
+
 TEST(WholeTensorReferenceTest, FlatPartitionIsRefusedNamingTheTensor) {
   const ModelLayout flat = ModelLayout::Create({{"w", {37, 11}}, {"b", {11}}}, 16, 2).value();
   absl::StatusOr<std::vector<RangeTensor>> tensors = WholeTensorsOfShard(flat, 0);

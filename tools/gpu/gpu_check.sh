@@ -22,7 +22,9 @@
 #   7. tools/gpu/torch_fused_adamw.py with the machine's python3, same sizes
 #   8. tools/gpu/adafactor_torch_parity.py: the CPU Adafactor (optimizer_replay)
 #      vs the machine's torch.optim.Adafactor (PyTorch 2.5+; Debian's 1.13
-#      here has none), CPU tensors, 200 steps, within 1e-5
+#      here has none), CPU tensors, 200 steps, within 1e-5; and
+#      tools/gpu/muon_torch_parity.py: the CPU Muon vs torch.optim.Muon
+#      (2.9+; its Newton-Schulz runs in bf16, so to bf16 level)
 #   9. compute-sanitizer memcheck over the small cases of step 2
 #      (SHARDOPT_GPU_TEST_SMALL=1), where compute-sanitizer exists (last: the
 #      numbers matter more)
@@ -161,6 +163,7 @@ summary() {
   printf '%-30s %s\n' "emulation tests (host)" "${result[emu]:-(not run yet)}"
   printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]:-(not run yet)} / ${result[torch]:-(not run yet)}"
   printf '%-30s %s\n' "adafactor vs torch.optim" "${result[adafactor]:-(not run yet)}"
+  printf '%-30s %s\n' "muon vs torch.optim" "${result[muon]:-(not run yet)}"
   printf '%-30s %s\n' "compute-sanitizer memcheck" "${result[san]:-(not run yet)}"
   echo
   awk '
@@ -236,8 +239,20 @@ if [ -n "$torch_py" ]; then
     125) result[adafactor]="not run (budget)" ;;
     *) result[adafactor]="FAIL (exit $rc, worst ${worst:-?})"; overall=1 ;;
   esac
+  run_step "Muon vs torch.optim.Muon" 60 "$log/muon.log" \
+    env PYTHONUNBUFFERED=1 "$torch_py" tools/gpu/muon_torch_parity.py \
+    --replay "$bundle/run.sh optimizer_replay"
+  rc=$?
+  figures=$(grep -oE 'first_update_rel=[^ ]+ cosine=[^ ]+' "$log/muon.log" | tr '\n' ' ')
+  case $rc in
+    0) result[muon]="to bf16 level (${figures:-?})" ;;
+    77) result[muon]="not run ($(grep -m1 SKIP "$log/muon.log" | cut -c7-80))" ;;
+    125) result[muon]="not run (budget)" ;;
+    *) result[muon]="FAIL (exit $rc: ${figures:-?})"; overall=1 ;;
+  esac
 else
   result[adafactor]="not run (no python3)"
+  result[muon]="not run (no python3)"
 fi
 save_summary
 
