@@ -12,6 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/optimizer_config.h"
+#include "common/proto_convert.h"
 #include "gtest/gtest.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/bad_input_fixture.h"
@@ -74,6 +76,23 @@ TEST_F(BadInputTest, RegistrationIsIdempotentAndRefusesADifferentModel) {
   bad = fresh;
   bad.set_model_id("");
   ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "model_id is empty", before);
+  // The whole-tensor optimizers: LAMB on the flat partition, Muon on a
+  // vector ('b'), bad Adafactor and Muon settings, an unknown partition.
+  bad = fresh;
+  *bad.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Lamb());
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT,
+                 "needs the partition whole_tensors", before);
+  bad.mutable_layout()->set_partition(v1::PARTITION_WHOLE_TENSORS);
+  *bad.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Muon());
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "tensor 'b' has 1 dimensions",
+                 before);
+  bad.mutable_optimizer()->mutable_muon()->set_ns_steps(0);
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "ns_steps 0", before);
+  *bad.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Adafactor());
+  bad.mutable_optimizer()->mutable_adafactor()->set_clip_threshold(0.5);
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "clipping threshold d", before);
+  bad.mutable_layout()->set_partition(static_cast<v1::Partition>(7));
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "unknown partition 7", before);
 
   // None of the refused registrations created the model.
   std::vector<float> values;

@@ -320,10 +320,13 @@ def main():
           f"opt.step() {100 * sum(shares) / len(shares):.1f}% of a step on average, "
           f"{100 * sum(early) / len(early):.0f}% of the push sent during backward; "
           f"torch.optim: {reference_s:.0f} s")
-    print(f"loss {head:.3f} -> {tail:.3f} (mean of the first 5 / last 10 steps); the curves "
-          f"differ by at most {gap:.1e} over {args.steps} steps; plot: {png}")
+    comparison = (f"the curves differ by at most {gap:.1e} over {args.steps} steps" if compared
+                  else "no torch.optim curve to compare")
+    print(f"loss {head:.3f} -> {tail:.3f} (mean of the first 5 / last 10 steps); {comparison}; "
+          f"plot: {png}")
     print(f"held-out loss: shardopt ({args.optimizer}, {args.consistency}) "
-          f"{finals[0]['eval_loss']:.4f}, torch.optim {reference_eval:.4f}", flush=True)
+          f"{finals[0]['eval_loss']:.4f}" +
+          (f", torch.optim {reference_eval:.4f}" if compared else ""), flush=True)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"optimizer": args.optimizer, "shards": args.shards,
                    "consistency": args.consistency, "staleness": args.staleness,
