@@ -163,8 +163,7 @@ ModelShard::BackendFactory ShardServiceImpl::BackendFactory() {
              std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
     // What the GPU backend has no kernel for yet runs here on the CPU, said
     // once per model, rather than not at all.
-    const bool no_kernel =
-        o.optimizer.kind == OptimizerKind::kLion || NeedsWholeTensors(o.optimizer.kind);
+    const bool no_kernel = NeedsWholeTensors(o.optimizer.kind);
     const char* lacking = no_kernel                       ? OptimizerKindName(o.optimizer.kind)
                           : IsAsynchronous(o.consistency) ? "asynchronous updates"
                                                           : nullptr;

@@ -10,7 +10,8 @@
 // on -use_fast_math / -prec-div / -prec-sqrt / -ftz (the build passes
 // -fmad=false too). On the host they are plain fp32 operations: compile with
 // -ffp-contract=off (as server/optim is). The order of the operations is
-// that of the CPU kernels (server/optim/{sgd,adam,adagrad}.cc), term by term.
+// that of the CPU kernels (server/optim/{sgd,adam,adagrad,lion}.cc), term by
+// term.
 //
 // A launch covers the whole range with one grid: a grid-stride loop over
 // float4 groups (vectorized) or single elements (otherwise). In the
@@ -197,6 +198,17 @@ SHARDOPT_KERNEL_FN void AdagradElement(const AdagradScalars& s, float grad, floa
   p = Add(p, Div(Mul(s.neg_clr, g), std_dev));
 }
 
+// lion.cc: LionKernel. torch.sign of the interpolation, zero for zero.
+SHARDOPT_KERNEL_FN void LionElement(const LionScalars& s, float grad, float& p, float& m) {
+  const float g = s.maximize ? -grad : grad;
+  float x = p;
+  if (s.has_weight_decay) x = Mul(x, s.decay);
+  const float c = Add(Mul(m, s.beta1), Mul(s.one_minus_beta1, g));
+  const float sign = static_cast<float>((c > 0.0f) - (c < 0.0f));
+  p = Add(x, Mul(s.neg_lr, sign));
+  m = Add(Mul(m, s.beta2), Mul(s.one_minus_beta2, g));
+}
+
 // ---------------------------------------------------------------------------
 // One element (…One, at index i) or one float4 group (…Four, group j after
 // the head) of each family: load, update, store. Every parameter and state
@@ -286,6 +298,31 @@ SHARDOPT_KERNEL_FN void AdagradFour(const AdagradArgs& a, size_t j) {
   if (kBf16) StoreBf16x4(a.params_bf16, base, j, p);
 }
 
+template <bool kBf16>
+SHARDOPT_KERNEL_FN void LionOne(const LionArgs& a, size_t i) {
+  const float g = ReduceOne(a.grads, i);
+  float p = a.params[i];
+  float m = a.exp_avg[i];
+  LionElement(a.s, g, p, m);
+  a.params[i] = p;
+  a.exp_avg[i] = m;
+  if (kBf16) a.params_bf16[i] = ToBf16(p);
+}
+
+template <bool kBf16>
+SHARDOPT_KERNEL_FN void LionFour(const LionArgs& a, size_t j) {
+  const size_t base = a.range.head;
+  float g[4], p[4], m[4];
+  ReduceFour(a.grads, base, j, g);
+  Load4(a.params, base, j, p);
+  Load4(a.exp_avg, base, j, m);
+  SHARDOPT_UNROLL
+  for (int k = 0; k < 4; ++k) LionElement(a.s, g[k], p[k], m[k]);
+  Store4(a.params, base, j, p);
+  Store4(a.exp_avg, base, j, m);
+  if (kBf16) StoreBf16x4(a.params_bf16, base, j, p);
+}
+
 // ---------------------------------------------------------------------------
 // What thread `tid` of a grid of `threads` threads does.
 
@@ -321,6 +358,13 @@ SHARDOPT_KERNEL_FN void AdagradThread(const AdagradArgs& a, size_t tid, size_t t
   ForRange<kVec>(
       a.range, tid, threads, [&](size_t i) { AdagradOne<kBf16>(a, i); },
       [&](size_t j) { AdagradFour<kBf16>(a, j); });
+}
+
+template <bool kVec, bool kBf16>
+SHARDOPT_KERNEL_FN void LionThread(const LionArgs& a, size_t tid, size_t threads) {
+  ForRange<kVec>(
+      a.range, tid, threads, [&](size_t i) { LionOne<kBf16>(a, i); },
+      [&](size_t j) { LionFour<kBf16>(a, j); });
 }
 
 template <bool kVec>

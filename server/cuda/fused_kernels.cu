@@ -41,6 +41,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   body::AdagradThread<kVec, kBf16>(a, ThreadIndex(), GridThreads());
 }
 
+template <bool kVec, bool kBf16>
+__global__ void __launch_bounds__(kThreadsPerBlock) LionKernel(const __grid_constant__ LionArgs a) {
+  body::LionThread<kVec, kBf16>(a, ThreadIndex(), GridThreads());
+}
+
 template <bool kVec>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     ConvertKernel(const float* __restrict__ src, uint16_t* __restrict__ dst, const RangeArgs r) {
@@ -103,6 +108,13 @@ struct AdagradLauncher {
   }
 };
 
+template <bool kVec, bool kBf16>
+struct LionLauncher {
+  static cudaError_t Run(const LionArgs& a, cudaStream_t s) {
+    return LaunchOn(LionKernel<kVec, kBf16>, body::WorkItems(a.range), s, a);
+  }
+};
+
 // Launcher<kVec, kBf16>::Run for the run-time pair (vectorized, bf16 copy).
 template <template <bool, bool> class Launcher, typename Args>
 cudaError_t Dispatch(const Args& a, cudaStream_t stream) {
@@ -125,6 +137,10 @@ cudaError_t LaunchAdam(const AdamArgs& args, cudaStream_t stream) {
 
 cudaError_t LaunchAdagrad(const AdagradArgs& args, cudaStream_t stream) {
   return Dispatch<AdagradLauncher>(args, stream);
+}
+
+cudaError_t LaunchLion(const LionArgs& args, cudaStream_t stream) {
+  return Dispatch<LionLauncher>(args, stream);
 }
 
 cudaError_t LaunchConvertToBf16(const float* src, uint16_t* dst, const RangeArgs& range,

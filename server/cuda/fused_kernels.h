@@ -99,10 +99,31 @@ struct AdagradArgs {
   AdagradScalars s;
 };
 
+struct LionScalars {
+  float decay;  // 1 - lr * weight_decay
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float neg_lr;
+  int maximize;
+  int has_weight_decay;
+};
+
+struct LionArgs {
+  GradArgs grads;
+  RangeArgs range;
+  float* params;
+  float* exp_avg;
+  uint16_t* params_bf16;
+  LionScalars s;
+};
+
 // Each enqueues one kernel on `stream` and returns cudaGetLastError().
 cudaError_t LaunchSgd(const SgdArgs& args, cudaStream_t stream);
 cudaError_t LaunchAdam(const AdamArgs& args, cudaStream_t stream);
 cudaError_t LaunchAdagrad(const AdagradArgs& args, cudaStream_t stream);
+cudaError_t LaunchLion(const LionArgs& args, cudaStream_t stream);
 cudaError_t LaunchConvertToBf16(const float* src, uint16_t* dst, const RangeArgs& range,
                                 cudaStream_t stream);
 cudaError_t LaunchFill(float* dst, float value, size_t n, cudaStream_t stream);

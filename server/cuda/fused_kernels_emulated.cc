@@ -56,6 +56,13 @@ cudaError_t Adagrad(const AdagradArgs& a) {
   });
 }
 
+template <bool kVec, bool kBf16>
+cudaError_t Lion(const LionArgs& a) {
+  return RunGrid(body::WorkItems(a.range), [&](size_t tid, size_t threads) {
+    body::LionThread<kVec, kBf16>(a, tid, threads);
+  });
+}
+
 }  // namespace
 
 void SetEmulatedGridThreads(size_t threads) { grid_threads_override.store(threads); }
@@ -76,6 +83,12 @@ cudaError_t LaunchAdagrad(const AdagradArgs& a, cudaStream_t) {
   const bool bf16 = a.params_bf16 != nullptr;
   if (a.range.vectorized) return bf16 ? Adagrad<true, true>(a) : Adagrad<true, false>(a);
   return bf16 ? Adagrad<false, true>(a) : Adagrad<false, false>(a);
+}
+
+cudaError_t LaunchLion(const LionArgs& a, cudaStream_t) {
+  const bool bf16 = a.params_bf16 != nullptr;
+  if (a.range.vectorized) return bf16 ? Lion<true, true>(a) : Lion<true, false>(a);
+  return bf16 ? Lion<false, true>(a) : Lion<false, false>(a);
 }
 
 cudaError_t LaunchConvertToBf16(const float* src, uint16_t* dst, const RangeArgs& range,

@@ -18,6 +18,7 @@ namespace {
 using internal::AdagradArgs;
 using internal::AdamArgs;
 using internal::GradArgs;
+using internal::LionArgs;
 using internal::RangeArgs;
 using internal::SgdArgs;
 
@@ -89,7 +90,7 @@ struct Validated {
 absl::StatusOr<Validated> Validate(const OptimizerConfig& config, int64_t step, size_t n,
                                    const FusedStepBuffers& b) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
-  if (config.kind == OptimizerKind::kLion || NeedsWholeTensors(config.kind)) {
+  if (NeedsWholeTensors(config.kind)) {
     return absl::UnimplementedError(absl::StrCat("no fused ", OptimizerKindName(config.kind),
                                                  " kernel yet: train it on the cpu backend"));
   }
@@ -228,6 +229,26 @@ AdagradArgs MakeAdagrad(const OptimizerConfig& c, int64_t step, const FusedStepB
   return a;
 }
 
+LionArgs MakeLion(const OptimizerConfig& c, const FusedStepBuffers& b, const RangeArgs& range) {
+  LionArgs a;
+  std::memset(&a, 0, sizeof(a));
+  a.grads = MakeGradArgs(b);
+  a.range = range;
+  a.params = b.params;
+  a.exp_avg = b.slots[0];
+  a.params_bf16 = b.params_bf16;
+  // As server/optim/lion.cc computes them.
+  a.s.decay = static_cast<float>(1.0 - c.lr * c.weight_decay);
+  a.s.beta1 = static_cast<float>(c.beta1);
+  a.s.one_minus_beta1 = static_cast<float>(1.0 - c.beta1);
+  a.s.beta2 = static_cast<float>(c.beta2);
+  a.s.one_minus_beta2 = static_cast<float>(1.0 - c.beta2);
+  a.s.neg_lr = static_cast<float>(-c.lr);
+  a.s.maximize = c.maximize;
+  a.s.has_weight_decay = c.weight_decay != 0.0;
+  return a;
+}
+
 }  // namespace
 
 std::string FusedStepPlan::DebugString() const {
@@ -264,6 +285,9 @@ absl::Status FusedOptimizerStep(const OptimizerConfig& config, int64_t step, siz
       err = internal::LaunchAdagrad(MakeAdagrad(config, step, buffers, v->range), AsStream(stream));
       break;
     case OptimizerKind::kLion:
+      what = "fused Lion step kernel launch";
+      err = internal::LaunchLion(MakeLion(config, buffers, v->range), AsStream(stream));
+      break;
     case OptimizerKind::kLamb:
     case OptimizerKind::kAdafactor:
     case OptimizerKind::kMuon:

@@ -202,6 +202,12 @@ std::vector<NamedConfig> ParityConfigs() {
   c.initial_accumulator_value = 0.1;
   c.maximize = true;
   add("adagrad_lrdecay_wd_init_maximize", c);
+  add("lion", OptimizerConfig::Lion(1e-3));
+  c = OptimizerConfig::Lion(3e-3);
+  c.weight_decay = 0.1;
+  c.maximize = true;
+  c.beta1 = 0.8;
+  add("lion_wd_maximize_betas", c);
   return v;
 }
 

@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
                                                    num_trainers));
   }
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
-  if (optimizer.kind == OptimizerKind::kLion || NeedsWholeTensors(optimizer.kind)) {
+  if (NeedsWholeTensors(optimizer.kind)) {
     // (Refused before any device memory is taken.)
     return absl::UnimplementedError(absl::StrCat("the GPU backend has no ",
                                                  OptimizerKindName(optimizer.kind),
