@@ -351,6 +351,12 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
 
 absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t count,
                                     float* out) const {
+  BlockCache cache;
+  return ReadCached(section, flat_offset, count, out, &cache);
+}
+
+absl::Status CheckpointReader::ReadCached(int section, uint64_t flat_offset, uint64_t count,
+                                          float* out, BlockCache* cache) const {
   if (section < 0 || static_cast<size_t>(section) >= section_names_.size()) {
     return absl::OutOfRangeError(absl::StrCat("no section ", section));
   }
@@ -362,15 +368,20 @@ absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t 
     const uint64_t from = std::max(flat_offset, saved);
     std::fill(out + (from - flat_offset), out + count, initial);
   }
-  std::vector<char> block;
-  for (const v1::CheckpointPart& part : manifest_.parts()) {
+  cache->files.resize(manifest_.parts_size());
+  for (int part_index = 0; part_index < manifest_.parts_size(); ++part_index) {
+    const v1::CheckpointPart& part = manifest_.parts(part_index);
     const uint64_t lo = std::max(flat_offset, part.range().begin());
     const uint64_t hi = std::min(end, part.range().end());
     if (lo >= hi) continue;
     const v1::CheckpointSection& s = part.sections(section);
-    const std::string file = JoinPath(directory_, part.file());
-    absl::StatusOr<std::unique_ptr<RandomAccessFile>> f = env_->NewRandomAccessFile(file);
-    if (!f.ok()) return f.status();
+    std::unique_ptr<RandomAccessFile>& f = cache->files[part_index];
+    if (f == nullptr) {
+      absl::StatusOr<std::unique_ptr<RandomAccessFile>> opened =
+          env_->NewRandomAccessFile(JoinPath(directory_, part.file()));
+      if (!opened.ok()) return opened.status();
+      f = std::move(*opened);
+    }
     const uint64_t block_bytes = part.block_bytes();
     const uint64_t section_bytes = s.num_elements() * sizeof(float);
     const uint64_t first_byte = (lo - part.range().begin()) * sizeof(float);
@@ -378,7 +389,14 @@ absl::Status CheckpointReader::Read(int section, uint64_t flat_offset, uint64_t 
     for (uint64_t b = first_byte / block_bytes; b * block_bytes < last_byte; ++b) {
       const uint64_t block_begin = b * block_bytes;
       const uint64_t n = std::min(block_bytes, section_bytes - block_begin);
-      if (absl::Status r = ReadBlock(**f, part, s, b, &block); !r.ok()) return r;
+      if (cache->part != part_index || cache->section != section || cache->block != b) {
+        cache->part = -1;  // (Not valid while the read is under way or after it failed.)
+        if (absl::Status r = ReadBlock(*f, part, s, b, &cache->data); !r.ok()) return r;
+        cache->part = part_index;
+        cache->section = section;
+        cache->block = b;
+      }
+      const std::vector<char>& block = cache->data;
       const uint64_t copy_begin = std::max(block_begin, first_byte);
       const uint64_t copy_end = std::min(block_begin + n, last_byte);
       std::memcpy(
@@ -405,10 +423,11 @@ absl::Status CheckpointReader::ReadFor(const ModelLayout& target, int section, u
   }
   const float initial = section == 0 ? 0.0f : optimizer_.InitialSlotValue(section - 1);
   std::fill(out, out + count, initial);
+  BlockCache cache;
   for (const TensorPiece& piece : target.PiecesIn(FlatRange{flat_offset, flat_offset + count})) {
     const TensorPlacement& saved = layout_->tensors()[piece.tensor_index];
-    if (absl::Status s = Read(section, saved.offset + piece.tensor_offset, piece.size,
-                              out + (piece.flat_offset - flat_offset));
+    if (absl::Status s = ReadCached(section, saved.offset + piece.tensor_offset, piece.size,
+                                    out + (piece.flat_offset - flat_offset), &cache);
         !s.ok()) {
       return s;
     }

@@ -117,6 +117,19 @@ class CheckpointReader {
 
  private:
   CheckpointReader() = default;
+  // The last block read and the files opened by one ReadFor (or Read) call:
+  // a layout's tensor pieces are read one by one, and small tensors share
+  // blocks, so each block is read and checked once per call, not once per
+  // piece.
+  struct BlockCache {
+    std::vector<std::unique_ptr<RandomAccessFile>> files;  // By part.
+    int part = -1;
+    int section = -1;
+    uint64_t block = 0;
+    std::vector<char> data;
+  };
+  absl::Status ReadCached(int section, uint64_t flat_offset, uint64_t count, float* out,
+                          BlockCache* cache) const;
   // Block `b` of `section` of `part` (read from `file`, open on it) into
   // `block`, checked against its checksum.
   absl::Status ReadBlock(const RandomAccessFile& file, const v1::CheckpointPart& part,

@@ -163,6 +163,41 @@ TEST(CheckpointFilesTest, ReadsByTensorIntoEitherPartitionAndAnyShardCount) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Many small tensors share blocks: a read by tensor opens each part's file
+// once per call, however many pieces it reads from it.
+TEST(CheckpointFilesTest, ReadingByTensorOpensEachPartOncePerCall) {
+  class CountingEnv : public FileEnvWrapper {
+   public:
+    CountingEnv() : FileEnvWrapper(FileEnv::Default()) {}
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+        const std::string& path) override {
+      ++opens;
+      return FileEnvWrapper::NewRandomAccessFile(path);
+    }
+    int opens = 0;
+  };
+  std::vector<TensorSpec> tensors;
+  for (int i = 0; i < 60; ++i) tensors.push_back({"t" + std::to_string(i), {3}, DType::kFloat32});
+  const std::string dir = TempDir("many-small");
+  v1::ModelConfig config = Config(2);
+  *config.mutable_layout() = LayoutToProto(ModelLayout::Create(tensors, 4, 2).value());
+  for (uint32_t i = 0; i < 2; ++i) ASSERT_TRUE(WritePart(dir, config, i).ok());
+  CountingEnv env;
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(dir, &env).value();
+  v1::Layout whole = config.layout();
+  whole.set_partition(v1::PARTITION_WHOLE_TENSORS);
+  const ModelLayout target = LayoutFromProto(whole, 3).value();
+  ExpectReadsByTensor(*reader, target);
+  for (uint32_t s = 0; s < 3; ++s) {
+    const FlatRange range = target.ShardRange(s);
+    std::vector<float> out(range.size());
+    env.opens = 0;
+    ASSERT_TRUE(reader->ReadFor(target, 1, range.begin, range.size(), out.data()).ok());
+    EXPECT_LE(env.opens, 2) << "shard " << s << " of " << target.PiecesIn(range).size()
+                            << " pieces";
+  }
+}
+
 TEST(CheckpointFilesTest, LargeSectionsAreReadBlockByBlock) {
   // More than one checksummed block per section, read in odd pieces.
   const std::string dir = TempDir("blocks");
