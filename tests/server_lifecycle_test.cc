@@ -195,7 +195,10 @@ TEST(ServerLifecycleTest, DeviceFallbackToCpuOnlyWhenAsked) {
 
 TEST(ServerLifecycleTest, BadFlagsFailAtStartWithAMessage) {
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {"--shard_index=2", "--shard_count=2"}, {"--device=cuda:1023"}, {"--device=tpu"}}) {
+           {"--shard_index=2", "--shard_count=2"},
+           {"--device=cuda:1023"},
+           {"--device=tpu"},
+           {"--restore_partition=rows"}}) {
     std::vector<std::string> full = {"--listen=127.0.0.1:0"};
     full.insert(full.end(), args.begin(), args.end());
     auto proc = ChildProcess::Start(Runfile("server/shardopt_server"), full);
