@@ -70,9 +70,7 @@ class Adafactor final : public WholeTensorOptimizer {
     const float sign = kMaximize ? -1.0f : 1.0f;
 
     // Each piece of the update, U = rsqrt(max(V, eps1^2)) * g, is computed
-    // into `u` by `piece(begin, count, u)` twice: once for its norm, once to
-    // apply it (same values, same operations: the same bits).
-    double u_squares = 0;
+    // into `u` by a `for_each_piece` below, which ApplyClipped runs twice.
     float u[kScratchElements];
     if (t.shape.size() >= 2) {
       const size_t num_cols = static_cast<size_t>(t.shape.back());
@@ -120,13 +118,7 @@ class Adafactor final : public WholeTensorOptimizer {
           }
         }
       };
-      for_each_piece([&](size_t, size_t count) { u_squares += SumOfSquares(u, count); });
-      const double denominator = std::max(
-          1.0, Fp32Norm(u_squares) / (std::sqrt(static_cast<double>(n)) * c.clip_threshold));
-      const float step_scale = static_cast<float>(-alpha / denominator);
-      for_each_piece([&](size_t at, size_t count) {
-        for (size_t k = 0; k < count; ++k) p[at + k] = p[at + k] + step_scale * u[k];
-      });
+      ApplyClipped(p, n, alpha, u, for_each_piece);
       return;
     }
     for (size_t i = 0; i < n; ++i) {
@@ -142,9 +134,19 @@ class Adafactor final : public WholeTensorOptimizer {
         use(at, count);
       }
     };
+    ApplyClipped(p, n, alpha, u, for_each_piece);
+  }
+
+  // p = p - alpha / max(1, RMS(U) / d) * U for the n elements of U that
+  // for_each_piece(use) computes into `u` piece by piece, calling use(at,
+  // count) for elements [at, at + count): run twice, once for the norm and
+  // once to apply (same values, same operations: the same bits).
+  template <typename Pieces>
+  void ApplyClipped(float* p, size_t n, double alpha, const float* u, const Pieces& for_each_piece) {
+    double u_squares = 0;
     for_each_piece([&](size_t, size_t count) { u_squares += SumOfSquares(u, count); });
-    const double denominator =
-        std::max(1.0, Fp32Norm(u_squares) / (std::sqrt(static_cast<double>(n)) * c.clip_threshold));
+    const double denominator = std::max(
+        1.0, Fp32Norm(u_squares) / (std::sqrt(static_cast<double>(n)) * config().clip_threshold));
     const float step_scale = static_cast<float>(-alpha / denominator);
     for_each_piece([&](size_t at, size_t count) {
       for (size_t k = 0; k < count; ++k) p[at + k] = p[at + k] + step_scale * u[k];
