@@ -130,8 +130,11 @@ TEST(AsyncTest, KilledShardsAndTrainerLoseNothingAndApplyNothingTwice) {
   std::mt19937 rng(14);
   for (int kill = 0; kill < kKills; ++kill) {
     const uint32_t victim = kill % kShards;
-    // Spread over the run: versions count pushes (T per trainer step).
-    AwaitVersion(addresses[victim], kModel, (kill + 1) * kTrainers * kSteps / (kKills + 2));
+    // Spread over the run: versions count pushes (T per trainer step). Two
+    // past a multiple of --checkpoint_every: a periodic checkpoint holds the
+    // shard's pushes while it is written, so a kill at a multiple can find
+    // the shard exactly at its checkpoint, losing nothing.
+    AwaitVersion(addresses[victim], kModel, (kill + 1) * kTrainers * kSteps / (kKills + 2) + 2);
     absl::SleepFor(absl::Microseconds(std::uniform_int_distribution<int>(0, 5000)(rng)));
     (*servers)[victim]->process().Signal(SIGKILL);
     ASSERT_TRUE((*servers)[victim]->process().Wait(absl::Seconds(10)).has_value());
