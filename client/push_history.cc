@@ -27,18 +27,48 @@ std::optional<int64_t> StepOfName(const std::string& name, absl::string_view pre
   return step;
 }
 
-// Decisions as text with exact (hex) doubles.
+// Decisions as text with exact (hex) doubles: "skip clip_coef grad_norm",
+// then, with trust norms, their count and each tensor's two squared norms.
 std::string EncodeDecision(const StepDecision& d) {
-  return absl::StrFormat("%d %a %a\n", d.skip ? 1 : 0, d.clip_coef, d.grad_norm);
+  std::string text = absl::StrFormat("%d %a %a", d.skip ? 1 : 0, d.clip_coef, d.grad_norm);
+  if (!d.tensor_norms.empty()) {
+    absl::StrAppendFormat(&text, " %d", d.tensor_norms.size());
+    for (const TensorNorms& n : d.tensor_norms) {
+      absl::StrAppendFormat(&text, " %a %a", n.weight_squares, n.update_squares);
+    }
+  }
+  return text + "\n";
 }
 
 absl::StatusOr<StepDecision> DecodeDecision(const std::string& text, const std::string& path) {
   int skip = 0;
   StepDecision d;
-  if (std::sscanf(text.c_str(), "%d %la %la", &skip, &d.clip_coef, &d.grad_norm) != 3) {
+  int used = 0;
+  if (std::sscanf(text.c_str(), "%d %la %la%n", &skip, &d.clip_coef, &d.grad_norm, &used) != 3) {
     return absl::DataLossError(absl::StrCat(path, ": not a journaled decision"));
   }
   d.skip = skip != 0;
+  const char* rest = text.c_str() + used;
+  size_t count = 0;
+  int read = 0;
+  if (std::sscanf(rest, " %zu%n", &count, &read) == 1) {
+    rest += read;
+    // (Bounded by the text: each norm takes at least two characters.)
+    if (count > text.size()) {
+      return absl::DataLossError(absl::StrCat(path, ": a damaged journaled decision"));
+    }
+    d.tensor_norms.resize(count);
+    for (TensorNorms& n : d.tensor_norms) {
+      if (std::sscanf(rest, " %la %la%n", &n.weight_squares, &n.update_squares, &read) != 2) {
+        return absl::DataLossError(absl::StrCat(path, ": a damaged journaled decision"));
+      }
+      rest += read;
+    }
+  }
+  while (*rest == ' ' || *rest == '\n') ++rest;
+  if (*rest != '\0') {
+    return absl::DataLossError(absl::StrCat(path, ": a damaged journaled decision"));
+  }
   return d;
 }
 

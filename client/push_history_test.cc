@@ -7,6 +7,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -170,6 +172,38 @@ TEST(PushHistoryTest, AJournalOfAnotherTrainerOrAFileIsRefused) {
   std::ofstream(file) << "old single-file journal";
   EXPECT_EQ(PushHistory::Open({"m", 0, 0, file}).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// LAMB on the flat partition: a decision carries every tensor's norms,
+// which a restarted trainer must replay to the last bit.
+TEST(PushHistoryTest, TensorNormsOfADecisionSurviveAReopen) {
+  const std::string dir = TempDir("journal_norms");
+  StepDecision decision{false, 0.75, 2.5, {{1.0 / 3.0, 0.0}, {1e-300, 7.25e12}}};
+  decision.tensor_norms.push_back({std::numeric_limits<double>::infinity(), 2.0});
+  {
+    std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, dir}).value();
+    for (int64_t step = 1; step <= 2; ++step) ASSERT_TRUE(RecordStep(*h, step).ok());
+    ASSERT_TRUE(h->RecordDecision(1, decision).ok());
+    ASSERT_TRUE(h->RecordDecision(2, {false, 1.0, 0.5}).ok());
+  }
+  std::unique_ptr<PushHistory> h = PushHistory::Open({"m", 0, 0, dir}).value();
+  const StepDecision one = *h->Find(1)->decision;
+  EXPECT_EQ(one, decision);
+  ASSERT_EQ(one.tensor_norms.size(), 3u);
+  EXPECT_EQ(one.tensor_norms[0].weight_squares, 1.0 / 3.0);
+  EXPECT_EQ(one.tensor_norms[1].weight_squares, 1e-300);
+  EXPECT_TRUE(h->Find(2)->decision->tensor_norms.empty());
+  // A decision whose norms were cut off is damaged, not shorter.
+  const std::string path = dir + "/decision-000000000001";
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(path, std::ios::trunc) << text.substr(0, text.size() - 12);
+  EXPECT_EQ(PushHistory::Open({"m", 0, 0, dir}).status().code(), absl::StatusCode::kDataLoss);
+  // So is one with more than its count says.
+  std::ofstream(path, std::ios::trunc) << text.substr(0, text.size() - 1) << " 0x1p+0\n";
+  EXPECT_EQ(PushHistory::Open({"m", 0, 0, dir}).status().code(), absl::StatusCode::kDataLoss);
+  std::ofstream(path, std::ios::trunc) << text;
+  EXPECT_TRUE(PushHistory::Open({"m", 0, 0, dir}).ok());
 }
 
 TEST(PushHistoryTest, ADamagedJournalEntryIsDataLoss) {

@@ -3,6 +3,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/proto_convert.h"
+#include "common/step_protocol.h"
 
 namespace shardopt {
 
@@ -24,6 +25,9 @@ absl::StatusOr<v1::ModelConfig> ModelConfigFor(const ModelSpec& spec, const Mode
     if (absl::Status s = spec.loss_scaler.Validate(); !s.ok()) return s;
   }
   if (absl::Status s = CheckConsistency(spec.consistency, spec.staleness); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckTrustNormsFit(spec.optimizer.kind, layout, spec.consistency); !s.ok()) {
     return s;
   }
   v1::ModelConfig config;

@@ -69,7 +69,8 @@ absl::Status StepCalls::Push(int64_t step, const void* payload, DType dtype, dou
 }
 
 absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step, int64_t pushed_step,
-                                                        const ShardSubset& which) {
+                                                        const ShardSubset& which,
+                                                        const StepDecision* clip_decision) {
   std::vector<StepStats> stats(fanout_->size());
   absl::Status status = fanout_->Run(
       CallFor(absl::StrCat("GetStepStats step ", step)),
@@ -82,14 +83,42 @@ absl::StatusOr<std::vector<StepStats>> StepCalls::Stats(int64_t step, int64_t pu
         request.set_pushed_step(
             context_.pushed_step_now != nullptr ? context_.pushed_step_now->load() : pushed_step);
         request.set_max_wait_ms(absl::ToInt64Milliseconds(context_.wait_report_interval));
+        if (clip_decision != nullptr) {
+          *request.mutable_decision() = StepDecisionToProto(*clip_decision);
+        }
         v1::StepStats s;
-        absl::Status got = shard.GetStepStats(context, request, &s);
-        stats[shard.index()] = StepStatsFromProto(s);
-        return got;
+        if (absl::Status got = shard.GetStepStats(context, request, &s); !got.ok()) return got;
+        absl::StatusOr<StepStats> converted = StepStatsFromProto(s);
+        if (!converted.ok()) {
+          return absl::DataLossError(absl::StrCat(
+              "shard ", shard.index(), "'s step statistics: ", converted.status().message()));
+        }
+        stats[shard.index()] = *std::move(converted);
+        return absl::OkStatus();
       },
       which);
   if (!status.ok()) return status;
   return stats;
+}
+
+absl::StatusOr<StepDecision> StepCalls::TakeDecision(int64_t step, int64_t pushed_step,
+                                                     double max_grad_norm,
+                                                     const ModelLayout* trust_layout) {
+  absl::StatusOr<std::vector<StepStats>> stats = Stats(step, pushed_step);
+  if (!stats.ok()) return stats.status();
+  // Every trainer computes this from the same numbers, in the same order:
+  // they all send the same decision.
+  StepDecision decision = DecideStep(*stats, max_grad_norm);
+  if (trust_layout == nullptr || decision.skip) return decision;
+  absl::StatusOr<std::vector<StepStats>> partials = Stats(step, pushed_step, {}, &decision);
+  if (!partials.ok()) return partials.status();
+  absl::StatusOr<std::vector<TensorNorms>> norms = CombineTrustPartials(*partials, *trust_layout);
+  if (!norms.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("the shards' trust partials of step ", step, ": ", norms.status().message()));
+  }
+  decision.tensor_norms = *std::move(norms);
+  return decision;
 }
 
 absl::StatusOr<PulledVersion> StepCalls::Pull(int64_t min_version, int64_t pushed_step,

@@ -70,9 +70,19 @@ class StepCalls {
                     bool skip = false);
   // Every shard's statistics of `step` (waiting until every trainer's
   // gradient is in), in shard order; `pushed_step` (0: none) is checked to
-  // be held, as in Pull.
+  // be held, as in Pull. With `clip_decision` (the first half of a decision
+  // whose steps need trust norms), each shard also measures and returns its
+  // trust partials under it (StepStats.trust_partials).
   absl::StatusOr<std::vector<StepStats>> Stats(int64_t step, int64_t pushed_step,
-                                               const ShardSubset& which = {});
+                                               const ShardSubset& which = {},
+                                               const StepDecision* clip_decision = nullptr);
+  // The decision of `step` every trainer takes alike: DecideStep on every
+  // shard's Stats; then, when the model's steps need trust norms
+  // (`trust_layout`: the model's layout, else null) and the step is not
+  // skipped, every shard's trust partials under that clip half, combined
+  // into the decision's tensor norms (CombineTrustPartials).
+  absl::StatusOr<StepDecision> TakeDecision(int64_t step, int64_t pushed_step, double max_grad_norm,
+                                            const ModelLayout* trust_layout);
   // Every shard's parameters at version >= min_version into `flat_params`
   // (with `decision`, sent for step min_version); `pushed_step` (0: none)
   // is checked to be held by every shard (else OUT_OF_RANGE at once).

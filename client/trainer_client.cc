@@ -176,7 +176,9 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
   if (!same_model) {
     recovery_ = std::make_unique<Recovery>(
         fanout_.get(), history_.get(),
-        RecoveryContext{StepsNeedDecisions(spec.max_grad_norm, spec.loss_scaling), calls});
+        RecoveryContext{ModelStepsNeedDecisions(spec.consistency, spec.max_grad_norm,
+                                                spec.loss_scaling, spec.optimizer.kind, layout),
+                        calls});
   }
   steps_ = std::make_unique<StepCalls>(fanout_.get(), calls);
   PrepareSharedMemory(layout);
@@ -387,7 +389,11 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
                                           scaler_.has_value(), &narrowed, &payload);
       !s.ok())
     return s;
-  const bool needs_decision = StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling);
+  const bool needs_decision =
+      ModelStepsNeedDecisions(spec_->consistency, spec_->max_grad_norm, spec_->loss_scaling,
+                              spec_->optimizer.kind, *layout_);
+  const ModelLayout* trust_layout =
+      StepsNeedTrustNorms(spec_->optimizer.kind, *layout_) ? &*layout_ : nullptr;
   for (int round = 0;; ++round) {
     // The pull of the version this push makes, opened at once (see
     // EarlyPull); whatever goes wrong with it, the pull below runs as usual.
@@ -400,12 +406,11 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     std::optional<StepDecision> decision;
     absl::Status status;
     if (needs_decision) {
-      absl::StatusOr<std::vector<StepStats>> stats = steps_->Stats(step, step);
-      status = stats.status();
-      if (stats.ok()) {
-        // Every trainer computes this from the same numbers, in the same
-        // order: they all send the same decision.
-        decision = DecideStep(*stats, spec_->max_grad_norm);
+      absl::StatusOr<StepDecision> decided =
+          steps_->TakeDecision(step, step, spec_->max_grad_norm, trust_layout);
+      status = decided.status();
+      if (decided.ok()) {
+        decision = *std::move(decided);
         // Journaled before any shard sees it: a restarted trainer replays it.
         if (absl::Status s = history_->RecordDecision(step, *decision); !s.ok()) return s;
         // The shards update their scaler replica as the decision reaches

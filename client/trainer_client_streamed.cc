@@ -19,6 +19,8 @@ absl::Status TrainerClient::BeginStreamedPush(int64_t step, absl::Span<const flo
     why = "asynchronous pushes are applied whole, as they arrive";
   } else if (StepsNeedDecisions(spec_->max_grad_norm, spec_->loss_scaling)) {
     why = "gradient control needs the whole gradient's statistics first";
+  } else if (StepsNeedTrustNorms(spec_->optimizer.kind, *layout_)) {
+    why = "lamb on the flat partition takes each step's tensor norms from every shard first";
   } else if (options_.push_dtype != DType::kFloat32) {
     why = "a 16-bit push type is rounded from the whole gradient";
   } else if (history_->persistent()) {

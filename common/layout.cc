@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/names.h"
 
 namespace shardopt {
@@ -148,6 +149,20 @@ bool ModelLayout::LargestTensorOutweighsRest() const {
   uint64_t largest = 0;
   for (const TensorPlacement& t : tensors_) largest = std::max(largest, t.size);
   return tensors_.size() > 1 && largest > used_elements_ - largest;
+}
+
+std::string ModelLayout::DescribeImbalance() const {
+  if (partition_ != Partition::kWholeTensors || !LargestTensorOutweighsRest()) return "";
+  size_t largest = 0;
+  for (size_t t = 1; t < tensors_.size(); ++t) {
+    if (tensors_[t].size > tensors_[largest].size) largest = t;
+  }
+  const TensorPlacement& t = tensors_[largest];
+  return absl::StrFormat(
+      "tensor '%s' (%d elements) outweighs all others together (%d): shard %d holds it, the "
+      "largest shard %.2fx the mean (the flat partition splits it evenly, for the optimizers "
+      "that allow it)",
+      t.spec.name, t.size, used_elements_ - t.size, ShardOfTensor(largest), Imbalance());
 }
 
 uint32_t ModelLayout::ShardOfTensor(size_t tensor_index) const {

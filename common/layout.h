@@ -107,6 +107,10 @@ class ModelLayout {
   // Whole tensors: one tensor has more elements than all others together
   // (its shard is then as large as it, whatever the shard count).
   bool LargestTensorOutweighsRest() const;
+  // Whole tensors where LargestTensorOutweighsRest(): what a user should be
+  // told ("tensor 'w' (N elements) outweighs all others together (M): ...");
+  // empty otherwise.
+  std::string DescribeImbalance() const;
 
   // The range shard `shard_index` (< shard_count) owns.
   FlatRange ShardRange(uint32_t shard_index) const;

@@ -190,6 +190,12 @@ TEST(ModelLayoutTest, WholeTensorsWithOneHugeTensorAndMoreShardsThanTensors) {
       ModelLayout::Create({{"huge", {1000}}, {"small", {10}}}, 4, 4, Partition::kWholeTensors);
   ASSERT_TRUE(layout.ok());
   EXPECT_TRUE(layout->LargestTensorOutweighsRest());
+  EXPECT_EQ(layout->DescribeImbalance(),
+            "tensor 'huge' (1000 elements) outweighs all others together (10): shard 0 holds it, "
+            "the largest shard 3.92x the mean (the flat partition splits it evenly, for the "
+            "optimizers that allow it)");
+  EXPECT_EQ(ModelLayout::Create({{"huge", {1000}}, {"small", {10}}}, 4, 4)->DescribeImbalance(),
+            "");  // (Flat: every shard holds an even part.)
   EXPECT_EQ(layout->ShardSize(0), 1000u);
   EXPECT_EQ(layout->ShardSize(1), 12u);
   EXPECT_EQ(layout->ShardSize(2), 4u);  // No tensor: one aligned block.

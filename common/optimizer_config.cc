@@ -47,7 +47,8 @@ absl::Status CheckOptimizerFitsTensor(OptimizerKind kind, const std::string& nam
 }
 
 absl::Status CheckOptimizerFitsPartition(OptimizerKind kind, bool whole_tensor_partition) {
-  if (NeedsWholeTensors(kind) && !whole_tensor_partition) {
+  // (LAMB gathers its norms over shards instead: CheckTrustNormsFit.)
+  if (NeedsWholeTensors(kind) && kind != OptimizerKind::kLamb && !whole_tensor_partition) {
     return absl::InvalidArgumentError(
         absl::StrCat(OptimizerKindName(kind),
                      " updates each tensor from the whole tensor's values: it needs the partition "

@@ -28,11 +28,14 @@ enum class OptimizerKind {
 const char* OptimizerKindName(OptimizerKind kind);
 
 // The optimizer updates a tensor from values of the whole tensor (norms,
-// row and column means, matrix products): it needs Partition::kWholeTensors
-// (LAMB, Adafactor, Muon). The elementwise ones run on any partition.
+// row and column means, matrix products): LAMB, Adafactor, Muon. The
+// elementwise ones run on any partition.
 bool NeedsWholeTensors(OptimizerKind kind);
-// INVALID_ARGUMENT naming the optimizer and what to set when it needs whole
-// tensors and the partition is flat (both trainers and shards check it).
+// INVALID_ARGUMENT naming the optimizer and what to set when it needs
+// Partition::kWholeTensors and the partition is flat: Adafactor and Muon
+// (LAMB gathers its tensor norms over shards on the flat partition, see
+// CheckTrustNormsFit in common/step_protocol.h). Trainers and shards both
+// check it.
 absl::Status CheckOptimizerFitsPartition(OptimizerKind kind, bool whole_tensor_partition);
 // INVALID_ARGUMENT naming the tensor when the optimizer cannot update a
 // tensor of that shape (Muon: 2-D only, as torch.optim.Muon).

@@ -323,8 +323,20 @@ v1::OptimizerConfig OptimizerConfigToProto(const OptimizerConfig& c) {
   return proto;
 }
 
-StepStats StepStatsFromProto(const v1::StepStats& proto) {
-  return StepStats{proto.step(), proto.sum_of_squares(), proto.found_inf(), proto.loss_scale()};
+absl::StatusOr<StepStats> StepStatsFromProto(const v1::StepStats& proto) {
+  StepStats stats{proto.step(), proto.sum_of_squares(), proto.found_inf(), proto.loss_scale()};
+  for (const v1::TrustPartial& p : proto.trust_partials()) {
+    TrustPartial partial;
+    partial.tensor_index = p.tensor_index();
+    partial.whole_tensor = p.whole_tensor();
+    if (!partial.weight_squares.AddParts(p.weight_square_parts()) ||
+        !partial.update_squares.AddParts(p.update_square_parts())) {
+      return absl::InvalidArgumentError(absl::StrCat("the trust norms of tensor ", p.tensor_index(),
+                                                     " have a negative or non-finite part"));
+    }
+    stats.trust_partials.push_back(std::move(partial));
+  }
+  return stats;
 }
 
 v1::StepStats StepStatsToProto(const StepStats& stats) {
@@ -333,11 +345,22 @@ v1::StepStats StepStatsToProto(const StepStats& stats) {
   proto.set_sum_of_squares(stats.sum_of_squares);
   proto.set_found_inf(stats.found_inf);
   proto.set_loss_scale(stats.loss_scale);
+  for (const TrustPartial& p : stats.trust_partials) {
+    v1::TrustPartial* out = proto.add_trust_partials();
+    out->set_tensor_index(p.tensor_index);
+    out->set_whole_tensor(p.whole_tensor);
+    for (double part : p.weight_squares.Parts()) out->add_weight_square_parts(part);
+    for (double part : p.update_squares.Parts()) out->add_update_square_parts(part);
+  }
   return proto;
 }
 
 StepDecision StepDecisionFromProto(const v1::StepDecision& proto) {
-  return StepDecision{proto.skip(), proto.clip_coef(), proto.grad_norm()};
+  StepDecision decision{proto.skip(), proto.clip_coef(), proto.grad_norm(), {}};
+  for (const v1::TensorNorms& n : proto.tensor_norms()) {
+    decision.tensor_norms.push_back(TensorNorms{n.weight_squares(), n.update_squares()});
+  }
+  return decision;
 }
 
 v1::StepDecision StepDecisionToProto(const StepDecision& decision) {
@@ -345,6 +368,11 @@ v1::StepDecision StepDecisionToProto(const StepDecision& decision) {
   proto.set_skip(decision.skip);
   proto.set_clip_coef(decision.clip_coef);
   proto.set_grad_norm(decision.grad_norm);
+  for (const TensorNorms& n : decision.tensor_norms) {
+    v1::TensorNorms* out = proto.add_tensor_norms();
+    out->set_weight_squares(n.weight_squares);
+    out->set_update_squares(n.update_squares);
+  }
   return proto;
 }
 

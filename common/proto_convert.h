@@ -31,7 +31,8 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType proto);
 v1::DType DTypeToProto(DType dtype);
 
 // Field for field (checked where they are used: CheckDecision).
-StepStats StepStatsFromProto(const v1::StepStats& proto);
+// INVALID_ARGUMENT for a trust partial with a negative or non-finite part.
+absl::StatusOr<StepStats> StepStatsFromProto(const v1::StepStats& proto);
 v1::StepStats StepStatsToProto(const StepStats& stats);
 StepDecision StepDecisionFromProto(const v1::StepDecision& proto);
 v1::StepDecision StepDecisionToProto(const StepDecision& decision);

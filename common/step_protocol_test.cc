@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/step_protocol_testing.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {
@@ -68,6 +69,95 @@ TEST(StepProtocolTest, OnlyClippingOrLossScalingMakesStepsWaitForADecision) {
   EXPECT_TRUE(StepsNeedDecisions(1.0, false));
   EXPECT_TRUE(StepsNeedDecisions(0, true));
   EXPECT_TRUE(StepsNeedDecisions(0.5, true));
+}
+
+TEST(StepProtocolTest, OnlyLambOnAFlatSplitOfSeveralShardsNeedsTrustNorms) {
+  const std::vector<TensorSpec> tensors = {{"w", {100, 3}}, {"b", {7}}};
+  const ModelLayout flat = *ModelLayout::Create(tensors, 0, 2);
+  const ModelLayout one = *ModelLayout::Create(tensors, 0, 1);
+  const ModelLayout whole = *ModelLayout::Create(tensors, 0, 2, Partition::kWholeTensors);
+  EXPECT_TRUE(StepsNeedTrustNorms(OptimizerKind::kLamb, flat));
+  EXPECT_FALSE(StepsNeedTrustNorms(OptimizerKind::kLamb, one));
+  EXPECT_FALSE(StepsNeedTrustNorms(OptimizerKind::kLamb, whole));
+  EXPECT_FALSE(StepsNeedTrustNorms(OptimizerKind::kAdam, flat));
+}
+
+using testing::Partial;
+
+TEST(StepProtocolTest, TrustPartialsCombineExactlyAndMustBeEachShardsPieces) {
+  // Tensor 0 (200 elements) straddles both shards (192 each); tensor 1 is
+  // whole on shard 1; tensor 2 has no elements and lies on no shard.
+  const ModelLayout layout =
+      ModelLayout::Create({{"a", {200}}, {"b", {10}}, {"e", {0}}}, 64, 2).value();
+  StepStats a, b;
+  a.trust_partials = {Partial(0, false, 1.0, 1e-17)};
+  b.trust_partials = {Partial(0, false, 1e-17, 2.0), Partial(1, true, 4.0, 5.0)};
+  const std::vector<StepStats> ab = {a, b};
+  const absl::StatusOr<std::vector<TensorNorms>> norms = CombineTrustPartials(ab, layout);
+  ASSERT_TRUE(norms.ok()) << norms.status();
+  ASSERT_EQ(norms->size(), 3u);
+  EXPECT_EQ((*norms)[0].weight_squares, 1.0 + 1e-17);  // (Rounded once: 1.0.)
+  EXPECT_EQ((*norms)[0].update_squares, 2.0);
+  EXPECT_EQ((*norms)[1], (TensorNorms{4.0, 5.0}));
+  EXPECT_EQ((*norms)[2], (TensorNorms{0.0, 0.0}));
+  // The shards out of order, one missing, a piece twice, a missing piece,
+  // a wrong whole-ness, a tensor the model lacks.
+  const std::vector<StepStats> ba = {b, a}, one = {a};
+  EXPECT_EQ(CombineTrustPartials(ba, layout).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CombineTrustPartials(one, layout).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<std::vector<TrustPartial>> bad_b = {
+      {Partial(0, false, 1, 1), Partial(0, false, 1, 1), Partial(1, true, 4, 5)},
+      {Partial(1, true, 4, 5)},
+      {Partial(0, true, 1, 1), Partial(1, true, 4, 5)},
+      {Partial(0, false, 1, 1), Partial(7, true, 4, 5)}};
+  for (const std::vector<TrustPartial>& partials : bad_b) {
+    StepStats bad = b;
+    bad.trust_partials = partials;
+    const std::vector<StepStats> stats = {a, bad};
+    EXPECT_EQ(CombineTrustPartials(stats, layout).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(StepProtocolTest, ShardsRefuseTensorNormsTheirOwnPartsContradict) {
+  const std::vector<TrustPartial> own = {Partial(0, false, 1.0, 2.0), Partial(1, true, 4.0, 5.0)};
+  const std::vector<TensorNorms> good = {{3.0, 2.5}, {4.0, 5.0}};
+  EXPECT_TRUE(CheckTensorNorms(good, 2, own).ok());
+  // A diverged tensor's norms (+inf, NaN) pass where the shard's part allows them.
+  std::vector<TensorNorms> diverged = good;
+  diverged[0] = {std::numeric_limits<double>::infinity(), std::nan("")};
+  EXPECT_TRUE(CheckTensorNorms(diverged, 2, own).ok());
+  const std::vector<TrustPartial> own_nan = {Partial(0, false, 1.0, 2.0),
+                                             Partial(1, true, 4.0, std::nan(""))};
+  EXPECT_EQ(CheckTensorNorms(good, 2, own_nan).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<TensorNorms> both_nan = good;
+  both_nan[1].update_squares = std::nan("");
+  EXPECT_TRUE(CheckTensorNorms(both_nan, 2, own_nan).ok());
+  EXPECT_EQ(both_nan, both_nan);  // (So that repeats of such a decision agree.)
+  // Too few, negative, below this shard's own part, or not its whole tensor's.
+  const std::vector<TensorNorms> few = {{3.0, 2.5}};
+  EXPECT_EQ(CheckTensorNorms(few, 2, own).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<TensorNorms> bad = good;
+  bad[0].weight_squares = -std::numeric_limits<double>::infinity();
+  EXPECT_EQ(CheckTensorNorms(bad, 2, own).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad[0].update_squares = 1.5;
+  EXPECT_EQ(CheckTensorNorms(bad, 2, own).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad[1].weight_squares = 4.5;
+  EXPECT_EQ(CheckTensorNorms(bad, 2, own).code(), absl::StatusCode::kInvalidArgument);
+  // A skip carries none.
+  EXPECT_EQ(CheckDecision(StepDecision{true, 1.0, 0, good}, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StepProtocolTest, DecisionsWithTensorNormsAreEqualOnlyWithTheSameNorms) {
+  const StepDecision clip_only{false, 0.5, 1, {}};
+  const StepDecision with{false, 0.5, 1, {{1.0, 2.0}}};
+  EXPECT_TRUE(clip_only.SameClip(with));
+  EXPECT_NE(clip_only, with);
+  EXPECT_NE(with, (StepDecision{false, 0.5, 1, {{1.0, 2.5}}}));
+  EXPECT_EQ(with, (StepDecision{false, 0.5, 3, {{1.0, 2.0}}}));
 }
 
 TEST(StepProtocolTest, PositionOfAStepAgainstAVersion) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/names.h"
 #include "common/proto_convert.h"
+#include "common/step_protocol.h"
 
 namespace shardopt {
 
@@ -149,6 +150,9 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
   if (!schedule.ok()) return schedule.status();
   absl::StatusOr<Consistency> consistency = ConsistencyFromConfig(config);
   if (!consistency.ok()) return consistency.status();
+  if (absl::Status s = CheckTrustNormsFit(optimizer->kind, *layout, *consistency); !s.ok()) {
+    return s;
+  }
   const double max_grad_norm = config.gradient_control().max_grad_norm();
   if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
     return absl::InvalidArgumentError(
@@ -219,7 +223,12 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
           (layout.partition() == Partition::kFlat ||
            checkpoint.layout().shard_count() == layout.shard_count()) &&
           part.range().begin() == range.begin && part.range().end() == range.end) {
-        progress->last_stats = StepStatsFromProto(part.progress().shard_last_stats());
+        absl::StatusOr<StepStats> stats = StepStatsFromProto(part.progress().shard_last_stats());
+        if (!stats.ok()) {
+          return absl::DataLossError(absl::StrCat(
+              checkpoint.directory(), ": bad saved statistics: ", stats.status().message()));
+        }
+        progress->last_stats = std::move(*stats);
       }
     }
   }

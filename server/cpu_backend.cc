@@ -16,6 +16,17 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const OptimizerCo
   absl::StatusOr<std::unique_ptr<Optimizer>> opt =
       Optimizer::Create(optimizer, initial_params.size(), std::move(tensors));
   if (!opt.ok()) return opt.status();
+  if ((*opt)->measures_trust()) {
+    // Norms are looked up by layout tensor: each piece must say its own.
+    const std::vector<RangeTensor>& pieces = (*opt)->tensors();
+    for (size_t i = 1; i < pieces.size(); ++i) {
+      if (pieces[i].index <= pieces[i - 1].index) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lamb's tensor pieces must name distinct layout tensors in order: piece ",
+                         i, " names tensor ", pieces[i].index, " after ", pieces[i - 1].index));
+      }
+    }
+  }
   return std::unique_ptr<CpuBackend>(
       new CpuBackend(std::move(initial_params), std::move(*opt), num_trainers, pool));
 }
@@ -25,7 +36,16 @@ CpuBackend::CpuBackend(std::vector<float> params, std::unique_ptr<Optimizer> opt
     : pool_(pool),
       params_(std::move(params)),
       optimizer_(std::move(optimizer)),
-      staging_(num_trainers, std::vector<float>(params_.size())) {}
+      staging_(num_trainers, std::vector<float>(params_.size())) {
+  if (!optimizer_->measures_trust()) return;
+  const std::vector<RangeTensor>& pieces = optimizer_->tensors();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const uint64_t end = pieces[i].offset + pieces[i].size;
+    for (uint64_t begin = pieces[i].offset; begin < end; begin += kTrustPartElements) {
+      trust_parts_.push_back(TrustPart{i, begin, std::min(end, begin + kTrustPartElements)});
+    }
+  }
+}
 
 absl::StatusOr<size_t> CpuBackend::Stage(uint32_t rank, uint64_t offset, const void* data,
                                          DType dtype, size_t count) {
@@ -49,11 +69,103 @@ absl::Status CpuBackend::CheckWholeRange(uint64_t begin, uint64_t end) const {
   return absl::OkStatus();
 }
 
-void CpuBackend::UpdateWholeTensors(int64_t step, const float* gradient) {
+absl::Status CpuBackend::UpdateWholeTensors(int64_t step, const float* gradient) {
+  if (optimizer_->needs_trust_norms()) {
+    return absl::FailedPreconditionError(
+        "lamb on the flat partition updates with tensor norms from every shard (the step's "
+        "decision), not from this shard's pieces alone");
+  }
+  if (optimizer_->measures_trust()) {
+    const std::vector<TrustPartial> own = MeasureParts(step, gradient, 1.0f);
+    std::vector<TensorNorms> norms;
+    for (const TrustPartial& p : own) {
+      if (norms.size() <= p.tensor_index) norms.resize(p.tensor_index + 1);
+      norms[p.tensor_index] = {p.weight_squares.Rounded(), p.update_squares.Rounded()};
+    }
+    UpdateParts(step, gradient, norms);
+    return absl::OkStatus();
+  }
   float* const params = params_.data();
   pool_->ParallelFor(optimizer_->tensors().size(), 1, [&](size_t begin, size_t end) {
     for (size_t t = begin; t < end; ++t) optimizer_->UpdateTensor(step, params, gradient, t);
   });
+  return absl::OkStatus();
+}
+
+std::vector<TrustPartial> CpuBackend::MeasureParts(int64_t step, const float* gradient,
+                                                   float multiplier) {
+  const std::vector<RangeTensor>& pieces = optimizer_->tensors();
+  std::vector<TrustPartial> of_part(trust_parts_.size());
+  const float* const params = params_.data();
+  pool_->ParallelFor(trust_parts_.size(), 1, [&](size_t begin, size_t end) {
+    for (size_t k = begin; k < end; ++k) {
+      const TrustPart& part = trust_parts_[k];
+      optimizer_->MeasureTrust(step, params, gradient, multiplier, part.piece, part.begin, part.end,
+                               &of_part[k]);
+    }
+  });
+  // (Exact sums: merging in any grouping gives the same bits.)
+  std::vector<TrustPartial> of_piece(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    of_piece[i].tensor_index = pieces[i].index;
+    of_piece[i].whole_tensor = pieces[i].whole;
+  }
+  for (size_t k = 0; k < trust_parts_.size(); ++k) {
+    TrustPartial& into = of_piece[trust_parts_[k].piece];
+    into.weight_squares.Add(of_part[k].weight_squares);
+    into.update_squares.Add(of_part[k].update_squares);
+  }
+  return of_piece;
+}
+
+void CpuBackend::UpdateParts(int64_t step, const float* gradient,
+                             absl::Span<const TensorNorms> norms) {
+  const std::vector<RangeTensor>& pieces = optimizer_->tensors();
+  float* const params = params_.data();
+  pool_->ParallelFor(trust_parts_.size(), 1, [&](size_t begin, size_t end) {
+    for (size_t k = begin; k < end; ++k) {
+      const TrustPart& part = trust_parts_[k];
+      optimizer_->UpdateWithTrust(step, params, gradient, part.piece, part.begin, part.end,
+                                  norms[pieces[part.piece].index]);
+    }
+  });
+}
+
+void CpuBackend::MultiplyGradient(float multiplier) {
+  if (multiplier == 1.0f) return;
+  float* const g = staging_[0].data();
+  pool_->ParallelFor(params_.size(), kGrainElements, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) g[i] *= multiplier;
+  });
+}
+
+absl::StatusOr<std::vector<TrustPartial>> CpuBackend::MeasureTrust(int64_t step,
+                                                                   const OptimizerConfig& config,
+                                                                   float multiplier) {
+  if (!optimizer_->measures_trust()) {
+    return absl::UnimplementedError(
+        absl::StrCat(OptimizerKindName(optimizer_->config().kind), " has no trust ratio"));
+  }
+  if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
+  return MeasureParts(step, staging_[0].data(), multiplier);
+}
+
+absl::Status CpuBackend::UpdateWithTrust(int64_t step, const OptimizerConfig& config,
+                                         float multiplier, absl::Span<const TensorNorms> norms) {
+  if (!optimizer_->measures_trust()) {
+    return absl::UnimplementedError(
+        absl::StrCat(OptimizerKindName(optimizer_->config().kind), " has no trust ratio"));
+  }
+  for (const RangeTensor& piece : optimizer_->tensors()) {
+    if (piece.index >= norms.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no norms for tensor ", piece.index, " (", norms.size(), " given)"));
+    }
+  }
+  if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
+  MultiplyGradient(multiplier);
+  UpdateParts(step, staging_[0].data(), norms);
+  return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
@@ -66,9 +178,9 @@ absl::Status CpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConf
   if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
   if (optimizer_->needs_whole_tensors()) {
     if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
+    if (optimizer_->needs_trust_norms()) return UpdateWholeTensors(step, nullptr);
     if (absl::Status s = ReduceRange(mean, first, last); !s.ok()) return s;
-    UpdateWholeTensors(step, staging_[0].data());
-    return absl::OkStatus();
+    return UpdateWholeTensors(step, staging_[0].data());
   }
   const size_t trainers = staging_.size();
   const bool divide = mean && trainers > 1;
@@ -103,8 +215,7 @@ absl::Status CpuBackend::ApplyOneRange(uint32_t rank, int64_t step, const Optimi
   float* const gradient = staging_[rank].data();
   if (optimizer_->needs_whole_tensors()) {
     if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
-    UpdateWholeTensors(step, gradient);
-    return absl::OkStatus();
+    return UpdateWholeTensors(step, gradient);
   }
   float* const params = params_.data();
   pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
@@ -184,13 +295,9 @@ absl::Status CpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config
   float* const params = params_.data();
   if (optimizer_->needs_whole_tensors()) {
     if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
-    if (multiplier != 1.0f) {
-      pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
-        for (size_t i = begin; i < end; ++i) g[i] *= multiplier;
-      });
-    }
-    UpdateWholeTensors(step, g);
-    return absl::OkStatus();
+    if (optimizer_->needs_trust_norms()) return UpdateWholeTensors(step, nullptr);
+    MultiplyGradient(multiplier);
+    return UpdateWholeTensors(step, g);
   }
   pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
     begin += first;

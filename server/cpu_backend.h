@@ -29,7 +29,8 @@ class CpuBackend final : public UpdateBackend {
 
   // `initial_params` holds the whole range. `pool` must outlive the backend.
   // `tensors`: the range's whole tensors, which whole-tensor optimizers
-  // (LAMB, Adafactor) need; they update one tensor per thread, and take
+  // (LAMB, Adafactor, Muon) need (LAMB: its tensor pieces, whole or not);
+  // they update one tensor per thread (LAMB: parts of tensors), and take
   // whole-range calls only (supports_ranges() is false for them).
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const OptimizerConfig& optimizer,
                                                             uint32_t num_trainers,
@@ -56,6 +57,12 @@ class CpuBackend final : public UpdateBackend {
                                   double* block_sums) override;
   absl::Status UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
                            uint64_t begin, uint64_t end) override;
+  bool measures_trust() const override { return optimizer_->measures_trust(); }
+  absl::StatusOr<std::vector<TrustPartial>> MeasureTrust(int64_t step,
+                                                         const OptimizerConfig& config,
+                                                         float multiplier) override;
+  absl::Status UpdateWithTrust(int64_t step, const OptimizerConfig& config, float multiplier,
+                               absl::Span<const TensorNorms> norms) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
   absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override;
   absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) override;
@@ -74,13 +81,30 @@ class CpuBackend final : public UpdateBackend {
   // Whole-tensor optimizers: OK only for the whole range.
   absl::Status CheckWholeRange(uint64_t begin, uint64_t end) const;
   // Step `step` of a whole-tensor optimizer on gradient `gradient`, one
-  // tensor per task.
-  void UpdateWholeTensors(int64_t step, const float* gradient);
+  // tensor per task (LAMB: in trust parts, with each tensor's own norms);
+  // FAILED_PRECONDITION when some tensor is only a piece (LAMB on the flat
+  // partition: its steps need norms from other shards).
+  absl::Status UpdateWholeTensors(int64_t step, const float* gradient);
+  // LAMB's trust parts: the partials of `gradient` * multiplier, one per
+  // piece of optimizer_->tensors(); then the update with given norms.
+  std::vector<TrustPartial> MeasureParts(int64_t step, const float* gradient, float multiplier);
+  void UpdateParts(int64_t step, const float* gradient, absl::Span<const TensorNorms> norms);
+  // Multiplies the reduced gradient in place (the fp32 product the kernels read).
+  void MultiplyGradient(float multiplier);
+
+  // LAMB's work split: block-aligned parts of each piece, of at most
+  // kTrustPartElements, handed to threads.
+  struct TrustPart {
+    size_t piece;
+    uint64_t begin, end;
+  };
+  static constexpr uint64_t kTrustPartElements = 1 << 16;
 
   ThreadPool* const pool_;
   std::vector<float> params_;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<std::vector<float>> staging_;  // One per trainer.
+  std::vector<TrustPart> trust_parts_;       // LAMB only.
 };
 
 }  // namespace shardopt

@@ -1,7 +1,7 @@
 // CpuBackend's parts of a decided step: the reduction over trainers, the
 // sum of squares in fixed 64K-element blocks (the same double whatever the
 // thread count, and equal to summing the blocks in order by hand), and the
-// update with a multiplier.
+// update with a multiplier; LAMB's parts and trust norms.
 #include "server/cpu_backend.h"
 
 #include <cmath>
@@ -74,6 +74,73 @@ TEST(CpuBackendTest, UpdateAppliesTheMultiplierToTheReducedGradient) {
     const float want = 1.0f + (g[i] * multiplier) * -0.5f;
     ASSERT_EQ(got[i], want) << i;
   }
+}
+
+// LAMB on big tensors cut into thread-sized parts: the backend's whole-step
+// update (its own norms) and the two-call step (MeasureTrust, then
+// UpdateWithTrust with those norms) give the bits of the optimizer updating
+// each tensor alone, whatever the thread count; a shard holding only a piece
+// of a tensor refuses the whole-step calls (its norms are other shards' too).
+TEST(CpuBackendTest, LambPartsGiveTheBitsOfWholeTensors) {
+  const std::vector<RangeTensor> tensors = {
+      {0, 200000, {200000}, 0, 0, true},
+      {200000, kSize - 200000, {static_cast<int64_t>(kSize - 200000)}, 1, 0, true}};
+  const OptimizerConfig lamb = OptimizerConfig::Lamb(1e-2);
+  const std::vector<float> init = Values(4), g = Values(5);
+  std::vector<float> want = init;
+  {
+    std::unique_ptr<Optimizer> opt = Optimizer::Create(lamb, kSize, tensors).value();
+    std::vector<float> scaled = g;
+    for (float& x : scaled) x *= 0.5f;
+    for (size_t t = 0; t < tensors.size(); ++t) opt->UpdateTensor(1, want.data(), scaled.data(), t);
+  }
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    for (bool two_calls : {false, true}) {
+      auto backend = CpuBackend::Create(lamb, 1, init, &pool, tensors).value();
+      EXPECT_TRUE(backend->measures_trust());
+      ASSERT_EQ(backend->Stage(0, 0, g.data(), DType::kFloat32, kSize).value(), kSize);
+      ASSERT_TRUE(backend->Reduce(true).ok());
+      if (two_calls) {
+        absl::StatusOr<std::vector<TrustPartial>> partials = backend->MeasureTrust(1, lamb, 0.5f);
+        ASSERT_TRUE(partials.ok()) << partials.status();
+        ASSERT_EQ(partials->size(), 2u);
+        std::vector<TensorNorms> norms;
+        for (const TrustPartial& p : *partials) {
+          EXPECT_TRUE(p.whole_tensor);
+          norms.push_back({p.weight_squares.Rounded(), p.update_squares.Rounded()});
+        }
+        EXPECT_EQ(backend->UpdateWithTrust(1, lamb, 0.5f, {norms[0]}).code(),
+                  absl::StatusCode::kInvalidArgument);  // (Too few norms: nothing changes.)
+        ASSERT_TRUE(backend->UpdateWithTrust(1, lamb, 0.5f, norms).ok());
+      } else {
+        ASSERT_TRUE(backend->Update(1, lamb, 0.5f).ok());
+      }
+      std::vector<float> got(kSize);
+      ASSERT_TRUE(backend->Read(0, kSize, got.data()).ok());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), kSize * sizeof(float)), 0)
+          << threads << " threads, two calls " << two_calls;
+    }
+  }
+  // Pieces that do not name their layout tensors (norms are looked up by them).
+  {
+    ThreadPool pool(1);
+    const std::vector<RangeTensor> unnamed = {{0, 200000, {200000}}, {200000, kSize - 200000, {1}}};
+    EXPECT_EQ(CpuBackend::Create(lamb, 1, init, &pool, unnamed).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // Only a piece of tensor 0: the whole-step calls are refused.
+  std::vector<RangeTensor> piece = {{0, 1024, {4096}, 0, 2048, false}};
+  ThreadPool pool(1);
+  auto backend = CpuBackend::Create(lamb, 1, std::vector<float>(1024, 1.0f), &pool, piece).value();
+  ASSERT_EQ(backend->Stage(0, 0, g.data(), DType::kFloat32, 1024).value(), 1024u);
+  EXPECT_EQ(backend->Apply(1, true, lamb).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(backend->Reduce(true).ok());
+  EXPECT_EQ(backend->Update(1, lamb, 1.0f).code(), absl::StatusCode::kFailedPrecondition);
+  std::vector<float> got(1024);
+  ASSERT_TRUE(backend->Read(0, 1024, got.data()).ok());
+  EXPECT_EQ(got, std::vector<float>(1024, 1.0f));
+  EXPECT_FALSE(backend->MeasureTrust(1, lamb, 1.0f).value()[0].whole_tensor);
 }
 
 // Asynchronous application: each trainer's staged gradient is a step of its

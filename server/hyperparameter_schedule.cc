@@ -72,6 +72,17 @@ OptimizerConfig HyperparameterSchedule::TakeEffect(int64_t step) {
   return config;
 }
 
+OptimizerConfig HyperparameterSchedule::ConfigFor(int64_t step) const {
+  const Hyperparameters* in_force = &current_;
+  for (const auto& [effective, change] : scheduled_) {
+    if (effective > step) break;
+    in_force = &change;
+  }
+  OptimizerConfig config = in_force->optimizer;
+  config.lr = in_force->lr_schedule.LearningRate(in_force->optimizer.lr, step);
+  return config;
+}
+
 std::vector<int64_t> HyperparameterSchedule::ScheduledSteps() const {
   std::vector<int64_t> steps;
   for (const auto& [step, change] : scheduled_) steps.push_back(step);

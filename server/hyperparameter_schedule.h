@@ -57,6 +57,9 @@ class HyperparameterSchedule {
   // The config step `step` runs with (its lr from the schedule): the changes
   // scheduled up to `step` take effect first.
   OptimizerConfig TakeEffect(int64_t step);
+  // What TakeEffect(step) would return, changing nothing (a step whose
+  // first half runs before its changes take effect: trust norms).
+  OptimizerConfig ConfigFor(int64_t step) const;
 
   const Hyperparameters& current() const { return current_; }  // For the next step.
   const std::map<int64_t, Hyperparameters>& scheduled() const { return scheduled_; }

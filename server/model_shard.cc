@@ -1,5 +1,6 @@
-// ModelShard's step protocol: pushes, steps, decisions, hyperparameters and
-// the waits on them. The waits of pulls are in model_shard_pulls.cc; reads,
+// ModelShard's step protocol: pushes, steps, hyperparameters and the waits
+// on them. Decisions are in model_shard_decisions.cc; the waits of pulls in
+// model_shard_pulls.cc; reads,
 // inspection, checkpoints and restores in model_shard_state_io.cc; the
 // asynchronous modes in model_shard_async.cc.
 #include "server/model_shard.h"
@@ -38,15 +39,12 @@ StepStateOptions StepOptionsOf(const ModelShardOptions& o, const UpdateBackend& 
   s.shard_index = o.shard_index;
   s.num_trainers = o.num_trainers;
   s.needs_decision = o.needs_decision();
+  s.needs_trust_norms = o.needs_trust_norms();
+  s.trust_tensor_count = o.layout.tensors().size();
   s.initial = Hyperparameters{o.optimizer, o.lr_schedule};
   s.run_id = o.run_id;
   s.loss_scaler = o.loss_scaler;
   return s;
-}
-
-absl::Status NoDecisionsError(const std::string& model_id, const char* what) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "model '", model_id, "' has no gradient clipping or loss scaling: its steps ", what));
 }
 
 }  // namespace
@@ -96,7 +94,10 @@ ModelShard::BackendFactory ModelShard::CpuBackendFactory(ThreadPool* pool) {
   return [pool](const ModelShardOptions& o,
                 std::vector<float> values) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
     std::vector<RangeTensor> tensors;
-    if (NeedsWholeTensors(o.optimizer.kind)) {
+    if (o.optimizer.kind == OptimizerKind::kLamb) {
+      // LAMB also updates pieces of tensors, with norms from every shard.
+      tensors = TensorPiecesOfShard(o.layout, o.shard_index);
+    } else if (NeedsWholeTensors(o.optimizer.kind)) {
       absl::StatusOr<std::vector<RangeTensor>> whole = WholeTensorsOfShard(o.layout, o.shard_index);
       if (!whole.ok()) return whole.status();
       tensors = std::move(*whole);
@@ -370,8 +371,8 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
   const bool decides = options_.needs_decision();
   const auto stage_done = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return state_.version() >= step ||
-           (decides && (state_.phase() == StepState::Phase::kAwaitingDecision ||
-                        state_.phase() == StepState::Phase::kUpdating));
+           (decides && state_.phase() != StepState::Phase::kCollecting &&
+            state_.phase() != StepState::Phase::kReducing);
   };
   AwaitState(stage_done, absl::InfiniteFuture(), nullptr, /*stop_at_shutdown=*/false);
   if (state_.failed()) return state_.failure();
@@ -399,27 +400,38 @@ void ModelShard::RunOneRange() {
   if (!work) return;
   using Kind = StepState::RangeWork::Kind;
   std::vector<double> block_sums;
+  std::vector<TrustPartial> trust_partials;
   mu_.Unlock();
   // The claim is exclusive: no other range work runs, and no writer stages
   // into the claimed elements (every trainer delivered them).
-  const absl::Status done = RunRangeWork(*work, &block_sums);
+  const absl::Status done = RunRangeWork(*work, &block_sums, &trust_partials);
   mu_.Lock();
   if (!done.ok()) {
     state_.Fail(work->step, done);
     return;
   }
-  if (timeline_ && work->kind != Kind::kReduce) {
+  if (timeline_ && work->kind != Kind::kReduce && work->kind != Kind::kMeasure) {
     timeline_->Updated(work->step, work->index, absl::Now());
   }
-  state_.FinishRange(*work, std::move(block_sums));
+  state_.FinishRange(*work, std::move(block_sums), std::move(trust_partials));
   state_.CompleteStepIfDone();
 }
 
 absl::Status ModelShard::RunRangeWork(const StepState::RangeWork& work,
-                                      std::vector<double>* block_sums) {
-  const bool whole = !backend_->supports_ranges();
+                                      std::vector<double>* block_sums,
+                                      std::vector<TrustPartial>* trust_partials) {
+  const bool whole = !backend_->supports_ranges() || options_.needs_trust_norms();
   assert(!whole || (work.begin == 0 && work.end == range_.size()));
   using Kind = StepState::RangeWork::Kind;
+  if (work.kind == Kind::kMeasure) {
+    // (Reads parameters and state only: pulls may go on.)
+    absl::ReaderMutexLock lock(&params_mu_);
+    absl::StatusOr<std::vector<TrustPartial>> measured =
+        backend_->MeasureTrust(work.optimizer_step, work.config, work.multiplier);
+    if (!measured.ok()) return measured.status();
+    *trust_partials = *std::move(measured);
+    return absl::OkStatus();
+  }
   if (work.kind == Kind::kReduce) {
     if (absl::Status s = whole
                              ? backend_->Reduce(options_.mean_reduction)
@@ -448,6 +460,9 @@ absl::Status ModelShard::RunRangeWork(const StepState::RangeWork& work,
     s = whole ? backend_->Apply(work.step, options_.mean_reduction, work.config)
               : backend_->ApplyRange(work.step, options_.mean_reduction, work.config, work.begin,
                                      work.end);
+  } else if (!work.skip && !work.tensor_norms.empty()) {
+    s = backend_->UpdateWithTrust(work.optimizer_step, work.config, work.multiplier,
+                                  work.tensor_norms);
   } else if (!work.skip) {
     s = whole ? backend_->Update(work.optimizer_step, work.config, work.multiplier)
               : backend_->UpdateRange(work.optimizer_step, work.config, work.multiplier, work.begin,
@@ -455,70 +470,6 @@ absl::Status ModelShard::RunRangeWork(const StepState::RangeWork& work,
   }
   if (s.ok()) range_versions_[work.index] = work.step;
   return s;
-}
-
-absl::StatusOr<StepStats> ModelShard::WaitForStepStats(int64_t step, absl::Time deadline,
-                                                       const std::function<bool()>& cancelled,
-                                                       std::optional<PushedBy> pushed) {
-  if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
-  if (asynchronous()) return NotInAsyncMode("step statistics are");
-  if (!options_.needs_decision()) return NoDecisionsError(options_.model_id, "need no decision");
-  if (pushed) {
-    if (absl::Status s = CheckRank(pushed->rank); !s.ok()) return s;
-  }
-  absl::MutexLock lock(&mu_);
-  if (step > state_.version() + 1) {
-    // It cannot come without earlier steps (a restarted shard is behind).
-    return absl::OutOfRangeError(
-        absl::StrCat("step ", step, " is ahead of the shard (version ", state_.version(), ")"));
-  }
-  const auto lost = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return pushed && !state_.CheckHoldsPush(pushed->rank, pushed->step).ok();
-  };
-  const absl::Status waited = AwaitState(
-      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return state_.StatsOf(step).has_value() || lost();
-      },
-      deadline, cancelled);
-  if (state_.failed()) return state_.failure();
-  if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
-  if (std::optional<absl::StatusOr<StepStats>> stats = state_.StatsOf(step)) return *stats;
-  if (lost()) return state_.CheckHoldsPush(pushed->rank, pushed->step);
-  if (absl::IsDeadlineExceeded(waited)) {
-    return WaitExpired(absl::StrCat("the gradients of step ", step), step);
-  }
-  return waited;
-}
-
-absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision, bool wait,
-                                absl::Time deadline, const std::function<bool()>& cancelled) {
-  if (asynchronous()) return NotInAsyncMode("step decisions are");
-  if (!options_.needs_decision()) return NoDecisionsError(options_.model_id, "take no decision");
-  if (absl::Status s = CheckDecision(decision, options_.max_grad_norm); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  // Another trainer's decision for this step may be being taken right now:
-  // wait for it, then this one is a repeat to compare. A checkpoint of the
-  // current version holds the next step: wait for it first too, so that
-  // everything below is checked against the state that will be used. (A
-  // decision that comes while its step is still being reduced, e.g. resent
-  // to a restarted shard, waits for the pushes that step lacks: bounded.)
-  const absl::Status waited = AwaitOrCancel(absl::Condition(
-                                                +[](ModelShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                                  return s->state_.DecisionMayProceed(s->shutdown_);
-                                                },
-                                                this),
-                                            deadline, cancelled);
-  if (absl::IsDeadlineExceeded(waited)) {
-    return WaitExpired(absl::StrCat("room for the decision of step ", step), step);
-  }
-  if (!waited.ok()) return waited;
-  absl::StatusOr<std::optional<StepState::Update>> begun = state_.BeginDecision(step, decision);
-  if (!begun.ok()) return begun.status();
-  if (!wait) return absl::OkStatus();
-  AwaitState([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= step; },
-             absl::InfiniteFuture(), nullptr, /*stop_at_shutdown=*/false);
-  if (state_.failed()) return state_.failure();
-  return absl::OkStatus();
 }
 
 absl::Status ModelShard::SetHyperparameters(int64_t effective_step, const Hyperparameters& next) {

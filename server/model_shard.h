@@ -175,9 +175,16 @@ class ModelShard {
     uint32_t rank = 0;
     int64_t step = 0;
   };
+  // With `clip_decision` (trust norms: the clip half of the step's
+  // decision, which passed CheckDecision), the shard takes that half,
+  // measures its trust partials under it and returns them too
+  // (StepStats.trust_partials); INVALID_ARGUMENT for a model without trust
+  // norms or a skip, FAILED_PRECONDITION for another clip half than the
+  // step's.
   absl::StatusOr<StepStats> WaitForStepStats(int64_t step, absl::Time deadline,
                                              const std::function<bool()>& cancelled,
-                                             std::optional<PushedBy> pushed = std::nullopt);
+                                             std::optional<PushedBy> pushed = std::nullopt,
+                                             const StepDecision* clip_decision = nullptr);
   // Applies (or skips) `step` as decided. The first decision for a step is
   // applied; a repeat of it is OK; a different one is FAILED_PRECONDITION,
   // as is a step whose gradients are not all in. Returns once the step is
@@ -186,6 +193,10 @@ class ModelShard {
   // A decision that comes while its step is still being reduced waits for
   // that, until `deadline` (then DEADLINE_EXCEEDED saying what the step waits
   // for) or `cancelled()`.
+  // With trust norms (LAMB on the flat partition), a decision that applies
+  // the step carries every tensor's norms (INVALID_ARGUMENT without them, or
+  // when they contradict this shard's own partials, state untouched); the
+  // shard measures its partials under the clip half first if it has not.
   absl::Status Decide(int64_t step, const StepDecision& decision, bool wait = true,
                       absl::Time deadline = absl::InfiniteFuture(),
                       const std::function<bool()>& cancelled = nullptr);
@@ -384,7 +395,17 @@ class ModelShard {
   void RunOneRange() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs range work until none is ready (pushes call it as ranges arrive).
   void RunReadyRanges() ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status RunRangeWork(const StepState::RangeWork& work, std::vector<double>* block_sums);
+  absl::Status RunRangeWork(const StepState::RangeWork& work, std::vector<double>* block_sums,
+                            std::vector<TrustPartial>* trust_partials);
+  // Trust norms: takes `clip`, the clip half of `step`'s decision, and waits
+  // until this shard measured its trust partials under it.
+  absl::Status MeasureUnderClip(int64_t step, const StepDecision& clip, absl::Time deadline,
+                                const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until a decision of `step` may be taken (DecisionMayProceed).
+  absl::Status AwaitDecisionRoom(int64_t step, absl::Time deadline,
+                                 const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The version every range of [offset, offset + count) is at, or -1 when
   // they differ.
   // (Under params_mu_ and the locks of those ranges, shared.)

@@ -51,10 +51,16 @@ struct ModelShardOptions {
   Consistency consistency = Consistency::kSync;
   int64_t staleness = 0;
 
-  // The shards decide steps (see ShardsDecideSteps; not in the
+  // The shards decide steps (see ModelStepsNeedDecisions; not in the
   // asynchronous modes, where the trainers clip and skip their own).
   bool needs_decision() const {
-    return ShardsDecideSteps(consistency, max_grad_norm, loss_scaling);
+    return ModelStepsNeedDecisions(consistency, max_grad_norm, loss_scaling, optimizer.kind,
+                                   layout);
+  }
+  // Decisions come in two halves, the second with every tensor's norms
+  // (StepsNeedTrustNorms: LAMB on the flat partition, synchronous).
+  bool needs_trust_norms() const {
+    return !IsAsynchronous(consistency) && StepsNeedTrustNorms(optimizer.kind, layout);
   }
 };
 

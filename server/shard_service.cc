@@ -306,6 +306,9 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
           config.model_id(), layout.tensors().size(), config.num_trainers(),
           plan->options.optimizer.DebugString(), model->shard().range().begin,
           model->shard().range().end, model->shard().device());
+  if (const std::string note = layout.DescribeImbalance(); !note.empty()) {
+    LogWarning("model '%s': %s", config.model_id(), note);
+  }
   response->set_created(true);
   SetAttachInfo(model->shard(), response);
   SetRange(model->shard().range(), response->mutable_range());
@@ -535,10 +538,18 @@ grpc::Status ShardServiceImpl::GetStepStats(grpc::ServerContext* context,
   if (!model.ok()) return Error(model.status());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
   ModelShard& shard = (*model)->shard();
+  std::optional<StepDecision> clip;
+  if (request->has_decision()) {
+    // The clip half of a decision with trust norms (LAMB on the flat partition).
+    clip = StepDecisionFromProto(request->decision());
+    if (absl::Status s = CheckDecision(*clip, shard.options().max_grad_norm); !s.ok()) {
+      return Error(s);
+    }
+  }
   // (A push the shard does not hold ends the wait at once.)
-  absl::StatusOr<StepStats> stats =
-      shard.WaitForStepStats(request->step(), WaitDeadline(*context, request->max_wait_ms()),
-                             [context] { return context->IsCancelled(); }, PushedByOf(*request));
+  absl::StatusOr<StepStats> stats = shard.WaitForStepStats(
+      request->step(), WaitDeadline(*context, request->max_wait_ms()),
+      [context] { return context->IsCancelled(); }, PushedByOf(*request), clip ? &*clip : nullptr);
   if (!stats.ok()) return Error(stats.status());
   *response = StepStatsToProto(*stats);
   return grpc::Status::OK;

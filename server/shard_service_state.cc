@@ -75,6 +75,8 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
   response->set_consistency(config.consistency());
   response->set_staleness(config.staleness());
   response->set_partition(config.layout().partition());
+  response->set_imbalance(shard.layout().Imbalance());
+  response->set_imbalance_note(shard.layout().DescribeImbalance());
   for (const auto& [rank, step] : snap->applied_order) {
     v1::AppliedPush* applied = response->add_applied_order();
     applied->set_trainer_rank(rank);
@@ -368,6 +370,9 @@ absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint) 
           manifest.config().model_id(), installed->shard().version(), checkpoint.directory(),
           manifest.config().shard_count(), installed->shard().range().begin,
           installed->shard().range().end);
+  if (const std::string note = installed->shard().layout().DescribeImbalance(); !note.empty()) {
+    LogWarning("model '%s': %s", manifest.config().model_id(), note);
+  }
   return absl::OkStatus();
 }
 

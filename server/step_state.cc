@@ -18,7 +18,9 @@ StepState::StepState(StepStateOptions options)
       activity_(options_.num_trainers),
       delivered_(options_.num_trainers, 0),
       first_inf_(options_.num_trainers) {
-  range_elements_ = options_.range_elements == 0 || options_.range_elements > options_.size
+  // (Trust steps measure and update the slice at once: one range.)
+  range_elements_ = options_.range_elements == 0 || options_.range_elements > options_.size ||
+                            options_.needs_trust_norms
                         ? std::max<uint64_t>(options_.size, 1)
                         : options_.range_elements;
   range_count_ = std::max<uint64_t>(1, (options_.size + range_elements_ - 1) / range_elements_);
@@ -113,7 +115,7 @@ void StepState::RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered,
 }
 
 size_t StepState::RangesArrived() const {
-  if (!options_.pipelined || phase_ == Phase::kAwaitingDecision ||
+  if (!options_.pipelined || phase_ == Phase::kAwaitingDecision || BetweenHalves() ||
       (phase_ == Phase::kUpdating && decided_)) {
     return Pending() == 0 ? range_count_ : 0;
   }
@@ -125,6 +127,7 @@ size_t StepState::RangesArrived() const {
 bool StepState::CanClaim(bool shutting_down) const {
   if (failed() || claimed_ != finished_ || claimed_ >= range_count_) return false;
   if (phase_ == Phase::kUpdating && decided_) return true;  // Stage two.
+  if (phase_ == Phase::kMeasuring) return true;             // (Reads only: holds allow it.)
   if (phase_ != Phase::kCollecting && phase_ != Phase::kReducing && phase_ != Phase::kUpdating) {
     return false;
   }
@@ -145,12 +148,13 @@ std::optional<StepState::RangeWork> StepState::ClaimRange(bool shutting_down) {
   work.index = claimed_;
   work.begin = claimed_ * range_elements_;
   work.end = RangeEnd(claimed_);
-  if (phase_ == Phase::kUpdating && decided_) {
-    work.kind = RangeWork::Kind::kUpdate;
+  if ((phase_ == Phase::kUpdating && decided_) || phase_ == Phase::kMeasuring) {
+    work.kind = phase_ == Phase::kMeasuring ? RangeWork::Kind::kMeasure : RangeWork::Kind::kUpdate;
     work.config = decided_update_.config;
     work.skip = decided_update_.skip;
     work.optimizer_step = decided_update_.optimizer_step;
     work.multiplier = decided_update_.multiplier;
+    work.tensor_norms = decided_update_.tensor_norms;
   } else {
     work.kind = phase_ == Phase::kReducing ? RangeWork::Kind::kReduce : RangeWork::Kind::kApply;
     work.config = step_config_;
@@ -165,14 +169,23 @@ std::optional<StepState::RangeWork> StepState::ClaimRange(bool shutting_down) {
   return work;
 }
 
-void StepState::FinishRange(const RangeWork& work, std::vector<double> block_sums) {
+void StepState::FinishRange(const RangeWork& work, std::vector<double> block_sums,
+                            std::vector<TrustPartial> trust_partials) {
   assert(work.index == finished_ && claimed_ == finished_ + 1);
   if (work.kind == RangeWork::Kind::kReduce) block_sums_[work.index] = std::move(block_sums);
+  if (work.kind == RangeWork::Kind::kMeasure) {
+    pending_stats_.trust_partials = std::move(trust_partials);
+  }
   ++finished_;
 }
 
 StepState::Completion StepState::CompleteStepIfDone() {
   if (failed() || finished_ != range_count_) return Completion::kNone;
+  if (phase_ == Phase::kMeasuring) {
+    phase_ = Phase::kAwaitingNorms;
+    claimed_ = finished_ = 0;
+    return Completion::kMeasured;
+  }
   if (phase_ == Phase::kUpdating && decided_) {
     FinishStep(Ending{decided_update_.config.lr, *decided_, decided_update_.loss_scale});
     return Completion::kApplied;
@@ -285,8 +298,9 @@ void StepState::FinishReduce(double sum_of_squares) {
 }
 
 bool StepState::DecisionMayProceed(bool shutting_down) const {
-  // A decision being applied range by range can be compared with at once.
-  if (phase_ == Phase::kUpdating && decided_) return true;
+  // A decision being applied range by range (or measured under its clip
+  // half) can be compared with at once.
+  if ((phase_ == Phase::kUpdating && decided_) || phase_ == Phase::kMeasuring) return true;
   return failed() || (!running() && (!HeldAt(version_) || shutting_down));
 }
 
@@ -294,16 +308,23 @@ absl::StatusOr<std::optional<StepState::Update>> StepState::BeginDecision(
     int64_t step, const StepDecision& decision) {
   if (failed()) return failure_;
   if (step <= version_) {
-    if (step == last_step_.step && last_step_.decision == decision) {
+    if (step == last_step_.step && Repeats(last_step_.decision, decision)) {
       return std::optional<Update>();
     }
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " was already decided differently (or long ago)"));
   }
   if (phase_ == Phase::kUpdating && decided_ && step == version_ + 1) {
-    if (*decided_ == decision) return std::optional<Update>();
+    if (Repeats(*decided_, decision)) return std::optional<Update>();
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " is being applied as decided differently"));
+  }
+  if (BetweenHalves() && step == version_ + 1) {
+    // (The norms of a full decision are BeginNorms's to check.)
+    if (decided_->SameClip(decision)) return std::optional<Update>();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " is being decided differently (its clip half says ",
+        decided_->skip ? "skip" : absl::StrCat("multiplier ", decided_->clip_coef), ")"));
   }
   const bool awaiting = phase_ == Phase::kAwaitingDecision;
   if (step != version_ + 1 || !awaiting) {
@@ -316,14 +337,19 @@ absl::StatusOr<std::optional<StepState::Update>> StepState::BeginDecision(
                                                       " must be skipped: a gradient on shard ",
                                                       options_.shard_index, " had inf or NaN"));
   }
-  phase_ = Phase::kUpdating;
   Update update;
   update.skip = decision.skip;
-  update.config = schedule_.TakeEffect(step);
+  update.measure = options_.needs_trust_norms && !decision.skip;
+  // (Between the halves the step has started: no change for it can come,
+  // and BeginNorms makes this config take effect. Until then a checkpoint
+  // of this version still saves its own schedule.)
+  update.config = update.measure ? schedule_.ConfigFor(step) : schedule_.TakeEffect(step);
   update.optimizer_step = optimizer_steps_ + 1;
   update.multiplier = GradientMultiplier(decision, pending_stats_.loss_scale);
   update.loss_scale = pending_stats_.loss_scale;
+  phase_ = update.measure ? Phase::kMeasuring : Phase::kUpdating;
   decided_ = decision;
+  if (update.measure) decided_->tensor_norms.clear();  // (The clip half.)
   decided_update_ = update;
   claimed_ = finished_ = 0;  // Stage two counts its ranges afresh.
   return std::optional<Update>(update);
@@ -369,9 +395,15 @@ absl::Status StepState::Fail(int64_t step, const absl::Status& cause) {
   return failure_;
 }
 
+bool StepState::StatsKnown(int64_t step) const {
+  return failed() ||
+         ((phase_ == Phase::kAwaitingDecision || BetweenHalves()) && pending_stats_.step == step) ||
+         version_ >= step || step > version_ + 1;
+}
+
 std::optional<absl::StatusOr<StepStats>> StepState::StatsOf(int64_t step) const {
   if (failed()) return absl::StatusOr<StepStats>(failure_);
-  if (phase_ == Phase::kAwaitingDecision && pending_stats_.step == step) {
+  if ((phase_ == Phase::kAwaitingDecision || BetweenHalves()) && pending_stats_.step == step) {
     return absl::StatusOr<StepStats>(pending_stats_);
   }
   if (version_ >= step) {
@@ -424,6 +456,11 @@ std::string StepState::DescribeWait(int64_t min_version) const {
     case Phase::kAwaitingDecision:
       return absl::StrCat(where, ", waiting for a trainer to send the decision of step ", next,
                           " (every gradient is in)");
+    case Phase::kMeasuring:
+      return absl::StrCat(where, ", measuring the trust norms of step ", next);
+    case Phase::kAwaitingNorms:
+      return absl::StrCat(where, ", waiting for a trainer to send the tensor norms of step ", next,
+                          " (gathered from every shard's trust partials)");
     case Phase::kReducing:
     case Phase::kUpdating:
       return absl::StrCat(where, ", applying step ", next);

@@ -9,6 +9,10 @@
 //     without gradient control:           --> kUpdating
 //     with gradient control:              --> kReducing --FinishReduce--> kAwaitingDecision
 //                                              --BeginDecision--> kUpdating
+//     with trust norms (LAMB on the flat partition) and no skip, the
+//     decision comes in two halves (see common/step_protocol.h):
+//       kAwaitingDecision --BeginDecision(clip half)--> kMeasuring
+//         --kMeasure work done--> kAwaitingNorms --BeginNorms--> kUpdating
 //   kUpdating --FinishStep--> kCollecting (version v + 1, slots empty)
 //   any phase --Fail--> kFailed (terminal: the backend's state is unknown)
 //
@@ -96,7 +100,12 @@ struct StepStateOptions {
   std::string model_id;
   uint32_t shard_index = 0;
   uint32_t num_trainers = 1;
-  bool needs_decision = false;  // Clipping or loss scaling.
+  bool needs_decision = false;  // Clipping or loss scaling, or trust norms.
+  // LAMB on the flat partition over several shards: decisions come in two
+  // halves, the second with the norms of all `trust_tensor_count` tensors.
+  // (Implies needs_decision; the step runs as one range.)
+  bool needs_trust_norms = false;
+  size_t trust_tensor_count = 0;
   Hyperparameters initial;
   std::string run_id;
   std::optional<LossScalerOptions> loss_scaler;  // The trainers' scaler, replicated.
@@ -119,7 +128,15 @@ inline std::pair<size_t, size_t> RangesCovering(uint64_t offset, uint64_t count,
 
 class StepState {
  public:
-  enum class Phase { kCollecting, kReducing, kAwaitingDecision, kUpdating, kFailed };
+  enum class Phase {
+    kCollecting,
+    kReducing,
+    kAwaitingDecision,
+    kMeasuring,      // Trust norms: this shard's partials under the clip half.
+    kAwaitingNorms,  // Trust norms: partials known, the norms not yet.
+    kUpdating,
+    kFailed
+  };
   enum class Slot { kEmpty, kReceiving, kComplete };
 
   explicit StepState(StepStateOptions options);
@@ -172,6 +189,8 @@ class StepState {
     int64_t optimizer_step = 0;  // The optimizer's own step count (skips excluded).
     float multiplier = 1;        // Unscale and clip in one.
     double loss_scale = 1;       // The step's gradients carried it.
+    bool measure = false;        // Trust norms: kMeasuring, not kUpdating.
+    std::vector<TensorNorms> tensor_norms;  // Trust norms: BeginNorms's.
   };
   // True when a decision may be taken now: no step is being reduced or
   // applied, and no hold keeps the next step back (holds stop holding once
@@ -183,7 +202,16 @@ class StepState {
   // FAILED_PRECONDITION for a different repeat, a step that is not awaiting
   // a decision, or a non-skip when a gradient had inf/NaN. `decision` passed
   // CheckDecision.
+  // With trust norms a non-skip decision's clip half moves to kMeasuring
+  // instead (Update.measure; its tensor norms are not looked at), and a
+  // repeat of that half compares SameClip while the norms are pending.
   absl::StatusOr<std::optional<Update>> BeginDecision(int64_t step, const StepDecision& decision);
+  // Trust norms, once DecisionMayProceed(): from kAwaitingNorms, the update
+  // with `decision`'s norms (phase kUpdating); nullopt for an identical
+  // repeat of the step's full decision. INVALID_ARGUMENT (state untouched)
+  // when CheckTensorNorms refuses the norms against this shard's partials;
+  // FAILED_PRECONDITION for another clip half, or a step not awaiting norms.
+  absl::StatusOr<std::optional<Update>> BeginNorms(int64_t step, const StepDecision& decision);
 
   // Every way a step ends: applied without a decision, applied or skipped by
   // one. From kUpdating: version becomes the step, the slots empty.
@@ -199,7 +227,7 @@ class StepState {
 
   // ---- Ranges (see the header comment).
   struct RangeWork {
-    enum class Kind { kApply, kReduce, kUpdate };
+    enum class Kind { kApply, kReduce, kUpdate, kMeasure };
     Kind kind = Kind::kApply;
     int64_t step = 0;
     size_t index = 0;
@@ -207,8 +235,9 @@ class StepState {
     OptimizerConfig config;       // kApply and kUpdate: with the step's lr.
     double loss_scale = 1;        // kReduce: the norm is of g / loss_scale.
     bool skip = false;            // kUpdate: nothing changes.
-    int64_t optimizer_step = 0;   // kUpdate.
-    float multiplier = 1;         // kUpdate.
+    int64_t optimizer_step = 0;   // kUpdate and kMeasure.
+    float multiplier = 1;         // kUpdate and kMeasure.
+    std::vector<TensorNorms> tensor_norms;  // kUpdate with trust norms.
   };
   // `rank`'s push of `step` (in progress) has delivered its first
   // `delivered` elements clean; `first_inf`: the first inf/NaN among them
@@ -227,11 +256,13 @@ class StepState {
   // (StartStep). Holds keep stage-one work back unless `shutting_down`.
   std::optional<RangeWork> ClaimRange(bool shutting_down);
   // The claimed work is done; `block_sums`: a kReduce range's sums of
-  // squares, one per norm block in order.
-  void FinishRange(const RangeWork& work, std::vector<double> block_sums = {});
+  // squares, one per norm block in order; `trust_partials`: kMeasure's.
+  void FinishRange(const RangeWork& work, std::vector<double> block_sums = {},
+                   std::vector<TrustPartial> trust_partials = {});
   // Ends the stage whose work and pushes are all done: kApplied (version
-  // moved on), kReduced (now kAwaitingDecision), or kNone.
-  enum class Completion { kNone, kApplied, kReduced };
+  // moved on), kReduced (now kAwaitingDecision), kMeasured (now
+  // kAwaitingNorms), or kNone.
+  enum class Completion { kNone, kApplied, kReduced, kMeasured };
   Completion CompleteStepIfDone();
   // The version range `index`'s parameters are at.
   int64_t RangeVersion(size_t index) const;
@@ -252,12 +283,22 @@ class StepState {
   bool failed() const { return phase_ == Phase::kFailed; }
   // Parameters are being changed (a checkpoint of the version cannot be taken).
   bool updating() const { return phase_ == Phase::kUpdating; }
-  // A step is being reduced or applied (work runs outside the lock).
-  bool running() const { return phase_ == Phase::kReducing || phase_ == Phase::kUpdating; }
+  // A step is being reduced, measured or applied (work runs outside the lock).
+  bool running() const {
+    return phase_ == Phase::kReducing || phase_ == Phase::kMeasuring || phase_ == Phase::kUpdating;
+  }
   // With gradient control: this shard's statistics of `step` once known
   // (the awaited step, or the last decided one); nullopt while they may
   // still come. FAILED_PRECONDITION for an older step.
   std::optional<absl::StatusOr<StepStats>> StatsOf(int64_t step) const;
+  // Trust norms: the same with this shard's trust partials of `step` under
+  // its clip half, once measured; FAILED_PRECONDITION for an older step or
+  // one that was skipped.
+  std::optional<absl::StatusOr<StepStats>> TrustStatsOf(int64_t step) const;
+  // StatsOf(step).has_value() and TrustStatsOf's, without copying the
+  // statistics (wait conditions ask them over and over).
+  bool StatsKnown(int64_t step) const;
+  bool TrustStatsKnown(int64_t step) const;
   // OK when the shard applied `step` or holds `rank`'s complete push of it;
   // OUT_OF_RANGE otherwise (it lost the push: restarted).
   absl::Status CheckHoldsPush(uint32_t rank, int64_t step) const;
@@ -303,8 +344,16 @@ class StepState {
  private:
   bool StepStarted() const {
     return phase_ == Phase::kReducing || phase_ == Phase::kAwaitingDecision ||
+           phase_ == Phase::kMeasuring || phase_ == Phase::kAwaitingNorms ||
            phase_ == Phase::kUpdating;
   }
+  // Between a trust step's two halves (the clip half taken, not yet applying).
+  bool BetweenHalves() const {
+    return phase_ == Phase::kMeasuring || phase_ == Phase::kAwaitingNorms;
+  }
+  // Whether `decision` repeats `taken`: a clip half (trust norms, no skip,
+  // no norms) matches on SameClip, anything else on ==.
+  bool Repeats(const StepDecision& taken, const StepDecision& decision) const;
   void ClearStep();
   // Stage one of a started step: ranges applied (no gradient control) or
   // reduced, from pushes that may still be streaming.
@@ -345,7 +394,8 @@ class StepState {
   size_t claimed_ = 0;                              // Ranges handed out in the current stage.
   size_t finished_ = 0;                             // Ranges done in the current stage.
   OptimizerConfig step_config_;                     // Stage one without gradient control.
-  std::optional<StepDecision> decided_;             // Stage two: the decision applied.
+  std::optional<StepDecision> decided_;             // Stage two: the decision applied
+                                                    // (between halves: the clip half).
   Update decided_update_;
   std::vector<std::vector<double>> block_sums_;  // Per range, with gradient control.
 };

@@ -21,11 +21,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/optimizer_config.h"
+#include "common/step_protocol.h"
 
 namespace shardopt {
 
@@ -86,6 +89,24 @@ class UpdateBackend {
   virtual absl::Status UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
                                    uint64_t begin, uint64_t end) {
     return absl::UnimplementedError("range updates");
+  }
+
+  // LAMB on the flat partition (StepsNeedTrustNorms), after Reduce():
+  // MeasureTrust returns the trust partials of every tensor piece of the
+  // range, in layout order, for step `step` on gradient g * multiplier, and
+  // changes nothing; UpdateWithTrust then applies that step given every
+  // model tensor's norms (`norms`, indexed by layout tensor). Together they
+  // give the bits of one shard updating whole tensors. UNIMPLEMENTED where a
+  // backend lacks them (measures_trust() false).
+  virtual bool measures_trust() const { return false; }
+  virtual absl::StatusOr<std::vector<TrustPartial>> MeasureTrust(int64_t step,
+                                                                 const OptimizerConfig& config,
+                                                                 float multiplier) {
+    return absl::UnimplementedError("trust norms");
+  }
+  virtual absl::Status UpdateWithTrust(int64_t step, const OptimizerConfig& config,
+                                       float multiplier, absl::Span<const TensorNorms> norms) {
+    return absl::UnimplementedError("trust norms");
   }
 
   // Asynchronous modes (server/async_state.h): optimizer step `step` on

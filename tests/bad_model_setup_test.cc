@@ -76,12 +76,21 @@ TEST_F(BadInputTest, RegistrationIsIdempotentAndRefusesADifferentModel) {
   bad = fresh;
   bad.set_model_id("");
   ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "model_id is empty", before);
-  // The whole-tensor optimizers: LAMB on the flat partition, Muon on a
-  // vector ('b'), bad Adafactor and Muon settings, an unknown partition.
+  // The whole-tensor optimizers: Adafactor on the flat partition, LAMB on
+  // it off the 64-element grid or asynchronous, Muon on a vector ('b'), bad
+  // Adafactor and Muon settings, an unknown partition.
   bad = fresh;
-  *bad.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Lamb());
+  *bad.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Adafactor());
   ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT,
                  "needs the partition whole_tensors", before);
+  *bad.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Lamb());
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT,
+                 "needs an alignment that is a multiple of 64", before);
+  bad.mutable_layout()->set_alignment(64);
+  bad.set_consistency(v1::CONSISTENCY_ASYNC);
+  ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "it needs consistency sync",
+                 before);
+  bad = fresh;
   bad.mutable_layout()->set_partition(v1::PARTITION_WHOLE_TENSORS);
   *bad.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Muon());
   ExpectRejected(Register(bad, false, {}), grpc::INVALID_ARGUMENT, "tensor 'b' has 1 dimensions",
@@ -131,6 +140,32 @@ TEST_F(BadInputTest, BadHyperparameterChangesAreRefused) {
   bad.mutable_lr_schedule()->set_kind(static_cast<v1::LrSchedule::Kind>(42));
   ExpectRejected(Register(bad, false, {{0, Bytes(initial_, 0, initial_.size())}}),
                  grpc::INVALID_ARGUMENT, "unknown lr schedule kind", before);
+}
+
+// One tensor larger than all others together on whole tensors: allowed, and
+// Inspect says which and how uneven the shards are.
+TEST_F(BadInputTest, InspectReportsATensorThatOutweighsTheRest) {
+  const ModelLayout layout = ModelLayout::Create({{"small", {10}}, {"huge", {1000}}}, 16,
+                                                 kShardCount, Partition::kWholeTensors)
+                                 .value();
+  v1::ModelConfig config = config_;
+  config.set_model_id("lopsided");
+  *config.mutable_layout() = LayoutToProto(layout);
+  const std::vector<float> values(layout.ShardSize(kShardIndex), 0.0f);
+  ASSERT_TRUE(Register(config, false, {{0, Bytes(values, 0, values.size())}}).ok());
+  grpc::ClientContext context;
+  v1::InspectRequest request;
+  request.set_model_id("lopsided");
+  v1::InspectResponse info;
+  ASSERT_TRUE(stub_->Inspect(&context, request, &info).ok());
+  EXPECT_EQ(info.partition(), v1::PARTITION_WHOLE_TENSORS);
+  EXPECT_NEAR(info.imbalance(), layout.Imbalance(), 1e-12);
+  EXPECT_GT(info.imbalance(), 1.9);
+  EXPECT_NE(info.imbalance_note().find("tensor 'huge' (1000 elements) outweighs"),
+            std::string::npos)
+      << info.imbalance_note();
+  // The fixture's balanced model has no note.
+  EXPECT_TRUE(Inspect().imbalance_note().empty());
 }
 
 TEST_F(BadInputTest, InspectReportsTheShardAndRejectsBadSlices) {

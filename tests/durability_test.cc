@@ -94,7 +94,7 @@ TEST(DurabilityTest, CheckpointRestoresOnAnyShardCount) {
 // shards goes on as whole tensors on 2 and flat again on 5; LAMB (whole
 // tensors only) goes 3 -> 2 -> 5 shards. Each ends bit for bit where an
 // uninterrupted run on the last layout does (the synthetic workload is keyed
-// by tensor element, not offset), and LAMB cannot be restored flat.
+// by tensor element, not offset), and LAMB restored flat on 3 shards too.
 TEST(DurabilityTest, CheckpointRestoresOntoEitherPartition) {
   constexpr int kFirst = 6, kSecond = 11, kTotal = 16;
   constexpr uint32_t kTrainers = 2;
@@ -142,10 +142,18 @@ TEST(DurabilityTest, CheckpointRestoresOntoEitherPartition) {
     RunTrainers(Addresses(*whole), kTrainers, "lamb", kTotal, root + "/third");
     ExpectMatchesReference("lamb", 5, kTrainers, kTotal, root + "/third");
   }
-  // LAMB restored flat: the server refuses the checkpoint, naming why.
-  auto refused =
-      StartCluster(1, {"--restore_from=" + root + "/b/lamb", "--restore_partition=flat"});
-  EXPECT_FALSE(refused.ok());
+  {
+    // LAMB restored flat on 3 shards: its tensors straddle shards now, each
+    // step gathers their norms from every shard, and the job still ends on
+    // the bits of the whole-tensor run.
+    auto flat = StartCluster(3, {"--restore_from=" + root + "/b/lamb", "--restore_partition=flat"});
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    RunTrainers(Addresses(*flat), kTrainers, "lamb", kTotal, root + "/fourth",
+                {"--partition=flat"});
+    ModelSpec spec = SyntheticModelSpec("lamb", OptimizerByName("lamb").value(), kTrainers);
+    spec.partition = Partition::kFlat;
+    ExpectMatchesReference(spec, 3, kTotal, root + "/fourth");
+  }
 }
 
 // SIGKILL shards at random moments (and in the middle of checkpoints) while
@@ -155,10 +163,14 @@ TEST(DurabilityTest, CheckpointRestoresOntoEitherPartition) {
 // With `max_grad_norm` > 0 every step also takes a decision (clipping),
 // which the re-pushed steps must get again.
 // With `keep` > 0 the servers keep only that many periodic checkpoints.
-void KillShardsDuringTraining(double max_grad_norm, int keep) {
+// With `flat` the model (test_trainer's `model`) is on the flat partition.
+void KillShardsDuringTraining(double max_grad_norm, int keep, const std::string& model = "adamw",
+                              bool flat = false) {
   constexpr uint32_t kShards = 3, kTrainers = 2;
   constexpr int kSteps = 60, kKills = 6, kChangeAt = 31;
-  const std::string model = "adamw";
+  ModelSpec spec = SyntheticModelSpec(model, OptimizerByName(model).value(), kTrainers);
+  spec.max_grad_norm = max_grad_norm;
+  if (flat) spec.partition = Partition::kFlat;
   const std::string root = MakeTempDir("faults");
   const std::string ckpt = root + "/ckpt";
   const std::vector<std::string> flags = {
@@ -178,7 +190,8 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
       StartTrainers(addresses, kTrainers, model, kSteps, root + "/out",
                     {"--replay_steps=12", "--retry_budget=60s", "--chunk_bytes=64",
                      absl::StrCat("--max_grad_norm=", max_grad_norm),
-                     absl::StrCat("--lr_change=", kChangeAt, ":0.003")},
+                     absl::StrCat("--lr_change=", kChangeAt, ":0.003"),
+                     absl::StrCat("--partition=", PartitionName(spec.partition))},
                     &trainers));
   std::mt19937 rng(2026);
   int mid_checkpoint_kills = 0;
@@ -211,8 +224,7 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
   OptimizerConfig changed = OptimizerByName(model).value();
   changed.lr = 0.003;
   reference.changes[kChangeAt] = {changed, LrSchedule()};
-  ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out", max_grad_norm,
-                         reference);
+  ExpectMatchesReference(spec, kShards, kSteps, root + "/out", reference);
   // Every periodic checkpoint was committed in the end, also those a kill
   // interrupted (the restarted shard writes its part again when it gets
   // there).
@@ -256,7 +268,6 @@ void KillShardsDuringTraining(double max_grad_norm, int keep) {
   TrainerClientOptions options;
   options.retry_budget = absl::Seconds(5);
   auto client = TrainerClient::Connect(Addresses(*fresh), options).value();
-  const ModelSpec spec = SyntheticModelSpec(model, OptimizerByName(model).value(), kTrainers);
   const absl::Status s =
       client->Register(spec, SyntheticInitialParams(client->LayoutFor(spec).value(), kJobSeed));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -272,6 +283,13 @@ TEST(DurabilityTest, KilledShardsRecoverWithNothingLostOrAppliedTwice) {
 // Also keeping only the 3 newest periodic checkpoints.
 TEST(DurabilityTest, KilledShardsRecoverWithGradientControl) {
   KillShardsDuringTraining(0.5, /*keep=*/3);
+}
+
+// LAMB on the flat partition: each step's decision comes in two halves
+// (the tensor norms gathered from every shard), and a restarted shard
+// measures its partials again for the steps it re-applies.
+TEST(DurabilityTest, KilledShardsRecoverWithLambOnTheFlatPartition) {
+  KillShardsDuringTraining(0, /*keep=*/0, "lamb", /*flat=*/true);
 }
 
 // A trainer killed mid-run comes back, re-attaches at the model's version and

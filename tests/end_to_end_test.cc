@@ -20,6 +20,7 @@
 #include "tests/support/process.h"
 #include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
+#include "tests/support/training_job.h"
 
 namespace shardopt::testing {
 namespace {
@@ -103,6 +104,42 @@ void RunAndCompare(uint32_t shards, uint32_t trainers, const std::vector<std::st
         EXPECT_EQ(mismatches, 0u) << name << suffix << " rank " << r;
       }
     }
+  }
+}
+
+// LAMB on the flat partition: its tensors straddle the 3 shards, so each
+// step gathers every tensor's norms from all of them (decisions in two
+// halves), with and without clipping; 2 trainers end on the bits of the
+// single-process reference, which updates every tensor whole.
+TEST(EndToEndLambFlatTest, NormsGatheredOverShardsGiveTheWholeTensorBits) {
+  constexpr uint32_t kShards = 3, kTrainers = 2;
+  for (const double max_grad_norm : {0.0, 0.01}) {
+    SCOPED_TRACE(max_grad_norm);
+    ModelSpec spec = SyntheticModelSpec("lamb", OptimizerByName("lamb").value(), kTrainers);
+    spec.partition = Partition::kFlat;
+    spec.max_grad_norm = max_grad_norm;
+    const ModelLayout layout =
+        ModelLayout::Create(spec.tensors, spec.alignment, kShards, spec.partition).value();
+    bool straddles = false;
+    for (uint32_t s = 0; s < kShards; ++s) {
+      for (const TensorPiece& piece : layout.PiecesIn(layout.ShardRange(s))) {
+        straddles = straddles || piece.size != layout.tensors()[piece.tensor_index].size;
+      }
+    }
+    ASSERT_TRUE(straddles);
+    if (max_grad_norm > 0) {
+      // The clip binds: without it the reference ends elsewhere.
+      ModelSpec unclipped = spec;
+      unclipped.max_grad_norm = 0;
+      ASSERT_NE(ReferenceRun(spec, layout, kSteps, kJobSeed, {}),
+                ReferenceRun(unclipped, layout, kSteps, kJobSeed, {}));
+    }
+    auto servers = StartCluster(kShards, {"--device=cpu"});
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    const std::string out_root = MakeTempDir("lamb_flat");
+    RunTrainers(Addresses(*servers), kTrainers, "lamb", kSteps, out_root,
+                {"--partition=flat", absl::StrCat("--max_grad_norm=", max_grad_norm)});
+    ExpectMatchesReference(spec, kShards, kSteps, out_root);
   }
 }
 

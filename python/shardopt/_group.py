@@ -27,6 +27,7 @@ class Group:
         self.accumulators = []   # Autograd's gradient accumulators (kept alive).
         self.changed_in_a_row = 0  # Streamed steps whose gradient changed after sending.
         self.resume_pending = False  # A rollback's pull failed: pull first.
+        self.no_stream = False   # Never streamed (LAMB on the flat partition).
         self.reset_stream()
 
     def use_shared_buffers(self):

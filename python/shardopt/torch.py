@@ -126,8 +126,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
       partition: "flat" (an even split of the flat buffer, tensors may
         straddle shards) or "whole_tensors" (each tensor on one shard,
         shards balanced by size); None (the default) picks "whole_tensors"
-        for "lamb", "adafactor" and "muon", which need it, and "flat"
-        otherwise (per parameter group).
+        for "lamb", "adafactor" and "muon", and "flat" otherwise (per
+        parameter group). "adafactor" and "muon" need "whole_tensors";
+        "lamb" runs on "flat" too (even shards; each step then gathers
+        every tensor's norms from all shards before updating, the same
+        bits, synchronous consistency only, pushed after backward).
       model_id: the model's name on the servers (one per training job).
       max_grad_norm: > 0 clips the global gradient norm on the servers.
       checkpoint_dir: where ``state_dict()`` makes the servers save.
@@ -366,6 +369,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         kind = self._kind_of(group)
         partition = self._partition or (
             "whole_tensors" if kind in _WHOLE_TENSOR_OPTIMIZERS else "flat")
+        # LAMB on the flat partition over several shards takes each step's
+        # tensor norms from every shard before the update: pushed whole.
+        g.no_stream = kind == "lamb" and partition == "flat" and len(self._servers) > 1
         layout = client.layout_for(tensors, partition)
         total = layout[-1][2]
         g.flat_params = torch.zeros(total, dtype=torch.float32)
@@ -413,7 +419,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _gradient_final(self, g, j):
         """Autograd accumulated parameter j's gradient (a backward hook)."""
-        if g.broken or not self._overlap_backward:
+        if g.broken or g.no_stream or not self._overlap_backward:
             return
         p, (offset, size) = g.params[j], g.slices[j]
         in_buffer = p.grad is not None and \

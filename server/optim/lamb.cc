@@ -1,21 +1,26 @@
 // LAMB (You et al. 2019) as DeepSpeed's FusedLamb computes it (apex's
-// FusedLAMB in adam_w_mode, with DeepSpeed's clamp of the trust ratio), one
-// whole tensor at a time (see LambConfig in the proto):
+// FusedLAMB in adam_w_mode, with DeepSpeed's clamp of the trust ratio), per
+// tensor (see LambConfig in the proto):
 //   m = beta1 * m + (1 - beta1) * g
 //   v = beta2 * v + (1 - beta2) * g * g
 //   u = (m / c1) / (sqrt(v / c2) + eps) + weight_decay * p
 //   r = clamp(||p|| / ||u||, min_trust_ratio, max_trust_ratio), 1 if a norm is 0
 //   p = p - float(lr * r) * u
-// Per element in fp32 with the scalars rounded to fp32; the norms are sums
-// of squares in double in a fixed order (SumOfSquares over fixed blocks, so
-// they depend on nothing but the tensor's values). u is computed twice, before and after the norms,
-// from the same fp32 values with the same operations, so both passes agree to the bit and no
-// scratch copy of the tensor is needed.
+// Per element in fp32 with the scalars rounded to fp32. The squared norms
+// are sums over blocks of kTrustBlockElements elements counted from the
+// tensor's start, each block summed in double (SumOfSquares), the blocks
+// added exactly (ExactSum) and rounded once: they depend on nothing but the
+// tensor's values, not on how the tensor is split over shards or threads.
+// MeasureTrust computes m, v and u without writing them; UpdateWithTrust
+// computes them again from the same fp32 values with the same operations
+// (the build does not contract to FMA), so both passes agree to the bit and
+// no scratch copy of the tensor is needed.
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <memory>
 
+#include "common/exact_sum.h"
 #include "server/optim/optimizer.h"
 #include "server/optim/optimizer_internal.h"
 
@@ -38,7 +43,56 @@ class Lamb final : public WholeTensorOptimizer {
     exp_avg_sq_ = AddSlot("exp_avg_sq", 0.0f);
   }
 
+  bool measures_trust() const override { return true; }
+
   void UpdateTensor(int64_t step, float* params, const float* grad, size_t tensor) override {
+    const RangeTensor& t = tensors()[tensor];
+    assert(t.whole);  // (A piece's norms are every shard's: UpdateWithTrust.)
+    TrustPartial partial;
+    MeasureTrust(step, params, grad, 1.0f, tensor, t.offset, t.offset + t.size, &partial);
+    const TensorNorms norms{partial.weight_squares.Rounded(), partial.update_squares.Rounded()};
+    UpdateWithTrust(step, params, grad, tensor, t.offset, t.offset + t.size, norms);
+  }
+
+  void MeasureTrust(int64_t step, const float* params, const float* grad, float multiplier,
+                    size_t piece, uint64_t begin, uint64_t end,
+                    TrustPartial* partial) const override {
+    CheckPart(piece, begin, end);
+    const LambScalars s = Scalars(step);
+    DispatchBool(config().maximize, [&](auto maximize) {
+      Measure<decltype(maximize)::value>(s, params, grad, multiplier, begin, end, partial);
+    });
+  }
+
+  void UpdateWithTrust(int64_t step, float* params, const float* grad, size_t piece, uint64_t begin,
+                       uint64_t end, const TensorNorms& norms) override {
+    CheckPart(piece, begin, end);
+    const LambScalars s = Scalars(step);
+    const OptimizerConfig& c = config();
+    double ratio = 1.0;
+    if (norms.weight_squares > 0 && norms.update_squares > 0) {
+      ratio = std::sqrt(norms.weight_squares) / std::sqrt(norms.update_squares);
+      ratio = std::max(ratio, c.min_trust_ratio);
+      if (c.max_trust_ratio > 0) ratio = std::min(ratio, c.max_trust_ratio);
+    }
+    const float step_size = static_cast<float>(c.lr * ratio);
+    DispatchBool(c.maximize, [&](auto maximize) {
+      Apply<decltype(maximize)::value>(s, step_size, params, grad, begin, end);
+    });
+  }
+
+ private:
+  void CheckPart(size_t piece, uint64_t begin, uint64_t end) const {
+    assert(piece < tensors().size());
+    const RangeTensor& t = tensors()[piece];
+    assert(begin >= t.offset && begin <= end && end <= t.offset + t.size);
+    assert((begin - t.offset) % kTrustBlockElements == 0);
+    (void)t;
+    (void)begin;
+    (void)end;
+  }
+
+  LambScalars Scalars(int64_t step) const {
     assert(step >= 1);
     const OptimizerConfig& c = config();
     const double t = static_cast<double>(step);
@@ -51,41 +105,41 @@ class Lamb final : public WholeTensorOptimizer {
     s.c2 = c.bias_correction ? static_cast<float>(1.0 - std::pow(c.beta2, t)) : 1.0f;
     s.eps = static_cast<float>(c.eps);
     s.weight_decay = static_cast<float>(c.weight_decay);
-    DispatchBool(c.maximize, [&](auto maximize) {
-      Apply<decltype(maximize)::value>(s, params, grad, tensors()[tensor]);
-    });
+    return s;
   }
 
- private:
+  // The gradient as UpdateWithTrust will read it: multiplied in place by the
+  // backend (g * multiplier in fp32), then negated when maximizing.
   template <bool kMaximize>
-  void Apply(const LambScalars& s, float* __restrict params, const float* __restrict grad,
-             const RangeTensor& tensor) {
-    const size_t begin = tensor.offset, end = tensor.offset + tensor.size;
-    float* __restrict m = exp_avg_;
-    float* __restrict v = exp_avg_sq_;
-    float u[kScratchElements];
-    double p_squares = 0, u_squares = 0;
-    for (size_t block = begin; block < end; block += kScratchElements) {
-      const size_t n = std::min(kScratchElements, end - block);
+  void Measure(const LambScalars& s, const float* __restrict params, const float* __restrict grad,
+               float multiplier, size_t begin, size_t end, TrustPartial* partial) const {
+    const float* __restrict m = exp_avg_;
+    const float* __restrict v = exp_avg_sq_;
+    float u[kTrustBlockElements];
+    for (size_t block = begin; block < end; block += kTrustBlockElements) {
+      const size_t n = std::min<size_t>(kTrustBlockElements, end - block);
       for (size_t k = 0; k < n; ++k) {
         const size_t i = block + k;
-        const float g = kMaximize ? -grad[i] : grad[i];
-        m[i] = s.beta1 * m[i] + s.one_minus_beta1 * g;
-        v[i] = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
-        u[k] = LambDirection(s, m[i], v[i], params[i]);
+        const float scaled = grad[i] * multiplier;
+        const float g = kMaximize ? -scaled : scaled;
+        const float m_next = s.beta1 * m[i] + s.one_minus_beta1 * g;
+        const float v_next = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
+        u[k] = LambDirection(s, m_next, v_next, params[i]);
       }
-      p_squares += SumOfSquares(params + block, n);
-      u_squares += SumOfSquares(u, n);
+      partial->weight_squares.Add(SumOfSquares(params + block, n));
+      partial->update_squares.Add(SumOfSquares(u, n));
     }
-    const OptimizerConfig& c = config();
-    double ratio = 1.0;
-    if (p_squares > 0 && u_squares > 0) {
-      ratio = std::sqrt(p_squares) / std::sqrt(u_squares);
-      ratio = std::max(ratio, c.min_trust_ratio);
-      if (c.max_trust_ratio > 0) ratio = std::min(ratio, c.max_trust_ratio);
-    }
-    const float step_size = static_cast<float>(c.lr * ratio);
+  }
+
+  template <bool kMaximize>
+  void Apply(const LambScalars& s, float step_size, float* __restrict params,
+             const float* __restrict grad, size_t begin, size_t end) {
+    float* __restrict m = exp_avg_;
+    float* __restrict v = exp_avg_sq_;
     for (size_t i = begin; i < end; ++i) {
+      const float g = kMaximize ? -grad[i] : grad[i];
+      m[i] = s.beta1 * m[i] + s.one_minus_beta1 * g;
+      v[i] = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
       params[i] = params[i] - step_size * LambDirection(s, m[i], v[i], params[i]);
     }
   }

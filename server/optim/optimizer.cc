@@ -19,9 +19,30 @@ absl::StatusOr<std::vector<RangeTensor>> WholeTensorsOfShard(const ModelLayout& 
           "tensor '", t.spec.name, "' straddles shard ", shard_index, "'s range (partition ",
           PartitionName(layout.partition()), "): this optimizer needs partition whole_tensors"));
     }
-    tensors.push_back(RangeTensor{piece.flat_offset - range.begin, t.size, t.spec.shape});
+    tensors.push_back(RangeTensor{piece.flat_offset - range.begin, t.size, t.spec.shape,
+                                  static_cast<uint32_t>(piece.tensor_index), 0, true});
   }
   return tensors;
+}
+
+std::vector<RangeTensor> TensorPiecesOfShard(const ModelLayout& layout, uint32_t shard_index) {
+  const FlatRange range = layout.ShardRange(shard_index);
+  std::vector<RangeTensor> pieces;
+  for (const TensorPiece& piece : layout.PiecesIn(range)) {
+    const TensorPlacement& t = layout.tensors()[piece.tensor_index];
+    pieces.push_back(RangeTensor{piece.flat_offset - range.begin, piece.size, t.spec.shape,
+                                 static_cast<uint32_t>(piece.tensor_index), piece.tensor_offset,
+                                 piece.size == t.size});
+  }
+  return pieces;
+}
+
+bool Optimizer::needs_trust_norms() const {
+  if (!measures_trust()) return false;
+  for (const RangeTensor& t : tensors_) {
+    if (!t.whole) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config,
@@ -41,6 +62,14 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConf
   }
   std::unique_ptr<Optimizer> made = MakeOptimizer(config, size);
   if (made == nullptr) return absl::InvalidArgumentError("unknown optimizer kind");
+  for (const RangeTensor& t : tensors) {
+    // Only LAMB takes pieces, whose norm blocks count from the tensor's start.
+    if (!t.whole && (!made->measures_trust() || t.start % kTrustBlockElements != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(OptimizerKindName(config.kind),
+                                                     " cannot update a piece of tensor ", t.index,
+                                                     " starting at its element ", t.start));
+    }
+  }
   made->tensors_ = std::move(tensors);
   return made;
 }

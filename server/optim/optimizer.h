@@ -22,12 +22,20 @@
 //   [begin, end) ranges with the same step. It knows nothing of threads,
 //   networks or trainers: the caller splits the range and reduces gradients.
 // - The caller must apply steps 1, 2, 3, ... in order over the whole range.
-// - Whole-tensor optimizers (needs_whole_tensors(): LAMB, Adafactor) update
-//   one tensor at a time from values of the whole tensor (norms, row and
-//   column means). They get the range's tensors at Create(); UpdateTensor
+// - Whole-tensor optimizers (needs_whole_tensors(): LAMB, Adafactor, Muon)
+//   update one tensor at a time from values of the whole tensor (norms, row
+//   and column means). They get the range's tensors at Create(); UpdateTensor
 //   updates one (concurrent calls on different tensors are safe), and
 //   Update(begin, end) every tensor that begins in [begin, end), each of
 //   which must end by `end`. Padding between them is left alone.
+// - LAMB (measures_trust()) also runs a step in two calls, so that a tensor
+//   split over shards gets the norms of all of it: MeasureTrust adds a
+//   piece's squares to a TrustPartial and changes nothing; UpdateWithTrust
+//   updates the piece given the whole tensor's norms. Both work on any
+//   block-aligned part of a piece, concurrently on disjoint parts, and give
+//   the same bits as UpdateTensor on a whole tensor (which is the two calls
+//   with the tensor's own norms). LAMB with pieces that are not whole
+//   (needs_trust_norms(); the flat partition) has no UpdateTensor/Update.
 #ifndef SHARDOPT_SERVER_OPTIM_OPTIMIZER_H_
 #define SHARDOPT_SERVER_OPTIM_OPTIMIZER_H_
 
@@ -41,20 +49,27 @@
 #include "absl/types/span.h"
 #include "common/layout.h"
 #include "common/optimizer_config.h"
+#include "common/step_protocol.h"
 
 namespace shardopt {
 
-// One whole tensor inside the range.
+// One tensor inside the range, or (LAMB on the flat partition) the piece of
+// one that lies in it.
 struct RangeTensor {
   uint64_t offset = 0;  // Range-local index of its first element.
-  uint64_t size = 0;
+  uint64_t size = 0;    // Of this piece.
   std::vector<int64_t> shape;
+  uint32_t index = 0;  // The tensor's in the layout.
+  uint64_t start = 0;  // The piece's first element within the tensor.
+  bool whole = true;   // The piece is all of the tensor.
 };
 
 // The tensors of shard `shard_index`'s range, each whole; FAILED_PRECONDITION
 // naming the tensor when one straddles the range (a flat partition).
 absl::StatusOr<std::vector<RangeTensor>> WholeTensorsOfShard(const ModelLayout& layout,
                                                              uint32_t shard_index);
+// Every tensor piece of the range, whole or not, in flat order.
+std::vector<RangeTensor> TensorPiecesOfShard(const ModelLayout& layout, uint32_t shard_index);
 
 class Optimizer {
  public:
@@ -73,6 +88,19 @@ class Optimizer {
   // others update its elements).
   virtual void UpdateTensor(int64_t step, float* params, const float* grad, size_t tensor);
   const std::vector<RangeTensor>& tensors() const { return tensors_; }
+
+  // LAMB's two-call step (see the header comment). [begin, end) lies in
+  // tensors()[piece], begin a multiple of kTrustBlockElements from the
+  // tensor's start. MeasureTrust is for gradient grad * multiplier;
+  // UpdateWithTrust reads a gradient already multiplied.
+  virtual bool measures_trust() const { return false; }
+  // Some piece is not a whole tensor: steps need norms from other shards.
+  bool needs_trust_norms() const;
+  virtual void MeasureTrust(int64_t step, const float* params, const float* grad, float multiplier,
+                            size_t piece, uint64_t begin, uint64_t end,
+                            TrustPartial* partial) const {}
+  virtual void UpdateWithTrust(int64_t step, float* params, const float* grad, size_t piece,
+                               uint64_t begin, uint64_t end, const TensorNorms& norms) {}
 
   const OptimizerConfig& config() const { return config_; }
   // Replaces the hyperparameters for the following updates (not during one):

@@ -97,8 +97,11 @@ ModelSpec SyntheticModelSpec(const std::string& model_id, const OptimizerConfig&
     }
     spec.tensors = std::move(matrices);
   }
-  spec.alignment = 16;
-  // LAMB, Adafactor and Muon need whole tensors; the others keep the flat split.
+  // (LAMB's norm blocks of 64 elements must not straddle shards when it runs
+  // on the flat partition: see CheckTrustNormsFit.)
+  spec.alignment = optimizer.kind == OptimizerKind::kLamb ? 64 : 16;
+  // LAMB, Adafactor and Muon on whole tensors (LAMB runs flat too, with
+  // --partition=flat); the others keep the flat split.
   spec.partition = NeedsWholeTensors(optimizer.kind) ? Partition::kWholeTensors : Partition::kFlat;
   spec.optimizer = optimizer;
   spec.num_trainers = num_trainers;
