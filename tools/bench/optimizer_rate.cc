@@ -12,7 +12,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/layout.h"
 #include "common/optimizer_config.h"
+#include "common/step_protocol.h"
 #include "server/cpu_backend.h"
 #include "server/optim/blas.h"
 #include "server/optim/optimizer.h"
@@ -132,6 +134,84 @@ absl::Status RunOptimizers(uint64_t n, const std::vector<int>& thread_counts, do
   return absl::OkStatus();
 }
 
+// LAMB through the shard's backend, the way a server runs it: 64 matrices
+// of 1024 x 1024 updated whole on one shard (CpuBackend::Update: measure
+// and update in 64K-element parts over the threads), against the same
+// matrices on the flat partition of 3 shards, whose steps gather the
+// tensor norms from every shard (each shard's MeasureTrust, the trainers'
+// CombineTrustPartials, each shard's UpdateWithTrust; the 3 shards run one
+// after another on the same threads, so the row is their total work).
+absl::Status RunLambBackends(uint64_t n, const std::vector<int>& thread_counts, double seconds,
+                             const std::vector<CopyRate>& memcpy_rates) {
+  constexpr int64_t kSide = 1024;
+  constexpr uint32_t kShards = 3;
+  std::vector<TensorSpec> specs;
+  for (uint64_t m = 0; m < n / (kSide * kSide); ++m) {
+    specs.push_back(TensorSpec{absl::StrCat("w", m), {kSide, kSide}, DType::kFloat32});
+  }
+  if (const int64_t rest = static_cast<int64_t>(n % (kSide * kSide)); rest > 0) {
+    specs.push_back(TensorSpec{"rest", {rest}, DType::kFloat32});
+  }
+  const OptimizerConfig lamb = OptimizerConfig::Lamb();
+  Table table({"lamb through CpuBackend", "threads", "ms/update", "Mparams/s", "GB/s (40 B)",
+               "frac of memcpy"});
+  for (int t : thread_counts) {
+    ThreadPool pool(t);
+    for (const uint32_t shards : {1u, kShards}) {
+      absl::StatusOr<ModelLayout> layout = ModelLayout::Create(
+          specs, 64, shards, shards == 1 ? Partition::kWholeTensors : Partition::kFlat);
+      if (!layout.ok()) return layout.status();
+      std::vector<std::unique_ptr<CpuBackend>> backends;
+      for (uint32_t s = 0; s < shards; ++s) {
+        std::vector<float> params(layout->ShardSize(s)), grads(layout->ShardSize(s));
+        FillParams(params);
+        FillGradients(grads);
+        absl::StatusOr<std::unique_ptr<CpuBackend>> b =
+            CpuBackend::Create(lamb, 1, std::move(params), &pool, TensorPiecesOfShard(*layout, s));
+        if (!b.ok()) return b.status();
+        absl::StatusOr<size_t> staged =
+            (*b)->Stage(0, 0, grads.data(), DType::kFloat32, grads.size());
+        if (!staged.ok()) return staged.status();
+        if (absl::Status r = (*b)->Reduce(true); !r.ok()) return r;
+        backends.push_back(*std::move(b));
+      }
+      int64_t step = 0;
+      absl::Status failed;
+      std::vector<double> times = TimeRepeated(seconds, 3, 100000, [&] {
+        ++step;
+        if (shards == 1) {
+          failed.Update(backends[0]->Update(step, lamb, 1.0f));
+          return;
+        }
+        std::vector<StepStats> stats(shards);
+        for (uint32_t s = 0; s < shards; ++s) {
+          absl::StatusOr<std::vector<TrustPartial>> p = backends[s]->MeasureTrust(step, lamb, 1.0f);
+          if (!p.ok()) return failed.Update(p.status());
+          stats[s].trust_partials = *std::move(p);
+        }
+        absl::StatusOr<std::vector<TensorNorms>> norms = CombineTrustPartials(stats, *layout);
+        if (!norms.ok()) return failed.Update(norms.status());
+        for (uint32_t s = 0; s < shards; ++s) {
+          failed.Update(backends[s]->UpdateWithTrust(step, lamb, 1.0f, *norms));
+        }
+      });
+      if (!failed.ok()) return failed;
+      const double sec = Median(times);
+      const double gbps = 40.0 * n / sec / 1e9;
+      std::string frac = "n/a";
+      for (const CopyRate& r : memcpy_rates) {
+        if (r.threads == t) frac = Fixed(gbps / r.gbps, 2);
+      }
+      table.AddRow({shards == 1 ? "whole tensors, 1 shard"
+                                : absl::StrCat("flat, ", kShards, " shards, norms gathered"),
+                    absl::StrCat(t), Fixed(sec * 1e3, 2), Fixed(n / sec / 1e6, 0), Fixed(gbps, 2),
+                    frac});
+    }
+  }
+  table.Print();
+  return absl::OkStatus();
+}
+
 // Muon is bound by its matrix products, not by memory: its update of
 // kMatrices matrices of kSide^2 (one per task, each product on one
 // BLAS thread) against the BLAS's own sgemm of that shape on as many
@@ -212,6 +292,8 @@ absl::Status RunOptimizerSection(uint64_t params, int64_t memcpy_mib,
   copy_table.Print();
   absl::PrintF("\n");
   if (absl::Status s = RunOptimizers(params, thread_counts, seconds, copies); !s.ok()) return s;
+  absl::PrintF("\n");
+  if (absl::Status s = RunLambBackends(params, thread_counts, seconds, copies); !s.ok()) return s;
   return RunMuon(thread_counts, seconds);
 }
 
