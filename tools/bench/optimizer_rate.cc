@@ -212,12 +212,14 @@ absl::Status RunLambBackends(uint64_t n, const std::vector<int>& thread_counts, 
   return absl::OkStatus();
 }
 
-// Muon is bound by its matrix products, not by memory: its update of
-// kMatrices matrices of kSide^2 (one per task, each product on one
-// BLAS thread) against the BLAS's own sgemm of that shape on as many
-// threads, in FLOP/s.
-absl::Status RunMuon(const std::vector<int>& thread_counts, double seconds) {
-  constexpr size_t kSide = 512, kMatrices = 4;
+// Muon is bound by its matrix products, not by memory: its update of the
+// `params` parameters as matrices of kSide^2 (one per task, each product
+// on one BLAS thread; at least one) against the BLAS's own sgemm of that
+// shape on as many threads, in FLOP/s.
+absl::Status RunMuon(uint64_t params_wanted, const std::vector<int>& thread_counts,
+                     double seconds) {
+  constexpr size_t kSide = 1024;
+  const size_t kMatrices = std::max<size_t>(1, params_wanted / (kSide * kSide));
   const OptimizerConfig muon = OptimizerConfig::Muon();
   const size_t n = kSide * kSide * kMatrices;
   std::vector<RangeTensor> matrices;
@@ -294,7 +296,7 @@ absl::Status RunOptimizerSection(uint64_t params, int64_t memcpy_mib,
   if (absl::Status s = RunOptimizers(params, thread_counts, seconds, copies); !s.ok()) return s;
   absl::PrintF("\n");
   if (absl::Status s = RunLambBackends(params, thread_counts, seconds, copies); !s.ok()) return s;
-  return RunMuon(thread_counts, seconds);
+  return RunMuon(params, thread_counts, seconds);
 }
 
 }  // namespace shardopt::bench

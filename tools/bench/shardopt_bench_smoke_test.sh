@@ -35,6 +35,8 @@ for opt in adamw sgd-momentum adagrad; do
 done
 expect "lamb whole row" "^  whole tensors, 1 shard +[0-9]+ +$num +[0-9]+ +$num +$num\$"
 expect "lamb flat row" "^  flat, 3 shards, norms gathered +[0-9]+ +$num +[0-9]+ +$num +$num\$"
+expect "muon sgemm row" "^  1 sgemm 1024\^3 +[0-9]+ +$num +$num +1\.00\$"
+expect "muon update row" "^  muon update, 1 x 1024x1024 +[0-9]+ +$num +$num +$num\$"
 expect "summary ratio" "^  push\+pull 1 MiB: $num ms/step, $num GB/s payload = ${num}x raw TCP best\$"
 expect "wire types fp32 row" "^  float32 / float32 +[0-9]+ +$num +$num +$num +1\\.000x +1\\.000x\$"
 expect "wire types bf16 row" "^  bfloat16 / bfloat16 +[0-9]+ +$num +$num +$num +${num}x +${num}x\$"
