@@ -69,12 +69,15 @@ absl::Status CpuBackend::CheckWholeRange(uint64_t begin, uint64_t end) const {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::CheckOwnNormsSuffice() const {
+  if (!optimizer_->needs_trust_norms()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "lamb on the flat partition updates with tensor norms from every shard (the step's "
+      "decision), not from this shard's pieces alone");
+}
+
 absl::Status CpuBackend::UpdateWholeTensors(int64_t step, const float* gradient) {
-  if (optimizer_->needs_trust_norms()) {
-    return absl::FailedPreconditionError(
-        "lamb on the flat partition updates with tensor norms from every shard (the step's "
-        "decision), not from this shard's pieces alone");
-  }
+  if (absl::Status s = CheckOwnNormsSuffice(); !s.ok()) return s;
   if (optimizer_->measures_trust()) {
     const std::vector<TrustPartial> own = MeasureParts(step, gradient, 1.0f);
     std::vector<TensorNorms> norms;
@@ -178,7 +181,7 @@ absl::Status CpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConf
   if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
   if (optimizer_->needs_whole_tensors()) {
     if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
-    if (optimizer_->needs_trust_norms()) return UpdateWholeTensors(step, nullptr);
+    if (absl::Status s = CheckOwnNormsSuffice(); !s.ok()) return s;
     if (absl::Status s = ReduceRange(mean, first, last); !s.ok()) return s;
     return UpdateWholeTensors(step, staging_[0].data());
   }
@@ -295,7 +298,7 @@ absl::Status CpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config
   float* const params = params_.data();
   if (optimizer_->needs_whole_tensors()) {
     if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
-    if (optimizer_->needs_trust_norms()) return UpdateWholeTensors(step, nullptr);
+    if (absl::Status s = CheckOwnNormsSuffice(); !s.ok()) return s;
     MultiplyGradient(multiplier);
     return UpdateWholeTensors(step, g);
   }

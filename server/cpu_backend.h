@@ -85,6 +85,9 @@ class CpuBackend final : public UpdateBackend {
   // FAILED_PRECONDITION when some tensor is only a piece (LAMB on the flat
   // partition: its steps need norms from other shards).
   absl::Status UpdateWholeTensors(int64_t step, const float* gradient);
+  // FAILED_PRECONDITION when some tensor is only a piece (see above): the
+  // whole-step calls refuse before they touch anything.
+  absl::Status CheckOwnNormsSuffice() const;
   // LAMB's trust parts: the partials of `gradient` * multiplier, one per
   // piece of optimizer_->tensors(); then the update with given norms.
   std::vector<TrustPartial> MeasureParts(int64_t step, const float* gradient, float multiplier);
