@@ -146,6 +146,20 @@ std::vector<std::string> OptimizerConfig::StateSlotNames() const {
   return {};
 }
 
+bool OptimizerConfig::PacksSlot(int slot) const {
+  return kind == OptimizerKind::kAdafactor && slot >= 0 && slot < 2;
+}
+
+uint64_t OptimizerConfig::StoredSlotElements(int slot, const std::vector<int64_t>& shape,
+                                             uint64_t size) const {
+  if (!PacksSlot(slot)) return size;
+  if (shape.size() < 2) return slot == 0 ? size : 0;
+  const uint64_t rows = static_cast<uint64_t>(shape[shape.size() - 2]);
+  const uint64_t cols = static_cast<uint64_t>(shape.back());
+  if (rows == 0 || cols == 0) return 0;
+  return slot == 0 ? size / cols : size / rows;
+}
+
 float OptimizerConfig::InitialSlotValue(int slot) const {
   (void)slot;
   return kind == OptimizerKind::kAdagrad ? static_cast<float>(initial_accumulator_value) : 0.0f;

@@ -125,6 +125,15 @@ struct OptimizerConfig {
   // dimensions keeps torch's "variance" in "row_var"; the rest is zero).
   // StateSlotsPerElement() of them.
   std::vector<std::string> StateSlotNames() const;
+  // Adafactor's slots are packed: a server stores only a tensor's factors
+  // (StoredSlotElements) and the rest of its part reads as zero, so its
+  // state takes (R + C) / (R * C) of the others' per matrix.
+  bool PacksSlot(int slot) const;
+  // The elements of slot `slot` that a whole tensor of `shape` (`size`
+  // elements) keeps at the start of its part: `size` for unpacked slots;
+  // row_var B*R and col_var B*C for two or more dimensions, else `size` and
+  // 0.
+  uint64_t StoredSlotElements(int slot, const std::vector<int64_t>& shape, uint64_t size) const;
   // What a slot holds before the first step: Adagrad's sum starts at
   // initial_accumulator_value, everything else at zero.
   float InitialSlotValue(int slot) const;

@@ -7,6 +7,7 @@
 #include "common/names.h"
 #include "common/proto_convert.h"
 #include "common/step_protocol.h"
+#include "server/optim/optimizer.h"
 
 namespace shardopt {
 
@@ -176,9 +177,11 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
     if (c.max_scale() > 0) scaler->max_scale = c.max_scale();
     if (absl::Status s = scaler->Validate(); !s.ok()) return s;
   }
+  // Parameters and one staging buffer per trainer, and the optimizer state
+  // as the optimizer will hold it (packed slots store less).
   const uint64_t state_bytes =
-      size * sizeof(float) *
-      (1 + static_cast<uint64_t>(optimizer->StateSlotsPerElement()) + config.num_trainers());
+      size * sizeof(float) * (1 + static_cast<uint64_t>(config.num_trainers())) +
+      Optimizer::PlannedStateBytes(*optimizer, size, TensorPiecesOfShard(*layout, shard_index));
   ModelShardOptions options{config.model_id(),
                             *layout,
                             shard_index,

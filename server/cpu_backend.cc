@@ -334,14 +334,13 @@ absl::Status CpuBackend::CheckSlot(int slot, uint64_t offset, uint64_t count) co
 
 absl::Status CpuBackend::ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) {
   if (absl::Status s = CheckSlot(slot, offset, count); !s.ok()) return s;
-  std::memcpy(out, optimizer_->slot(slot).data() + offset, count * sizeof(float));
+  optimizer_->ReadSlot(slot, offset, count, out);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) {
   if (absl::Status s = CheckSlot(slot, offset, count); !s.ok()) return s;
-  std::memcpy(optimizer_->slot(slot).data() + offset, in, count * sizeof(float));
-  return absl::OkStatus();
+  return optimizer_->WriteSlot(slot, offset, count, in);
 }
 
 }  // namespace shardopt

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "server/model_shard.h"
@@ -24,6 +25,7 @@ using testing::PushAll;
 using testing::RandomGradient;
 using testing::ReadAll;
 using testing::TestLayout;
+using testing::ZeroPadding;
 
 TEST(ModelShardTest, HyperparameterChangeTakesEffectAtItsStepAndRepeatsAreHarmless) {
   ThreadPool pool(1);
@@ -267,6 +269,80 @@ TEST(ModelShardTest, CheckpointHoldsTheStepBoundary) {
   EXPECT_EQ(old->outcome, PushOutcome::kAlreadyApplied);
   // Restoring a shard that has taken pushes is refused.
   EXPECT_EQ(restored->Restore(saved, nullptr).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Adafactor's packed slots through a checkpoint: the saved slots read as
+// full-size (the factors at the start of each tensor's part, zeros
+// elsewhere), a shard restored from them continues bit for bit, and saved
+// state with a value where no factor is stored is refused as DATA_LOSS.
+TEST(ModelShardTest, AdafactorCheckpointRestoresItsFactorsAndRefusesStrayValues) {
+  ThreadPool pool(2);
+  const ModelLayout layout = ModelLayout::Create({{"w", {37, 19}}, {"b", {5}}, {"m", {3, 4, 7}}},
+                                                 16, 1, Partition::kWholeTensors)
+                                 .value();
+  const ModelShardOptions options{"m", layout, 0, OptimizerConfig::Adafactor(0.05), 1, true};
+  std::vector<float> initial(layout.ShardSize(0));
+  for (size_t i = 0; i < initial.size(); ++i) initial[i] = 0.01f * static_cast<float>(i % 29);
+  ZeroPadding(layout, 0, &initial);
+  auto gradient = [&](int64_t step) {
+    std::vector<float> g = RandomGradient(0, step, initial.size());
+    ZeroPadding(layout, 0, &g);
+    return g;
+  };
+  std::unique_ptr<ModelShard> shard = ModelShard::Create(options, initial, &pool).value();
+  // 37 + 19 row and column factors, 5 variances, 12 + 21 factors.
+  EXPECT_EQ(shard->Snapshot("", 0, 0, false).value().optimizer_state_bytes,
+            (37 + 19 + 5 + 12 + 21) * sizeof(float));
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(testing::PushInChunks(*shard, 0, step, gradient(step), 100).ok());
+  }
+  ShardProgress saved;
+  std::vector<std::vector<float>> saved_slots(2, std::vector<float>(shard->size(), -1.0f));
+  ASSERT_TRUE(
+      shard
+          ->CheckpointAt(2, absl::Now() + absl::Seconds(30), nullptr,
+                         [&](const ShardProgress& progress, const ShardStateReadFn& read) {
+                           saved = progress;
+                           for (int slot = 0; slot < 2; ++slot) {
+                             // In blocks, as the checkpoint writer reads.
+                             for (uint64_t at = 0; at < shard->size(); at += 50) {
+                               const uint64_t n = std::min<uint64_t>(50, shard->size() - at);
+                               if (absl::Status s = read(slot, at, n, &saved_slots[slot][at]);
+                                   !s.ok()) {
+                                 return s;
+                               }
+                             }
+                           }
+                           return absl::OkStatus();
+                         })
+          .ok());
+  const TensorPlacement& w = layout.tensors()[0];
+  EXPECT_NE(saved_slots[1][w.offset + 18], 0.0f);  // w's last column factor.
+  EXPECT_EQ(saved_slots[1][w.offset + 19], 0.0f);  // Nothing stored after it.
+  EXPECT_NE(saved_slots[0][w.offset + 36], 0.0f);  // w's last row factor.
+  EXPECT_EQ(saved_slots[0][w.offset + 37], 0.0f);
+  const std::vector<float> saved_params = ReadAll(*shard, 2);
+
+  auto reader = [](const std::vector<std::vector<float>>& slots) {
+    return [&slots](int slot, uint64_t offset, uint64_t count, float* out) {
+      std::copy_n(slots[slot].data() + offset, count, out);
+      return absl::OkStatus();
+    };
+  };
+  std::unique_ptr<ModelShard> restored = ModelShard::Create(options, saved_params, &pool).value();
+  ASSERT_TRUE(restored->Restore(saved, reader(saved_slots)).ok());
+  ASSERT_TRUE(testing::PushInChunks(*shard, 0, 3, gradient(3), 100).ok());
+  ASSERT_TRUE(testing::PushInChunks(*restored, 0, 3, gradient(3), 100).ok());
+  EXPECT_EQ(ReadAll(*restored, 3), ReadAll(*shard, 3));
+
+  std::vector<std::vector<float>> stray = saved_slots;
+  stray[1][w.offset + 19] = 0.5f;
+  std::unique_ptr<ModelShard> refused = ModelShard::Create(options, saved_params, &pool).value();
+  const absl::Status s = refused->Restore(saved, reader(stray));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("'col_var'"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("element ", w.offset + 19)), std::string::npos) << s;
+  EXPECT_EQ(refused->version(), 0);
 }
 
 // A rollback to the current version drops the pushes of the next step; a

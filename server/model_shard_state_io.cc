@@ -170,7 +170,13 @@ absl::Status ModelShard::Restore(const ShardProgress& progress, const ShardState
                                                   options_.optimizer.StateSlotNames()[slot], " of ",
                                                   DescribeElement(done + bad), " is ", block[bad]));
         }
-        if (absl::Status s = backend_->WriteSlot(slot, done, n, block.data()); !s.ok()) return s;
+        if (absl::Status s = backend_->WriteSlot(slot, done, n, block.data()); !s.ok()) {
+          // What the saved state holds contradicts the optimizer's own (a
+          // packed slot's unstored element that is not zero).
+          if (s.code() != absl::StatusCode::kInvalidArgument) return s;
+          return absl::DataLossError(absl::StrCat("saved optimizer state of elements [", done, ", ",
+                                                  done + n, ") of the range: ", s.message()));
+        }
       }
     }
   }

@@ -132,7 +132,10 @@ class UpdateBackend {
 
   // The optimizer state, for checkpoints: slot `slot` in
   // OptimizerConfig::StateSlotNames() order, elements [offset, offset +
-  // count) of the range. OUT_OF_RANGE for a slot the optimizer lacks.
+  // count) of the range. OUT_OF_RANGE for a slot the optimizer lacks;
+  // WriteSlot: INVALID_ARGUMENT, writing nothing, for values the state
+  // cannot hold (anything but +0.0 where a packed slot stores nothing, see
+  // OptimizerConfig::PacksSlot), which a restore reports as DATA_LOSS.
   virtual absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) = 0;
   virtual absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) = 0;
 

@@ -338,5 +338,55 @@ TEST(StateBudgetTest, OversizedModelsAreRefusedAndReservationsReleased) {
   EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
 }
 
+// Adafactor's state is its factors: the budget reserves those, not two
+// slots of the whole range, and Inspect reports what is held.
+TEST(StateBudgetTest, AdafactorIsBudgetedByItsFactors) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--max_state_mib=4"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = NewStub((*server)->address());
+  // 512 x 512 with 1 trainer: 1 MiB params + 1 MiB staging + 4 KiB of
+  // factors (two full slots would be 2 MiB more, the whole budget).
+  v1::ModelConfig adafactor;
+  adafactor.set_model_id("factored");
+  v1::TensorSpec* t = adafactor.mutable_layout()->add_tensors();
+  t->set_name("w");
+  t->add_shape(512);
+  t->add_shape(512);
+  adafactor.mutable_layout()->set_partition(v1::PARTITION_WHOLE_TENSORS);
+  *adafactor.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Adafactor());
+  adafactor.set_num_trainers(1);
+  adafactor.set_shard_count(1);
+  const std::vector<float> zeros(512 * 512, 0.0f);
+  grpc::Status s =
+      RawRegister(*stub, adafactor, 0, false, {{0, FloatBytes(zeros.data(), zeros.size())}});
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  grpc::ClientContext context;
+  v1::InspectRequest request;
+  request.set_model_id("factored");
+  v1::InspectResponse info;
+  ASSERT_TRUE(stub->Inspect(&context, request, &info).ok());
+  EXPECT_EQ(info.bytes().optimizer_state_bytes(), (512 + 512) * 4);
+  EXPECT_EQ(info.bytes().parameter_bytes(), 512 * 512 * 4);
+  // An SGD model of 2 MiB - 16 KiB fits beside it; one of 2 MiB does not
+  // (the factors are counted).
+  auto register_sgd = [&](const std::string& id, int64_t elements) {
+    v1::ModelConfig config;
+    config.set_model_id(id);
+    v1::TensorSpec* v = config.mutable_layout()->add_tensors();
+    v->set_name("v");
+    v->add_shape(elements);
+    config.mutable_optimizer()->mutable_sgd()->set_lr(0.1);
+    config.set_num_trainers(1);
+    config.set_shard_count(1);
+    const std::vector<float> values(elements, 0.0f);
+    return RawRegister(*stub, config, 0, false, {{0, FloatBytes(values.data(), values.size())}});
+  };
+  s = register_sgd("too_big", int64_t{1} << 18);
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+  s = register_sgd("fits", (int64_t{1} << 18) - 2048);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
 }  // namespace
 }  // namespace shardopt::testing

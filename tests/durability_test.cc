@@ -95,16 +95,17 @@ TEST(DurabilityTest, CheckpointRestoresOnAnyShardCount) {
 // tensors only) goes 3 -> 2 -> 5 shards. Each ends bit for bit where an
 // uninterrupted run on the last layout does (the synthetic workload is keyed
 // by tensor element, not offset), and LAMB restored flat on 3 shards too.
+// Adafactor goes 3 -> 2 -> 5 shards on whole tensors like LAMB.
 TEST(DurabilityTest, CheckpointRestoresOntoEitherPartition) {
   constexpr int kFirst = 6, kSecond = 11, kTotal = 16;
   constexpr uint32_t kTrainers = 2;
   const std::string root = MakeTempDir("repartition");
-  const std::string models = "adamw_amsgrad,lamb";
+  const std::string models = "adamw_amsgrad,lamb,adafactor";
   {
     auto servers = StartCluster(3);
     ASSERT_TRUE(servers.ok()) << servers.status();
     RunTrainers(Addresses(*servers), kTrainers, models, kFirst, root + "/first");
-    for (const std::string model : {"adamw_amsgrad", "lamb"}) {
+    for (const std::string model : {"adamw_amsgrad", "lamb", "adafactor"}) {
       CheckpointEveryShard(Addresses(*servers), model, kFirst, root + "/a/" + model);
     }
   }
@@ -124,7 +125,7 @@ TEST(DurabilityTest, CheckpointRestoresOntoEitherPartition) {
     client.reset();
     RunTrainers(Addresses(*servers), kTrainers, models, kSecond, root + "/second",
                 {"--partition=whole_tensors"});
-    for (const std::string model : {"adamw_amsgrad", "lamb"}) {
+    for (const std::string model : {"adamw_amsgrad", "lamb", "adafactor"}) {
       CheckpointEveryShard(Addresses(*servers), model, kSecond, root + "/b/" + model);
     }
   }
@@ -136,11 +137,14 @@ TEST(DurabilityTest, CheckpointRestoresOntoEitherPartition) {
     RunTrainers(Addresses(*flat), kTrainers, "adamw_amsgrad", kTotal, root + "/third");
     ExpectMatchesReference("adamw_amsgrad", 5, kTrainers, kTotal, root + "/third");
   }
-  {
-    auto whole = StartCluster(5, {"--restore_from=" + root + "/b/lamb"});
+  for (const std::string model : {"lamb", "adafactor"}) {
+    // Whole tensors on 5 shards: most tensors move to another shard, with
+    // their state (Adafactor: only its factors are held, see
+    // Optimizer::AddPackedSlot).
+    auto whole = StartCluster(5, {"--restore_from=" + root + "/b/" + model});
     ASSERT_TRUE(whole.ok()) << whole.status();
-    RunTrainers(Addresses(*whole), kTrainers, "lamb", kTotal, root + "/third");
-    ExpectMatchesReference("lamb", 5, kTrainers, kTotal, root + "/third");
+    RunTrainers(Addresses(*whole), kTrainers, model, kTotal, root + "/third_" + model);
+    ExpectMatchesReference(model, 5, kTrainers, kTotal, root + "/third_" + model);
   }
   {
     // LAMB restored flat on 3 shards: its tensors straddle shards now, each

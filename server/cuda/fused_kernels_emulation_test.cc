@@ -146,8 +146,8 @@ void RunCase(const NamedConfig& nc, const Case& c, uint64_t seed, int64_t first_
 
   ASSERT_TRUE(InitializeOptimizerState(config, n, b.slots).ok());
   for (int k = 0; k < slots; ++k) {
-    ASSERT_TRUE(
-        SameFloats("initial " + cpu->slot_names()[k], cpu->slot(k).data(), state[k]->data(), n));
+    ASSERT_TRUE(SameFloats("initial " + cpu->slot_names()[k], cpu->SlotValues(k).data(),
+                           state[k]->data(), n));
   }
   if (config.kind == OptimizerKind::kSgd && slots == 1 && first_step == 1) {
     state[0]->Poison();  // step 1 must not read the momentum buffer
@@ -177,7 +177,7 @@ void RunCase(const NamedConfig& nc, const Case& c, uint64_t seed, int64_t first_
     SCOPED_TRACE(absl::StrFormat("step %d", step));
     ASSERT_TRUE(SameFloats("params", params.data(), p.data(), n));
     for (int k = 0; k < slots; ++k) {
-      ASSERT_TRUE(SameFloats(cpu->slot_names()[k], cpu->slot(k).data(), state[k]->data(), n));
+      ASSERT_TRUE(SameFloats(cpu->slot_names()[k], cpu->SlotValues(k).data(), state[k]->data(), n));
     }
     if (c.bf16) {
       ASSERT_EQ(CountBf16Mismatches(params.data(), bf16.data(), n), 0u);

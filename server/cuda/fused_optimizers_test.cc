@@ -487,7 +487,7 @@ void RunParity(const NamedConfig& nc, const ParityCase& c, uint64_t seed, int64_
     ASSERT_TRUE(SameFloats("params", params.data(), got.data(), n));
     for (int j = 0; j < slots; ++j) {
       ASSERT_TRUE(d_slots[j]->Download(&got));
-      ASSERT_TRUE(SameFloats(cpu->slot_names()[j], cpu->slot(j).data(), got.data(), n));
+      ASSERT_TRUE(SameFloats(cpu->slot_names()[j], cpu->SlotValues(j).data(), got.data(), n));
     }
     for (auto& g : d_grads) {
       std::vector<float> unchanged;

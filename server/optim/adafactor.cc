@@ -11,7 +11,8 @@
 // product of the leading dimensions) at the start of its part of slot
 // "row_var" and its B*C column factors at the start of its part of
 // "col_var"; a tensor of fewer than two dimensions keeps torch's "variance"
-// in "row_var". The rest of both slots stays zero.
+// in "row_var". Both slots are packed (Optimizer::AddPackedSlot): only
+// those elements are stored, and the rest of each slot reads as zero.
 #include <algorithm>
 #include <cassert>
 #include <cfloat>
@@ -33,24 +34,28 @@ inline double Fp32Norm(double sum_of_squares) {
 
 class Adafactor final : public WholeTensorOptimizer {
  public:
-  Adafactor(const OptimizerConfig& config, size_t size) : WholeTensorOptimizer(config, size) {
-    row_var_ = AddSlot("row_var", 0.0f);
-    col_var_ = AddSlot("col_var", 0.0f);
-  }
+  Adafactor(const OptimizerConfig& config, size_t size) : WholeTensorOptimizer(config, size) {}
 
   void UpdateTensor(int64_t step, float* params, const float* grad, size_t tensor) override {
     assert(step >= 1);
     const RangeTensor& t = tensors()[tensor];
     if (t.size == 0) return;
     DispatchBool(config().maximize, [&](auto maximize) {
-      Apply<decltype(maximize)::value>(step, params + t.offset, grad + t.offset, t);
+      Apply<decltype(maximize)::value>(step, params + t.offset, grad + t.offset, t,
+                                       row_var_[tensor], col_var_[tensor]);
     });
   }
 
  private:
+  void AddTensorSlots() override {
+    row_var_ = AddPackedSlot("row_var");
+    col_var_ = AddPackedSlot("col_var");
+  }
+
+  // `rows` and `cols`: the tensor's stored elements of row_var and col_var.
   template <bool kMaximize>
-  void Apply(int64_t step, float* __restrict p, const float* __restrict grad,
-             const RangeTensor& t) {
+  void Apply(int64_t step, float* __restrict p, const float* __restrict grad, const RangeTensor& t,
+             float* const rows, float* const cols) {
     const OptimizerConfig& c = config();
     const size_t n = t.size;
     const double step_float = TorchStep(step);
@@ -64,8 +69,6 @@ class Adafactor final : public WholeTensorOptimizer {
     }
     const double eps1 = c.eps1 < 0 ? static_cast<double>(FLT_EPSILON) : c.eps1;
     const float variance_floor = static_cast<float>(eps1 * eps1);
-    float* const rows = row_var_ + t.offset;
-    float* const cols = col_var_ + t.offset;
     // The gradient's sign as the formulas see it (squares do not care).
     const float sign = kMaximize ? -1.0f : 1.0f;
 
@@ -153,8 +156,9 @@ class Adafactor final : public WholeTensorOptimizer {
     });
   }
 
-  float* row_var_ = nullptr;
-  float* col_var_ = nullptr;
+  // Per tensor, in tensors() order.
+  std::vector<float*> row_var_;
+  std::vector<float*> col_var_;
 };
 
 }  // namespace

@@ -189,7 +189,7 @@ TEST(LambFlatTest, MeasuringChangesNothing) {
   EXPECT_FALSE(first.update_squares.IsZero());
   EXPECT_EQ(params, params_before);
   for (size_t slot = 0; slot < opt->slot_names().size(); ++slot) {
-    for (float x : opt->slot(slot)) ASSERT_EQ(x, 0.0f);
+    for (float x : opt->SlotValues(slot)) ASSERT_EQ(x, 0.0f);
   }
 }
 

@@ -1,7 +1,11 @@
 #include "server/optim/optimizer.h"
 
+#include <algorithm>
+#include <cassert>
+#include <cstring>
 #include <utility>
 
+#include "absl/base/casts.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/optim/optimizer_internal.h"
@@ -71,6 +75,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConf
     }
   }
   made->tensors_ = std::move(tensors);
+  made->AddTensorSlots();
   return made;
 }
 
@@ -109,14 +114,116 @@ absl::Status Optimizer::SetConfig(const OptimizerConfig& config) {
 
 float* Optimizer::AddSlot(const std::string& name, float initial_value) {
   slot_names_.push_back(name);
-  slots_.emplace_back(size_, initial_value);
-  return slots_.back().data();
+  slots_.push_back(Slot{std::vector<float>(size_, initial_value), false, {}});
+  return slots_.back().values.data();
+}
+
+std::vector<float*> Optimizer::AddPackedSlot(const std::string& name) {
+  const int index = static_cast<int>(slots_.size());
+  // PlannedStateBytes budgets exactly the slots that PacksSlot names.
+  assert(config_.PacksSlot(index));
+  Slot slot;
+  slot.packed = true;
+  std::vector<uint64_t> stored_at;
+  uint64_t total = 0;
+  for (const RangeTensor& t : tensors_) {
+    const uint64_t length = config_.StoredSlotElements(index, t.shape, t.size);
+    stored_at.push_back(total);
+    if (length > 0) slot.extents.push_back(StoredExtent{t.offset, length, total});
+    total += length;
+  }
+  std::sort(slot.extents.begin(), slot.extents.end(),
+            [](const StoredExtent& a, const StoredExtent& b) { return a.offset < b.offset; });
+  slot.values.assign(total, 0.0f);
+  slot_names_.push_back(name);
+  slots_.push_back(std::move(slot));
+  std::vector<float*> where;
+  for (uint64_t at : stored_at) where.push_back(slots_.back().values.data() + at);
+  return where;
+}
+
+template <typename SlotType, typename Fn>
+void Optimizer::ForEachOverlap(SlotType& slot, uint64_t offset, uint64_t count, Fn&& fn) {
+  const uint64_t end = offset + count;
+  auto it = std::partition_point(
+      slot.extents.begin(), slot.extents.end(),
+      [offset](const StoredExtent& e) { return e.offset + e.length <= offset; });
+  for (; it != slot.extents.end() && it->offset < end; ++it) {
+    const uint64_t begin = std::max(offset, it->offset);
+    const uint64_t stop = std::min(end, it->offset + it->length);
+    fn(begin, stop, slot.values.data() + it->stored_at + (begin - it->offset));
+  }
+}
+
+void Optimizer::ReadSlot(size_t slot, uint64_t offset, uint64_t count, float* out) const {
+  const Slot& s = slots_[slot];
+  if (!s.packed) {
+    std::memcpy(out, s.values.data() + offset, count * sizeof(float));
+    return;
+  }
+  std::fill(out, out + count, 0.0f);
+  ForEachOverlap(s, offset, count, [&](uint64_t begin, uint64_t stop, const float* stored) {
+    std::memcpy(out + (begin - offset), stored, (stop - begin) * sizeof(float));
+  });
+}
+
+absl::Status Optimizer::WriteSlot(size_t slot, uint64_t offset, uint64_t count, const float* in) {
+  Slot& s = slots_[slot];
+  if (!s.packed) {
+    std::memcpy(s.values.data() + offset, in, count * sizeof(float));
+    return absl::OkStatus();
+  }
+  // Everything outside the stored elements must be zero, as it reads back.
+  uint64_t unstored = offset;
+  absl::Status outside;
+  auto check_zero = [&](uint64_t begin, uint64_t stop) {
+    for (uint64_t i = begin; i < stop && outside.ok(); ++i) {
+      // (-0.0 too: it would read back as +0.0.)
+      if (absl::bit_cast<uint32_t>(in[i - offset]) != 0) {
+        outside = absl::InvalidArgumentError(
+            absl::StrCat("optimizer state '", slot_names_[slot],
+                         "' stores only each tensor's factors, at the "
+                         "start of its part; element ",
+                         i, " of the range is ", in[i - offset], ", where it can only be 0"));
+      }
+    }
+  };
+  ForEachOverlap(s, offset, count, [&](uint64_t begin, uint64_t stop, const float*) {
+    check_zero(unstored, begin);
+    unstored = stop;
+  });
+  check_zero(unstored, offset + count);
+  if (!outside.ok()) return outside;
+  ForEachOverlap(s, offset, count, [&](uint64_t begin, uint64_t stop, float* stored) {
+    std::memcpy(stored, in + (begin - offset), (stop - begin) * sizeof(float));
+  });
+  return absl::OkStatus();
+}
+
+std::vector<float> Optimizer::SlotValues(size_t slot) const {
+  std::vector<float> values(size_);
+  ReadSlot(slot, 0, size_, values.data());
+  return values;
 }
 
 size_t Optimizer::state_bytes() const {
   size_t bytes = 0;
-  for (const std::vector<float>& s : slots_) bytes += s.size() * sizeof(float);
+  for (const Slot& s : slots_) bytes += s.values.size() * sizeof(float);
   return bytes;
+}
+
+uint64_t Optimizer::PlannedStateBytes(const OptimizerConfig& config, size_t size,
+                                      const std::vector<RangeTensor>& tensors) {
+  uint64_t elements = 0;
+  for (int slot = 0; slot < config.StateSlotsPerElement(); ++slot) {
+    if (!config.PacksSlot(slot)) {
+      elements += size;
+      continue;
+    }
+    for (const RangeTensor& t : tensors)
+      elements += config.StoredSlotElements(slot, t.shape, t.size);
+  }
+  return elements * sizeof(float);
 }
 
 }  // namespace shardopt

@@ -110,26 +110,62 @@ class Optimizer {
   size_t size() const { return size_; }
 
   // Names of the state slots in PyTorch's terms ("momentum_buffer", "exp_avg",
-  // "exp_avg_sq", "max_exp_avg_sq", "sum"), each `size()` floats.
+  // "exp_avg_sq", "max_exp_avg_sq", "sum"). Each reads as `size()` floats
+  // indexed like the parameters, which is how checkpoints hold it; a packed
+  // slot (Adafactor's factors) stores only the first elements of each
+  // tensor's part (StoredSlotElements) and reads as zero elsewhere.
   const std::vector<std::string>& slot_names() const { return slot_names_; }
-  absl::Span<float> slot(size_t i) { return absl::MakeSpan(slots_[i]); }
-  absl::Span<const float> slot(size_t i) const { return slots_[i]; }
+  // Elements [offset, offset + count) of slot `slot` (inside [0, size()),
+  // which the caller checks) into `out`.
+  void ReadSlot(size_t slot, uint64_t offset, uint64_t count, float* out) const;
+  // The reverse; INVALID_ARGUMENT, changing nothing, when `in` has a value
+  // other than zero where a packed slot stores nothing.
+  absl::Status WriteSlot(size_t slot, uint64_t offset, uint64_t count, const float* in);
+  // All `size()` elements of slot `slot` (tests and tools).
+  std::vector<float> SlotValues(size_t slot) const;
+  // The bytes the slots hold (what packing saves is not counted).
   size_t state_bytes() const;
+  // The same before creating one, for a budget: what Create(config, size,
+  // tensors).state_bytes() will be (tensors as Create takes them).
+  static uint64_t PlannedStateBytes(const OptimizerConfig& config, size_t size,
+                                    const std::vector<RangeTensor>& tensors);
 
  protected:
   Optimizer(const OptimizerConfig& config, size_t size) : config_(config), size_(size) {}
   // Adds a slot of `size()` elements, each `initial_value`; returns its data.
   float* AddSlot(const std::string& name, float initial_value);
+  // Adds a packed slot (zeros) storing OptimizerConfig::StoredSlotElements
+  // of each of tensors() at the start of the tensor's part; returns where
+  // each tensor's stored elements are, in tensors() order.
+  std::vector<float*> AddPackedSlot(const std::string& name);
+  // Called by Create() once tensors() is set: packed slots are added here.
+  virtual void AddTensorSlots() {}
 
  private:
+  // Where a packed slot stores one tensor's elements: range-local
+  // [offset, offset + length) are values[stored_at, stored_at + length).
+  struct StoredExtent {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t stored_at = 0;
+  };
+  struct Slot {
+    std::vector<float> values;
+    bool packed = false;
+    std::vector<StoredExtent> extents;  // Packed: by offset, disjoint.
+  };
   // The family's factory; nullptr for an unknown kind.
   static std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config, size_t size);
+  // fn(begin, end, stored) for each part [begin, end) of [offset, offset +
+  // count) that packed `slot` (a Slot or const Slot) stores, at `stored`.
+  template <typename SlotType, typename Fn>
+  static void ForEachOverlap(SlotType& slot, uint64_t offset, uint64_t count, Fn&& fn);
 
   OptimizerConfig config_;
   size_t size_;
   std::vector<RangeTensor> tensors_;
   std::vector<std::string> slot_names_;
-  std::vector<std::vector<float>> slots_;
+  std::vector<Slot> slots_;
 };
 
 }  // namespace shardopt

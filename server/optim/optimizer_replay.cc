@@ -250,7 +250,7 @@ absl::Status Run(const char* in_path, const char* out_path) {
   out.write(reinterpret_cast<const char*>(params.data()),
             static_cast<std::streamsize>(n * sizeof(float)));
   for (size_t i = 0; i < (*opt)->slot_names().size(); ++i) {
-    absl::Span<const float> slot = static_cast<const Optimizer&>(**opt).slot(i);
+    const std::vector<float> slot = (*opt)->SlotValues(i);
     out.write(reinterpret_cast<const char*>(slot.data()),
               static_cast<std::streamsize>(slot.size() * sizeof(float)));
   }

@@ -327,8 +327,8 @@ TEST(WholeTensorReferenceTest, AdafactorStateLayout) {
   const std::vector<float> g = {1, 2, 3, 4, 5, 6, 1, -2, 3, -4};
   opt->Update(1, p.data(), g.data(), 0, 10);
   // Step 1: weight 1, so the factors are the first means themselves.
-  const absl::Span<const float> rows = static_cast<const Optimizer&>(*opt).slot(0);
-  const absl::Span<const float> cols = static_cast<const Optimizer&>(*opt).slot(1);
+  const std::vector<float> rows = opt->SlotValues(0);
+  const std::vector<float> cols = opt->SlotValues(1);
   EXPECT_FLOAT_EQ(rows[0], (1 + 4 + 9) / 3.0f);
   EXPECT_FLOAT_EQ(rows[1], (16 + 25 + 36) / 3.0f);
   EXPECT_FLOAT_EQ(cols[0], (1 + 16) / 2.0f);
@@ -343,6 +343,117 @@ TEST(WholeTensorReferenceTest, AdafactorStateLayout) {
   // g / |g| = sign(g), RMS 1, so each element moves by exactly -0.01 sign(g).
   EXPECT_FLOAT_EQ(p[6], 1.0f - 0.01f);
   EXPECT_FLOAT_EQ(p[7], 1.0f + 0.01f);
+}
+
+// Adafactor's slots are packed: only the factors are stored (state_bytes
+// counts them, and PlannedStateBytes foresees it), windows of a slot read
+// the factors where they belong and zeros elsewhere, and writing the slots
+// (a checkpoint restore) into a fresh optimizer continues bit for bit. A
+// value where a packed slot stores nothing is refused, changing nothing.
+TEST(WholeTensorReferenceTest, AdafactorStoresOnlyItsFactors) {
+  const OptimizerConfig c = OptimizerConfig::Adafactor();
+  // (2, 3) at 0, (4) at 6, padding, (3, 5, 7) at 12, a (0, 4) at 117, a
+  // scalar at 117, (11, 1) at 120.
+  const std::vector<RangeTensor> tensors = {{0, 6, {2, 3}},   {6, 4, {4}},  {12, 105, {3, 5, 7}},
+                                            {117, 0, {0, 4}}, {117, 1, {}}, {120, 11, {11, 1}}};
+  constexpr size_t kRange = 133;
+  // row_var: 2 + 4 + 15 + 0 + 1 + 11; col_var: 3 + 0 + 21 + 0 + 0 + 1.
+  constexpr size_t kStored = 33 + 25;
+  std::unique_ptr<Optimizer> a = Optimizer::Create(c, kRange, tensors).value();
+  EXPECT_EQ(a->state_bytes(), kStored * sizeof(float));
+  EXPECT_EQ(Optimizer::PlannedStateBytes(c, kRange, tensors), kStored * sizeof(float));
+  // The dense optimizers hold every element of every slot.
+  EXPECT_EQ(Optimizer::PlannedStateBytes(OptimizerConfig::Lamb(), kRange, tensors),
+            2 * kRange * sizeof(float));
+
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> p(kRange, 0.0f), g(kRange, 0.0f);
+  for (const RangeTensor& t : tensors) {
+    for (uint64_t k = 0; k < t.size; ++k) p[t.offset + k] = normal(rng);
+  }
+  auto gradient = [&] {
+    for (const RangeTensor& t : tensors) {
+      for (uint64_t k = 0; k < t.size; ++k) g[t.offset + k] = normal(rng);
+    }
+  };
+  // The same tensors listed in another order store the same state.
+  std::vector<RangeTensor> shuffled = tensors;
+  std::reverse(shuffled.begin(), shuffled.end());
+  std::swap(shuffled[1], shuffled[3]);
+  std::unique_ptr<Optimizer> reordered = Optimizer::Create(c, kRange, shuffled).value();
+  std::vector<float> p_reordered = p;
+  for (int64_t step = 1; step <= 5; ++step) {
+    gradient();
+    a->Update(step, p.data(), g.data(), 0, kRange);
+    reordered->Update(step, p_reordered.data(), g.data(), 0, kRange);
+  }
+  EXPECT_EQ(p_reordered, p);
+  EXPECT_EQ(reordered->SlotValues(0), a->SlotValues(0));
+  EXPECT_EQ(reordered->SlotValues(1), a->SlotValues(1));
+  const std::vector<float> rows = a->SlotValues(0);
+  const std::vector<float> cols = a->SlotValues(1);
+  auto stored = [&](int slot, size_t i) {
+    for (const RangeTensor& t : tensors) {
+      if (i >= t.offset && i < t.offset + c.StoredSlotElements(slot, t.shape, t.size)) return true;
+    }
+    return false;
+  };
+  for (size_t i = 0; i < kRange; ++i) {
+    EXPECT_EQ(rows[i] != 0.0f, stored(0, i)) << "row_var " << i;
+    EXPECT_EQ(cols[i] != 0.0f, stored(1, i)) << "col_var " << i;
+  }
+  // Any window reads what the whole slot says.
+  for (int slot = 0; slot < 2; ++slot) {
+    const std::vector<float>& whole = slot == 0 ? rows : cols;
+    for (uint64_t offset : {0, 1, 5, 6, 11, 20, 116, 117, 118, 130}) {
+      for (uint64_t count : {0, 1, 3, 13}) {
+        if (offset + count > kRange) continue;
+        std::vector<float> window(count, -1.0f);
+        a->ReadSlot(slot, offset, count, window.data());
+        EXPECT_TRUE(std::equal(window.begin(), window.end(), whole.begin() + offset))
+            << "slot " << slot << ": " << offset << " + " << count;
+      }
+    }
+  }
+
+  // Restore into a fresh optimizer in blocks of 7, then both go on.
+  std::unique_ptr<Optimizer> b = Optimizer::Create(c, kRange, tensors).value();
+  for (int slot = 0; slot < 2; ++slot) {
+    const std::vector<float>& values = slot == 0 ? rows : cols;
+    for (uint64_t at = 0; at < kRange; at += 7) {
+      const uint64_t n = std::min<uint64_t>(7, kRange - at);
+      ASSERT_TRUE(b->WriteSlot(slot, at, n, values.data() + at).ok());
+    }
+  }
+  EXPECT_EQ(b->SlotValues(0), rows);
+  EXPECT_EQ(b->SlotValues(1), cols);
+  std::vector<float> q = p;
+  for (int64_t step = 6; step <= 10; ++step) {
+    gradient();
+    a->Update(step, p.data(), g.data(), 0, kRange);
+    b->Update(step, q.data(), g.data(), 0, kRange);
+  }
+  EXPECT_EQ(p, q);
+  EXPECT_EQ(a->SlotValues(0), b->SlotValues(0));
+  EXPECT_EQ(a->SlotValues(1), b->SlotValues(1));
+
+  // A nonzero where col_var stores nothing (element 3: the (2, 3) matrix
+  // keeps 3 column factors at 0..2), in the middle of a good block.
+  const std::vector<float> before_rows = b->SlotValues(0), before_cols = b->SlotValues(1);
+  std::vector<float> block(cols.begin(), cols.begin() + 8);
+  block[0] = 42.0f;  // Stored: this alone would be taken.
+  block[3] = 1.0f;
+  const absl::Status refused = b->WriteSlot(1, 0, block.size(), block.data());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("col_var"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("element 3"), std::string::npos) << refused;
+  EXPECT_EQ(b->SlotValues(1), before_cols);
+  // Past the last stored element of the range too.
+  std::vector<float> tail(3, 0.0f);
+  tail[2] = -1e-30f;
+  EXPECT_EQ(b->WriteSlot(0, 130, 3, tail.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->SlotValues(0), before_rows);
 }
 
 // Trains `layout`'s tensors for `steps` steps with one optimizer per shard

@@ -259,8 +259,13 @@ int Import(const CheckpointOptions& options, FILE* out) {
         std::fill(values, values + count, initial);
         if (section > 0 && !with_state) return absl::OkStatus();
         for (const TensorPlacement& t : tensors) {
+          // A packed slot (Adafactor's factors) holds only its first
+          // elements of each tensor; the rest stays zero whatever the file says.
+          const uint64_t held = section == 0 ? t.size
+                                             : templ.optimizer().StoredSlotElements(
+                                                   section - 1, t.spec.shape, t.size);
           const uint64_t lo = std::max(offset, t.offset);
-          const uint64_t hi = std::min(offset + count, t.offset + t.size);
+          const uint64_t hi = std::min(offset + count, t.offset + held);
           if (lo >= hi) continue;
           const std::string name =
               section == 0 ? t.spec.name : OptimizerStateTensorName(sections[section], t.spec.name);

@@ -164,6 +164,78 @@ TEST(CheckpointCommandsTest, CheckpointExportImportRestore) {
   }
 }
 
+// Adafactor's state through export and import: the file holds each slot
+// tensor-shaped, the factors first; import takes the factors only, so a
+// value after them (an edited file) is not state and the restored model
+// still continues exactly as the original does.
+TEST(CheckpointCommandsTest, AdafactorFactorsExportAndImport) {
+  const ModelSpec spec =
+      SyntheticModelSpec("factored", OptimizerByName("adafactor").value(), /*num_trainers=*/1);
+  auto servers = StartCluster(2);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const ModelLayout layout2 =
+      ModelLayout::Create(spec.tensors, spec.alignment, 2, spec.partition).value();
+  const std::vector<float> initial = SyntheticInitialParams(layout2, 5);
+  Trainer original = Connect(Addresses(*servers), spec, &initial);
+  Train(original, 1, 3);
+  const std::string root = MakeTempDir("ctl_adafactor");
+  auto [rc, out] =
+      RunCtl(absl::StrCat("checkpoint --model=factored --dir=", root,
+                          "/ckpt --servers=", absl::StrJoin(Addresses(*servers), ",")));
+  ASSERT_EQ(rc, 0) << out;
+  const std::string exported = root + "/exported.safetensors";
+  std::tie(rc, out) = RunCtl(
+      absl::StrCat("export --optimizer_state --checkpoint=", root, "/ckpt --out=", exported));
+  ASSERT_EQ(rc, 0) << out;
+
+  // The same file with a value after embed.weight's 37 row factors.
+  const std::string edited = root + "/edited.safetensors";
+  {
+    std::unique_ptr<SafetensorsReader> reader = SafetensorsReader::Open(exported).value();
+    std::vector<SafetensorsWriter::TensorSpec> specs;
+    for (const SafetensorsTensorInfo& info : reader->tensors()) {
+      specs.push_back({info.name, info.shape});
+    }
+    auto writer = SafetensorsWriter::Create(edited, specs, reader->metadata()).value();
+    bool edited_one = false;
+    for (const SafetensorsTensorInfo& info : reader->tensors()) {
+      uint64_t n = 1;
+      for (int64_t d : info.shape) n *= static_cast<uint64_t>(d);
+      std::vector<float> values(n);
+      ASSERT_TRUE(reader->ReadAsFloat(info.name, 0, n, values.data()).ok());
+      if (info.name == "optimizer.row_var.embed.weight") {
+        ASSERT_EQ(n, 37u * 19u);
+        EXPECT_NE(values[36], 0.0f);  // The last row factor,
+        EXPECT_EQ(values[37], 0.0f);  // and nothing after it.
+        values[37] = 0.75f;
+        edited_one = true;
+      }
+      ASSERT_TRUE(writer->Append(values.data(), n).ok());
+    }
+    ASSERT_TRUE(edited_one);
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  std::tie(rc, out) = RunCtl(absl::StrCat("import --safetensors=", edited, " --checkpoint=", root,
+                                          "/ckpt --out=", root, "/imported"));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("with its optimizer state"), std::string::npos) << out;
+
+  auto restored = StartCluster(3, {"--restore_from=" + root + "/imported"});
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  Trainer resumed = Connect(Addresses(*restored), spec, nullptr);
+  EXPECT_EQ(resumed.client->registered_version(), 3);
+  Train(original, 4, 6);
+  Train(resumed, 4, 6);
+  const ModelLayout layout3 =
+      ModelLayout::Create(spec.tensors, spec.alignment, 3, spec.partition).value();
+  for (const TensorPlacement& t : layout2.tensors()) {
+    const TensorPlacement& u = layout3.tensors()[layout3.Find(t.spec.name).value()];
+    for (uint64_t i = 0; i < t.size; ++i) {
+      ASSERT_EQ(resumed.params[u.offset + i], original.params[t.offset + i]) << t.spec.name;
+    }
+  }
+}
+
 TEST(CheckpointCommandsTest, BadInputsAreRefusedWithTheReason) {
   const std::string root = MakeTempDir("ctl_bad");
   auto [rc, out] = RunCtl(absl::StrCat("export --checkpoint=", root, " --out=", root, "/x"));
