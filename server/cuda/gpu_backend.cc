@@ -129,16 +129,35 @@ absl::Status GpuBackend::FinishStaging(uint32_t rank) {
   return s;
 }
 
+absl::Status GpuBackend::WaitForStagedCopies() {
+  // (Stage of later elements may be queueing more copies meanwhile: they
+  // are waited for too, which costs at most two pinned pieces.)
+  for (const Lane& lane : lanes_) {
+    if (absl::Status s = lane.stream.Synchronize(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuBackend::RunFusedStep(int64_t step, const OptimizerConfig& config,
-                                      const float* const* gradients, int count, bool mean) {
+                                      const float* const* gradients, int count, bool mean,
+                                      uint64_t begin, uint64_t end) {
+  std::vector<const float*> offset_gradients(gradients, gradients + count);
+  for (const float*& g : offset_gradients) g += begin;
   gpu::FusedStepBuffers buffers;
-  buffers.gradients = gradients;
+  buffers.gradients = offset_gradients.data();
   buffers.num_gradients = count;
   buffers.reduction = mean ? gpu::GradientReduction::kMean : gpu::GradientReduction::kSum;
-  buffers.params = params_.as<float>();
-  buffers.slots = {slots_[0].as<float>(), slots_[1].as<float>(), slots_[2].as<float>()};
-  if (bf16_ready_.load()) buffers.params_bf16 = params_bf16_.as<uint16_t>();
-  if (absl::Status s = gpu::FusedOptimizerStep(config, step, size_, buffers, apply_stream_.get());
+  buffers.params = params_.as<float>() + begin;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    buffers.slots[i] = slots_[i].as<float>() == nullptr ? nullptr : slots_[i].as<float>() + begin;
+  }
+  // Held through the launch: the first bf16 read converts all parameters,
+  // and must see each range either before its update (which then writes
+  // the copy too) or after it, not in the middle.
+  absl::MutexLock bf16_lock(&bf16_mu_);
+  if (bf16_ready_.load()) buffers.params_bf16 = params_bf16_.as<uint16_t>() + begin;
+  if (absl::Status s =
+          gpu::FusedOptimizerStep(config, step, end - begin, buffers, apply_stream_.get());
       !s.ok()) {
     return s;
   }
@@ -146,18 +165,56 @@ absl::Status GpuBackend::RunFusedStep(int64_t step, const OptimizerConfig& confi
 }
 
 absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
-  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
-  std::vector<const float*> gradients(lanes_.size());
-  for (uint32_t r = 0; r < lanes_.size(); ++r) gradients[r] = staging(r);
-  return RunFusedStep(step, config, gradients.data(), static_cast<int>(gradients.size()), mean);
+  return ApplyRange(step, mean, config, 0, size_);
 }
 
-absl::Status GpuBackend::Reduce(bool mean) {
+absl::Status GpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConfig& config,
+                                    uint64_t begin, uint64_t end) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = CheckRange("update", begin, end - begin); !s.ok()) return s;
+  if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
+  if (absl::Status s = WaitForStagedCopies(); !s.ok()) return s;
+  std::vector<const float*> gradients(lanes_.size());
+  for (uint32_t r = 0; r < lanes_.size(); ++r) gradients[r] = staging(r);
+  return RunFusedStep(step, config, gradients.data(), static_cast<int>(gradients.size()), mean,
+                      begin, end);
+}
+
+absl::Status GpuBackend::Reduce(bool mean) { return ReduceRange(mean, 0, size_); }
+
+absl::Status GpuBackend::ReduceRange(bool mean, uint64_t begin, uint64_t end) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = CheckRange("reduction", begin, end - begin); !s.ok()) return s;
+  if (absl::Status s = WaitForStagedCopies(); !s.ok()) return s;
   if (absl::Status s =
-          gpu::ReduceInPlace(staging_.as<float>(), size_, staging_stride_,
+          gpu::ReduceInPlace(staging_.as<float>() + begin, end - begin, staging_stride_,
                              static_cast<int>(lanes_.size()), mean, apply_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  return apply_stream_.Synchronize();
+}
+
+absl::Status GpuBackend::SumOfSquaresBlocks(float scale, uint64_t begin, uint64_t end,
+                                            double* block_sums) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = CheckRange("sum of squares", begin, end - begin); !s.ok()) return s;
+  if (begin % kNormBlockElements != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a sum of squares must start on a block of ",
+                                                   kNormBlockElements, " elements, not at ",
+                                                   begin));
+  }
+  const size_t blocks = (end - begin + kNormBlockElements - 1) / kNormBlockElements;
+  if (blocks == 0) return absl::OkStatus();
+  double* device_sums = block_sums_.as<double>() + begin / kNormBlockElements;
+  if (absl::Status s =
+          gpu::BlockSumsOfSquares(staging(0) + begin, end - begin, scale, kNormBlockElements,
+                                  device_sums, apply_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          gpu::CopyToHost(block_sums, device_sums, blocks * sizeof(double), apply_stream_.get());
       !s.ok()) {
     return s;
   }
@@ -184,16 +241,23 @@ absl::StatusOr<double> GpuBackend::SumOfSquares(float scale) {
 }
 
 absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, float multiplier) {
+  return UpdateRange(step, config, multiplier, 0, size_);
+}
+
+absl::Status GpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
+                                     uint64_t begin, uint64_t end) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = CheckRange("update", begin, end - begin); !s.ok()) return s;
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (multiplier != 1.0f) {
-    if (absl::Status s = gpu::ScaleInPlace(staging(0), size_, multiplier, apply_stream_.get());
+    if (absl::Status s =
+            gpu::ScaleInPlace(staging(0) + begin, end - begin, multiplier, apply_stream_.get());
         !s.ok()) {
       return s;
     }
   }
-  const float* gradient = staging(0);
-  return RunFusedStep(step, config, &gradient, 1, /*mean=*/false);  // Already reduced.
+  const float* gradient = staging(0);  // Already reduced (ReduceRange).
+  return RunFusedStep(step, config, &gradient, 1, /*mean=*/false, begin, end);
 }
 
 absl::StatusOr<std::unique_ptr<GpuBackend::ReadLane>> GpuBackend::TakeReadLane() {

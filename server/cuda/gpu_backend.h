@@ -9,6 +9,11 @@
 // (server/cuda/fused_optimizers.h) that reduces the trainers' gradients in
 // rank order and applies the update: bit-identical to CpuBackend.
 //
+// Range by range (supports_ranges(), for pipelined steps: StepState): each
+// range's work first waits for the trainers' staging copies queued so far
+// (Stage returns before its copy lands), then runs the same kernels on the
+// range's elements alone, so the bits are those of a whole step.
+//
 // Reads come back through pinned buffers too: each concurrent reader takes a
 // read lane (two pinned buffers, two streams) from a pool, and the copy of one
 // piece to the host overlaps the device's copy of the next. The first bf16
@@ -65,6 +70,14 @@ class GpuBackend final : public UpdateBackend {
   absl::Status Reduce(bool mean) override;
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
+  bool supports_ranges() const override { return true; }
+  absl::Status ApplyRange(int64_t step, bool mean, const OptimizerConfig& config, uint64_t begin,
+                          uint64_t end) override;
+  absl::Status ReduceRange(bool mean, uint64_t begin, uint64_t end) override;
+  absl::Status SumOfSquaresBlocks(float scale, uint64_t begin, uint64_t end,
+                                  double* block_sums) override;
+  absl::Status UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
+                           uint64_t begin, uint64_t end) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
   absl::StatusOr<bool> ReadBFloat16(uint64_t offset, uint64_t count, void* out) override;
   absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override;
@@ -100,10 +113,14 @@ class GpuBackend final : public UpdateBackend {
         staging_stride_(StagingStride(size)),
         lanes_(num_trainers) {}
 
-  // One fused launch reducing `count` gradient buffers and updating, then a
+  // One fused launch reducing `count` gradient buffers (each the start of
+  // a whole range's buffer) and updating elements [begin, end), then a
   // wait for it.
   absl::Status RunFusedStep(int64_t step, const OptimizerConfig& config,
-                            const float* const* gradients, int count, bool mean);
+                            const float* const* gradients, int count, bool mean, uint64_t begin,
+                            uint64_t end);
+  // Waits for every trainer's staging copies queued so far.
+  absl::Status WaitForStagedCopies();
   absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
   // OUT_OF_RANGE naming `what` unless [offset, offset + count) is in the range.
   absl::Status CheckRange(const char* what, uint64_t offset, uint64_t count) const;
@@ -132,8 +149,9 @@ class GpuBackend final : public UpdateBackend {
   absl::Mutex read_lanes_mu_;
   std::vector<std::unique_ptr<ReadLane>> idle_read_lanes_ ABSL_GUARDED_BY(read_lanes_mu_);
   int read_lanes_made_ ABSL_GUARDED_BY(read_lanes_mu_) = 0;
-  // The bf16 copy of the parameters, made by the first bf16 read. Apply()
-  // never runs concurrently with reads, so it reads the flag unlocked.
+  // The bf16 copy of the parameters, made by the first bf16 read. Updates
+  // of ranges run while other ranges are read: each holds bf16_mu_, so that
+  // the copy is made between two range updates, never during one.
   absl::Mutex bf16_mu_;
   gpu::DeviceBuffer params_bf16_;
   std::atomic<bool> bf16_ready_{false};

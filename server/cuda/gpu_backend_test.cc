@@ -62,6 +62,7 @@ class GpuBackendTest : public ::testing::Test {
 
 using testing::PushInChunks;
 using testing::RandomGradient;
+using testing::ZeroPadding;
 
 TEST_F(GpuBackendTest, MatchesTheCpuBackendBitForBit) {
   std::vector<OptimizerConfig> configs = {OptimizerConfig::Sgd(0.05), OptimizerConfig::Adam(1e-2),
@@ -266,6 +267,100 @@ TEST_F(GpuBackendTest, Bf16CopyIsExactAndKeptUpToDate) {
     ASSERT_TRUE(backend->Update(2, config, 0.5f).ok());
     check(*backend, "after Update");
     EXPECT_EQ(backend->parameter_bytes(), n * 6);  // fp32 masters + the bf16 copy.
+  }
+}
+
+// Pipelined steps on the GPU (supports_ranges): trainers' chunks cut
+// across ranges, each range reduced and updated once all its gradients
+// are in, while a reader pulls the step range by range in bf16 (the
+// first bf16 read makes the copy while later ranges are still being
+// updated). Parameters and pulled bf16 equal a CPU shard running whole
+// steps, with and without gradient control.
+TEST_F(GpuBackendTest, PipelinedRangesMatchTheCpuWholeStep) {
+  const ModelLayout layout = ModelLayout::Create({{"w", {301, 900}}, {"b", {33}}}, 16, 1).value();
+  constexpr uint64_t kRange = uint64_t{1} << 16;
+  struct Job {
+    uint32_t trainers;
+    OptimizerConfig optimizer;
+    double max_grad_norm;
+    bool loss_scaling;
+  };
+  const std::vector<Job> jobs = {{2, OptimizerConfig::Adam(0.01), 0, false},
+                                 {3, OptimizerConfig::AdamW(0.02), 50, false},
+                                 {2, OptimizerConfig::Adam(0.01), 1000, true}};
+  for (const Job& job : jobs) {
+    SCOPED_TRACE(job.optimizer.DebugString() + (job.max_grad_norm > 0 ? " clipped" : ""));
+    ModelShardOptions options{"m", layout, 0, job.optimizer, job.trainers, true};
+    options.max_grad_norm = job.max_grad_norm;
+    options.loss_scaling = job.loss_scaling;
+    std::vector<float> init(layout.ShardSize(0));
+    for (size_t i = 0; i < init.size(); ++i) init[i] = 0.001f * static_cast<float>(i % 101);
+    ZeroPadding(layout, 0, &init);
+    std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
+    options.pipeline_range_elements = kRange;
+    std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
+    const size_t n = cpu->size();
+    const double scale = job.loss_scaling ? 1024.0 : 1.0;
+    for (int64_t step = 1; step <= 4; ++step) {
+      std::vector<std::vector<float>> grads;
+      for (uint32_t r = 0; r < job.trainers; ++r) {
+        grads.push_back(RandomGradient(r, step, n));
+        for (float& g : grads.back()) g *= static_cast<float>(scale);
+        ZeroPadding(layout, 0, &grads.back());
+      }
+      // The reader: range by range as each reaches the step, in bf16.
+      std::vector<uint16_t> pulled(n);
+      std::thread reader;
+      if (step >= 2) {
+        reader = std::thread([&] {
+          for (uint64_t at = 0; at < n; at += kRange) {
+            const uint64_t count = std::min<uint64_t>(kRange, n - at);
+            const absl::Status waited =
+                gpu->WaitForRanges(step, at, count, absl::Now() + absl::Seconds(30), nullptr);
+            ASSERT_TRUE(waited.ok()) << waited;
+            const absl::Status read =
+                gpu->ReadParameters(step, at, count, DType::kBFloat16, pulled.data() + at);
+            ASSERT_TRUE(read.ok()) << read;
+          }
+        });
+      }
+      // (A failed assertion leaves this lambda only: the reader is joined.)
+      auto run_step = [&](ModelShard* shard) {
+        std::vector<std::unique_ptr<ModelShard::PushWriter>> writers;
+        for (uint32_t r = 0; r < job.trainers; ++r) {
+          auto start = shard->BeginPush(r, step, n, DType::kFloat32, scale);
+          ASSERT_TRUE(start.ok() && start->writer != nullptr) << start.status();
+          writers.push_back(std::move(start->writer));
+        }
+        const size_t chunk = shard == cpu.get() ? 100000 : 40000 + 7 * step;
+        for (size_t off = 0; off < n; off += chunk) {
+          for (uint32_t i = 0; i < job.trainers; ++i) {
+            const uint32_t r = step % 2 ? job.trainers - 1 - i : i;
+            const size_t end = std::min(n, off + chunk);
+            ASSERT_TRUE(
+                writers[r]->Write(off, grads[r].data() + off, (end - off) * sizeof(float)).ok());
+          }
+        }
+        for (auto& w : writers) ASSERT_TRUE(w->Commit().ok());
+        if (shard->options().needs_decision()) {
+          absl::StatusOr<StepStats> stats =
+              shard->WaitForStepStats(step, absl::Now() + absl::Seconds(30), nullptr);
+          ASSERT_TRUE(stats.ok()) << stats.status();
+          ASSERT_TRUE(shard->Decide(step, DecideStep({*stats}, job.max_grad_norm), false).ok());
+        }
+        ASSERT_TRUE(shard->WaitForVersion(step, absl::Now() + absl::Seconds(30), nullptr).ok());
+      };
+      run_step(cpu.get());
+      run_step(gpu.get());
+      if (reader.joinable()) reader.join();
+      if (HasFatalFailure()) return;
+      ExpectSameParameters(*cpu, *gpu, step);
+      if (step >= 2) {
+        std::vector<uint16_t> want(n);
+        ASSERT_TRUE(cpu->ReadParameters(step, 0, n, DType::kBFloat16, want.data()).ok());
+        EXPECT_EQ(pulled, want) << "bf16 pulled range by range at step " << step;
+      }
+    }
   }
 }
 
