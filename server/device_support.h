@@ -36,7 +36,7 @@ absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device, bool
 // A backend for one model shard on GPU `gpu_index` (from SelectShardDevice).
 absl::StatusOr<std::unique_ptr<UpdateBackend>> MakeGpuBackend(int gpu_index,
                                                               const ModelShardOptions& options,
-                                                              std::vector<float> initial);
+                                                              const std::vector<float>& initial);
 
 }  // namespace shardopt
 

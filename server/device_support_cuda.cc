@@ -28,9 +28,16 @@ absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device, bool
 
 absl::StatusOr<std::unique_ptr<UpdateBackend>> MakeGpuBackend(int gpu_index,
                                                               const ModelShardOptions& options,
-                                                              std::vector<float> initial) {
-  absl::StatusOr<std::unique_ptr<GpuBackend>> backend =
-      GpuBackend::Create(gpu_index, options.optimizer, options.num_trainers, initial);
+                                                              const std::vector<float>& initial) {
+  std::vector<GpuMatrix> matrices;
+  if (options.optimizer.kind == OptimizerKind::kMuon) {
+    absl::StatusOr<std::vector<GpuMatrix>> of_shard =
+        GpuBackend::MatricesOfShard(options.layout, options.shard_index);
+    if (!of_shard.ok()) return of_shard.status();
+    matrices = *std::move(of_shard);
+  }
+  absl::StatusOr<std::unique_ptr<GpuBackend>> backend = GpuBackend::Create(
+      gpu_index, options.optimizer, options.num_trainers, initial, std::move(matrices));
   if (!backend.ok()) return backend.status();
   return std::unique_ptr<UpdateBackend>(std::move(*backend));
 }

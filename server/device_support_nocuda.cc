@@ -25,7 +25,7 @@ absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device, bool
 }
 
 absl::StatusOr<std::unique_ptr<UpdateBackend>> MakeGpuBackend(int, const ModelShardOptions&,
-                                                              std::vector<float>) {
+                                                              const std::vector<float>&) {
   return absl::UnimplementedError("this build has no CUDA backend");
 }
 

@@ -161,18 +161,23 @@ ModelShard::BackendFactory ShardServiceImpl::BackendFactory() {
   return [gpu = options_.gpu_index, cpu](
              const ModelShardOptions& o,
              std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-    // What the GPU backend has no kernel for yet runs here on the CPU, said
-    // once per model, rather than not at all.
-    const bool no_kernel = NeedsWholeTensors(o.optimizer.kind);
-    const char* lacking = no_kernel                       ? OptimizerKindName(o.optimizer.kind)
-                          : IsAsynchronous(o.consistency) ? "asynchronous updates"
-                                                          : nullptr;
-    if (lacking != nullptr) {
-      LogWarning("model '%s': %s on the cpu backend (the GPU backend has none yet)", o.model_id,
-                 lacking);
+    // What the GPU backend has no kernel for (UNIMPLEMENTED: LAMB,
+    // Adafactor, Muon without cuBLAS) runs here on the CPU, said once per
+    // model, rather than not at all.
+    if (IsAsynchronous(o.consistency)) {
+      LogWarning(
+          "model '%s': asynchronous updates on the cpu backend (the GPU backend has none "
+          "yet)",
+          o.model_id);
       return cpu(o, std::move(v));
     }
-    return MakeGpuBackend(gpu, o, std::move(v));
+    absl::StatusOr<std::unique_ptr<UpdateBackend>> made = MakeGpuBackend(gpu, o, v);
+    if (absl::IsUnimplemented(made.status())) {
+      LogWarning("model '%s' on the cpu backend: %s", o.model_id,
+                 std::string(made.status().message()));
+      return cpu(o, std::move(v));
+    }
+    return made;
   };
 }
 

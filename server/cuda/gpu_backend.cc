@@ -13,22 +13,31 @@ namespace shardopt {
 absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
                                                                const OptimizerConfig& optimizer,
                                                                uint32_t num_trainers,
-                                                               const std::vector<float>& initial) {
+                                                               const std::vector<float>& initial,
+                                                               std::vector<GpuMatrix> matrices) {
   if (num_trainers == 0 || num_trainers > static_cast<uint32_t>(gpu::kMaxGradientBuffers)) {
     return absl::InvalidArgumentError(absl::StrCat("the GPU backend reduces 1 to ",
                                                    gpu::kMaxGradientBuffers, " trainers, not ",
                                                    num_trainers));
   }
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
-  if (NeedsWholeTensors(optimizer.kind)) {
+  const bool muon = optimizer.kind == OptimizerKind::kMuon;
+  if (NeedsWholeTensors(optimizer.kind) && !muon) {
     // (Refused before any device memory is taken.)
     return absl::UnimplementedError(absl::StrCat("the GPU backend has no ",
                                                  OptimizerKindName(optimizer.kind),
                                                  " kernel yet: run the shard with --device=cpu"));
   }
-  if (absl::Status s = gpu::SetCurrentDevice(device_index); !s.ok()) return s;
   const size_t n = initial.size();
+  for (const GpuMatrix& m : matrices) {
+    if (m.offset > n || m.rows * m.cols > n - m.offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "matrix [", m.offset, ", ", m.offset + m.rows * m.cols, ") is outside the range of ", n));
+    }
+  }
+  if (absl::Status s = gpu::SetCurrentDevice(device_index); !s.ok()) return s;
   std::unique_ptr<GpuBackend> backend(new GpuBackend(device_index, optimizer, n, num_trainers));
+  backend->matrices_ = std::move(matrices);
   auto allocate = [](size_t bytes, gpu::DeviceBuffer* out) -> absl::Status {
     absl::StatusOr<gpu::DeviceBuffer> buffer = gpu::DeviceBuffer::Allocate(bytes);
     if (!buffer.ok()) return buffer.status();
@@ -57,6 +66,13 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
     absl::StatusOr<gpu::Stream> created = gpu::Stream::Create();
     if (!created.ok()) return created.status();
     lane.stream = std::move(*created);
+  }
+  if (muon) {
+    absl::StatusOr<std::unique_ptr<gpu::Cublas>> cublas =
+        gpu::Cublas::Create(backend->apply_stream_.get());
+    if (!cublas.ok()) return cublas.status();
+    backend->cublas_ = *std::move(cublas);
+    if (absl::Status s = backend->AllocateMuonScratch(); !s.ok()) return s;
   }
   if (absl::Status s = backend->params_.Upload(initial.data(), n * sizeof(float)); !s.ok()) {
     return s;
@@ -165,13 +181,17 @@ absl::Status GpuBackend::RunFusedStep(int64_t step, const OptimizerConfig& confi
 }
 
 absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
-  return ApplyRange(step, mean, config, 0, size_);
+  if (cublas_ == nullptr) return ApplyRange(step, mean, config, 0, size_);
+  if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
+  if (absl::Status s = Reduce(mean); !s.ok()) return s;
+  return MuonStep(config);
 }
 
 absl::Status GpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConfig& config,
                                     uint64_t begin, uint64_t end) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   if (absl::Status s = CheckRange("update", begin, end - begin); !s.ok()) return s;
+  if (absl::Status s = RefuseRangesOfMuon(); !s.ok()) return s;
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (absl::Status s = WaitForStagedCopies(); !s.ok()) return s;
   std::vector<const float*> gradients(lanes_.size());
@@ -241,13 +261,23 @@ absl::StatusOr<double> GpuBackend::SumOfSquares(float scale) {
 }
 
 absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, float multiplier) {
-  return UpdateRange(step, config, multiplier, 0, size_);
+  if (cublas_ == nullptr) return UpdateRange(step, config, multiplier, 0, size_);
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
+  if (multiplier != 1.0f) {
+    if (absl::Status s = gpu::ScaleInPlace(staging(0), size_, multiplier, apply_stream_.get());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return MuonStep(config);
 }
 
 absl::Status GpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
                                      uint64_t begin, uint64_t end) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   if (absl::Status s = CheckRange("update", begin, end - begin); !s.ok()) return s;
+  if (absl::Status s = RefuseRangesOfMuon(); !s.ok()) return s;
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (multiplier != 1.0f) {
     if (absl::Status s =

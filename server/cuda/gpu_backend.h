@@ -21,6 +21,14 @@
 // fused step writes it as well (2 more bytes per parameter), and bf16 pulls
 // move half the bytes across PCIe.
 //
+// Muon (whole 2-D tensors): Apply reduces the trainers' gradients as above,
+// then updates each matrix with the elementwise passes of
+// server/cuda/muon_kernels.h and its Newton-Schulz products through cuBLAS
+// (loaded at first use, server/cuda/cublas.h) in fp32: the CPU backend's
+// formulas, within fp32 rounding of its results (the products' summation
+// order is cuBLAS's, not OpenBLAS's). No ranges for Muon. LAMB and Adafactor
+// have no kernels yet (UNIMPLEMENTED: the server runs them on the CPU).
+//
 // Every CUDA call is checked; errors come back as absl::Status (a failed
 // Apply stops the shard, see ModelShard). Each method makes the backend's GPU
 // current on the calling thread first.
@@ -34,11 +42,19 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/layout.h"
 #include "common/optimizer_config.h"
+#include "server/cuda/cublas.h"
 #include "server/cuda/device.h"
 #include "server/update_backend.h"
 
 namespace shardopt {
+
+// A 2-D tensor of the range, whole (Muon's unit).
+struct GpuMatrix {
+  uint64_t offset = 0;  // Range-local.
+  uint64_t rows = 0, cols = 0;
+};
 
 class GpuBackend final : public UpdateBackend {
  public:
@@ -53,11 +69,18 @@ class GpuBackend final : public UpdateBackend {
   static constexpr size_t kReadPieceBytes = size_t{256} << 10;
   static constexpr int kMaxReadLanes = 4;
 
-  // RESOURCE_EXHAUSTED when the state does not fit in the GPU's memory.
+  // RESOURCE_EXHAUSTED when the state does not fit in the GPU's memory;
+  // UNIMPLEMENTED for an optimizer it has no kernels for (LAMB, Adafactor)
+  // or Muon without a loadable cuBLAS. `matrices`: Muon's (MatricesOfShard).
   static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(int device_index,
                                                             const OptimizerConfig& optimizer,
                                                             uint32_t num_trainers,
-                                                            const std::vector<float>& initial);
+                                                            const std::vector<float>& initial,
+                                                            std::vector<GpuMatrix> matrices = {});
+  // Shard `shard`'s tensors as matrices: FAILED_PRECONDITION when one
+  // straddles the range, INVALID_ARGUMENT when one is not 2-D.
+  static absl::StatusOr<std::vector<GpuMatrix>> MatricesOfShard(const ModelLayout& layout,
+                                                                uint32_t shard);
 
   // Makes its GPU current and waits for its copies before freeing memory.
   ~GpuBackend() override;
@@ -70,7 +93,7 @@ class GpuBackend final : public UpdateBackend {
   absl::Status Reduce(bool mean) override;
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
-  bool supports_ranges() const override { return true; }
+  bool supports_ranges() const override { return cublas_ == nullptr; }
   absl::Status ApplyRange(int64_t step, bool mean, const OptimizerConfig& config, uint64_t begin,
                           uint64_t end) override;
   absl::Status ReduceRange(bool mean, uint64_t begin, uint64_t end) override;
@@ -121,6 +144,14 @@ class GpuBackend final : public UpdateBackend {
                             uint64_t end);
   // Waits for every trainer's staging copies queued so far.
   absl::Status WaitForStagedCopies();
+  // Muon's step on every matrix with the gradient in staging(0), already
+  // reduced and multiplied (gpu_backend_muon.cc).
+  absl::Status MuonStep(const OptimizerConfig& config);
+  // Its scratch (two matrices and two Gram matrices of the largest sizes).
+  absl::Status AllocateMuonScratch();
+  // FAILED_PRECONDITION for Muon, which updates whole matrices only (the
+  // range calls' fused kernels are elementwise).
+  absl::Status RefuseRangesOfMuon() const;
   absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
   // OUT_OF_RANGE naming `what` unless [offset, offset + count) is in the range.
   absl::Status CheckRange(const char* what, uint64_t offset, uint64_t count) const;
@@ -159,6 +190,10 @@ class GpuBackend final : public UpdateBackend {
   // SumOfSquares' per-block sums, allocated with the rest of the state, so a
   // step with gradient control allocates nothing.
   gpu::DeviceBuffer block_sums_;
+  // Muon only.
+  std::vector<GpuMatrix> matrices_;
+  std::unique_ptr<gpu::Cublas> cublas_;
+  gpu::DeviceBuffer muon_x_, muon_y_, muon_gram_, muon_poly_;
 };
 
 }  // namespace shardopt

@@ -15,6 +15,7 @@
 #include "common/dtype_convert.h"
 #include "gtest/gtest.h"
 #include "server/cuda/device.h"
+#include "server/device_support.h"
 #include "server/model_shard.h"
 #include "server/model_shard_testing.h"
 #include "tests/support/gpu_required.h"
@@ -49,9 +50,8 @@ class GpuBackendTest : public ::testing::Test {
                options, init,
                [this](const ModelShardOptions& o,
                       std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-                 auto b = GpuBackend::Create(gpu_index_, o.optimizer, o.num_trainers, v);
-                 if (!b.ok()) return b.status();
-                 return std::unique_ptr<UpdateBackend>(std::move(*b));
+                 // As the server makes it (Muon's matrices from the layout).
+                 return MakeGpuBackend(gpu_index_, o, v);
                })
         .value();
   }
@@ -361,6 +361,84 @@ TEST_F(GpuBackendTest, PipelinedRangesMatchTheCpuWholeStep) {
         EXPECT_EQ(pulled, want) << "bf16 pulled range by range at step " << step;
       }
     }
+  }
+}
+
+// Muon on the GPU (cuBLAS for the Newton-Schulz products) against the CPU
+// backend (OpenBLAS): the momentum buffer, elementwise, bit for bit; the
+// parameters within fp32 rounding of the products' summation order; with
+// Nesterov or not, both lr adjustments, weight decay, and clipping (the
+// Update path). Matrices taller, wider and square, one of a single row.
+TEST_F(GpuBackendTest, MuonMatchesTheCpuWithinRounding) {
+  const ModelLayout layout =
+      ModelLayout::Create({{"a", {37, 11}}, {"b", {5, 53}}, {"c", {64, 64}}, {"d", {1, 9}}}, 16, 1,
+                          Partition::kWholeTensors)
+          .value();
+  OptimizerConfig plain = OptimizerConfig::Muon(0.02);
+  plain.nesterov = false;
+  plain.weight_decay = 0.1;
+  plain.adjust_lr = MuonAdjustLr::kMatchRmsAdamW;
+  struct Job {
+    OptimizerConfig optimizer;
+    double max_grad_norm;
+  };
+  for (const Job& job : {Job{OptimizerConfig::Muon(0.02), 0}, Job{plain, 0},
+                         Job{OptimizerConfig::Muon(0.02), 5.0}}) {
+    SCOPED_TRACE(job.optimizer.DebugString() + (job.max_grad_norm > 0 ? " clipped" : ""));
+    ModelShardOptions options{"m", layout, 0, job.optimizer, 2, true};
+    options.max_grad_norm = job.max_grad_norm;
+    std::vector<float> init(layout.ShardSize(0));
+    for (size_t i = 0; i < init.size(); ++i)
+      init[i] = 0.05f * std::sin(0.7f * static_cast<float>(i));
+    ZeroPadding(layout, 0, &init);
+    std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
+    std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
+    ASSERT_EQ(gpu->device(), "cuda:" + std::to_string(gpu_index_))
+        << "Muon must run on the GPU backend here (is cuBLAS loadable?)";
+    constexpr int64_t kSteps = 8;
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      for (ModelShard* shard : {cpu.get(), gpu.get()}) {
+        for (uint32_t rank = 0; rank < 2; ++rank) {
+          std::vector<float> g = RandomGradient(rank, step, shard->size());
+          ZeroPadding(layout, 0, &g);
+          ASSERT_TRUE(PushInChunks(*shard, rank, step, g, 1000).ok());
+        }
+        if (shard->options().needs_decision()) {
+          absl::StatusOr<StepStats> stats =
+              shard->WaitForStepStats(step, absl::Now() + absl::Seconds(30), nullptr);
+          ASSERT_TRUE(stats.ok()) << stats.status();
+          ASSERT_TRUE(shard->Decide(step, DecideStep({*stats}, job.max_grad_norm)).ok());
+        }
+      }
+    }
+    std::vector<float> a(cpu->size()), b(gpu->size());
+    ASSERT_TRUE(cpu->ReadParameters(kSteps, 0, a.size(), a.data()).ok());
+    ASSERT_TRUE(gpu->ReadParameters(kSteps, 0, b.size(), b.data()).ok());
+    double worst = 0, moved = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      worst =
+          std::max(worst, std::fabs(double{a[i]} - b[i]) / std::max(std::fabs(double{a[i]}), 1.0));
+      moved = std::max(moved, std::fabs(double{b[i]} - init[i]));
+    }
+    std::printf("muon gpu vs cpu: max relative difference %.3g after %lld steps\n", worst,
+                static_cast<long long>(kSteps));
+    EXPECT_LE(worst, 1e-4);
+    EXPECT_GT(moved, 1e-3);
+    // The momentum buffers, read as a checkpoint does.
+    std::vector<std::vector<float>> buffers(2, std::vector<float>(cpu->size()));
+    int k = 0;
+    for (ModelShard* shard : {cpu.get(), gpu.get()}) {
+      std::vector<float>& out = buffers[k++];
+      ASSERT_TRUE(shard
+                      ->CheckpointAt(kSteps, absl::Now() + absl::Seconds(30), nullptr,
+                                     [&](const ShardProgress&, const ShardStateReadFn& read) {
+                                       return read(0, 0, out.size(), out.data());
+                                     })
+                      .ok());
+    }
+    EXPECT_EQ(std::memcmp(buffers[0].data(), buffers[1].data(), buffers[0].size() * sizeof(float)),
+              0)
+        << "momentum_buffer";
   }
 }
 

@@ -1,24 +1,15 @@
 #include <cuda_runtime.h>
 
-#include "absl/strings/str_cat.h"
+#include "server/cuda/launch_util.h"
 #include "server/cuda/gradient_control.h"
 
 namespace shardopt {
 namespace gpu {
 namespace {
 
-constexpr int kThreads = 256;
-
-absl::Status Check(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")"));
-}
-
-int Blocks(size_t work) {
-  const size_t blocks = (work + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 65535 * 32 ? (blocks == 0 ? 1 : blocks) : 65535 * 32);
-}
+using launch::Blocks;
+using launch::Check;
+using launch::kThreads;
 
 __global__ void ReduceKernel(float* __restrict__ staging, size_t n, size_t buffer_stride,
                              int trainers, bool mean) {

@@ -15,7 +15,9 @@
 #   1. nvidia-smi, glibc, bundle fingerprint vs the sources that travelled
 #   2. fused_optimizers_test: fused kernels vs the CPU Optimizer, bit for bit,
 #      bf16, device selection, buffers
-#   3. gpu_backend_test: GpuBackend vs CpuBackend through ModelShard
+#   3. gpu_backend_test: GpuBackend vs CpuBackend through ModelShard (bit for
+#      bit; pipelined ranges; Muon through cuBLAS within 1e-4, its figure in
+#      the table)
 #   4. end_to_end_test: 2 trainers, 1 and 2 shards on cuda:0 vs the CPU run
 #   5. fused_kernels_emulation_test: the same kernels' code on the CPU
 #   6. gpu_bench: fused AdamW at 64M and 1G params vs a D2D cudaMemcpy
@@ -59,8 +61,14 @@ iters=20
 [ "$quick" -eq 1 ] && iters=5
 export SHARDOPT_REQUIRE_GPU=1
 
+# The packed bundle travels (make_gpu_bundle.sh): it replaces any unpacked
+# one (a warm machine may keep an older one).
+if [ -f "$bundle.tgz" ]; then
+  rm -rf "$bundle"
+  tar -xzf "$bundle.tgz" || { echo "cannot unpack $bundle.tgz"; exit 2; }
+fi
 if [ ! -f "$bundle/run.sh" ]; then
-  echo "no $bundle/run.sh: run tools/gpu/make_gpu_bundle.sh on the build machine and carry $bundle"
+  echo "no $bundle/run.sh: run tools/gpu/make_gpu_bundle.sh on the build machine and carry $bundle.tgz"
   exit 2
 fi
 # Execute bits may not survive the transfer.
@@ -164,6 +172,9 @@ summary() {
   printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]:-(not run yet)} / ${result[torch]:-(not run yet)}"
   printf '%-30s %s\n' "adafactor vs torch.optim" "${result[adafactor]:-(not run yet)}"
   printf '%-30s %s\n' "muon vs torch.optim" "${result[muon]:-(not run yet)}"
+  printf '%-30s %s\n' "muon on cuda vs cpu backend" \
+    "$(grep -oE 'muon gpu vs cpu: max relative difference [^ ]+' "$log/gpu_backend_test.log" 2>/dev/null |
+      awk '{print $NF}' | tr '\n' ' ')"
   printf '%-30s %s\n' "compute-sanitizer memcheck" "${result[san]:-(not run yet)}"
   echo
   awk '

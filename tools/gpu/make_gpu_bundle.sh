@@ -102,7 +102,14 @@ cat >"$bundle/run.sh" <<'WRAP'
 here=$(cd "$(dirname "$0")" && pwd)
 name=$1
 shift
-LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/bin/$name" "$@"
+# cuBLAS (Muon's products; dlopen'ed, too big to carry) is the GPU
+# machine's own: its CUDA toolkit's, or the one PyTorch's wheels bring.
+cublas_dirs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+  $(python3 -c 'import nvidia.cublas as m; print(list(m.__path__)[0] + "/lib")' 2>/dev/null); do
+  [ -e "$d/libcublas.so.13" ] && cublas_dirs="$cublas_dirs:$d"
+done
+LD_LIBRARY_PATH="$here/lib$cublas_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/bin/$name" "$@"
 WRAP
 chmod +x "$bundle/run.sh"
 
@@ -118,3 +125,9 @@ done | sort -u -V | tail -1)
   (cd "$bundle" && find bin lib -type f -printf '%10s  %p\n' | sort -k2)
 } >"$bundle/MANIFEST"
 cat "$bundle/MANIFEST"
+# What travels: the device tool carries at most 64 MiB, and the bundle is
+# more than that since OpenBLAS joined it (36 MiB of it); gzip takes it to
+# about a third. gpu_check.sh unpacks it there.
+rm -f "$bundle.tgz"
+tar -czf "$bundle.tgz" "$bundle"
+echo "carry: $bundle.tgz ($(du -m "$bundle.tgz" | cut -f1) MiB)"
