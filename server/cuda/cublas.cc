@@ -74,6 +74,8 @@ absl::Status CublasStatus(cublasStatus_t status, const char* what) {
 
 }  // namespace
 
+absl::Status Cublas::Available() { return LoadApi().status(); }
+
 absl::StatusOr<std::unique_ptr<Cublas>> Cublas::Create(void* stream) {
   absl::StatusOr<const Api*> api = LoadApi();
   if (!api.ok()) return api.status();

@@ -26,6 +26,9 @@ class Cublas {
   // UNIMPLEMENTED naming the libraries tried when none loads (or lacks a
   // symbol); INTERNAL when the handle cannot be made.
   static absl::StatusOr<std::unique_ptr<Cublas>> Create(void* stream);
+  // Whether the library loads (loading it if not yet): Create's
+  // UNIMPLEMENTED, without making a handle.
+  static absl::Status Available();
   ~Cublas();
   Cublas(const Cublas&) = delete;
   Cublas& operator=(const Cublas&) = delete;

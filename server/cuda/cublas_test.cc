@@ -20,8 +20,9 @@ TEST(CublasTest, AMissingLibraryIsUnimplementedAndSaysWhich) {
       << cublas.status();
   EXPECT_NE(cublas.status().message().find("SHARDOPT_CUBLAS_LIBRARY"), std::string::npos)
       << cublas.status();
-  // Again: the same answer, nothing loaded meanwhile.
+  // Again, and without making a handle: the same answer.
   EXPECT_EQ(Cublas::Create(nullptr).status(), cublas.status());
+  EXPECT_EQ(Cublas::Available(), cublas.status());
 }
 
 }  // namespace

@@ -15,18 +15,23 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
                                                                uint32_t num_trainers,
                                                                const std::vector<float>& initial,
                                                                std::vector<GpuMatrix> matrices) {
-  if (num_trainers == 0 || num_trainers > static_cast<uint32_t>(gpu::kMaxGradientBuffers)) {
-    return absl::InvalidArgumentError(absl::StrCat("the GPU backend reduces 1 to ",
-                                                   gpu::kMaxGradientBuffers, " trainers, not ",
-                                                   num_trainers));
-  }
+  if (num_trainers == 0) return absl::InvalidArgumentError("num_trainers must be at least 1");
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
+  // What this backend cannot update is UNIMPLEMENTED (the server then uses
+  // its CPU backend), refused before any device memory is taken.
   const bool muon = optimizer.kind == OptimizerKind::kMuon;
   if (NeedsWholeTensors(optimizer.kind) && !muon) {
-    // (Refused before any device memory is taken.)
     return absl::UnimplementedError(absl::StrCat("the GPU backend has no ",
                                                  OptimizerKindName(optimizer.kind),
                                                  " kernel yet: run the shard with --device=cpu"));
+  }
+  if (num_trainers > static_cast<uint32_t>(gpu::kMaxGradientBuffers)) {
+    return absl::UnimplementedError(absl::StrCat("the GPU backend reduces at most ",
+                                                 gpu::kMaxGradientBuffers, " trainers, not ",
+                                                 num_trainers));
+  }
+  if (muon) {
+    if (absl::Status s = gpu::Cublas::Available(); !s.ok()) return s;
   }
   const size_t n = initial.size();
   for (const GpuMatrix& m : matrices) {
@@ -184,7 +189,7 @@ absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& c
   if (cublas_ == nullptr) return ApplyRange(step, mean, config, 0, size_);
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (absl::Status s = Reduce(mean); !s.ok()) return s;
-  return MuonStep(config);
+  return DrainOnError(MuonStep(config));
 }
 
 absl::Status GpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConfig& config,
@@ -196,8 +201,8 @@ absl::Status GpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConf
   if (absl::Status s = WaitForStagedCopies(); !s.ok()) return s;
   std::vector<const float*> gradients(lanes_.size());
   for (uint32_t r = 0; r < lanes_.size(); ++r) gradients[r] = staging(r);
-  return RunFusedStep(step, config, gradients.data(), static_cast<int>(gradients.size()), mean,
-                      begin, end);
+  return DrainOnError(RunFusedStep(step, config, gradients.data(),
+                                   static_cast<int>(gradients.size()), mean, begin, end));
 }
 
 absl::Status GpuBackend::Reduce(bool mean) { return ReduceRange(mean, 0, size_); }
@@ -270,7 +275,7 @@ absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, flo
       return s;
     }
   }
-  return MuonStep(config);
+  return DrainOnError(MuonStep(config));
 }
 
 absl::Status GpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
@@ -287,7 +292,14 @@ absl::Status GpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config
     }
   }
   const float* gradient = staging(0);  // Already reduced (ReduceRange).
-  return RunFusedStep(step, config, &gradient, 1, /*mean=*/false, begin, end);
+  return DrainOnError(RunFusedStep(step, config, &gradient, 1, /*mean=*/false, begin, end));
+}
+
+absl::Status GpuBackend::DrainOnError(absl::Status status) {
+  // Nothing queued may still write the state once the caller lets readers
+  // of the range in again (the shard stops after a failed step).
+  if (!status.ok()) apply_stream_.Synchronize().IgnoreError();
+  return status;
 }
 
 absl::StatusOr<std::unique_ptr<GpuBackend::ReadLane>> GpuBackend::TakeReadLane() {

@@ -70,8 +70,9 @@ class GpuBackend final : public UpdateBackend {
   static constexpr int kMaxReadLanes = 4;
 
   // RESOURCE_EXHAUSTED when the state does not fit in the GPU's memory;
-  // UNIMPLEMENTED for an optimizer it has no kernels for (LAMB, Adafactor)
-  // or Muon without a loadable cuBLAS. `matrices`: Muon's (MatricesOfShard).
+  // UNIMPLEMENTED, before taking any device memory, for an optimizer it has
+  // no kernels for (LAMB, Adafactor), Muon without a loadable cuBLAS, or
+  // more than kMaxGradientBuffers trainers. `matrices`: Muon's (MatricesOfShard).
   static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(int device_index,
                                                             const OptimizerConfig& optimizer,
                                                             uint32_t num_trainers,
@@ -144,6 +145,9 @@ class GpuBackend final : public UpdateBackend {
                             uint64_t end);
   // Waits for every trainer's staging copies queued so far.
   absl::Status WaitForStagedCopies();
+  // `status`, after waiting (errors ignored) for the work queued on the
+  // apply stream when it is an error.
+  absl::Status DrainOnError(absl::Status status);
   // Muon's step on every matrix with the gradient in staging(0), already
   // reduced and multiplied (gpu_backend_muon.cc).
   absl::Status MuonStep(const OptimizerConfig& config);

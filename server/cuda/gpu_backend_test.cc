@@ -370,6 +370,11 @@ TEST_F(GpuBackendTest, PipelinedRangesMatchTheCpuWholeStep) {
 // Nesterov or not, both lr adjustments, weight decay, and clipping (the
 // Update path). Matrices taller, wider and square, one of a single row.
 TEST_F(GpuBackendTest, MuonMatchesTheCpuWithinRounding) {
+  // (Checked first: MakeShard would abort the binary on the error.)
+  const absl::Status cublas = gpu::Cublas::Available();
+  ASSERT_TRUE(cublas.ok()) << cublas
+                           << " (the bundle's run.sh looks in /usr/local/cuda/lib64 "
+                              "and in the python3's nvidia packages)";
   const ModelLayout layout =
       ModelLayout::Create({{"a", {37, 11}}, {"b", {5, 53}}, {"c", {64, 64}}, {"d", {1, 9}}}, 16, 1,
                           Partition::kWholeTensors)

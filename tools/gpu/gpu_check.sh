@@ -92,12 +92,18 @@ echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv 2>&1 | tee "$log/nvidia-smi.csv"
 ldd --version 2>&1 | head -1
+# Where run.sh finds cuBLAS (Muon's products; the machine's own).
+SHARDOPT_SHOW_CUBLAS=1 "$bundle/run.sh" gpu_backend_test --gtest_list_tests >/dev/null 2>"$log/cublas.txt"
+cat "$log/cublas.txt"
 LD_LIBRARY_PATH="$PWD/$bundle/lib" ldd "$bundle/bin/fused_optimizers_test" >"$log/ldd.txt" 2>&1 || true
 if grep "not found" "$log/ldd.txt"; then
   overall=1
   result[libs]="MISSING: $(grep 'not found' "$log/ldd.txt" | awk '{print $1}' | tr '\n' ' ')"
 else
-  result[libs]="all resolve ($(ldd --version 2>&1 | head -1 | awk '{print $NF}'))"
+  result[libs]="all resolve ($(ldd --version 2>&1 | head -1
+# Where run.sh finds cuBLAS (Muon's products; the machine's own).
+SHARDOPT_SHOW_CUBLAS=1 "$bundle/run.sh" gpu_backend_test --gtest_list_tests >/dev/null 2>"$log/cublas.txt"
+cat "$log/cublas.txt" | awk '{print $NF}'))"
 fi
 
 # gtest's "[  PASSED  ] N tests." / "[  FAILED  ] N tests," / "[  SKIPPED ] N tests,".

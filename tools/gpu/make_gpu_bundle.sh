@@ -104,11 +104,16 @@ name=$1
 shift
 # cuBLAS (Muon's products; dlopen'ed, too big to carry) is the GPU
 # machine's own: its CUDA toolkit's, or the one PyTorch's wheels bring.
+# (The wheels' layout varies: nvidia/cublas/lib, nvidia/cu13/lib, ...)
 cublas_dirs=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-  $(python3 -c 'import nvidia.cublas as m; print(list(m.__path__)[0] + "/lib")' 2>/dev/null); do
+  $(python3 -c 'import glob, os, nvidia
+for root in nvidia.__path__:
+    for f in glob.glob(os.path.join(root, "**", "libcublas.so.13"), recursive=True):
+        print(os.path.dirname(f))' 2>/dev/null); do
   [ -e "$d/libcublas.so.13" ] && cublas_dirs="$cublas_dirs:$d"
 done
+[ -n "${SHARDOPT_SHOW_CUBLAS:-}" ] && echo "cuBLAS directories:${cublas_dirs:- none}" >&2
 LD_LIBRARY_PATH="$here/lib$cublas_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/bin/$name" "$@"
 WRAP
 chmod +x "$bundle/run.sh"
