@@ -3,6 +3,7 @@
 #include "server/cuda/device.h"
 #include "server/cuda/gpu_backend.h"
 #include "server/device_support.h"
+#include "server/optim/optimizer.h"
 
 namespace shardopt {
 
@@ -31,10 +32,19 @@ absl::StatusOr<std::unique_ptr<UpdateBackend>> MakeGpuBackend(int gpu_index,
                                                               const std::vector<float>& initial) {
   std::vector<GpuMatrix> matrices;
   if (options.optimizer.kind == OptimizerKind::kMuon) {
-    absl::StatusOr<std::vector<GpuMatrix>> of_shard =
-        GpuBackend::MatricesOfShard(options.layout, options.shard_index);
-    if (!of_shard.ok()) return of_shard.status();
-    matrices = *std::move(of_shard);
+    // The shard's tensors, as the CPU backend gets them (each whole).
+    absl::StatusOr<std::vector<RangeTensor>> tensors =
+        WholeTensorsOfShard(options.layout, options.shard_index);
+    if (!tensors.ok()) return tensors.status();
+    for (const RangeTensor& t : *tensors) {
+      if (absl::Status s = CheckOptimizerFitsTensor(
+              options.optimizer.kind, options.layout.tensors()[t.index].spec.name, t.shape);
+          !s.ok()) {
+        return s;
+      }
+      matrices.push_back(GpuMatrix{t.offset, static_cast<uint64_t>(t.shape[0]),
+                                   static_cast<uint64_t>(t.shape[1])});
+    }
   }
   absl::StatusOr<std::unique_ptr<GpuBackend>> backend = GpuBackend::Create(
       gpu_index, options.optimizer, options.num_trainers, initial, std::move(matrices));

@@ -220,21 +220,13 @@ absl::Status GpuBackend::ReduceRange(bool mean, uint64_t begin, uint64_t end) {
   return apply_stream_.Synchronize();
 }
 
-absl::Status GpuBackend::SumOfSquaresBlocks(float scale, uint64_t begin, uint64_t end,
-                                            double* block_sums) {
-  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = CheckRange("sum of squares", begin, end - begin); !s.ok()) return s;
-  if (begin % kNormBlockElements != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("a sum of squares must start on a block of ",
-                                                   kNormBlockElements, " elements, not at ",
-                                                   begin));
-  }
-  const size_t blocks = (end - begin + kNormBlockElements - 1) / kNormBlockElements;
+absl::Status GpuBackend::BlockSumsToHost(const float* x, size_t n, float scale, size_t first_block,
+                                         double* block_sums) {
+  const size_t blocks = (n + kNormBlockElements - 1) / kNormBlockElements;
   if (blocks == 0) return absl::OkStatus();
-  double* device_sums = block_sums_.as<double>() + begin / kNormBlockElements;
-  if (absl::Status s =
-          gpu::BlockSumsOfSquares(staging(0) + begin, end - begin, scale, kNormBlockElements,
-                                  device_sums, apply_stream_.get());
+  double* device_sums = block_sums_.as<double>() + first_block;
+  if (absl::Status s = gpu::BlockSumsOfSquares(x, n, scale, kNormBlockElements, device_sums,
+                                               apply_stream_.get());
       !s.ok()) {
     return s;
   }
@@ -246,18 +238,23 @@ absl::Status GpuBackend::SumOfSquaresBlocks(float scale, uint64_t begin, uint64_
   return apply_stream_.Synchronize();
 }
 
+absl::Status GpuBackend::SumOfSquaresBlocks(float scale, uint64_t begin, uint64_t end,
+                                            double* block_sums) {
+  if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (absl::Status s = CheckRange("sum of squares", begin, end - begin); !s.ok()) return s;
+  if (begin % kNormBlockElements != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a sum of squares must start on a block of ",
+                                                   kNormBlockElements, " elements, not at ",
+                                                   begin));
+  }
+  return BlockSumsToHost(staging(0) + begin, end - begin, scale, begin / kNormBlockElements,
+                         block_sums);
+}
+
 absl::StatusOr<double> GpuBackend::SumOfSquares(float scale) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  const size_t blocks = (size_ + kNormBlockElements - 1) / kNormBlockElements;
-  if (blocks == 0) return 0.0;
-  if (absl::Status s = gpu::BlockSumsOfSquares(staging(0), size_, scale, kNormBlockElements,
-                                               block_sums_.as<double>(), apply_stream_.get());
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = apply_stream_.Synchronize(); !s.ok()) return s;
-  std::vector<double> host(blocks);
-  if (absl::Status s = block_sums_.Download(host.data(), blocks * sizeof(double)); !s.ok()) {
+  std::vector<double> host((size_ + kNormBlockElements - 1) / kNormBlockElements);
+  if (absl::Status s = BlockSumsToHost(staging(0), size_, scale, 0, host.data()); !s.ok()) {
     return s;
   }
   double total = 0;  // In block order, as CpuBackend adds them.

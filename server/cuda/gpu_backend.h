@@ -42,7 +42,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/layout.h"
 #include "common/optimizer_config.h"
 #include "server/cuda/cublas.h"
 #include "server/cuda/device.h"
@@ -72,16 +71,13 @@ class GpuBackend final : public UpdateBackend {
   // RESOURCE_EXHAUSTED when the state does not fit in the GPU's memory;
   // UNIMPLEMENTED, before taking any device memory, for an optimizer it has
   // no kernels for (LAMB, Adafactor), Muon without a loadable cuBLAS, or
-  // more than kMaxGradientBuffers trainers. `matrices`: Muon's (MatricesOfShard).
+  // more than kMaxGradientBuffers trainers. `matrices`: Muon's, every tensor
+  // of the range (each whole and 2-D).
   static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(int device_index,
                                                             const OptimizerConfig& optimizer,
                                                             uint32_t num_trainers,
                                                             const std::vector<float>& initial,
                                                             std::vector<GpuMatrix> matrices = {});
-  // Shard `shard`'s tensors as matrices: FAILED_PRECONDITION when one
-  // straddles the range, INVALID_ARGUMENT when one is not 2-D.
-  static absl::StatusOr<std::vector<GpuMatrix>> MatricesOfShard(const ModelLayout& layout,
-                                                                uint32_t shard);
 
   // Makes its GPU current and waits for its copies before freeing memory.
   ~GpuBackend() override;
@@ -143,6 +139,11 @@ class GpuBackend final : public UpdateBackend {
   absl::Status RunFusedStep(int64_t step, const OptimizerConfig& config,
                             const float* const* gradients, int count, bool mean, uint64_t begin,
                             uint64_t end);
+  // The sums of (x[i] * scale)^2 over each kNormBlockElements-block of
+  // device x[0, n), each summed in order from its start, into host
+  // `block_sums` (one per block), through block_sums_ from `first_block` on.
+  absl::Status BlockSumsToHost(const float* x, size_t n, float scale, size_t first_block,
+                               double* block_sums);
   // Waits for every trainer's staging copies queued so far.
   absl::Status WaitForStagedCopies();
   // `status`, after waiting (errors ignored) for the work queued on the

@@ -1,40 +1,15 @@
-// GpuBackend's Muon: the matrices of the range, their scratch, and the step
+// GpuBackend's Muon: the matrices' scratch, and the step
 // (server/optim/muon.cc's formulas; see gpu_backend.h).
 #include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "server/cuda/fused_optimizers.h"
 #include "server/cuda/gpu_backend.h"
-#include "server/cuda/gradient_control.h"
 #include "server/cuda/muon_kernels.h"
 
 namespace shardopt {
-
-absl::StatusOr<std::vector<GpuMatrix>> GpuBackend::MatricesOfShard(const ModelLayout& layout,
-                                                                   uint32_t shard) {
-  const FlatRange range = layout.ShardRange(shard);
-  std::vector<GpuMatrix> matrices;
-  for (const TensorPiece& piece : layout.PiecesIn(range)) {
-    const TensorPlacement& t = layout.tensors()[piece.tensor_index];
-    if (piece.size != t.size) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("tensor '", t.spec.name, "' straddles shard ", shard,
-                       "'s range: muon needs partition whole_tensors"));
-    }
-    if (t.spec.shape.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("muon updates 2-D tensors only: '",
-                                                     t.spec.name, "' has ", t.spec.shape.size(),
-                                                     " dimensions"));
-    }
-    matrices.push_back(GpuMatrix{piece.flat_offset - range.begin,
-                                 static_cast<uint64_t>(t.spec.shape[0]),
-                                 static_cast<uint64_t>(t.spec.shape[1])});
-  }
-  return matrices;
-}
 
 absl::Status GpuBackend::AllocateMuonScratch() {
   uint64_t largest = 1, largest_gram = 1;
@@ -86,19 +61,8 @@ absl::Status GpuBackend::MuonStep(const OptimizerConfig& c) {
     }
     // Its norm in double, block sums added in order on the host (block_sums_
     // holds a block per kNormBlockElements of the range: enough).
-    const size_t blocks = (size + kNormBlockElements - 1) / kNormBlockElements;
-    if (absl::Status s = gpu::BlockSumsOfSquares(x, size, 1.0f, kNormBlockElements,
-                                                 block_sums_.as<double>(), stream);
-        !s.ok()) {
-      return s;
-    }
-    block_sums.resize(blocks);
-    if (absl::Status s = gpu::CopyToHost(block_sums.data(), block_sums_.as<double>(),
-                                         blocks * sizeof(double), stream);
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = apply_stream_.Synchronize(); !s.ok()) return s;
+    block_sums.resize((size + kNormBlockElements - 1) / kNormBlockElements);
+    if (absl::Status s = BlockSumsToHost(x, size, 1.0f, 0, block_sums.data()); !s.ok()) return s;
     double squares = 0;
     for (double sum : block_sums) squares += sum;
     const float norm = std::max(static_cast<float>(std::sqrt(squares)), static_cast<float>(c.eps));

@@ -182,8 +182,7 @@ absl::Status Optimizer::WriteSlot(size_t slot, uint64_t offset, uint64_t count, 
       if (absl::bit_cast<uint32_t>(in[i - offset]) != 0) {
         outside = absl::InvalidArgumentError(
             absl::StrCat("optimizer state '", slot_names_[slot],
-                         "' stores only each tensor's factors, at the "
-                         "start of its part; element ",
+                         "' stores only each tensor's factors, at the start of its part; element ",
                          i, " of the range is ", in[i - offset], ", where it can only be 0"));
       }
     }
