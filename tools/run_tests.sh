@@ -21,6 +21,14 @@ extra=()
 # (SHARDOPT_VENV/bin/...).
 extra+=("--test_env=SHARDOPT_PYTHON=$PWD/.venv-tools/bin/python"
         "--test_env=SHARDOPT_VENV=$PWD/.venv-tools")
+# A recent PyTorch for the parity checks against torch.optim.Adafactor and
+# torch.optim.Muon (Debian's 1.13 has neither); when PyPI cannot supply it,
+# the test fails saying so instead of skipping.
+if recent_torch=$(bash tools/setup_recent_torch.sh); then
+  extra+=("--test_env=SHARDOPT_TORCH_RECENT=$recent_torch")
+else
+  extra+=("--test_env=SHARDOPT_TORCH_RECENT=/nonexistent/recent-torch-install-failed")
+fi
 docker_why=$(bash tools/docker_engine.sh start 2>&1)
 docker_rc=$?
 echo "$docker_why" >&2
