@@ -160,6 +160,20 @@ uint64_t OptimizerConfig::StoredSlotElements(int slot, const std::vector<int64_t
   return slot == 0 ? size / cols : size / rows;
 }
 
+std::optional<OptimizerConfig::TorchStateTensor> OptimizerConfig::TorchStateOf(
+    int slot, const std::vector<int64_t>& shape) const {
+  std::vector<std::string> names = StateSlotNames();
+  if (slot < 0 || slot >= static_cast<int>(names.size())) return std::nullopt;
+  if (!PacksSlot(slot)) return TorchStateTensor{names[slot], shape};
+  if (shape.size() < 2) {
+    if (slot != 0) return std::nullopt;
+    return TorchStateTensor{"variance", shape};
+  }
+  std::vector<int64_t> factor = shape;
+  factor[shape.size() - (slot == 0 ? 1 : 2)] = 1;
+  return TorchStateTensor{names[slot], std::move(factor)};
+}
+
 float OptimizerConfig::InitialSlotValue(int slot) const {
   (void)slot;
   return kind == OptimizerKind::kAdagrad ? static_cast<float>(initial_accumulator_value) : 0.0f;

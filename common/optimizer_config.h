@@ -6,6 +6,7 @@
 #ifndef SHARDOPT_COMMON_OPTIMIZER_CONFIG_H_
 #define SHARDOPT_COMMON_OPTIMIZER_CONFIG_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,18 @@ struct OptimizerConfig {
   // row_var B*R and col_var B*C for two or more dimensions, else `size` and
   // 0.
   uint64_t StoredSlotElements(int slot, const std::vector<int64_t>& shape, uint64_t size) const;
+  // Slot `slot` of a whole tensor of `shape` as torch.optim's state_dict
+  // holds it: its state key and shape, the stored elements in row-major
+  // order (shardoptctl export and import). Unpacked slots: the slot's name
+  // and `shape`. Adafactor of two or more dimensions (..., R, C): "row_var"
+  // (..., R, 1) and "col_var" (..., 1, C); of fewer: "variance" of `shape`
+  // in slot 0 and nothing (nullopt) in slot 1. Its element count is
+  // StoredSlotElements' except for a tensor with no elements.
+  struct TorchStateTensor {
+    std::string key;
+    std::vector<int64_t> shape;
+  };
+  std::optional<TorchStateTensor> TorchStateOf(int slot, const std::vector<int64_t>& shape) const;
   // What a slot holds before the first step: Adagrad's sum starts at
   // initial_accumulator_value, everything else at zero.
   float InitialSlotValue(int slot) const;

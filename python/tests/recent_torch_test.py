@@ -12,9 +12,19 @@ Newton-Schulz products in bf16 and shardopt in fp32, so for Muon torch's own
 function runs with that cast made fp32 (tools/gpu/muon_torch_parity.py's
 newton_schulz_in_fp32; the bf16 comparison is that script's job). The loss
 must fall in both.
+
+Then Adafactor's state goes to torch: after 20 steps through shardopt.torch
+the servers checkpoint, `shardoptctl export --optimizer_state` writes it as
+safetensors in torch's state shapes (row_var (R, 1), col_var (1, C),
+variance), and a torch.optim.Adafactor loaded with it (and the step count)
+continues 20 more steps on the same batches as shardopt does: the two runs'
+parameters agree to the same bound. (argv[1]: the shardoptctl binary.)
 """
 
+import os
+import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -82,9 +92,73 @@ def lockstep(kind, addresses):
     return worst, first, last
 
 
+def train_steps(model, opts, steps):
+    for step in steps:
+        x, y = batch(step)
+        for opt in opts:
+            opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        for opt in opts:
+            opt.step()
+
+
+def read_safetensors(path):
+    """{name: float32 tensor} and the metadata, read with the format's own
+    rules (the recent-torch venv has no safetensors package)."""
+    import json
+    import struct
+    with open(path, "rb") as f:
+        (header_bytes,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_bytes))
+        data = f.read()
+    metadata = header.pop("__metadata__", {})
+    tensors = {}
+    for name, info in header.items():
+        assert info["dtype"] == "F32", info
+        begin, end = info["data_offsets"]
+        flat = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
+        tensors[name] = flat.reshape(info["shape"])
+    return tensors, metadata
+
+
+def adafactor_state_to_torch(ctl, addresses, workdir):
+    """The check described at the top; returns (worst difference, state keys)."""
+    import shardopt.torch
+    mine, theirs = make_model(), make_model()
+    ours = shardopt.torch.DistributedOptimizer(
+        mine.named_parameters(), servers=addresses, rank=0, world_size=1,
+        optimizer="adafactor", model_id="exported_adafactor", checkpoint_dir=workdir,
+        **ADAFACTOR)
+    train_steps(mine, [ours], range(1, 21))
+    # (The committed checkpoint's manifest.)
+    checkpoint = os.path.dirname(ours.state_dict()["shardopt"]["checkpoints"][0])
+    exported = os.path.join(workdir, "exported.safetensors")
+    subprocess.run([ctl, "export", "--optimizer_state", f"--checkpoint={checkpoint}",
+                    f"--out={exported}"], check=True, stdout=subprocess.DEVNULL)
+    tensors, metadata = read_safetensors(exported)
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            p.copy_(tensors[name])
+    opt = torch.optim.Adafactor(theirs.parameters(), **ADAFACTOR)
+    keys = set()
+    for name, p in theirs.named_parameters():
+        state = {"step": torch.tensor(float(metadata["shardopt.optimizer_steps"]))}
+        for key in ("row_var", "col_var", "variance"):
+            if f"optimizer.{key}.{name}" in tensors:
+                state[key] = tensors[f"optimizer.{key}.{name}"].clone()
+                keys.add(f"{key}{list(state[key].shape)}")
+        opt.state[p] = state
+    train_steps(mine, [ours], range(21, 41))
+    train_steps(theirs, [opt], range(21, 41))
+    worst = max(((a - b).abs() / b.abs().clamp(min=1.0)).max().item()
+                for a, b in zip(mine.parameters(), theirs.parameters()))
+    return worst, keys
+
+
 def main():
     from support import Cluster
     print(f"torch {torch.__version__}")
+    ctl = os.path.abspath(sys.argv[1])
     failures = 0
     for kind in ("adafactor", "muon"):
         with Cluster(2) as cluster, newton_schulz_in_fp32():
@@ -94,6 +168,15 @@ def main():
               f"{worst:.3g} over {STEPS} steps (bound {BOUND[kind]:g}); loss {first:.4f} -> "
               f"{last:.4f}")
         failures += not ok
+    with Cluster(2) as cluster, tempfile.TemporaryDirectory() as workdir:
+        worst, keys = adafactor_state_to_torch(ctl, cluster.addresses, workdir)
+    want = {"row_var[37, 1]", "col_var[1, 9]", "variance[37]", "row_var[13, 1]",
+            "col_var[1, 37]", "variance[13]", "row_var[4, 1]", "col_var[1, 13]", "variance[4]"}
+    ok = worst <= BOUND["adafactor"] and keys == want
+    print(f"{'ok  ' if ok else 'FAIL'} adafactor state exported after 20 steps, loaded into "
+          f"torch.optim.Adafactor, 20 more steps: worst parameter difference {worst:.3g} "
+          f"(bound {BOUND['adafactor']:g}); state {sorted(keys)}")
+    failures += not ok
     print(f"recent torch: {failures} failure(s)")
     return 1 if failures else 0
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/checkpoint_files.h"
 #include "common/layout.h"
 #include "common/proto_convert.h"
@@ -47,6 +48,34 @@ absl::StatusOr<v1::ServerInfo> Info(const CheckpointOptions& options, const std:
     return absl::UnavailableError(absl::StrCat(server, ": ", s.error_message()));
   }
   return info;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Section `section` (0: the parameters, then the optimizer's slots) of
+// tensor `t` as a safetensors tensor, in torch.optim's state shapes
+// (OptimizerConfig::TorchStateOf); nullopt when the slot holds nothing for
+// it (Adafactor's col_var of a vector).
+struct ExportedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t elements = 0;  // Of `shape`.
+  uint64_t held = 0;      // The first ones, which the checkpoint keeps; the rest are zero.
+};
+
+std::optional<ExportedTensor> ExportedTensorOf(const OptimizerConfig& optimizer, int section,
+                                               const TensorPlacement& t) {
+  if (section == 0) return ExportedTensor{t.spec.name, t.spec.shape, t.size, t.size};
+  std::optional<OptimizerConfig::TorchStateTensor> state =
+      optimizer.TorchStateOf(section - 1, t.spec.shape);
+  if (!state.has_value()) return std::nullopt;
+  uint64_t elements = 1;
+  for (int64_t d : state->shape) elements *= static_cast<uint64_t>(d);
+  const uint64_t stored = optimizer.StoredSlotElements(section - 1, t.spec.shape, t.size);
+  return ExportedTensor{OptimizerStateTensorName(state->key, t.spec.name), state->shape, elements,
+                        std::min(elements, stored)};
 }
 
 }  // namespace
@@ -140,13 +169,20 @@ int Export(const CheckpointOptions& options, FILE* out) {
   if (!checkpoint.ok()) return Fail("export", checkpoint.status());
   const CheckpointReader& ckpt = **checkpoint;
   const int sections = options.optimizer_state ? static_cast<int>(ckpt.section_names().size()) : 1;
+  // Each section's tensors, in the layout's order.
+  struct ExportedEntry {
+    int section;
+    const TensorPlacement* placement;
+    ExportedTensor tensor;
+  };
+  std::vector<ExportedEntry> exported;
   std::vector<SafetensorsWriter::TensorSpec> specs;
   for (int section = 0; section < sections; ++section) {
     for (const TensorPlacement& t : ckpt.layout().tensors()) {
-      specs.push_back({section == 0
-                           ? t.spec.name
-                           : OptimizerStateTensorName(ckpt.section_names()[section], t.spec.name),
-                       t.spec.shape});
+      std::optional<ExportedTensor> e = ExportedTensorOf(ckpt.optimizer(), section, t);
+      if (!e.has_value()) continue;
+      specs.push_back({e->name, e->shape});
+      exported.push_back({section, &t, *std::move(e)});
     }
   }
   const v1::ModelConfig& config = ckpt.manifest().config();
@@ -163,19 +199,23 @@ int Export(const CheckpointOptions& options, FILE* out) {
   if (!writer.ok()) return Fail("export", writer.status());
   std::vector<float> block;
   uint64_t elements = 0;
-  for (int section = 0; section < sections; ++section) {
-    for (const TensorPlacement& t : ckpt.layout().tensors()) {
-      for (uint64_t done = 0; done < t.size; done += kBlockElements) {
-        const uint64_t n = std::min(kBlockElements, t.size - done);
-        block.resize(n);
-        if (absl::Status s = ckpt.Read(section, t.offset + done, n, block.data()); !s.ok()) {
+  for (const ExportedEntry& entry : exported) {
+    const ExportedTensor& e = entry.tensor;
+    for (uint64_t done = 0; done < e.elements; done += kBlockElements) {
+      const uint64_t n = std::min(kBlockElements, e.elements - done);
+      block.assign(n, 0.0f);
+      const uint64_t held = done < e.held ? std::min(n, e.held - done) : 0;
+      if (held > 0) {
+        if (absl::Status s =
+                ckpt.Read(entry.section, entry.placement->offset + done, held, block.data());
+            !s.ok()) {
           return Fail("export", s);
         }
-        if (absl::Status s = (*writer)->Append(block.data(), n); !s.ok()) {
-          return Fail("export", s);
-        }
-        elements += n;
       }
+      if (absl::Status s = (*writer)->Append(block.data(), n); !s.ok()) {
+        return Fail("export", s);
+      }
+      elements += n;
     }
   }
   if (absl::Status s = (*writer)->Finish(); !s.ok()) return Fail("export", s);
@@ -209,22 +249,25 @@ int Import(const CheckpointOptions& options, FILE* out) {
                     (step != st.metadata().end() && step->second == absl::StrCat(templ.step()));
   for (size_t section = 0; section < sections.size(); ++section) {
     for (const TensorPlacement& t : templ.layout().tensors()) {
-      const std::string name =
-          section == 0 ? t.spec.name : OptimizerStateTensorName(sections[section], t.spec.name);
-      absl::StatusOr<const SafetensorsTensorInfo*> info = st.Find(name);
+      std::optional<ExportedTensor> e =
+          ExportedTensorOf(templ.optimizer(), static_cast<int>(section), t);
+      if (!e.has_value()) continue;
+      absl::StatusOr<const SafetensorsTensorInfo*> info = st.Find(e->name);
       if (!info.ok()) {
         if (section == 0) {
-          return Fail("import",
-                      absl::NotFoundError(absl::StrCat(options.safetensors, " has no tensor '",
-                                                       name, "', which the model's layout holds")));
+          return Fail("import", absl::NotFoundError(
+                                    absl::StrCat(options.safetensors, " has no tensor '", e->name,
+                                                 "', which the model's layout holds")));
         }
         with_state = false;
         continue;
       }
-      if ((*info)->shape != t.spec.shape) {
-        return Fail("import", absl::InvalidArgumentError(
-                                  absl::StrCat(options.safetensors, ": tensor '", name,
-                                               "' has another shape than the model's")));
+      if ((*info)->shape != e->shape) {
+        return Fail("import", absl::InvalidArgumentError(absl::StrCat(
+                                  options.safetensors, ": tensor '", e->name, "' has shape ",
+                                  ShapeString((*info)->shape), " where the model's ",
+                                  section == 0 ? "layout" : "optimizer state", " has ",
+                                  ShapeString(e->shape))));
       }
     }
   }
@@ -259,17 +302,15 @@ int Import(const CheckpointOptions& options, FILE* out) {
         std::fill(values, values + count, initial);
         if (section > 0 && !with_state) return absl::OkStatus();
         for (const TensorPlacement& t : tensors) {
-          // A packed slot (Adafactor's factors) holds only its first
-          // elements of each tensor; the rest stays zero whatever the file says.
-          const uint64_t held = section == 0 ? t.size
-                                             : templ.optimizer().StoredSlotElements(
-                                                   section - 1, t.spec.shape, t.size);
+          // A packed slot (Adafactor's factors, in torch's shapes in the
+          // file) fills only the first elements of each tensor's part.
+          std::optional<ExportedTensor> e = ExportedTensorOf(templ.optimizer(), section, t);
+          if (!e.has_value()) continue;
           const uint64_t lo = std::max(offset, t.offset);
-          const uint64_t hi = std::min(offset + count, t.offset + held);
+          const uint64_t hi = std::min(offset + count, t.offset + e->held);
           if (lo >= hi) continue;
-          const std::string name =
-              section == 0 ? t.spec.name : OptimizerStateTensorName(sections[section], t.spec.name);
-          if (absl::Status s = st.ReadAsFloat(name, lo - t.offset, hi - lo, values + (lo - offset));
+          if (absl::Status s =
+                  st.ReadAsFloat(e->name, lo - t.offset, hi - lo, values + (lo - offset));
               !s.ok()) {
             return s;
           }

@@ -4,6 +4,7 @@
 // on another shard count, where it trains on exactly like the original.
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -164,10 +165,12 @@ TEST(CheckpointCommandsTest, CheckpointExportImportRestore) {
   }
 }
 
-// Adafactor's state through export and import: the file holds each slot
-// tensor-shaped, the factors first; import takes the factors only, so a
-// value after them (an edited file) is not state and the restored model
-// still continues exactly as the original does.
+// Adafactor's state through export and import: the file holds each slot in
+// torch.optim.Adafactor's state shapes (row_var (R, 1), col_var (1, C),
+// "variance" of a vector or scalar), which import takes back; a file with a
+// slot in another shape (full-size, as exports before this one were) is
+// refused naming both shapes, and the imported model continues exactly as
+// the original does.
 TEST(CheckpointCommandsTest, AdafactorFactorsExportAndImport) {
   const ModelSpec spec =
       SyntheticModelSpec("factored", OptimizerByName("adafactor").value(), /*num_trainers=*/1);
@@ -188,33 +191,62 @@ TEST(CheckpointCommandsTest, AdafactorFactorsExportAndImport) {
       absl::StrCat("export --optimizer_state --checkpoint=", root, "/ckpt --out=", exported));
   ASSERT_EQ(rc, 0) << out;
 
-  // The same file with a value after embed.weight's 37 row factors.
-  const std::string edited = root + "/edited.safetensors";
+  std::unique_ptr<SafetensorsReader> reader = SafetensorsReader::Open(exported).value();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const SafetensorsTensorInfo& info : reader->tensors()) shapes[info.name] = info.shape;
+  const std::map<std::string, std::vector<int64_t>> want = {
+      {"embed.weight", {37, 19}},
+      {"layer1.weight", {19, 23}},
+      {"layer1.bias", {23}},
+      {"layer2.weight", {23, 5}},
+      {"layer2.bias", {5}},
+      {"temperature", {}},
+      {"optimizer.row_var.embed.weight", {37, 1}},
+      {"optimizer.col_var.embed.weight", {1, 19}},
+      {"optimizer.row_var.layer1.weight", {19, 1}},
+      {"optimizer.col_var.layer1.weight", {1, 23}},
+      {"optimizer.variance.layer1.bias", {23}},
+      {"optimizer.row_var.layer2.weight", {23, 1}},
+      {"optimizer.col_var.layer2.weight", {1, 5}},
+      {"optimizer.variance.layer2.bias", {5}},
+      {"optimizer.variance.temperature", {}},
+  };
+  EXPECT_EQ(shapes, want);
+  // Factors of squared gradients after three steps: positive everywhere.
+  std::vector<float> rows(37);
+  ASSERT_TRUE(reader->ReadAsFloat("optimizer.row_var.embed.weight", 0, 37, rows.data()).ok());
+  for (float v : rows) EXPECT_GT(v, 0.0f);
+
+  // The same file with embed.weight's row_var full-size.
+  const std::string full_size = root + "/full_size.safetensors";
   {
-    std::unique_ptr<SafetensorsReader> reader = SafetensorsReader::Open(exported).value();
     std::vector<SafetensorsWriter::TensorSpec> specs;
     for (const SafetensorsTensorInfo& info : reader->tensors()) {
-      specs.push_back({info.name, info.shape});
+      specs.push_back({info.name, info.name == "optimizer.row_var.embed.weight"
+                                      ? std::vector<int64_t>{37, 19}
+                                      : info.shape});
     }
-    auto writer = SafetensorsWriter::Create(edited, specs, reader->metadata()).value();
-    bool edited_one = false;
-    for (const SafetensorsTensorInfo& info : reader->tensors()) {
+    auto writer = SafetensorsWriter::Create(full_size, specs, reader->metadata()).value();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const SafetensorsTensorInfo& info = reader->tensors()[i];
       uint64_t n = 1;
-      for (int64_t d : info.shape) n *= static_cast<uint64_t>(d);
-      std::vector<float> values(n);
-      ASSERT_TRUE(reader->ReadAsFloat(info.name, 0, n, values.data()).ok());
-      if (info.name == "optimizer.row_var.embed.weight") {
-        ASSERT_EQ(n, 37u * 19u);
-        EXPECT_NE(values[36], 0.0f);  // The last row factor,
-        EXPECT_EQ(values[37], 0.0f);  // and nothing after it.
-        values[37] = 0.75f;
-        edited_one = true;
-      }
+      for (int64_t d : specs[i].shape) n *= static_cast<uint64_t>(d);
+      std::vector<float> values(n, 0.0f);
+      ASSERT_TRUE(reader->ReadAsFloat(info.name, 0, info.num_elements(), values.data()).ok());
       ASSERT_TRUE(writer->Append(values.data(), n).ok());
     }
-    ASSERT_TRUE(edited_one);
     ASSERT_TRUE(writer->Finish().ok());
   }
+  std::tie(rc, out) =
+      RunCtl(absl::StrCat("import --safetensors=", full_size, " --checkpoint=", root,
+                          "/ckpt --out=", root, "/refused"));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("'optimizer.row_var.embed.weight' has shape [37, 19] where the model's "
+                     "optimizer state has [37, 1]"),
+            std::string::npos)
+      << out;
+
+  const std::string edited = exported;
   std::tie(rc, out) = RunCtl(absl::StrCat("import --safetensors=", edited, " --checkpoint=", root,
                                           "/ckpt --out=", root, "/imported"));
   ASSERT_EQ(rc, 0) << out;
