@@ -177,11 +177,14 @@ absl::StatusOr<ShardPlan> PlanShard(v1::ModelConfig config, uint32_t shard_index
     if (c.max_scale() > 0) scaler->max_scale = c.max_scale();
     if (absl::Status s = scaler->Validate(); !s.ok()) return s;
   }
-  // Parameters and one staging buffer per trainer, and the optimizer state
-  // as the optimizer will hold it (packed slots store less).
+  // Parameters and one staging buffer per trainer, the optimizer state as
+  // the optimizer will hold it (packed slots store less) and its step's
+  // working memory (Muon's; the GPU backend holds it for the model's life).
+  const std::vector<RangeTensor> pieces = TensorPiecesOfShard(*layout, shard_index);
   const uint64_t state_bytes =
       size * sizeof(float) * (1 + static_cast<uint64_t>(config.num_trainers())) +
-      Optimizer::PlannedStateBytes(*optimizer, size, TensorPiecesOfShard(*layout, shard_index));
+      Optimizer::PlannedStateBytes(*optimizer, size, pieces) +
+      Optimizer::PlannedWorkspaceBytes(*optimizer, pieces);
   ModelShardOptions options{config.model_id(),
                             *layout,
                             shard_index,

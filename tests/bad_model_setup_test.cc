@@ -388,5 +388,56 @@ TEST(StateBudgetTest, AdafactorIsBudgetedByItsFactors) {
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
+// Muon's step needs Newton-Schulz buffers besides its state (two of the
+// largest matrix, two of its Gram matrix: server/optim/muon_workspace.h),
+// which the GPU backend holds for the model's life: the budget counts them.
+TEST(StateBudgetTest, MuonIsBudgetedWithItsWorkspace) {
+  // 512 x 512 with 1 trainer: 1 MiB each of params, staging and momentum,
+  // and 4 MiB of workspace: 7 MiB.
+  auto muon_model = [](const std::string& id) {
+    v1::ModelConfig muon;
+    muon.set_model_id(id);
+    v1::TensorSpec* t = muon.mutable_layout()->add_tensors();
+    t->set_name("w");
+    t->add_shape(512);
+    t->add_shape(512);
+    muon.mutable_layout()->set_partition(v1::PARTITION_WHOLE_TENSORS);
+    *muon.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Muon());
+    muon.set_num_trainers(1);
+    muon.set_shard_count(1);
+    return muon;
+  };
+  const std::vector<float> zeros(512 * 512, 0.0f);
+  {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start(0, 1, {"--max_state_mib=6"});
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto stub = NewStub((*server)->address());
+    grpc::Status s = RawRegister(*stub, muon_model("orthogonal"), 0, false,
+                                 {{0, FloatBytes(zeros.data(), zeros.size())}});
+    EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("needs 7340032 bytes"), std::string::npos)
+        << s.error_message();
+  }
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--max_state_mib=7"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = NewStub((*server)->address());
+  grpc::Status s = RawRegister(*stub, muon_model("orthogonal"), 0, false,
+                               {{0, FloatBytes(zeros.data(), zeros.size())}});
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  // The budget is full: one more small model does not fit.
+  v1::ModelConfig sgd;
+  sgd.set_model_id("small");
+  v1::TensorSpec* v = sgd.mutable_layout()->add_tensors();
+  v->set_name("v");
+  v->add_shape(16);
+  sgd.mutable_optimizer()->mutable_sgd()->set_lr(0.1);
+  sgd.set_num_trainers(1);
+  sgd.set_shard_count(1);
+  s = RawRegister(*stub, sgd, 0, false, {{0, FloatBytes(zeros.data(), 16)}});
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+}
+
 }  // namespace
 }  // namespace shardopt::testing

@@ -8,16 +8,16 @@
 #include "server/cuda/fused_optimizers.h"
 #include "server/cuda/gpu_backend.h"
 #include "server/cuda/muon_kernels.h"
+#include "server/optim/muon_workspace.h"
 
 namespace shardopt {
 
 absl::Status GpuBackend::AllocateMuonScratch() {
-  uint64_t largest = 1, largest_gram = 1;
-  for (const GpuMatrix& m : matrices_) {
-    const uint64_t side = std::min(m.rows, m.cols);
-    largest = std::max(largest, m.rows * m.cols);
-    largest_gram = std::max(largest_gram, side * side);
-  }
+  MuonWorkspace workspace;
+  for (const GpuMatrix& m : matrices_) workspace.Add(m.rows, m.cols);
+  // (At least one element each: no zero-byte device allocations.)
+  const uint64_t largest = std::max<uint64_t>(1, workspace.matrix_elements);
+  const uint64_t largest_gram = std::max<uint64_t>(1, workspace.gram_elements);
   for (auto [buffer, elements] :
        {std::pair{&muon_x_, largest}, std::pair{&muon_y_, largest},
         std::pair{&muon_gram_, largest_gram}, std::pair{&muon_poly_, largest_gram}}) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "server/optim/blas.h"
+#include "server/optim/muon_workspace.h"
 #include "server/optim/optimizer.h"
 #include "server/optim/optimizer_internal.h"
 
@@ -49,7 +50,10 @@ class Muon final : public WholeTensorOptimizer {
     const bool transpose = rows > cols;
     const size_t m = transpose ? cols : rows;
     const size_t n = transpose ? rows : cols;
-    std::vector<float> x(rows * cols), y(rows * cols), gram(m * m), poly(m * m);
+    MuonWorkspace workspace;
+    workspace.Add(rows, cols);
+    std::vector<float> x(workspace.matrix_elements), y(workspace.matrix_elements),
+        gram(workspace.gram_elements), poly(workspace.gram_elements);
     const float keep = static_cast<float>(1.0 - c.momentum);
     const float momentum = static_cast<float>(c.momentum);
     for (size_t i = 0; i < rows; ++i) {

@@ -8,6 +8,7 @@
 #include "absl/base/casts.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/optim/muon_workspace.h"
 #include "server/optim/optimizer_internal.h"
 
 namespace shardopt {
@@ -223,6 +224,17 @@ uint64_t Optimizer::PlannedStateBytes(const OptimizerConfig& config, size_t size
       elements += config.StoredSlotElements(slot, t.shape, t.size);
   }
   return elements * sizeof(float);
+}
+
+uint64_t Optimizer::PlannedWorkspaceBytes(const OptimizerConfig& config,
+                                          const std::vector<RangeTensor>& tensors) {
+  if (config.kind != OptimizerKind::kMuon) return 0;
+  MuonWorkspace workspace;
+  for (const RangeTensor& t : tensors) {
+    if (t.shape.size() != 2) continue;  // (Refused at registration.)
+    workspace.Add(static_cast<uint64_t>(t.shape[0]), static_cast<uint64_t>(t.shape[1]));
+  }
+  return workspace.bytes();
 }
 
 }  // namespace shardopt

@@ -129,6 +129,11 @@ class Optimizer {
   // tensors).state_bytes() will be (tensors as Create takes them).
   static uint64_t PlannedStateBytes(const OptimizerConfig& config, size_t size,
                                     const std::vector<RangeTensor>& tensors);
+  // The working memory one step takes besides the state (Muon's
+  // Newton-Schulz buffers for the largest of `tensors`: muon_workspace.h),
+  // for the same budget; 0 for the elementwise optimizers.
+  static uint64_t PlannedWorkspaceBytes(const OptimizerConfig& config,
+                                        const std::vector<RangeTensor>& tensors);
 
  protected:
   Optimizer(const OptimizerConfig& config, size_t size) : config_(config), size_(size) {}
