@@ -6,10 +6,9 @@
 #include <cstring>
 #include <map>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_packing.h"
 #include "common/file.h"
 #include "common/proto_convert.h"
 #include "google/protobuf/util/json_util.h"
@@ -20,13 +19,6 @@ namespace {
 
 constexpr char kMagic[8] = {'S', 'H', 'O', 'P', 'T', 'C', 'K', 'P'};
 constexpr char kParamsSection[] = "params";
-
-// The names in `dir`; none when it cannot be listed (a directory that does
-// not exist holds no checkpoint).
-std::vector<std::string> ListOrEmpty(FileEnv* env, const std::string& dir) {
-  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(dir);
-  return names.ok() ? std::move(*names) : std::vector<std::string>();
-}
 
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
@@ -57,13 +49,59 @@ std::vector<std::string> SectionNames(const OptimizerConfig& optimizer) {
   return names;
 }
 
-std::string DataFileHeader(uint32_t shard_index, uint32_t shard_count, int64_t step) {
+std::string DataFileHeader(uint32_t format_version, uint32_t shard_index, uint32_t shard_count,
+                           int64_t step) {
   std::string header(kCheckpointHeaderBytes, '\0');
   std::memcpy(&header[0], kMagic, sizeof(kMagic));
-  const uint32_t fields[3] = {kCheckpointFormatVersion, shard_index, shard_count};
+  const uint32_t fields[3] = {format_version, shard_index, shard_count};
   std::memcpy(&header[8], fields, sizeof(fields));
   std::memcpy(&header[24], &step, sizeof(step));
   return header;
+}
+
+// Appends one section's values to a data file in blocks of `block_elements`
+// (the last may be shorter), recording each block's CRC-32 in the section.
+// Callers fill room() in place: no copy besides the file's.
+class SectionAppender {
+ public:
+  SectionAppender(AtomicFileWriter* file, v1::CheckpointSection* section, uint64_t block_elements)
+      : file_(file), section_(section), block_(block_elements) {}
+  // Where the next values go: room_size() of them fit before the block is full.
+  float* room() { return block_.data() + filled_; }
+  uint64_t room_size() const { return block_.size() - filled_; }
+  // `n` values (at most room_size()) were written at room().
+  absl::Status Filled(uint64_t n) {
+    filled_ += n;
+    return filled_ == block_.size() ? Flush() : absl::OkStatus();
+  }
+  absl::Status Finish() { return filled_ > 0 ? Flush() : absl::OkStatus(); }
+
+ private:
+  absl::Status Flush() {
+    const size_t bytes = filled_ * sizeof(float);
+    section_->add_block_crc32(static_cast<uint32_t>(
+        crc32(0L, reinterpret_cast<const Bytef*>(block_.data()), static_cast<uInt>(bytes))));
+    filled_ = 0;
+    return file_->Append(block_.data(), bytes);
+  }
+
+  AtomicFileWriter* const file_;
+  v1::CheckpointSection* const section_;
+  std::vector<float> block_;
+  uint64_t filled_ = 0;
+};
+
+// Appends `count` values of section `section` from range-local element
+// `range_local` on, read through `read` in pieces of at most a block.
+absl::Status AppendValues(const CheckpointSectionReadFn& read, int section, uint64_t range_local,
+                          uint64_t count, SectionAppender& out) {
+  for (uint64_t done = 0; done < count;) {
+    const uint64_t n = std::min(out.room_size(), count - done);
+    if (absl::Status s = read(section, range_local + done, n, out.room()); !s.ok()) return s;
+    if (absl::Status s = out.Filled(n); !s.ok()) return s;
+    done += n;
+  }
+  return absl::OkStatus();
 }
 
 // Of the same model, step and training run (a model id trained twice must
@@ -102,7 +140,6 @@ bool SameCheckpoint(const v1::CheckpointManifest& a, const v1::ModelConfig& conf
 absl::StatusOr<bool> TryCommit(FileEnv* env, const std::string& dir, const v1::ModelConfig& config,
                                int64_t step, const std::string& run_id) {
   v1::CheckpointManifest manifest;
-  manifest.set_format_version(kCheckpointFormatVersion);
   *manifest.mutable_config() = config;
   manifest.set_step(step);
   for (uint32_t i = 0; i < config.shard_count(); ++i) {
@@ -135,6 +172,7 @@ absl::StatusOr<bool> TryCommit(FileEnv* env, const std::string& dir, const v1::M
     absl::StatusOr<FileInfo> info = env->Stat(data);
     if (!info.ok() || info->size != part->parts(0).file_bytes()) return false;
     *manifest.add_parts() = part->parts(0);
+    manifest.set_format_version(part->format_version());  // (The same for every part.)
   }
   absl::StatusOr<std::string> json = ToJson(manifest);
   if (!json.ok()) return json.status();
@@ -192,7 +230,8 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(
   const FlatRange range = layout->ShardRange(shard_index);
   const std::vector<std::string> names = SectionNames(*optimizer);
   v1::CheckpointManifest record;
-  record.set_format_version(kCheckpointFormatVersion);
+  const uint32_t format_version = CheckpointFormatVersionFor(*optimizer);
+  record.set_format_version(format_version);
   *record.mutable_config() = config;
   record.set_step(step);
   v1::CheckpointPart* part = record.add_parts();
@@ -206,25 +245,39 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(
   absl::StatusOr<std::unique_ptr<AtomicFileWriter>> data =
       env->NewAtomicFile(JoinPath(directory, part->file()));
   if (!data.ok()) return data.status();
-  const std::string header = DataFileHeader(shard_index, config.shard_count(), step);
+  const std::string header =
+      DataFileHeader(format_version, shard_index, config.shard_count(), step);
   if (absl::Status s = (*data)->Append(header); !s.ok()) return s;
-  const uint64_t block_elements = kCheckpointBlockBytes / sizeof(float);
-  std::vector<float> block(std::min<uint64_t>(block_elements, std::max<uint64_t>(1, range.size())));
+  const uint64_t block_elements = std::min<uint64_t>(kCheckpointBlockBytes / sizeof(float),
+                                                     std::max<uint64_t>(1, range.size()));
   for (size_t section = 0; section < names.size(); ++section) {
     v1::CheckpointSection* out = part->add_sections();
     out->set_name(names[section]);
     out->set_file_offset((*data)->bytes_written());
-    out->set_num_elements(range.size());
-    for (uint64_t done = 0; done < range.size(); done += block_elements) {
-      const uint64_t n = std::min<uint64_t>(block_elements, range.size() - done);
-      if (absl::Status s = read(static_cast<int>(section), done, n, block.data()); !s.ok()) {
+    SectionAppender appender(data->get(), out, block_elements);
+    const int slot = static_cast<int>(section) - 1;
+    if (slot >= 0 && optimizer->PacksSlot(slot)) {
+      // Only the stored runs (format 2).
+      absl::StatusOr<PackedSection> packed =
+          PackedSection::Create(*layout, range, *optimizer, slot);
+      if (!packed.ok()) return packed.status();
+      out->set_packed(true);
+      out->set_num_elements(packed->num_elements());
+      for (const PackedSection::Run& run : packed->RunsIn(range.begin, range.end)) {
+        if (absl::Status s = AppendValues(read, static_cast<int>(section),
+                                          run.flat_begin - range.begin, run.count, appender);
+            !s.ok()) {
+          return s;
+        }
+      }
+    } else {
+      out->set_num_elements(range.size());
+      if (absl::Status s = AppendValues(read, static_cast<int>(section), 0, range.size(), appender);
+          !s.ok()) {
         return s;
       }
-      const size_t bytes = n * sizeof(float);
-      out->add_block_crc32(static_cast<uint32_t>(
-          crc32(0L, reinterpret_cast<const Bytef*>(block.data()), static_cast<uInt>(bytes))));
-      if (absl::Status s = (*data)->Append(block.data(), bytes); !s.ok()) return s;
     }
+    if (absl::Status s = appender.Finish(); !s.ok()) return s;
   }
   part->set_file_bytes((*data)->bytes_written());
   if (absl::Status s = (*data)->Commit(); !s.ok()) return s;
@@ -264,9 +317,9 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   auto bad = [&path](const std::string& what) {
     return absl::DataLossError(absl::StrCat(path, ": ", what));
   };
-  if (m.format_version() != kCheckpointFormatVersion) {
+  if (m.format_version() < 1 || m.format_version() > kCheckpointFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat(path, ": format version ", m.format_version(),
-                                                      "; this build reads ",
+                                                      "; this build reads 1 to ",
                                                       kCheckpointFormatVersion));
   }
   absl::StatusOr<ModelLayout> layout =
@@ -308,10 +361,26 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
                               reader->section_names_.size()));
     }
     uint64_t end = kCheckpointHeaderBytes;
+    std::vector<std::optional<PackedSection>>& packed = reader->packed_.emplace_back();
     for (int s = 0; s < part.sections_size(); ++s) {
       const v1::CheckpointSection& section = part.sections(s);
       const uint64_t bytes = section.num_elements() * sizeof(float);
-      if (section.name() != reader->section_names_[s] || section.num_elements() != range.size() ||
+      // Format 2 packs the packed slots (format 1 wrote them full-size).
+      uint64_t elements = range.size();
+      packed.emplace_back();
+      if (section.packed()) {
+        absl::StatusOr<PackedSection> p =
+            m.format_version() >= 2
+                ? PackedSection::Create(*reader->layout_, range, *optimizer, s - 1)
+                : absl::InvalidArgumentError("format 1 packs nothing");
+        if (!p.ok()) {
+          return bad(absl::StrCat("section ", s, " ('", section.name(), "') of part ", i,
+                                  " is packed: ", p.status().message()));
+        }
+        elements = p->num_elements();
+        packed.back() = *std::move(p);
+      }
+      if (section.name() != reader->section_names_[s] || section.num_elements() != elements ||
           section.file_offset() < kCheckpointHeaderBytes ||
           static_cast<uint64_t>(section.block_crc32_size()) !=
               (bytes + part.block_bytes() - 1) / part.block_bytes()) {
@@ -341,7 +410,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     absl::StatusOr<size_t> n = (*f)->Read(0, header.size(), header.data());
     if (!n.ok()) return n.status();
     if (*n != header.size()) return absl::DataLossError(file + ": short header");
-    if (header != DataFileHeader(i, shards, m.step())) {
+    if (header != DataFileHeader(m.format_version(), i, shards, m.step())) {
       return absl::DataLossError(absl::StrCat(file, ": its header is not that of shard ", i, " of ",
                                               shards, " at step ", m.step()));
     }
@@ -374,36 +443,59 @@ absl::Status CheckpointReader::ReadCached(int section, uint64_t flat_offset, uin
     const uint64_t lo = std::max(flat_offset, part.range().begin());
     const uint64_t hi = std::min(end, part.range().end());
     if (lo >= hi) continue;
-    const v1::CheckpointSection& s = part.sections(section);
-    std::unique_ptr<RandomAccessFile>& f = cache->files[part_index];
-    if (f == nullptr) {
-      absl::StatusOr<std::unique_ptr<RandomAccessFile>> opened =
-          env_->NewRandomAccessFile(JoinPath(directory_, part.file()));
-      if (!opened.ok()) return opened.status();
-      f = std::move(*opened);
-    }
-    const uint64_t block_bytes = part.block_bytes();
-    const uint64_t section_bytes = s.num_elements() * sizeof(float);
-    const uint64_t first_byte = (lo - part.range().begin()) * sizeof(float);
-    const uint64_t last_byte = (hi - part.range().begin()) * sizeof(float);
-    for (uint64_t b = first_byte / block_bytes; b * block_bytes < last_byte; ++b) {
-      const uint64_t block_begin = b * block_bytes;
-      const uint64_t n = std::min(block_bytes, section_bytes - block_begin);
-      if (cache->part != part_index || cache->section != section || cache->block != b) {
-        cache->part = -1;  // (Not valid while the read is under way or after it failed.)
-        if (absl::Status r = ReadBlock(*f, part, s, b, &cache->data); !r.ok()) return r;
-        cache->part = part_index;
-        cache->section = section;
-        cache->block = b;
+    const std::optional<PackedSection>& packed = packed_[part_index][section];
+    if (!packed.has_value()) {
+      if (absl::Status s = ReadSectionValues(part_index, section, lo - part.range().begin(),
+                                             hi - lo, out + (lo - flat_offset), cache);
+          !s.ok()) {
+        return s;
       }
-      const std::vector<char>& block = cache->data;
-      const uint64_t copy_begin = std::max(block_begin, first_byte);
-      const uint64_t copy_end = std::min(block_begin + n, last_byte);
-      std::memcpy(
-          reinterpret_cast<char*>(out) +
-              (copy_begin / sizeof(float) + part.range().begin() - flat_offset) * sizeof(float),
-          block.data() + (copy_begin - block_begin), copy_end - copy_begin);
+      continue;
     }
+    // Packed: what the runs do not cover is not stored.
+    std::fill(out + (lo - flat_offset), out + (hi - flat_offset), initial);
+    for (const PackedSection::Run& run : packed->RunsIn(lo, hi)) {
+      if (absl::Status s = ReadSectionValues(part_index, section, run.packed_begin, run.count,
+                                             out + (run.flat_begin - flat_offset), cache);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadSectionValues(int part_index, int section, uint64_t first,
+                                                 uint64_t count, float* out,
+                                                 BlockCache* cache) const {
+  const v1::CheckpointPart& part = manifest_.parts(part_index);
+  const v1::CheckpointSection& s = part.sections(section);
+  std::unique_ptr<RandomAccessFile>& f = cache->files[part_index];
+  if (f == nullptr) {
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> opened =
+        env_->NewRandomAccessFile(JoinPath(directory_, part.file()));
+    if (!opened.ok()) return opened.status();
+    f = std::move(*opened);
+  }
+  const uint64_t block_bytes = part.block_bytes();
+  const uint64_t section_bytes = s.num_elements() * sizeof(float);
+  const uint64_t first_byte = first * sizeof(float);
+  const uint64_t last_byte = (first + count) * sizeof(float);
+  for (uint64_t b = first_byte / block_bytes; b * block_bytes < last_byte; ++b) {
+    const uint64_t block_begin = b * block_bytes;
+    const uint64_t n = std::min(block_bytes, section_bytes - block_begin);
+    if (cache->part != part_index || cache->section != section || cache->block != b) {
+      cache->part = -1;  // (Not valid while the read is under way or after it failed.)
+      if (absl::Status r = ReadBlock(*f, part, s, b, &cache->data); !r.ok()) return r;
+      cache->part = part_index;
+      cache->section = section;
+      cache->block = b;
+    }
+    const std::vector<char>& block = cache->data;
+    const uint64_t copy_begin = std::max(block_begin, first_byte);
+    const uint64_t copy_end = std::min(block_begin + n, last_byte);
+    std::memcpy(reinterpret_cast<char*>(out) + (copy_begin - first_byte),
+                block.data() + (copy_begin - block_begin), copy_end - copy_begin);
   }
   return absl::OkStatus();
 }
@@ -481,65 +573,6 @@ absl::Status CheckpointReader::VerifyEveryBlock() const {
     }
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<StepDirectory>> ListStepDirectories(const std::string& root,
-                                                               FileEnv* env) {
-  std::vector<StepDirectory> steps;
-  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(root);
-  if (absl::IsNotFound(names.status())) return steps;
-  if (!names.ok()) return names.status();
-  for (const std::string& name : *names) {
-    int64_t step = 0;
-    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
-    steps.push_back(StepDirectory{step, JoinPath(root, name)});
-  }
-  std::sort(steps.begin(), steps.end(),
-            [](const StepDirectory& a, const StepDirectory& b) { return a.step < b.step; });
-  return steps;
-}
-
-absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep,
-                                     FileEnv* env) {
-  if (keep < 1) return absl::InvalidArgumentError("keep at least one checkpoint");
-  absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(directory, env);
-  if (!steps.ok()) return steps.status();
-  std::vector<int64_t> committed;  // Ascending, as `steps`.
-  for (const StepDirectory& s : *steps) {
-    if (FileExists(env, JoinPath(s.directory, kCheckpointManifestFile))) committed.push_back(s.step);
-  }
-  if (committed.empty()) return 0;
-  // Everything older than the keep-th newest committed checkpoint goes (with
-  // fewer, only what is older than the oldest: torn leftovers, and the parts
-  // of checkpoints another shard has already pruned).
-  const int64_t oldest_kept =
-      committed[committed.size() - std::min<size_t>(committed.size(), keep)];
-  const std::string prefix = absl::StrFormat("shard-%05u-of-", shard_index);
-  int pruned = 0;
-  // Removals race with the other shards' (and their errors are theirs too):
-  // what one cannot remove, a later prune or another shard does.
-  for (const auto& [step, dir] : *steps) {
-    if (step >= oldest_kept) continue;
-    const std::vector<std::string> names = ListOrEmpty(env, dir);
-    for (const std::string& name : names) {
-      // The manifest first: the directory is no longer a checkpoint. (And
-      // what a shard killed while committing it left.)
-      if (name == kCheckpointManifestFile || IsAtomicTempFile(name, kCheckpointManifestFile)) {
-        env->RemoveFile(JoinPath(dir, name)).IgnoreError();
-      }
-    }
-    for (const std::string& name : names) {
-      if (absl::StartsWith(name, prefix) || IsAtomicTempFile(name, prefix)) {
-        env->RemoveFile(JoinPath(dir, name)).IgnoreError();
-      }
-    }
-    env->RemoveDirectory(dir).IgnoreError();  // Succeeds once every shard has removed its files.
-    ++pruned;
-  }
-  if (pruned > 0) {
-    if (absl::Status s = env->SyncDirectory(directory); !s.ok()) return s;
-  }
-  return pruned;
 }
 
 }  // namespace shardopt

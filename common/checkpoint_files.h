@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/checkpoint_packing.h"
 #include "common/file.h"
 #include "common/layout.h"
 #include "common/optimizer_config.h"
@@ -39,7 +40,10 @@
 namespace shardopt {
 
 inline constexpr char kCheckpointManifestFile[] = "manifest.json";
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// The newest format this build reads and writes: 2 stores packed optimizer
+// slots packed (common/checkpoint_packing.h), and only a model with such a
+// slot is written as 2; every other checkpoint is format 1, as before.
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
 // Bytes per checksummed block of a section.
 inline constexpr uint32_t kCheckpointBlockBytes = 1 << 20;
 inline constexpr uint64_t kCheckpointHeaderBytes = 64;
@@ -66,9 +70,10 @@ struct CheckpointPartWritten {
 // then commits the manifest if every part of config.shard_count() is present
 // for that step. FAILED_PRECONDITION when `directory` holds a committed
 // checkpoint of another model or step; OK without writing when it holds this
-// one. The read function is called in order, one block at a time. The data
+// one. The read function is called in order, at most one block at a time. The data
 // file is written first (its atomic writer gets the 64-byte header, then the
-// sections), then the part record, then maybe the manifest.
+// sections), then the part record, then maybe the manifest. A packed slot's
+// section asks `read` only for the elements it stores (PackedSection).
 absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& directory,
                                                           const v1::ModelConfig& config,
                                                           uint32_t shard_index,
@@ -130,6 +135,10 @@ class CheckpointReader {
   };
   absl::Status ReadCached(int section, uint64_t flat_offset, uint64_t count, float* out,
                           BlockCache* cache) const;
+  // Values [first, first + count) as stored in section `section` of part
+  // `part_index` (for a packed section: its packed positions).
+  absl::Status ReadSectionValues(int part_index, int section, uint64_t first, uint64_t count,
+                                 float* out, BlockCache* cache) const;
   // Block `b` of `section` of `part` (read from `file`, open on it) into
   // `block`, checked against its checksum.
   absl::Status ReadBlock(const RandomAccessFile& file, const v1::CheckpointPart& part,
@@ -142,6 +151,9 @@ class CheckpointReader {
   std::optional<ModelLayout> layout_;
   OptimizerConfig optimizer_;
   std::vector<std::string> section_names_;
+  // [part][section]: where a packed section keeps its values; nullopt for
+  // the others (and for format 1's full-size slots).
+  std::vector<std::vector<std::optional<PackedSection>>> packed_;
 };
 
 // The hyperparameter changes scheduled (for steps after the checkpoint's) in

@@ -1,0 +1,228 @@
+// Packed optimizer slots in checkpoints (format 2): Adafactor's parts store
+// only each tensor's factors, the writer asks for nothing else, the reader
+// gives them back at their places with zeros elsewhere for any shard count,
+// and a manifest that disagrees with the packing is refused. Models
+// without packed slots still write format 1.
+#include "common/checkpoint_packing.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint_files.h"
+#include "common/checkpoint_testing.h"
+#include "common/proto_convert.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardopt {
+namespace {
+
+using checkpoint_testing::Progress;
+using checkpoint_testing::TempDir;
+using checkpoint_testing::WriteCheckpoint;
+using ::testing::HasSubstr;
+
+// Odd shapes: a matrix taller than wide, a 3-D tensor, a vector, a scalar,
+// an empty matrix.
+const std::vector<TensorSpec> kTensors = {{"w", {37, 11}}, {"cube", {2, 3, 7}}, {"b", {11}},
+                                          {"s", {}},       {"none", {0, 4}},    {"e", {5, 13}}};
+
+v1::ModelConfig AdafactorConfig(uint32_t shards) {
+  const ModelLayout layout =
+      ModelLayout::Create(kTensors, 16, shards, Partition::kWholeTensors).value();
+  v1::ModelConfig config;
+  config.set_model_id("factored");
+  *config.mutable_layout() = LayoutToProto(layout);
+  *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Adafactor());
+  config.set_num_trainers(1);
+  config.set_shard_count(shards);
+  return config;
+}
+
+// What the server holds: section s's value at flat element i when element i
+// is stored (tensor-local k < StoredSlotElements), zero otherwise.
+float Held(const ModelLayout& layout, int section, uint64_t i) {
+  const OptimizerConfig adafactor = OptimizerConfig::Adafactor();
+  for (const TensorPlacement& t : layout.tensors()) {
+    if (i < t.offset || i >= t.offset + t.size) continue;
+    const uint64_t k = i - t.offset;
+    const uint64_t stored =
+        section == 0 ? t.size : adafactor.StoredSlotElements(section - 1, t.spec.shape, t.size);
+    return k < stored ? static_cast<float>(section * 100000) + 0.25f * static_cast<float>(i) + 1
+                      : 0.0f;
+  }
+  return 0.0f;  // Padding.
+}
+
+std::string WriteAdafactorCheckpoint(const std::string& name, uint32_t shards,
+                                     uint64_t* asked_for_slots) {
+  const std::string dir = TempDir(name);
+  const v1::ModelConfig config = AdafactorConfig(shards);
+  const ModelLayout layout = LayoutFromProto(config.layout(), shards).value();
+  for (uint32_t shard = 0; shard < shards; ++shard) {
+    const FlatRange range = layout.ShardRange(shard);
+    absl::StatusOr<CheckpointPartWritten> w =
+        WriteCheckpointPart(dir, config, shard, Progress(7),
+                            [&](int section, uint64_t offset, uint64_t count, float* out) {
+                              for (uint64_t k = 0; k < count; ++k) {
+                                const float v = Held(layout, section, range.begin + offset + k);
+                                // The writer asks a packed slot only for what it stores.
+                                if (section > 0 && v == 0.0f) {
+                                  return absl::InternalError(absl::StrCat(
+                                      "asked for unstored element ", range.begin + offset + k,
+                                      " of section ", section));
+                                }
+                                out[k] = v;
+                              }
+                              if (section > 0) *asked_for_slots += count;
+                              return absl::OkStatus();
+                            });
+    EXPECT_TRUE(w.ok()) << w.status();
+  }
+  return dir;
+}
+
+TEST(CheckpointPackingTest, AdafactorPartsStoreOnlyTheFactors) {
+  uint64_t asked = 0;
+  const std::string dir = WriteAdafactorCheckpoint("packed", 2, &asked);
+  // Factors: w 37 + 11, cube 2*3 + 2*7, b 11 (variance), s 1, none 0, e 5 + 13.
+  const uint64_t factors = 37 + 11 + 6 + 14 + 11 + 1 + 5 + 13;
+  EXPECT_EQ(asked, factors);
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(dir).value();
+  EXPECT_EQ(reader->manifest().format_version(), 2u);
+  uint64_t stored = 0, file_bytes = 0, range_elements = 0;
+  for (const v1::CheckpointPart& part : reader->manifest().parts()) {
+    ASSERT_EQ(part.sections_size(), 3);
+    EXPECT_FALSE(part.sections(0).packed());
+    EXPECT_TRUE(part.sections(1).packed());
+    EXPECT_TRUE(part.sections(2).packed());
+    stored += part.sections(1).num_elements() + part.sections(2).num_elements();
+    file_bytes += part.file_bytes();
+    range_elements += part.range().end() - part.range().begin();
+  }
+  EXPECT_EQ(stored, factors);
+  // Header, the parameters and the factors: nothing else on disk.
+  EXPECT_EQ(file_bytes, 2 * kCheckpointHeaderBytes + 4 * (range_elements + factors));
+  ASSERT_TRUE(reader->VerifyEveryBlock().ok());
+
+  // Every element where it was, for the saved layout and for others.
+  const ModelLayout saved = reader->layout();
+  for (int section = 0; section < 3; ++section) {
+    std::vector<float> all(saved.total_elements());
+    ASSERT_TRUE(reader->Read(section, 0, all.size(), all.data()).ok());
+    for (uint64_t i = 0; i < all.size(); ++i) {
+      ASSERT_EQ(all[i], Held(saved, section, i)) << "section " << section << " element " << i;
+    }
+    // Windows that start and end inside tensors.
+    std::vector<float> window(29);
+    ASSERT_TRUE(reader->Read(section, 30, window.size(), window.data()).ok());
+    for (uint64_t k = 0; k < window.size(); ++k) {
+      ASSERT_EQ(window[k], Held(saved, section, 30 + k)) << section << " " << k;
+    }
+    for (uint32_t shards : {1u, 3u, 5u}) {
+      const ModelLayout target =
+          ModelLayout::Create(kTensors, 16, shards, Partition::kWholeTensors).value();
+      std::vector<float> values(target.total_elements());
+      ASSERT_TRUE(reader->ReadFor(target, section, 0, values.size(), values.data()).ok());
+      for (const TensorPlacement& t : target.tensors()) {
+        const TensorPlacement& u = saved.tensors()[saved.Find(t.spec.name).value()];
+        for (uint64_t k = 0; k < t.size; ++k) {
+          ASSERT_EQ(values[t.offset + k], Held(saved, section, u.offset + k))
+              << t.spec.name << " " << k << " on " << shards << " shards";
+        }
+      }
+    }
+  }
+}
+
+TEST(CheckpointPackingTest, OtherModelsStillWriteFormatOne) {
+  const std::string dir = WriteCheckpoint("unpacked", 3);
+  std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(dir).value();
+  EXPECT_EQ(reader->manifest().format_version(), 1u);
+  for (const v1::CheckpointPart& part : reader->manifest().parts()) {
+    for (const v1::CheckpointSection& section : part.sections()) EXPECT_FALSE(section.packed());
+  }
+}
+
+// A manifest edited so that it disagrees with the packing: refused as
+// damage, naming the section.
+TEST(CheckpointPackingTest, ManifestsThatDisagreeWithThePackingAreRefused) {
+  uint64_t asked = 0;
+  const std::string dir = WriteAdafactorCheckpoint("packed_bad", 2, &asked);
+  const std::string path = dir + "/manifest.json";
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  v1::CheckpointManifest original;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(text.str(), &original).ok());
+  auto open_with = [&](const std::function<void(v1::CheckpointManifest&)>& edit) {
+    v1::CheckpointManifest m = original;
+    edit(m);
+    std::string json;
+    EXPECT_TRUE(google::protobuf::util::MessageToJsonString(m, &json).ok());
+    std::ofstream(path, std::ios::trunc) << json;
+    return CheckpointReader::Open(dir).status();
+  };
+  absl::Status s = open_with([](v1::CheckpointManifest& m) {
+    v1::CheckpointSection* rows = m.mutable_parts(0)->mutable_sections(1);
+    rows->set_num_elements(rows->num_elements() + 1);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("section 1 ('row_var') of part 0"));
+  // Unpacked where the slot is packed: the sizes no longer match.
+  s = open_with([](v1::CheckpointManifest& m) {
+    m.mutable_parts(1)->mutable_sections(2)->set_packed(false);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("section 2 ('col_var') of part 1"));
+  // Packing the parameters, or packing in format 1, is not a thing.
+  s = open_with(
+      [](v1::CheckpointManifest& m) { m.mutable_parts(0)->mutable_sections(0)->set_packed(true); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is packed"));
+  s = open_with([](v1::CheckpointManifest& m) { m.set_format_version(1); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("format 1 packs nothing"));
+  // A newer format than this build reads.
+  s = open_with([](v1::CheckpointManifest& m) { m.set_format_version(3); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  // The original opens again.
+  EXPECT_TRUE(open_with([](v1::CheckpointManifest&) {}).ok());
+}
+
+// The runs themselves: clipped to the window asked for, in order.
+TEST(CheckpointPackingTest, RunsAreClippedToTheWindow) {
+  const ModelLayout layout = ModelLayout::Create(kTensors, 16, 1, Partition::kWholeTensors).value();
+  const OptimizerConfig adafactor = OptimizerConfig::Adafactor();
+  PackedSection rows = PackedSection::Create(layout, layout.ShardRange(0), adafactor, 0).value();
+  const TensorPlacement& w = layout.tensors()[0];
+  std::vector<PackedSection::Run> runs = rows.RunsIn(w.offset + 5, w.offset + 20);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].flat_begin, w.offset + 5);
+  EXPECT_EQ(runs[0].count, 15u);
+  EXPECT_EQ(runs[0].packed_begin, 5u);  // w is first: its row factors start the section.
+  // From inside w's factors to inside cube's: w's last 32, then all 6 of cube's.
+  const TensorPlacement& cube = layout.tensors()[1];
+  runs = rows.RunsIn(w.offset + 5, cube.offset + 10);
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0].count, 32u);
+  EXPECT_EQ(runs[1].flat_begin, cube.offset);
+  EXPECT_EQ(runs[1].count, 6u);
+  EXPECT_EQ(runs[1].packed_begin, 37u);
+  EXPECT_EQ(rows.RunsIn(w.offset + 37, w.offset + 100).size(), 0u);
+  EXPECT_EQ(rows.RunsIn(0, layout.total_elements()).size(), 5u);  // All but "none".
+  EXPECT_FALSE(
+      PackedSection::Create(layout, layout.ShardRange(0), OptimizerConfig::AdamW(), 0).ok());
+  const ModelLayout flat = ModelLayout::Create(kTensors, 16, 2).value();
+  absl::StatusOr<PackedSection> straddling =
+      PackedSection::Create(flat, flat.ShardRange(0), adafactor, 0);
+  EXPECT_EQ(straddling.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(straddling.status().message()), HasSubstr("whole tensors"));
+}
+
+}  // namespace
+}  // namespace shardopt
