@@ -113,14 +113,15 @@ void SafetensorsSeeds(const std::string& dir) {
   Write(dir, "two_tensors", file);
 }
 
-void CheckpointSeeds(const std::string& dir) {
+// One committed one-shard checkpoint of `optimizer` on `layout`, as a seed.
+void CheckpointSeed(const std::string& dir, const std::string& name, const ModelLayout& layout,
+                    const OptimizerConfig& optimizer) {
   char scratch[] = "/tmp/shardopt_seed_checkpoint_XXXXXX";
   const std::string ck = mkdtemp(scratch);
-  const ModelLayout layout = ModelLayout::Create({{"w", {5, 3}}, {"b", {3}}}, 4, 1).value();
   v1::ModelConfig config;
   config.set_model_id("m");
   *config.mutable_layout() = LayoutToProto(layout);
-  *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Adam(0.01));
+  *config.mutable_optimizer() = OptimizerConfigToProto(optimizer);
   config.set_num_trainers(1);
   config.set_shard_count(1);
   v1::CheckpointProgress progress;
@@ -136,9 +137,21 @@ void CheckpointSeeds(const std::string& dir) {
     std::exit(1);
   }
   const std::string manifest = ReadAll(JoinPath(ck, kCheckpointManifestFile));
-  Write(dir, "adam_two_steps",
+  Write(dir, name,
         U32(static_cast<uint32_t>(manifest.size())) + manifest +
             ReadAll(JoinPath(ck, CheckpointDataFileName(0, 1))));
+}
+
+void CheckpointSeeds(const std::string& dir) {
+  CheckpointSeed(dir, "adam_two_steps",
+                 ModelLayout::Create({{"w", {5, 3}}, {"b", {3}}}, 4, 1).value(),
+                 OptimizerConfig::Adam(0.01));
+  // Format 2: packed sections (Adafactor's factors).
+  CheckpointSeed(dir, "adafactor_two_steps",
+                 ModelLayout::Create({{"w", {5, 3}}, {"b", {3}}, {"c", {2, 2, 3}}}, 4, 1,
+                                     Partition::kWholeTensors)
+                     .value(),
+                 OptimizerConfig::Adafactor(0.01));
 }
 
 void TextSeeds(const std::string& dir) {
