@@ -19,8 +19,14 @@
 #      bit; pipelined ranges; Muon through cuBLAS within 1e-4, its figure in
 #      the table)
 #   4. end_to_end_test: 2 trainers, 1 and 2 shards on cuda:0 vs the CPU run
+#   4b. nccl_pair_test: NCCL between this process and nccl_peer on cuda:0
+#      (NCCL_HOSTID apart): bytes both ways, a peer killed mid-transfer or
+#      after joining, a stalled peer, a peer that never joins: each call
+#      fails within its deadline
 #   5. fused_kernels_emulation_test: the same kernels' code on the CPU
 #   6. gpu_bench: fused AdamW at 64M and 1G params vs a D2D cudaMemcpy
+#   6b. nccl_bench: NCCL round trips of 64 and 256 MiB between two processes
+#      on cuda:0 (socket transport over loopback) vs a D2D copy
 #   7. tools/gpu/torch_fused_adamw.py with the machine's python3, same sizes
 #   8. tools/gpu/adafactor_torch_parity.py: the CPU Adafactor (optimizer_replay)
 #      vs the machine's torch.optim.Adafactor (PyTorch 2.5+; Debian's 1.13
@@ -38,7 +44,7 @@
 # Logs go to /tmp/gpu_check. When $OUT is set (the device tool brings back at
 # most 8 files from it), it receives summary.txt (rewritten after every step,
 # so a run cut short still leaves one) and logs.tgz only. Exit status: 0 when
-# the bundle matches the sources, its libraries resolve, and steps 2-6 passed
+# the bundle matches the sources, its libraries resolve, and steps 2-6 (4b too) passed
 # (and 8 and 9 when they ran), else 1.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -92,7 +98,7 @@ echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv 2>&1 | tee "$log/nvidia-smi.csv"
 ldd --version 2>&1 | head -1
-# Where run.sh finds cuBLAS (Muon's products; the machine's own).
+# Where run.sh finds cuBLAS and NCCL (the machine's own).
 SHARDOPT_SHOW_CUBLAS=1 "$bundle/run.sh" gpu_backend_test --gtest_list_tests >/dev/null 2>"$log/cublas.txt"
 cat "$log/cublas.txt"
 LD_LIBRARY_PATH="$PWD/$bundle/lib" ldd "$bundle/bin/fused_optimizers_test" >"$log/ldd.txt" 2>&1 || true
@@ -100,10 +106,7 @@ if grep "not found" "$log/ldd.txt"; then
   overall=1
   result[libs]="MISSING: $(grep 'not found' "$log/ldd.txt" | awk '{print $1}' | tr '\n' ' ')"
 else
-  result[libs]="all resolve ($(ldd --version 2>&1 | head -1
-# Where run.sh finds cuBLAS (Muon's products; the machine's own).
-SHARDOPT_SHOW_CUBLAS=1 "$bundle/run.sh" gpu_backend_test --gtest_list_tests >/dev/null 2>"$log/cublas.txt"
-cat "$log/cublas.txt" | awk '{print $NF}'))"
+  result[libs]="all resolve (glibc $(ldd --version 2>&1 | head -1 | awk '{print $NF}'); $(grep -E '^lib' "$log/cublas.txt" | tr '\n' ' '))"
 fi
 
 # gtest's "[  PASSED  ] N tests." / "[  FAILED  ] N tests," / "[  SKIPPED ] N tests,".
@@ -174,6 +177,8 @@ summary() {
   printf '%-30s %s\n' "gpu tests (bit-exact vs CPU)" "${result[gpu]:-(not run yet)}"
   printf '%-30s %s\n' "gpu backend vs cpu backend" "${result[backend]:-(not run yet)}"
   printf '%-30s %s\n' "end to end, shards on cuda:0" "${result[e2e]:-(not run yet)}"
+  printf '%-30s %s\n' "nccl pair, 2 processes" "${result[nccl]:-(not run yet)}"
+  printf '%-30s %s\n' "nccl round trip, 2 processes" "${result[nccl_bench]:-(not run yet)}"
   printf '%-30s %s\n' "emulation tests (host)" "${result[emu]:-(not run yet)}"
   printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]:-(not run yet)} / ${result[torch]:-(not run yet)}"
   printf '%-30s %s\n' "adafactor vs torch.optim" "${result[adafactor]:-(not run yet)}"
@@ -220,6 +225,11 @@ gtest_step e2e "end to end on cuda:0" 120 "$log/e2e_gpu.log" \
   env TEST_SRCDIR="$PWD/$bundle/runfiles" TEST_WORKSPACE=shardopt TEST_TMPDIR=/tmp/gpu_check_e2e \
   "$bundle/run.sh" end_to_end_test --gtest_filter='EndToEndGpuTest.*:*S2_T2*'
 save_summary
+# NCCL between two processes on cuda:0 (each its own NCCL_HOSTID): bytes
+# both ways, and dead, stalled or absent peers failing in time.
+gtest_step nccl "nccl pair tests" 90 "$log/nccl_pair_test.log" \
+  "$bundle/run.sh" nccl_pair_test "$PWD/$bundle/bin/nccl_peer"
+save_summary
 gtest_step emu "emulation tests" 60 "$log/emulation_test.log" \
   "$bundle/run.sh" fused_kernels_emulation_test
 save_summary
@@ -229,6 +239,18 @@ rc=$?
 result[bench]="exit $rc"
 [ $rc -eq 125 ] && result[bench]="not run (budget)"
 [ $rc -eq 0 ] || overall=1
+save_summary
+
+run_step "nccl_bench" 60 "$log/nccl_bench.log" \
+  "$bundle/run.sh" nccl_bench --peer="$PWD/$bundle/bin/nccl_peer" --sizes_mib=64,256 --iters=$iters
+rc=$?
+case $rc in
+  0) result[nccl_bench]=$(grep -E '^ *[0-9]+ MiB: NCCL' "$log/nccl_bench.log" |
+       sed -E 's/^ *([0-9]+) MiB: NCCL round trip [^(]*\(([^ ]+) GB\/s.*NCCL at ([^%]+)%.*/\1 MiB \2 GB\/s (\3% of D2D)/' |
+       tr '\n' ' ') ;;
+  125) result[nccl_bench]="not run (budget)" ;;
+  *) result[nccl_bench]="FAIL (exit $rc)"; overall=1 ;;
+esac
 save_summary
 
 torch_py=$(command -v python3 || true)

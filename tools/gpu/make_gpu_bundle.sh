@@ -12,8 +12,9 @@
 #                         over the binaries' Bazel RUNPATH)
 #   bin/                  fused_optimizers_test, fused_kernels_emulation_test,
 #                         gpu_backend_test, gpu_bench, end_to_end_test with
-#                         shardopt_server and test_trainer, optimizer_replay
-#                         (debug info stripped)
+#                         shardopt_server and test_trainer, optimizer_replay,
+#                         nccl_pair_test with nccl_peer, nccl_bench (debug
+#                         info stripped)
 #   runfiles/             the layout end_to_end_test expects (TEST_SRCDIR)
 #   lib/                  the ldd-resolved libraries (Abseil, the Bazel solibs
 #                         of the project's own libraries, libstdc++, libgcc_s)
@@ -34,6 +35,9 @@ targets=(
   //tests:test_trainer
   //server:shardopt_server
   //server/optim:optimizer_replay
+  //common/nccl:nccl_pair_test
+  //common/nccl:nccl_peer
+  //tools/gpu:nccl_bench
 )
 # The sources before and after the build must agree: an edit made while
 # Bazel ran would give a bundle whose fingerprint lies.
@@ -57,6 +61,9 @@ binaries=(
   "$bin_root/tests/test_trainer"
   "$bin_root/server/shardopt_server"
   "$bin_root/server/optim/optimizer_replay"
+  "$bin_root/common/nccl/nccl_pair_test"
+  "$bin_root/common/nccl/nccl_peer"
+  "$bin_root/tools/gpu/nccl_bench"
 )
 
 # Part of glibc (and the kernel's vDSO): always the GPU machine's own.
@@ -102,19 +109,26 @@ cat >"$bundle/run.sh" <<'WRAP'
 here=$(cd "$(dirname "$0")" && pwd)
 name=$1
 shift
-# cuBLAS (Muon's products; dlopen'ed, too big to carry) is the GPU
-# machine's own: its CUDA toolkit's, or the one PyTorch's wheels bring.
-# (The wheels' layout varies: nvidia/cublas/lib, nvidia/cu13/lib, ...)
-cublas_dirs=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-  $(python3 -c 'import glob, os, nvidia
+# cuBLAS (Muon's products) and NCCL (the GPU data plane), both dlopen'ed
+# and too big to carry, are the GPU machine's own: its CUDA toolkit's, or
+# the ones PyTorch's wheels bring. (The wheels' layout varies:
+# nvidia/cublas/lib, nvidia/nccl/lib, nvidia/cu13/lib, ...)
+found_dirs=""
+for lib in libcublas.so.13 libnccl.so.2; do
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+    $(python3 -c 'import glob, os, sys, nvidia
 for root in nvidia.__path__:
-    for f in glob.glob(os.path.join(root, "**", "libcublas.so.13"), recursive=True):
-        print(os.path.dirname(f))' 2>/dev/null); do
-  [ -e "$d/libcublas.so.13" ] && cublas_dirs="$cublas_dirs:$d"
+    for f in glob.glob(os.path.join(root, "**", sys.argv[1]), recursive=True):
+        print(os.path.dirname(f))' "$lib" 2>/dev/null); do
+    if [ -e "$d/$lib" ]; then
+      case ":$found_dirs:" in *":$d:"*) ;; *) found_dirs="$found_dirs:$d" ;; esac
+      [ -n "${SHARDOPT_SHOW_CUBLAS:-}" ] && echo "$lib: $d" >&2
+      break
+    fi
+  done
 done
-[ -n "${SHARDOPT_SHOW_CUBLAS:-}" ] && echo "cuBLAS directories:${cublas_dirs:- none}" >&2
-LD_LIBRARY_PATH="$here/lib$cublas_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/bin/$name" "$@"
+[ -n "${SHARDOPT_SHOW_CUBLAS:-}" ] && echo "library directories:${found_dirs:- none}" >&2
+LD_LIBRARY_PATH="$here/lib$found_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/bin/$name" "$@"
 WRAP
 chmod +x "$bundle/run.sh"
 

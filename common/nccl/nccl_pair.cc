@@ -1,0 +1,157 @@
+#include "common/nccl/nccl_pair.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardopt::nccl {
+namespace {
+
+absl::Status CudaCheck(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, " failed: ", cudaGetErrorString(error)));
+}
+
+// Short naps while polling: a transfer of a few MiB takes about a
+// millisecond on one H200, a dead peer is only noticed at the deadline.
+void Nap() { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
+
+}  // namespace
+
+absl::Status NcclPair::Available() { return NcclLibrary::Load().status(); }
+
+absl::StatusOr<std::string> NcclPair::NewUniqueId() {
+  absl::StatusOr<const NcclLibrary*> library = NcclLibrary::Load();
+  if (!library.ok()) return library.status();
+  ncclUniqueId id;
+  if (absl::Status s =
+          (*library)->Check((*library)->get_unique_id(&id), "ncclGetUniqueId", nullptr);
+      !s.ok()) {
+    return s;
+  }
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+absl::StatusOr<std::unique_ptr<NcclPair>> NcclPair::Connect(absl::string_view unique_id, int rank,
+                                                            int device, absl::Time deadline,
+                                                            std::string peer) {
+  if (unique_id.size() != kUniqueIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an NCCL unique id is ", kUniqueIdBytes, " bytes, not ", unique_id.size()));
+  }
+  if (rank != 0 && rank != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of a pair (0 or 1)"));
+  }
+  absl::StatusOr<const NcclLibrary*> library = NcclLibrary::Load();
+  if (!library.ok()) return library.status();
+  std::unique_ptr<NcclPair> pair(new NcclPair(*library, rank, device, std::move(peer)));
+  if (absl::Status s =
+          CudaCheck(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
+      !s.ok()) {
+    return s;
+  }
+  cudaStream_t stream = nullptr;
+  if (absl::Status s = CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                 "cudaStreamCreateWithFlags");
+      !s.ok()) {
+    return s;
+  }
+  pair->stream_ = stream;
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id.data(), kUniqueIdBytes);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const std::string what = absl::StrCat("joining the NCCL pair with ", pair->peer_, " as rank ",
+                                        rank, " on cuda:", device);
+  ncclResult_t result = (*library)->comm_init_rank_config(&pair->comm_, 2, id, rank, &config);
+  if (absl::Status s = (*library)->Check(result, what, pair->comm_); !s.ok()) {
+    return pair->Break(s);
+  }
+  if (absl::Status s = pair->Await(/*stream_work=*/false, deadline, what); !s.ok()) return s;
+  return pair;
+}
+
+NcclPair::~NcclPair() {
+  if (comm_ != nullptr) {
+    cudaSetDevice(device_);
+    if (!aborted_) {
+      // Flush what was issued, briefly: a peer gone meanwhile gets the pair
+      // aborted (Await breaks it) instead of a hang.
+      library_->comm_finalize(comm_);
+      Await(false, absl::Now() + absl::Seconds(5), "finalising the NCCL pair").IgnoreError();
+    }
+    if (!aborted_) library_->comm_destroy(comm_);  // (An abort has freed it.)
+  }
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+absl::Status NcclPair::Break(absl::Status failure) {
+  if (broken_.ok()) broken_ = failure;
+  if (comm_ != nullptr && !aborted_) {
+    library_->comm_abort(comm_);
+    aborted_ = true;
+  }
+  return failure;
+}
+
+absl::Status NcclPair::Await(bool stream_work, absl::Time deadline, absl::string_view what) {
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t got = library_->comm_get_async_error(comm_, &state);
+    if (got != ncclSuccess) {
+      return Break(library_->Check(got, absl::StrCat(what, ": ncclCommGetAsyncError"), comm_));
+    }
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return Break(library_->Check(state, absl::StrCat(what, " (with ", peer_, ")"), comm_));
+    }
+    if (state == ncclSuccess) {
+      if (!stream_work) return absl::OkStatus();
+      const cudaError_t queried = cudaStreamQuery(static_cast<cudaStream_t>(stream_));
+      if (queried == cudaSuccess) return absl::OkStatus();
+      if (queried != cudaErrorNotReady) {
+        return Break(CudaCheck(queried, absl::StrCat(what, ": the pair's stream")));
+      }
+    }
+    if (absl::Now() >= deadline) {
+      return Break(absl::DeadlineExceededError(
+          absl::StrCat(what, ": ", peer_, " did not take part before the deadline (",
+                       state == ncclInProgress ? "NCCL still in progress" : "transfer unfinished",
+                       "); the pair is aborted")));
+    }
+    Nap();
+  }
+}
+
+absl::Status NcclPair::Transfer(bool send, void* device_data, size_t bytes, absl::Time deadline,
+                                absl::string_view what) {
+  if (!broken_.ok()) {
+    return absl::Status(broken_.code(), absl::StrCat(what, ": the NCCL pair with ", peer_,
+                                                     " failed before: ", broken_.message()));
+  }
+  if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
+  const int other = 1 - rank_;
+  auto stream = static_cast<cudaStream_t>(stream_);
+  const ncclResult_t result =
+      send ? library_->send(device_data, bytes, ncclUint8, other, comm_, stream)
+           : library_->recv(device_data, bytes, ncclUint8, other, comm_, stream);
+  if (absl::Status s = library_->Check(result, std::string(what), comm_); !s.ok()) {
+    return Break(s);
+  }
+  return Await(/*stream_work=*/true, deadline, what);
+}
+
+absl::Status NcclPair::Send(const void* device_data, size_t bytes, absl::Time deadline,
+                            absl::string_view what) {
+  return Transfer(true, const_cast<void*>(device_data), bytes, deadline, what);
+}
+
+absl::Status NcclPair::Recv(void* device_data, size_t bytes, absl::Time deadline,
+                            absl::string_view what) {
+  return Transfer(false, device_data, bytes, deadline, what);
+}
+
+}  // namespace shardopt::nccl

@@ -1,0 +1,166 @@
+// nccl_bench: the NCCL data plane's raw speed between two processes on one
+// GPU, as tools/gpu_check.sh runs it on the lent H200: this process (rank
+// 0) and an nccl_peer (rank 1) in echo mode, each its own NCCL_HOSTID, so
+// NCCL's socket transport over loopback carries the bytes (as between a
+// trainer and a shard on one host without P2P).
+//
+//   nccl_bench --peer=PATH/nccl_peer [--sizes_mib=64,256] [--iters=10]
+//
+// For each size: one untimed round trip, then --iters timed ones (send N
+// bytes, receive them back, wall time to the end of the receive), and the
+// median; next to it a device-to-device cudaMemcpy of the same bytes both
+// ways in one process (the ceiling no transport beats). Last lines:
+//   RESULT kind=nccl_round_trip n=<bytes> median_ms=<..> gbps=<both directions>
+//   RESULT kind=d2d_copy_both_ways n=<bytes> median_ms=<..> gbps=<..>
+// Exit status: 0, 3 when there is no usable GPU or no NCCL (why on
+// stderr), 1 on any other error. A benchmark, not a test: it asserts only
+// that the bytes come back.
+#include <cuda_runtime_api.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/nccl/nccl_pair.h"
+
+ABSL_FLAG(std::string, peer, "", "The nccl_peer binary.");
+ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"64", "256"}),
+          "Transfer sizes in MiB.");
+ABSL_FLAG(int, iters, 10, "Timed round trips per size.");
+
+extern char** environ;
+
+namespace {
+
+int Fail(const std::string& what) {
+  fprintf(stderr, "nccl_bench: %s\n", what.c_str());
+  return 1;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    fprintf(stderr, "nccl_bench: no usable CUDA GPU\n");
+    return 3;
+  }
+  if (absl::Status s = shardopt::nccl::NcclPair::Available(); !s.ok()) {
+    fprintf(stderr, "nccl_bench: %s\n", s.ToString().c_str());
+    return 3;
+  }
+  setenv("NCCL_HOSTID", "shardopt-nccl-bench-rank0", 1);
+  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  setenv("NCCL_IB_DISABLE", "1", 0);
+  const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
+  std::vector<size_t> sizes;
+  for (const std::string& text : absl::GetFlag(FLAGS_sizes_mib)) {
+    size_t mib = 0;
+    if (!absl::SimpleAtoi(text, &mib) || mib == 0) return Fail("bad --sizes_mib");
+    sizes.push_back(mib << 20);
+  }
+  // The peer echoes every transfer of the run, in order.
+  std::vector<size_t> transfers;
+  for (size_t n : sizes) transfers.insert(transfers.end(), iters + 1, n);
+  absl::StatusOr<std::string> id = shardopt::nccl::NcclPair::NewUniqueId();
+  if (!id.ok()) return Fail(id.status().ToString());
+  std::vector<std::string> args = {absl::GetFlag(FLAGS_peer),
+                                   "--unique_id=" + absl::BytesToHexString(*id), "--mode=echo",
+                                   "--bytes=" + absl::StrJoin(transfers, ",")};
+  std::vector<std::string> env = {"NCCL_HOSTID=shardopt-nccl-bench-rank1"};
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string(*e).rfind("NCCL_HOSTID=", 0) != 0) env.push_back(*e);
+  }
+  std::vector<char*> argv_c, envp;
+  for (std::string& a : args) argv_c.push_back(a.data());
+  argv_c.push_back(nullptr);
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t peer = -1;
+  if (posix_spawn(&peer, args[0].c_str(), nullptr, nullptr, argv_c.data(), envp.data()) != 0) {
+    return Fail("cannot start --peer " + args[0]);
+  }
+  auto stop_peer = [&] {
+    kill(peer, SIGKILL);
+    waitpid(peer, nullptr, 0);
+  };
+  absl::StatusOr<std::unique_ptr<shardopt::nccl::NcclPair>> pair =
+      shardopt::nccl::NcclPair::Connect(*id, 0, 0, absl::Now() + absl::Seconds(60), "nccl_peer");
+  if (!pair.ok()) {
+    stop_peer();
+    return Fail(pair.status().ToString());
+  }
+  const size_t largest = *std::max_element(sizes.begin(), sizes.end());
+  void *out = nullptr, *in = nullptr;
+  if (cudaMalloc(&out, largest) != cudaSuccess || cudaMalloc(&in, largest) != cudaSuccess) {
+    stop_peer();
+    return Fail("cudaMalloc");
+  }
+  cudaMemset(out, 0x3c, largest);
+  cudaDeviceSynchronize();
+  std::vector<std::string> lines;
+  for (size_t n : sizes) {
+    std::vector<double> round_trips, copies;
+    for (int k = 0; k <= iters; ++k) {
+      const absl::Time deadline = absl::Now() + absl::Seconds(60);
+      const absl::Time start = absl::Now();
+      absl::Status s = (*pair)->Send(out, n, deadline, "the bench's send");
+      if (s.ok()) s = (*pair)->Recv(in, n, deadline, "the bench's receive");
+      if (!s.ok()) {
+        stop_peer();
+        return Fail(s.ToString());
+      }
+      if (k > 0) round_trips.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    }
+    unsigned char first = 0, last = 0;
+    cudaMemcpy(&first, in, 1, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&last, static_cast<char*>(in) + n - 1, 1, cudaMemcpyDeviceToHost);
+    if (first != 0x3c || last != 0x3c) {
+      stop_peer();
+      return Fail("the bytes came back changed");
+    }
+    for (int k = 0; k <= iters; ++k) {
+      const absl::Time start = absl::Now();
+      cudaMemcpy(in, out, n, cudaMemcpyDeviceToDevice);
+      cudaMemcpy(out, in, n, cudaMemcpyDeviceToDevice);
+      cudaDeviceSynchronize();
+      if (k > 0) copies.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    }
+    const double nccl_ms = Median(round_trips), copy_ms = Median(copies);
+    const double gb = 2.0 * static_cast<double>(n) / 1e9;
+    printf(
+        "%4zu MiB: NCCL round trip %.3f ms (%.2f GB/s both ways), D2D copy both ways %.3f ms "
+        "(%.1f GB/s): NCCL at %.1f%% of the copy\n",
+        n >> 20, nccl_ms, gb / (nccl_ms / 1e3), copy_ms, gb / (copy_ms / 1e3),
+        100.0 * copy_ms / nccl_ms);
+    lines.push_back(absl::StrCat("RESULT kind=nccl_round_trip n=", n, " median_ms=", nccl_ms,
+                                 " gbps=", gb / (nccl_ms / 1e3)));
+    lines.push_back(absl::StrCat("RESULT kind=d2d_copy_both_ways n=", n, " median_ms=", copy_ms,
+                                 " gbps=", gb / (copy_ms / 1e3)));
+  }
+  pair->reset();
+  int status = 0;
+  waitpid(peer, &status, 0);
+  for (const std::string& line : lines) printf("%s\n", line.c_str());
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return Fail("nccl_peer did not finish cleanly");
+  return 0;
+}
