@@ -11,6 +11,10 @@
 
 namespace shardopt::nccl {
 
+namespace {
+constexpr int kMinimumVersion = 21900;
+}  // namespace
+
 absl::StatusOr<const NcclLibrary*> NcclLibrary::Load() {
   static const absl::StatusOr<const NcclLibrary*>* const loaded =
       new absl::StatusOr<const NcclLibrary*>([]() -> absl::StatusOr<const NcclLibrary*> {
@@ -47,11 +51,23 @@ absl::StatusOr<const NcclLibrary*> NcclLibrary::Load() {
           resolve(library->recv, "ncclRecv");
           resolve(library->get_error_string, "ncclGetErrorString");
           resolve(library->get_last_error, "ncclGetLastError");
-          if (complete && library->get_version(&library->version) == ncclSuccess) {
+          if (complete && library->get_version(&library->version) != ncclSuccess) {
+            complete = false;
+            failures.push_back(absl::StrCat(name, ": ncclGetVersion failed"));
+          }
+          // 2.19 fixed aborts that hung with several threads (NVIDIA/nccl
+          // #992); the pairs rely on aborts.
+          if (complete && library->version < kMinimumVersion) {
+            complete = false;
+            failures.push_back(absl::StrCat(name, " is NCCL ", library->version, ", older than ",
+                                            kMinimumVersion));
+          }
+          if (complete) {
             library->path = name;
             return library;
           }
           delete library;
+          dlclose(handle);
         }
         return absl::UnimplementedError(
             absl::StrCat("NCCL could not be loaded (", absl::StrJoin(failures, "; "),

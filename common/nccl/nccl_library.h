@@ -7,7 +7,8 @@
 // unloaded: communicators may outlive any caller). The library:
 // $SHARDOPT_NCCL_LIBRARY alone if set, else libnccl.so.2, then libnccl.so,
 // on the loader's path. UNIMPLEMENTED naming each library tried and why
-// when none loads or one lacks a function. The types are nccl.h's: a build
+// when none loads, one lacks a function, or it is older than NCCL 2.19
+// (whose aborts could hang). The types are nccl.h's: a build
 // needs NCCL's header, a run only the library.
 #ifndef SHARDOPT_COMMON_NCCL_NCCL_LIBRARY_H_
 #define SHARDOPT_COMMON_NCCL_NCCL_LIBRARY_H_

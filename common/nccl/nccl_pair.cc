@@ -78,22 +78,23 @@ absl::StatusOr<std::unique_ptr<NcclPair>> NcclPair::Connect(absl::string_view un
 NcclPair::~NcclPair() {
   if (comm_ != nullptr) {
     cudaSetDevice(device_);
-    if (!aborted_) {
-      // Flush what was issued, briefly: a peer gone meanwhile gets the pair
-      // aborted (Await breaks it) instead of a hang.
-      library_->comm_finalize(comm_);
-      Await(false, absl::Now() + absl::Seconds(5), "finalising the NCCL pair").IgnoreError();
-    }
-    if (!aborted_) library_->comm_destroy(comm_);  // (An abort has freed it.)
+    // Flush what was issued, briefly: a peer gone meanwhile gets the pair
+    // aborted (Await breaks it, freeing the communicator) instead of a hang.
+    library_->comm_finalize(comm_);
+    Await(false, absl::Now() + absl::Seconds(5), "finalising the NCCL pair").IgnoreError();
+    if (comm_ != nullptr) library_->comm_destroy(comm_);
   }
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
 absl::Status NcclPair::Break(absl::Status failure) {
+  // (A pair never breaks "successfully": an OK here would leave the
+  // communicator freed but the pair looking healthy.)
+  if (failure.ok()) failure = absl::InternalError("NcclPair broken without a reason");
   if (broken_.ok()) broken_ = failure;
-  if (comm_ != nullptr && !aborted_) {
+  if (comm_ != nullptr) {
     library_->comm_abort(comm_);
-    aborted_ = true;
+    comm_ = nullptr;  // Abort has freed it.
   }
   return failure;
 }
@@ -106,7 +107,12 @@ absl::Status NcclPair::Await(bool stream_work, absl::Time deadline, absl::string
       return Break(library_->Check(got, absl::StrCat(what, ": ncclCommGetAsyncError"), comm_));
     }
     if (state != ncclSuccess && state != ncclInProgress) {
-      return Break(library_->Check(state, absl::StrCat(what, " (with ", peer_, ")"), comm_));
+      // Whatever NCCL's code (a lost socket can surface as an internal or a
+      // CUDA error too), a communicator that failed asynchronously has lost
+      // its peer for the caller: UNAVAILABLE, so that it falls back to gRPC.
+      const absl::Status why =
+          library_->Check(state, absl::StrCat(what, " (with ", peer_, ")"), comm_);
+      return Break(absl::UnavailableError(why.message()));
     }
     if (state == ncclSuccess) {
       if (!stream_work) return absl::OkStatus();

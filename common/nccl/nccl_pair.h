@@ -13,8 +13,13 @@
 // DEADLINE_EXCEEDED or UNAVAILABLE saying what it waited for (`what`, e.g.
 // "push of trainer 1 step 7 from shard 0"). A pair that failed is broken:
 // every later call fails at once with the first failure, and the caller
-// drops it (its transfers go over gRPC). Not thread-safe: one thread at a
-// time per pair; pairs are independent.
+// drops it (its transfers go over gRPC). A peer lost mid-call is
+// UNAVAILABLE whatever NCCL's own code for it; INTERNAL is left for misuse.
+// Not thread-safe: one thread at a time per pair. Pairs are independent,
+// with one bound: ncclCommAbort frees device memory, which may wait for
+// another pair's kernel of the same process, so an abort can last until
+// that pair's own call ends (by its deadline at the latest). Calls select
+// `device` as the calling thread's current CUDA device and leave it so.
 //
 // Two processes of one host on one GPU: NCCL refuses them as ranks of one
 // host ("Duplicate GPU detected") unless each has its own NCCL_HOSTID, with
@@ -83,9 +88,8 @@ class NcclPair {
   const int rank_;
   const int device_;
   const std::string peer_;
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_ = nullptr;  // Null once broken: ncclCommAbort freed it.
   void* stream_ = nullptr;
-  bool aborted_ = false;
   absl::Status broken_;
 };
 

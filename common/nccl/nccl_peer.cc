@@ -2,7 +2,8 @@
 // --unique_id (hex) as rank 1 on cuda:0, then plays one part:
 //   echo             receives each of --bytes and sends it back;
 //   die_after_join   kills itself with SIGKILL once joined;
-//   die_mid_send     starts sending --bytes, then kills itself mid-transfer;
+//   die_mid_send     echoes 16 bytes (so that NCCL's lazy connection is up),
+//                    starts sending --bytes, then kills itself mid-transfer;
 //   stall            joins, then sleeps (the test kills it).
 // Exit 0 after echo; 2 on a bad command line; 1 with the reason on stderr.
 #include <cuda_runtime_api.h>
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
   }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   absl::StatusOr<std::unique_ptr<shardopt::nccl::NcclPair>> pair =
-      shardopt::nccl::NcclPair::Connect(id, 1, 0, absl::Now() + absl::Seconds(60),
+      shardopt::nccl::NcclPair::Connect(id, 1, 0, absl::Now() + absl::Seconds(20),
                                         "the test (rank 0)");
   if (!pair.ok()) return Fail(pair.status());
   if (mode == "die_after_join") raise(SIGKILL);
@@ -62,15 +63,22 @@ int main(int argc, char** argv) {
   cudaMemset(buffer, 0x5a, largest);
   cudaDeviceSynchronize();
   if (mode == "die_mid_send") {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    if (absl::Status s = (*pair)->Recv(buffer, 16, deadline, "the warm-up's receive"); !s.ok()) {
+      return Fail(s);
+    }
+    if (absl::Status s = (*pair)->Send(buffer, 16, deadline, "the warm-up's send"); !s.ok()) {
+      return Fail(s);
+    }
     std::thread sender([&] {
-      (*pair)->Send(buffer, largest, absl::Now() + absl::Seconds(60), "sending").IgnoreError();
+      (*pair)->Send(buffer, largest, absl::Now() + absl::Seconds(20), "sending").IgnoreError();
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
     raise(SIGKILL);
   }
   if (mode != "echo") return 2;
   for (size_t n : sizes) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
     if (absl::Status s = (*pair)->Recv(buffer, n, deadline, "echo's receive"); !s.ok()) {
       return Fail(s);
     }

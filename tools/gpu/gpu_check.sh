@@ -95,7 +95,7 @@ else
 fi
 echo "${result[bundle]:-(not run yet)}"
 echo "== machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+nvidia-smi --query-gpu=name,driver_version,compute_mode,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv 2>&1 | tee "$log/nvidia-smi.csv"
 ldd --version 2>&1 | head -1
 # Where run.sh finds cuBLAS and NCCL (the machine's own).

@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
   setenv("NCCL_HOSTID", "shardopt-nccl-bench-rank0", 1);
   setenv("NCCL_SOCKET_IFNAME", "lo", 0);
   setenv("NCCL_IB_DISABLE", "1", 0);
+  setenv("NCCL_NET", "Socket", 0);
+  setenv("NCCL_DEBUG", "WARN", 0);
   const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
   std::vector<size_t> sizes;
   for (const std::string& text : absl::GetFlag(FLAGS_sizes_mib)) {
@@ -103,7 +105,7 @@ int main(int argc, char** argv) {
     waitpid(peer, nullptr, 0);
   };
   absl::StatusOr<std::unique_ptr<shardopt::nccl::NcclPair>> pair =
-      shardopt::nccl::NcclPair::Connect(*id, 0, 0, absl::Now() + absl::Seconds(60), "nccl_peer");
+      shardopt::nccl::NcclPair::Connect(*id, 0, 0, absl::Now() + absl::Seconds(20), "nccl_peer");
   if (!pair.ok()) {
     stop_peer();
     return Fail(pair.status().ToString());
@@ -120,7 +122,7 @@ int main(int argc, char** argv) {
   for (size_t n : sizes) {
     std::vector<double> round_trips, copies;
     for (int k = 0; k <= iters; ++k) {
-      const absl::Time deadline = absl::Now() + absl::Seconds(60);
+      const absl::Time deadline = absl::Now() + absl::Seconds(20);
       const absl::Time start = absl::Now();
       absl::Status s = (*pair)->Send(out, n, deadline, "the bench's send");
       if (s.ok()) s = (*pair)->Recv(in, n, deadline, "the bench's receive");
