@@ -7,22 +7,16 @@
 #include "common/nccl/nccl_pair.h"
 
 #include <cuda_runtime_api.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/nccl/peer_process.h"
 #include "gtest/gtest.h"
-
-extern char** environ;
 
 namespace shardopt::nccl {
 namespace {
@@ -47,52 +41,10 @@ std::string WhyNot() {
   } while (0)
 
 // The peer as a child process with its own NCCL_HOSTID.
-class Peer {
+class Peer : public PeerProcess {
  public:
-  Peer(const std::string& unique_id, const std::string& mode, const std::vector<size_t>& bytes) {
-    std::vector<std::string> args = {g_peer_binary,
-                                     "--unique_id=" + absl::BytesToHexString(unique_id),
-                                     "--mode=" + mode, "--bytes=" + absl::StrJoin(bytes, ",")};
-    std::vector<std::string> env = {"NCCL_HOSTID=shardopt-nccl-test-peer"};
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::string(*e).rfind("NCCL_HOSTID=", 0) != 0) env.push_back(*e);
-    }
-    std::vector<char*> argv, envp;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (std::string& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    if (posix_spawn(&pid_, g_peer_binary.c_str(), nullptr, nullptr, argv.data(), envp.data()) !=
-        0) {
-      pid_ = -1;
-    }
-  }
-  ~Peer() {
-    if (pid_ > 0 && !reaped_) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-  }
-  bool started() const { return pid_ > 0; }
-  // The exit status as waitpid gives it.
-  int Wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    reaped_ = true;
-    return status;
-  }
-  // How the peer ended, if it has: "" while it runs (for failure messages).
-  std::string ExitedHow() {
-    int status = 0;
-    if (pid_ <= 0 || reaped_ || waitpid(pid_, &status, WNOHANG) != pid_) return "";
-    reaped_ = true;
-    return WIFEXITED(status) ? absl::StrCat("the peer exited with ", WEXITSTATUS(status))
-                             : absl::StrCat("the peer died of signal ", WTERMSIG(status));
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
+  Peer(const std::string& unique_id, const std::string& mode, const std::vector<size_t>& bytes)
+      : PeerProcess(g_peer_binary, unique_id, mode, bytes, "shardopt-nccl-test-peer") {}
 };
 
 void* DeviceBuffer(size_t bytes) {

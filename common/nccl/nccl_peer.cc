@@ -47,6 +47,10 @@ int main(int argc, char** argv) {
     sizes.push_back(n);
   }
   const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "echo" && mode != "die_after_join" && mode != "die_mid_send" && mode != "stall") {
+    fprintf(stderr, "nccl_peer: unknown --mode=%s\n", mode.c_str());
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<shardopt::nccl::NcclPair>> pair =
       shardopt::nccl::NcclPair::Connect(id, 1, 0, absl::Now() + absl::Seconds(20),
                                         "the test (rank 0)");

@@ -16,8 +16,6 @@
 // stderr), 1 on any other error. A benchmark, not a test: it asserts only
 // that the bytes come back.
 #include <cuda_runtime_api.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -28,19 +26,16 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/nccl/nccl_pair.h"
+#include "common/nccl/peer_process.h"
 
 ABSL_FLAG(std::string, peer, "", "The nccl_peer binary.");
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"64", "256"}),
           "Transfer sizes in MiB.");
 ABSL_FLAG(int, iters, 10, "Timed round trips per size.");
-
-extern char** environ;
 
 namespace {
 
@@ -84,36 +79,15 @@ int main(int argc, char** argv) {
   for (size_t n : sizes) transfers.insert(transfers.end(), iters + 1, n);
   absl::StatusOr<std::string> id = shardopt::nccl::NcclPair::NewUniqueId();
   if (!id.ok()) return Fail(id.status().ToString());
-  std::vector<std::string> args = {absl::GetFlag(FLAGS_peer),
-                                   "--unique_id=" + absl::BytesToHexString(*id), "--mode=echo",
-                                   "--bytes=" + absl::StrJoin(transfers, ",")};
-  std::vector<std::string> env = {"NCCL_HOSTID=shardopt-nccl-bench-rank1"};
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string(*e).rfind("NCCL_HOSTID=", 0) != 0) env.push_back(*e);
-  }
-  std::vector<char*> argv_c, envp;
-  for (std::string& a : args) argv_c.push_back(a.data());
-  argv_c.push_back(nullptr);
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  pid_t peer = -1;
-  if (posix_spawn(&peer, args[0].c_str(), nullptr, nullptr, argv_c.data(), envp.data()) != 0) {
-    return Fail("cannot start --peer " + args[0]);
-  }
-  auto stop_peer = [&] {
-    kill(peer, SIGKILL);
-    waitpid(peer, nullptr, 0);
-  };
+  shardopt::nccl::PeerProcess peer(absl::GetFlag(FLAGS_peer), *id, "echo", transfers,
+                                   "shardopt-nccl-bench-rank1");
+  if (!peer.started()) return Fail("cannot start --peer " + absl::GetFlag(FLAGS_peer));
   absl::StatusOr<std::unique_ptr<shardopt::nccl::NcclPair>> pair =
       shardopt::nccl::NcclPair::Connect(*id, 0, 0, absl::Now() + absl::Seconds(20), "nccl_peer");
-  if (!pair.ok()) {
-    stop_peer();
-    return Fail(pair.status().ToString());
-  }
+  if (!pair.ok()) return Fail(pair.status().ToString() + "; " + peer.ExitedHow());
   const size_t largest = *std::max_element(sizes.begin(), sizes.end());
   void *out = nullptr, *in = nullptr;
   if (cudaMalloc(&out, largest) != cudaSuccess || cudaMalloc(&in, largest) != cudaSuccess) {
-    stop_peer();
     return Fail("cudaMalloc");
   }
   cudaMemset(out, 0x3c, largest);
@@ -126,19 +100,13 @@ int main(int argc, char** argv) {
       const absl::Time start = absl::Now();
       absl::Status s = (*pair)->Send(out, n, deadline, "the bench's send");
       if (s.ok()) s = (*pair)->Recv(in, n, deadline, "the bench's receive");
-      if (!s.ok()) {
-        stop_peer();
-        return Fail(s.ToString());
-      }
+      if (!s.ok()) return Fail(s.ToString() + "; " + peer.ExitedHow());
       if (k > 0) round_trips.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
     }
     unsigned char first = 0, last = 0;
     cudaMemcpy(&first, in, 1, cudaMemcpyDeviceToHost);
     cudaMemcpy(&last, static_cast<char*>(in) + n - 1, 1, cudaMemcpyDeviceToHost);
-    if (first != 0x3c || last != 0x3c) {
-      stop_peer();
-      return Fail("the bytes came back changed");
-    }
+    if (first != 0x3c || last != 0x3c) return Fail("the bytes came back changed");
     for (int k = 0; k <= iters; ++k) {
       const absl::Time start = absl::Now();
       cudaMemcpy(in, out, n, cudaMemcpyDeviceToDevice);
@@ -159,8 +127,7 @@ int main(int argc, char** argv) {
                                  " gbps=", gb / (copy_ms / 1e3)));
   }
   pair->reset();
-  int status = 0;
-  waitpid(peer, &status, 0);
+  const int status = peer.Wait();
   for (const std::string& line : lines) printf("%s\n", line.c_str());
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     return Fail("nccl_peer did not finish cleanly");
