@@ -72,6 +72,9 @@ ABSL_FLAG(int, threads, 0,
           "0 = std::thread::hardware_concurrency().");
 ABSL_FLAG(int64_t, tcp_mib, 1024, "MiB sent per raw TCP repetition.");
 ABSL_FLAG(int, tcp_repeats, 3, "Raw TCP repetitions (after one short warm-up).");
+ABSL_FLAG(std::vector<std::string>, tcp_parallel_connections, {},
+          "Also time (a)'s bytes split over this many loopback connections at once (e.g. 2,4), "
+          "each with its own sender and receiver thread, next to one connection.");
 ABSL_FLAG(int64_t, memcpy_mib, 1024, "MiB copied per memcpy repetition in (c).");
 ABSL_FLAG(int, warmup_steps, 2, "Untimed push+pull steps before the timed ones.");
 ABSL_FLAG(bool, tune_malloc, true,
@@ -161,6 +164,23 @@ int Main(int argc, char** argv) {
       return 1;
     }
     tcp = *r;
+    for (const std::string& text : absl::GetFlag(FLAGS_tcp_parallel_connections)) {
+      int connections = 0;
+      if (!absl::SimpleAtoi(text, &connections) || connections < 1) {
+        std::fprintf(stderr, "--tcp_parallel_connections: '%s' is not a count\n", text.c_str());
+        return 2;
+      }
+      absl::StatusOr<TcpResult> p =
+          RunTcpParallel(static_cast<uint64_t>(tcp_mib) * kMiB, tcp_repeats, connections);
+      if (!p.ok()) {
+        std::fprintf(stderr, "raw TCP, %d connections: %s\n", connections,
+                     p.status().ToString().c_str());
+        return 1;
+      }
+      absl::PrintF("  %d connections at once: best %s GB/s in all, median %s (%sx one's best)\n",
+                   connections, Fixed(p->best, 2), Fixed(p->median, 2),
+                   Fixed(p->best / tcp->best, 2));
+    }
   }
 
   std::vector<PushPullRow> rows;

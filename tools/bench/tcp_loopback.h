@@ -21,6 +21,13 @@ struct TcpResult {
 // socket settings and a table of the repetitions, best and median.
 absl::StatusOr<TcpResult> RunTcp(uint64_t total, int repeats);
 
+// The same bytes split over `connections` connections at once, each with
+// its own sender and receiver thread: the aggregate GB/s of each of
+// `repeats` transfers (after a warm-up). Tells whether one connection, or
+// the CPUs, bound a loopback transfer (the pipelining issue's connection
+// pool question).
+absl::StatusOr<TcpResult> RunTcpParallel(uint64_t total, int repeats, int connections);
+
 }  // namespace shardopt::bench
 
 #endif  // SHARDOPT_TOOLS_BENCH_TCP_LOOPBACK_H_
