@@ -6,7 +6,10 @@
 #include "common/checkpoint_packing.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <zlib.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -192,6 +195,74 @@ TEST(CheckpointPackingTest, ManifestsThatDisagreeWithThePackingAreRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   // The original opens again.
   EXPECT_TRUE(open_with([](v1::CheckpointManifest&) {}).ok());
+}
+
+// A format 1 Adafactor checkpoint, as builds before format 2 wrote it:
+// every section range-sized, the factors at the start of each tensor's
+// part and zeros elsewhere. The old writer is gone, so one is made here by
+// rewriting a format 2 checkpoint's files and manifest the old way (header
+// version 1, full-size sections, their block CRCs): it reads back the same
+// values, for its own layout and for another shard count.
+TEST(CheckpointPackingTest, FormatOneAdafactorCheckpointsStillRead) {
+  uint64_t asked = 0;
+  const std::string dir = WriteAdafactorCheckpoint("format1", 2, &asked);
+  std::unique_ptr<CheckpointReader> packed = CheckpointReader::Open(dir).value();
+  const ModelLayout saved = packed->layout();
+  std::vector<std::vector<float>> all(3, std::vector<float>(saved.total_elements()));
+  for (int section = 0; section < 3; ++section) {
+    ASSERT_TRUE(packed->Read(section, 0, all[section].size(), all[section].data()).ok());
+  }
+  v1::CheckpointManifest m = packed->manifest();
+  packed.reset();
+  m.set_format_version(1);
+  for (int p = 0; p < m.parts_size(); ++p) {
+    v1::CheckpointPart* part = m.mutable_parts(p);
+    const std::string path = dir + "/" + part->file();
+    std::string data(kCheckpointHeaderBytes, '\0');
+    std::ifstream(path, std::ios::binary).read(data.data(), kCheckpointHeaderBytes);
+    const uint32_t version = 1;
+    std::memcpy(&data[8], &version, sizeof(version));  // (Magic, then the version.)
+    const uint64_t begin = part->range().begin();
+    const uint64_t size = part->range().end() - begin;
+    for (int section = 0; section < 3; ++section) {
+      v1::CheckpointSection* out = part->mutable_sections(section);
+      out->set_file_offset(data.size());
+      out->set_num_elements(size);
+      out->set_packed(false);
+      out->clear_block_crc32();
+      const char* bytes = reinterpret_cast<const char*>(all[section].data() + begin);
+      for (uint64_t at = 0; at < size * 4; at += part->block_bytes()) {
+        const uint64_t n = std::min<uint64_t>(part->block_bytes(), size * 4 - at);
+        out->add_block_crc32(static_cast<uint32_t>(
+            crc32(0L, reinterpret_cast<const Bytef*>(bytes + at), static_cast<uInt>(n))));
+      }
+      data.append(bytes, size * 4);
+    }
+    part->set_file_bytes(data.size());
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+  }
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(m, &json).ok());
+  std::ofstream(dir + "/manifest.json", std::ios::trunc) << json;
+
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> old = CheckpointReader::Open(dir);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ((*old)->manifest().format_version(), 1u);
+  ASSERT_TRUE((*old)->VerifyEveryBlock().ok());
+  const ModelLayout three = ModelLayout::Create(kTensors, 16, 3, Partition::kWholeTensors).value();
+  for (int section = 0; section < 3; ++section) {
+    std::vector<float> values(saved.total_elements());
+    ASSERT_TRUE((*old)->Read(section, 0, values.size(), values.data()).ok());
+    EXPECT_EQ(values, all[section]) << "section " << section;
+    std::vector<float> resharded(three.total_elements());
+    ASSERT_TRUE((*old)->ReadFor(three, section, 0, resharded.size(), resharded.data()).ok());
+    for (const TensorPlacement& t : three.tensors()) {
+      const TensorPlacement& u = saved.tensors()[saved.Find(t.spec.name).value()];
+      for (uint64_t k = 0; k < t.size; ++k) {
+        ASSERT_EQ(resharded[t.offset + k], all[section][u.offset + k]) << t.spec.name << " " << k;
+      }
+    }
+  }
 }
 
 // The runs themselves: clipped to the window asked for, in order.
