@@ -35,7 +35,11 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifestFile(FileEnv* env, const std:
   absl::StatusOr<std::string> json = ReadFileToString(env, path);
   if (!json.ok()) return json.status();
   v1::CheckpointManifest manifest;
-  const auto status = google::protobuf::util::JsonStringToMessage(*json, &manifest);
+  // Fields of a newer format are left for its version check to refuse (a
+  // FAILED_PRECONDITION), not taken for damage.
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  const auto status = google::protobuf::util::JsonStringToMessage(*json, &manifest, options);
   if (!status.ok()) {
     return absl::DataLossError(
         absl::StrCat(path, ": not a valid checkpoint manifest: ", status.message().ToString()));
@@ -171,8 +175,15 @@ absl::StatusOr<bool> TryCommit(FileEnv* env, const std::string& dir, const v1::M
     const std::string data = JoinPath(dir, part->parts(0).file());
     absl::StatusOr<FileInfo> info = env->Stat(data);
     if (!info.ok() || info->size != part->parts(0).file_bytes()) return false;
+    if (manifest.parts_size() > 0 && part->format_version() != manifest.format_version()) {
+      // Shards of different builds (a rolling upgrade): never commit what
+      // Open would refuse.
+      return absl::FailedPreconditionError(
+          absl::StrCat(record, ": shard ", i, " wrote format ", part->format_version(),
+                       ", shard 0 format ", manifest.format_version(), "; not committed"));
+    }
     *manifest.add_parts() = part->parts(0);
-    manifest.set_format_version(part->format_version());  // (The same for every part.)
+    manifest.set_format_version(part->format_version());
   }
   absl::StatusOr<std::string> json = ToJson(manifest);
   if (!json.ok()) return json.status();
@@ -261,7 +272,6 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(
       absl::StatusOr<PackedSection> packed =
           PackedSection::Create(*layout, range, *optimizer, slot);
       if (!packed.ok()) return packed.status();
-      out->set_packed(true);
       out->set_num_elements(packed->num_elements());
       for (const PackedSection::Run& run : packed->RunsIn(range.begin, range.end)) {
         if (absl::Status s = AppendValues(read, static_cast<int>(section),
@@ -366,13 +376,13 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
       const v1::CheckpointSection& section = part.sections(s);
       const uint64_t bytes = section.num_elements() * sizeof(float);
       // Format 2 packs the packed slots (format 1 wrote them full-size).
+      // (No field says so: a build before format 2 must be able to parse
+      // the manifest to refuse it by its version.)
       uint64_t elements = range.size();
       packed.emplace_back();
-      if (section.packed()) {
+      if (m.format_version() >= 2 && s > 0 && optimizer->PacksSlot(s - 1)) {
         absl::StatusOr<PackedSection> p =
-            m.format_version() >= 2
-                ? PackedSection::Create(*reader->layout_, range, *optimizer, s - 1)
-                : absl::InvalidArgumentError("format 1 packs nothing");
+            PackedSection::Create(*reader->layout_, range, *optimizer, s - 1);
         if (!p.ok()) {
           return bad(absl::StrCat("section ", s, " ('", section.name(), "') of part ", i,
                                   " is packed: ", p.status().message()));

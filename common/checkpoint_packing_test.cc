@@ -101,9 +101,7 @@ TEST(CheckpointPackingTest, AdafactorPartsStoreOnlyTheFactors) {
   uint64_t stored = 0, file_bytes = 0, range_elements = 0;
   for (const v1::CheckpointPart& part : reader->manifest().parts()) {
     ASSERT_EQ(part.sections_size(), 3);
-    EXPECT_FALSE(part.sections(0).packed());
-    EXPECT_TRUE(part.sections(1).packed());
-    EXPECT_TRUE(part.sections(2).packed());
+    EXPECT_EQ(part.sections(0).num_elements(), part.range().end() - part.range().begin());
     stored += part.sections(1).num_elements() + part.sections(2).num_elements();
     file_bytes += part.file_bytes();
     range_elements += part.range().end() - part.range().begin();
@@ -148,7 +146,9 @@ TEST(CheckpointPackingTest, OtherModelsStillWriteFormatOne) {
   std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(dir).value();
   EXPECT_EQ(reader->manifest().format_version(), 1u);
   for (const v1::CheckpointPart& part : reader->manifest().parts()) {
-    for (const v1::CheckpointSection& section : part.sections()) EXPECT_FALSE(section.packed());
+    for (const v1::CheckpointSection& section : part.sections()) {
+      EXPECT_EQ(section.num_elements(), part.range().end() - part.range().begin());
+    }
   }
 }
 
@@ -176,25 +176,49 @@ TEST(CheckpointPackingTest, ManifestsThatDisagreeWithThePackingAreRefused) {
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("section 1 ('row_var') of part 0"));
-  // Unpacked where the slot is packed: the sizes no longer match.
-  s = open_with([](v1::CheckpointManifest& m) {
-    m.mutable_parts(1)->mutable_sections(2)->set_packed(false);
-  });
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("section 2 ('col_var') of part 1"));
-  // Packing the parameters, or packing in format 1, is not a thing.
-  s = open_with(
-      [](v1::CheckpointManifest& m) { m.mutable_parts(0)->mutable_sections(0)->set_packed(true); });
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("is packed"));
+  // Format 1 sizes every section by the range: these packed ones no longer
+  // match (the header says 2 as well).
   s = open_with([](v1::CheckpointManifest& m) { m.set_format_version(1); });
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("format 1 packs nothing"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("('row_var') of part 0 does not match"));
   // A newer format than this build reads.
   s = open_with([](v1::CheckpointManifest& m) { m.set_format_version(3); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   // The original opens again.
   EXPECT_TRUE(open_with([](v1::CheckpointManifest&) {}).ok());
+}
+
+// Shards of two builds (a rolling upgrade): a part record of format 1 next
+// to one of format 2 is never committed into a manifest Open would refuse.
+TEST(CheckpointPackingTest, PartsOfDifferentFormatsAreNotCommitted) {
+  const std::string dir = TempDir("mixed_formats");
+  const v1::ModelConfig config = AdafactorConfig(2);
+  const ModelLayout layout = LayoutFromProto(config.layout(), 2).value();
+  auto write = [&](uint32_t shard) {
+    const FlatRange range = layout.ShardRange(shard);
+    return WriteCheckpointPart(dir, config, shard, Progress(7),
+                               [&](int section, uint64_t offset, uint64_t count, float* out) {
+                                 for (uint64_t k = 0; k < count; ++k) {
+                                   out[k] = Held(layout, section, range.begin + offset + k);
+                                 }
+                                 return absl::OkStatus();
+                               });
+  };
+  ASSERT_TRUE(write(0).ok());
+  // Shard 0's record as an older build would have written it.
+  const std::string record = dir + "/" + CheckpointPartRecordName(0, 2);
+  std::stringstream text;
+  text << std::ifstream(record).rdbuf();
+  v1::CheckpointManifest part;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(text.str(), &part).ok());
+  part.set_format_version(1);
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(part, &json).ok());
+  std::ofstream(record, std::ios::trunc) << json;
+  absl::StatusOr<CheckpointPartWritten> second = write(1);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("shard 1 wrote format 2"));
+  EXPECT_EQ(CheckpointReader::Open(dir).status().code(), absl::StatusCode::kNotFound);
 }
 
 // A format 1 Adafactor checkpoint, as builds before format 2 wrote it:
@@ -228,7 +252,6 @@ TEST(CheckpointPackingTest, FormatOneAdafactorCheckpointsStillRead) {
       v1::CheckpointSection* out = part->mutable_sections(section);
       out->set_file_offset(data.size());
       out->set_num_elements(size);
-      out->set_packed(false);
       out->clear_block_crc32();
       const char* bytes = reinterpret_cast<const char*>(all[section].data() + begin);
       for (uint64_t at = 0; at < size * 4; at += part->block_bytes()) {

@@ -4,7 +4,10 @@
 // polynomial, min(rows, cols) squared). The one rule for the CPU kernel
 // (which allocates one matrix's worth per matrix it is updating), the GPU
 // backend (which holds the set's for the model's life) and the state budget
-// (Optimizer::PlannedWorkspaceBytes). Pure arithmetic, no dependencies.
+// (Optimizer::PlannedWorkspaceBytes, which counts one set: exact for the GPU
+// backend; the CPU backend's worker threads may each hold one matrix's set
+// at once, for the length of a step, which the budget does not count).
+// Pure arithmetic, no dependencies.
 #ifndef SHARDOPT_SERVER_OPTIM_MUON_WORKSPACE_H_
 #define SHARDOPT_SERVER_OPTIM_MUON_WORKSPACE_H_
 

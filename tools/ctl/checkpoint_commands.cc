@@ -239,14 +239,16 @@ int Import(const CheckpointOptions& options, FILE* out) {
   if (!file.ok()) return Fail("import", file.status());
   const SafetensorsReader& st = **file;
 
-  // Every tensor of the layout, with its shape; the optimizer state only
-  // when the file has all of it.
+  // Every tensor of the layout, with its shape; the optimizer state when the
+  // file has all of it (a file with only part of it is refused).
   const std::vector<std::string>& sections = templ.section_names();
   // An optimizer without slots (plain SGD) has state only in its progress:
   // kept when the file was exported from this model's checkpoint.
   auto step = st.metadata().find("shardopt.step");
   bool with_state = sections.size() > 1 ||
                     (step != st.metadata().end() && step->second == absl::StrCat(templ.step()));
+  std::string missing_state;  // The first optimizer state tensor the file lacks.
+  int state_tensors_found = 0;
   for (size_t section = 0; section < sections.size(); ++section) {
     for (const TensorPlacement& t : templ.layout().tensors()) {
       std::optional<ExportedTensor> e =
@@ -260,8 +262,10 @@ int Import(const CheckpointOptions& options, FILE* out) {
                                                  "', which the model's layout holds")));
         }
         with_state = false;
+        if (missing_state.empty()) missing_state = e->name;
         continue;
       }
+      if (section > 0) ++state_tensors_found;
       if ((*info)->shape != e->shape) {
         return Fail("import", absl::InvalidArgumentError(absl::StrCat(
                                   options.safetensors, ": tensor '", e->name, "' has shape ",
@@ -270,6 +274,15 @@ int Import(const CheckpointOptions& options, FILE* out) {
                                   ShapeString(e->shape))));
       }
     }
+  }
+  if (state_tensors_found > 0 && !missing_state.empty()) {
+    // Part of the state would be dropped with the rest: say so instead of
+    // starting fresh without a word.
+    return Fail("import",
+                absl::NotFoundError(absl::StrCat(
+                    options.safetensors, " holds optimizer state but not '", missing_state,
+                    "': export with --optimizer_state from this model, or leave out "
+                    "every optimizer.* tensor to start with fresh state")));
   }
   if (with_state && (step == st.metadata().end() || step->second != absl::StrCat(templ.step()))) {
     // Moments of another step with this step's counters would be wrong

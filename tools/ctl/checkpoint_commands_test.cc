@@ -246,6 +246,30 @@ TEST(CheckpointCommandsTest, AdafactorFactorsExportAndImport) {
             std::string::npos)
       << out;
 
+  // The same file without one state tensor: refused naming it, not
+  // imported with fresh state.
+  const std::string partial = root + "/partial.safetensors";
+  {
+    std::vector<SafetensorsWriter::TensorSpec> specs;
+    for (const SafetensorsTensorInfo& info : reader->tensors()) {
+      if (info.name != "optimizer.col_var.layer2.weight") specs.push_back({info.name, info.shape});
+    }
+    auto writer = SafetensorsWriter::Create(partial, specs, reader->metadata()).value();
+    for (const SafetensorsTensorInfo& info : reader->tensors()) {
+      if (info.name == "optimizer.col_var.layer2.weight") continue;
+      std::vector<float> values(info.num_elements());
+      ASSERT_TRUE(reader->ReadAsFloat(info.name, 0, values.size(), values.data()).ok());
+      ASSERT_TRUE(writer->Append(values.data(), values.size()).ok());
+    }
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  std::tie(rc, out) = RunCtl(absl::StrCat("import --safetensors=", partial, " --checkpoint=", root,
+                                          "/ckpt --out=", root, "/partial"));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("holds optimizer state but not 'optimizer.col_var.layer2.weight'"),
+            std::string::npos)
+      << out;
+
   const std::string edited = exported;
   std::tie(rc, out) = RunCtl(absl::StrCat("import --safetensors=", edited, " --checkpoint=", root,
                                           "/ckpt --out=", root, "/imported"));
