@@ -24,9 +24,8 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 
-import numpy as np
+from bench_steps import synthetic_model, time_steps
 
 ADAM = {"lr": 1e-3}
 
@@ -40,19 +39,9 @@ def step_time(server_binary, shards, mib, seconds):
     try:
         n = mib << 18
         client = shardopt.Client(addresses, 0, shared_memory=False)
-        params = np.full(n, 0.5, dtype=np.float32)
-        grads = (np.sin((np.arange(n) % 4096).astype(np.float32)) * 1e-2).astype(np.float32)
+        params, grads = synthetic_model(n)
         client.register(f"c{shards}", [("w", [n])], "adam", ADAM, 1, 0.0, params)
-        client.step(1, grads, params)  # Warm-up.
-        times, step = [], 1
-        start = time.perf_counter()
-        while len(times) < 3 or time.perf_counter() - start < seconds:
-            step += 1
-            t0 = time.perf_counter()
-            client.step(step, grads, params)
-            times.append(time.perf_counter() - t0)
-        if params[-1] == np.float32(0.5):
-            raise RuntimeError("the pulled parameters were not updated")
+        times, _ = time_steps(client, grads, params, seconds)
         del client
         return statistics.median(times)
     finally:

@@ -42,9 +42,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+
+from bench_steps import synthetic_model, time_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ADAM = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
@@ -134,8 +135,7 @@ def time_shardopt(server_binary, mib, seconds, name, shared_memory):
     try:
         n = mib << 18
         client = shardopt.Client(addresses, 0, shared_memory=shared_memory)
-        params = np.full(n, 0.5, dtype=np.float32)
-        grads = (np.sin((np.arange(n) % 4096).astype(np.float32)) * 1e-2).astype(np.float32)
+        params, grads = synthetic_model(n)
         client.register(name, [("w", [n])], "adam", ADAM, 1, 0.0, params)
         if shared_memory:
             shared_grads = client.shared_gradients()
@@ -145,16 +145,7 @@ def time_shardopt(server_binary, mib, seconds, name, shared_memory):
             np.frombuffer(shared_grads, dtype=np.float32)[:] = grads
             shared_params[:] = params
             grads, params = np.frombuffer(shared_grads, dtype=np.float32), shared_params
-        client.step(1, grads, params)  # Warm-up.
-        times, step = [], 1
-        start = time.perf_counter()
-        while len(times) < 3 or time.perf_counter() - start < seconds:
-            step += 1
-            t0 = time.perf_counter()
-            client.step(step, grads, params)
-            times.append(time.perf_counter() - t0)
-        if params[-1] == np.float32(0.5):
-            raise RuntimeError("shardopt's pulled parameters were not updated")
+        times, step = time_steps(client, grads, params, seconds)
         if shared_memory and client.shared_memory_transfers < 2 * step:
             raise RuntimeError("shardopt's payloads did not all go through shared memory")
         del client
