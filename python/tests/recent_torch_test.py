@@ -28,8 +28,9 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, "tools/gpu")
+sys.path[:0] = ["tools/gpu", "tests"]
 from muon_torch_parity import newton_schulz_in_fp32  # noqa: E402
+from safetensors_torch_check import spec_read  # noqa: E402
 
 STEPS = 40
 BOUND = {"adafactor": 1e-6, "muon": 2e-5}
@@ -102,25 +103,6 @@ def train_steps(model, opts, steps):
             opt.step()
 
 
-def read_safetensors(path):
-    """{name: float32 tensor} and the metadata, read with the format's own
-    rules (the recent-torch venv has no safetensors package)."""
-    import json
-    import struct
-    with open(path, "rb") as f:
-        (header_bytes,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_bytes))
-        data = f.read()
-    metadata = header.pop("__metadata__", {})
-    tensors = {}
-    for name, info in header.items():
-        assert info["dtype"] == "F32", info
-        begin, end = info["data_offsets"]
-        flat = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
-        tensors[name] = flat.reshape(info["shape"])
-    return tensors, metadata
-
-
 def adafactor_state_to_torch(ctl, addresses, workdir):
     """The check described at the top; returns (worst difference, state keys)."""
     import shardopt.torch
@@ -135,7 +117,9 @@ def adafactor_state_to_torch(ctl, addresses, workdir):
     exported = os.path.join(workdir, "exported.safetensors")
     subprocess.run([ctl, "export", "--optimizer_state", f"--checkpoint={checkpoint}",
                     f"--out={exported}"], check=True, stdout=subprocess.DEVNULL)
-    tensors, metadata = read_safetensors(exported)
+    # (The project's strict reader of the format: the recent-torch venv has
+    # no safetensors package.)
+    tensors, metadata = spec_read(exported)
     with torch.no_grad():
         for name, p in theirs.named_parameters():
             p.copy_(tensors[name])

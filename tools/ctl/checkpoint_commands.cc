@@ -314,13 +314,16 @@ int Import(const CheckpointOptions& options, FILE* out) {
         const float initial = section == 0 ? 0.0f : templ.optimizer().InitialSlotValue(section - 1);
         std::fill(values, values + count, initial);
         if (section > 0 && !with_state) return absl::OkStatus();
-        for (const TensorPlacement& t : tensors) {
+        // (One shard: range-local offsets are flat ones. Only the tensors
+        // in the window: a packed slot is asked for one run per tensor.)
+        for (const TensorPiece& piece : layout->PiecesIn(FlatRange{offset, offset + count})) {
+          const TensorPlacement& t = tensors[piece.tensor_index];
           // A packed slot (Adafactor's factors, in torch's shapes in the
           // file) fills only the first elements of each tensor's part.
           std::optional<ExportedTensor> e = ExportedTensorOf(templ.optimizer(), section, t);
           if (!e.has_value()) continue;
-          const uint64_t lo = std::max(offset, t.offset);
-          const uint64_t hi = std::min(offset + count, t.offset + e->held);
+          const uint64_t lo = piece.flat_offset;
+          const uint64_t hi = std::min(piece.flat_offset + piece.size, t.offset + e->held);
           if (lo >= hi) continue;
           if (absl::Status s =
                   st.ReadAsFloat(e->name, lo - t.offset, hi - lo, values + (lo - offset));
