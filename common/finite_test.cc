@@ -52,5 +52,46 @@ TEST(CopyAndFindNonFiniteTest, CopiesEverythingAndFindsTheFirstNonFinite) {
   EXPECT_EQ(CopyAndFindNonFinite(dst.data(), raw.data() + 1, 0), 0u);
 }
 
+// Bit patterns at the edges of the non-finite classes, signs included.
+constexpr uint32_t kNonFiniteBits[] = {0x7f800000u, 0xff800000u, 0x7f800001u, 0xff800001u,
+                                       0x7fc00000u, 0xffffffffu, 0x7fbfffffu, 0x7fffffffu};
+constexpr uint32_t kFiniteEdgeBits[] = {0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x80000000u,
+                                        0x00800000u, 0x7f000000u, 0x807fffffu, 0x3f800000u};
+
+float FromBits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// Every length around the 16-float rounds and the 1024-float blocks, every
+// position in it, and every class: the vector rounds, the scalar tail and
+// the block boundaries all report the first one and copy every bit.
+TEST(CopyAndFindNonFiniteTest, EveryLengthPositionAndClass) {
+  for (size_t n : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{63},
+                   size_t{1023}, size_t{1024}, size_t{1025}, size_t{2063}}) {
+    std::vector<float> clean(n);
+    for (size_t i = 0; i < n; ++i) {
+      clean[i] = FromBits(kFiniteEdgeBits[i % (sizeof(kFiniteEdgeBits) / sizeof(uint32_t))]);
+    }
+    EXPECT_EQ(FindNonFinite(clean.data(), n), n) << n;
+    for (uint32_t bad : kNonFiniteBits) {
+      for (size_t pos = 0; pos < n; pos += (n > 80 ? 13 : 1)) {
+        std::vector<char> raw(n * sizeof(float) + 3);
+        std::vector<float> src = clean;
+        src[pos] = FromBits(bad);
+        if (pos + 1 < n) src[n - 1] = FromBits(bad);  // A later one is not reported.
+        std::memcpy(raw.data() + 3, src.data(), n * sizeof(float));
+        std::vector<float> dst(n, 9.0f);
+        ASSERT_EQ(CopyAndFindNonFinite(dst.data(), raw.data() + 3, n), pos)
+            << std::hex << bad << std::dec << " at " << pos << " of " << n;
+        ASSERT_EQ(std::memcmp(dst.data(), src.data(), n * sizeof(float)), 0) << pos << " of " << n;
+        ASSERT_EQ(FindNonFinite(src.data(), n), pos)
+            << std::hex << bad << std::dec << " at " << pos << " of " << n;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardopt
