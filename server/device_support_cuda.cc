@@ -46,8 +46,17 @@ absl::StatusOr<std::unique_ptr<UpdateBackend>> MakeGpuBackend(int gpu_index,
                                    static_cast<uint64_t>(t.shape[1])});
     }
   }
-  absl::StatusOr<std::unique_ptr<GpuBackend>> backend = GpuBackend::Create(
-      gpu_index, options.optimizer, options.num_trainers, initial, std::move(matrices));
+  std::vector<gpu::LambPiece> lamb_pieces;
+  if (options.optimizer.kind == OptimizerKind::kLamb) {
+    // LAMB also updates pieces of tensors, with norms from every shard (as
+    // ModelShard::CpuBackendFactory gives them to the CPU backend).
+    for (const RangeTensor& t : TensorPiecesOfShard(options.layout, options.shard_index)) {
+      lamb_pieces.push_back(gpu::LambPiece{t.offset, t.size, t.index, t.whole, t.start});
+    }
+  }
+  absl::StatusOr<std::unique_ptr<GpuBackend>> backend =
+      GpuBackend::Create(gpu_index, options.optimizer, options.num_trainers, initial,
+                         std::move(matrices), std::move(lamb_pieces));
   if (!backend.ok()) return backend.status();
   return std::unique_ptr<UpdateBackend>(std::move(*backend));
 }

@@ -111,7 +111,7 @@ void RunAndCompare(uint32_t shards, uint32_t trainers, const std::vector<std::st
 // step gathers every tensor's norms from all of them (decisions in two
 // halves), with and without clipping; 2 trainers end on the bits of the
 // single-process reference, which updates every tensor whole.
-TEST(EndToEndLambFlatTest, NormsGatheredOverShardsGiveTheWholeTensorBits) {
+void RunLambFlat(const std::vector<std::string>& server_flags) {
   constexpr uint32_t kShards = 3, kTrainers = 2;
   for (const double max_grad_norm : {0.0, 0.01}) {
     SCOPED_TRACE(max_grad_norm);
@@ -134,13 +134,17 @@ TEST(EndToEndLambFlatTest, NormsGatheredOverShardsGiveTheWholeTensorBits) {
       ASSERT_NE(ReferenceRun(spec, layout, kSteps, kJobSeed, {}),
                 ReferenceRun(unclipped, layout, kSteps, kJobSeed, {}));
     }
-    auto servers = StartCluster(kShards, {"--device=cpu"});
+    auto servers = StartCluster(kShards, server_flags);
     ASSERT_TRUE(servers.ok()) << servers.status();
     const std::string out_root = MakeTempDir("lamb_flat");
     RunTrainers(Addresses(*servers), kTrainers, "lamb", kSteps, out_root,
                 {"--partition=flat", absl::StrCat("--max_grad_norm=", max_grad_norm)});
     ExpectMatchesReference(spec, kShards, kSteps, out_root);
   }
+}
+
+TEST(EndToEndLambFlatTest, NormsGatheredOverShardsGiveTheWholeTensorBits) {
+  RunLambFlat({"--device=cpu"});
 }
 
 class EndToEndTest : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t>> {};
@@ -230,7 +234,10 @@ TEST(EndToEndGradientControlTest, SkipsAndClipsAlikeOnEveryShard) {
 // The same multi-trainer runs with the model state on GPU 0: the fused CUDA
 // kernels must reproduce the CPU run exactly. Skips where shardopt_server
 // cannot use a GPU (it refuses --device=cuda:0 at start).
-TEST(EndToEndGpuTest, CudaShardsMatchTheCpuRunBitForBit) {
+// Skips (or fails, where a GPU is required) the calling test unless
+// shardopt_server starts with --device=cuda:0; the caller returns when
+// IsSkipped().
+void SkipUnlessServersHaveAGpu() {
   auto probe = ChildProcess::Start(Runfile("server/shardopt_server"),
                                    {"--listen=127.0.0.1:0", "--device=cuda:0"});
   ASSERT_TRUE(probe.ok());
@@ -240,15 +247,29 @@ TEST(EndToEndGpuTest, CudaShardsMatchTheCpuRunBitForBit) {
   }
   (*probe)->Signal(SIGTERM);
   (*probe)->Wait(absl::Seconds(10));
-  // (LAMB and Adafactor have no GPU kernel yet: a GPU server runs them on
-  // its CPU backend, which the CPU suite above checks. Muon's products on
-  // the GPU are cuBLAS's, equal to the CPU's within rounding, not bit for
-  // bit: //server/cuda:gpu_backend_test compares them.)
+}
+
+TEST(EndToEndGpuTest, CudaShardsMatchTheCpuRunBitForBit) {
+  SkipUnlessServersHaveAGpu();
+  if (IsSkipped() || HasFatalFailure()) return;
+  // (Adafactor has no GPU kernel yet: a GPU server runs it on its CPU
+  // backend, which the CPU suite above checks. Muon's products on the GPU
+  // are cuBLAS's, equal to the CPU's within rounding, not bit for bit:
+  // //server/cuda:gpu_backend_test compares them. LAMB's GPU passes are
+  // bit-identical to the CPU's and stay in.)
   std::vector<std::string> fused = kOptimizers;
-  for (const char* cpu_only : {"lamb", "adafactor", "muon"}) {
+  for (const char* cpu_only : {"adafactor", "muon"}) {
     fused.erase(std::remove(fused.begin(), fused.end(), cpu_only), fused.end());
   }
   for (uint32_t shards : {1u, 2u}) RunAndCompare(shards, 2, {"--device=cuda:0"}, fused);
+}
+
+// LAMB's two-half decisions with the shards' state on GPU 0: the trust
+// partials measured there must be the CPU's bits.
+TEST(EndToEndGpuTest, LambFlatOnCudaShardsGivesTheWholeTensorBits) {
+  SkipUnlessServersHaveAGpu();
+  if (IsSkipped() || HasFatalFailure()) return;
+  RunLambFlat({"--device=cuda:0"});
 }
 
 INSTANTIATE_TEST_SUITE_P(ShardsByTrainers, EndToEndTest,

@@ -10,17 +10,17 @@
 
 namespace shardopt {
 
-absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
-                                                               const OptimizerConfig& optimizer,
-                                                               uint32_t num_trainers,
-                                                               const std::vector<float>& initial,
-                                                               std::vector<GpuMatrix> matrices) {
+absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
+    int device_index, const OptimizerConfig& optimizer, uint32_t num_trainers,
+    const std::vector<float>& initial, std::vector<GpuMatrix> matrices,
+    std::vector<gpu::LambPiece> lamb_pieces) {
   if (num_trainers == 0) return absl::InvalidArgumentError("num_trainers must be at least 1");
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
   // What this backend cannot update is UNIMPLEMENTED (the server then uses
   // its CPU backend), refused before any device memory is taken.
   const bool muon = optimizer.kind == OptimizerKind::kMuon;
-  if (NeedsWholeTensors(optimizer.kind) && !muon) {
+  const bool lamb = optimizer.kind == OptimizerKind::kLamb;
+  if (NeedsWholeTensors(optimizer.kind) && !muon && !lamb) {
     return absl::UnimplementedError(absl::StrCat("the GPU backend has no ",
                                                  OptimizerKindName(optimizer.kind),
                                                  " kernel yet: run the shard with --device=cpu"));
@@ -38,6 +38,12 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
     if (m.offset > n || m.rows * m.cols > n - m.offset) {
       return absl::InvalidArgumentError(absl::StrCat(
           "matrix [", m.offset, ", ", m.offset + m.rows * m.cols, ") is outside the range of ", n));
+    }
+  }
+  for (const gpu::LambPiece& p : lamb_pieces) {
+    if (p.offset > n || p.size > n - p.offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor piece [", p.offset, ", ", p.offset + p.size, ") is outside the range of ", n));
     }
   }
   if (absl::Status s = gpu::SetCurrentDevice(device_index); !s.ok()) return s;
@@ -78,6 +84,12 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
     if (!cublas.ok()) return cublas.status();
     backend->cublas_ = *std::move(cublas);
     if (absl::Status s = backend->AllocateMuonScratch(); !s.ok()) return s;
+  }
+  if (lamb) {
+    absl::StatusOr<gpu::LambPlan> plan = gpu::LambPlan::Create(std::move(lamb_pieces));
+    if (!plan.ok()) return plan.status();
+    backend->lamb_ = std::make_unique<gpu::LambPlan>(*std::move(plan));
+    if (absl::Status s = backend->AllocateLambState(); !s.ok()) return s;
   }
   if (absl::Status s = backend->params_.Upload(initial.data(), n * sizeof(float)); !s.ok()) {
     return s;
@@ -186,8 +198,13 @@ absl::Status GpuBackend::RunFusedStep(int64_t step, const OptimizerConfig& confi
 }
 
 absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
-  if (cublas_ == nullptr) return ApplyRange(step, mean, config, 0, size_);
+  if (cublas_ == nullptr && lamb_ == nullptr) return ApplyRange(step, mean, config, 0, size_);
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
+  if (lamb_ != nullptr) {
+    if (absl::Status s = CheckLambOwnNormsSuffice(); !s.ok()) return s;
+    if (absl::Status s = Reduce(mean); !s.ok()) return s;
+    return LambStep(step, config, 1.0f);
+  }
   if (absl::Status s = Reduce(mean); !s.ok()) return s;
   return DrainOnError(MuonStep(config));
 }
@@ -196,7 +213,7 @@ absl::Status GpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConf
                                     uint64_t begin, uint64_t end) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   if (absl::Status s = CheckRange("update", begin, end - begin); !s.ok()) return s;
-  if (absl::Status s = RefuseRangesOfMuon(); !s.ok()) return s;
+  if (absl::Status s = RefuseRangesOfWholeTensors(); !s.ok()) return s;
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (absl::Status s = WaitForStagedCopies(); !s.ok()) return s;
   std::vector<const float*> gradients(lanes_.size());
@@ -263,9 +280,12 @@ absl::StatusOr<double> GpuBackend::SumOfSquares(float scale) {
 }
 
 absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, float multiplier) {
-  if (cublas_ == nullptr) return UpdateRange(step, config, multiplier, 0, size_);
+  if (cublas_ == nullptr && lamb_ == nullptr) {
+    return UpdateRange(step, config, multiplier, 0, size_);
+  }
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
+  if (lamb_ != nullptr) return LambStep(step, config, multiplier);
   if (multiplier != 1.0f) {
     if (absl::Status s = gpu::ScaleInPlace(staging(0), size_, multiplier, apply_stream_.get());
         !s.ok()) {
@@ -279,7 +299,7 @@ absl::Status GpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config
                                      uint64_t begin, uint64_t end) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   if (absl::Status s = CheckRange("update", begin, end - begin); !s.ok()) return s;
-  if (absl::Status s = RefuseRangesOfMuon(); !s.ok()) return s;
+  if (absl::Status s = RefuseRangesOfWholeTensors(); !s.ok()) return s;
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (multiplier != 1.0f) {
     if (absl::Status s =

@@ -26,8 +26,17 @@
 // server/cuda/muon_kernels.h and its Newton-Schulz products through cuBLAS
 // (loaded at first use, server/cuda/cublas.h) in fp32: the CPU backend's
 // formulas, within fp32 rounding of its results (the products' summation
-// order is cuBLAS's, not OpenBLAS's). No ranges for Muon. LAMB and Adafactor
-// have no kernels yet (UNIMPLEMENTED: the server runs them on the CPU).
+// order is cuBLAS's, not OpenBLAS's). No ranges for Muon.
+//
+// LAMB (tensors whole or in pieces, server/cuda/lamb_plan.h): after the
+// reduction a measure pass computes each 64-element block's sums of p^2 and
+// u^2 in double in the CPU kernel's order, the host adds them exactly per
+// piece (the partials MeasureTrust returns, or, with every tensor whole, the
+// norms themselves) and turns the norms into each piece's step size, and an
+// apply pass updates: bit-identical to CpuBackend (its kernels' code is
+// tested on the host against it, lamb_kernels_emulation_test). No ranges for
+// LAMB. Adafactor has no kernels yet (UNIMPLEMENTED: the server runs it on
+// the CPU).
 //
 // Every CUDA call is checked; errors come back as absl::Status (a failed
 // Apply stops the shard, see ModelShard). Each method makes the backend's GPU
@@ -45,6 +54,7 @@
 #include "common/optimizer_config.h"
 #include "server/cuda/cublas.h"
 #include "server/cuda/device.h"
+#include "server/cuda/lamb_plan.h"
 #include "server/update_backend.h"
 
 namespace shardopt {
@@ -70,14 +80,14 @@ class GpuBackend final : public UpdateBackend {
 
   // RESOURCE_EXHAUSTED when the state does not fit in the GPU's memory;
   // UNIMPLEMENTED, before taking any device memory, for an optimizer it has
-  // no kernels for (LAMB, Adafactor), Muon without a loadable cuBLAS, or
-  // more than kMaxGradientBuffers trainers. `matrices`: Muon's, every tensor
-  // of the range (each whole and 2-D).
-  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(int device_index,
-                                                            const OptimizerConfig& optimizer,
-                                                            uint32_t num_trainers,
-                                                            const std::vector<float>& initial,
-                                                            std::vector<GpuMatrix> matrices = {});
+  // no kernels for (Adafactor), Muon without a loadable cuBLAS, or more
+  // than kMaxGradientBuffers trainers. `matrices`: Muon's, every tensor of
+  // the range (each whole and 2-D). `lamb_pieces`: LAMB's, every tensor
+  // piece of the range in order (TensorPiecesOfShard).
+  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(
+      int device_index, const OptimizerConfig& optimizer, uint32_t num_trainers,
+      const std::vector<float>& initial, std::vector<GpuMatrix> matrices = {},
+      std::vector<gpu::LambPiece> lamb_pieces = {});
 
   // Makes its GPU current and waits for its copies before freeing memory.
   ~GpuBackend() override;
@@ -90,7 +100,13 @@ class GpuBackend final : public UpdateBackend {
   absl::Status Reduce(bool mean) override;
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
-  bool supports_ranges() const override { return cublas_ == nullptr; }
+  bool supports_ranges() const override { return cublas_ == nullptr && lamb_ == nullptr; }
+  bool measures_trust() const override { return lamb_ != nullptr; }
+  absl::StatusOr<std::vector<TrustPartial>> MeasureTrust(int64_t step,
+                                                         const OptimizerConfig& config,
+                                                         float multiplier) override;
+  absl::Status UpdateWithTrust(int64_t step, const OptimizerConfig& config, float multiplier,
+                               absl::Span<const TensorNorms> norms) override;
   absl::Status ApplyRange(int64_t step, bool mean, const OptimizerConfig& config, uint64_t begin,
                           uint64_t end) override;
   absl::Status ReduceRange(bool mean, uint64_t begin, uint64_t end) override;
@@ -109,7 +125,11 @@ class GpuBackend final : public UpdateBackend {
   uint64_t optimizer_state_bytes() const override {
     return static_cast<uint64_t>(optimizer_.StateSlotsPerElement()) * size_ * sizeof(float);
   }
-  uint64_t staging_bytes() const override { return staging_.size(); }
+  // With LAMB's blocks and their sums (0.5 B per element).
+  uint64_t staging_bytes() const override {
+    return staging_.size() + lamb_blocks_.size() + lamb_weight_sums_.size() +
+           lamb_update_sums_.size() + lamb_step_sizes_.size();
+  }
 
  private:
   // One reader's path from the device to the host.
@@ -154,9 +174,26 @@ class GpuBackend final : public UpdateBackend {
   absl::Status MuonStep(const OptimizerConfig& config);
   // Its scratch (two matrices and two Gram matrices of the largest sizes).
   absl::Status AllocateMuonScratch();
-  // FAILED_PRECONDITION for Muon, which updates whole matrices only (the
-  // range calls' fused kernels are elementwise).
-  absl::Status RefuseRangesOfMuon() const;
+  // FAILED_PRECONDITION for Muon and LAMB, which update whole tensors only
+  // (the range calls' fused kernels are elementwise).
+  absl::Status RefuseRangesOfWholeTensors() const;
+  // When a bf16 read made the bf16 copy, converts the parameters into it on
+  // the apply stream (the fused kernel writes it itself); then waits for
+  // the apply stream.
+  absl::Status RefreshBf16CopyAndWait();
+  // LAMB (gpu_backend_lamb.cc): its device buffers; FAILED_PRECONDITION
+  // (CpuBackend's words) when a piece is not whole; the measure pass with
+  // each piece's partial; the apply pass given every tensor's norms; and a
+  // whole step from this shard's own norms, on the gradient in staging(0)
+  // (reduced) times `multiplier`.
+  absl::Status AllocateLambState();
+  absl::Status CheckLambOwnNormsSuffice() const;
+  absl::StatusOr<std::vector<TrustPartial>> LambMeasureToHost(int64_t step,
+                                                              const OptimizerConfig& config,
+                                                              float multiplier);
+  absl::Status LambApplyWithNorms(int64_t step, const OptimizerConfig& config, float multiplier,
+                                  absl::Span<const TensorNorms> norms);
+  absl::Status LambStep(int64_t step, const OptimizerConfig& config, float multiplier);
   absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
   // OUT_OF_RANGE naming `what` unless [offset, offset + count) is in the range.
   absl::Status CheckRange(const char* what, uint64_t offset, uint64_t count) const;
@@ -199,6 +236,12 @@ class GpuBackend final : public UpdateBackend {
   std::vector<GpuMatrix> matrices_;
   std::unique_ptr<gpu::Cublas> cublas_;
   gpu::DeviceBuffer muon_x_, muon_y_, muon_gram_, muon_poly_;
+  // LAMB only: the plan, its blocks on the device, their sums, and the
+  // pieces' step sizes.
+  std::unique_ptr<gpu::LambPlan> lamb_;
+  gpu::DeviceBuffer lamb_blocks_, lamb_weight_sums_, lamb_update_sums_, lamb_step_sizes_;
+  // The block sums' way to the host (weight sums, then update sums).
+  gpu::PinnedBuffer lamb_host_sums_;
 };
 
 }  // namespace shardopt

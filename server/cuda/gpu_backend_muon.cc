@@ -28,9 +28,26 @@ absl::Status GpuBackend::AllocateMuonScratch() {
   return absl::OkStatus();
 }
 
-absl::Status GpuBackend::RefuseRangesOfMuon() const {
-  if (cublas_ == nullptr) return absl::OkStatus();
-  return absl::FailedPreconditionError("muon updates whole matrices: no range calls");
+absl::Status GpuBackend::RefuseRangesOfWholeTensors() const {
+  if (cublas_ != nullptr) {
+    return absl::FailedPreconditionError("muon updates whole matrices: no range calls");
+  }
+  if (lamb_ != nullptr) {
+    return absl::FailedPreconditionError("lamb updates whole tensors: no range calls");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::RefreshBf16CopyAndWait() {
+  absl::MutexLock bf16_lock(&bf16_mu_);
+  if (bf16_ready_.load()) {
+    if (absl::Status s = gpu::ConvertToBf16(params_.as<float>(), params_bf16_.as<uint16_t>(), size_,
+                                            apply_stream_.get());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return apply_stream_.Synchronize();
 }
 
 absl::Status GpuBackend::MuonStep(const OptimizerConfig& c) {
@@ -100,17 +117,7 @@ absl::Status GpuBackend::MuonStep(const OptimizerConfig& c) {
       return s;
     }
   }
-  // Its bf16 copy, when a bf16 read made one (the fused kernel writes it
-  // for the elementwise optimizers).
-  absl::MutexLock bf16_lock(&bf16_mu_);
-  if (bf16_ready_.load()) {
-    if (absl::Status s =
-            gpu::ConvertToBf16(params_.as<float>(), params_bf16_.as<uint16_t>(), size_, stream);
-        !s.ok()) {
-      return s;
-    }
-  }
-  return apply_stream_.Synchronize();
+  return RefreshBf16CopyAndWait();
 }
 
 }  // namespace shardopt

@@ -21,16 +21,13 @@
 #include <memory>
 
 #include "common/exact_sum.h"
+#include "server/optim/lamb_rules.h"
 #include "server/optim/optimizer.h"
 #include "server/optim/optimizer_internal.h"
 
 namespace shardopt {
 namespace optim_internal {
 namespace {
-
-struct LambScalars {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, c1, c2, eps, weight_decay;
-};
 
 inline float LambDirection(const LambScalars& s, float m, float v, float p) {
   return (m / s.c1) / (std::sqrt(v / s.c2) + s.eps) + s.weight_decay * p;
@@ -58,7 +55,7 @@ class Lamb final : public WholeTensorOptimizer {
                     size_t piece, uint64_t begin, uint64_t end,
                     TrustPartial* partial) const override {
     CheckPart(piece, begin, end);
-    const LambScalars s = Scalars(step);
+    const LambScalars s = LambScalarsOf(config(), step);
     DispatchBool(config().maximize, [&](auto maximize) {
       Measure<decltype(maximize)::value>(s, params, grad, multiplier, begin, end, partial);
     });
@@ -67,16 +64,9 @@ class Lamb final : public WholeTensorOptimizer {
   void UpdateWithTrust(int64_t step, float* params, const float* grad, size_t piece, uint64_t begin,
                        uint64_t end, const TensorNorms& norms) override {
     CheckPart(piece, begin, end);
-    const LambScalars s = Scalars(step);
-    const OptimizerConfig& c = config();
-    double ratio = 1.0;
-    if (norms.weight_squares > 0 && norms.update_squares > 0) {
-      ratio = std::sqrt(norms.weight_squares) / std::sqrt(norms.update_squares);
-      ratio = std::max(ratio, c.min_trust_ratio);
-      if (c.max_trust_ratio > 0) ratio = std::min(ratio, c.max_trust_ratio);
-    }
-    const float step_size = static_cast<float>(c.lr * ratio);
-    DispatchBool(c.maximize, [&](auto maximize) {
+    const LambScalars s = LambScalarsOf(config(), step);
+    const float step_size = LambStepSize(config(), norms);
+    DispatchBool(config().maximize, [&](auto maximize) {
       Apply<decltype(maximize)::value>(s, step_size, params, grad, begin, end);
     });
   }
@@ -90,22 +80,6 @@ class Lamb final : public WholeTensorOptimizer {
     (void)t;
     (void)begin;
     (void)end;
-  }
-
-  LambScalars Scalars(int64_t step) const {
-    assert(step >= 1);
-    const OptimizerConfig& c = config();
-    const double t = static_cast<double>(step);
-    LambScalars s;
-    s.beta1 = static_cast<float>(c.beta1);
-    s.one_minus_beta1 = static_cast<float>(1.0 - c.beta1);
-    s.beta2 = static_cast<float>(c.beta2);
-    s.one_minus_beta2 = static_cast<float>(1.0 - c.beta2);
-    s.c1 = c.bias_correction ? static_cast<float>(1.0 - std::pow(c.beta1, t)) : 1.0f;
-    s.c2 = c.bias_correction ? static_cast<float>(1.0 - std::pow(c.beta2, t)) : 1.0f;
-    s.eps = static_cast<float>(c.eps);
-    s.weight_decay = static_cast<float>(c.weight_decay);
-    return s;
   }
 
   // The gradient as UpdateWithTrust will read it: multiplied in place by the

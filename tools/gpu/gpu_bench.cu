@@ -10,11 +10,16 @@
 //                    28 B/param (g, p, m, v read; p, m, v written)
 //   adamw T=1 +bf16  the same plus the bf16 copy: 30 B/param
 //   adamw T=3        three gradient buffers reduced (mean): 36 B/param
+//   lamb measure     LAMB's measure pass (server/cuda/lamb_kernels.h) over
+//                    one tensor: 16 B/param read (p, g, m, v), sums of 64
+//                    elements written (counted as 16 B/param)
+//   lamb apply       LAMB's apply pass: 28 B/param, as AdamW's
 //   D2D copy         cudaMemcpyAsync device-to-device of 4 B/param, counted
 //                    as 8 B/param (read + write): the bandwidth ceiling
 // and prints bytes/s and the fraction of the copy's bytes/s. Data are random
 // (never zeros). The last lines are machine-readable:
-//   RESULT kind=<adamw_t1|adamw_t1_bf16|adamw_t3|d2d_copy> n=<params> median_ms=<..>
+//   RESULT kind=<adamw_t1|adamw_t1_bf16|adamw_t3|lamb_measure|lamb_apply|d2d_copy>
+//          n=<params> median_ms=<..>
 //          gbps=<..> bytes_per_param=<..> frac_of_copy=<..>
 // Exit status: 0 on success, 3 when there is no usable GPU (message on
 // stderr), 1 on any other error.
@@ -27,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,6 +40,7 @@
 #include "common/optimizer_config.h"
 #include "server/cuda/device.h"
 #include "server/cuda/fused_optimizers.h"
+#include "server/cuda/lamb_kernels.h"
 
 namespace shardopt {
 namespace gpu {
@@ -240,6 +247,52 @@ int Main(int argc, char** argv) {
       const double ms = MedianMs(warmup, iters, [&] { run(var.trainers, var.bf16); });
       const double gbps = var.bytes * n / (ms * 1e-3) / 1e9;
       rows.push_back({SizeName(n), n, var.kind, var.label, var.bytes, ms, gbps, gbps / copy_gbps});
+    }
+    {
+      // LAMB on one tensor of n elements: its blocks of 64, as LambPlan
+      // makes them (the host half, exact sums and step sizes, not timed).
+      std::vector<TrustBlock> blocks;
+      for (size_t b = 0; b < n; b += kLambBlockElements) {
+        blocks.push_back(TrustBlock{b, static_cast<uint32_t>(std::min<size_t>(kLambBlockElements,
+                                                                              n - b)),
+                                    0});
+      }
+      DeviceBuffer device_blocks =
+          Unwrap(DeviceBuffer::Allocate(blocks.size() * sizeof(TrustBlock)), "lamb blocks");
+      CheckOk(device_blocks.Upload(blocks.data(), blocks.size() * sizeof(TrustBlock)), "upload");
+      DeviceBuffer sums = Unwrap(DeviceBuffer::Allocate(2 * blocks.size() * sizeof(double)), "sums");
+      const float step_size = 1e-3f;
+      DeviceBuffer step_sizes = Unwrap(DeviceBuffer::Allocate(sizeof(float)), "step size");
+      CheckOk(step_sizes.Upload(&step_size, sizeof(float)), "upload");
+      const LambKernelScalars scalars{0.9f, 0.1f, 0.999f, 0.001f, 0.5f, 0.25f, 1e-6f, 0.01f,
+                                      1.0f, 0};
+      const LambMeasureArgs measure{device_blocks.as<TrustBlock>(),
+                                    blocks.size(),
+                                    p.as<float>(),
+                                    g0.as<float>(),
+                                    m.as<float>(),
+                                    v.as<float>(),
+                                    scalars,
+                                    sums.as<double>(),
+                                    sums.as<double>() + blocks.size()};
+      const LambApplyArgs apply{device_blocks.as<TrustBlock>(),
+                                blocks.size(),
+                                p.as<float>(),
+                                g0.as<float>(),
+                                m.as<float>(),
+                                v.as<float>(),
+                                scalars,
+                                step_sizes.as<float>()};
+      const double measure_ms =
+          MedianMs(warmup, iters, [&] { CheckOk(LambMeasure(measure, nullptr), "LambMeasure"); });
+      const double apply_ms =
+          MedianMs(warmup, iters, [&] { CheckOk(LambApply(apply, nullptr), "LambApply"); });
+      for (auto [kind, label, bytes, ms] :
+           {std::tuple{"lamb_measure", "LAMB measure pass", 16.0, measure_ms},
+            std::tuple{"lamb_apply", "LAMB apply pass", 28.0, apply_ms}}) {
+        const double gbps = bytes * n / (ms * 1e-3) / 1e9;
+        rows.push_back({SizeName(n), n, kind, label, bytes, ms, gbps, gbps / copy_gbps});
+      }
     }
     rows.push_back({SizeName(n), n, "d2d_copy", "D2D cudaMemcpy", 8.0, copy_ms, copy_gbps, 1.0});
     CheckOk(SynchronizeStream(), "benchmark");

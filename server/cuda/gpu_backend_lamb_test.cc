@@ -1,0 +1,169 @@
+// LAMB on the GPU backend against the CPU backend through ModelShard, bit
+// for bit: tensors whole on one shard (with clipping, the Update path, and
+// without; maximize, no bias correction, a binding lower clamp and a tensor
+// of zeros; bf16 pulls from step 2 on, whose copy each LAMB step must
+// refresh), and the flat partition over three shards, where each shard's
+// trust partials must be the CPU's exactly and the norms gathered from all
+// of them update every piece. Parameters and both moments compared. Skips,
+// with the reason, where no usable GPU exists.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "common/layout.h"
+#include "common/step_protocol.h"
+#include "gtest/gtest.h"
+#include "server/cuda/gpu_backend_test_fixture.h"
+#include "server/model_shard.h"
+#include "server/model_shard_testing.h"
+
+namespace shardopt {
+namespace {
+
+using testing::PushInChunks;
+using testing::RandomGradient;
+using testing::ZeroPadding;
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
+
+// Both moments at `version`, read as a checkpoint reads them.
+void ExpectSameMoments(ModelShard& cpu, ModelShard& gpu, int64_t version) {
+  for (int slot : {0, 1}) {
+    std::vector<std::vector<float>> state(2, std::vector<float>(cpu.size()));
+    int k = 0;
+    for (ModelShard* shard : {&cpu, &gpu}) {
+      std::vector<float>& out = state[k++];
+      ASSERT_TRUE(shard
+                      ->CheckpointAt(version, Soon(), nullptr,
+                                     [&](const ShardProgress&, const ShardStateReadFn& read) {
+                                       return read(slot, 0, out.size(), out.data());
+                                     })
+                      .ok());
+    }
+    EXPECT_EQ(std::memcmp(state[0].data(), state[1].data(), state[0].size() * sizeof(float)), 0)
+        << "slot " << slot << " at version " << version;
+  }
+}
+
+TEST_F(GpuBackendTest, LambOnWholeTensorsMatchesTheCpuBitForBit) {
+  // Sizes not multiples of 8 or 64; one tensor larger than a pinned buffer.
+  const ModelLayout layout =
+      ModelLayout::Create({{"a", {37, 11}}, {"b", {(1 << 20) + 77}}, {"c", {63}}, {"d", {1}}}, 16,
+                          1, Partition::kWholeTensors)
+          .value();
+  OptimizerConfig decayed = OptimizerConfig::Lamb(1e-2);
+  decayed.weight_decay = 0.01;
+  decayed.max_trust_ratio = 2.0;
+  OptimizerConfig unusual = OptimizerConfig::Lamb(3e-3);
+  unusual.maximize = true;
+  unusual.bias_correction = false;
+  unusual.min_trust_ratio = 0.5;
+  unusual.beta1 = 0.8;
+  unusual.eps = 1e-4;
+  struct Job {
+    OptimizerConfig optimizer;
+    double max_grad_norm;
+  };
+  for (const Job& job : {Job{decayed, 0.0}, Job{decayed, 5.0}, Job{unusual, 0.0}}) {
+    SCOPED_TRACE(job.optimizer.DebugString() + (job.max_grad_norm > 0 ? " clipped" : ""));
+    const double max_grad_norm = job.max_grad_norm;
+    ModelShardOptions options{"m", layout, 0, job.optimizer, 2, true};
+    options.max_grad_norm = max_grad_norm;
+    std::vector<float> init(layout.ShardSize(0));
+    for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * std::sin(0.37f * i);
+    // Tensor 'c' all zeros: ||p|| = 0, trust ratio 1.
+    const TensorPlacement& zeros = layout.tensors()[2];
+    std::fill(init.begin() + zeros.offset, init.begin() + zeros.offset + zeros.size, 0.0f);
+    ZeroPadding(layout, 0, &init);
+    std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
+    std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
+    ASSERT_EQ(gpu->device(), "cuda:" + std::to_string(gpu_index_));
+    for (int64_t step = 1; step <= 6; ++step) {
+      for (ModelShard* shard : {cpu.get(), gpu.get()}) {
+        for (uint32_t rank = 0; rank < 2; ++rank) {
+          std::vector<float> g = RandomGradient(rank, step, shard->size());
+          ZeroPadding(layout, 0, &g);
+          ASSERT_TRUE(PushInChunks(*shard, rank, step, g, 300001).ok());
+        }
+        if (shard->options().needs_decision()) {
+          absl::StatusOr<StepStats> stats = shard->WaitForStepStats(step, Soon(), nullptr);
+          ASSERT_TRUE(stats.ok()) << stats.status();
+          ASSERT_TRUE(shard->Decide(step, DecideStep({*stats}, max_grad_norm)).ok());
+        }
+      }
+      ExpectSameParameters(*cpu, *gpu, step);
+      if (step >= 2) ExpectSameParameters(*cpu, *gpu, step, DType::kBFloat16);
+    }
+    ExpectSameMoments(*cpu, *gpu, 6);
+  }
+}
+
+TEST_F(GpuBackendTest, LambOnTheFlatPartitionGathersTheCpusPartials) {
+  constexpr uint32_t kShards = 3;
+  // Tensors straddle the shards' ranges.
+  const ModelLayout layout =
+      ModelLayout::Create({{"w", {37, 19}}, {"v", {300}}, {"b", {5}}}, 64, kShards).value();
+  ASSERT_TRUE(StepsNeedTrustNorms(OptimizerKind::kLamb, layout));
+  OptimizerConfig lamb = OptimizerConfig::Lamb(1e-2);
+  lamb.weight_decay = 0.01;
+  constexpr uint32_t kTrainers = 2;
+  std::vector<std::unique_ptr<ModelShard>> cpu, gpu;
+  for (uint32_t s = 0; s < kShards; ++s) {
+    ModelShardOptions options{"m", layout, s, lamb, kTrainers, true};
+    options.max_grad_norm = 1.0;
+    std::vector<float> init(layout.ShardSize(s));
+    for (size_t i = 0; i < init.size(); ++i) init[i] = 0.05f * std::cos(0.11f * i + s);
+    ZeroPadding(layout, s, &init);
+    cpu.push_back(MakeShard(options, init, false));
+    gpu.push_back(MakeShard(options, init, true));
+    ASSERT_EQ(gpu.back()->device(), "cuda:" + std::to_string(gpu_index_));
+  }
+  for (int64_t step = 1; step <= 4; ++step) {
+    std::vector<StepStats> stats;
+    for (uint32_t s = 0; s < kShards; ++s) {
+      for (uint32_t rank = 0; rank < kTrainers; ++rank) {
+        std::vector<float> g = RandomGradient(rank, step, layout.ShardSize(s));
+        ZeroPadding(layout, s, &g);
+        for (ModelShard* shard : {cpu[s].get(), gpu[s].get()}) {
+          ASSERT_TRUE(PushInChunks(*shard, rank, step, g, 97).ok());
+        }
+      }
+      absl::StatusOr<StepStats> got = cpu[s]->WaitForStepStats(step, Soon(), nullptr);
+      ASSERT_TRUE(got.ok()) << got.status();
+      stats.push_back(*got);
+    }
+    StepDecision decision = DecideStep(stats, 1.0);
+    std::vector<StepStats> partials;
+    for (uint32_t s = 0; s < kShards; ++s) {
+      absl::StatusOr<StepStats> want =
+          cpu[s]->WaitForStepStats(step, Soon(), nullptr, std::nullopt, &decision);
+      absl::StatusOr<StepStats> got =
+          gpu[s]->WaitForStepStats(step, Soon(), nullptr, std::nullopt, &decision);
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " / " << got.status();
+      ASSERT_EQ(want->trust_partials.size(), got->trust_partials.size()) << "shard " << s;
+      for (size_t i = 0; i < got->trust_partials.size(); ++i) {
+        EXPECT_EQ(want->trust_partials[i].tensor_index, got->trust_partials[i].tensor_index);
+        EXPECT_EQ(want->trust_partials[i].whole_tensor, got->trust_partials[i].whole_tensor);
+        EXPECT_TRUE(want->trust_partials[i].weight_squares == got->trust_partials[i].weight_squares)
+            << "shard " << s << " piece " << i << " at step " << step;
+        EXPECT_TRUE(want->trust_partials[i].update_squares == got->trust_partials[i].update_squares)
+            << "shard " << s << " piece " << i << " at step " << step;
+      }
+      partials.push_back(*got);
+    }
+    absl::StatusOr<std::vector<TensorNorms>> norms = CombineTrustPartials(partials, layout);
+    ASSERT_TRUE(norms.ok()) << norms.status();
+    decision.tensor_norms = *norms;
+    for (uint32_t s = 0; s < kShards; ++s) {
+      ASSERT_TRUE(cpu[s]->Decide(step, decision, true, Soon()).ok());
+      ASSERT_TRUE(gpu[s]->Decide(step, decision, true, Soon()).ok());
+      ExpectSameParameters(*cpu[s], *gpu[s], step);
+    }
+  }
+  for (uint32_t s = 0; s < kShards; ++s) ExpectSameMoments(*cpu[s], *gpu[s], 4);
+}
+
+}  // namespace
+}  // namespace shardopt
