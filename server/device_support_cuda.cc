@@ -30,33 +30,28 @@ absl::StatusOr<DeviceSelection> SelectShardDevice(absl::string_view device, bool
 absl::StatusOr<std::unique_ptr<UpdateBackend>> MakeGpuBackend(int gpu_index,
                                                               const ModelShardOptions& options,
                                                               const std::vector<float>& initial) {
-  std::vector<GpuMatrix> matrices;
-  if (options.optimizer.kind == OptimizerKind::kMuon) {
-    // The shard's tensors, as the CPU backend gets them (each whole).
-    absl::StatusOr<std::vector<RangeTensor>> tensors =
+  // The shard's tensors, as ModelShard::CpuBackendFactory gives them to the
+  // CPU backend: LAMB's pieces (whole, or on the flat partition pieces,
+  // updated with norms from every shard), the other whole-tensor
+  // optimizers' whole tensors.
+  std::vector<RangeTensor> tensors;
+  if (options.optimizer.kind == OptimizerKind::kLamb) {
+    tensors = TensorPiecesOfShard(options.layout, options.shard_index);
+  } else if (NeedsWholeTensors(options.optimizer.kind)) {
+    absl::StatusOr<std::vector<RangeTensor>> whole =
         WholeTensorsOfShard(options.layout, options.shard_index);
-    if (!tensors.ok()) return tensors.status();
-    for (const RangeTensor& t : *tensors) {
+    if (!whole.ok()) return whole.status();
+    for (const RangeTensor& t : *whole) {
       if (absl::Status s = CheckOptimizerFitsTensor(
               options.optimizer.kind, options.layout.tensors()[t.index].spec.name, t.shape);
           !s.ok()) {
         return s;
       }
-      matrices.push_back(GpuMatrix{t.offset, static_cast<uint64_t>(t.shape[0]),
-                                   static_cast<uint64_t>(t.shape[1])});
     }
+    tensors = *std::move(whole);
   }
-  std::vector<gpu::LambPiece> lamb_pieces;
-  if (options.optimizer.kind == OptimizerKind::kLamb) {
-    // LAMB also updates pieces of tensors, with norms from every shard (as
-    // ModelShard::CpuBackendFactory gives them to the CPU backend).
-    for (const RangeTensor& t : TensorPiecesOfShard(options.layout, options.shard_index)) {
-      lamb_pieces.push_back(gpu::LambPiece{t.offset, t.size, t.index, t.whole, t.start});
-    }
-  }
-  absl::StatusOr<std::unique_ptr<GpuBackend>> backend =
-      GpuBackend::Create(gpu_index, options.optimizer, options.num_trainers, initial,
-                         std::move(matrices), std::move(lamb_pieces));
+  absl::StatusOr<std::unique_ptr<GpuBackend>> backend = GpuBackend::Create(
+      gpu_index, options.optimizer, options.num_trainers, initial, std::move(tensors));
   if (!backend.ok()) return backend.status();
   return std::unique_ptr<UpdateBackend>(std::move(*backend));
 }

@@ -161,8 +161,8 @@ ModelShard::BackendFactory ShardServiceImpl::BackendFactory() {
   return [gpu = options_.gpu_index, cpu](
              const ModelShardOptions& o,
              std::vector<float> v) -> absl::StatusOr<std::unique_ptr<UpdateBackend>> {
-    // What the GPU backend has no kernel for (UNIMPLEMENTED: Adafactor,
-    // Muon without cuBLAS) runs here on the CPU, said once per
+    // What the GPU backend has no kernel for (UNIMPLEMENTED: Muon without
+    // cuBLAS, more trainers than it reduces) runs here on the CPU, said once per
     // model, rather than not at all.
     if (IsAsynchronous(o.consistency)) {
       LogWarning(

@@ -252,13 +252,12 @@ void SkipUnlessServersHaveAGpu() {
 TEST(EndToEndGpuTest, CudaShardsMatchTheCpuRunBitForBit) {
   SkipUnlessServersHaveAGpu();
   if (IsSkipped() || HasFatalFailure()) return;
-  // (Adafactor has no GPU kernel yet: a GPU server runs it on its CPU
-  // backend, which the CPU suite above checks. Muon's products on the GPU
-  // are cuBLAS's, equal to the CPU's within rounding, not bit for bit:
-  // //server/cuda:gpu_backend_test compares them. LAMB's GPU passes are
-  // bit-identical to the CPU's and stay in.)
+  // (Muon's products on the GPU are cuBLAS's, equal to the CPU's within
+  // rounding, not bit for bit: //server/cuda:gpu_backend_test compares
+  // them. LAMB's and Adafactor's GPU passes are bit-identical to the CPU's
+  // and stay in.)
   std::vector<std::string> fused = kOptimizers;
-  for (const char* cpu_only : {"adafactor", "muon"}) {
+  for (const char* cpu_only : {"muon"}) {
     fused.erase(std::remove(fused.begin(), fused.end(), cpu_only), fused.end());
   }
   for (uint32_t shards : {1u, 2u}) RunAndCompare(shards, 2, {"--device=cuda:0"}, fused);

@@ -10,21 +10,18 @@
 
 namespace shardopt {
 
-absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
-    int device_index, const OptimizerConfig& optimizer, uint32_t num_trainers,
-    const std::vector<float>& initial, std::vector<GpuMatrix> matrices,
-    std::vector<gpu::LambPiece> lamb_pieces) {
+absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
+                                                               const OptimizerConfig& optimizer,
+                                                               uint32_t num_trainers,
+                                                               const std::vector<float>& initial,
+                                                               std::vector<RangeTensor> tensors) {
   if (num_trainers == 0) return absl::InvalidArgumentError("num_trainers must be at least 1");
   if (absl::Status s = optimizer.Validate(); !s.ok()) return s;
   // What this backend cannot update is UNIMPLEMENTED (the server then uses
   // its CPU backend), refused before any device memory is taken.
   const bool muon = optimizer.kind == OptimizerKind::kMuon;
   const bool lamb = optimizer.kind == OptimizerKind::kLamb;
-  if (NeedsWholeTensors(optimizer.kind) && !muon && !lamb) {
-    return absl::UnimplementedError(absl::StrCat("the GPU backend has no ",
-                                                 OptimizerKindName(optimizer.kind),
-                                                 " kernel yet: run the shard with --device=cpu"));
-  }
+  const bool adafactor = optimizer.kind == OptimizerKind::kAdafactor;
   if (num_trainers > static_cast<uint32_t>(gpu::kMaxGradientBuffers)) {
     return absl::UnimplementedError(absl::StrCat("the GPU backend reduces at most ",
                                                  gpu::kMaxGradientBuffers, " trainers, not ",
@@ -34,18 +31,31 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
     if (absl::Status s = gpu::Cublas::Available(); !s.ok()) return s;
   }
   const size_t n = initial.size();
-  for (const GpuMatrix& m : matrices) {
-    if (m.offset > n || m.rows * m.cols > n - m.offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "matrix [", m.offset, ", ", m.offset + m.rows * m.cols, ") is outside the range of ", n));
+  std::vector<GpuMatrix> matrices;
+  std::vector<gpu::LambPiece> lamb_pieces;
+  for (const RangeTensor& t : tensors) {
+    if (t.offset > n || t.size > n - t.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor [", t.offset, ", ", t.offset + t.size,
+                                                     ") is outside the range of ", n));
     }
-  }
-  for (const gpu::LambPiece& p : lamb_pieces) {
-    if (p.offset > n || p.size > n - p.offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor piece [", p.offset, ", ", p.offset + p.size, ") is outside the range of ", n));
+    if (!t.whole && !lamb) {
+      return absl::InvalidArgumentError(absl::StrCat(OptimizerKindName(optimizer.kind),
+                                                     " cannot update a piece of tensor ", t.index,
+                                                     " starting at its element ", t.start));
     }
+    if (absl::Status s =
+            CheckOptimizerFitsTensor(optimizer.kind, absl::StrCat("at ", t.offset), t.shape);
+        !s.ok()) {
+      return s;
+    }
+    if (muon) {
+      matrices.push_back(GpuMatrix{t.offset, static_cast<uint64_t>(t.shape[0]),
+                                   static_cast<uint64_t>(t.shape[1])});
+    }
+    if (lamb) lamb_pieces.push_back(gpu::LambPiece{t.offset, t.size, t.index, t.whole, t.start});
   }
+  absl::StatusOr<gpu::LambPlan> lamb_plan = gpu::LambPlan::Create(std::move(lamb_pieces));
+  if (!lamb_plan.ok()) return lamb_plan.status();
   if (absl::Status s = gpu::SetCurrentDevice(device_index); !s.ok()) return s;
   std::unique_ptr<GpuBackend> backend(new GpuBackend(device_index, optimizer, n, num_trainers));
   backend->matrices_ = std::move(matrices);
@@ -56,8 +66,12 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
     return absl::OkStatus();
   };
   if (absl::Status s = allocate(n * sizeof(float), &backend->params_); !s.ok()) return s;
-  for (int i = 0; i < optimizer.StateSlotsPerElement(); ++i) {
-    if (absl::Status s = allocate(n * sizeof(float), &backend->slots_[i]); !s.ok()) return s;
+  if (adafactor) {
+    if (absl::Status s = backend->AllocateAdafactorState(tensors); !s.ok()) return s;
+  } else {
+    for (int i = 0; i < optimizer.StateSlotsPerElement(); ++i) {
+      if (absl::Status s = allocate(n * sizeof(float), &backend->slots_[i]); !s.ok()) return s;
+    }
   }
   if (absl::Status s =
           allocate(num_trainers * GpuBackend::StagingStride(n) * sizeof(float), &backend->staging_);
@@ -86,9 +100,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
     if (absl::Status s = backend->AllocateMuonScratch(); !s.ok()) return s;
   }
   if (lamb) {
-    absl::StatusOr<gpu::LambPlan> plan = gpu::LambPlan::Create(std::move(lamb_pieces));
-    if (!plan.ok()) return plan.status();
-    backend->lamb_ = std::make_unique<gpu::LambPlan>(*std::move(plan));
+    backend->lamb_ = std::make_unique<gpu::LambPlan>(*std::move(lamb_plan));
     if (absl::Status s = backend->AllocateLambState(); !s.ok()) return s;
   }
   if (absl::Status s = backend->params_.Upload(initial.data(), n * sizeof(float)); !s.ok()) {
@@ -96,10 +108,13 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
   }
   std::array<float*, 3> slots = {backend->slots_[0].as<float>(), backend->slots_[1].as<float>(),
                                  backend->slots_[2].as<float>()};
-  if (absl::Status s =
-          gpu::InitializeOptimizerState(optimizer, n, slots, backend->apply_stream_.get());
-      !s.ok()) {
-    return s;
+  // (Adafactor's packed slots were zeroed with their allocation.)
+  if (!adafactor) {
+    if (absl::Status s =
+            gpu::InitializeOptimizerState(optimizer, n, slots, backend->apply_stream_.get());
+        !s.ok()) {
+      return s;
+    }
   }
   if (absl::Status s = backend->apply_stream_.Synchronize(); !s.ok()) return s;
   return backend;
@@ -198,8 +213,12 @@ absl::Status GpuBackend::RunFusedStep(int64_t step, const OptimizerConfig& confi
 }
 
 absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& config) {
-  if (cublas_ == nullptr && lamb_ == nullptr) return ApplyRange(step, mean, config, 0, size_);
+  if (supports_ranges()) return ApplyRange(step, mean, config, 0, size_);
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
+  if (adafactor_ != nullptr) {
+    if (absl::Status s = Reduce(mean); !s.ok()) return s;
+    return DrainOnError(AdafactorStep(step, config));
+  }
   if (lamb_ != nullptr) {
     if (absl::Status s = CheckLambOwnNormsSuffice(); !s.ok()) return s;
     if (absl::Status s = Reduce(mean); !s.ok()) return s;
@@ -280,9 +299,7 @@ absl::StatusOr<double> GpuBackend::SumOfSquares(float scale) {
 }
 
 absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, float multiplier) {
-  if (cublas_ == nullptr && lamb_ == nullptr) {
-    return UpdateRange(step, config, multiplier, 0, size_);
-  }
+  if (supports_ranges()) return UpdateRange(step, config, multiplier, 0, size_);
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (lamb_ != nullptr) return LambStep(step, config, multiplier);
@@ -292,7 +309,7 @@ absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, flo
       return s;
     }
   }
-  return DrainOnError(MuonStep(config));
+  return DrainOnError(adafactor_ != nullptr ? AdafactorStep(step, config) : MuonStep(config));
 }
 
 absl::Status GpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
@@ -459,6 +476,7 @@ absl::Status GpuBackend::CheckRange(const char* what, uint64_t offset, uint64_t 
 absl::Status GpuBackend::ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) {
   if (absl::Status s = CheckSlot(slot, offset, count); !s.ok()) return s;
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (adafactor_ != nullptr) return ReadPackedSlot(slot, offset, count, out);
   if (absl::Status s = gpu::CopyToHost(out, slots_[slot].as<float>() + offset,
                                        count * sizeof(float), read_stream_.get());
       !s.ok()) {
@@ -470,6 +488,7 @@ absl::Status GpuBackend::ReadSlot(int slot, uint64_t offset, uint64_t count, flo
 absl::Status GpuBackend::WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) {
   if (absl::Status s = CheckSlot(slot, offset, count); !s.ok()) return s;
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
+  if (adafactor_ != nullptr) return WritePackedSlot(slot, offset, count, in);
   if (absl::Status s = gpu::CopyToDevice(slots_[slot].as<float>() + offset, in,
                                          count * sizeof(float), apply_stream_.get());
       !s.ok()) {

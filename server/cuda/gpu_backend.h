@@ -35,8 +35,14 @@
 // norms themselves) and turns the norms into each piece's step size, and an
 // apply pass updates: bit-identical to CpuBackend (its kernels' code is
 // tested on the host against it, lamb_kernels_emulation_test). No ranges for
-// LAMB. Adafactor has no kernels yet (UNIMPLEMENTED: the server runs it on
-// the CPU).
+// LAMB.
+//
+// Adafactor (whole tensors, server/cuda/adafactor_step.h): its factors are
+// stored packed, as the CPU keeps them (server/optim/packed_slot_extents.h:
+// slots_[0] and slots_[1] hold only each tensor's stored elements), and
+// each tensor's passes run in the CPU kernel's order, the per-piece sums of
+// squares added on the host: bit-identical to CpuBackend (host emulation:
+// adafactor_kernels_emulation_test). No ranges for Adafactor.
 //
 // Every CUDA call is checked; errors come back as absl::Status (a failed
 // Apply stops the shard, see ModelShard). Each method makes the backend's GPU
@@ -52,9 +58,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/optimizer_config.h"
+#include "server/cuda/adafactor_step.h"
 #include "server/cuda/cublas.h"
 #include "server/cuda/device.h"
 #include "server/cuda/lamb_plan.h"
+#include "server/optim/packed_slot_extents.h"
+#include "server/optim/range_tensor.h"
 #include "server/update_backend.h"
 
 namespace shardopt {
@@ -79,15 +88,17 @@ class GpuBackend final : public UpdateBackend {
   static constexpr int kMaxReadLanes = 4;
 
   // RESOURCE_EXHAUSTED when the state does not fit in the GPU's memory;
-  // UNIMPLEMENTED, before taking any device memory, for an optimizer it has
-  // no kernels for (Adafactor), Muon without a loadable cuBLAS, or more
-  // than kMaxGradientBuffers trainers. `matrices`: Muon's, every tensor of
-  // the range (each whole and 2-D). `lamb_pieces`: LAMB's, every tensor
-  // piece of the range in order (TensorPiecesOfShard).
-  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(
-      int device_index, const OptimizerConfig& optimizer, uint32_t num_trainers,
-      const std::vector<float>& initial, std::vector<GpuMatrix> matrices = {},
-      std::vector<gpu::LambPiece> lamb_pieces = {});
+  // UNIMPLEMENTED, before taking any device memory, for Muon without a
+  // loadable cuBLAS or more than kMaxGradientBuffers trainers. `tensors`:
+  // the whole-tensor optimizers' tensors of the range, as the CPU backend
+  // gets them (ModelShard::CpuBackendFactory): Muon's and Adafactor's whole
+  // (Muon's 2-D), LAMB's pieces (TensorPiecesOfShard); INVALID_ARGUMENT for
+  // one outside the range or one their CPU kernel refuses.
+  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(int device_index,
+                                                            const OptimizerConfig& optimizer,
+                                                            uint32_t num_trainers,
+                                                            const std::vector<float>& initial,
+                                                            std::vector<RangeTensor> tensors = {});
 
   // Makes its GPU current and waits for its copies before freeing memory.
   ~GpuBackend() override;
@@ -100,7 +111,9 @@ class GpuBackend final : public UpdateBackend {
   absl::Status Reduce(bool mean) override;
   absl::StatusOr<double> SumOfSquares(float scale) override;
   absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override;
-  bool supports_ranges() const override { return cublas_ == nullptr && lamb_ == nullptr; }
+  bool supports_ranges() const override {
+    return cublas_ == nullptr && lamb_ == nullptr && adafactor_ == nullptr;
+  }
   bool measures_trust() const override { return lamb_ != nullptr; }
   absl::StatusOr<std::vector<TrustPartial>> MeasureTrust(int64_t step,
                                                          const OptimizerConfig& config,
@@ -123,12 +136,15 @@ class GpuBackend final : public UpdateBackend {
     return size_ * (sizeof(float) + (bf16_ready_.load() ? sizeof(uint16_t) : 0));
   }
   uint64_t optimizer_state_bytes() const override {
-    return static_cast<uint64_t>(optimizer_.StateSlotsPerElement()) * size_ * sizeof(float);
+    uint64_t bytes = 0;
+    for (const gpu::DeviceBuffer& slot : slots_) bytes += slot.size();
+    return bytes;
   }
   // With LAMB's blocks and their sums (0.5 B per element).
   uint64_t staging_bytes() const override {
     return staging_.size() + lamb_blocks_.size() + lamb_weight_sums_.size() +
-           lamb_update_sums_.size() + lamb_step_sizes_.size();
+           lamb_update_sums_.size() + lamb_step_sizes_.size() + adafactor_sums_.size() +
+           adafactor_denominators_.size();
   }
 
  private:
@@ -174,7 +190,7 @@ class GpuBackend final : public UpdateBackend {
   absl::Status MuonStep(const OptimizerConfig& config);
   // Its scratch (two matrices and two Gram matrices of the largest sizes).
   absl::Status AllocateMuonScratch();
-  // FAILED_PRECONDITION for Muon and LAMB, which update whole tensors only
+  // FAILED_PRECONDITION for Muon, LAMB and Adafactor, which update whole tensors only
   // (the range calls' fused kernels are elementwise).
   absl::Status RefuseRangesOfWholeTensors() const;
   // When a bf16 read made the bf16 copy, converts the parameters into it on
@@ -194,6 +210,13 @@ class GpuBackend final : public UpdateBackend {
   absl::Status LambApplyWithNorms(int64_t step, const OptimizerConfig& config, float multiplier,
                                   absl::Span<const TensorNorms> norms);
   absl::Status LambStep(int64_t step, const OptimizerConfig& config, float multiplier);
+  // Adafactor (gpu_backend_adafactor.cc): its packed slots and scratch;
+  // the step on the gradient in staging(0) (reduced, multiplied); the packed
+  // slots read and written as slots of the range's size.
+  absl::Status AllocateAdafactorState(const std::vector<RangeTensor>& tensors);
+  absl::Status AdafactorStep(int64_t step, const OptimizerConfig& config);
+  absl::Status ReadPackedSlot(int slot, uint64_t offset, uint64_t count, float* out);
+  absl::Status WritePackedSlot(int slot, uint64_t offset, uint64_t count, const float* in);
   absl::Status CheckSlot(int slot, uint64_t offset, uint64_t count) const;
   // OUT_OF_RANGE naming `what` unless [offset, offset + count) is in the range.
   absl::Status CheckRange(const char* what, uint64_t offset, uint64_t count) const;
@@ -242,6 +265,12 @@ class GpuBackend final : public UpdateBackend {
   gpu::DeviceBuffer lamb_blocks_, lamb_weight_sums_, lamb_update_sums_, lamb_step_sizes_;
   // The block sums' way to the host (weight sums, then update sums).
   gpu::PinnedBuffer lamb_host_sums_;
+  // Adafactor only: where slots_[0] and slots_[1] keep each tensor's
+  // elements, the plan, and its scratch.
+  std::array<PackedSlotExtents, 2> packed_;
+  std::unique_ptr<gpu::AdafactorPlan> adafactor_;
+  gpu::DeviceBuffer adafactor_sums_, adafactor_denominators_;
+  gpu::PinnedBuffer adafactor_host_sums_;
 };
 
 }  // namespace shardopt

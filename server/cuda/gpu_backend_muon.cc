@@ -35,6 +35,9 @@ absl::Status GpuBackend::RefuseRangesOfWholeTensors() const {
   if (lamb_ != nullptr) {
     return absl::FailedPreconditionError("lamb updates whole tensors: no range calls");
   }
+  if (adafactor_ != nullptr) {
+    return absl::FailedPreconditionError("adafactor updates whole tensors: no range calls");
+  }
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "server/optim/adafactor_rules.h"
 #include "server/optim/optimizer.h"
 #include "server/optim/optimizer_internal.h"
 
@@ -27,9 +28,23 @@ namespace shardopt {
 namespace optim_internal {
 namespace {
 
-// A norm as torch returns it: fp32.
-inline double Fp32Norm(double sum_of_squares) {
-  return static_cast<float>(std::sqrt(sum_of_squares));
+inline double Fp32Norm(double sum_of_squares) { return AdafactorFp32Norm(sum_of_squares); }
+
+// The squares of x[0, n) summed in the update's pieces: rows of
+// `row_length` elements (n for tensors of fewer than two dimensions) cut
+// into kScratchElements, each piece's SumOfSquares added in order. The
+// pieces are independent, so the GPU backend sums them in parallel and
+// adds them in this order on the host: the same bits.
+static_assert(kAdafactorPieceElements == kScratchElements,
+              "the update's pieces are the scratch blocks it is computed in");
+double PiecewiseSquares(const float* x, size_t n, size_t row_length) {
+  double sum = 0;
+  for (size_t row = 0; row < n; row += row_length) {
+    for (size_t k0 = 0; k0 < row_length; k0 += kScratchElements) {
+      sum += SumOfSquares(x + row + k0, std::min(kScratchElements, row_length - k0));
+    }
+  }
+  return sum;
 }
 
 class Adafactor final : public WholeTensorOptimizer {
@@ -58,17 +73,14 @@ class Adafactor final : public WholeTensorOptimizer {
              float* const rows, float* const cols) {
     const OptimizerConfig& c = config();
     const size_t n = t.size;
-    const double step_float = TorchStep(step);
-    const float weight = static_cast<float>(std::pow(step_float, c.beta2_decay));
-    const double rho = std::min(c.lr, 1.0 / std::sqrt(step_float));
-    const double alpha =
-        std::max(c.eps2, Fp32Norm(SumOfSquares(p, n)) / std::sqrt(static_cast<double>(n))) * rho;
-    if (c.weight_decay != 0) {
-      const float decay = static_cast<float>(1.0 - c.lr * c.weight_decay);
-      for (size_t i = 0; i < n; ++i) p[i] = p[i] * decay;
+    const AdafactorScalars s = AdafactorScalarsOf(c, step);
+    const float weight = s.weight;
+    const size_t row_length = t.shape.size() >= 2 ? static_cast<size_t>(t.shape.back()) : n;
+    const double alpha = AdafactorAlpha(c, s, PiecewiseSquares(p, n, row_length), n);
+    if (s.decays) {
+      for (size_t i = 0; i < n; ++i) p[i] = p[i] * s.decay;
     }
-    const double eps1 = c.eps1 < 0 ? static_cast<double>(FLT_EPSILON) : c.eps1;
-    const float variance_floor = static_cast<float>(eps1 * eps1);
+    const float variance_floor = s.variance_floor;
     // The gradient's sign as the formulas see it (squares do not care).
     const float sign = kMaximize ? -1.0f : 1.0f;
 
@@ -99,8 +111,8 @@ class Adafactor final : public WholeTensorOptimizer {
         }
         double row_sum = 0;
         for (size_t r = 0; r < num_rows; ++r) row_sum += rows[b * num_rows + r];
-        row_denominator[b] = std::max(static_cast<float>(row_sum / static_cast<double>(num_rows)),
-                                      static_cast<float>(eps1));
+        row_denominator[b] =
+            std::max(static_cast<float>(row_sum / static_cast<double>(num_rows)), s.eps1);
       }
       // Row by row, in pieces of at most kScratchElements columns.
       auto for_each_piece = [&](auto&& use) {
@@ -148,9 +160,7 @@ class Adafactor final : public WholeTensorOptimizer {
   void ApplyClipped(float* p, size_t n, double alpha, const float* u, const Pieces& for_each_piece) {
     double u_squares = 0;
     for_each_piece([&](size_t, size_t count) { u_squares += SumOfSquares(u, count); });
-    const double denominator = std::max(
-        1.0, Fp32Norm(u_squares) / (std::sqrt(static_cast<double>(n)) * config().clip_threshold));
-    const float step_scale = static_cast<float>(-alpha / denominator);
+    const float step_scale = AdafactorStepScale(config(), alpha, u_squares, n);
     for_each_piece([&](size_t at, size_t count) {
       for (size_t k = 0; k < count; ++k) p[at + k] = p[at + k] + step_scale * u[k];
     });

@@ -125,35 +125,15 @@ std::vector<float*> Optimizer::AddPackedSlot(const std::string& name) {
   assert(config_.PacksSlot(index));
   Slot slot;
   slot.packed = true;
-  std::vector<uint64_t> stored_at;
-  uint64_t total = 0;
-  for (const RangeTensor& t : tensors_) {
-    const uint64_t length = config_.StoredSlotElements(index, t.shape, t.size);
-    stored_at.push_back(total);
-    if (length > 0) slot.extents.push_back(StoredExtent{t.offset, length, total});
-    total += length;
-  }
-  std::sort(slot.extents.begin(), slot.extents.end(),
-            [](const StoredExtent& a, const StoredExtent& b) { return a.offset < b.offset; });
-  slot.values.assign(total, 0.0f);
+  slot.extents = PackedSlotExtents(config_, index, tensors_);
+  slot.values.assign(slot.extents.stored_elements(), 0.0f);
   slot_names_.push_back(name);
   slots_.push_back(std::move(slot));
   std::vector<float*> where;
-  for (uint64_t at : stored_at) where.push_back(slots_.back().values.data() + at);
-  return where;
-}
-
-template <typename SlotType, typename Fn>
-void Optimizer::ForEachOverlap(SlotType& slot, uint64_t offset, uint64_t count, Fn&& fn) {
-  const uint64_t end = offset + count;
-  auto it = std::partition_point(
-      slot.extents.begin(), slot.extents.end(),
-      [offset](const StoredExtent& e) { return e.offset + e.length <= offset; });
-  for (; it != slot.extents.end() && it->offset < end; ++it) {
-    const uint64_t begin = std::max(offset, it->offset);
-    const uint64_t stop = std::min(end, it->offset + it->length);
-    fn(begin, stop, slot.values.data() + it->stored_at + (begin - it->offset));
+  for (uint64_t at : slots_.back().extents.stored_at()) {
+    where.push_back(slots_.back().values.data() + at);
   }
+  return where;
 }
 
 void Optimizer::ReadSlot(size_t slot, uint64_t offset, uint64_t count, float* out) const {
@@ -163,8 +143,8 @@ void Optimizer::ReadSlot(size_t slot, uint64_t offset, uint64_t count, float* ou
     return;
   }
   std::fill(out, out + count, 0.0f);
-  ForEachOverlap(s, offset, count, [&](uint64_t begin, uint64_t stop, const float* stored) {
-    std::memcpy(out + (begin - offset), stored, (stop - begin) * sizeof(float));
+  s.extents.ForEachOverlap(offset, count, [&](uint64_t begin, uint64_t stop, uint64_t stored) {
+    std::memcpy(out + (begin - offset), s.values.data() + stored, (stop - begin) * sizeof(float));
   });
 }
 
@@ -175,27 +155,12 @@ absl::Status Optimizer::WriteSlot(size_t slot, uint64_t offset, uint64_t count, 
     return absl::OkStatus();
   }
   // Everything outside the stored elements must be zero, as it reads back.
-  uint64_t unstored = offset;
-  absl::Status outside;
-  auto check_zero = [&](uint64_t begin, uint64_t stop) {
-    for (uint64_t i = begin; i < stop && outside.ok(); ++i) {
-      // (-0.0 too: it would read back as +0.0.)
-      if (absl::bit_cast<uint32_t>(in[i - offset]) != 0) {
-        outside = absl::InvalidArgumentError(
-            absl::StrCat("optimizer state '", slot_names_[slot],
-                         "' stores only each tensor's factors, at the start of its part; element ",
-                         i, " of the range is ", in[i - offset], ", where it can only be 0"));
-      }
-    }
-  };
-  ForEachOverlap(s, offset, count, [&](uint64_t begin, uint64_t stop, const float*) {
-    check_zero(unstored, begin);
-    unstored = stop;
-  });
-  check_zero(unstored, offset + count);
-  if (!outside.ok()) return outside;
-  ForEachOverlap(s, offset, count, [&](uint64_t begin, uint64_t stop, float* stored) {
-    std::memcpy(stored, in + (begin - offset), (stop - begin) * sizeof(float));
+  if (absl::Status refused = s.extents.CheckUnstoredAreZero(slot_names_[slot], offset, count, in);
+      !refused.ok()) {
+    return refused;
+  }
+  s.extents.ForEachOverlap(offset, count, [&](uint64_t begin, uint64_t stop, uint64_t stored) {
+    std::memcpy(s.values.data() + stored, in + (begin - offset), (stop - begin) * sizeof(float));
   });
   return absl::OkStatus();
 }

@@ -50,19 +50,10 @@
 #include "common/layout.h"
 #include "common/optimizer_config.h"
 #include "common/step_protocol.h"
+#include "server/optim/packed_slot_extents.h"
+#include "server/optim/range_tensor.h"
 
 namespace shardopt {
-
-// One tensor inside the range, or (LAMB on the flat partition) the piece of
-// one that lies in it.
-struct RangeTensor {
-  uint64_t offset = 0;  // Range-local index of its first element.
-  uint64_t size = 0;    // Of this piece.
-  std::vector<int64_t> shape;
-  uint32_t index = 0;  // The tensor's in the layout.
-  uint64_t start = 0;  // The piece's first element within the tensor.
-  bool whole = true;   // The piece is all of the tensor.
-};
 
 // The tensors of shard `shard_index`'s range, each whole; FAILED_PRECONDITION
 // naming the tensor when one straddles the range (a flat partition).
@@ -147,24 +138,13 @@ class Optimizer {
   virtual void AddTensorSlots() {}
 
  private:
-  // Where a packed slot stores one tensor's elements: range-local
-  // [offset, offset + length) are values[stored_at, stored_at + length).
-  struct StoredExtent {
-    uint64_t offset = 0;
-    uint64_t length = 0;
-    uint64_t stored_at = 0;
-  };
   struct Slot {
     std::vector<float> values;
     bool packed = false;
-    std::vector<StoredExtent> extents;  // Packed: by offset, disjoint.
+    PackedSlotExtents extents;  // Packed only.
   };
   // The family's factory; nullptr for an unknown kind.
   static std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config, size_t size);
-  // fn(begin, end, stored) for each part [begin, end) of [offset, offset +
-  // count) that packed `slot` (a Slot or const Slot) stores, at `stored`.
-  template <typename SlotType, typename Fn>
-  static void ForEachOverlap(SlotType& slot, uint64_t offset, uint64_t count, Fn&& fn);
 
   OptimizerConfig config_;
   size_t size_;

@@ -1,0 +1,70 @@
+// adafactor_kernels.h on HOST memory, for tests: adafactor_kernel_body.h's
+// per-item code run for every item, in order (each item's result depends
+// on its own inputs alone, so the order does not matter). Never link it
+// together with the real kernels (:adafactor).
+#include <cstring>
+
+#include "server/cuda/adafactor_kernel_body.h"
+#include "server/cuda/adafactor_kernels.h"
+
+namespace shardopt {
+namespace gpu {
+
+namespace body = internal::body;
+
+absl::Status PieceSquares(const float* x, const AdafactorShape& s, double* sums, void*) {
+  for (size_t k = 0; k < s.pieces(); ++k) body::PieceSquaresItem(x, s, sums, k);
+  return absl::OkStatus();
+}
+
+absl::Status ScaleParams(float* x, size_t n, float factor, void*) {
+  for (size_t i = 0; i < n; ++i) x[i] = body::Mul(x[i], factor);
+  return absl::OkStatus();
+}
+
+absl::Status FactorRows(const float* grad, float* row_var, const AdafactorShape& s, float weight,
+                        void*) {
+  for (size_t row = 0; row < s.batches * s.rows; ++row) {
+    body::FactorRowItem(grad, row_var, s, weight, row);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FactorColumns(const float* grad, float* col_var, const AdafactorShape& s, float weight,
+                           void*) {
+  for (size_t item = 0; item < s.batches * s.cols; ++item) {
+    body::FactorColumnItem(grad, col_var, s, weight, item);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RowDenominators(const float* row_var, float* denominators, const AdafactorShape& s,
+                             float eps1, void*) {
+  for (size_t b = 0; b < s.batches; ++b)
+    body::RowDenominatorItem(row_var, denominators, s, eps1, b);
+  return absl::OkStatus();
+}
+
+absl::Status UpdateVariance(const float* grad, float* variance, size_t n, float sign, float weight,
+                            void*) {
+  for (size_t i = 0; i < n; ++i) body::VarianceItem(grad, variance, sign, weight, i);
+  return absl::OkStatus();
+}
+
+absl::Status UpdateSquares(const AdafactorUpdateArgs& a, double* sums, void*) {
+  for (size_t k = 0; k < a.shape.pieces(); ++k) body::UpdateSquaresItem(a, sums, k);
+  return absl::OkStatus();
+}
+
+absl::Status ApplyUpdate(const AdafactorUpdateArgs& a, float* params, float step_scale, void*) {
+  for (size_t i = 0; i < a.shape.n; ++i) body::ApplyItem(a, params, step_scale, i);
+  return absl::OkStatus();
+}
+
+absl::Status CopySumsToHost(double* host, const double* device, size_t count, void*) {
+  if (count > 0) std::memcpy(host, device, count * sizeof(double));
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace shardopt
