@@ -54,7 +54,48 @@ void ExpectSameMoments(ModelShard& cpu, ModelShard& gpu, int64_t version) {
   }
 }
 
-TEST_F(GpuBackendTest, LambOnWholeTensorsMatchesTheCpuBitForBit) {
+// One job per (optimizer, max_grad_norm) on a whole-tensor layout of one
+// shard and 2 trainers, 6 steps on both backends: the same fp32 parameters
+// every step, the same bf16 pulls from step 2 on (the first makes the bf16
+// copy, each later step must refresh it), the same two slots at the end.
+struct WholeTensorJob {
+  OptimizerConfig optimizer;
+  double max_grad_norm;
+};
+
+class GpuWholeTensorTest : public GpuBackendTest {
+ protected:
+  void RunJobs(const ModelLayout& layout, const std::vector<float>& init,
+               const std::vector<WholeTensorJob>& jobs, size_t chunk) {
+    for (const WholeTensorJob& job : jobs) {
+      SCOPED_TRACE(job.optimizer.DebugString() + (job.max_grad_norm > 0 ? " clipped" : ""));
+      ModelShardOptions options{"m", layout, 0, job.optimizer, 2, true};
+      options.max_grad_norm = job.max_grad_norm;
+      std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
+      std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
+      ASSERT_EQ(gpu->device(), "cuda:" + std::to_string(gpu_index_));
+      for (int64_t step = 1; step <= 6; ++step) {
+        for (ModelShard* shard : {cpu.get(), gpu.get()}) {
+          for (uint32_t rank = 0; rank < 2; ++rank) {
+            std::vector<float> g = RandomGradient(rank, step, shard->size());
+            ZeroPadding(layout, 0, &g);
+            ASSERT_TRUE(PushInChunks(*shard, rank, step, g, chunk).ok());
+          }
+          if (shard->options().needs_decision()) {
+            absl::StatusOr<StepStats> stats = shard->WaitForStepStats(step, Soon(), nullptr);
+            ASSERT_TRUE(stats.ok()) << stats.status();
+            ASSERT_TRUE(shard->Decide(step, DecideStep({*stats}, job.max_grad_norm)).ok());
+          }
+        }
+        ExpectSameParameters(*cpu, *gpu, step);
+        if (step >= 2) ExpectSameParameters(*cpu, *gpu, step, DType::kBFloat16);
+      }
+      ExpectSameMoments(*cpu, *gpu, 6);
+    }
+  }
+};
+
+TEST_F(GpuWholeTensorTest, LambOnWholeTensorsMatchesTheCpuBitForBit) {
   // Sizes not multiples of 8 or 64; one tensor larger than a pinned buffer.
   const ModelLayout layout =
       ModelLayout::Create({{"a", {37, 11}}, {"b", {(1 << 20) + 77}}, {"c", {63}}, {"d", {1}}}, 16,
@@ -69,42 +110,13 @@ TEST_F(GpuBackendTest, LambOnWholeTensorsMatchesTheCpuBitForBit) {
   unusual.min_trust_ratio = 0.5;
   unusual.beta1 = 0.8;
   unusual.eps = 1e-4;
-  struct Job {
-    OptimizerConfig optimizer;
-    double max_grad_norm;
-  };
-  for (const Job& job : {Job{decayed, 0.0}, Job{decayed, 5.0}, Job{unusual, 0.0}}) {
-    SCOPED_TRACE(job.optimizer.DebugString() + (job.max_grad_norm > 0 ? " clipped" : ""));
-    const double max_grad_norm = job.max_grad_norm;
-    ModelShardOptions options{"m", layout, 0, job.optimizer, 2, true};
-    options.max_grad_norm = max_grad_norm;
-    std::vector<float> init(layout.ShardSize(0));
-    for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * std::sin(0.37f * i);
-    // Tensor 'c' all zeros: ||p|| = 0, trust ratio 1.
-    const TensorPlacement& zeros = layout.tensors()[2];
-    std::fill(init.begin() + zeros.offset, init.begin() + zeros.offset + zeros.size, 0.0f);
-    ZeroPadding(layout, 0, &init);
-    std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
-    std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
-    ASSERT_EQ(gpu->device(), "cuda:" + std::to_string(gpu_index_));
-    for (int64_t step = 1; step <= 6; ++step) {
-      for (ModelShard* shard : {cpu.get(), gpu.get()}) {
-        for (uint32_t rank = 0; rank < 2; ++rank) {
-          std::vector<float> g = RandomGradient(rank, step, shard->size());
-          ZeroPadding(layout, 0, &g);
-          ASSERT_TRUE(PushInChunks(*shard, rank, step, g, 300001).ok());
-        }
-        if (shard->options().needs_decision()) {
-          absl::StatusOr<StepStats> stats = shard->WaitForStepStats(step, Soon(), nullptr);
-          ASSERT_TRUE(stats.ok()) << stats.status();
-          ASSERT_TRUE(shard->Decide(step, DecideStep({*stats}, max_grad_norm)).ok());
-        }
-      }
-      ExpectSameParameters(*cpu, *gpu, step);
-      if (step >= 2) ExpectSameParameters(*cpu, *gpu, step, DType::kBFloat16);
-    }
-    ExpectSameMoments(*cpu, *gpu, 6);
-  }
+  std::vector<float> init(layout.ShardSize(0));
+  for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * std::sin(0.37f * i);
+  // Tensor 'c' all zeros: ||p|| = 0, trust ratio 1.
+  const TensorPlacement& zeros = layout.tensors()[2];
+  std::fill(init.begin() + zeros.offset, init.begin() + zeros.offset + zeros.size, 0.0f);
+  ZeroPadding(layout, 0, &init);
+  RunJobs(layout, init, {{decayed, 0.0}, {decayed, 5.0}, {unusual, 0.0}}, 300001);
 }
 
 TEST_F(GpuBackendTest, LambOnTheFlatPartitionGathersTheCpusPartials) {
@@ -172,7 +184,7 @@ TEST_F(GpuBackendTest, LambOnTheFlatPartitionGathersTheCpusPartials) {
   for (uint32_t s = 0; s < kShards; ++s) ExpectSameMoments(*cpu[s], *gpu[s], 4);
 }
 
-TEST_F(GpuBackendTest, AdafactorMatchesTheCpuBitForBit) {
+TEST_F(GpuWholeTensorTest, AdafactorMatchesTheCpuBitForBit) {
   const ModelLayout layout = ModelLayout::Create({{"w", {37, 11}},
                                                   {"wide", {3, 2500}},
                                                   {"batch", {2, 3, 7}},
@@ -187,39 +199,14 @@ TEST_F(GpuBackendTest, AdafactorMatchesTheCpuBitForBit) {
   unusual.weight_decay = 0.1;
   unusual.maximize = true;
   unusual.eps1 = 1e-20;
-  struct Job {
-    OptimizerConfig optimizer;
-    double max_grad_norm;
-  };
-  for (const Job& job : {Job{OptimizerConfig::Adafactor(1e-2), 0.0},
-                         Job{OptimizerConfig::Adafactor(1e-2), 5.0}, Job{unusual, 0.0}}) {
-    SCOPED_TRACE(job.optimizer.DebugString() + (job.max_grad_norm > 0 ? " clipped" : ""));
-    ModelShardOptions options{"m", layout, 0, job.optimizer, 2, true};
-    options.max_grad_norm = job.max_grad_norm;
-    std::vector<float> init(layout.ShardSize(0));
-    for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * std::cos(0.29f * i);
-    ZeroPadding(layout, 0, &init);
-    std::unique_ptr<ModelShard> cpu = MakeShard(options, init, false);
-    std::unique_ptr<ModelShard> gpu = MakeShard(options, init, true);
-    ASSERT_EQ(gpu->device(), "cuda:" + std::to_string(gpu_index_));
-    for (int64_t step = 1; step <= 6; ++step) {
-      for (ModelShard* shard : {cpu.get(), gpu.get()}) {
-        for (uint32_t rank = 0; rank < 2; ++rank) {
-          std::vector<float> g = RandomGradient(rank, step, shard->size());
-          ZeroPadding(layout, 0, &g);
-          ASSERT_TRUE(PushInChunks(*shard, rank, step, g, 4099).ok());
-        }
-        if (shard->options().needs_decision()) {
-          absl::StatusOr<StepStats> stats = shard->WaitForStepStats(step, Soon(), nullptr);
-          ASSERT_TRUE(stats.ok()) << stats.status();
-          ASSERT_TRUE(shard->Decide(step, DecideStep({*stats}, job.max_grad_norm)).ok());
-        }
-      }
-      ExpectSameParameters(*cpu, *gpu, step);
-      if (step >= 2) ExpectSameParameters(*cpu, *gpu, step, DType::kBFloat16);
-    }
-    ExpectSameMoments(*cpu, *gpu, 6);
-  }
+  std::vector<float> init(layout.ShardSize(0));
+  for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * std::cos(0.29f * i);
+  ZeroPadding(layout, 0, &init);
+  RunJobs(layout, init,
+          {{OptimizerConfig::Adafactor(1e-2), 0.0},
+           {OptimizerConfig::Adafactor(1e-2), 5.0},
+           {unusual, 0.0}},
+          4099);
 }
 
 TEST_F(GpuBackendTest, AdafactorRefusesStateWhereItStoresNothingAsTheCpuDoes) {
