@@ -32,6 +32,8 @@ class ExactSum {
   bool Add(double x);
   void Add(const ExactSum& other);
   // Adds every part (as Add); false, with nothing added, when one is bad.
+  // Many parts at once (LAMB's block sums on the GPU backend: two per 64
+  // elements) are summed per exponent first, about an integer add each.
   bool AddParts(absl::Span<const double> parts);
 
   // The sum rounded to the nearest double (ties to even); +inf when it is
@@ -60,6 +62,8 @@ class ExactSum {
   // Adds `value` << `shift` (bits) into the limbs, with carries.
   void AddShifted(uint64_t value, int shift);
   void AddNotFinite(double x);
+  // AddParts of acceptable parts, through one integer bin per exponent.
+  void AddBinned(absl::Span<const double> parts);
   // Not negative: +0, -0, positive, +inf or NaN.
   static bool Acceptable(double x);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -154,6 +155,49 @@ TEST(ExactSumTest, PartsAreExactAndDecreasing) {
   ASSERT_TRUE(again.AddParts(parts));
   EXPECT_EQ(again, s);
   EXPECT_EQ(s.Rounded(), 1.0);
+}
+
+// Many parts at once go through per-exponent bins: the same sum as adding
+// them one by one, whatever their mix (subnormals, the largest doubles,
+// zeros of either sign, one exponent's bin past 64 bits), and NaN / inf /
+// a negative part handled as AddParts says.
+TEST(ExactSumTest, ManyPartsAtOnceAreTheOneByOneSum) {
+  std::mt19937_64 rng(3);
+  std::vector<double> parts;
+  for (int i = 0; i < 5000; ++i) {
+    const uint64_t bits = rng() & ~(uint64_t{1} << 63);
+    double x;
+    std::memcpy(&x, &bits, sizeof(x));
+    if (std::isfinite(x)) parts.push_back(x);
+  }
+  parts.push_back(std::numeric_limits<double>::denorm_min());
+  parts.push_back(std::numeric_limits<double>::max());
+  parts.push_back(0.0);
+  parts.push_back(-0.0);
+  // 2^12 copies of the largest mantissa at one exponent: 65 bits in its bin.
+  for (int i = 0; i < 4096; ++i) parts.push_back(std::nextafter(2.0, 0.0));
+  ExactSum one_by_one, at_once;
+  for (double p : parts) ASSERT_TRUE(one_by_one.Add(p));
+  ASSERT_TRUE(at_once.AddParts(parts));
+  EXPECT_TRUE(at_once == one_by_one);
+  EXPECT_EQ(at_once.Parts(), one_by_one.Parts());
+
+  std::vector<double> with_inf = parts;
+  with_inf[100] = std::numeric_limits<double>::infinity();
+  ExactSum inf;
+  ASSERT_TRUE(inf.AddParts(with_inf));
+  EXPECT_EQ(inf.Rounded(), std::numeric_limits<double>::infinity());
+  std::vector<double> with_nan = with_inf;
+  with_nan[200] = -std::numeric_limits<double>::quiet_NaN();
+  ExactSum nan;
+  ASSERT_TRUE(nan.AddParts(with_nan));
+  EXPECT_TRUE(std::isnan(nan.Rounded()));
+
+  std::vector<double> with_negative = parts;
+  with_negative[300] = -1.0;
+  ExactSum untouched;
+  EXPECT_FALSE(untouched.AddParts(with_negative));
+  EXPECT_TRUE(untouched.IsZero());
 }
 
 }  // namespace

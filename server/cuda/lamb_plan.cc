@@ -47,10 +47,16 @@ std::vector<TrustPartial> LambPlan::Partials(const double* weight_squares,
     partials[p].tensor_index = pieces_[p].tensor_index;
     partials[p].whole_tensor = pieces_[p].whole;
   }
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    TrustPartial& into = partials[blocks_[b].piece];
-    into.weight_squares.Add(weight_squares[b]);
-    into.update_squares.Add(update_squares[b]);
+  // Each piece's blocks are consecutive: added as one span (exactly, in
+  // bins, common/exact_sum.h). A negative sum cannot come from squares; a
+  // NaN or inf makes the partial NaN or inf, as one Add at a time would.
+  for (size_t first = 0; first < blocks_.size();) {
+    size_t last = first;
+    while (last < blocks_.size() && blocks_[last].piece == blocks_[first].piece) ++last;
+    TrustPartial& into = partials[blocks_[first].piece];
+    into.weight_squares.AddParts(absl::MakeConstSpan(weight_squares + first, last - first));
+    into.update_squares.AddParts(absl::MakeConstSpan(update_squares + first, last - first));
+    first = last;
   }
   return partials;
 }
