@@ -14,11 +14,18 @@
 //                    one tensor: 16 B/param read (p, g, m, v), sums of 64
 //                    elements written (counted as 16 B/param)
 //   lamb apply       LAMB's apply pass: 28 B/param, as AdamW's
+//   adafactor step   Adafactor's whole step (server/cuda/adafactor_step.h)
+//                    on one square matrix of n elements (n a square; else
+//                    the nearest square below), host sums included:
+//                    counted as 28 B/param (p read for its norm, g read for
+//                    the row and the column factors, g and the factors for
+//                    U's norm, g and p read and p written to apply)
 //   D2D copy         cudaMemcpyAsync device-to-device of 4 B/param, counted
 //                    as 8 B/param (read + write): the bandwidth ceiling
 // and prints bytes/s and the fraction of the copy's bytes/s. Data are random
 // (never zeros). The last lines are machine-readable:
-//   RESULT kind=<adamw_t1|adamw_t1_bf16|adamw_t3|lamb_measure|lamb_apply|d2d_copy>
+//   RESULT kind=<adamw_t1|adamw_t1_bf16|adamw_t3|lamb_measure|lamb_apply|adafactor_step|
+//                d2d_copy>
 //          n=<params> median_ms=<..>
 //          gbps=<..> bytes_per_param=<..> frac_of_copy=<..>
 // Exit status: 0 on success, 3 when there is no usable GPU (message on
@@ -40,6 +47,7 @@
 #include "common/optimizer_config.h"
 #include "server/cuda/device.h"
 #include "server/cuda/fused_optimizers.h"
+#include "server/cuda/adafactor_step.h"
 #include "server/cuda/lamb_kernels.h"
 
 namespace shardopt {
@@ -293,6 +301,31 @@ int Main(int argc, char** argv) {
         const double gbps = bytes * n / (ms * 1e-3) / 1e9;
         rows.push_back({SizeName(n), n, kind, label, bytes, ms, gbps, gbps / copy_gbps});
       }
+    }
+    {
+      const size_t side = static_cast<size_t>(std::sqrt(static_cast<double>(n)));
+      RangeTensor matrix;
+      matrix.size = side * side;
+      matrix.shape = {static_cast<int64_t>(side), static_cast<int64_t>(side)};
+      const AdafactorPlan plan({matrix}, {0}, {0});
+      DeviceBuffer row_var = Unwrap(DeviceBuffer::Allocate(side * sizeof(float)), "row_var");
+      DeviceBuffer col_var = Unwrap(DeviceBuffer::Allocate(side * sizeof(float)), "col_var");
+      CheckOk(row_var.Fill(0, side * sizeof(float)), "fill");
+      CheckOk(col_var.Fill(0, side * sizeof(float)), "fill");
+      DeviceBuffer sums = Unwrap(DeviceBuffer::Allocate(plan.max_pieces() * sizeof(double)), "sums");
+      DeviceBuffer denominators = Unwrap(DeviceBuffer::Allocate(sizeof(float)), "denominators");
+      std::vector<double> host_sums(plan.max_pieces());
+      const OptimizerConfig adafactor = OptimizerConfig::Adafactor();
+      int64_t adafactor_step = 0;
+      const double ms = MedianMs(warmup, iters, [&] {
+        CheckOk(plan.Step(adafactor, ++adafactor_step, p.as<float>(), g0.as<float>(),
+                          row_var.as<float>(), col_var.as<float>(), sums.as<double>(),
+                          host_sums.data(), denominators.as<float>(), nullptr),
+                "Adafactor step");
+      });
+      const double gbps = 28.0 * matrix.size / (ms * 1e-3) / 1e9;
+      rows.push_back({SizeName(n), n, "adafactor_step", "Adafactor step (all)", 28.0, ms, gbps,
+                      gbps / copy_gbps});
     }
     rows.push_back({SizeName(n), n, "d2d_copy", "D2D cudaMemcpy", 8.0, copy_ms, copy_gbps, 1.0});
     CheckOk(SynchronizeStream(), "benchmark");

@@ -194,9 +194,9 @@ summary() {
       printf "%-6s %-22s %9s %8s %7s %10s %9s\n", "params", "", "ms", "GB/s", "of copy", "torch ms", "torch/us";
       for (i = 1; i <= count; i++) {
         n = order[i]; name = (n % 1073741824 == 0) ? (n / 1073741824 "G") : (n % 1048576 == 0 ? n / 1048576 "M" : n);
-        split("adamw_t1 adamw_t1_bf16 adamw_t3 lamb_measure lamb_apply d2d_copy", kinds, " ");
-        split("fused AdamW T=1|fused AdamW T=1 +bf16|fused AdamW T=3|LAMB measure pass|LAMB apply pass|D2D cudaMemcpy", labels, "|");
-        for (j = 1; j <= 6; j++) {
+        split("adamw_t1 adamw_t1_bf16 adamw_t3 lamb_measure lamb_apply adafactor_step d2d_copy", kinds, " ");
+        split("fused AdamW T=1|fused AdamW T=1 +bf16|fused AdamW T=3|LAMB measure pass|LAMB apply pass|Adafactor step|D2D cudaMemcpy", labels, "|");
+        for (j = 1; j <= 7; j++) {
           k = kinds[j] " " n; if (!(k in ms)) continue;
           t = "torch_adamw_fused " n; tms = "-"; ratio = "-";
           if (j == 1 && (t in ms)) { tms = ms[t]; ratio = sprintf("%.2fx", ms[t] / ms[k]) }
@@ -204,7 +204,7 @@ summary() {
         }
       }
     }' "$log/results.txt"
-  echo "(GB/s counts 28 B/param for T=1, 30 with bf16, 36 for T=3, 16 / 28 for LAMB's passes, 8 for the copy; torch/us > 1: ours faster)"
+  echo "(GB/s counts 28 B/param for T=1, 30 with bf16, 36 for T=3, 16 / 28 for LAMB's passes, 28 for Adafactor's step, 8 for the copy; torch/us > 1: ours faster)"
   echo "overall: $([ $overall -eq 0 ] && echo PASS || echo FAIL); logs: $log"
 }
 
