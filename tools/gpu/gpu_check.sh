@@ -16,15 +16,17 @@
 #   2. fused_optimizers_test: fused kernels vs the CPU Optimizer, bit for bit,
 #      bf16, device selection, buffers
 #   3. gpu_backend_test: GpuBackend vs CpuBackend through ModelShard (bit for
-#      bit; pipelined ranges; Muon through cuBLAS within 1e-4, its figure in
-#      the table)
+#      bit; pipelined ranges; LAMB whole and flat, Adafactor packed; Muon
+#      through cuBLAS within 1e-4, its figure in the table)
 #   4. end_to_end_test: 2 trainers, 1 and 2 shards on cuda:0 vs the CPU run
+#      (LAMB and Adafactor included; LAMB flat over 3 GPU shards)
 #   4b. nccl_pair_test: NCCL between this process and nccl_peer on cuda:0
 #      (NCCL_HOSTID apart): bytes both ways, a peer killed mid-transfer or
 #      after joining, a stalled peer, a peer that never joins: each call
 #      fails within its deadline
 #   5. fused_kernels_emulation_test: the same kernels' code on the CPU
-#   6. gpu_bench: fused AdamW at 64M and 1G params vs a D2D cudaMemcpy
+#   6. gpu_bench: fused AdamW, LAMB's passes and Adafactor's step at 64M and
+#      1G params vs a D2D cudaMemcpy
 #   6b. nccl_bench: NCCL round trips of 64 and 256 MiB between two processes
 #      on cuda:0 (socket transport over loopback) vs a D2D copy
 #   7. tools/gpu/torch_fused_adamw.py with the machine's python3, same sizes
@@ -218,10 +220,10 @@ save_summary() {
 gtest_step gpu "gpu tests" 180 "$log/gpu_test.log" \
   "$bundle/run.sh" fused_optimizers_test --gtest_output="xml:$log/gpu_test.xml"
 save_summary
-gtest_step backend "gpu backend tests" 90 "$log/gpu_backend_test.log" \
+gtest_step backend "gpu backend tests" 120 "$log/gpu_backend_test.log" \
   "$bundle/run.sh" gpu_backend_test
 save_summary
-gtest_step e2e "end to end on cuda:0" 120 "$log/e2e_gpu.log" \
+gtest_step e2e "end to end on cuda:0" 150 "$log/e2e_gpu.log" \
   env TEST_SRCDIR="$PWD/$bundle/runfiles" TEST_WORKSPACE=shardopt TEST_TMPDIR=/tmp/gpu_check_e2e \
   "$bundle/run.sh" end_to_end_test --gtest_filter='EndToEndGpuTest.*:*S2_T2*'
 save_summary
