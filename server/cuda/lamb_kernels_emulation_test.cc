@@ -5,6 +5,7 @@
 // and not, maximize, gradient multipliers, the trust ratio's clamps and a
 // zero norm.
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -272,6 +273,36 @@ TEST(LambPlanTest, RefusesPiecesTheCpuBackendRefuses) {
   absl::StatusOr<std::unique_ptr<CpuBackend>> cpu =
       CpuBackend::Create(OptimizerConfig::Lamb(), 1, std::vector<float>(100), &pool, {piece});
   EXPECT_EQ(cpu.status().message(), misaligned.status().message());
+}
+
+// Enough blocks for several threads, pieces crossing the threads' shares:
+// the partials are each piece's exact sum, as one Add after another gives.
+TEST(LambPlanTest, PartialsOverThreadsAreTheOneThreadSums) {
+  const uint64_t big = LambPlan::kBlocksPerPartialThread * 64 * 3 + 1000;
+  const LambPlan plan =
+      LambPlan::Create({{0, 70, 0, true}, {70, big, 1, true}, {70 + big, 3000, 2, true}}).value();
+  const size_t blocks = plan.blocks().size();
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<double> value(0.0, 100.0);
+  std::vector<double> weight(blocks), update(blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    weight[b] = value(rng);
+    update[b] = value(rng) * 1e-6;
+  }
+  update[blocks / 2] = std::numeric_limits<double>::infinity();  // Piece 1 becomes inf.
+  const std::vector<TrustPartial> partials = plan.Partials(weight.data(), update.data());
+  ASSERT_EQ(partials.size(), 3u);
+  std::vector<ExactSum> want_weight(3), want_update(3);
+  for (size_t b = 0; b < blocks; ++b) {
+    want_weight[plan.blocks()[b].piece].Add(weight[b]);
+    want_update[plan.blocks()[b].piece].Add(update[b]);
+  }
+  for (size_t p = 0; p < 3; ++p) {
+    EXPECT_EQ(partials[p].tensor_index, p);
+    EXPECT_TRUE(partials[p].weight_squares == want_weight[p]) << "piece " << p;
+    EXPECT_TRUE(partials[p].update_squares == want_update[p]) << "piece " << p;
+  }
+  EXPECT_EQ(partials[1].update_squares.Rounded(), std::numeric_limits<double>::infinity());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "server/cuda/lamb_plan.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,18 +48,48 @@ std::vector<TrustPartial> LambPlan::Partials(const double* weight_squares,
     partials[p].tensor_index = pieces_[p].tensor_index;
     partials[p].whole_tensor = pieces_[p].whole;
   }
+  // Many blocks are split over threads, each adding its share into sums of
+  // its own, merged exactly after: the same bits as one thread.
+  const size_t workers =
+      std::min<size_t>({kMaxPartialThreads, std::max(1u, std::thread::hardware_concurrency()),
+                        std::max<size_t>(1, blocks_.size() / kBlocksPerPartialThread)});
+  if (workers == 1) {
+    AddBlocks(0, blocks_.size(), weight_squares, update_squares, &partials);
+    return partials;
+  }
+  std::vector<std::vector<TrustPartial>> shares(workers, std::vector<TrustPartial>(pieces_.size()));
+  std::vector<std::thread> threads;
+  const size_t per_worker = (blocks_.size() + workers - 1) / workers;
+  for (size_t w = 0; w < workers; ++w) {
+    const size_t first = std::min(blocks_.size(), w * per_worker);
+    const size_t last = std::min(blocks_.size(), first + per_worker);
+    threads.emplace_back([this, first, last, weight_squares, update_squares, &shares, w] {
+      AddBlocks(first, last, weight_squares, update_squares, &shares[w]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::vector<TrustPartial>& share : shares) {
+    for (size_t p = 0; p < pieces_.size(); ++p) {
+      partials[p].weight_squares.Add(share[p].weight_squares);
+      partials[p].update_squares.Add(share[p].update_squares);
+    }
+  }
+  return partials;
+}
+
+void LambPlan::AddBlocks(size_t first, size_t last, const double* weight_squares,
+                         const double* update_squares, std::vector<TrustPartial>* into) const {
   // Each piece's blocks are consecutive: added as one span (exactly, in
   // bins, common/exact_sum.h). A negative sum cannot come from squares; a
   // NaN or inf makes the partial NaN or inf, as one Add at a time would.
-  for (size_t first = 0; first < blocks_.size();) {
-    size_t last = first;
-    while (last < blocks_.size() && blocks_[last].piece == blocks_[first].piece) ++last;
-    TrustPartial& into = partials[blocks_[first].piece];
-    into.weight_squares.AddParts(absl::MakeConstSpan(weight_squares + first, last - first));
-    into.update_squares.AddParts(absl::MakeConstSpan(update_squares + first, last - first));
-    first = last;
+  while (first < last) {
+    size_t end = first;
+    while (end < last && blocks_[end].piece == blocks_[first].piece) ++end;
+    TrustPartial& sums = (*into)[blocks_[first].piece];
+    sums.weight_squares.AddParts(absl::MakeConstSpan(weight_squares + first, end - first));
+    sums.update_squares.AddParts(absl::MakeConstSpan(update_squares + first, end - first));
+    first = end;
   }
-  return partials;
 }
 
 absl::StatusOr<std::vector<float>> LambPlan::StepSizes(const OptimizerConfig& config,

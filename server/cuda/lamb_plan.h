@@ -45,7 +45,10 @@ class LambPlan {
   // shard (UpdateBackend::MeasureTrust / UpdateWithTrust), not this one.
   bool needs_every_shards_norms() const { return needs_every_shards_norms_; }
 
-  // Each piece's partial from the blocks' sums (one of each per block).
+  // Each piece's partial from the blocks' sums (one of each per block);
+  // over kBlocksPerPartialThread blocks, on up to kMaxPartialThreads threads.
+  static constexpr size_t kBlocksPerPartialThread = size_t{1} << 16;
+  static constexpr size_t kMaxPartialThreads = 8;
   std::vector<TrustPartial> Partials(const double* weight_squares,
                                      const double* update_squares) const;
   // Each piece's float(lr * trust ratio) from `norms` (by layout tensor);
@@ -59,6 +62,9 @@ class LambPlan {
 
  private:
   explicit LambPlan(std::vector<LambPiece> pieces);
+  // Adds blocks [first, last) into `into` (one partial per piece).
+  void AddBlocks(size_t first, size_t last, const double* weight_squares,
+                 const double* update_squares, std::vector<TrustPartial>* into) const;
 
   std::vector<LambPiece> pieces_;
   std::vector<TrustBlock> blocks_;
