@@ -81,13 +81,30 @@ SHARDOPT_KERNEL_FN void FactorRowItem(const float* grad, float* row_var, const A
   row_var[row] = Lerp(row_var[row], mean, weight);
 }
 
-// Item b * cols + k: column k of batch b, its rows in order.
-SHARDOPT_KERNEL_FN void FactorColumnItem(const float* grad, float* col_var, const AdafactorShape& s,
-                                         float weight, size_t item) {
-  const size_t b = item / s.cols, k = item % s.cols;
+// Item (b * row_blocks + block) * cols + k: column k of batch b over the
+// block's rows, in order.
+SHARDOPT_KERNEL_FN void ColumnBlockItem(const float* grad, double* partials,
+                                        const AdafactorShape& s, size_t item) {
+  const size_t k = item % s.cols;
+  const size_t batch_block = item / s.cols;
+  const size_t b = batch_block / s.row_blocks(), block = batch_block % s.row_blocks();
+  const size_t first = block * kAdafactorColumnBlockRows;
+  const size_t last =
+      first + kAdafactorColumnBlockRows < s.rows ? first + kAdafactorColumnBlockRows : s.rows;
   const float* g = grad + b * s.rows * s.cols + k;
   double squares = 0;
-  for (size_t r = 0; r < s.rows; ++r) squares = AddD(squares, SquareD(g[r * s.cols]));
+  for (size_t r = first; r < last; ++r) squares = AddD(squares, SquareD(g[r * s.cols]));
+  partials[item] = squares;
+}
+
+// Item b * cols + k: column k of batch b, its blocks' sums in order.
+SHARDOPT_KERNEL_FN void FactorColumnItem(const double* partials, float* col_var,
+                                         const AdafactorShape& s, float weight, size_t item) {
+  const size_t b = item / s.cols, k = item % s.cols;
+  double squares = 0;
+  for (size_t block = 0; block < s.row_blocks(); ++block) {
+    squares = AddD(squares, partials[(b * s.row_blocks() + block) * s.cols + k]);
+  }
   const float norm = Fp32Norm(squares);
   const float mean = Div(Mul(norm, norm), static_cast<float>(s.rows));
   col_var[item] = Lerp(col_var[item], mean, weight);

@@ -32,10 +32,16 @@ __global__ void FactorRowsKernel(const float* grad, float* row_var, AdafactorSha
   SHARDOPT_FOR_EACH_ITEM(s.batches * s.rows, row) body::FactorRowItem(grad, row_var, s, weight, row);
 }
 
-__global__ void FactorColumnsKernel(const float* grad, float* col_var, AdafactorShape s,
+__global__ void ColumnBlocksKernel(const float* grad, double* partials, AdafactorShape s) {
+  SHARDOPT_FOR_EACH_ITEM(s.column_partials(), item) {
+    body::ColumnBlockItem(grad, partials, s, item);
+  }
+}
+
+__global__ void FactorColumnsKernel(const double* partials, float* col_var, AdafactorShape s,
                                     float weight) {
   SHARDOPT_FOR_EACH_ITEM(s.batches * s.cols, item) {
-    body::FactorColumnItem(grad, col_var, s, weight, item);
+    body::FactorColumnItem(partials, col_var, s, weight, item);
   }
 }
 
@@ -83,11 +89,19 @@ absl::Status FactorRows(const float* grad, float* row_var, const AdafactorShape&
   return Check(cudaGetLastError(), "Adafactor row factors launch");
 }
 
-absl::Status FactorColumns(const float* grad, float* col_var, const AdafactorShape& s,
+absl::Status FactorColumnBlocks(const float* grad, double* partials, const AdafactorShape& s,
+                                void* stream) {
+  if (s.column_partials() == 0) return absl::OkStatus();
+  ColumnBlocksKernel<<<Blocks(s.column_partials()), kThreads, 0, AsStream(stream)>>>(grad,
+                                                                                    partials, s);
+  return Check(cudaGetLastError(), "Adafactor column blocks launch");
+}
+
+absl::Status FactorColumns(const double* partials, float* col_var, const AdafactorShape& s,
                            float weight, void* stream) {
   if (s.batches * s.cols == 0) return absl::OkStatus();
   FactorColumnsKernel<<<Blocks(s.batches * s.cols), kThreads, 0, AsStream(stream)>>>(
-      grad, col_var, s, weight);
+      partials, col_var, s, weight);
   return Check(cudaGetLastError(), "Adafactor column factors launch");
 }
 

@@ -27,8 +27,9 @@ namespace gpu {
 #define SHARDOPT_ADAFACTOR_HD
 #endif
 
-// server/optim's kScratchElements: the CPU kernel's piece.
+// server/optim/adafactor_rules.h's piece and column block.
 inline constexpr size_t kAdafactorPieceElements = 2048;
+inline constexpr size_t kAdafactorColumnBlockRows = 64;
 
 struct AdafactorShape {
   size_t n;           // Elements.
@@ -40,6 +41,11 @@ struct AdafactorShape {
   SHARDOPT_ADAFACTOR_HD size_t pieces_per_row() const {
     return (row_length() + kAdafactorPieceElements - 1) / kAdafactorPieceElements;
   }
+  SHARDOPT_ADAFACTOR_HD size_t row_blocks() const {
+    return (rows + kAdafactorColumnBlockRows - 1) / kAdafactorColumnBlockRows;
+  }
+  // Factored: the column sums' partials, one per (batch, row block, column).
+  SHARDOPT_ADAFACTOR_HD size_t column_partials() const { return batches * row_blocks() * cols; }
   SHARDOPT_ADAFACTOR_HD size_t pieces() const {
     return row_length() == 0 ? 0 : n / row_length() * pieces_per_row();
   }
@@ -63,11 +69,16 @@ absl::Status PieceSquares(const float* x, const AdafactorShape& shape, double* s
 absl::Status ScaleParams(float* x, size_t n, float factor, void* stream);
 // Factored: row_var[row] = lerp(row_var[row], ||g_row||^2 / cols, weight)
 // (the norm in fp32 from a lane sum over the row); col_var[b * cols + k]
-// likewise over column k of batch b (a sum down its rows, in order); then
-// denominators[b] = max(float(sum of batch b's row factors / rows), eps1).
+// likewise over column k of batch b: its squares summed per block of
+// kAdafactorColumnBlockRows rows in order (FactorColumnBlocks, into
+// `partials`: column_partials() doubles), the blocks' sums then added in
+// order (FactorColumns); then denominators[b] = max(float(sum of batch b's
+// row factors / rows), eps1).
 absl::Status FactorRows(const float* grad, float* row_var, const AdafactorShape& shape,
                         float weight, void* stream);
-absl::Status FactorColumns(const float* grad, float* col_var, const AdafactorShape& shape,
+absl::Status FactorColumnBlocks(const float* grad, double* partials, const AdafactorShape& shape,
+                                void* stream);
+absl::Status FactorColumns(const double* partials, float* col_var, const AdafactorShape& shape,
                            float weight, void* stream);
 absl::Status RowDenominators(const float* row_var, float* denominators, const AdafactorShape& shape,
                              float eps1, void* stream);

@@ -30,10 +30,18 @@ absl::Status FactorRows(const float* grad, float* row_var, const AdafactorShape&
   return absl::OkStatus();
 }
 
-absl::Status FactorColumns(const float* grad, float* col_var, const AdafactorShape& s, float weight,
-                           void*) {
+absl::Status FactorColumnBlocks(const float* grad, double* partials, const AdafactorShape& s,
+                                void*) {
+  for (size_t item = 0; item < s.column_partials(); ++item) {
+    body::ColumnBlockItem(grad, partials, s, item);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FactorColumns(const double* partials, float* col_var, const AdafactorShape& s,
+                           float weight, void*) {
   for (size_t item = 0; item < s.batches * s.cols; ++item) {
-    body::FactorColumnItem(grad, col_var, s, weight, item);
+    body::FactorColumnItem(partials, col_var, s, weight, item);
   }
   return absl::OkStatus();
 }

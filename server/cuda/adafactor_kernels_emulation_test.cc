@@ -61,13 +61,15 @@ struct EmulatedAdafactor {
         col_store(cols.stored_elements()),
         device_sums(plan.max_pieces()),
         host_sums(plan.max_pieces()),
-        denominators(plan.max_batches()) {}
+        denominators(plan.max_batches()),
+        column_partials(plan.max_column_partials()) {}
 
   void Step(const OptimizerConfig& c, int64_t step, float multiplier, std::vector<float> grad) {
     if (multiplier != 1.0f)
       ASSERT_TRUE(gpu::ScaleParams(grad.data(), grad.size(), multiplier, nullptr).ok());
     ASSERT_TRUE(plan.Step(c, step, params.data(), grad.data(), row_store.data(), col_store.data(),
-                          device_sums.data(), host_sums.data(), denominators.data(), nullptr)
+                          device_sums.data(), host_sums.data(), denominators.data(),
+                          column_partials.data(), nullptr)
                     .ok());
   }
 
@@ -87,6 +89,7 @@ struct EmulatedAdafactor {
   std::vector<float> params, row_store, col_store;
   std::vector<double> device_sums, host_sums;
   std::vector<float> denominators;
+  std::vector<double> column_partials;
 };
 
 void ExpectSameBits(const std::vector<float>& expected, const std::vector<float>& actual,
@@ -163,6 +166,15 @@ TEST(AdafactorPlanTest, PiecesCutRowsAtThePieceLength) {
   EXPECT_EQ(s.pieces_per_row(), 3u);  // 2048 + 2048 + 904
   EXPECT_EQ(s.pieces(), 6u);
   EXPECT_EQ(plan.max_pieces(), 6u);
+  // Its 2 rows make one block of column sums; 130 rows make three.
+  EXPECT_EQ(s.row_blocks(), 1u);
+  EXPECT_EQ(plan.max_column_partials(), 5000u);
+  RangeTensor tall;
+  tall.size = 130 * 7;
+  tall.shape = {130, 7};
+  const gpu::AdafactorPlan tall_plan({tall}, {0}, {0});
+  EXPECT_EQ(tall_plan.tensors()[0].shape.row_blocks(), 3u);
+  EXPECT_EQ(tall_plan.max_column_partials(), 21u);
 }
 
 }  // namespace

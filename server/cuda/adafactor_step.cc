@@ -9,6 +9,8 @@ namespace gpu {
 
 static_assert(gpu::kAdafactorPieceElements == shardopt::kAdafactorPieceElements,
               "the kernels' pieces are the CPU kernel's");
+static_assert(gpu::kAdafactorColumnBlockRows == shardopt::kAdafactorColumnBlockRows,
+              "the kernels' column blocks are the CPU kernel's");
 
 AdafactorPlan::AdafactorPlan(const std::vector<RangeTensor>& tensors,
                              const std::vector<uint64_t>& row_at,
@@ -30,6 +32,9 @@ AdafactorPlan::AdafactorPlan(const std::vector<RangeTensor>& tensors,
     a.col_at = i < col_at.size() ? col_at[i] : 0;
     max_pieces_ = std::max(max_pieces_, a.shape.n == 0 ? size_t{0} : a.shape.pieces());
     max_batches_ = std::max(max_batches_, a.shape.batches);
+    if (a.shape.factored) {
+      max_column_partials_ = std::max(max_column_partials_, a.shape.column_partials());
+    }
     tensors_.push_back(a);
   }
 }
@@ -37,7 +42,7 @@ AdafactorPlan::AdafactorPlan(const std::vector<RangeTensor>& tensors,
 absl::Status AdafactorPlan::Step(const OptimizerConfig& config, int64_t step, float* params,
                                  const float* grad, float* row_store, float* col_store,
                                  double* device_sums, double* host_sums, float* denominators,
-                                 void* stream) const {
+                                 double* column_partials, void* stream) const {
   const AdafactorScalars s = AdafactorScalarsOf(config, step);
   // The pieces' sums, added in order on the host.
   auto ordered_sum = [&](size_t pieces, double* sum) -> absl::Status {
@@ -64,7 +69,13 @@ absl::Status AdafactorPlan::Step(const OptimizerConfig& config, int64_t step, fl
     }
     if (shape.factored) {
       if (absl::Status st = FactorRows(g, rows, shape, s.weight, stream); !st.ok()) return st;
-      if (absl::Status st = FactorColumns(g, cols, shape, s.weight, stream); !st.ok()) return st;
+      if (absl::Status st = FactorColumnBlocks(g, column_partials, shape, stream); !st.ok()) {
+        return st;
+      }
+      if (absl::Status st = FactorColumns(column_partials, cols, shape, s.weight, stream);
+          !st.ok()) {
+        return st;
+      }
       if (absl::Status st = RowDenominators(rows, denominators, shape, s.eps1, stream); !st.ok()) {
         return st;
       }

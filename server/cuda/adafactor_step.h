@@ -39,20 +39,23 @@ class AdafactorPlan {
   // Scratch sizes: sums (device and host, doubles), denominators (floats).
   size_t max_pieces() const { return max_pieces_; }
   size_t max_batches() const { return max_batches_; }
+  size_t max_column_partials() const { return max_column_partials_; }
 
   // Step `step` on every tensor. `grad`: the reduced gradient (times its
   // multiplier); `row_store` / `col_store`: the packed slots' stored
   // elements; `device_sums` (max_pieces doubles), `host_sums` (the same, host
-  // memory), `denominators` (max_batches floats): scratch. Waits for the
+  // memory), `denominators` (max_batches floats), `column_partials`
+  // (max_column_partials doubles): scratch. Waits for the
   // stream at each tensor's two sums.
   absl::Status Step(const OptimizerConfig& config, int64_t step, float* params, const float* grad,
                     float* row_store, float* col_store, double* device_sums, double* host_sums,
-                    float* denominators, void* stream) const;
+                    float* denominators, double* column_partials, void* stream) const;
 
  private:
   std::vector<AdafactorTensor> tensors_;
   size_t max_pieces_ = 0;
   size_t max_batches_ = 0;
+  size_t max_column_partials_ = 0;
 };
 
 }  // namespace gpu

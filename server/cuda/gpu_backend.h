@@ -144,7 +144,7 @@ class GpuBackend final : public UpdateBackend {
   uint64_t staging_bytes() const override {
     return staging_.size() + lamb_blocks_.size() + lamb_weight_sums_.size() +
            lamb_update_sums_.size() + lamb_step_sizes_.size() + adafactor_sums_.size() +
-           adafactor_denominators_.size();
+           adafactor_denominators_.size() + adafactor_column_partials_.size();
   }
 
  private:
@@ -269,7 +269,7 @@ class GpuBackend final : public UpdateBackend {
   // elements, the plan, and its scratch.
   std::array<PackedSlotExtents, 2> packed_;
   std::unique_ptr<gpu::AdafactorPlan> adafactor_;
-  gpu::DeviceBuffer adafactor_sums_, adafactor_denominators_;
+  gpu::DeviceBuffer adafactor_sums_, adafactor_denominators_, adafactor_column_partials_;
   gpu::PinnedBuffer adafactor_host_sums_;
 };
 

@@ -31,6 +31,11 @@ absl::Status GpuBackend::AllocateAdafactorState(const std::vector<RangeTensor>& 
       gpu::DeviceBuffer::Allocate(batches * sizeof(float));
   if (!denominators.ok()) return denominators.status();
   adafactor_denominators_ = *std::move(denominators);
+  // (At most an eighth of a byte per element of the largest matrix.)
+  absl::StatusOr<gpu::DeviceBuffer> partials = gpu::DeviceBuffer::Allocate(
+      std::max<size_t>(1, adafactor_->max_column_partials()) * sizeof(double));
+  if (!partials.ok()) return partials.status();
+  adafactor_column_partials_ = *std::move(partials);
   absl::StatusOr<gpu::PinnedBuffer> host = gpu::PinnedBuffer::Allocate(pieces * sizeof(double));
   if (!host.ok()) return host.status();
   adafactor_host_sums_ = *std::move(host);
@@ -39,10 +44,11 @@ absl::Status GpuBackend::AllocateAdafactorState(const std::vector<RangeTensor>& 
 
 absl::Status GpuBackend::AdafactorStep(int64_t step, const OptimizerConfig& config) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = adafactor_->Step(
-          config, step, params_.as<float>(), staging(0), slots_[0].as<float>(),
-          slots_[1].as<float>(), adafactor_sums_.as<double>(), adafactor_host_sums_.as<double>(),
-          adafactor_denominators_.as<float>(), apply_stream_.get());
+  if (absl::Status s =
+          adafactor_->Step(config, step, params_.as<float>(), staging(0), slots_[0].as<float>(),
+                           slots_[1].as<float>(), adafactor_sums_.as<double>(),
+                           adafactor_host_sums_.as<double>(), adafactor_denominators_.as<float>(),
+                           adafactor_column_partials_.as<double>(), apply_stream_.get());
       !s.ok()) {
     return s;
   }

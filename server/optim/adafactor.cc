@@ -91,18 +91,27 @@ class Adafactor final : public WholeTensorOptimizer {
       const size_t num_cols = static_cast<size_t>(t.shape.back());
       const size_t num_rows = static_cast<size_t>(t.shape[t.shape.size() - 2]);
       const size_t batches = n / (num_rows * num_cols);
+      // A column's squares are summed per block of kAdafactorColumnBlockRows
+      // rows, the blocks' sums then added in order: the GPU sums the blocks
+      // in parallel (a column of a tall matrix is too long for one thread).
       std::vector<double> col_squares(num_cols);
+      std::vector<double> block_squares(num_cols);
       std::vector<float> row_denominator(batches);
       for (size_t b = 0; b < batches; ++b) {
         std::fill(col_squares.begin(), col_squares.end(), 0.0);
-        for (size_t r = 0; r < num_rows; ++r) {
-          const float* __restrict g = grad + (b * num_rows + r) * num_cols;
-          const float norm = static_cast<float>(Fp32Norm(SumOfSquares(g, num_cols)));
-          const float mean = norm * norm / static_cast<float>(num_cols);
-          rows[b * num_rows + r] = TorchLerp(rows[b * num_rows + r], mean, weight);
-          for (size_t k = 0; k < num_cols; ++k) {
-            col_squares[k] += static_cast<double>(g[k]) * g[k];
+        for (size_t r0 = 0; r0 < num_rows; r0 += kAdafactorColumnBlockRows) {
+          std::fill(block_squares.begin(), block_squares.end(), 0.0);
+          const size_t r_end = std::min<size_t>(num_rows, r0 + kAdafactorColumnBlockRows);
+          for (size_t r = r0; r < r_end; ++r) {
+            const float* __restrict g = grad + (b * num_rows + r) * num_cols;
+            const float norm = static_cast<float>(Fp32Norm(SumOfSquares(g, num_cols)));
+            const float mean = norm * norm / static_cast<float>(num_cols);
+            rows[b * num_rows + r] = TorchLerp(rows[b * num_rows + r], mean, weight);
+            for (size_t k = 0; k < num_cols; ++k) {
+              block_squares[k] += static_cast<double>(g[k]) * g[k];
+            }
           }
+          for (size_t k = 0; k < num_cols; ++k) col_squares[k] += block_squares[k];
         }
         for (size_t k = 0; k < num_cols; ++k) {
           const float norm = static_cast<float>(Fp32Norm(col_squares[k]));

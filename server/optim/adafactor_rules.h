@@ -16,6 +16,9 @@ namespace shardopt {
 // cut into this many elements; its sums of squares are summed piece by
 // piece, in order (the GPU's kernels use the same length).
 inline constexpr uint64_t kAdafactorPieceElements = 2048;
+// A column's squares are summed per block of this many rows, in order, and
+// the blocks' sums added in order.
+inline constexpr uint64_t kAdafactorColumnBlockRows = 64;
 
 struct AdafactorScalars {
   float weight;          // step^beta2_decay: the factors' lerp weight

@@ -314,13 +314,16 @@ int Main(int argc, char** argv) {
       CheckOk(col_var.Fill(0, side * sizeof(float)), "fill");
       DeviceBuffer sums = Unwrap(DeviceBuffer::Allocate(plan.max_pieces() * sizeof(double)), "sums");
       DeviceBuffer denominators = Unwrap(DeviceBuffer::Allocate(sizeof(float)), "denominators");
+      DeviceBuffer partials = Unwrap(
+          DeviceBuffer::Allocate(plan.max_column_partials() * sizeof(double)), "column partials");
       std::vector<double> host_sums(plan.max_pieces());
       const OptimizerConfig adafactor = OptimizerConfig::Adafactor();
       int64_t adafactor_step = 0;
       const double ms = MedianMs(warmup, iters, [&] {
         CheckOk(plan.Step(adafactor, ++adafactor_step, p.as<float>(), g0.as<float>(),
                           row_var.as<float>(), col_var.as<float>(), sums.as<double>(),
-                          host_sums.data(), denominators.as<float>(), nullptr),
+                          host_sums.data(), denominators.as<float>(),
+                          partials.as<double>(), nullptr),
                 "Adafactor step");
       });
       const double gbps = 28.0 * matrix.size / (ms * 1e-3) / 1e9;
