@@ -14,11 +14,14 @@
 #include "server/cpu_backend.h"
 #include "server/cuda/adafactor_kernels.h"
 #include "server/cuda/adafactor_step.h"
+#include "server/cuda/cpu_step_testing.h"
 #include "server/optim/packed_slot_extents.h"
 #include "server/parallel_for.h"
 
 namespace shardopt {
 namespace {
+
+using testing::ExpectSameBits;
 
 std::vector<RangeTensor> Tensors() {
   std::vector<RangeTensor> tensors;
@@ -92,16 +95,6 @@ struct EmulatedAdafactor {
   std::vector<double> column_partials;
 };
 
-void ExpectSameBits(const std::vector<float>& expected, const std::vector<float>& actual,
-                    const char* what, int64_t step) {
-  ASSERT_EQ(expected.size(), actual.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    ASSERT_EQ(std::memcmp(&expected[i], &actual[i], sizeof(float)), 0)
-        << what << "[" << i << "] after step " << step << ": " << expected[i] << " vs "
-        << actual[i];
-  }
-}
-
 void RunSteps(const OptimizerConfig& config, bool with_multipliers) {
   const std::vector<RangeTensor> tensors = Tensors();
   const uint64_t n = tensors.back().offset + tensors.back().size + 5;
@@ -120,16 +113,9 @@ void RunSteps(const OptimizerConfig& config, bool with_multipliers) {
     const float scale = step % 4 == 0 ? 1e-3f : (step % 4 == 3 ? 30.0f : 0.3f);
     for (float& x : grad) x = scale * normal(rng);
     const float multiplier = with_multipliers && step % 2 == 0 ? 0.375f : 1.0f;
-    ASSERT_TRUE((*cpu)->Stage(0, 0, grad.data(), DType::kFloat32, n).ok());
-    ASSERT_TRUE((*cpu)->FinishStaging(0).ok());
-    if (multiplier == 1.0f) {
-      ASSERT_TRUE((*cpu)->Apply(step, /*mean=*/false, config).ok());
-    } else {
-      ASSERT_TRUE((*cpu)->Reduce(/*mean=*/false).ok());
-      ASSERT_TRUE((*cpu)->Update(step, config, multiplier).ok());
-    }
+    ASSERT_TRUE(testing::CpuStep(**cpu, config, step, multiplier, grad).ok());
     gpu.Step(config, step, multiplier, grad);
-    if (testing::Test::HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
     std::vector<float> params(n), row_var(n), col_var(n);
     ASSERT_TRUE((*cpu)->Read(0, n, params.data()).ok());
     ASSERT_TRUE((*cpu)->ReadSlot(0, 0, n, row_var.data()).ok());
@@ -137,7 +123,7 @@ void RunSteps(const OptimizerConfig& config, bool with_multipliers) {
     ExpectSameBits(params, gpu.params, "params", step);
     ExpectSameBits(row_var, gpu.Slot(0), "row_var", step);
     ExpectSameBits(col_var, gpu.Slot(1), "col_var", step);
-    if (testing::Test::HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 

@@ -12,12 +12,15 @@
 #include "common/optimizer_config.h"
 #include "gtest/gtest.h"
 #include "server/cpu_backend.h"
+#include "server/cuda/cpu_step_testing.h"
 #include "server/cuda/lamb_kernels.h"
 #include "server/cuda/lamb_plan.h"
 #include "server/parallel_for.h"
 
 namespace shardopt {
 namespace {
+
+using testing::ExpectSameBits;
 
 using gpu::LambPiece;
 using gpu::LambPlan;
@@ -95,16 +98,6 @@ std::vector<float> Random(std::mt19937& rng, size_t n, float scale) {
   return v;
 }
 
-void ExpectSameBits(const std::vector<float>& expected, const std::vector<float>& actual,
-                    const char* what, int64_t step) {
-  ASSERT_EQ(expected.size(), actual.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    ASSERT_EQ(std::memcmp(&expected[i], &actual[i], sizeof(float)), 0)
-        << what << "[" << i << "] after step " << step << ": " << expected[i] << " vs "
-        << actual[i];
-  }
-}
-
 void ExpectSameState(CpuBackend& cpu, const EmulatedLamb& gpu, int64_t step) {
   const size_t n = gpu.params.size();
   std::vector<float> params(n), m(n), v(n);
@@ -146,17 +139,10 @@ void RunWholeTensorSteps(const OptimizerConfig& config, float multiplier) {
   EmulatedLamb gpu(pieces, initial);
   for (int64_t step = 1; step <= 12; ++step) {
     const std::vector<float> grad = Random(rng, n, step % 3 == 0 ? 1e-3f : 0.5f);
-    ASSERT_TRUE((*cpu)->Stage(0, 0, grad.data(), DType::kFloat32, n).ok());
-    ASSERT_TRUE((*cpu)->FinishStaging(0).ok());
-    if (multiplier == 1.0f) {
-      ASSERT_TRUE((*cpu)->Apply(step, /*mean=*/false, config).ok());
-    } else {
-      ASSERT_TRUE((*cpu)->Reduce(/*mean=*/false).ok());
-      ASSERT_TRUE((*cpu)->Update(step, config, multiplier).ok());
-    }
+    ASSERT_TRUE(testing::CpuStep(**cpu, config, step, multiplier, grad).ok());
     gpu.Step(config, step, multiplier, grad);
     ExpectSameState(**cpu, gpu, step);
-    if (testing::Test::HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
