@@ -13,20 +13,10 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const OptimizerCo
                                                                std::vector<float> initial_params,
                                                                ThreadPool* pool,
                                                                std::vector<RangeTensor> tensors) {
+  if (absl::Status s = CheckTrustTensorOrder(optimizer.kind, tensors); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<Optimizer>> opt =
       Optimizer::Create(optimizer, initial_params.size(), std::move(tensors));
   if (!opt.ok()) return opt.status();
-  if ((*opt)->measures_trust()) {
-    // Norms are looked up by layout tensor: each piece must say its own.
-    const std::vector<RangeTensor>& pieces = (*opt)->tensors();
-    for (size_t i = 1; i < pieces.size(); ++i) {
-      if (pieces[i].index <= pieces[i - 1].index) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("lamb's tensor pieces must name distinct layout tensors in order: piece ",
-                         i, " names tensor ", pieces[i].index, " after ", pieces[i - 1].index));
-      }
-    }
-  }
   return std::unique_ptr<CpuBackend>(
       new CpuBackend(std::move(initial_params), std::move(*opt), num_trainers, pool));
 }

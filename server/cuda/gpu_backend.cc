@@ -33,29 +33,15 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
   const size_t n = initial.size();
   std::vector<GpuMatrix> matrices;
   std::vector<gpu::LambPiece> lamb_pieces;
+  if (absl::Status s = CheckRangeTensors(optimizer.kind, n, tensors); !s.ok()) return s;
+  if (absl::Status s = CheckTrustTensorOrder(optimizer.kind, tensors); !s.ok()) return s;
   for (const RangeTensor& t : tensors) {
-    if (t.offset > n || t.size > n - t.offset) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor [", t.offset, ", ", t.offset + t.size,
-                                                     ") is outside the range of ", n));
-    }
-    if (!t.whole && !lamb) {
-      return absl::InvalidArgumentError(absl::StrCat(OptimizerKindName(optimizer.kind),
-                                                     " cannot update a piece of tensor ", t.index,
-                                                     " starting at its element ", t.start));
-    }
-    if (absl::Status s =
-            CheckOptimizerFitsTensor(optimizer.kind, absl::StrCat("at ", t.offset), t.shape);
-        !s.ok()) {
-      return s;
-    }
     if (muon) {
       matrices.push_back(GpuMatrix{t.offset, static_cast<uint64_t>(t.shape[0]),
                                    static_cast<uint64_t>(t.shape[1])});
     }
-    if (lamb) lamb_pieces.push_back(gpu::LambPiece{t.offset, t.size, t.index, t.whole, t.start});
+    if (lamb) lamb_pieces.push_back(gpu::LambPiece{t.offset, t.size, t.index, t.whole});
   }
-  absl::StatusOr<gpu::LambPlan> lamb_plan = gpu::LambPlan::Create(std::move(lamb_pieces));
-  if (!lamb_plan.ok()) return lamb_plan.status();
   if (absl::Status s = gpu::SetCurrentDevice(device_index); !s.ok()) return s;
   std::unique_ptr<GpuBackend> backend(new GpuBackend(device_index, optimizer, n, num_trainers));
   backend->matrices_ = std::move(matrices);
@@ -100,7 +86,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int device_index,
     if (absl::Status s = backend->AllocateMuonScratch(); !s.ok()) return s;
   }
   if (lamb) {
-    backend->lamb_ = std::make_unique<gpu::LambPlan>(*std::move(lamb_plan));
+    backend->lamb_ = std::make_unique<gpu::LambPlan>(std::move(lamb_pieces));
     if (absl::Status s = backend->AllocateLambState(); !s.ok()) return s;
   }
   if (absl::Status s = backend->params_.Upload(initial.data(), n * sizeof(float)); !s.ok()) {

@@ -4,7 +4,6 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "server/optim/lamb_rules.h"
 
 namespace shardopt {
@@ -12,23 +11,6 @@ namespace gpu {
 
 static_assert(kLambBlockElements == kTrustBlockElements,
               "the kernels' blocks are the CPU kernel's norm blocks");
-
-absl::StatusOr<LambPlan> LambPlan::Create(std::vector<LambPiece> pieces) {
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const LambPiece& p = pieces[i];
-    if (!p.whole && p.start % kTrustBlockElements != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("lamb cannot update a piece of tensor ",
-                                                     p.tensor_index, " starting at its element ",
-                                                     p.start));
-    }
-    if (i > 0 && p.tensor_index <= pieces[i - 1].tensor_index) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("lamb's tensor pieces must name distinct layout tensors in order: piece ", i,
-                       " names tensor ", p.tensor_index, " after ", pieces[i - 1].tensor_index));
-    }
-  }
-  return LambPlan(std::move(pieces));
-}
 
 LambPlan::LambPlan(std::vector<LambPiece> pieces) : pieces_(std::move(pieces)) {
   for (uint32_t p = 0; p < pieces_.size(); ++p) {

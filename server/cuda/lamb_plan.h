@@ -28,16 +28,14 @@ struct LambPiece {
   uint64_t size = 0;
   uint32_t tensor_index = 0;  // In the layout.
   bool whole = true;
-  uint64_t start = 0;  // Its first element's index within the tensor.
 };
 
 class LambPlan {
  public:
-  // INVALID_ARGUMENT, in CpuBackend's words, for pieces it refuses: a piece
-  // of a tensor that does not start on a norm block of the tensor, or
-  // pieces that do not name distinct layout tensors in order (norms are
-  // looked up by tensor).
-  static absl::StatusOr<LambPlan> Create(std::vector<LambPiece> pieces);
+  // `pieces` as CheckRangeTensors (server/optim/range_tensor.h) accepts
+  // them for LAMB: pieces starting on a norm block of their tensor, naming
+  // distinct layout tensors in order.
+  explicit LambPlan(std::vector<LambPiece> pieces);
 
   const std::vector<TrustBlock>& blocks() const { return blocks_; }
   size_t piece_count() const { return pieces_.size(); }
@@ -61,7 +59,6 @@ class LambPlan {
   static LambKernelScalars Scalars(const OptimizerConfig& config, int64_t step, float multiplier);
 
  private:
-  explicit LambPlan(std::vector<LambPiece> pieces);
   // Adds blocks [first, last) into `into` (one partial per piece).
   void AddBlocks(size_t first, size_t last, const double* weight_squares,
                  const double* update_squares, std::vector<TrustPartial>* into) const;

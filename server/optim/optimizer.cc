@@ -54,27 +54,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConf
                                                              size_t size,
                                                              std::vector<RangeTensor> tensors) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
-  for (const RangeTensor& t : tensors) {
-    if (t.offset > size || t.size > size - t.offset) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor [", t.offset, ", ", t.offset + t.size,
-                                                     ") is outside the range of ", size));
-    }
-    if (absl::Status s =
-            CheckOptimizerFitsTensor(config.kind, absl::StrCat("at ", t.offset), t.shape);
-        !s.ok()) {
-      return s;
-    }
-  }
+  if (absl::Status s = CheckRangeTensors(config.kind, size, tensors); !s.ok()) return s;
   std::unique_ptr<Optimizer> made = MakeOptimizer(config, size);
   if (made == nullptr) return absl::InvalidArgumentError("unknown optimizer kind");
-  for (const RangeTensor& t : tensors) {
-    // Only LAMB takes pieces, whose norm blocks count from the tensor's start.
-    if (!t.whole && (!made->measures_trust() || t.start % kTrustBlockElements != 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(OptimizerKindName(config.kind),
-                                                     " cannot update a piece of tensor ", t.index,
-                                                     " starting at its element ", t.start));
-    }
-  }
   made->tensors_ = std::move(tensors);
   made->AddTensorSlots();
   return made;

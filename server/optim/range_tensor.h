@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "common/optimizer_config.h"
+
 namespace shardopt {
 
 struct RangeTensor {
@@ -17,6 +20,20 @@ struct RangeTensor {
   uint64_t start = 0;  // The piece's first element within the tensor.
   bool whole = true;   // The piece is all of the tensor.
 };
+
+// OK when `kind` can update `tensors` in a range of `size` elements; else
+// INVALID_ARGUMENT naming the tensor: one outside the range, one the
+// optimizer does not fit (CheckOptimizerFitsTensor), a piece of a tensor
+// for any optimizer but LAMB, or a LAMB piece that does not start on a norm
+// block of its tensor (its blocks count from the tensor's start). One rule
+// for the CPU optimizer and the GPU backend.
+absl::Status CheckRangeTensors(OptimizerKind kind, uint64_t size,
+                               const std::vector<RangeTensor>& tensors);
+
+// For LAMB in a backend, which looks the step's norms up by layout tensor:
+// INVALID_ARGUMENT unless `tensors` name distinct layout tensors in order.
+// OK for the other optimizers.
+absl::Status CheckTrustTensorOrder(OptimizerKind kind, const std::vector<RangeTensor>& tensors);
 
 }  // namespace shardopt
 
