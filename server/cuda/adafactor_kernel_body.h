@@ -39,20 +39,8 @@ SHARDOPT_KERNEL_FN float Lerp(float self, float end, float weight) {
                               : Add(end, -Mul(Add(end, -self), Add(1.0f, -weight)));
 }
 
-// SumOfSquares (server/optim/optimizer_internal.h): eight lanes over the
-// whole groups of eight, the lanes added in order, then the rest.
 SHARDOPT_KERNEL_FN double LaneSquares(const float* x, size_t n) {
-  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    SHARDOPT_UNROLL
-    for (size_t j = 0; j < 8; ++j) lanes[j] = AddD(lanes[j], SquareD(x[i + j]));
-  }
-  double sum = 0;
-  SHARDOPT_UNROLL
-  for (size_t j = 0; j < 8; ++j) sum = AddD(sum, lanes[j]);
-  for (; i < n; ++i) sum = AddD(sum, SquareD(x[i]));
-  return sum;
+  return LaneSquaresOf(n, [x](size_t i) { return x[i]; });
 }
 
 // A norm as torch returns it: fp32.
@@ -142,17 +130,7 @@ SHARDOPT_KERNEL_FN float UpdateOf(const AdafactorUpdateArgs& a, size_t i) {
 SHARDOPT_KERNEL_FN void UpdateSquaresItem(const AdafactorUpdateArgs& a, double* sums, size_t k) {
   size_t start, count;
   PieceOf(a.shape, k, start, count);
-  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  size_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    SHARDOPT_UNROLL
-    for (size_t j = 0; j < 8; ++j) lanes[j] = AddD(lanes[j], SquareD(UpdateOf(a, start + i + j)));
-  }
-  double sum = 0;
-  SHARDOPT_UNROLL
-  for (size_t j = 0; j < 8; ++j) sum = AddD(sum, lanes[j]);
-  for (; i < count; ++i) sum = AddD(sum, SquareD(UpdateOf(a, start + i)));
-  sums[k] = sum;
+  sums[k] = LaneSquaresOf(count, [&](size_t i) { return UpdateOf(a, start + i); });
 }
 
 SHARDOPT_KERNEL_FN void ApplyItem(const AdafactorUpdateArgs& a, float* params, float step_scale,

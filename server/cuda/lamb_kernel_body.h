@@ -48,41 +48,34 @@ SHARDOPT_KERNEL_FN float LambMoments(const LambKernelScalars& s, float g, float 
   return Add(Div(Div(m, s.c1), Add(Sqrt(Div(v, s.c2)), s.eps)), Mul(s.weight_decay, p));
 }
 
-// Block b's squares: eight lanes over the whole groups of eight (lane j
-// takes elements j, j + 8, ...), the lanes added in order, then the rest
-// one by one; for p and u alike.
+// SumOfSquares (server/optim/optimizer_internal.h) of value(0), ...,
+// value(n - 1): eight lanes over the whole groups of eight (lane j takes
+// values j, j + 8, ...), the lanes added in order, then the rest one by one.
+template <typename Value>
+SHARDOPT_KERNEL_FN double LaneSquaresOf(size_t n, const Value& value) {
+  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    SHARDOPT_UNROLL
+    for (size_t j = 0; j < 8; ++j) lanes[j] = AddD(lanes[j], SquareD(value(i + j)));
+  }
+  double sum = 0;
+  SHARDOPT_UNROLL
+  for (size_t j = 0; j < 8; ++j) sum = AddD(sum, lanes[j]);
+  for (; i < n; ++i) sum = AddD(sum, SquareD(value(i)));
+  return sum;
+}
+
+// Block b's squares of p and of u, each in SumOfSquares' order.
 SHARDOPT_KERNEL_FN void LambMeasureBlock(const LambMeasureArgs& a, size_t b) {
   const TrustBlock block = a.blocks[b];
-  const uint32_t whole_groups = block.count / 8 * 8;
-  double weight_lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  double update_lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (uint32_t k = 0; k < whole_groups; k += 8) {
-    SHARDOPT_UNROLL
-    for (uint32_t j = 0; j < 8; ++j) {
-      const size_t i = block.begin + k + j;
-      float m = a.exp_avg[i], v = a.exp_avg_sq[i];
-      const float p = a.params[i];
-      const float u = LambMoments(a.s, LambGradient(a.s, a.grad[i]), p, m, v);
-      weight_lanes[j] = AddD(weight_lanes[j], SquareD(p));
-      update_lanes[j] = AddD(update_lanes[j], SquareD(u));
-    }
-  }
-  double weight = 0, update = 0;
-  SHARDOPT_UNROLL
-  for (uint32_t j = 0; j < 8; ++j) {
-    weight = AddD(weight, weight_lanes[j]);
-    update = AddD(update, update_lanes[j]);
-  }
-  for (uint32_t k = whole_groups; k < block.count; ++k) {
+  a.weight_squares[b] =
+      LaneSquaresOf(block.count, [&](size_t k) { return a.params[block.begin + k]; });
+  a.update_squares[b] = LaneSquaresOf(block.count, [&](size_t k) {
     const size_t i = block.begin + k;
     float m = a.exp_avg[i], v = a.exp_avg_sq[i];
-    const float p = a.params[i];
-    const float u = LambMoments(a.s, LambGradient(a.s, a.grad[i]), p, m, v);
-    weight = AddD(weight, SquareD(p));
-    update = AddD(update, SquareD(u));
-  }
-  a.weight_squares[b] = weight;
-  a.update_squares[b] = update;
+    return LambMoments(a.s, LambGradient(a.s, a.grad[i]), a.params[i], m, v);
+  });
 }
 
 SHARDOPT_KERNEL_FN void LambMeasureThread(const LambMeasureArgs& a, size_t tid, size_t threads) {
