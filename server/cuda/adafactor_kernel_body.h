@@ -33,12 +33,6 @@ SHARDOPT_KERNEL_FN double SqrtD(double a) {
 // std::max(a, b) for floats.
 SHARDOPT_KERNEL_FN float MaxF(float a, float b) { return a < b ? b : a; }
 
-// TorchLerp (server/optim/optimizer_internal.h), operation by operation.
-SHARDOPT_KERNEL_FN float Lerp(float self, float end, float weight) {
-  return fabsf(weight) < 0.5f ? Add(self, Mul(weight, Add(end, -self)))
-                              : Add(end, -Mul(Add(end, -self), Add(1.0f, -weight)));
-}
-
 SHARDOPT_KERNEL_FN double LaneSquares(const float* x, size_t n) {
   return LaneSquaresOf(n, [x](size_t i) { return x[i]; });
 }
@@ -66,7 +60,7 @@ SHARDOPT_KERNEL_FN void FactorRowItem(const float* grad, float* row_var, const A
                                       float weight, size_t row) {
   const float norm = Fp32Norm(LaneSquares(grad + row * s.cols, s.cols));
   const float mean = Div(Mul(norm, norm), static_cast<float>(s.cols));
-  row_var[row] = Lerp(row_var[row], mean, weight);
+  row_var[row] = TorchLerp(row_var[row], mean, weight);
 }
 
 // Item (b * row_blocks + block) * cols + k: column k of batch b over the
@@ -95,7 +89,7 @@ SHARDOPT_KERNEL_FN void FactorColumnItem(const double* partials, float* col_var,
   }
   const float norm = Fp32Norm(squares);
   const float mean = Div(Mul(norm, norm), static_cast<float>(s.rows));
-  col_var[item] = Lerp(col_var[item], mean, weight);
+  col_var[item] = TorchLerp(col_var[item], mean, weight);
 }
 
 SHARDOPT_KERNEL_FN void RowDenominatorItem(const float* row_var, float* denominators,
@@ -110,7 +104,7 @@ SHARDOPT_KERNEL_FN void RowDenominatorItem(const float* row_var, float* denomina
 SHARDOPT_KERNEL_FN void VarianceItem(const float* grad, float* variance, float sign, float weight,
                                      size_t i) {
   const float g = Mul(sign, grad[i]);
-  variance[i] = Lerp(variance[i], Mul(g, g), weight);
+  variance[i] = TorchLerp(variance[i], Mul(g, g), weight);
 }
 
 // U[i], as the CPU kernel computes it.

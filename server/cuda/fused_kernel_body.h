@@ -98,6 +98,13 @@ SHARDOPT_KERNEL_FN uint32_t FloatBits(float x) {
 // server/optim/optimizer_internal.h).
 SHARDOPT_KERNEL_FN float TorchMaximum(float a, float b) { return (a < b || b != b) ? b : a; }
 
+// TorchLerp (server/optim/optimizer_internal.h), operation by operation
+// (a - b as a + -b: the same IEEE operation).
+SHARDOPT_KERNEL_FN float TorchLerp(float self, float end, float weight) {
+  return fabsf(weight) < 0.5f ? Add(self, Mul(weight, Add(end, -self)))
+                              : Add(end, -Mul(Add(end, -self), Add(1.0f, -weight)));
+}
+
 SHARDOPT_KERNEL_FN uint16_t ToBf16(float x) { return Fp32BitsToBf16Bits(FloatBits(x)); }
 
 // float4 group j of the buffer whose element `base` is 16-byte aligned (the

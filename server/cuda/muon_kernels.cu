@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include "server/cuda/fused_kernel_body.h"
 #include "server/cuda/launch_util.h"
 #include "server/cuda/muon_kernels.h"
 
@@ -11,12 +12,7 @@ using launch::Blocks;
 using launch::Check;
 using launch::kThreads;
 
-// TorchLerp (server/optim/optimizer_internal.h), operation by operation.
-__device__ float Lerp(float self, float end, float weight) {
-  return fabsf(weight) < 0.5f ? __fadd_rn(self, __fmul_rn(weight, __fsub_rn(end, self)))
-                              : __fsub_rn(end, __fmul_rn(__fsub_rn(end, self),
-                                                         __fsub_rn(1.0f, weight)));
-}
+using internal::body::TorchLerp;
 
 __global__ void MomentumKernel(const float* __restrict__ grad, float* __restrict__ buffer,
                                float* __restrict__ x, size_t rows, size_t cols, float keep,
@@ -24,9 +20,9 @@ __global__ void MomentumKernel(const float* __restrict__ grad, float* __restrict
   const size_t n = rows * cols;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t e = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
-    const float b = Lerp(buffer[e], grad[e], keep);
+    const float b = TorchLerp(buffer[e], grad[e], keep);
     buffer[e] = b;
-    const float u = nesterov ? Lerp(grad[e], b, momentum) : b;
+    const float u = nesterov ? TorchLerp(grad[e], b, momentum) : b;
     x[transpose ? (e % cols) * rows + e / cols : e] = u;
   }
 }
