@@ -5,6 +5,7 @@
 #define SHARDOPT_SERVER_CUDA_GPU_BACKEND_TEST_FIXTURE_H_
 
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,27 @@ inline void ExpectSameParameters(ModelShard& cpu, ModelShard& gpu, int64_t versi
   ASSERT_EQ(want.size(), got.size());
   EXPECT_EQ(std::memcmp(want.data(), got.data(), bytes), 0)
       << DTypeName(dtype) << " parameters at version " << version;
+}
+
+// The two shards' optimizer state slots `slots` at `version`, read as a
+// checkpoint reads them: the same bits.
+inline void ExpectSameSlots(ModelShard& cpu, ModelShard& gpu, int64_t version,
+                            std::initializer_list<int> slots) {
+  for (int slot : slots) {
+    std::vector<std::vector<float>> state(2, std::vector<float>(cpu.size()));
+    int k = 0;
+    for (ModelShard* shard : {&cpu, &gpu}) {
+      std::vector<float>& out = state[k++];
+      ASSERT_TRUE(shard
+                      ->CheckpointAt(version, absl::Now() + absl::Seconds(30), nullptr,
+                                     [&](const ShardProgress&, const ShardStateReadFn& read) {
+                                       return read(slot, 0, out.size(), out.data());
+                                     })
+                      .ok());
+    }
+    EXPECT_EQ(std::memcmp(state[0].data(), state[1].data(), state[0].size() * sizeof(float)), 0)
+        << "slot " << slot << " at version " << version;
+  }
 }
 
 class GpuBackendTest : public ::testing::Test {
