@@ -29,6 +29,7 @@ packages=(
   iproute2
   nftables
   procps
+  gdb
   openssl
   libcpp-httplib-dev
   docker.io

@@ -6,7 +6,10 @@ Counts test cases from the JUnit XML files Bazel leaves under bazel-testlogs
 reported. A target that failed to build, timed out or crashed without XML
 counts as one failed case. --extra names a file of "PASSED NAME" / "FAILED
 NAME" lines for checks run outside Bazel (the fuzzers), one case each.
-Exits 1 when anything failed or nothing ran.
+Exits 1 when anything failed or nothing ran. The end of each failed
+target's test.log is printed just above the summary line, so that a log that
+keeps only the tail of CI's output still says what a failure or a timeout
+was doing.
 """
 import argparse
 import os
@@ -33,6 +36,21 @@ def count_xml(path):
     return passed, failed, skipped
 
 
+LOG_TAIL_LINES = 30
+
+
+def print_log_tail(target, path):
+    """The last LOG_TAIL_LINES lines of a failed target's test.log."""
+    if not os.path.exists(path):
+        print(f"--- {target}: no test.log at {path}")
+        return
+    with open(path, errors="replace") as log:
+        lines = log.read().splitlines()[-LOG_TAIL_LINES:]
+    print(f"--- {target}: the last {len(lines)} lines of its test.log")
+    for line in lines:
+        print(f"  | {line}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bazel_log", required=True)
@@ -42,6 +60,7 @@ def main():
 
     passed = failed = skipped = 0
     targets = {}
+    failed_logs = []
     with open(args.bazel_log, errors="replace") as log:
         for line in log:
             m = RESULT.match(line.strip())
@@ -61,6 +80,8 @@ def main():
                 p, f, k = 0, 0, 0
         if status not in ("PASSED", "FLAKY") and f == 0:
             f = 1  # Failed to build, timed out, or crashed before writing XML.
+        if f:
+            failed_logs.append((target, os.path.join(args.testlogs, rel, "test.log")))
         if p + f + k == 0:
             p = 1  # A passing target without cases (e.g. a script): one case.
         if k:
@@ -80,6 +101,8 @@ def main():
                 elif word == "FAILED":
                     print(f"failed outside bazel: {line.strip()}")
                     failed += 1
+    for target, path in failed_logs:
+        print_log_tail(target, path)
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 

@@ -23,4 +23,6 @@ if [ "${SHARDOPT_RUN_WITH_RECENT_TORCH:-0}" = 1 ]; then
   fi
   python=$SHARDOPT_TORCH_RECENT
 fi
-exec "$python" "$script" "$@"
+# Under a watchdog that prints every process's stacks if the test hangs
+# (python/tests/watchdog.py).
+exec /usr/bin/python3 "$PWD/python/tests/watchdog.py" "$python" "$script" "$@"
