@@ -36,7 +36,7 @@ def count_xml(path):
     return passed, failed, skipped
 
 
-LOG_TAIL_LINES = 30
+LOG_TAIL_LINES = 60
 
 
 def print_log_tail(target, path):

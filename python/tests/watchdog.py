@@ -20,7 +20,7 @@ import sys
 import time
 
 MARGIN_S = 20
-SYMBOLS_OF = r"libc\.so|_shardopt|libgrpc|libgpr|libabsl"
+SYMBOLS_OF = ("libc.so", "_shardopt", "libgrpc", "libgpr", "libabsl")  # (Name prefixes.)
 DEFAULT_DEADLINE_S = 600
 GDB_TIMEOUT_S = 20
 FRAMES_PER_THREAD = 8
@@ -63,13 +63,21 @@ def command_of(pid):
 
 
 def condensed_stacks(gdb_output):
-    """One line per thread: where it sleeps, the first caller outside the C
-    library, and its frames in shardopt code."""
+    """One line per thread in shardopt code: where it sleeps, the first
+    caller outside the C library, and its frames in shardopt code; the other
+    threads are counted."""
     lines, thread, frames, in_libc_so_far = [], None, [], True
 
+    others = 0
+
     def flush():
-        if thread is not None:
+        nonlocal others
+        if thread is None:
+            return
+        if any("shardopt" in f for f in frames):
             lines.append(f"  {thread}: " + " <- ".join(frames[:FRAMES_PER_THREAD]))
+        else:
+            others += 1
 
     for line in gdb_output.splitlines():
         if line.startswith("Thread "):
@@ -88,6 +96,8 @@ def condensed_stacks(gdb_output):
             frames.append(name)
         in_libc_so_far = in_libc_so_far and in_libc
     flush()
+    if others:
+        lines.append(f"  (and {others} thread(s) outside shardopt code: gRPC's, torch's, idle)")
     return lines
 
 
@@ -98,7 +108,8 @@ def print_stacks(pid):
             # Symbols of the libraries worth naming only: reading all of a
             # recent torch's takes gdb longer than the margin.
             ["gdb", "-batch", "-nx", "-p", str(pid), "-iex", "set auto-solib-add off",
-             "-ex", f"sharedlibrary {SYMBOLS_OF}", "-ex", "set pagination off",
+             *[a for lib in SYMBOLS_OF for a in ("-ex", f"sharedlibrary {lib}")],
+             "-ex", "set pagination off",
              "-ex", "thread apply all bt 40"],
             capture_output=True, text=True, timeout=GDB_TIMEOUT_S, check=False)
     except FileNotFoundError:
