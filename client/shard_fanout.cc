@@ -6,8 +6,19 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace shardopt {
+
+namespace {
+
+// A call to one shard that has failed for this long (or whose attempt ran
+// out its deadline) is reported in the log, then at most every interval.
+// (Shorter failures are routine: an attach waiting for rank 0 to register.)
+constexpr absl::Duration kRetryReportAfter = absl::Seconds(5);
+constexpr absl::Duration kRetryReportInterval = absl::Seconds(10);
+
+}  // namespace
 
 // The calls of one Run to its shards. When one shard fails for good, the
 // attempts to the others are cancelled: a pull waiting for a version that
@@ -168,6 +179,7 @@ absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
   thread_local absl::BitGen random;
   absl::Duration backoff = std::max(call.policy.initial_backoff, absl::Milliseconds(1));
   std::optional<absl::Time> give_up;  // Set by the first failure.
+  absl::Time next_report = absl::InfiniteFuture();  // Set by the first failure.
   for (;;) {
     const absl::Time deadline = absl::Now() + call.attempt_timeout;
     grpc::ClientContext context;
@@ -179,7 +191,10 @@ absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
     const bool deadline_passed = absl::Now() >= deadline;
     shard.RecordAttempt(status, deadline_passed);
     if (status.ok()) return status;
-    if (!give_up) give_up = absl::Now() + call.policy.budget;
+    if (!give_up) {
+      give_up = absl::Now() + call.policy.budget;
+      next_report = deadline_passed ? absl::Now() : absl::Now() + kRetryReportAfter;
+    }
     if (absl::IsDeadlineExceeded(status) && !deadline_passed) {
       // The shard's report that it still waits (for other trainers).
       if (call.on_wait) {
@@ -199,6 +214,16 @@ absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
     if (!call.retryable(status) && !cancelled_by_shard) return status;
     const absl::Duration sleep = backoff * absl::Uniform(random, 0.75, 1.25);
     if (absl::Now() + sleep > *give_up) return status;
+    // A call that keeps failing (an attempt that ran out its deadline
+    // above all) shows in the log while it retries, not only once its
+    // budget is spent.
+    if (absl::Now() >= next_report || deadline_passed) {
+      LogWarning("shard %d (%s): %s: attempt failed after %.1f s (%s); retrying for up to %.0f s",
+                 shard.index(), shard.address(), call.what,
+                 absl::ToDoubleSeconds(absl::Now() - (deadline - call.attempt_timeout)),
+                 status.ToString(), absl::ToDoubleSeconds(*give_up - absl::Now()));
+      next_report = absl::Now() + kRetryReportInterval;
+    }
     op.SleepUnlessFailed(sleep);
     backoff = std::min(backoff * 2, std::max(call.policy.max_backoff, absl::Milliseconds(1)));
   }

@@ -43,11 +43,7 @@ absl::StatusOr<size_t> CpuBackend::Stage(uint32_t rank, uint64_t offset, const v
 }
 
 absl::Status CpuBackend::CheckRange(uint64_t begin, uint64_t end) const {
-  if (begin > end || end > params_.size()) {
-    return absl::OutOfRangeError(absl::StrCat("elements [", begin, ", ", end,
-                                              ") are outside the range of ", params_.size()));
-  }
-  return absl::OkStatus();
+  return CheckRangeElements(begin, end, params_.size());
 }
 
 absl::Status CpuBackend::CheckWholeRange(uint64_t begin, uint64_t end) const {
@@ -307,6 +303,9 @@ absl::Status CpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config
 }
 
 absl::Status CpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
+  if (absl::Status s = CheckElementsInRange("elements", offset, count, params_.size()); !s.ok()) {
+    return s;
+  }
   std::memcpy(out, params_.data() + offset, count * sizeof(float));
   return absl::OkStatus();
 }
@@ -315,11 +314,7 @@ absl::Status CpuBackend::CheckSlot(int slot, uint64_t offset, uint64_t count) co
   if (slot < 0 || static_cast<size_t>(slot) >= optimizer_->slot_names().size()) {
     return absl::OutOfRangeError(absl::StrCat("the optimizer has no state slot ", slot));
   }
-  if (offset > params_.size() || count > params_.size() - offset) {
-    return absl::OutOfRangeError(absl::StrCat("slot elements [", offset, ", ", offset + count,
-                                              ") are outside the range of ", params_.size()));
-  }
-  return absl::OkStatus();
+  return CheckElementsInRange("slot elements", offset, count, params_.size());
 }
 
 absl::Status CpuBackend::ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) {

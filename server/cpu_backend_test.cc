@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/optim/optimizer.h"
 
@@ -177,6 +178,31 @@ TEST(CpuBackendTest, ApplyOneRangeIsASequentialStepPerPush) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(backend->ApplyOneRange(0, 4, adamw, 0, kSize + 1).code(),
             absl::StatusCode::kOutOfRange);
+}
+
+// The refusals of elements outside the range, in the words every backend
+// uses (update_backend.h), and nothing changed by them.
+TEST(CpuBackendTest, RefusesElementsOutsideItsRangeSayingWhich) {
+  ThreadPool pool(2);
+  const std::vector<float> init = Values(9);
+  const OptimizerConfig adamw = OptimizerConfig::AdamW(0.01);
+  auto backend = CpuBackend::Create(adamw, 1, init, &pool).value();
+  const auto message_of = [](const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+    return std::string(s.message());
+  };
+  std::vector<float> out(kSize + 1);
+  EXPECT_EQ(
+      message_of(backend->Read(kSize - 1, 2, out.data())),
+      absl::StrCat("elements [", kSize - 1, ", ", kSize + 1, ") are outside the range of ", kSize));
+  EXPECT_EQ(message_of(backend->ReadSlot(0, 0, kSize + 1, out.data())),
+            absl::StrCat("slot elements [0, ", kSize + 1, ") are outside the range of ", kSize));
+  EXPECT_EQ(message_of(backend->UpdateRange(1, adamw, 1.0, 5, 3)), "elements [5, 3) are no range");
+  // An offset so large that offset + count wraps is refused too.
+  EXPECT_EQ(backend->Read(~uint64_t{0}, 2, out.data()).code(), absl::StatusCode::kOutOfRange);
+  std::vector<float> got(kSize);
+  ASSERT_TRUE(backend->Read(0, kSize, got.data()).ok());
+  EXPECT_EQ(std::memcmp(got.data(), init.data(), kSize * sizeof(float)), 0);
 }
 
 }  // namespace

@@ -25,6 +25,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/optimizer_config.h"
@@ -143,6 +145,26 @@ class UpdateBackend {
   virtual uint64_t optimizer_state_bytes() const = 0;
   virtual uint64_t staging_bytes() const = 0;
 };
+
+// OUT_OF_RANGE unless [offset, offset + count) lies within a range of `size`
+// elements: "<what> [offset, end) are outside the range of <size>". Every
+// backend's check of the elements a call names, so that a refusal reads the
+// same whichever device the shard runs on.
+inline absl::Status CheckElementsInRange(absl::string_view what, uint64_t offset, uint64_t count,
+                                         uint64_t size) {
+  if (offset > size || count > size - offset) {
+    return absl::OutOfRangeError(absl::StrCat(what, " [", offset, ", ", offset + count,
+                                              ") are outside the range of ", size));
+  }
+  return absl::OkStatus();
+}
+// The same for the elements [begin, end) a range call names.
+inline absl::Status CheckRangeElements(uint64_t begin, uint64_t end, uint64_t size) {
+  if (begin > end) {
+    return absl::OutOfRangeError(absl::StrCat("elements [", begin, ", ", end, ") are no range"));
+  }
+  return CheckElementsInRange("elements", begin, end - begin, size);
+}
 
 }  // namespace shardopt
 

@@ -22,16 +22,22 @@ class Cluster:
         self.addresses = []
         for i in range(shards):
             port_file = os.path.join(self.dir, f"port{i}")
-            self.procs.append(subprocess.Popen(
-                [server_binary(), "--listen=127.0.0.1:0", f"--port_file={port_file}",
-                 f"--shard_index={i}", f"--shard_count={shards}", "--device=cpu",
-                 "--threads=1", "--pipeline_range_elements=64", *extra_flags],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            # A file, not the test's log: what a server said is there for
+            # the watchdog (watchdog.py) and for a failed start.
+            log_path = os.path.join(self.dir, f"server{i}.log")
+            with open(log_path, "w") as log:
+                self.procs.append(subprocess.Popen(
+                    [server_binary(), "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                     f"--shard_index={i}", f"--shard_count={shards}", "--device=cpu",
+                     "--threads=1", "--pipeline_range_elements=64", *extra_flags],
+                    stdout=subprocess.DEVNULL, stderr=log))
             deadline = time.time() + 30
             while not os.path.exists(port_file):
                 if time.time() > deadline or self.procs[-1].poll() is not None:
                     self.stop()
-                    raise RuntimeError(f"shard server {i} did not start")
+                    with open(log_path) as log:
+                        said = log.read()[-2000:]
+                    raise RuntimeError(f"shard server {i} did not start; it said:\n{said}")
                 time.sleep(0.01)
             with open(port_file) as f:
                 self.addresses.append(f"127.0.0.1:{f.read().strip()}")

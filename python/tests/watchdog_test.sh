@@ -1,8 +1,9 @@
 #!/bin/sh
 # watchdog.py: a test that finishes keeps its exit status; one that hangs
 # with a shard server under it ends, within the deadline, with the server's
-# and the test's native stacks (shardopt frames named), the test's Python
-# stack and a FAIL line. $1: the shardopt_server binary. Runs in the runfiles root.
+# and the test's native stacks (shardopt frames named), the end of the
+# server's log file, the test's Python stack and a FAIL line.
+# $1: the shardopt_server binary. Runs in the runfiles root.
 set -u
 export SHARDOPT_SERVER="$PWD/$1"
 watchdog="$PWD/python/tests/watchdog.py"
@@ -35,6 +36,7 @@ took=$(( $(date +%s) - start ))
 grep -q 'did not finish within 10 s' "$work/out" || fail "no line naming the deadline"
 grep -q 'shardopt_server' "$work/out" || fail "the server process is not listed"
 grep -q 'shardopt::RunShardServer' "$work/out" || fail "no native stack of the server"
+grep -q 'its log (.*server0.log), last' "$work/out" || fail "no tail of the server's log file"
 grep -q 'hangs.py", line 6' "$work/out" || fail "no Python stack of the test"
 grep -q 'watchdog: FAIL: hangs.py timed out after 10 s' "$work/out" || fail "no FAIL line"
 [ -z "$(pgrep -f "$work" 2>/dev/null)" ] || fail "processes of the test are left"

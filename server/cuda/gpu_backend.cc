@@ -217,7 +217,7 @@ absl::Status GpuBackend::Apply(int64_t step, bool mean, const OptimizerConfig& c
 absl::Status GpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConfig& config,
                                     uint64_t begin, uint64_t end) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = CheckRange("update", begin, end - begin); !s.ok()) return s;
+  if (absl::Status s = CheckRangeElements(begin, end, size_); !s.ok()) return s;
   if (absl::Status s = RefuseRangesOfWholeTensors(); !s.ok()) return s;
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (absl::Status s = WaitForStagedCopies(); !s.ok()) return s;
@@ -231,7 +231,7 @@ absl::Status GpuBackend::Reduce(bool mean) { return ReduceRange(mean, 0, size_);
 
 absl::Status GpuBackend::ReduceRange(bool mean, uint64_t begin, uint64_t end) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = CheckRange("reduction", begin, end - begin); !s.ok()) return s;
+  if (absl::Status s = CheckRangeElements(begin, end, size_); !s.ok()) return s;
   if (absl::Status s = WaitForStagedCopies(); !s.ok()) return s;
   if (absl::Status s =
           gpu::ReduceInPlace(staging_.as<float>() + begin, end - begin, staging_stride_,
@@ -263,7 +263,7 @@ absl::Status GpuBackend::BlockSumsToHost(const float* x, size_t n, float scale, 
 absl::Status GpuBackend::SumOfSquaresBlocks(float scale, uint64_t begin, uint64_t end,
                                             double* block_sums) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = CheckRange("sum of squares", begin, end - begin); !s.ok()) return s;
+  if (absl::Status s = CheckRangeElements(begin, end, size_); !s.ok()) return s;
   if (begin % kNormBlockElements != 0) {
     return absl::InvalidArgumentError(absl::StrCat("a sum of squares must start on a block of ",
                                                    kNormBlockElements, " elements, not at ",
@@ -301,7 +301,7 @@ absl::Status GpuBackend::Update(int64_t step, const OptimizerConfig& config, flo
 absl::Status GpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
                                      uint64_t begin, uint64_t end) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = CheckRange("update", begin, end - begin); !s.ok()) return s;
+  if (absl::Status s = CheckRangeElements(begin, end, size_); !s.ok()) return s;
   if (absl::Status s = RefuseRangesOfWholeTensors(); !s.ok()) return s;
   if (absl::Status s = optimizer_.CheckCanChangeTo(config); !s.ok()) return s;
   if (multiplier != 1.0f) {
@@ -406,13 +406,13 @@ absl::Status GpuBackend::ReadThroughPinned(const void* device_src, size_t bytes,
 
 absl::Status GpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = CheckRange("read", offset, count); !s.ok()) return s;
+  if (absl::Status s = CheckRange("elements", offset, count); !s.ok()) return s;
   return ReadThroughPinned(params_.as<float>() + offset, count * sizeof(float), out);
 }
 
 absl::StatusOr<bool> GpuBackend::ReadBFloat16(uint64_t offset, uint64_t count, void* out) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
-  if (absl::Status s = CheckRange("read", offset, count); !s.ok()) return s;
+  if (absl::Status s = CheckRange("elements", offset, count); !s.ok()) return s;
   if (!bf16_ready_.load()) {
     absl::MutexLock lock(&bf16_mu_);
     if (bf16_unavailable_) return false;
@@ -452,11 +452,7 @@ absl::Status GpuBackend::CheckSlot(int slot, uint64_t offset, uint64_t count) co
 }
 
 absl::Status GpuBackend::CheckRange(const char* what, uint64_t offset, uint64_t count) const {
-  if (offset > size_ || count > size_ - offset) {
-    return absl::OutOfRangeError(
-        absl::StrCat(what, " [", offset, ", ", offset + count, ") outside the range of ", size_));
-  }
-  return absl::OkStatus();
+  return CheckElementsInRange(what, offset, count, size_);
 }
 
 absl::Status GpuBackend::ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) {
