@@ -6,18 +6,20 @@ it has not finished MARGIN_S seconds before Bazel's timeout (TEST_TIMEOUT;
 DEFAULT_DEADLINE_S outside Bazel), the watchdog prints, for the test process
 and every process under it (the shard servers it started), each thread's
 stack as gdb sees it (the frames in shardopt code, and where each thread
-sleeps) and the end of each server's log file (support.Cluster writes one),
-then SIGABRTs the test (faulthandler prints its Python stacks),
+sleeps) and the end of each shard server's log file (support.Cluster
+writes them), then SIGABRTs the test (faulthandler prints its Python stacks),
 kills what is left and exits 1 naming the deadline. Without this, a test
 that hangs ends as Bazel's bare TIMEOUT and its log says nothing.
 Exit status: the child's, or 1 after a timeout.
 """
 
+import glob
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 MARGIN_S = 20
@@ -25,7 +27,7 @@ SYMBOLS_OF = ("libc.so", "_shardopt", "libgrpc", "libgpr", "libabsl")  # (Name p
 DEFAULT_DEADLINE_S = 600
 GDB_TIMEOUT_S = 20
 FRAMES_PER_THREAD = 8
-LOG_LINES = 10  # Of each server's own log file, when its stderr goes to one.
+LOG_LINES = 10  # Of each shard server's log file.
 FRAME = re.compile(r"^#(\d+)\s+(?:0x[0-9a-f]+ in )?(\S+)")
 LOCATION = re.compile(r" (?:at|from) (\S+)$")
 
@@ -103,24 +105,19 @@ def condensed_stacks(gdb_output):
     return lines
 
 
-def log_file_of(pid):
-    """The regular file `pid`'s stderr goes to, or None (a pipe, a terminal)."""
-    try:
-        path = os.readlink(f"/proc/{pid}/fd/2")
-    except OSError:
-        return None
-    return path if path.startswith("/") and os.path.isfile(path) else None
-
-
-def print_log_tail(pid):
-    path = log_file_of(pid)
-    if path is None:
-        return
-    with open(path, errors="replace") as log:
-        lines = log.read().splitlines()[-LOG_LINES:]
-    print(f"  its log ({path}), last {len(lines)} lines:", flush=True)
-    for line in lines:
-        print(f"    | {line}", flush=True)
+def print_server_logs(since):
+    """The end of every shard server log support.Cluster wrote since `since`
+    (a server that died is no process in the tree any more, but its log
+    stays)."""
+    pattern = os.path.join(tempfile.gettempdir(), "cluster*", "server*.log")
+    for path in sorted(glob.glob(pattern)):
+        if os.path.getmtime(path) < since:
+            continue
+        with open(path, errors="replace") as log:
+            lines = log.read().splitlines()[-LOG_LINES:]
+        print(f"watchdog: {path}, last {len(lines)} lines:", flush=True)
+        for line in lines:
+            print(f"    | {line}", flush=True)
 
 
 def print_stacks(pid):
@@ -157,6 +154,7 @@ def main():
     # Bazel's own timeout sends SIGTERM: pass it on so the servers go too.
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     start = time.monotonic()
+    started_at = time.time()
     try:
         rc = child.wait(timeout=deadline_s)
         return rc if rc >= 0 else 128 - rc  # Killed by a signal: as a shell says it.
@@ -168,8 +166,7 @@ def main():
     tree = process_tree(child.pid)
     for pid in reversed(tree):  # The servers first, the test (whose SIGABRT ends it) last.
         print_stacks(pid)
-        if pid != child.pid:  # (The test's own stderr is this log.)
-            print_log_tail(pid)
+    print_server_logs(started_at)
     child.send_signal(signal.SIGABRT)  # faulthandler: the Python stacks of every thread.
     try:
         child.wait(timeout=10)

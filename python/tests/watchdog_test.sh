@@ -36,7 +36,7 @@ took=$(( $(date +%s) - start ))
 grep -q 'did not finish within 10 s' "$work/out" || fail "no line naming the deadline"
 grep -q 'shardopt_server' "$work/out" || fail "the server process is not listed"
 grep -q 'shardopt::RunShardServer' "$work/out" || fail "no native stack of the server"
-grep -q 'its log (.*server0.log), last' "$work/out" || fail "no tail of the server's log file"
+grep -q 'watchdog: .*/cluster.*/server0.log, last' "$work/out" || fail "no tail of the server's log file"
 grep -q 'hangs.py", line 6' "$work/out" || fail "no Python stack of the test"
 grep -q 'watchdog: FAIL: hangs.py timed out after 10 s' "$work/out" || fail "no FAIL line"
 [ -z "$(pgrep -f "$work" 2>/dev/null)" ] || fail "processes of the test are left"
