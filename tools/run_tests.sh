@@ -37,6 +37,9 @@ if [ "$docker_rc" -eq 0 ]; then
 else  # The last line says why.
   extra+=("--test_env=SHARDOPT_DOCKER=0" "--test_env=SHARDOPT_DOCKER_WHY=${docker_why##*$'\n'}")
 fi
+# Every test under the watchdog (tools/testing/watchdog.py): one that hangs
+# ends, shortly before Bazel's timeout, with the stacks of its processes.
+extra+=("--run_under=/usr/bin/python3 $PWD/tools/testing/watchdog.py")
 bazel test //... --test_output=errors "${extra[@]}" "$@" 2>&1 | tee "$log"
 bazel_rc=${PIPESTATUS[0]}
 

@@ -24,5 +24,6 @@ if [ "${SHARDOPT_RUN_WITH_RECENT_TORCH:-0}" = 1 ]; then
   python=$SHARDOPT_TORCH_RECENT
 fi
 # Under a watchdog that prints every process's stacks if the test hangs
-# (python/tests/watchdog.py).
-exec /usr/bin/python3 "$PWD/python/tests/watchdog.py" "$python" "$script" "$@"
+# (tools/testing/watchdog.py); unbuffered, and with faulthandler, whose
+# Python stacks the watchdog's SIGABRT prints.
+exec /usr/bin/python3 "$PWD/tools/testing/watchdog.py" "$python" -u -X faulthandler "$script" "$@"

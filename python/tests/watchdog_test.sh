@@ -1,22 +1,31 @@
 #!/bin/sh
-# watchdog.py: a test that finishes keeps its exit status; one that hangs
+# tools/testing/watchdog.py: a test that finishes keeps its exit status; one that hangs
 # with a shard server under it ends, within the deadline, with the server's
 # and the test's native stacks (shardopt frames named), the end of the
 # server's log file, the test's Python stack and a FAIL line.
 # $1: the shardopt_server binary. Runs in the runfiles root.
 set -u
 export SHARDOPT_SERVER="$PWD/$1"
-watchdog="$PWD/python/tests/watchdog.py"
+watchdog="$PWD/tools/testing/watchdog.py"
+# (This test may run under a watchdog itself: tools/run_tests.sh.)
+unset SHARDOPT_UNDER_WATCHDOG
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; [ -f "$work/out" ] && sed 's/^/  | /' "$work/out"; exit 1; }
 
 echo 'import sys; print("done"); sys.exit(3)' >"$work/exits.py"
-TEST_TIMEOUT=60 /usr/bin/python3 "$watchdog" /usr/bin/python3 "$work/exits.py" >"$work/out" 2>&1
+TEST_TIMEOUT=60 /usr/bin/python3 "$watchdog" /usr/bin/python3 -u "$work/exits.py" >"$work/out" 2>&1
 rc=$?
 [ "$rc" = 3 ] || fail "a test that exits 3 gave $rc"
 grep -q '^done$' "$work/out" || fail "the test's output did not come through"
 echo "ok   a finished test's exit status and output come through"
+
+# Under a watchdog already, it only runs its command (one deadline, one report).
+SHARDOPT_UNDER_WATCHDOG=1 TEST_TIMEOUT=1 /usr/bin/python3 "$watchdog" /bin/sh -c 'sleep 2; exit 4' \
+  >"$work/out" 2>&1
+rc=$?
+[ "$rc" = 4 ] || fail "a watchdog under a watchdog gave $rc, not the command's 4"
+echo "ok   a watchdog under a watchdog only runs its command"
 
 cat >"$work/hangs.py" <<PY
 import sys, time
@@ -27,8 +36,8 @@ with Cluster(1) as cluster:
     time.sleep(300)  # Ended by the watchdog well before this.
 PY
 start=$(date +%s)
-# TEST_TIMEOUT=30: the watchdog acts 20 s before it, at 10 s.
-TEST_TIMEOUT=30 /usr/bin/python3 "$watchdog" /usr/bin/python3 "$work/hangs.py" >"$work/out" 2>&1
+# TEST_TIMEOUT=11: the watchdog acts a tenth before it, at its least, 10 s.
+TEST_TIMEOUT=11 /usr/bin/python3 "$watchdog" /usr/bin/python3 -u -X faulthandler "$work/hangs.py" >"$work/out" 2>&1
 rc=$?
 took=$(( $(date +%s) - start ))
 [ "$rc" = 1 ] || fail "a hanging test gave exit status $rc, not 1"

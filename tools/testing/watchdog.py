@@ -1,15 +1,19 @@
-"""Runs one Python test as a child process and says what it was doing if it hangs.
+"""Runs one test as a child process and says what it was doing if it hangs.
 
-Usage: watchdog.py PYTHON SCRIPT [ARGS...]. The child runs unbuffered with
-faulthandler on, so that what it printed before a hang reaches the log. When
-it has not finished MARGIN_S seconds before Bazel's timeout (TEST_TIMEOUT;
-DEFAULT_DEADLINE_S outside Bazel), the watchdog prints, for the test process
-and every process under it (the shard servers it started), each thread's
-stack as gdb sees it (the frames in shardopt code, and where each thread
-sleeps) and the end of each shard server's log file (support.Cluster
-writes them), then SIGABRTs the test (faulthandler prints its Python stacks),
-kills what is left and exits 1 naming the deadline. Without this, a test
-that hangs ends as Bazel's bare TIMEOUT and its log says nothing.
+Usage: watchdog.py COMMAND [ARGS...]. tools/run_tests.sh puts every test
+under it (bazel test --run_under), python/tests/run_python_test.sh every
+Python test (which it runs unbuffered with faulthandler on, so that what it
+printed before a hang reaches the log); a watchdog under a watchdog
+(SHARDOPT_UNDER_WATCHDOG set) only runs its command. When the test has not
+finished a margin before Bazel's timeout (TEST_TIMEOUT; DEFAULT_DEADLINE_S
+outside Bazel; the margin a tenth of it, at most MARGIN_S), the watchdog
+prints, for the test process and every process under it (the shard servers
+it started), each thread's stack as gdb sees it (the frames in shardopt
+code, and where each thread sleeps) and the end of each shard server's log
+file (python/tests/support.py writes them), then SIGABRTs the test (a
+Python test's faulthandler prints its Python stacks), kills what is left and
+exits 1 naming the deadline. Without this, a test that hangs ends as
+Bazel's bare TIMEOUT and its log says nothing.
 Exit status: the child's, or 1 after a timeout.
 """
 
@@ -23,9 +27,10 @@ import tempfile
 import time
 
 MARGIN_S = 20
+UNDER_WATCHDOG = "SHARDOPT_UNDER_WATCHDOG"
 SYMBOLS_OF = ("libc.so", "_shardopt", "libgrpc", "libgpr", "libabsl")  # (Name prefixes.)
 DEFAULT_DEADLINE_S = 600
-GDB_TIMEOUT_S = 20
+GDB_TIMEOUT_S = 5
 FRAMES_PER_THREAD = 8
 LOG_LINES = 10  # Of each shard server's log file.
 FRAME = re.compile(r"^#(\d+)\s+(?:0x[0-9a-f]+ in )?(\S+)")
@@ -144,13 +149,18 @@ def print_stacks(pid):
 
 
 def main():
-    if len(sys.argv) < 3:
-        print("usage: watchdog.py PYTHON SCRIPT [ARGS...]", file=sys.stderr)
+    if len(sys.argv) < 2:
+        print("usage: watchdog.py COMMAND [ARGS...]", file=sys.stderr)
         return 2
-    python, script, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    command = sys.argv[1:]
+    if os.environ.get(UNDER_WATCHDOG):
+        os.execvp(command[0], command)  # (Watched already: the signals reach the test.)
+    # A Python test by its script, anything else by its program.
+    name = next((os.path.basename(a) for a in command if a.endswith(".py")),
+                os.path.basename(command[0]))
     budget = float(os.environ.get("TEST_TIMEOUT", DEFAULT_DEADLINE_S))
-    deadline_s = max(10.0, budget - MARGIN_S)
-    child = subprocess.Popen([python, "-u", "-X", "faulthandler", script, *args])
+    deadline_s = max(10.0, budget - min(MARGIN_S, budget / 10))
+    child = subprocess.Popen(command, env={**os.environ, UNDER_WATCHDOG: "1"})
     # Bazel's own timeout sends SIGTERM: pass it on so the servers go too.
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     start = time.monotonic()
@@ -160,7 +170,7 @@ def main():
         return rc if rc >= 0 else 128 - rc  # Killed by a signal: as a shell says it.
     except subprocess.TimeoutExpired:
         pass
-    print(f"\nwatchdog: {os.path.basename(script)} did not finish within {deadline_s:.0f} s "
+    print(f"\nwatchdog: {name} did not finish within {deadline_s:.0f} s "
           f"({time.monotonic() - start:.0f} s since it started); the stacks of its processes:",
           flush=True)
     tree = process_tree(child.pid)
@@ -169,7 +179,7 @@ def main():
     print_server_logs(started_at)
     child.send_signal(signal.SIGABRT)  # faulthandler: the Python stacks of every thread.
     try:
-        child.wait(timeout=10)
+        child.wait(timeout=3)
     except subprocess.TimeoutExpired:
         pass
     for pid in tree:
@@ -177,7 +187,7 @@ def main():
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    print(f"watchdog: FAIL: {os.path.basename(script)} timed out after {deadline_s:.0f} s "
+    print(f"watchdog: FAIL: {name} timed out after {deadline_s:.0f} s "
           "(stacks above)", flush=True)
     return 1
 
