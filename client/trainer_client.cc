@@ -21,8 +21,10 @@
 #include "client/shard_fanout.h"
 #include "client/shared_memory_route.h"
 #include "client/shared_memory_transport.h"
+#include "client/socket_payload_transport.h"
 #include "client/step_calls.h"
 #include "client/streamed_push.h"
+#include "client/transport_chain.h"
 #include "common/dtype_convert.h"
 #include "common/finite.h"
 #include "common/logging.h"
@@ -80,6 +82,7 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   ConnectionOptions connection;
   absl::StatusOr<ChannelFactory> channels = ChannelFactory::Create(options.security);
   if (!channels.ok()) return channels.status();
+  const bool tls = channels->tls();
   connection.channels = *std::move(channels);
   connection.initial_backoff = options.initial_backoff;
   connection.max_backoff = options.max_backoff;
@@ -90,8 +93,10 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   }
   std::unique_ptr<EarlyPull> early_pull;
   if (options.overlap_pull) early_pull = std::make_unique<EarlyPull>(shard_addresses, connection);
-  return std::unique_ptr<TrainerClient>(
+  std::unique_ptr<TrainerClient> client(
       new TrainerClient(options, std::move(shards), std::move(early_pull)));
+  client->tls_ = tls;
+  return client;
 }
 
 TrainerClient::TrainerClient(const TrainerClientOptions& options,
@@ -181,28 +186,54 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
                         calls});
   }
   steps_ = std::make_unique<StepCalls>(fanout_.get(), calls);
-  PrepareSharedMemory(layout);
+  PrepareTransports(layout);
   if (early_pull_) early_pull_->Prepare(layout, calls, transports_);
   return absl::OkStatus();
 }
 
-void TrainerClient::PrepareSharedMemory(const ModelLayout& layout) {
-  if (!options_.shared_memory) return;
-  if (segment_ != nullptr && segment_->total_elements() == layout.total_elements()) return;
-  transports_.clear();
-  for (auto& shard : shards_) shard->set_transport(nullptr);
-  absl::StatusOr<std::unique_ptr<TrainerSegment>> segment =
-      TrainerSegment::Create(layout.total_elements(), options_.push_dtype, options_.pull_dtype);
-  if (!segment.ok()) {
-    LogWarning("trainer %d: no shared memory (payloads go over gRPC): %s", options_.trainer_rank,
-               segment.status().ToString());
-    segment_.reset();
+void TrainerClient::PrepareTransports(const ModelLayout& layout) {
+  const bool sockets = options_.socket_payloads && !tls_;
+  if (!options_.shared_memory && !sockets) return;
+  if (!transports_.empty() && (!options_.shared_memory || segment_ == nullptr ||
+                               segment_->total_elements() == layout.total_elements())) {
     return;
   }
-  segment_ = *std::move(segment);
+  transports_.clear();
+  shared_memory_transports_.clear();
+  socket_transports_.clear();
+  for (auto& shard : shards_) shard->set_transport(nullptr);
+  segment_.reset();
+  if (options_.shared_memory) {
+    absl::StatusOr<std::unique_ptr<TrainerSegment>> segment =
+        TrainerSegment::Create(layout.total_elements(), options_.push_dtype, options_.pull_dtype);
+    if (segment.ok()) {
+      segment_ = *std::move(segment);
+    } else {
+      LogWarning("trainer %d: no shared memory (payloads go %s): %s", options_.trainer_rank,
+                 sockets ? "over payload sockets or gRPC" : "over gRPC",
+                 segment.status().ToString());
+    }
+  }
   for (auto& shard : shards_) {
-    transports_.push_back(std::make_shared<SharedMemoryTransport>(segment_, shard->index()));
+    std::vector<std::shared_ptr<PayloadTransport>> parts;
+    if (segment_ != nullptr) {
+      shared_memory_transports_.push_back(
+          std::make_shared<SharedMemoryTransport>(segment_, shard->index()));
+      parts.push_back(shared_memory_transports_.back());
+    }
+    if (sockets) {
+      socket_transports_.push_back(
+          std::make_shared<SocketPayloadTransport>(shard->address(), shard->index()));
+      parts.push_back(socket_transports_.back());
+    }
+    if (parts.empty()) continue;
+    transports_.push_back(parts.size() == 1 ? parts[0]
+                                            : std::make_shared<TransportChain>(std::move(parts)));
     shard->set_transport(transports_.back());
+  }
+  if (transports_.size() != shards_.size()) {
+    transports_.clear();
+    for (auto& shard : shards_) shard->set_transport(nullptr);
   }
 }
 
@@ -218,7 +249,13 @@ absl::Span<float> TrainerClient::shared_parameters() const {
 
 int64_t TrainerClient::shared_memory_transfers() const {
   int64_t transfers = 0;
-  for (const auto& transport : transports_) transfers += transport->transfers();
+  for (const auto& transport : shared_memory_transports_) transfers += transport->transfers();
+  return transfers;
+}
+
+int64_t TrainerClient::socket_transfers() const {
+  int64_t transfers = 0;
+  for (const auto& transport : socket_transports_) transfers += transport->transfers();
   return transfers;
 }
 

@@ -258,8 +258,10 @@ class TrainerClient {
   // The segment itself (null without shared memory): a holder keeps its
   // memory mapped past this client's end (the Python binding's buffers).
   std::shared_ptr<const TrainerSegment> shared_segment() const { return segment_; }
-  // Pushes and pulls to single shards that went through shared memory.
+  // Pushes and pulls to single shards that went through shared memory, and
+  // over payload sockets.
   int64_t shared_memory_transfers() const;
+  int64_t socket_transfers() const;
 
  private:
   TrainerClient(const TrainerClientOptions& options,
@@ -271,9 +273,9 @@ class TrainerClient {
   // and layout are known).
   absl::Status PrepareModel(const ModelSpec& spec, const ModelLayout& layout);
   absl::Status CheckBuffer(size_t size, const char* what) const;
-  // The segment and the shards' shared-memory transports for `layout`
-  // (kept across re-registrations of the same layout).
-  void PrepareSharedMemory(const ModelLayout& layout);
+  // The segment and the shards' data planes for `layout` (kept across
+  // re-registrations of the same layout).
+  void PrepareTransports(const ModelLayout& layout);
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
   // Pushes `payload` as step `step` (recording it first), recovering shards
   // that are behind.
@@ -325,8 +327,12 @@ class TrainerClient {
   std::unique_ptr<ShardFanOut> fanout_;
   std::unique_ptr<EarlyPull> early_pull_;  // With overlap_pull.
   std::shared_ptr<const TrainerSegment> segment_;                  // With shared memory.
-  // The pairs' data planes besides the stream (shard order; empty: none).
+  // The pairs' data planes besides the stream (shard order; empty: none),
+  // and their parts of each kind.
   std::vector<std::shared_ptr<PayloadTransport>> transports_;
+  std::vector<std::shared_ptr<PayloadTransport>> shared_memory_transports_;
+  std::vector<std::shared_ptr<PayloadTransport>> socket_transports_;
+  bool tls_ = false;
   struct StreamedPush;  // client/streamed_push.h
   // Ends `push` without any shard committing it (see CancelStreamedPush).
   void Abandon(std::unique_ptr<StreamedPush> push);

@@ -109,6 +109,11 @@ struct TrainerClientOptions {
   // instead of the gRPC stream (client/shared_memory_route.h); the rest,
   // and streamed pushes, use the stream. Same bits either way.
   bool shared_memory = true;
+  // Shards reached over plaintext that it does not reach through shared
+  // memory: push and pull bytes go over a plain TCP connection to the
+  // shard's payload socket (client/socket_payload_transport.h) instead of
+  // HTTP/2 frames in the stream; never over TLS. Same bits either way.
+  bool socket_payloads = true;
 };
 
 }  // namespace shardopt

@@ -47,6 +47,13 @@ ABSL_FLAG(bool, shared_memory, true,
           "Let trainers on this host (same user, same network namespace) move gradients and "
           "parameters through shared memory instead of the gRPC stream; --noshared_memory: "
           "always the stream.");
+ABSL_FLAG(bool, payload_socket, true,
+          "Let trainers that reach this server over plaintext move gradients and parameters "
+          "over a plain TCP connection to a port of the --listen host (ServerInfo names it) "
+          "instead of the gRPC stream; never with TLS. --nopayload_socket: always the stream.");
+ABSL_FLAG(int, payload_socket_port, 0,
+          "The payload socket's TCP port (for firewalls); 0: a free one. A port that cannot be "
+          "bound leaves the server without a payload socket (logged).");
 ABSL_FLAG(int, stream_idle_timeout_s, 60,
           "Cancel push and register streams that send nothing for this many seconds "
           "(0 = never).");
@@ -190,6 +197,13 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
   options.pipeline_range_elements = static_cast<uint64_t>(pipeline_range);
   options.step_timeline = absl::GetFlag(FLAGS_step_timeline);
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  options.payload_socket = absl::GetFlag(FLAGS_payload_socket);
+  const int payload_port = absl::GetFlag(FLAGS_payload_socket_port);
+  if (payload_port < 0 || payload_port > 65535) {
+    LogError("--payload_socket_port=%d is not a TCP port", payload_port);
+    return 2;
+  }
+  options.payload_socket_port = static_cast<uint16_t>(payload_port);
   options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
 

@@ -3,11 +3,15 @@
 #ifndef SHARDOPT_SERVER_SERVICE_REPLIES_H_
 #define SHARDOPT_SERVER_SERVICE_REPLIES_H_
 
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "common/layout.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
@@ -16,6 +20,14 @@
 namespace shardopt {
 
 inline grpc::Status Error(const absl::Status& status) { return ToGrpcStatus(status); }
+
+// A wait of a call that asked for at most `max_wait_ms` (0: the call's
+// deadline) ends then, answering what it still waits for.
+inline absl::Time WaitDeadline(const grpc::ServerContext& context, int64_t max_wait_ms) {
+  const absl::Time deadline = absl::FromChrono(context.deadline());
+  if (max_wait_ms <= 0) return deadline;
+  return std::min(deadline, absl::Now() + absl::Milliseconds(max_wait_ms));
+}
 
 // The push a waiting trainer made (its request's trainer_rank, pushed_step).
 template <typename Request>

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/payload_socket.h"
 #include "proto/grpc/health/v1/health.pb.h"
 #include "server/call_interceptor.h"
 
@@ -38,7 +40,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   // grpc.health.v1.Health and `grpcurl ... grpc.health.v1.Health/Check` works.
   grpc::health::v1::HealthCheckRequest::descriptor();
   std::unique_ptr<ShardServer> server(new ShardServer());
-  server->service_ = std::make_unique<ShardServiceImpl>(options);
+  // The payload socket listens where gRPC does (every interface for a
+  // wildcard address); a server on a Unix socket opens no TCP port.
+  ShardServerOptions served = options;
+  if (absl::StartsWith(listen_address, "unix")) served.payload_socket = false;
+  served.payload_socket_host = HostOfTarget(listen_address);
+  if (served.payload_socket_host == "0.0.0.0" || served.payload_socket_host == "::") {
+    served.payload_socket_host.clear();
+  }
+  server->service_ = std::make_unique<ShardServiceImpl>(served);
   // Restored before the port opens: no trainer sees the shard half-loaded.
   if (!options.restore_from.empty()) {
     if (absl::Status s = server->service_->RestoreFrom(options.restore_from); !s.ok()) {

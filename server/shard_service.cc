@@ -1,5 +1,5 @@
 // ShardServiceImpl: admission, and the calls of a step (register, push,
-// pull, statistics, hyperparameters).
+// pull; statistics and hyperparameters in shard_service_step_control.cc).
 #include "server/shard_service.h"
 
 #include <google/protobuf/util/message_differencer.h>
@@ -61,14 +61,6 @@ void FillPushResponse(const PushResult& result, const HostedModel& model,
   for (int64_t step : result.trainer_steps) response->add_trainer_steps(step);
 }
 
-// A wait of a call that asked for at most `max_wait_ms` (0: the call's
-// deadline) ends then, answering what it still waits for.
-absl::Time WaitDeadline(const grpc::ServerContext& context, int64_t max_wait_ms) {
-  const absl::Time deadline = absl::FromChrono(context.deadline());
-  if (max_wait_ms <= 0) return deadline;
-  return std::min(deadline, absl::Now() + absl::Milliseconds(max_wait_ms));
-}
-
 }  // namespace
 
 ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
@@ -84,6 +76,16 @@ ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
       shared_memory_ = *std::move(host);
     } else {
       LogWarning("shared memory is off (trainers use gRPC for payloads): %s",
+                 host.status().ToString());
+    }
+  }
+  if (options.payload_socket && options.tls_cert_pem.empty()) {
+    absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host =
+        PayloadSocketHost::Start(options.payload_socket_host, options.payload_socket_port);
+    if (host.ok()) {
+      payload_sockets_ = *std::move(host);
+    } else {
+      LogWarning("no payload socket (trainers use gRPC streams for payloads): %s",
                  host.status().ToString());
     }
   }
@@ -358,6 +360,18 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
     return Error(absl::InvalidArgumentError("PushGradients must start with a header"));
   }
   const v1::PushHeader header = request.header();
+  // Taken first: a push refused before its payload was read closes the
+  // link, so that the trainer's sending ends at once.
+  std::optional<PayloadSocketHost::Lease> link;
+  if (header.has_socket_payload()) {
+    absl::StatusOr<PayloadSocketHost::Lease> lease = AcquireLink(header.socket_payload());
+    if (!lease.ok()) return Error(lease.status());
+    link.emplace(*std::move(lease));
+    if (header.has_shared_memory()) {
+      return Error(absl::InvalidArgumentError(
+          "PushGradients names a shared-memory payload and a payload socket"));
+    }
+  }
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(header.model_id());
   if (!model.ok()) return Error(model.status());
   if (header.trainer_rank() < (*model)->config().num_trainers()) {
@@ -391,7 +405,14 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
       return Error(s);
     }
   }
-  while (!header.has_shared_memory() && reader->Read(&request)) {
+  if (link) {
+    if (absl::Status s =
+            ReceiveSocketPayload(header, *dtype, context, reader, watch, writer, *link);
+        !s.ok()) {
+      return Error(s);
+    }
+  }
+  while (!header.has_shared_memory() && !link && reader->Read(&request)) {
     watch.Touch();
     if (!request.has_chunk()) {
       return Error(absl::InvalidArgumentError(
@@ -450,6 +471,20 @@ grpc::Status ShardServiceImpl::PullParameters(
     if (!place.ok()) return Error(place.status());
     shared = *std::move(place);
   }
+  const bool socket = request->has_socket_payload() && !request->wait_only();
+  if (socket && shared) {
+    return Error(absl::InvalidArgumentError(
+        "PullParameters names a shared-memory place and a payload socket"));
+  }
+  if (socket) {
+    // Named now, taken once the version is known (the wait may be long).
+    if (payload_sockets_ == nullptr) {
+      return Error(absl::FailedPreconditionError("this shard runs without a payload socket"));
+    }
+    if (absl::Status s = payload_sockets_->Claim(request->socket_payload().link()); !s.ok()) {
+      return Error(s);
+    }
+  }
   const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
   const auto cancelled = [context] { return context->IsCancelled(); };
   if (request->has_decision()) {
@@ -478,6 +513,8 @@ grpc::Status ShardServiceImpl::PullParameters(
   absl::StatusOr<int64_t> version =
       shard.PullTarget(request->min_version(), deadline, cancelled, PushedByOf(*request), &pin);
   if (!version.ok()) return Error(version.status());
+  if (socket)
+    return SendSocketPull(context, *request, shard, *version, *dtype, deadline, pin, writer);
   response.set_version(*version);
   // Asynchronous over the stream: every message is read under the pin and
   // sent after it is released, so that a slow reader (flow control) holds no
@@ -530,61 +567,6 @@ grpc::Status ShardServiceImpl::PullParameters(
     return grpc::Status(grpc::CANCELLED, "client went away during the pull");
   }
   metrics_.RecordPull(request->model_id());
-  return grpc::Status::OK;
-}
-
-grpc::Status ShardServiceImpl::GetStepStats(grpc::ServerContext* context,
-                                            const v1::GetStepStatsRequest* request,
-                                            v1::StepStats* response) {
-  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
-  CallScope call(this);
-  if (!call.admitted().ok()) return Error(call.admitted());
-  absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
-  if (!model.ok()) return Error(model.status());
-  if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
-  ModelShard& shard = (*model)->shard();
-  std::optional<StepDecision> clip;
-  if (request->has_decision()) {
-    // The clip half of a decision with trust norms (LAMB on the flat partition).
-    clip = StepDecisionFromProto(request->decision());
-    if (absl::Status s = CheckDecision(*clip, shard.options().max_grad_norm); !s.ok()) {
-      return Error(s);
-    }
-  }
-  // (A push the shard does not hold ends the wait at once.)
-  absl::StatusOr<StepStats> stats = shard.WaitForStepStats(
-      request->step(), WaitDeadline(*context, request->max_wait_ms()),
-      [context] { return context->IsCancelled(); }, PushedByOf(*request), clip ? &*clip : nullptr);
-  if (!stats.ok()) return Error(stats.status());
-  *response = StepStatsToProto(*stats);
-  return grpc::Status::OK;
-}
-
-grpc::Status ShardServiceImpl::SetHyperparameters(grpc::ServerContext* context,
-                                                  const v1::SetHyperparametersRequest* request,
-                                                  v1::SetHyperparametersResponse* response) {
-  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
-  absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
-  if (!model.ok()) return Error(model.status());
-  ModelShard& shard = (*model)->shard();
-  if (request->cancel()) {
-    if (absl::Status s = shard.CancelHyperparameters(request->effective_step()); !s.ok()) {
-      return Error(s);
-    }
-    response->set_effective_step(request->effective_step());
-    response->set_version(shard.version());
-    return grpc::Status::OK;
-  }
-  absl::StatusOr<Hyperparameters> h =
-      HyperparametersFromProto(request->optimizer(), request->lr_schedule());
-  if (!h.ok()) return Error(h.status());
-  if (absl::Status s = shard.SetHyperparameters(request->effective_step(), *h); !s.ok()) {
-    return Error(s);
-  }
-  LogInfo("model '%s': from step %d: %s, lr schedule %s", request->model_id(),
-          request->effective_step(), h->optimizer.DebugString(), h->lr_schedule.DebugString());
-  response->set_effective_step(request->effective_step());
-  response->set_version(shard.version());
   return grpc::Status::OK;
 }
 

@@ -4,8 +4,11 @@
 // and translates between the wire contract and ModelShard: it validates
 // every request before touching state, so a malformed call gets
 // INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION / UNIMPLEMENTED and
-// changes nothing. The step calls (register, push, pull, statistics,
-// hyperparameters) are in shard_service.cc; the calls that read or replace
+// changes nothing. The step calls (register, push, pull) are in
+// shard_service.cc, statistics and hyperparameters in
+// shard_service_step_control.cc, payloads through shared memory and over
+// payload sockets in shard_service_shared_memory.cc and
+// shard_service_socket.cc; the calls that read or replace
 // a model's state as a whole (inspect, server info, checkpoint, rollback)
 // and the restore before serving, with loading a checkpoint into a model
 // (LoadModel), in shard_service_state.cc. Thread-safe; gRPC's sync server
@@ -28,6 +31,7 @@
 #include "server/model_registry.h"
 #include "server/model_shard.h"
 #include "server/parallel_for.h"
+#include "server/payload_socket_host.h"
 #include "server/shared_memory_host.h"
 #include "server/state_budget.h"
 #include "server/stream_watchdog.h"
@@ -89,6 +93,14 @@ struct ShardServerOptions {
   // Trainers on this host may move payloads through shared memory
   // (SharedMemoryHost; --shared_memory).
   bool shared_memory = true;
+  // Trainers that reach this server over plaintext may move payloads over a
+  // TCP port of this host (PayloadSocketHost; --payload_socket), listening
+  // on payload_socket_host (empty: every interface; ShardServer::Start sets
+  // it to its listen address's host, so a server on loopback stays there).
+  // Never with TLS: the bytes would travel unencrypted.
+  bool payload_socket = true;
+  std::string payload_socket_host = "127.0.0.1";
+  uint16_t payload_socket_port = 0;  // 0: a free port (--payload_socket_port).
 };
 
 class ShardServiceImpl final : public v1::ShardService::Service {
@@ -205,10 +217,28 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                                     grpc::ServerContext* context,
                                     grpc::ServerReader<v1::PushGradientsRequest>* reader,
                                     StreamWatchdog::Watch& watch, ModelShard::PushWriter& writer);
+  // The link a call names (FAILED_PRECONDITION without payload sockets, or
+  // when it is not open or busy), for the call's transfer.
+  absl::StatusOr<PayloadSocketHost::Lease> AcquireLink(const v1::SocketPayload& where) const;
+  // The push's payload from its link (PushHeader.socket_payload) into
+  // `writer`: the stream must end after the header; the lease is finished
+  // once every byte was read and staged.
+  absl::Status ReceiveSocketPayload(const v1::PushHeader& header, DType dtype,
+                                    grpc::ServerContext* context,
+                                    grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                                    StreamWatchdog::Watch& watch, ModelShard::PushWriter& writer,
+                                    PayloadSocketHost::Lease& lease);
+  // The rest of a pull of `version` over its link: the first message, the
+  // frames, the last message (see PullParametersRequest.socket_payload).
+  grpc::Status SendSocketPull(grpc::ServerContext* context,
+                              const v1::PullParametersRequest& request, ModelShard& shard,
+                              int64_t version, DType dtype, absl::Time deadline, ReadPin& pin,
+                              grpc::ServerWriter<v1::PullParametersResponse>* writer);
 
   const ShardServerOptions options_;
   const absl::Time start_time_;
   std::unique_ptr<SharedMemoryHost> shared_memory_;  // Null without shared memory.
+  std::unique_ptr<PayloadSocketHost> payload_sockets_;  // Null without payload sockets.
   mutable ServerMetrics metrics_;  // Thread-safe; counted from const paths too.
   ThreadPool pool_;
   StreamWatchdog watchdog_;

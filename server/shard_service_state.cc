@@ -147,6 +147,10 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
     response->set_shared_memory_socket(shared_memory_->socket_name());
     response->set_shared_memory_attachments(static_cast<uint32_t>(shared_memory_->attachments()));
   }
+  if (payload_sockets_ != nullptr) {
+    response->set_payload_socket_port(payload_sockets_->port());
+    response->set_payload_socket_links(static_cast<uint32_t>(payload_sockets_->links()));
+  }
   for (const std::shared_ptr<HostedModel>& model : models_.All()) {
     v1::ModelSummary* summary = response->add_models();
     summary->set_model_id(model->config().model_id());

@@ -287,6 +287,8 @@ TEST(GrpcurlCompatTest, TheReadmesCommandsWorkWithTheRealGrpcurl) {
       EXPECT_TRUE(absl::StrContains(out, "\"SERVING\"")) << out;
     } else if (command.target == "shardopt.v1.ShardService/GetServerInfo") {
       EXPECT_TRUE(absl::StrContains(out, "\"model_id\": \"mlp\"")) << out;
+      // Plaintext: the server offers its payload socket.
+      EXPECT_TRUE(absl::StrContains(out, "\"payload_socket_port\": ")) << out;
     } else if (command.target == "shardopt.v1.ShardService/Inspect") {
       EXPECT_TRUE(absl::StrContains(out, "\"values\": [")) << out;
     } else if (command.target == "shardopt.v1.ShardService/SetHyperparameters") {

@@ -274,11 +274,22 @@ TEST(SecurityTest, TrainingOverMutualTlsWithTokensIsBitIdentical) {
   auto servers = StartCluster(2, SecureServerFlags(pki));
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::string out_root = MakeTempDir("tls_job");
-  RunTrainers(Addresses(*servers), 2, "adamw", 12, out_root,
-              {"--tls_ca_file=" + pki.path("ca.pem"), "--tls_cert_file=" + pki.path("client.pem"),
-               "--tls_key_file=" + pki.path("client.key"),
-               "--auth_token_file=" + pki.path("trainer.token")});
+  std::vector<std::string> secure = {
+      "--tls_ca_file=" + pki.path("ca.pem"), "--tls_cert_file=" + pki.path("client.pem"),
+      "--tls_key_file=" + pki.path("client.key"), "--auth_token_file=" + pki.path("trainer.token")};
+  RunTrainers(Addresses(*servers), 2, "adamw", 12, out_root, secure);
   ExpectMatchesReference("adamw", 2, 2, 12, out_root);
+
+  // Without shared memory the payloads stay in the TLS streams: a TLS
+  // server offers no payload socket (its bytes would travel unencrypted).
+  auto others = StartCluster(2, SecureServerFlags(pki));
+  ASSERT_TRUE(others.ok()) << others.status();
+  const std::string streamed_root = MakeTempDir("tls_streams");
+  secure.push_back("--shared_memory=false");
+  RunTrainers(Addresses(*others), 2, "adamw", 12, streamed_root, secure);
+  ExpectMatchesReference("adamw", 2, 2, 12, streamed_root);
+  EXPECT_EQ(TrainerCount(streamed_root, 0, "adamw", "socket_transfers"), 0);
+  EXPECT_EQ(TrainerCount(streamed_root, 0, "adamw", "shm_transfers"), 0);
 }
 
 // --checkpoint_request_root: a Checkpoint request (any token that may write)
@@ -327,6 +338,7 @@ TEST(SecurityTest, RealGrpcurlWithTlsAndToken) {
       absl::StrCat(grpcurl, tls, bearer, " ", address, " shardopt.v1.ShardService/GetServerInfo"));
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"shard_count\": 1"), std::string::npos) << out;
+  EXPECT_EQ(out.find("payload_socket_port"), std::string::npos) << "TLS, yet a payload socket";
   // Health and reflection need no token; the shard service does.
   std::tie(rc, out) =
       RunShell(absl::StrCat(grpcurl, tls, " ", address, " grpc.health.v1.Health/Check"));

@@ -1,9 +1,11 @@
-// The shared-memory data plane with real processes: trainers and shards on
-// this host move payloads through the trainer's segment, and the results are
-// bit-identical to the gRPC stream's (the reference comparison itself is in
-// end_to_end_test, which runs over shared memory); mixed jobs; kill -9 of
-// either side (the shard's mapping goes away, the trainer re-attaches to a
-// restarted shard); and bad input through the new path.
+// The data planes with real processes: trainers and shards on this host
+// move payloads through the trainer's shared segment, or (shared memory off)
+// over payload sockets, and the results are bit-identical to the gRPC
+// stream's (the reference comparison itself is in end_to_end_test, which
+// runs over shared memory); mixed jobs; kill -9 of either side (the shard's
+// mapping or links go away, the trainer re-attaches to a restarted shard).
+// Bad input through the new paths: shared_memory_bad_input_test,
+// payload_socket_bad_input_test.
 #include "common/shared_memory.h"
 
 #include <signal.h>
@@ -87,6 +89,13 @@ void ExpectSameResults(const std::string& a, const std::string& b, uint32_t trai
 int64_t Transfers(const std::string& root, uint32_t rank, const std::string& name) {
   return TrainerCount(root, rank, name, "shm_transfers");
 }
+int64_t SocketTransfers(const std::string& root, uint32_t rank, const std::string& name) {
+  return TrainerCount(root, rank, name, "socket_transfers");
+}
+
+// Trainers whose payloads go in the gRPC streams, and over payload sockets.
+const std::vector<std::string> kGrpcOnly = {"--shared_memory=false", "--socket_payloads=false"};
+const std::vector<std::string> kSocket = {"--shared_memory=false"};
 
 class TransportTest : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t>> {};
 
@@ -97,8 +106,7 @@ TEST_P(TransportTest, SharedMemoryMatchesGrpcBitForBit) {
   const auto [shards, trainers] = GetParam();
   const std::vector<std::vector<std::string>> servers(shards, {"--device=cpu"});
   const std::string grpc =
-      RunJob(servers, trainers,
-             std::vector<std::vector<std::string>>(trainers, {"--shared_memory=false"}));
+      RunJob(servers, trainers, std::vector<std::vector<std::string>>(trainers, kGrpcOnly));
   const std::string copied =
       RunJob(servers, trainers, std::vector<std::vector<std::string>>(trainers));
   const std::string in_place = RunJob(
@@ -112,6 +120,26 @@ TEST_P(TransportTest, SharedMemoryMatchesGrpcBitForBit) {
       // A push and a pull per shard and step at least.
       EXPECT_GE(Transfers(copied, r, name), 2 * kSteps * shards) << name;
       EXPECT_GE(Transfers(in_place, r, name), 2 * kSteps * shards) << name;
+      EXPECT_EQ(SocketTransfers(copied, r, name), 0) << "shared memory goes first";
+    }
+  }
+}
+
+// The same job over the gRPC stream and over payload sockets: the same bits.
+TEST_P(TransportTest, PayloadSocketsMatchGrpcBitForBit) {
+  const auto [shards, trainers] = GetParam();
+  const std::vector<std::vector<std::string>> servers(shards, {"--device=cpu"});
+  const std::string grpc =
+      RunJob(servers, trainers, std::vector<std::vector<std::string>>(trainers, kGrpcOnly));
+  const std::string socket =
+      RunJob(servers, trainers, std::vector<std::vector<std::string>>(trainers, kSocket));
+  ASSERT_FALSE(HasFatalFailure());
+  ExpectSameResults(grpc, socket, trainers, "over payload sockets");
+  for (const std::string& name : Models()) {
+    for (uint32_t r = 0; r < trainers; ++r) {
+      EXPECT_EQ(SocketTransfers(grpc, r, name), 0) << name;
+      EXPECT_EQ(Transfers(socket, r, name), 0) << name;
+      EXPECT_GE(SocketTransfers(socket, r, name), 2 * kSteps * shards) << name;
     }
   }
 }
@@ -124,7 +152,8 @@ INSTANTIATE_TEST_SUITE_P(ShardsByTrainers, TransportTest,
                          });
 
 // 16-bit wire types and gradient control (clipping, loss scaling with
-// planted overflows) through shared memory, against the same over gRPC.
+// planted overflows) through shared memory and over payload sockets,
+// against the same over gRPC.
 TEST(TransportVariantsTest, SixteenBitAndGradientControlMatchGrpc) {
   const std::vector<std::vector<std::string>> variants = {
       {"--push_dtype=bfloat16", "--pull_dtype=bfloat16"},
@@ -135,17 +164,24 @@ TEST(TransportVariantsTest, SixteenBitAndGradientControlMatchGrpc) {
   };
   for (const std::vector<std::string>& variant : variants) {
     const std::vector<std::vector<std::string>> servers(3, {"--device=cpu"});
-    std::vector<std::string> grpc_flags = {"--shared_memory=false"};
+    std::vector<std::string> grpc_flags = kGrpcOnly;
+    std::vector<std::string> socket_flags = kSocket;
     for (const std::string& f : variant) {
-      if (f != "--shared_buffers") grpc_flags.push_back(f);
+      if (f == "--shared_buffers") continue;
+      grpc_flags.push_back(f);
+      socket_flags.push_back(f);
     }
     const std::string grpc =
         RunJob(servers, 2, std::vector<std::vector<std::string>>(2, grpc_flags));
     const std::string shared =
         RunJob(servers, 2, std::vector<std::vector<std::string>>(2, variant));
+    const std::string socket =
+        RunJob(servers, 2, std::vector<std::vector<std::string>>(2, socket_flags));
     ASSERT_FALSE(HasFatalFailure()) << absl::StrJoin(variant, " ");
     ExpectSameResults(grpc, shared, 2, absl::StrJoin(variant, " "));
+    ExpectSameResults(grpc, socket, 2, absl::StrJoin(socket_flags, " "));
     EXPECT_GT(Transfers(shared, 0, "adam"), 0) << absl::StrJoin(variant, " ");
+    EXPECT_GT(SocketTransfers(socket, 0, "adam"), 0) << absl::StrJoin(variant, " ");
   }
 }
 
@@ -153,18 +189,24 @@ TEST(TransportVariantsTest, SixteenBitAndGradientControlMatchGrpc) {
 // it off, and a shard that runs without it.
 TEST(TransportMixTest, MixedPairsMatchAllGrpc) {
   const std::vector<std::vector<std::string>> plain(3, {"--device=cpu"});
-  const std::string grpc =
-      RunJob(plain, 2, std::vector<std::vector<std::string>>(2, {"--shared_memory=false"}));
+  const std::string grpc = RunJob(plain, 2, std::vector<std::vector<std::string>>(2, kGrpcOnly));
   std::vector<std::vector<std::string>> one_without = plain;
   one_without[1].push_back("--noshared_memory");
-  const std::string mixed = RunJob(one_without, 2, {{}, {"--shared_memory=false"}});
+  one_without[1].push_back("--nopayload_socket");
+  one_without[2].push_back("--noshared_memory");
+  // Rank 0: shared memory with shard 0, a payload socket with shard 2, the
+  // stream with shard 1; rank 1: payload sockets with shards 0 and 2.
+  const std::string mixed = RunJob(one_without, 2, {{}, kSocket});
   ASSERT_FALSE(HasFatalFailure());
   ExpectSameResults(grpc, mixed, 2, "mixed");
   for (const std::string& name : Models()) {
-    // Rank 0 used shared memory with shards 0 and 2 only; rank 1 never.
-    EXPECT_GE(Transfers(mixed, 0, name), 2 * kSteps * 2) << name;
-    EXPECT_LT(Transfers(mixed, 0, name), 2 * kSteps * 3) << name;
+    EXPECT_GE(Transfers(mixed, 0, name), 2 * kSteps) << name;
+    EXPECT_LT(Transfers(mixed, 0, name), 2 * kSteps * 2) << name;
+    EXPECT_GE(SocketTransfers(mixed, 0, name), 2 * kSteps) << name;
+    EXPECT_LT(SocketTransfers(mixed, 0, name), 2 * kSteps * 2) << name;
     EXPECT_EQ(Transfers(mixed, 1, name), 0) << name;
+    EXPECT_GE(SocketTransfers(mixed, 1, name), 2 * kSteps * 2) << name;
+    EXPECT_LT(SocketTransfers(mixed, 1, name), 2 * kSteps * 3) << name;
   }
 }
 
@@ -196,47 +238,84 @@ v1::ServerInfo Info(const std::string& address) {
   return info;
 }
 
+// A job of 2 trainers on 2 shards that checkpoint every 3 steps and
+// restore on restart, slow enough to be hit mid-job.
+class TransportFaultTest : public ::testing::Test {
+ protected:
+  static constexpr int kLongSteps = 80;
+
+  // Starts the shards and the trainers (with `trainer_flags` besides the
+  // pace); returns once shard 0 is at version 8.
+  void StartJob(const std::string& prefix, const std::vector<std::string>& trainer_flags) {
+    root_ = MakeTempDir(prefix);
+    const std::string ckpt = root_ + "/ckpt";
+    flags_ = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=3", "--restore_from=" + ckpt};
+    auto servers = StartCluster(2, flags_);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    servers_ = *std::move(servers);
+    addresses_ = Addresses(servers_);
+    trainer_flags_ = {"--min_step_time=50ms", "--replay_steps=8"};
+    trainer_flags_.insert(trainer_flags_.end(), trainer_flags.begin(), trainer_flags.end());
+    trainers_.resize(2);
+    for (uint32_t r = 0; r < 2; ++r) {
+      ASSERT_NO_FATAL_FAILURE(StartTrainer(addresses_, r, 2, "adamw", kLongSteps, root_ + "/out",
+                                           trainer_flags_, &trainers_[r]));
+    }
+    ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses_[0], "adamw", 8));
+  }
+  // kill -9 of shard 1, restarted on its port; returns once it is at 20.
+  void KillAndRestartShard() {
+    servers_[1]->process().Signal(SIGKILL);
+    ASSERT_TRUE(servers_[1]->process().Wait(absl::Seconds(10)).has_value());
+    std::vector<std::string> restart = flags_;
+    restart.push_back("--listen=" + addresses_[1]);
+    auto restarted = ServerProcess::Start(1, 2, restart);
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+    servers_[1] = std::move(*restarted);
+    ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses_[1], "adamw", 20));
+  }
+  // The trainers end; the job has the bits of an uninterrupted one.
+  void AwaitJob() {
+    ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers_));
+    ExpectMatchesReference("adamw", 2, 2, kLongSteps, root_ + "/out");
+  }
+  // A third trainer (as rank 0 of another job root) that `started` says
+  // reached shard 0, then kill -9.
+  void KillATrainerOnceItIsIn(const std::function<bool()>& started) {
+    std::unique_ptr<ChildProcess> doomed;
+    ASSERT_NO_FATAL_FAILURE(StartTrainer(addresses_, 0, 2, "adamw", kLongSteps + 100,
+                                         root_ + "/out2", trainer_flags_, &doomed));
+    ASSERT_TRUE(Becomes(started, absl::Seconds(30)));
+    doomed->Signal(SIGKILL);
+    ASSERT_TRUE(doomed->Wait(absl::Seconds(10)).has_value());
+  }
+
+  std::string root_;
+  std::vector<std::string> flags_;
+  std::vector<std::string> trainer_flags_;
+  std::vector<std::unique_ptr<ServerProcess>> servers_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<ChildProcess>> trainers_;
+};
+
 // kill -9 of a trainer: the shard drops its attachment and unmaps the
 // segment (the memory is gone with the last holder). kill -9 of a shard
 // mid-job: the trainers re-attach to its restarted process and the job ends
 // with the bits of an uninterrupted one.
-TEST(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
-  const std::string root = MakeTempDir("shm_faults");
-  const std::string ckpt = root + "/ckpt";
-  const std::vector<std::string> flags = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=3",
-                                          "--restore_from=" + ckpt};
-  auto servers = StartCluster(2, flags);
-  ASSERT_TRUE(servers.ok()) << servers.status();
-  const std::vector<std::string> addresses = Addresses(*servers);
-  constexpr int kLongSteps = 80;
-  std::vector<std::unique_ptr<ChildProcess>> trainers(2);
-  const std::vector<std::string> slow = {"--min_step_time=50ms", "--replay_steps=8"};
-  for (uint32_t r = 0; r < 2; ++r) {
-    ASSERT_NO_FATAL_FAILURE(
-        StartTrainer(addresses, r, 2, "adamw", kLongSteps, root + "/out", slow, &trainers[r]));
-  }
-  ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses[0], "adamw", 8));
-  EXPECT_EQ(Info(addresses[0]).shared_memory_attachments(), 2u);
-  EXPECT_GE(SegmentMappings((*servers)[0]->process().pid()), 2);
+TEST_F(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("shm_faults", {}));
+  EXPECT_EQ(Info(addresses_[0]).shared_memory_attachments(), 2u);
+  EXPECT_GE(SegmentMappings(servers_[0]->process().pid()), 2);
 
-  // A shard dies in the middle of the job and comes back on its port.
-  (*servers)[1]->process().Signal(SIGKILL);
-  ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
-  std::vector<std::string> restart = flags;
-  restart.push_back("--listen=" + addresses[1]);
-  auto restarted = ServerProcess::Start(1, 2, restart);
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  (*servers)[1] = std::move(*restarted);
-  ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses[1], "adamw", 20));
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartShard());
   // (A trainer asks a shard that did not answer again 250 ms later.)
-  Becomes([&] { return Info(addresses[1]).shared_memory_attachments() == 2; }, absl::Seconds(10));
-  EXPECT_EQ(Info(addresses[1]).shared_memory_attachments(), 2u) << "the trainers re-attached";
-  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
-  ExpectMatchesReference("adamw", 2, 2, kLongSteps, root + "/out");
-  EXPECT_GE(TrainerCount(root + "/out", 0, "adamw", "shm_transfers"), 2 * kLongSteps);
+  Becomes([&] { return Info(addresses_[1]).shared_memory_attachments() == 2; }, absl::Seconds(10));
+  EXPECT_EQ(Info(addresses_[1]).shared_memory_attachments(), 2u) << "the trainers re-attached";
+  ASSERT_NO_FATAL_FAILURE(AwaitJob());
+  EXPECT_GE(Transfers(root_ + "/out", 0, "adamw"), 2 * kLongSteps);
 
   // The trainers have exited: every attachment and mapping is gone.
-  for (const auto& server : *servers) {
+  for (const auto& server : servers_) {
     Becomes([&] { return Info(server->address()).shared_memory_attachments() == 0; },
             absl::Seconds(10));
     EXPECT_EQ(Info(server->address()).shared_memory_attachments(), 0u);
@@ -244,22 +323,40 @@ TEST(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
   }
 
   // A trainer killed with SIGKILL mid-job is detached the same way.
-  std::unique_ptr<ChildProcess> doomed;
   ASSERT_NO_FATAL_FAILURE(
-      StartTrainer(addresses, 0, 2, "adamw", kLongSteps + 100, root + "/out2", slow, &doomed));
-  Becomes([&] { return Info(addresses[0]).shared_memory_attachments() != 0; }, absl::Seconds(30));
-  ASSERT_EQ(Info(addresses[0]).shared_memory_attachments(), 1u);
-  doomed->Signal(SIGKILL);
-  ASSERT_TRUE(doomed->Wait(absl::Seconds(10)).has_value());
+      KillATrainerOnceItIsIn([&] { return Info(addresses_[0]).shared_memory_attachments() == 1; }));
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  Becomes([&] { return Info(addresses[0]).shared_memory_attachments() == 0; },
+  Becomes([&] { return Info(addresses_[0]).shared_memory_attachments() == 0; },
           deadline - absl::Now());
-  EXPECT_EQ(Info(addresses[0]).shared_memory_attachments(), 0u);
+  EXPECT_EQ(Info(addresses_[0]).shared_memory_attachments(), 0u);
   // (Its pull of the next step held the mapping until the shard saw that
   // call cancelled.)
-  Becomes([&] { return SegmentMappings((*servers)[0]->process().pid()) == 0; },
+  Becomes([&] { return SegmentMappings(servers_[0]->process().pid()) == 0; },
           deadline - absl::Now());
-  EXPECT_EQ(SegmentMappings((*servers)[0]->process().pid()), 0);
+  EXPECT_EQ(SegmentMappings(servers_[0]->process().pid()), 0);
+}
+
+// The same over payload sockets: kill -9 of a shard in the middle of the
+// job (the trainers' links break; they open new ones to the restarted shard
+// and the job ends with the bits of an uninterrupted one), then kill -9 of a
+// trainer (its links are dropped).
+TEST_F(TransportFaultTest, PayloadSocketLinksSurviveKilledShardsAndTrainers) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("socket_faults", kSocket));
+  EXPECT_GE(Info(addresses_[0]).payload_socket_links(), 2u);
+
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartShard());
+  EXPECT_GE(Info(addresses_[1]).payload_socket_links(), 2u) << "the trainers opened new links";
+  ASSERT_NO_FATAL_FAILURE(AwaitJob());
+  EXPECT_GE(SocketTransfers(root_ + "/out", 0, "adamw"), 2 * kLongSteps);
+  for (const auto& server : servers_) {
+    Becomes([&] { return Info(server->address()).payload_socket_links() == 0; }, absl::Seconds(10));
+    EXPECT_EQ(Info(server->address()).payload_socket_links(), 0u);
+  }
+
+  ASSERT_NO_FATAL_FAILURE(
+      KillATrainerOnceItIsIn([&] { return Info(addresses_[0]).payload_socket_links() != 0; }));
+  Becomes([&] { return Info(addresses_[0]).payload_socket_links() == 0; }, absl::Seconds(10));
+  EXPECT_EQ(Info(addresses_[0]).payload_socket_links(), 0u);
 }
 
 }  // namespace

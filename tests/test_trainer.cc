@@ -58,6 +58,9 @@ ABSL_FLAG(int64_t, die_mid_push_at_step, 0,
           "exit with status 3 (a trainer that dies in the middle of a push).");
 ABSL_FLAG(bool, shared_memory, true,
           "Move payloads through shared memory with shards that take it (else gRPC).");
+ABSL_FLAG(bool, socket_payloads, true,
+          "Move payloads over payload sockets with shards that take them and that shared "
+          "memory does not reach (else gRPC).");
 ABSL_FLAG(bool, shared_buffers, false,
           "Compute gradients in and pull parameters into the client's shared buffers (no "
           "copies on the trainer's side).");
@@ -114,6 +117,7 @@ int Train(const std::string& name) {
   options.push_dtype = ParseDType(absl::GetFlag(FLAGS_push_dtype)).value();
   options.pull_dtype = ParseDType(absl::GetFlag(FLAGS_pull_dtype)).value();
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  options.socket_payloads = absl::GetFlag(FLAGS_socket_payloads);
   absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(servers, options);
   if (!client.ok()) {
     fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -307,7 +311,8 @@ int Train(const std::string& name) {
   for (const auto& [what, count] :
        {std::pair<std::string, float>{"replayed", (*client)->replayed_pushes()},
         {"rollbacks", rollbacks},
-        {"shm_transfers", static_cast<float>((*client)->shared_memory_transfers())}}) {
+        {"shm_transfers", static_cast<float>((*client)->shared_memory_transfers())},
+        {"socket_transfers", static_cast<float>((*client)->socket_transfers())}}) {
     if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + "." + what,
                                      {count});
         !s.ok()) {

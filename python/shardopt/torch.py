@@ -181,6 +181,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         segment, so a push is read by the servers in place and a pull is
         written straight into the parameters. Other servers get the stream.
         Same bits either way; ``False`` always streams.
+      socket_payloads: (on by default) with shard servers reached over
+        plaintext that shared memory does not reach, the bytes of pushes and
+        pulls go over a plain TCP connection to the server's payload socket
+        instead of HTTP/2 frames in the gRPC stream (the calls and their
+        answers stay on gRPC; never over TLS). Same bits either way.
       consistency: "sync" (the default: step k is applied once every rank
         pushed it, from the mean of their gradients), "async" (each rank's
         step is applied on the servers alone, as it arrives, as PyTorch RPC's
@@ -200,7 +205,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  rpc_timeout=60.0, retry_budget=60.0, replay_steps=0, journal_path="",
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
                  loss_scaler=None, security=None, overlap_backward=True, bucket_cap_mb=1.0,
-                 shared_memory=True, consistency="sync", staleness=0, partition=None,
+                 shared_memory=True, socket_payloads=True, consistency="sync", staleness=0,
+                 partition=None,
                  **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
@@ -237,7 +243,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  replay_steps=int(replay_steps),
                                  push_dtype=push_dtype, pull_dtype=pull_dtype,
                                  security=dict(security or {}),
-                                 shared_memory=bool(shared_memory))
+                                 shared_memory=bool(shared_memory),
+                                 socket_payloads=bool(socket_payloads))
         self._journal_path = journal_path
         self._check_parameters = check_parameters
         # The layout follows the flag alone (every rank and every restart
@@ -627,6 +634,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def shared_memory_transfers(self):
         """Pushes and pulls to single shards that went through shared memory."""
         return sum(g.client.shared_memory_transfers for g in self._groups)
+
+    @property
+    def socket_transfers(self):
+        """Pushes and pulls to single shards that went over payload sockets."""
+        return sum(g.client.socket_transfers for g in self._groups)
 
     @property
     def step_count(self):

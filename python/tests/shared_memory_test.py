@@ -1,8 +1,9 @@
 """shardopt.torch and the binding over the shared-memory data plane (on by
 default with servers on this host): the flat buffers the parameters and
 gradients live in are the client's segment, the shards read and write it in
-place, and the bits are those of the gRPC stream (shared_memory=False) and
-of torch.optim; the buffers stay valid after the optimizer and its client are
+place, and the bits are those of the gRPC stream (shared_memory=False,
+socket_payloads=False), of payload sockets (shared_memory=False) and of
+torch.optim; the buffers stay valid after the optimizer and its client are
 gone; the binding's shared buffers are plain float32 buffers.
 """
 
@@ -51,7 +52,9 @@ class SharedMemoryTest(unittest.TestCase):
                 shared_model, shared = self.run_job(cluster, f"shm{overlap}",
                                                     overlap_backward=overlap)
                 grpc_model, grpc = self.run_job(cluster, f"grpc{overlap}", shared_memory=False,
-                                                overlap_backward=overlap)
+                                                socket_payloads=False, overlap_backward=overlap)
+                socket_model, socket = self.run_job(cluster, f"socket{overlap}",
+                                                    shared_memory=False, overlap_backward=overlap)
                 g = shared._groups[0]
                 # Pulls (and, when not streamed during backward, pushes) went
                 # through the segment, which holds the flat buffers.
@@ -60,9 +63,16 @@ class SharedMemoryTest(unittest.TestCase):
                 segment = np.frombuffer(g.client.shared_parameters(), dtype=np.float32)
                 self.assertEqual(g.flat_params.data_ptr(), segment.ctypes.data)
                 self.assertEqual(grpc._groups[0].client.shared_memory_transfers, 0)
+                self.assertEqual(grpc.socket_transfers, 0)
                 self.assertIsNone(grpc._groups[0].client.shared_gradients())
-                for p, q in zip(shared_model.parameters(), grpc_model.parameters()):
+                self.assertEqual(shared.socket_transfers, 0)
+                # Over payload sockets (shared memory off): the same bits.
+                self.assertGreaterEqual(socket.socket_transfers, STEPS * 2 * (1 if overlap else 2))
+                self.assertEqual(socket.shared_memory_transfers, 0)
+                for p, q, r in zip(shared_model.parameters(), grpc_model.parameters(),
+                                   socket_model.parameters()):
                     self.assertTrue(torch.equal(p.detach(), q.detach()))
+                    self.assertTrue(torch.equal(r.detach(), q.detach()))
             reference = net()
             train(reference, torch.optim.AdamW(reference.parameters(), lr=0.01))
             for p, q in zip(shared_model.parameters(), reference.parameters()):

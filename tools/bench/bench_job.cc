@@ -32,6 +32,7 @@ absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t ele
   client_options.pull_dtype = pull_dtype;
   client_options.overlap_pull = shape.overlap_pull;
   client_options.shared_memory = shape.shared_memory;
+  client_options.socket_payloads = shape.socket_payloads;
   absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(
       {absl::StrCat("127.0.0.1:", job.server->port())}, client_options);
   if (!client.ok()) return client.status();

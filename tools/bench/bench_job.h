@@ -36,6 +36,9 @@ struct StepShape {
   // Payloads through shared memory (TrainerClientOptions::shared_memory).
   // Off for the sections that measure the gRPC path; section (f) compares.
   bool shared_memory = false;
+  // Payloads over the payload socket (TrainerClientOptions::socket_payloads):
+  // likewise off but in section (f).
+  bool socket_payloads = false;
 };
 
 absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t elements, int threads,

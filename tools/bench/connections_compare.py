@@ -6,7 +6,7 @@ limit". This measures both halves of that question in one run:
              loopback connections at once (a sender and a receiver thread
              each): what the transport itself gains from more connections;
   shardopt   one trainer (the C++ client through the Python binding, gRPC
-             streams: shared_memory=False) pushing, updating with Adam and
+             streams: shared_memory=False, socket_payloads=False) pushing, updating with Adam and
              pulling the same model on 1 shard server and on 2 (2 connections
              AND 2 server processes: more parallelism than a pool to one
              shard would give), interleaved over --rounds, medians.
@@ -38,7 +38,7 @@ def step_time(server_binary, shards, mib, seconds):
     servers, addresses = start_servers(server_binary, shards, workdir, extra_flags=["--threads=0"])
     try:
         n = mib << 18
-        client = shardopt.Client(addresses, 0, shared_memory=False)
+        client = shardopt.Client(addresses, 0, shared_memory=False, socket_payloads=False)
         params, grads = synthetic_model(n)
         client.register(f"c{shards}", [("w", [n])], "adam", ADAM, 1, 0.0, params)
         times, _ = time_steps(client, grads, params, seconds)

@@ -13,8 +13,8 @@ gradient in both, so no backward pass is timed):
   shardopt  shardopt.torch.DistributedOptimizer over 2 shard servers (each
             holds half of the Adam state): push, update on the servers, pull;
             payloads through shared memory (the default on one host);
-  shardopt-grpc  the same with shared_memory=False: payloads in the gRPC
-            streams.
+  shardopt-grpc  the same with shared_memory=False, socket_payloads=False:
+            payloads in the gRPC streams.
 
 The two alternate over --rounds rounds; the table gives each job's median
 step time and steps/s, and shardopt's ratio to DDP.
@@ -72,7 +72,7 @@ def shardopt_worker(args):
     opt = shardopt.torch.DistributedOptimizer(
         [p], servers=args.servers.split(","), rank=args.rank, world_size=2, optimizer="adam",
         lr=1e-4, model_id=f"bench{args.round}", check_parameters=False,
-        shared_memory=args.shared_memory)
+        shared_memory=args.shared_memory, socket_payloads=bool(args.shared_memory))
     g = synthetic_gradient(args.params, args.rank)
     times = []
     for step in range(args.steps + 1):

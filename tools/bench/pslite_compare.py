@@ -21,7 +21,11 @@ push + Adam + pull of --sizes_mib MiB of fp32 per step:
   shardopt           shardopt_server (defaults: ranges updated as they
                      arrive) and the C++ client through the Python binding
                      (overlap_pull on: the pull streams during the push),
-                     payloads in the gRPC streams (shared_memory=False);
+                     payloads in the gRPC streams (shared_memory=False,
+                     socket_payloads=False);
+  shardopt socket    the same with payloads over the server's payload socket
+                     (plain TCP; shared_memory=False: the default data plane
+                     of a trainer on another host over plaintext);
   shardopt shm       the same with payloads through shared memory, the
                      trainer computing in the client's shared buffers (the
                      default data plane of a trainer on the server's host);
@@ -127,14 +131,16 @@ def time_pslite(binary, mib, key_mib, seconds):
     return int(match.group(1)), float(match.group(2)) / 1e3, float(match.group(3)) / 1e3
 
 
-def time_shardopt(server_binary, mib, seconds, name, shared_memory):
+def time_shardopt(server_binary, mib, seconds, name, plane):
     import shardopt
     from shardopt.local_cluster import start_servers, stop_servers
     workdir = tempfile.mkdtemp(prefix="pslite_compare_shardopt")
     servers, addresses = start_servers(server_binary, 1, workdir, extra_flags=["--threads=0"])
     try:
         n = mib << 18
-        client = shardopt.Client(addresses, 0, shared_memory=shared_memory)
+        shared_memory = plane == "shm"
+        client = shardopt.Client(addresses, 0, shared_memory=shared_memory,
+                                 socket_payloads=plane == "socket")
         params, grads = synthetic_model(n)
         client.register(name, [("w", [n])], "adam", ADAM, 1, 0.0, params)
         if shared_memory:
@@ -148,6 +154,8 @@ def time_shardopt(server_binary, mib, seconds, name, shared_memory):
         times, step = time_steps(client, grads, params, seconds)
         if shared_memory and client.shared_memory_transfers < 2 * step:
             raise RuntimeError("shardopt's payloads did not all go through shared memory")
+        if plane == "socket" and client.socket_transfers < 2 * step:
+            raise RuntimeError("shardopt's payloads did not all go over the payload socket")
         del client
         return len(times), statistics.median(times), min(times)
     finally:
@@ -185,10 +193,11 @@ def main():
             ensure_zeromq()
             print(f"building ps-lite from {args.pslite} in {workdir} ...", flush=True)
             binary = build_pslite(os.path.abspath(args.pslite), workdir)
-            jobs = ["ps-lite pipelined", "ps-lite single", "shardopt", "shardopt shm"]
+            jobs = ["ps-lite pipelined", "ps-lite single", "shardopt", "shardopt socket",
+                    "shardopt shm"]
         else:
             print("no --pslite given: shardopt and raw TCP only", flush=True)
-            jobs = ["shardopt", "shardopt shm"]
+            jobs = ["shardopt", "shardopt socket", "shardopt shm"]
         times = {(mib, job): [] for mib in sizes for job in jobs}
         tcp = []
         for r in range(args.rounds):
@@ -196,8 +205,9 @@ def main():
             for mib in sizes:
                 for job in jobs:
                     if job.startswith("shardopt"):
+                        plane = job.split()[1] if " " in job else "grpc"
                         _, median, _ = time_shardopt(args.server_binary, mib, args.seconds,
-                                                     f"cmp{r}_{mib}", job == "shardopt shm")
+                                                     f"cmp{r}_{mib}", plane)
                     else:
                         key_mib = args.key_mib if job == "ps-lite pipelined" else 0
                         _, median, _ = time_pslite(binary, mib, key_mib, args.seconds)
@@ -213,17 +223,19 @@ def main():
           f"(each round's value is that job's median step); raw TCP {tcp_median:.2f} GB/s "
           f"(median of the rounds' bests)")
     print(f"  {'size':>8s}  {'job':18s} {'median ms':>10s} {'GB/s':>7s} {'vs TCP':>7s} "
-          f"{'shardopt is':>12s} {'shm is':>8s}")
+          f"{'shardopt is':>12s} {'socket is':>10s} {'shm is':>8s}")
     for mib in sizes:
         ours = statistics.median(times[(mib, "shardopt")])
+        socket_median = statistics.median(times[(mib, "shardopt socket")])
         shm = statistics.median(times[(mib, "shardopt shm")])
         for job in jobs:
             median = statistics.median(times[(mib, job)])
             gbps = 2 * mib * (1 << 20) / median / 1e9
             speed = "" if job == "shardopt" else f"{median / ours:.2f}x"
+            socket_speed = "" if job == "shardopt socket" else f"{median / socket_median:.2f}x"
             shm_speed = "" if job == "shardopt shm" else f"{median / shm:.2f}x"
             print(f"  {mib:5d} MiB  {job:18s} {median * 1e3:10.1f} {gbps:7.2f} "
-                  f"{gbps / tcp_median:6.2f}x {speed:>12s} {shm_speed:>8s}")
+                  f"{gbps / tcp_median:6.2f}x {speed:>12s} {socket_speed:>10s} {shm_speed:>8s}")
     return 0
 
 

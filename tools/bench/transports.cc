@@ -18,9 +18,12 @@ struct Plane {
   const char* name;
   bool shared_memory;
   bool shared_buffers;
+  bool socket = false;
 };
-constexpr Plane kPlanes[] = {
-    {"grpc", false, false}, {"shm-copy", true, false}, {"shm", true, true}};
+constexpr Plane kPlanes[] = {{"grpc", false, false},
+                             {"socket", false, false, true},
+                             {"shm-copy", true, false},
+                             {"shm", true, true}};
 
 // Seconds per step of a job of `mib` on `plane`: a warm-up step, then steps
 // for about `seconds`.
@@ -28,6 +31,7 @@ absl::StatusOr<std::vector<double>> TimePlane(int mib, const Plane& plane, int t
                                               double seconds, ChunkSizes chunks) {
   StepShape shape;
   shape.shared_memory = plane.shared_memory;
+  shape.socket_payloads = plane.socket;
   const uint64_t elements = static_cast<uint64_t>(mib) * (kMiB / sizeof(float));
   absl::StatusOr<BenchJob> job =
       StartBenchJob(absl::StrCat("plane", mib, plane.name), elements, threads, chunks,
@@ -49,6 +53,10 @@ absl::StatusOr<std::vector<double>> TimePlane(int mib, const Plane& plane, int t
   if (plane.shared_memory && job->client->shared_memory_transfers() < 2 * steps) {
     return absl::InternalError(absl::StrCat("only ", job->client->shared_memory_transfers(), " of ",
                                             2 * steps, " transfers used shared memory"));
+  }
+  if (plane.socket && job->client->socket_transfers() < 2 * steps) {
+    return absl::InternalError(absl::StrCat("only ", job->client->socket_transfers(), " of ",
+                                            2 * steps, " transfers went over the payload socket"));
   }
   return times;
 }
@@ -72,7 +80,8 @@ absl::Status RunTransportsSection(const std::vector<int>& sizes_mib, int threads
   absl::PrintF(
       "\n(f) data planes: push + SGD update + pull, 1 trainer, 1 shard on this host, %d\n"
       "  optimizer threads, %d interleaved rounds of ~%s s each; grpc = payloads in the\n"
-      "  streams; shm-copy = through shared memory from the caller's buffers; shm = with the\n"
+      "  streams; socket = over the payload socket (plain TCP); shm-copy = through shared memory "
+      "from the caller's buffers; shm = with the\n"
       "  client's shared buffers (no copy on the trainer's side). memcpy = one thread\n"
       "  copying the push's and the pull's bytes; GB/s counts both directions\n",
       threads, rounds, Fixed(seconds_per_case, 1));

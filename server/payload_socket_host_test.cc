@@ -1,0 +1,135 @@
+#include "server/payload_socket_host.h"
+
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "common/payload_socket.h"
+#include "gtest/gtest.h"
+
+namespace shardopt {
+namespace {
+
+bool WaitForLinks(const PayloadSocketHost& host, size_t count) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (host.links() != count) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+SocketWait Soon() {
+  SocketWait wait;
+  wait.deadline = absl::Now() + absl::Seconds(10);
+  return wait;
+}
+
+// Opens a link named `token`; the socket, or -1 when the host did not accept it.
+int OpenLink(const PayloadSocketHost& host, const std::string& hello) {
+  absl::StatusOr<int> socket = ConnectTcp("127.0.0.1", host.port(), absl::Seconds(5));
+  EXPECT_TRUE(socket.ok()) << socket.status();
+  if (!socket.ok()) return -1;
+  EXPECT_TRUE(SendAll(*socket, hello.data(), hello.size(), Soon()).ok());
+  char answer[kHelloAnswerBytes];
+  if (!ReceiveAll(*socket, answer, sizeof(answer), Soon()).ok() ||
+      absl::string_view(answer, sizeof(answer)) != HelloAccepted()) {
+    close(*socket);
+    return -1;
+  }
+  return *socket;
+}
+
+const std::string kToken(kLinkTokenChars, 'b');
+
+TEST(PayloadSocketHostTest, ALinkServesOneTransferAtATimeAndLastsWithItsConnection) {
+  absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
+  ASSERT_TRUE(host.ok()) << host.status();
+  const int socket = OpenLink(**host, EncodeHello(kToken));
+  ASSERT_GE(socket, 0);
+  EXPECT_EQ((*host)->links(), 1u);
+  {
+    absl::StatusOr<PayloadSocketHost::Lease> lease = (*host)->Acquire(kToken);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    absl::StatusOr<PayloadSocketHost::Lease> second = (*host)->Acquire(kToken);
+    EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+    EXPECT_TRUE(absl::StrContains(second.status().message(), "another transfer"));
+    // The bytes the trainer sends reach the transfer holding the link.
+    const char bytes[] = "payload";
+    ASSERT_TRUE(SendAll(socket, bytes, sizeof(bytes), Soon()).ok());
+    char got[sizeof(bytes)];
+    ASSERT_TRUE(ReceiveAll(lease->socket(), got, sizeof(got), Soon()).ok());
+    EXPECT_STREQ(got, bytes);
+    lease->Finished();
+  }
+  // Finished: the link serves the next transfer.
+  EXPECT_TRUE((*host)->Acquire(kToken).ok());
+  // (That lease ended unfinished: the link is closed, the trainer sees it.)
+  EXPECT_EQ((*host)->links(), 0u);
+  char byte;
+  EXPECT_TRUE(absl::IsUnavailable(ReceiveAll(socket, &byte, 1, Soon())));
+  close(socket);
+  absl::StatusOr<PayloadSocketHost::Lease> gone = (*host)->Acquire(kToken);
+  EXPECT_TRUE(absl::IsFailedPrecondition(gone.status()));
+  EXPECT_TRUE(absl::StrContains(gone.status().message(), kLinkNotOpen)) << gone.status();
+}
+
+TEST(PayloadSocketHostTest, TheTrainerClosingItsEndDropsTheLink) {
+  absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
+  ASSERT_TRUE(host.ok()) << host.status();
+  const int socket = OpenLink(**host, EncodeHello(kToken));
+  ASSERT_GE(socket, 0);
+  close(socket);
+  EXPECT_TRUE(WaitForLinks(**host, 0));
+}
+
+TEST(PayloadSocketHostTest, BadHellosAndTakenTokensAreRefused) {
+  absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_LT(OpenLink(**host, std::string(kHelloBytes, 'x')), 0);
+  EXPECT_LT(OpenLink(**host, EncodeHello(std::string(kLinkTokenChars, 'g'))), 0);
+  const int socket = OpenLink(**host, EncodeHello(kToken));
+  ASSERT_GE(socket, 0);
+  // A second connection cannot take over a link that is open.
+  EXPECT_LT(OpenLink(**host, EncodeHello(kToken)), 0);
+  EXPECT_EQ((*host)->links(), 1u);
+  close(socket);
+}
+
+TEST(PayloadSocketHostTest, LinksNoCallNamesAreClosed) {
+  absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
+  ASSERT_TRUE(host.ok()) << host.status();
+  const std::string named(kLinkTokenChars, 'd');
+  const int stranger = OpenLink(**host, EncodeHello(kToken));
+  const int trainer = OpenLink(**host, EncodeHello(named));
+  ASSERT_GE(stranger, 0);
+  ASSERT_GE(trainer, 0);
+  ASSERT_TRUE((*host)->Claim(named).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition((*host)->Claim(std::string(kLinkTokenChars, 'e'))));
+  // The stranger's link goes after kUnclaimedTimeout; the named one stays.
+  const absl::Time deadline =
+      absl::Now() + PayloadSocketHost::kUnclaimedTimeout + absl::Seconds(10);
+  while ((*host)->links() != 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ((*host)->links(), 1u);
+  char byte;
+  EXPECT_TRUE(absl::IsUnavailable(ReceiveAll(stranger, &byte, 1, Soon())));
+  EXPECT_TRUE((*host)->Acquire(named).ok());
+  close(stranger);
+  close(trainer);
+}
+
+TEST(PayloadSocketHostTest, ClosingTheHostEndsItsLinks) {
+  absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
+  ASSERT_TRUE(host.ok()) << host.status();
+  const int socket = OpenLink(**host, EncodeHello(kToken));
+  ASSERT_GE(socket, 0);
+  host->reset();
+  char byte;
+  EXPECT_TRUE(absl::IsUnavailable(ReceiveAll(socket, &byte, 1, Soon())));
+  close(socket);
+}
+
+}  // namespace
+}  // namespace shardopt

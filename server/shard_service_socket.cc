@@ -1,0 +1,198 @@
+// ShardServiceImpl's payloads over payload sockets (v1::SocketPayload,
+// server/payload_socket_host.h): a push's bytes read from the trainer's link
+// and checked and staged as streamed ones are; a pull's range sent over the
+// link frame by frame as each piece reaches the version (with empty frames
+// while it waits, so that the trainer can tell a waiting shard from a frozen
+// one), then an end frame at the byte count. The rules are the stream's;
+// only the bytes travel elsewhere.
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/payload_socket.h"
+#include "server/service_replies.h"
+#include "server/shard_service.h"
+
+namespace shardopt {
+namespace {
+
+// Bytes per frame and per piece staged: about a cache's worth, so that the
+// socket's copy and the staging copy (with its NaN check) share it.
+constexpr uint64_t kPieceBytes = uint64_t{1} << 20;
+// How often a pull that waits for its ranges says it is alive.
+constexpr absl::Duration kHeartbeat = absl::Seconds(1);
+
+// The call's deadline and cancellation, and the server's idle bound on
+// streams (zero: none) as the stall bound.
+SocketWait WaitOf(grpc::ServerContext* context, absl::Duration idle_timeout) {
+  SocketWait wait;
+  wait.deadline = absl::FromChrono(context->deadline());
+  wait.stall = idle_timeout > absl::ZeroDuration() ? idle_timeout : absl::InfiniteDuration();
+  wait.cancelled = [context] { return context->IsCancelled(); };
+  return wait;
+}
+
+// A push's payload that did not arrive: UNAVAILABLE (retried over a new
+// link), or CANCELLED when the trainer gave up.
+absl::Status PayloadFailed(const absl::Status& s) {
+  return absl::Status(absl::IsCancelled(s) ? s.code() : absl::StatusCode::kUnavailable,
+                      absl::StrCat("the push's payload: ", s.message()));
+}
+
+absl::Status SendFrame(int socket, const PayloadFrame& frame, const char* data,
+                       const SocketWait& wait) {
+  char head[kFrameHeaderBytes];
+  EncodeFrameHeader(frame, head);
+  absl::Status s = SendAll(socket, head, sizeof(head), wait, /*more=*/frame.bytes > 0);
+  if (s.ok() && frame.bytes > 0) s = SendAll(socket, data, frame.bytes, wait);
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<PayloadSocketHost::Lease> ShardServiceImpl::AcquireLink(
+    const v1::SocketPayload& where) const {
+  if (payload_sockets_ == nullptr) {
+    return absl::FailedPreconditionError("this shard runs without a payload socket");
+  }
+  return payload_sockets_->Acquire(where.link());
+}
+
+absl::Status ShardServiceImpl::ReceiveSocketPayload(
+    const v1::PushHeader& header, DType dtype, grpc::ServerContext* context,
+    grpc::ServerReader<v1::PushGradientsRequest>* reader, StreamWatchdog::Watch& watch,
+    ModelShard::PushWriter& writer, PayloadSocketHost::Lease& lease) {
+  const size_t element = DTypeSize(dtype);
+  const uint64_t bytes = header.num_elements() * element;
+  v1::PushGradientsRequest extra;
+  if (reader->Read(&extra)) {
+    return absl::InvalidArgumentError(
+        "PushGradients with its payload on a payload socket sent a chunk too");
+  }
+  const SocketWait wait = WaitOf(context, options_.stream_idle_timeout);
+  char head[kFrameHeaderBytes];
+  if (absl::Status s = ReceiveAll(lease.socket(), head, sizeof(head), wait); !s.ok()) {
+    return PayloadFailed(s);
+  }
+  absl::StatusOr<PayloadFrame> frame = DecodeFrameHeader(head);
+  if (!frame.ok()) return frame.status();
+  if (frame->transfer != header.socket_payload().transfer() ||
+      frame->flags != PayloadFrame::kData || frame->offset != 0 || frame->bytes != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the payload socket carried ", frame->bytes, " bytes of transfer ",
+                     frame->transfer, " where the push announced ", bytes, " bytes of transfer ",
+                     header.socket_payload().transfer()));
+  }
+  // Piece by piece as it arrives: ranges every trainer has delivered are
+  // updated while the rest is read.
+  const uint64_t piece_elements = std::max<uint64_t>(1, kPieceBytes / element);
+  std::vector<char> piece(std::min(bytes, piece_elements * element));
+  for (uint64_t done = 0; done < header.num_elements(); done += piece_elements) {
+    if (context->IsCancelled()) {
+      return absl::CancelledError("push cancelled by the client before it was read");
+    }
+    const uint64_t count = std::min(piece_elements, header.num_elements() - done);
+    if (absl::Status s = ReceiveAll(lease.socket(), piece.data(), count * element, wait); !s.ok()) {
+      return PayloadFailed(s);
+    }
+    watch.Touch();
+    if (absl::Status s = writer.Write(done, piece.data(), count * element); !s.ok()) return s;
+  }
+  lease.Finished();
+  return absl::OkStatus();
+}
+
+grpc::Status ShardServiceImpl::SendSocketPull(
+    grpc::ServerContext* context, const v1::PullParametersRequest& request, ModelShard& shard,
+    int64_t version, DType dtype, absl::Time deadline, ReadPin& pin,
+    grpc::ServerWriter<v1::PullParametersResponse>* writer) {
+  absl::StatusOr<PayloadSocketHost::Lease> lease = AcquireLink(request.socket_payload());
+  if (!lease.ok()) return Error(lease.status());
+  const uint64_t transfer = request.socket_payload().transfer();
+  const SocketWait wait = WaitOf(context, options_.stream_idle_timeout);
+  const auto cancelled = [context] { return context->IsCancelled(); };
+  const size_t element = DTypeSize(dtype);
+  const uint64_t piece_elements = std::max<uint64_t>(1, kPieceBytes / element);
+  // Asynchronous: the whole range read under the pin (before anything is
+  // sent) and sent after it is released, so that a slow reader holds no
+  // push back.
+  const bool read_first = shard.asynchronous();
+  std::vector<char> data(read_first ? shard.size() * element
+                                    : std::min(shard.size(), piece_elements) * element);
+  // Waits until the piece at `offset` reaches the version, calling `alive`
+  // each kHeartbeat meanwhile, and reads it into `out`.
+  auto read_piece = [&](uint64_t offset, uint64_t count, char* out,
+                        const std::function<absl::Status()>& alive) -> absl::Status {
+    for (;;) {
+      const absl::Status s =
+          shard.WaitForRanges(version, offset, count, std::min(deadline, absl::Now() + kHeartbeat),
+                              cancelled, PushedByOf(request));
+      if (s.ok()) break;
+      if (!absl::IsDeadlineExceeded(s) || absl::Now() >= deadline || cancelled()) return s;
+      if (absl::Status a = alive(); !a.ok()) return a;
+    }
+    return shard.ReadParameters(version, offset, count, dtype, out);
+  };
+  if (read_first) {
+    for (uint64_t offset = 0; offset < shard.size(); offset += piece_elements) {
+      const uint64_t count = std::min(piece_elements, shard.size() - offset);
+      if (absl::Status s = read_piece(offset, count, data.data() + offset * element,
+                                      [] { return absl::OkStatus(); });
+          !s.ok()) {
+        lease->Finished();  // (Nothing went over the socket.)
+        return Error(s);
+      }
+    }
+    pin.Release();
+  }
+  v1::PullParametersResponse response;
+  response.set_version(version);
+  if (!writer->Write(response)) {
+    lease->Finished();
+    return grpc::Status(grpc::CANCELLED, "client went away");
+  }
+  uint64_t sent = 0;
+  const auto send = [&](uint32_t flags, const char* bytes, uint64_t count) {
+    absl::Status s =
+        SendFrame(lease->socket(), PayloadFrame{flags, transfer, sent, count}, bytes, wait);
+    if (s.ok()) sent += count;
+    return s;
+  };
+  const auto link_failed = [](const absl::Status& s) {
+    return Error(absl::Status(absl::IsCancelled(s) ? s.code() : absl::StatusCode::kUnavailable,
+                              absl::StrCat("the pull's link: ", s.message())));
+  };
+  for (uint64_t offset = 0; offset < shard.size(); offset += piece_elements) {
+    const uint64_t count = std::min(piece_elements, shard.size() - offset);
+    char* out = data.data() + (read_first ? offset * element : 0);
+    if (!read_first) {
+      absl::Status link;
+      const absl::Status s = read_piece(offset, count, out, [&] {
+        link = send(PayloadFrame::kData, nullptr, 0);
+        return link;
+      });
+      if (!link.ok()) return link_failed(link);
+      if (!s.ok()) {
+        // Between frames the link is clean: the trainer hears that the
+        // transfer ended here, and the call's status says why.
+        if (send(PayloadFrame::kEnded, nullptr, 0).ok()) lease->Finished();
+        return Error(s);
+      }
+    }
+    if (absl::Status s = send(PayloadFrame::kData, out, count * element); !s.ok()) {
+      return link_failed(s);
+    }
+  }
+  pin.Release();
+  // The end, at the byte count, which the trainer checks against its own.
+  if (absl::Status s = send(PayloadFrame::kEnded, nullptr, 0); !s.ok()) return link_failed(s);
+  lease->Finished();
+  response.set_lr(shard.LrOfVersion(version));
+  if (!writer->Write(response)) return grpc::Status(grpc::CANCELLED, "client went away");
+  metrics_.RecordPull(request.model_id());
+  return grpc::Status::OK;
+}
+
+}  // namespace shardopt
