@@ -63,27 +63,13 @@ absl::StatusOr<SocketPayloadTransport::Link> SocketPayloadTransport::Open(const 
     }
     port_ = static_cast<uint16_t>(info.payload_socket_port());
   }
-  absl::StatusOr<int> socket = ConnectTcp(host_, port_, kOpenTimeout);
+  std::string token = RandomHexToken(kLinkTokenChars / 2);
+  absl::StatusOr<int> socket = OpenLink(host_, port_, token, kOpenTimeout);
   if (!socket.ok()) {
     port_ = 0;  // (Asked again: the shard may have restarted on another.)
     return socket.status();
   }
-  Link link{*socket, RandomHexToken(kLinkTokenChars / 2)};
-  const std::string hello = EncodeHello(link.token);
-  SocketWait wait;
-  wait.deadline = absl::Now() + kOpenTimeout;
-  char answer[kHelloAnswerBytes];
-  absl::Status s = SendAll(link.socket, hello.data(), hello.size(), wait);
-  if (s.ok()) s = ReceiveAll(link.socket, answer, sizeof(answer), wait);
-  if (s.ok() && absl::string_view(answer, sizeof(answer)) != HelloAccepted()) {
-    s = absl::UnavailableError("the shard's payload socket did not accept the link");
-  }
-  if (!s.ok()) {
-    close(link.socket);
-    port_ = 0;
-    return s;
-  }
-  return link;
+  return Link{*socket, std::move(token)};
 }
 
 std::optional<SocketPayloadTransport::Link> SocketPayloadTransport::Take(const PayloadCall& call) {
@@ -177,11 +163,9 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
     absl::MutexLock lock(&mu);
     if (sending) shutdown(link->socket, SHUT_RDWR);
   });
-  char frame[kFrameHeaderBytes];
-  EncodeFrameHeader(PayloadFrame{PayloadFrame::kData, transfer, 0, bytes}, frame);
-  const SocketWait wait = WaitOf(call.context);
-  absl::Status sent = SendAll(link->socket, frame, sizeof(frame), wait, /*more=*/true);
-  if (sent.ok()) sent = SendAll(link->socket, payload, bytes, wait);
+  const absl::Status sent =
+      SendFrame(link->socket, PayloadFrame{PayloadFrame::kData, transfer, 0, bytes}, payload,
+                WaitOf(call.context));
   bool shut = false;
   {
     absl::MutexLock lock(&mu);
@@ -194,7 +178,8 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
   if (answer.ok()) {
     transfers_.fetch_add(1, std::memory_order_relaxed);
     link->used = true;
-    if (!shut && !ReadableOrClosed(link->socket)) {
+    // (A link the shard closed after answering is dropped by Take.)
+    if (!shut) {
       Give(*std::move(link));
     } else {
       close(link->socket);
@@ -250,12 +235,14 @@ std::optional<absl::Status> SocketPayloadTransport::Pull(const PayloadCall& call
   const SocketWait wait = WaitOf(call.context);
   uint64_t received = 0;
   for (;;) {
-    char head[kFrameHeaderBytes];
-    if (absl::Status s = ReceiveAll(link->socket, head, sizeof(head), wait); !s.ok()) {
+    absl::StatusOr<PayloadFrame> frame = ReceiveFrameHeader(link->socket, wait);
+    if (absl::IsInvalidArgument(frame.status())) {
+      return fail(absl::InternalError(frame.status().message()));
+    }
+    if (!frame.ok()) {
+      const absl::Status& s = frame.status();
       return fail(absl::IsUnavailable(s) ? s : absl::UnavailableError(s.message()));
     }
-    absl::StatusOr<PayloadFrame> frame = DecodeFrameHeader(head);
-    if (!frame.ok()) return fail(absl::InternalError(frame.status().message()));
     if (frame->transfer != transfer || frame->offset != received) {
       return fail(absl::InternalError(absl::StrCat("the payload socket carried byte ",
                                                    frame->offset, " of transfer ", frame->transfer,

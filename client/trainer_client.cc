@@ -214,6 +214,7 @@ void TrainerClient::PrepareTransports(const ModelLayout& layout) {
                  segment.status().ToString());
     }
   }
+  if (segment_ == nullptr && !sockets) return;
   for (auto& shard : shards_) {
     std::vector<std::shared_ptr<PayloadTransport>> parts;
     if (segment_ != nullptr) {
@@ -226,14 +227,9 @@ void TrainerClient::PrepareTransports(const ModelLayout& layout) {
           std::make_shared<SocketPayloadTransport>(shard->address(), shard->index()));
       parts.push_back(socket_transports_.back());
     }
-    if (parts.empty()) continue;
     transports_.push_back(parts.size() == 1 ? parts[0]
                                             : std::make_shared<TransportChain>(std::move(parts)));
     shard->set_transport(transports_.back());
-  }
-  if (transports_.size() != shards_.size()) {
-    transports_.clear();
-    for (auto& shard : shards_) shard->set_transport(nullptr);
   }
 }
 

@@ -162,6 +162,21 @@ absl::Status ReceiveAll(int socket, char* data, size_t bytes, const SocketWait& 
   return absl::OkStatus();
 }
 
+absl::Status SendFrame(int socket, const PayloadFrame& frame, const char* data,
+                       const SocketWait& wait) {
+  char head[kFrameHeaderBytes];
+  EncodeFrameHeader(frame, head);
+  absl::Status s = SendAll(socket, head, sizeof(head), wait, /*more=*/frame.bytes > 0);
+  if (s.ok() && frame.bytes > 0) s = SendAll(socket, data, frame.bytes, wait);
+  return s;
+}
+
+absl::StatusOr<PayloadFrame> ReceiveFrameHeader(int socket, const SocketWait& wait) {
+  char head[kFrameHeaderBytes];
+  if (absl::Status s = ReceiveAll(socket, head, sizeof(head), wait); !s.ok()) return s;
+  return DecodeFrameHeader(head);
+}
+
 absl::StatusOr<TcpListener> ListenTcp(const std::string& host, uint16_t port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -251,6 +266,27 @@ absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Dur
   }
   freeaddrinfo(found);
   return last;
+}
+
+absl::StatusOr<int> OpenLink(const std::string& host, uint16_t port, absl::string_view token,
+                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<int> socket = ConnectTcp(host, port, timeout);
+  if (!socket.ok()) return socket.status();
+  const std::string hello = EncodeHello(token);
+  SocketWait wait;
+  wait.deadline = deadline;
+  char answer[kHelloAnswerBytes];
+  absl::Status s = SendAll(*socket, hello.data(), hello.size(), wait);
+  if (s.ok()) s = ReceiveAll(*socket, answer, sizeof(answer), wait);
+  if (s.ok() && absl::string_view(answer, sizeof(answer)) != HelloAccepted()) {
+    s = absl::UnavailableError("the shard's payload socket did not accept the link");
+  }
+  if (!s.ok()) {
+    close(*socket);
+    return s;
+  }
+  return *socket;
 }
 
 std::string HostOfTarget(absl::string_view target) {

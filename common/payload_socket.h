@@ -77,6 +77,13 @@ absl::Status SendAll(int socket, const char* data, size_t bytes, const SocketWai
 // peer closed first.
 absl::Status ReceiveAll(int socket, char* data, size_t bytes, const SocketWait& wait);
 
+// One frame: its header, then its `frame.bytes` bytes from `data`.
+absl::Status SendFrame(int socket, const PayloadFrame& frame, const char* data,
+                       const SocketWait& wait);
+// The next frame's header (its bytes are the caller's to read): ReceiveAll's
+// errors, or INVALID_ARGUMENT for something that is not a frame header.
+absl::StatusOr<PayloadFrame> ReceiveFrameHeader(int socket, const SocketWait& wait);
+
 // A listening TCP socket on `host` (an address; empty: every interface) at
 // `port` (0: one the kernel picks), and that port. Non-blocking,
 // close-on-exec.
@@ -94,6 +101,11 @@ bool ReadableOrClosed(int socket);
 // A connected TCP socket (blocking, TCP_NODELAY, close-on-exec) to
 // `host`:`port`, connected within `timeout`; UNAVAILABLE when it is not.
 absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Duration timeout);
+// A link named `token` to the payload socket at `host`:`port`: connected,
+// its hello sent and accepted, all within `timeout`; UNAVAILABLE (or
+// DEADLINE_EXCEEDED) when it is not.
+absl::StatusOr<int> OpenLink(const std::string& host, uint16_t port, absl::string_view token,
+                             absl::Duration timeout);
 // The host part of a gRPC target "host:port" / "[v6]:port" (scheme prefixes
 // such as "ipv4:" dropped); empty when it has none.
 std::string HostOfTarget(absl::string_view target);

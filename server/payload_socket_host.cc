@@ -97,33 +97,34 @@ PayloadSocketHost::Lease::~Lease() {
 
 int PayloadSocketHost::Lease::socket() const { return link_->fd; }
 
-absl::StatusOr<PayloadSocketHost::Lease> PayloadSocketHost::Acquire(absl::string_view link) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<std::shared_ptr<PayloadSocketHost::Link>> PayloadSocketHost::Find(
+    absl::string_view link) {
   auto it = links_.find(link);
   if (it == links_.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("payload socket link '", link.substr(0, 64), "' ", kLinkNotOpen,
                      " (its trainer closed it, or the shard restarted since)"));
   }
-  if (it->second->busy) {
+  it->second->claimed = true;
+  return it->second;
+}
+
+absl::StatusOr<PayloadSocketHost::Lease> PayloadSocketHost::Acquire(absl::string_view link) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<Link>> found = Find(link);
+  if (!found.ok()) return found.status();
+  if ((*found)->busy) {
     return absl::FailedPreconditionError(
         absl::StrCat("payload socket link '", link.substr(0, 64),
                      "' carries another transfer now (one at a time per link)"));
   }
-  it->second->busy = true;
-  it->second->claimed = true;
-  return Lease(this, it->second);
+  (*found)->busy = true;
+  return Lease(this, *std::move(found));
 }
 
 absl::Status PayloadSocketHost::Claim(absl::string_view link) {
   absl::MutexLock lock(&mu_);
-  auto it = links_.find(link);
-  if (it == links_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("payload socket link '", link.substr(0, 64), "' ", kLinkNotOpen));
-  }
-  it->second->claimed = true;
-  return absl::OkStatus();
+  return Find(link).status();
 }
 
 void PayloadSocketHost::Close(const std::shared_ptr<Link>& link) {

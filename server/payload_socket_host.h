@@ -78,6 +78,10 @@ class PayloadSocketHost {
   PayloadSocketHost(int listen_fd, uint16_t port, int wake_fd)
       : listen_fd_(listen_fd), port_(port), wake_fd_(wake_fd) {}
   void Serve();
+  // The open link named `link`, marked claimed (a call named it);
+  // FAILED_PRECONDITION saying kLinkNotOpen when there is none.
+  absl::StatusOr<std::shared_ptr<Link>> Find(absl::string_view link)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads what came of a pending connection's hello; admits or closes it.
   void ReadHello(int connection);
   // Ends `link`: out of the map, its socket shut down (closed once the

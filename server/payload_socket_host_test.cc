@@ -27,8 +27,8 @@ SocketWait Soon() {
   return wait;
 }
 
-// Opens a link named `token`; the socket, or -1 when the host did not accept it.
-int OpenLink(const PayloadSocketHost& host, const std::string& hello) {
+// Connects and sends `hello`; the socket, or -1 when the host did not accept it.
+int OpenWithHello(const PayloadSocketHost& host, const std::string& hello) {
   absl::StatusOr<int> socket = ConnectTcp("127.0.0.1", host.port(), absl::Seconds(5));
   EXPECT_TRUE(socket.ok()) << socket.status();
   if (!socket.ok()) return -1;
@@ -47,7 +47,7 @@ const std::string kToken(kLinkTokenChars, 'b');
 TEST(PayloadSocketHostTest, ALinkServesOneTransferAtATimeAndLastsWithItsConnection) {
   absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
   ASSERT_TRUE(host.ok()) << host.status();
-  const int socket = OpenLink(**host, EncodeHello(kToken));
+  const int socket = OpenWithHello(**host, EncodeHello(kToken));
   ASSERT_GE(socket, 0);
   EXPECT_EQ((*host)->links(), 1u);
   {
@@ -79,7 +79,7 @@ TEST(PayloadSocketHostTest, ALinkServesOneTransferAtATimeAndLastsWithItsConnecti
 TEST(PayloadSocketHostTest, TheTrainerClosingItsEndDropsTheLink) {
   absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
   ASSERT_TRUE(host.ok()) << host.status();
-  const int socket = OpenLink(**host, EncodeHello(kToken));
+  const int socket = OpenWithHello(**host, EncodeHello(kToken));
   ASSERT_GE(socket, 0);
   close(socket);
   EXPECT_TRUE(WaitForLinks(**host, 0));
@@ -88,12 +88,12 @@ TEST(PayloadSocketHostTest, TheTrainerClosingItsEndDropsTheLink) {
 TEST(PayloadSocketHostTest, BadHellosAndTakenTokensAreRefused) {
   absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
   ASSERT_TRUE(host.ok()) << host.status();
-  EXPECT_LT(OpenLink(**host, std::string(kHelloBytes, 'x')), 0);
-  EXPECT_LT(OpenLink(**host, EncodeHello(std::string(kLinkTokenChars, 'g'))), 0);
-  const int socket = OpenLink(**host, EncodeHello(kToken));
+  EXPECT_LT(OpenWithHello(**host, std::string(kHelloBytes, 'x')), 0);
+  EXPECT_LT(OpenWithHello(**host, EncodeHello(std::string(kLinkTokenChars, 'g'))), 0);
+  const int socket = OpenWithHello(**host, EncodeHello(kToken));
   ASSERT_GE(socket, 0);
   // A second connection cannot take over a link that is open.
-  EXPECT_LT(OpenLink(**host, EncodeHello(kToken)), 0);
+  EXPECT_LT(OpenWithHello(**host, EncodeHello(kToken)), 0);
   EXPECT_EQ((*host)->links(), 1u);
   close(socket);
 }
@@ -102,8 +102,8 @@ TEST(PayloadSocketHostTest, LinksNoCallNamesAreClosed) {
   absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
   ASSERT_TRUE(host.ok()) << host.status();
   const std::string named(kLinkTokenChars, 'd');
-  const int stranger = OpenLink(**host, EncodeHello(kToken));
-  const int trainer = OpenLink(**host, EncodeHello(named));
+  const int stranger = OpenWithHello(**host, EncodeHello(kToken));
+  const int trainer = OpenWithHello(**host, EncodeHello(named));
   ASSERT_GE(stranger, 0);
   ASSERT_GE(trainer, 0);
   ASSERT_TRUE((*host)->Claim(named).ok());
@@ -123,7 +123,7 @@ TEST(PayloadSocketHostTest, LinksNoCallNamesAreClosed) {
 TEST(PayloadSocketHostTest, ClosingTheHostEndsItsLinks) {
   absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
   ASSERT_TRUE(host.ok()) << host.status();
-  const int socket = OpenLink(**host, EncodeHello(kToken));
+  const int socket = OpenWithHello(**host, EncodeHello(kToken));
   ASSERT_GE(socket, 0);
   host->reset();
   char byte;

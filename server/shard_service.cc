@@ -478,10 +478,9 @@ grpc::Status ShardServiceImpl::PullParameters(
   }
   if (socket) {
     // Named now, taken once the version is known (the wait may be long).
-    if (payload_sockets_ == nullptr) {
-      return Error(absl::FailedPreconditionError("this shard runs without a payload socket"));
-    }
-    if (absl::Status s = payload_sockets_->Claim(request->socket_payload().link()); !s.ok()) {
+    absl::StatusOr<PayloadSocketHost*> sockets = PayloadSockets();
+    if (!sockets.ok()) return Error(sockets.status());
+    if (absl::Status s = (*sockets)->Claim(request->socket_payload().link()); !s.ok()) {
       return Error(s);
     }
   }

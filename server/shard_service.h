@@ -217,6 +217,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                                     grpc::ServerContext* context,
                                     grpc::ServerReader<v1::PushGradientsRequest>* reader,
                                     StreamWatchdog::Watch& watch, ModelShard::PushWriter& writer);
+  // This server's payload sockets; FAILED_PRECONDITION when it has none.
+  absl::StatusOr<PayloadSocketHost*> PayloadSockets() const;
   // The link a call names (FAILED_PRECONDITION without payload sockets, or
   // when it is not open or busy), for the call's transfer.
   absl::StatusOr<PayloadSocketHost::Lease> AcquireLink(const v1::SocketPayload& where) const;

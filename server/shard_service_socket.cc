@@ -34,30 +34,28 @@ SocketWait WaitOf(grpc::ServerContext* context, absl::Duration idle_timeout) {
   return wait;
 }
 
-// A push's payload that did not arrive: UNAVAILABLE (retried over a new
-// link), or CANCELLED when the trainer gave up.
-absl::Status PayloadFailed(const absl::Status& s) {
+// A transfer whose link failed (`what`: "the push's payload", "the pull's
+// link"): UNAVAILABLE (retried over a new link), or CANCELLED when the
+// trainer gave up.
+absl::Status LinkFailed(const char* what, const absl::Status& s) {
   return absl::Status(absl::IsCancelled(s) ? s.code() : absl::StatusCode::kUnavailable,
-                      absl::StrCat("the push's payload: ", s.message()));
-}
-
-absl::Status SendFrame(int socket, const PayloadFrame& frame, const char* data,
-                       const SocketWait& wait) {
-  char head[kFrameHeaderBytes];
-  EncodeFrameHeader(frame, head);
-  absl::Status s = SendAll(socket, head, sizeof(head), wait, /*more=*/frame.bytes > 0);
-  if (s.ok() && frame.bytes > 0) s = SendAll(socket, data, frame.bytes, wait);
-  return s;
+                      absl::StrCat(what, ": ", s.message()));
 }
 
 }  // namespace
 
-absl::StatusOr<PayloadSocketHost::Lease> ShardServiceImpl::AcquireLink(
-    const v1::SocketPayload& where) const {
+absl::StatusOr<PayloadSocketHost*> ShardServiceImpl::PayloadSockets() const {
   if (payload_sockets_ == nullptr) {
     return absl::FailedPreconditionError("this shard runs without a payload socket");
   }
-  return payload_sockets_->Acquire(where.link());
+  return payload_sockets_.get();
+}
+
+absl::StatusOr<PayloadSocketHost::Lease> ShardServiceImpl::AcquireLink(
+    const v1::SocketPayload& where) const {
+  absl::StatusOr<PayloadSocketHost*> sockets = PayloadSockets();
+  if (!sockets.ok()) return sockets.status();
+  return (*sockets)->Acquire(where.link());
 }
 
 absl::Status ShardServiceImpl::ReceiveSocketPayload(
@@ -72,12 +70,9 @@ absl::Status ShardServiceImpl::ReceiveSocketPayload(
         "PushGradients with its payload on a payload socket sent a chunk too");
   }
   const SocketWait wait = WaitOf(context, options_.stream_idle_timeout);
-  char head[kFrameHeaderBytes];
-  if (absl::Status s = ReceiveAll(lease.socket(), head, sizeof(head), wait); !s.ok()) {
-    return PayloadFailed(s);
-  }
-  absl::StatusOr<PayloadFrame> frame = DecodeFrameHeader(head);
-  if (!frame.ok()) return frame.status();
+  absl::StatusOr<PayloadFrame> frame = ReceiveFrameHeader(lease.socket(), wait);
+  if (absl::IsInvalidArgument(frame.status())) return frame.status();
+  if (!frame.ok()) return LinkFailed("the push's payload", frame.status());
   if (frame->transfer != header.socket_payload().transfer() ||
       frame->flags != PayloadFrame::kData || frame->offset != 0 || frame->bytes != bytes) {
     return absl::InvalidArgumentError(
@@ -95,7 +90,7 @@ absl::Status ShardServiceImpl::ReceiveSocketPayload(
     }
     const uint64_t count = std::min(piece_elements, header.num_elements() - done);
     if (absl::Status s = ReceiveAll(lease.socket(), piece.data(), count * element, wait); !s.ok()) {
-      return PayloadFailed(s);
+      return LinkFailed("the push's payload", s);
     }
     watch.Touch();
     if (absl::Status s = writer.Write(done, piece.data(), count * element); !s.ok()) return s;
@@ -161,8 +156,7 @@ grpc::Status ShardServiceImpl::SendSocketPull(
     return s;
   };
   const auto link_failed = [](const absl::Status& s) {
-    return Error(absl::Status(absl::IsCancelled(s) ? s.code() : absl::StatusCode::kUnavailable,
-                              absl::StrCat("the pull's link: ", s.message())));
+    return Error(LinkFailed("the pull's link", s));
   };
   for (uint64_t offset = 0; offset < shard.size(); offset += piece_elements) {
     const uint64_t count = std::min(piece_elements, shard.size() - offset);
