@@ -68,14 +68,15 @@ absl::Status PieceSquares(const float* x, const AdafactorShape& shape, double* s
 // x[i] = x[i] * factor.
 absl::Status ScaleParams(float* x, size_t n, float factor, void* stream);
 // Factored: row_var[row] = lerp(row_var[row], ||g_row||^2 / cols, weight)
-// (the norm in fp32 from a lane sum over the row); col_var[b * cols + k]
+// (the norm in fp32 from the row's pieces' sums, added in order; the
+// pieces' sums go to `piece_sums`, pieces() doubles); col_var[b * cols + k]
 // likewise over column k of batch b: its squares summed per block of
 // kAdafactorColumnBlockRows rows in order (FactorColumnBlocks, into
 // `partials`: column_partials() doubles), the blocks' sums then added in
 // order (FactorColumns); then denominators[b] = max(float(sum of batch b's
 // row factors / rows), eps1).
 absl::Status FactorRows(const float* grad, float* row_var, const AdafactorShape& shape,
-                        float weight, void* stream);
+                        float weight, double* piece_sums, void* stream);
 absl::Status FactorColumnBlocks(const float* grad, double* partials, const AdafactorShape& shape,
                                 void* stream);
 absl::Status FactorColumns(const double* partials, float* col_var, const AdafactorShape& shape,

@@ -1,6 +1,7 @@
 // adafactor_kernels.h on HOST memory, for tests: adafactor_kernel_body.h's
 // per-item code run for every item, in order (each item's result depends
-// on its own inputs alone, so the order does not matter). Never link it
+// on its own inputs alone, so the order does not matter), and its staged
+// sums warp after warp, lane after lane. Never link it
 // together with the real kernels (:adafactor).
 #include <cstring>
 
@@ -13,7 +14,7 @@ namespace gpu {
 namespace body = internal::body;
 
 absl::Status PieceSquares(const float* x, const AdafactorShape& s, double* sums, void*) {
-  for (size_t k = 0; k < s.pieces(); ++k) body::PieceSquaresItem(x, s, sums, k);
+  body::RunStagedSquaresOnHost(body::PieceSquaresJob{x, s, sums});
   return absl::OkStatus();
 }
 
@@ -23,9 +24,10 @@ absl::Status ScaleParams(float* x, size_t n, float factor, void*) {
 }
 
 absl::Status FactorRows(const float* grad, float* row_var, const AdafactorShape& s, float weight,
-                        void*) {
+                        double* piece_sums, void*) {
+  body::RunStagedSquaresOnHost(body::PieceSquaresJob{grad, s, piece_sums});
   for (size_t row = 0; row < s.batches * s.rows; ++row) {
-    body::FactorRowItem(grad, row_var, s, weight, row);
+    body::FactorRowItem(piece_sums, row_var, s, weight, row);
   }
   return absl::OkStatus();
 }
@@ -60,7 +62,7 @@ absl::Status UpdateVariance(const float* grad, float* variance, size_t n, float 
 }
 
 absl::Status UpdateSquares(const AdafactorUpdateArgs& a, double* sums, void*) {
-  for (size_t k = 0; k < a.shape.pieces(); ++k) body::UpdateSquaresItem(a, sums, k);
+  body::RunStagedSquaresOnHost(body::UpdateSquaresJob{a, sums});
   return absl::OkStatus();
 }
 

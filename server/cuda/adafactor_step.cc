@@ -68,7 +68,10 @@ absl::Status AdafactorPlan::Step(const OptimizerConfig& config, int64_t step, fl
       if (absl::Status st = ScaleParams(p, shape.n, s.decay, stream); !st.ok()) return st;
     }
     if (shape.factored) {
-      if (absl::Status st = FactorRows(g, rows, shape, s.weight, stream); !st.ok()) return st;
+      // device_sums is free again: the parameters' sums went to the host.
+      if (absl::Status st = FactorRows(g, rows, shape, s.weight, device_sums, stream); !st.ok()) {
+        return st;
+      }
       if (absl::Status st = FactorColumnBlocks(g, column_partials, shape, stream); !st.ok()) {
         return st;
       }

@@ -169,6 +169,7 @@ TEST_F(GpuWholeTensorTest, AdafactorMatchesTheCpuBitForBit) {
   const ModelLayout layout = ModelLayout::Create({{"w", {37, 11}},
                                                   {"wide", {3, 2500}},
                                                   {"batch", {2, 3, 7}},
+                                                  {"batch_wide", {2, 5, 300}},
                                                   {"v", {1000}},
                                                   {"s", {}},
                                                   {"none", {3, 0}},

@@ -3,35 +3,19 @@
 // (lamb_kernels_emulated.cc, which runs it thread after thread over a
 // simulated grid, so that indexing and operation order are tested without a
 // GPU). The fp32 operations are fused_kernel_body.h's Add / Mul / Div /
-// Sqrt; the double ones below are __dadd_rn / __dmul_rn on the device, plain
-// on the host (-ffp-contract=off), so that the sums are SumOfSquares' bits.
+// Sqrt; the measure pass's double sums are lane_squares_body.h's, so that
+// they are SumOfSquares' bits.
 #ifndef SHARDOPT_SERVER_CUDA_LAMB_KERNEL_BODY_H_
 #define SHARDOPT_SERVER_CUDA_LAMB_KERNEL_BODY_H_
 
 #include "server/cuda/fused_kernel_body.h"
 #include "server/cuda/lamb_kernels.h"
+#include "server/cuda/lane_squares_body.h"
 
 namespace shardopt {
 namespace gpu {
 namespace internal {
 namespace body {
-
-SHARDOPT_KERNEL_FN double AddD(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-SHARDOPT_KERNEL_FN double SquareD(float x) {
-  const double d = static_cast<double>(x);
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(d, d);
-#else
-  return d * d;
-#endif
-}
 
 // The gradient as the CPU kernel reads it (multiplied, then negated).
 SHARDOPT_KERNEL_FN float LambGradient(const LambKernelScalars& s, float grad) {
@@ -48,39 +32,40 @@ SHARDOPT_KERNEL_FN float LambMoments(const LambKernelScalars& s, float g, float 
   return Add(Div(Div(m, s.c1), Add(Sqrt(Div(v, s.c2)), s.eps)), Mul(s.weight_decay, p));
 }
 
-// SumOfSquares (server/optim/optimizer_internal.h) of value(0), ...,
-// value(n - 1): eight lanes over the whole groups of eight (lane j takes
-// values j, j + 8, ...), the lanes added in order, then the rest one by one.
-template <typename Value>
-SHARDOPT_KERNEL_FN double LaneSquaresOf(size_t n, const Value& value) {
-  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    SHARDOPT_UNROLL
-    for (size_t j = 0; j < 8; ++j) lanes[j] = AddD(lanes[j], SquareD(value(i + j)));
+// The measure pass as a lane_squares_body.h job: run b is trust block b,
+// its values p and u (the direction, from the moments as LambApply will
+// compute them), summed in SumOfSquares' order.
+struct LambMeasureJob {
+  static constexpr int kValues = 2;
+  static constexpr int kBatch = 8;
+  struct Raw {
+    float p, g, m, v;
+  };
+  LambMeasureArgs a;
+
+  SHARDOPT_KERNEL_FN size_t runs() const { return a.num_blocks; }
+  SHARDOPT_KERNEL_FN void Describe(size_t b, StagedRun& r) const {
+    const TrustBlock block = a.blocks[b];
+    r.start = block.begin;
+    r.count = block.count;
   }
-  double sum = 0;
-  SHARDOPT_UNROLL
-  for (size_t j = 0; j < 8; ++j) sum = AddD(sum, lanes[j]);
-  for (; i < n; ++i) sum = AddD(sum, SquareD(value(i)));
-  return sum;
-}
-
-// Block b's squares of p and of u, each in SumOfSquares' order.
-SHARDOPT_KERNEL_FN void LambMeasureBlock(const LambMeasureArgs& a, size_t b) {
-  const TrustBlock block = a.blocks[b];
-  a.weight_squares[b] =
-      LaneSquaresOf(block.count, [&](size_t k) { return a.params[block.begin + k]; });
-  a.update_squares[b] = LaneSquaresOf(block.count, [&](size_t k) {
-    const size_t i = block.begin + k;
-    float m = a.exp_avg[i], v = a.exp_avg_sq[i];
-    return LambMoments(a.s, LambGradient(a.s, a.grad[i]), a.params[i], m, v);
-  });
-}
-
-SHARDOPT_KERNEL_FN void LambMeasureThread(const LambMeasureArgs& a, size_t tid, size_t threads) {
-  for (size_t b = tid; b < a.num_blocks; b += threads) LambMeasureBlock(a, b);
-}
+  SHARDOPT_KERNEL_FN void Load(const StagedRun& r, size_t k, Raw& raw) const {
+    const size_t i = r.start + k;
+    raw.p = a.params[i];
+    raw.g = a.grad[i];
+    raw.m = a.exp_avg[i];
+    raw.v = a.exp_avg_sq[i];
+  }
+  SHARDOPT_KERNEL_FN void Values(const Raw& raw, float (&v)[2]) const {
+    float m = raw.m, sq = raw.v;
+    v[0] = raw.p;
+    v[1] = LambMoments(a.s, LambGradient(a.s, raw.g), raw.p, m, sq);
+  }
+  SHARDOPT_KERNEL_FN void Write(size_t b, const double (&sums)[2]) const {
+    a.weight_squares[b] = sums[0];
+    a.update_squares[b] = sums[1];
+  }
+};
 
 // Work item w is element w % 64 of block w / 64 (idle past the block's
 // count): neighbouring threads touch neighbouring elements.

@@ -2,8 +2,9 @@
 // formulas, term by term; IEEE operations, no contraction):
 //   LambMeasure: per block, m' and v' from the gradient, the direction u,
 //     and the sums of p^2 and u^2 in double in SumOfSquares' order
-//     (server/optim/optimizer_internal.h: eight lanes, then the tail), one
-//     block per thread; writes those sums, changes nothing else.
+//     (server/optim/optimizer_internal.h: eight lanes, then the tail), a
+//     warp per 32 blocks read coalesced (lane_squares_body.h); writes those
+//     sums, changes nothing else.
 //   LambApply: per element, the moments and p -= step_sizes[piece] * u.
 // The gradient each reads is grad * multiplier, negated when maximizing (as
 // the CPU backend multiplies it in place). Plain C++: device pointers,

@@ -25,9 +25,7 @@ void RunGrid(size_t work, F thread) {
 }  // namespace
 
 absl::Status LambMeasure(const LambMeasureArgs& a, void*) {
-  if (a.num_blocks == 0) return absl::OkStatus();
-  RunGrid(a.num_blocks,
-          [&](size_t tid, size_t threads) { internal::body::LambMeasureThread(a, tid, threads); });
+  internal::body::RunStagedSquaresOnHost(internal::body::LambMeasureJob{a});
   return absl::OkStatus();
 }
 

@@ -104,7 +104,9 @@ class Adafactor final : public WholeTensorOptimizer {
           const size_t r_end = std::min<size_t>(num_rows, r0 + kAdafactorColumnBlockRows);
           for (size_t r = r0; r < r_end; ++r) {
             const float* __restrict g = grad + (b * num_rows + r) * num_cols;
-            const float norm = static_cast<float>(Fp32Norm(SumOfSquares(g, num_cols)));
+            // Piece by piece, as the GPU sums a row (a row of a wide
+            // matrix is too long for one warp's lane chains).
+            const float norm = static_cast<float>(Fp32Norm(PiecewiseSquares(g, num_cols, num_cols)));
             const float mean = norm * norm / static_cast<float>(num_cols);
             rows[b * num_rows + r] = TorchLerp(rows[b * num_rows + r], mean, weight);
             for (size_t k = 0; k < num_cols; ++k) {

@@ -13,8 +13,9 @@
 namespace shardopt {
 
 // The update's pieces: each row (each tensor of fewer than two dimensions)
-// cut into this many elements; its sums of squares are summed piece by
-// piece, in order (the GPU's kernels use the same length).
+// cut into this many elements; its sums of squares (the parameters', a
+// row's gradient's, the update's) are summed piece by piece, in order (the
+// GPU's kernels use the same length).
 inline constexpr uint64_t kAdafactorPieceElements = 2048;
 // A column's squares are summed per block of this many rows, in order, and
 // the blocks' sums added in order.

@@ -19,13 +19,17 @@
 //                    the nearest square below), host sums included:
 //                    counted as 28 B/param (p read for its norm, g read for
 //                    the row and the column factors, g and the factors for
-//                    U's norm, g and p read and p written to apply)
+//                    U's norm, g and p read and p written to apply); then
+//                    its passes one by one: sums of p^2, row factors,
+//                    column blocks, sums of U^2 (4 B/param each) and the
+//                    apply (12 B/param)
 //   D2D copy         cudaMemcpyAsync device-to-device of 4 B/param, counted
 //                    as 8 B/param (read + write): the bandwidth ceiling
 // and prints bytes/s and the fraction of the copy's bytes/s. Data are random
 // (never zeros). The last lines are machine-readable:
 //   RESULT kind=<adamw_t1|adamw_t1_bf16|adamw_t3|lamb_measure|lamb_apply|adafactor_step|
-//                d2d_copy>
+//                adafactor_piece_sums|adafactor_rows|adafactor_column_blocks|
+//                adafactor_update_sums|adafactor_apply|d2d_copy>
 //          n=<params> median_ms=<..>
 //          gbps=<..> bytes_per_param=<..> frac_of_copy=<..>
 // Exit status: 0 on success, 3 when there is no usable GPU (message on
@@ -47,6 +51,7 @@
 #include "common/optimizer_config.h"
 #include "server/cuda/device.h"
 #include "server/cuda/fused_optimizers.h"
+#include "server/cuda/adafactor_kernels.h"
 #include "server/cuda/adafactor_step.h"
 #include "server/cuda/lamb_kernels.h"
 
@@ -329,6 +334,44 @@ int Main(int argc, char** argv) {
       const double gbps = 28.0 * matrix.size / (ms * 1e-3) / 1e9;
       rows.push_back({SizeName(n), n, "adafactor_step", "Adafactor step (all)", 28.0, ms, gbps,
                       gbps / copy_gbps});
+      // Its passes one by one (where the step's time goes), with the
+      // factors the step left.
+      const AdafactorShape& shape = plan.tensors()[0].shape;
+      const AdafactorUpdateArgs update{shape, g0.as<float>(), row_var.as<float>(),
+                                       col_var.as<float>(), denominators.as<float>(), 1.0f,
+                                       1e-30f};
+      struct Pass {
+        const char* kind;
+        const char* label;
+        double bytes;
+        double ms;
+      };
+      const Pass passes[] = {
+          {"adafactor_piece_sums", "Adafactor: sums of p^2", 4.0, MedianMs(warmup, iters, [&] {
+             CheckOk(PieceSquares(p.as<float>(), shape, sums.as<double>(), nullptr), "pieces");
+           })},
+          {"adafactor_rows", "Adafactor: row factors", 4.0, MedianMs(warmup, iters, [&] {
+             CheckOk(FactorRows(g0.as<float>(), row_var.as<float>(), shape, 0.5f,
+                                sums.as<double>(), nullptr),
+                     "rows");
+           })},
+          {"adafactor_column_blocks", "Adafactor: column blocks", 4.0,
+           MedianMs(warmup, iters, [&] {
+             CheckOk(FactorColumnBlocks(g0.as<float>(), partials.as<double>(), shape, nullptr),
+                     "columns");
+           })},
+          {"adafactor_update_sums", "Adafactor: sums of U^2", 4.0, MedianMs(warmup, iters, [&] {
+             CheckOk(UpdateSquares(update, sums.as<double>(), nullptr), "update sums");
+           })},
+          {"adafactor_apply", "Adafactor: apply", 12.0, MedianMs(warmup, iters, [&] {
+             CheckOk(ApplyUpdate(update, p.as<float>(), 0.0f, nullptr), "apply");
+           })},
+      };
+      for (const Pass& pass : passes) {
+        const double pass_gbps = pass.bytes * matrix.size / (pass.ms * 1e-3) / 1e9;
+        rows.push_back({SizeName(n), n, pass.kind, pass.label, pass.bytes, pass.ms, pass_gbps,
+                        pass_gbps / copy_gbps});
+      }
     }
     rows.push_back({SizeName(n), n, "d2d_copy", "D2D cudaMemcpy", 8.0, copy_ms, copy_gbps, 1.0});
     CheckOk(SynchronizeStream(), "benchmark");

@@ -6,7 +6,11 @@
 # torch.optim.AdamW(fused=True) for comparison, and prints one short table
 # last.
 #
-#   bash tools/gpu/gpu_check.sh [--quick] [--budget=SECONDS]
+#   bash tools/gpu/gpu_check.sh [--quick] [--budget=SECONDS] [--steps=LIST]
+#
+# --steps=gpu,backend,e2e,nccl,emu,bench,nccl_bench,torch,parity,san runs
+# only the steps named (a short second run after a fix); the others are
+# reported "not run (--steps)" and do not fail the check.
 #
 # Steps (each capped by its own limit and by what is left of the budget,
 # default 480 s, so the summary is printed inside the device call's limit; a
@@ -53,10 +57,12 @@ cd "$(dirname "$0")/../.." || exit 2
 
 quick=0
 budget=480
+steps=""
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
     --budget=*) budget=${arg#--budget=} ;;
+    --steps=*) steps=",${arg#--steps=}," ;;
     *) echo "unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -84,6 +90,14 @@ chmod +x "$bundle/run.sh" "$bundle"/bin/* 2>/dev/null
 
 overall=0
 declare -A result
+
+# Whether step $1 runs (every step without --steps); a skipped one is
+# reported as such.
+wanted() {
+  if [ -z "$steps" ] || [[ "$steps" == *",$1,"* ]]; then return 0; fi
+  result[$1]="not run (--steps)"
+  return 1
+}
 
 echo "== bundle"
 head -4 "$bundle/MANIFEST"
@@ -196,9 +210,9 @@ summary() {
       printf "%-6s %-22s %9s %8s %7s %10s %9s\n", "params", "", "ms", "GB/s", "of copy", "torch ms", "torch/us";
       for (i = 1; i <= count; i++) {
         n = order[i]; name = (n % 1073741824 == 0) ? (n / 1073741824 "G") : (n % 1048576 == 0 ? n / 1048576 "M" : n);
-        split("adamw_t1 adamw_t1_bf16 adamw_t3 lamb_measure lamb_apply adafactor_step d2d_copy", kinds, " ");
-        split("fused AdamW T=1|fused AdamW T=1 +bf16|fused AdamW T=3|LAMB measure pass|LAMB apply pass|Adafactor step|D2D cudaMemcpy", labels, "|");
-        for (j = 1; j <= 7; j++) {
+        split("adamw_t1 adamw_t1_bf16 adamw_t3 lamb_measure lamb_apply adafactor_step adafactor_piece_sums adafactor_rows adafactor_column_blocks adafactor_update_sums adafactor_apply d2d_copy", kinds, " ");
+        split("fused AdamW T=1|fused AdamW T=1 +bf16|fused AdamW T=3|LAMB measure pass|LAMB apply pass|Adafactor step|  its sums of p^2|  its row factors|  its column blocks|  its sums of U^2|  its apply|D2D cudaMemcpy", labels, "|");
+        for (j = 1; j <= 12; j++) {
           k = kinds[j] " " n; if (!(k in ms)) continue;
           t = "torch_adamw_fused " n; tms = "-"; ratio = "-";
           if (j == 1 && (t in ms)) { tms = ms[t]; ratio = sprintf("%.2fx", ms[t] / ms[k]) }
@@ -206,7 +220,7 @@ summary() {
         }
       }
     }' "$log/results.txt"
-  echo "(GB/s counts 28 B/param for T=1, 30 with bf16, 36 for T=3, 16 / 28 for LAMB's passes, 28 for Adafactor's step, 8 for the copy; torch/us > 1: ours faster)"
+  echo "(GB/s counts 28 B/param for T=1, 30 with bf16, 36 for T=3, 16 / 28 for LAMB's passes, 28 for Adafactor's step, 4 for each of its sums and factors, 12 for its apply, 8 for the copy; torch/us > 1: ours faster)"
   echo "overall: $([ $overall -eq 0 ] && echo PASS || echo FAIL); logs: $log"
 }
 
@@ -217,46 +231,52 @@ save_summary() {
   if [ -n "${OUT:-}" ]; then cp "$log/summary.txt" "$OUT/summary.txt"; fi
 }
 
-gtest_step gpu "gpu tests" 180 "$log/gpu_test.log" \
+wanted gpu && gtest_step gpu "gpu tests" 180 "$log/gpu_test.log" \
   "$bundle/run.sh" fused_optimizers_test --gtest_output="xml:$log/gpu_test.xml"
 save_summary
-gtest_step backend "gpu backend tests" 120 "$log/gpu_backend_test.log" \
+wanted backend && gtest_step backend "gpu backend tests" 120 "$log/gpu_backend_test.log" \
   "$bundle/run.sh" gpu_backend_test
 save_summary
-gtest_step e2e "end to end on cuda:0" 150 "$log/e2e_gpu.log" \
+wanted e2e && gtest_step e2e "end to end on cuda:0" 150 "$log/e2e_gpu.log" \
   env TEST_SRCDIR="$PWD/$bundle/runfiles" TEST_WORKSPACE=shardopt TEST_TMPDIR=/tmp/gpu_check_e2e \
   "$bundle/run.sh" end_to_end_test --gtest_filter='EndToEndGpuTest.*:*S2_T2*'
 save_summary
 # NCCL between two processes on cuda:0 (each its own NCCL_HOSTID): bytes
 # both ways, and dead, stalled or absent peers failing in time.
-gtest_step nccl "nccl pair tests" 90 "$log/nccl_pair_test.log" \
+wanted nccl && gtest_step nccl "nccl pair tests" 90 "$log/nccl_pair_test.log" \
   "$bundle/run.sh" nccl_pair_test "$PWD/$bundle/bin/nccl_peer"
 save_summary
-gtest_step emu "emulation tests" 60 "$log/emulation_test.log" \
+wanted emu && gtest_step emu "emulation tests" 60 "$log/emulation_test.log" \
   "$bundle/run.sh" fused_kernels_emulation_test
 save_summary
 
-run_step "gpu_bench" 100 "$log/bench.log" "$bundle/run.sh" gpu_bench --sizes=64M,1G --iters=$iters
-rc=$?
-result[bench]="exit $rc"
-[ $rc -eq 125 ] && result[bench]="not run (budget)"
-[ $rc -eq 0 ] || overall=1
+if wanted bench; then
+  run_step "gpu_bench" 100 "$log/bench.log" "$bundle/run.sh" gpu_bench --sizes=64M,1G --iters=$iters
+  rc=$?
+  result[bench]="exit $rc"
+  [ $rc -eq 125 ] && result[bench]="not run (budget)"
+  [ $rc -eq 0 ] || overall=1
+fi
 save_summary
 
-run_step "nccl_bench" 60 "$log/nccl_bench.log" \
-  "$bundle/run.sh" nccl_bench --peer="$PWD/$bundle/bin/nccl_peer" --sizes_mib=64,256 --iters=$iters
-rc=$?
-case $rc in
-  0) result[nccl_bench]=$(grep -E '^ *[0-9]+ MiB: NCCL' "$log/nccl_bench.log" |
-       sed -E 's/^ *([0-9]+) MiB: NCCL round trip [^(]*\(([^ ]+) GB\/s.*NCCL at ([^%]+)%.*/\1 MiB \2 GB\/s (\3% of D2D)/' |
-       tr '\n' ' ') ;;
-  125) result[nccl_bench]="not run (budget)" ;;
-  *) result[nccl_bench]="FAIL (exit $rc)"; overall=1 ;;
-esac
+if wanted nccl_bench; then
+  run_step "nccl_bench" 60 "$log/nccl_bench.log" \
+    "$bundle/run.sh" nccl_bench --peer="$PWD/$bundle/bin/nccl_peer" --sizes_mib=64,256 --iters=$iters
+  rc=$?
+  case $rc in
+    0) result[nccl_bench]=$(grep -E '^ *[0-9]+ MiB: NCCL' "$log/nccl_bench.log" |
+         sed -E 's/^ *([0-9]+) MiB: NCCL round trip [^(]*\(([^ ]+) GB\/s.*NCCL at ([^%]+)%.*/\1 MiB \2 GB\/s (\3% of D2D)/' |
+         tr '\n' ' ') ;;
+    125) result[nccl_bench]="not run (budget)" ;;
+    *) result[nccl_bench]="FAIL (exit $rc)"; overall=1 ;;
+  esac
+fi
 save_summary
 
 torch_py=$(command -v python3 || true)
-if [ -n "$torch_py" ]; then
+if ! wanted torch; then
+  : >"$log/torch.log"
+elif [ -n "$torch_py" ]; then
   run_step "torch fused AdamW" 120 "$log/torch.log" \
     env PYTHONUNBUFFERED=1 "$torch_py" tools/gpu/torch_fused_adamw.py --sizes=64M,1G --iters=$iters
   rc=$?
@@ -268,7 +288,10 @@ else
 fi
 save_summary
 
-if [ -n "$torch_py" ]; then
+if ! wanted parity; then
+  result[adafactor]="not run (--steps)"
+  result[muon]="not run (--steps)"
+elif [ -n "$torch_py" ]; then
   run_step "Adafactor vs torch.optim.Adafactor" 60 "$log/adafactor.log" \
     env PYTHONUNBUFFERED=1 "$torch_py" tools/gpu/adafactor_torch_parity.py \
     --replay "$bundle/run.sh optimizer_replay"
@@ -300,7 +323,9 @@ save_summary
 sanitizer=$(command -v compute-sanitizer 2>/dev/null ||
   ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
     /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
-if [ "$quick" -eq 1 ]; then
+if ! wanted san; then
+  :
+elif [ "$quick" -eq 1 ]; then
   result[san]="not run (--quick)"
 elif [ -z "$sanitizer" ]; then
   result[san]="not run (no compute-sanitizer)"
@@ -313,7 +338,16 @@ else
     "$bundle/run.sh" fused_optimizers_test \
     --gtest_filter='*Parity*:*Bf16*:*MaximumTrainer*:*StepCount*'
   rc=$?
-  errors=$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$log/memcheck.log" | tail -1 | grep -oE '[0-9]+')
+  # LAMB's and Adafactor's passes (their staged sums read shared tiles).
+  if [ $rc -ne 125 ]; then
+    run_step "compute-sanitizer memcheck (LAMB, Adafactor)" 120 "$log/memcheck_backend.log" \
+      "$sanitizer" --tool memcheck --target-processes all --error-exitcode 9 \
+      "$bundle/run.sh" gpu_backend_test --gtest_filter='*Lamb*:*Adafactor*'
+    rc_backend=$?
+    [ $rc_backend -eq 125 ] || cat "$log/memcheck_backend.log" >>"$log/memcheck.log"
+    [ $rc_backend -eq 0 ] || [ $rc_backend -eq 125 ] || rc=$rc_backend
+  fi
+  errors=$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$log/memcheck.log" | awk '{s += $3} END {if (NR) print s}')
   if [ $rc -eq 125 ]; then
     result[san]="not run (budget)"
   elif grep -qiE 'device not supported|not supported on this platform' "$log/memcheck.log"; then

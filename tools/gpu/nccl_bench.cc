@@ -9,7 +9,8 @@
 // For each size: one untimed round trip, then --iters timed ones (send N
 // bytes, receive them back, wall time to the end of the receive), and the
 // median; next to it a device-to-device cudaMemcpy of the same bytes both
-// ways in one process (the ceiling no transport beats). Last lines:
+// ways in one process (the ceiling no transport beats), timed before the
+// peer starts. Last lines:
 //   RESULT kind=nccl_round_trip n=<bytes> median_ms=<..> gbps=<both directions>
 //   RESULT kind=d2d_copy_both_ways n=<bytes> median_ms=<..> gbps=<..>
 // Exit status: 0, 3 when there is no usable GPU or no NCCL (why on
@@ -74,6 +75,31 @@ int main(int argc, char** argv) {
     if (!absl::SimpleAtoi(text, &mib) || mib == 0) return Fail("bad --sizes_mib");
     sizes.push_back(mib << 20);
   }
+  const size_t largest = *std::max_element(sizes.begin(), sizes.end());
+  void *out = nullptr, *in = nullptr;
+  if (cudaMalloc(&out, largest) != cudaSuccess || cudaMalloc(&in, largest) != cudaSuccess) {
+    return Fail("cudaMalloc");
+  }
+  cudaMemset(out, 0x3c, largest);
+  cudaDeviceSynchronize();
+  // The copies first, before the peer exists: an echoing peer keeps its next
+  // receive posted, and NCCL's kernel for it spins on this same GPU (on the
+  // first H200 run that made the 64 MiB copies 9x slower than the 256 MiB
+  // ones, timed after the peer had finished).
+  std::vector<double> copy_ms;
+  for (size_t n : sizes) {
+    std::vector<double> copies;
+    for (int k = 0; k <= iters; ++k) {
+      const absl::Time start = absl::Now();
+      cudaMemcpy(in, out, n, cudaMemcpyDeviceToDevice);
+      cudaMemcpy(out, in, n, cudaMemcpyDeviceToDevice);
+      if (cudaDeviceSynchronize() != cudaSuccess) return Fail("the device-to-device copy");
+      if (k > 0) copies.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    }
+    copy_ms.push_back(Median(copies));
+  }
+  cudaMemset(in, 0, largest);
+  cudaDeviceSynchronize();
   // The peer echoes every transfer of the run, in order.
   std::vector<size_t> transfers;
   for (size_t n : sizes) transfers.insert(transfers.end(), iters + 1, n);
@@ -85,16 +111,10 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<shardopt::nccl::NcclPair>> pair =
       shardopt::nccl::NcclPair::Connect(*id, 0, 0, absl::Now() + absl::Seconds(20), "nccl_peer");
   if (!pair.ok()) return Fail(pair.status().ToString() + "; " + peer.ExitedHow());
-  const size_t largest = *std::max_element(sizes.begin(), sizes.end());
-  void *out = nullptr, *in = nullptr;
-  if (cudaMalloc(&out, largest) != cudaSuccess || cudaMalloc(&in, largest) != cudaSuccess) {
-    return Fail("cudaMalloc");
-  }
-  cudaMemset(out, 0x3c, largest);
-  cudaDeviceSynchronize();
   std::vector<std::string> lines;
-  for (size_t n : sizes) {
-    std::vector<double> round_trips, copies;
+  for (size_t index = 0; index < sizes.size(); ++index) {
+    const size_t n = sizes[index];
+    std::vector<double> round_trips;
     for (int k = 0; k <= iters; ++k) {
       const absl::Time deadline = absl::Now() + absl::Seconds(20);
       const absl::Time start = absl::Now();
@@ -107,24 +127,18 @@ int main(int argc, char** argv) {
     cudaMemcpy(&first, in, 1, cudaMemcpyDeviceToHost);
     cudaMemcpy(&last, static_cast<char*>(in) + n - 1, 1, cudaMemcpyDeviceToHost);
     if (first != 0x3c || last != 0x3c) return Fail("the bytes came back changed");
-    for (int k = 0; k <= iters; ++k) {
-      const absl::Time start = absl::Now();
-      cudaMemcpy(in, out, n, cudaMemcpyDeviceToDevice);
-      cudaMemcpy(out, in, n, cudaMemcpyDeviceToDevice);
-      cudaDeviceSynchronize();
-      if (k > 0) copies.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-    }
-    const double nccl_ms = Median(round_trips), copy_ms = Median(copies);
+    const double nccl_ms = Median(round_trips);
     const double gb = 2.0 * static_cast<double>(n) / 1e9;
     printf(
         "%4zu MiB: NCCL round trip %.3f ms (%.2f GB/s both ways), D2D copy both ways %.3f ms "
         "(%.1f GB/s): NCCL at %.1f%% of the copy\n",
-        n >> 20, nccl_ms, gb / (nccl_ms / 1e3), copy_ms, gb / (copy_ms / 1e3),
-        100.0 * copy_ms / nccl_ms);
+        n >> 20, nccl_ms, gb / (nccl_ms / 1e3), copy_ms[index], gb / (copy_ms[index] / 1e3),
+        100.0 * copy_ms[index] / nccl_ms);
     lines.push_back(absl::StrCat("RESULT kind=nccl_round_trip n=", n, " median_ms=", nccl_ms,
                                  " gbps=", gb / (nccl_ms / 1e3)));
-    lines.push_back(absl::StrCat("RESULT kind=d2d_copy_both_ways n=", n, " median_ms=", copy_ms,
-                                 " gbps=", gb / (copy_ms / 1e3)));
+    lines.push_back(absl::StrCat("RESULT kind=d2d_copy_both_ways n=", n,
+                                 " median_ms=", copy_ms[index],
+                                 " gbps=", gb / (copy_ms[index] / 1e3)));
   }
   pair->reset();
   const int status = peer.Wait();
