@@ -39,6 +39,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) StagedSquaresKernel(const
       body::StagedConsume(job, first_run, chunk, lane, tile, sums);
       __syncwarp();
     }
+    // The next warp's Begin rewrites tile.runs, which StagedChunks read
+    // (no chunk barrier ran when every run was empty).
+    __syncwarp();
   }
 }
 

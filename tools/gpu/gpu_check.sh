@@ -40,8 +40,10 @@
 #      tools/gpu/muon_torch_parity.py: the CPU Muon vs torch.optim.Muon
 #      (2.9+; its Newton-Schulz runs in bf16, so to bf16 level)
 #   9. compute-sanitizer memcheck over the small cases of step 2
-#      (SHARDOPT_GPU_TEST_SMALL=1), where compute-sanitizer exists (last: the
-#      numbers matter more)
+#      (SHARDOPT_GPU_TEST_SMALL=1) and over the LAMB and Adafactor cases of
+#      step 3, then racecheck and synccheck over the latter (their staged
+#      sums share tiles within a warp), where compute-sanitizer exists
+#      (last: the numbers matter more)
 # --quick skips 9 and runs 6-7 with fewer iterations.
 #
 # Every GPU test runs with SHARDOPT_REQUIRE_GPU=1: there, a test that finds
@@ -66,6 +68,17 @@ for arg in "$@"; do
     *) echo "unknown argument $arg" >&2; exit 2 ;;
   esac
 done
+# A misspelt step would otherwise run nothing and pass.
+if [ -n "$steps" ]; then
+  [ "$steps" = ",," ] && { echo "--steps names no step" >&2; exit 2; }
+  for name in $(tr ',' ' ' <<<"$steps"); do
+    case " gpu backend e2e nccl emu bench nccl_bench torch parity san " in
+      *" $name "*) ;;
+      *) echo "--steps: unknown step '$name' (gpu backend e2e nccl emu bench nccl_bench torch parity san)" >&2
+         exit 2 ;;
+    esac
+  done
+fi
 deadline=$((SECONDS + budget))
 bundle=.gpu_bundle
 log=/tmp/gpu_check
@@ -202,7 +215,7 @@ summary() {
   printf '%-30s %s\n' "muon on cuda vs cpu backend" \
     "$(grep -oE 'muon gpu vs cpu: max relative difference [^ ]+' "$log/gpu_backend_test.log" 2>/dev/null |
       awk '{print $NF}' | tr '\n' ' ')"
-  printf '%-30s %s\n' "compute-sanitizer memcheck" "${result[san]:-(not run yet)}"
+  printf '%-30s %s\n' "compute-sanitizer" "${result[san]:-(not run yet)}"
   echo
   awk '
     { key = $1 " " $2; ms[key] = $3; gb[key] = $4; fr[key] = $5; if (!($2 in seen)) { seen[$2] = 1; order[++count] = $2 } }
@@ -338,24 +351,35 @@ else
     "$bundle/run.sh" fused_optimizers_test \
     --gtest_filter='*Parity*:*Bf16*:*MaximumTrainer*:*StepCount*'
   rc=$?
-  # LAMB's and Adafactor's passes (their staged sums read shared tiles).
-  if [ $rc -ne 125 ]; then
-    run_step "compute-sanitizer memcheck (LAMB, Adafactor)" 120 "$log/memcheck_backend.log" \
-      "$sanitizer" --tool memcheck --target-processes all --error-exitcode 9 \
-      "$bundle/run.sh" gpu_backend_test --gtest_filter='*Lamb*:*Adafactor*'
-    rc_backend=$?
-    [ $rc_backend -eq 125 ] || cat "$log/memcheck_backend.log" >>"$log/memcheck.log"
-    [ $rc_backend -eq 0 ] || [ $rc_backend -eq 125 ] || rc=$rc_backend
-  fi
   errors=$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$log/memcheck.log" | awk '{s += $3} END {if (NR) print s}')
   if [ $rc -eq 125 ]; then
     result[san]="not run (budget)"
   elif grep -qiE 'device not supported|not supported on this platform' "$log/memcheck.log"; then
     result[san]="not run (the sanitizer refused this machine: $(grep -m1 -iE 'not supported' "$log/memcheck.log" | cut -c1-80))"
   else
-    result[san]="${errors:-?} errors, tests $(gtest_counts "$log/memcheck.log") (exit $rc)"
+    result[san]="memcheck of the fused cases: ${errors:-?} errors, $(gtest_counts "$log/memcheck.log") (exit $rc)"
     [ $rc -eq 0 ] || overall=1
     grep -q '^\[  SKIPPED \]' "$log/memcheck.log" && { overall=1; result[san]="${result[san]}: SKIPS"; }
+    # LAMB's and Adafactor's passes (their staged sums share tiles within a
+    # warp): memcheck, racecheck and synccheck, each with its own log.
+    if [ $rc -eq 0 ]; then
+      for tool in memcheck racecheck synccheck; do
+        save_summary
+        run_step "compute-sanitizer $tool (LAMB, Adafactor)" 120 "$log/${tool}_backend.log" \
+          "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 9 \
+          "$bundle/run.sh" gpu_backend_test --gtest_filter='*Lamb*:*Adafactor*'
+        tool_rc=$?
+        if [ $tool_rc -eq 125 ]; then
+          result[san]="${result[san]}; $tool of LAMB/Adafactor: not run (budget)"
+          continue
+        fi
+        tool_errors=$(grep -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+ (error|hazard)' \
+          "$log/${tool}_backend.log" | grep -oE '[0-9]+' | awk '{s += $1} END {print s + 0}')
+        result[san]="${result[san]}; $tool of LAMB/Adafactor: $tool_errors errors, $(gtest_counts "$log/${tool}_backend.log") (exit $tool_rc)"
+        [ $tool_rc -eq 0 ] || overall=1
+        grep -q '^\[  SKIPPED \]' "$log/${tool}_backend.log" && { overall=1; result[san]="${result[san]}: SKIPS"; }
+      done
+    fi
   fi
 fi
 
