@@ -42,6 +42,13 @@ absl::StatusOr<size_t> CpuBackend::Stage(uint32_t rank, uint64_t offset, const v
   return ConvertToFloatAndFindNonFinite(data, count, dtype, staging_[rank].data() + offset);
 }
 
+float* CpuBackend::HostStaging(uint32_t rank, uint64_t offset, uint64_t count) {
+  if (rank >= staging_.size() || offset > params_.size() || count > params_.size() - offset) {
+    return nullptr;
+  }
+  return staging_[rank].data() + offset;
+}
+
 absl::Status CpuBackend::CheckRange(uint64_t begin, uint64_t end) const {
   return CheckRangeElements(begin, end, params_.size());
 }

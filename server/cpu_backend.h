@@ -41,6 +41,7 @@ class CpuBackend final : public UpdateBackend {
   std::string device() const override { return "cpu"; }
   absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
                                size_t count) override;
+  float* HostStaging(uint32_t rank, uint64_t offset, uint64_t count) override;
   absl::Status FinishStaging(uint32_t rank) override { return absl::OkStatus(); }
   absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) override;
   absl::Status Reduce(bool mean) override;

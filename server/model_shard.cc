@@ -247,22 +247,17 @@ ModelShard::PushWriter::~PushWriter() {
   if (!finished_) shard_->AbortPush(rank_, step_);
 }
 
-absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, size_t bytes) {
+absl::Status ModelShard::PushWriter::CheckChunk(uint64_t offset, const void* data,
+                                                uint64_t count) const {
   if (skip_) {
     return absl::InvalidArgumentError(absl::StrCat("trainer ", rank_, " skips step ", step_,
                                                    ": a skipped step carries no gradient"));
-  }
-  const size_t element = DTypeSize(dtype_);
-  if (bytes % element != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk of ", bytes, " bytes is not a whole number of ", DTypeName(dtype_), " elements"));
   }
   if (offset != received_) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk starts at element ", offset, " but ", received_,
                      " were received: chunks must arrive in order, without gaps or overlaps"));
   }
-  const uint64_t count = bytes / element;
   if (count > shard_->range_.size() - received_) {
     return absl::InvalidArgumentError(absl::StrCat("chunk [", offset, ", ", offset + count,
                                                    ") overruns the shard range of ",
@@ -275,40 +270,81 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
           shard_->options_.layout, FlatRange{flat_begin, flat_begin + count}, data, dtype_)) {
     float value;
     ConvertToFloatAndFindNonFinite(
-        static_cast<const char*>(data) + (*padding - flat_begin) * element, 1, dtype_, &value);
+        static_cast<const char*>(data) + (*padding - flat_begin) * DTypeSize(dtype_), 1, dtype_,
+        &value);
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient of ", shard_->options_.layout.DescribeElement(*padding), " from trainer ", rank_,
         " for step ", step_, " is ", value, ": padding gets zero gradients; the push is rejected"));
   }
-  // Elements consumed by ranges already applied are not staged again.
-  const uint64_t skip = std::min<uint64_t>(count, consumed_ > offset ? consumed_ - offset : 0);
+  return absl::OkStatus();
+}
+
+absl::Status ModelShard::PushWriter::Admit(uint64_t offset, uint64_t count, uint64_t skip,
+                                           uint64_t bad,
+                                           const std::function<float(uint64_t)>& value_of) {
   std::optional<uint64_t> first_inf;
-  if (skip < count) {
-    const char* const staged = static_cast<const char*>(data) + skip * element;
-    const uint64_t staged_count = count - skip;
-    absl::StatusOr<size_t> bad =
-        shard_->backend_->Stage(rank_, offset + skip, staged, dtype_, staged_count);
-    if (!bad.ok()) return bad.status();
-    // (Asynchronous pushes are unscaled by their trainer, which skips an
-    // overflowing step itself: never inf here.)
-    if (*bad != staged_count && shard_->options_.loss_scaling && !shard_->asynchronous()) {
-      // Overflow under loss scaling: legitimate, staged, and the step will
-      // be skipped on every shard.
-      found_inf_ = true;
-      first_inf = offset + skip + *bad;
-    } else if (*bad != staged_count) {
-      float value;
-      ConvertToFloatAndFindNonFinite(staged + *bad * element, 1, dtype_, &value);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient of ", shard_->DescribeElement(offset + skip + *bad), " from trainer ", rank_,
-          " for step ", step_, " is ", value, "; the push is rejected"));
-    }
+  // (Asynchronous pushes are unscaled by their trainer, which skips an
+  // overflowing step itself: never inf here.)
+  if (bad != count && shard_->options_.loss_scaling && !shard_->asynchronous()) {
+    // Overflow under loss scaling: legitimate, staged, and the step will
+    // be skipped on every shard.
+    found_inf_ = true;
+    first_inf = offset + bad;
+  } else if (bad != count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of ", shard_->DescribeElement(offset + bad), " from trainer ", rank_,
+        " for step ", step_, " is ", value_of(bad), "; the push is rejected"));
   }
   received_ += count;
-  shard_->gradient_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+  shard_->gradient_bytes_received_.fetch_add(count * DTypeSize(dtype_), std::memory_order_relaxed);
   if (first_inf && !first_inf_) first_inf_ = first_inf;
   if (skip < count && !defer_) shard_->RecordDelivered(rank_, step_, received_, first_inf);
   return absl::OkStatus();
+}
+
+absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, size_t bytes) {
+  const size_t element = DTypeSize(dtype_);
+  if (!skip_ && bytes % element != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of ", bytes, " bytes is not a whole number of ", DTypeName(dtype_), " elements"));
+  }
+  const uint64_t count = bytes / element;
+  if (absl::Status s = CheckChunk(offset, data, count); !s.ok()) return s;
+  // Elements consumed by ranges already applied are not staged again.
+  const uint64_t skip = std::min<uint64_t>(count, consumed_ > offset ? consumed_ - offset : 0);
+  uint64_t bad = count;
+  if (skip < count) {
+    absl::StatusOr<size_t> staged_bad = shard_->backend_->Stage(
+        rank_, offset + skip, static_cast<const char*>(data) + skip * element, dtype_, count - skip);
+    if (!staged_bad.ok()) return staged_bad.status();
+    bad = skip + *staged_bad;
+  }
+  return Admit(offset, count, skip, bad, [&](uint64_t i) {
+    float value;
+    ConvertToFloatAndFindNonFinite(static_cast<const char*>(data) + i * element, 1, dtype_, &value);
+    return value;
+  });
+}
+
+float* ModelShard::PushWriter::ReceiveInPlace(uint64_t count) {
+  if (skip_ || dtype_ != DType::kFloat32 || consumed_ > received_ ||
+      count > shard_->range_.size() - received_) {
+    return nullptr;
+  }
+  return shard_->backend_->HostStaging(rank_, received_, count);
+}
+
+absl::Status ModelShard::PushWriter::WriteReceived(uint64_t count) {
+  const uint64_t offset = received_;
+  float* const staged = ReceiveInPlace(count);
+  if (staged == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("elements [", offset, ", ", offset + count, ") of trainer ", rank_,
+                     "'s push cannot have been received in place"));
+  }
+  if (absl::Status s = CheckChunk(offset, staged, count); !s.ok()) return s;
+  return Admit(offset, count, /*skip=*/0, FindNonFinite(staged, count),
+               [staged](uint64_t i) { return staged[i]; });
 }
 
 absl::StatusOr<PushResult> ModelShard::PushWriter::Commit(absl::Time deadline,

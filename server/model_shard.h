@@ -523,6 +523,18 @@ class ModelShard::PushWriter {
   // holds a NaN/inf, or anything but +0/-0 on a padding element.
   absl::Status Write(uint64_t offset, const void* data, size_t bytes);
 
+  // The next `count` elements received in place, without Write's copy: an
+  // fp32 push whose elements from received() on are neither consumed
+  // already nor beyond the range, on a backend that stages in this
+  // process's memory, gets where they go (nullptr otherwise: use Write).
+  // The caller fills all `count` of them, then calls WriteReceived(count),
+  // which checks them as Write checks a chunk; until it returns OK they
+  // count for nothing (a push refused or broken off there leaves only its
+  // own undelivered staging written).
+  float* ReceiveInPlace(uint64_t count);
+  absl::Status WriteReceived(uint64_t count);
+  uint64_t received() const { return received_; }
+
   // INVALID_ARGUMENT unless every element arrived. In the asynchronous
   // modes it returns once the push is applied, waiting until `deadline` or
   // `cancelled()` (see ModelShard's header comment).
@@ -531,6 +543,15 @@ class ModelShard::PushWriter {
 
  private:
   friend class ModelShard;
+  // Write's checks of chunk [offset, offset + count) before staging
+  // (order, size, padding), on `data` in the push's dtype.
+  absl::Status CheckChunk(uint64_t offset, const void* data, uint64_t count) const;
+  // Its bookkeeping after staging: `bad` is the chunk's first NaN/inf among
+  // its staged elements [skip, count) (count when none), `value_of` reads
+  // element i of the chunk as a float for the refusal's message.
+  absl::Status Admit(uint64_t offset, uint64_t count, uint64_t skip, uint64_t bad,
+                     const std::function<float(uint64_t)>& value_of);
+
   PushWriter(ModelShard* shard, uint32_t rank, int64_t step, DType dtype, double loss_scale,
              uint64_t consumed, bool defer, bool skip = false)
       : shard_(shard),

@@ -81,19 +81,26 @@ absl::Status ShardServiceImpl::ReceiveSocketPayload(
                      header.socket_payload().transfer()));
   }
   // Piece by piece as it arrives: ranges every trainer has delivered are
-  // updated while the rest is read.
+  // updated while the rest is read. An fp32 piece goes straight into the
+  // trainer's staging where the writer allows it (checked there, one copy
+  // fewer), else through `piece`.
   const uint64_t piece_elements = std::max<uint64_t>(1, kPieceBytes / element);
-  std::vector<char> piece(std::min(bytes, piece_elements * element));
+  std::vector<char> piece;
   for (uint64_t done = 0; done < header.num_elements(); done += piece_elements) {
     if (context->IsCancelled()) {
       return absl::CancelledError("push cancelled by the client before it was read");
     }
     const uint64_t count = std::min(piece_elements, header.num_elements() - done);
-    if (absl::Status s = ReceiveAll(lease.socket(), piece.data(), count * element, wait); !s.ok()) {
+    float* in_place = writer.received() == done ? writer.ReceiveInPlace(count) : nullptr;
+    if (in_place == nullptr && piece.empty()) piece.resize(std::min(bytes, piece_elements * element));
+    char* const into = in_place != nullptr ? reinterpret_cast<char*>(in_place) : piece.data();
+    if (absl::Status s = ReceiveAll(lease.socket(), into, count * element, wait); !s.ok()) {
       return LinkFailed("the push's payload", s);
     }
     watch.Touch();
-    if (absl::Status s = writer.Write(done, piece.data(), count * element); !s.ok()) return s;
+    const absl::Status s = in_place != nullptr ? writer.WriteReceived(count)
+                                               : writer.Write(done, piece.data(), count * element);
+    if (!s.ok()) return s;
   }
   lease.Finished();
   return absl::OkStatus();

@@ -47,6 +47,15 @@ class UpdateBackend {
   // finite; nothing staged by a push that saw one is ever applied.
   virtual absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data,
                                        DType dtype, size_t count) = 0;
+  // Rank's staging at range-local [offset, offset + count), where it lies in
+  // this process's memory, so that a push's fp32 elements can be received
+  // straight into it (ModelShard::PushWriter::ReceiveInPlace checks them
+  // there, as Stage would); nullptr where it does not (a device's memory) or
+  // for a span outside the range.
+  virtual float* HostStaging(uint32_t rank, uint64_t offset, uint64_t count) {
+    (void)rank, (void)offset, (void)count;
+    return nullptr;
+  }
   virtual absl::Status FinishStaging(uint32_t rank) = 0;
 
   // Reduces the staging buffers in rank order (sum, then divided by the
