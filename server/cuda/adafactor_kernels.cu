@@ -124,11 +124,7 @@ absl::Status ScaleParams(float* x, size_t n, float factor, void* stream) {
 absl::Status FactorRows(const float* grad, float* row_var, const AdafactorShape& s, float weight,
                         double* piece_sums, void* stream) {
   if (s.batches * s.rows == 0) return absl::OkStatus();
-  if (absl::Status st = staged::LaunchStagedSquares(body::PieceSquaresJob{grad, s, piece_sums},
-                                                    AsStream(stream), "Adafactor row pieces launch");
-      !st.ok()) {
-    return st;
-  }
+  if (absl::Status st = PieceSquares(grad, s, piece_sums, stream); !st.ok()) return st;
   FactorRowsKernel<<<Blocks(s.batches * s.rows), kThreads, 0, AsStream(stream)>>>(
       piece_sums, row_var, s, weight);
   return Check(cudaGetLastError(), "Adafactor row factors launch");

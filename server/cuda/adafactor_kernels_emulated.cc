@@ -25,7 +25,7 @@ absl::Status ScaleParams(float* x, size_t n, float factor, void*) {
 
 absl::Status FactorRows(const float* grad, float* row_var, const AdafactorShape& s, float weight,
                         double* piece_sums, void*) {
-  body::RunStagedSquaresOnHost(body::PieceSquaresJob{grad, s, piece_sums});
+  if (absl::Status st = PieceSquares(grad, s, piece_sums, nullptr); !st.ok()) return st;
   for (size_t row = 0; row < s.batches * s.rows; ++row) {
     body::FactorRowItem(piece_sums, row_var, s, weight, row);
   }

@@ -63,7 +63,8 @@ SHARDOPT_KERNEL_FN double SquareD(float x) {
 #endif
 }
 
-// SumOfSquares of value(0), ..., value(n - 1), read by one thread.
+// SumOfSquares of value(0), ..., value(n - 1), read by one thread: the order
+// written out plainly, which lane_squares_test holds the staged sums to.
 template <typename Value>
 SHARDOPT_KERNEL_FN double LaneSquaresOf(size_t n, const Value& value) {
   double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};

@@ -343,43 +343,45 @@ elif [ "$quick" -eq 1 ]; then
 elif [ -z "$sanitizer" ]; then
   result[san]="not run (no compute-sanitizer)"
 else
-  # Through run.sh, so that only the test (not the sanitizer's own front end)
-  # loads the bundle's libraries; exec keeps it the same process.
-  run_step "compute-sanitizer memcheck (small cases)" 150 "$log/memcheck.log" \
-    env SHARDOPT_GPU_TEST_SMALL=1 \
-    "$sanitizer" --tool memcheck --target-processes all --error-exitcode 9 \
-    "$bundle/run.sh" fused_optimizers_test \
-    --gtest_filter='*Parity*:*Bf16*:*MaximumTrainer*:*StepCount*'
-  rc=$?
-  errors=$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$log/memcheck.log" | awk '{s += $3} END {if (NR) print s}')
-  if [ $rc -eq 125 ]; then
-    result[san]="not run (budget)"
-  elif grep -qiE 'device not supported|not supported on this platform' "$log/memcheck.log"; then
-    result[san]="not run (the sanitizer refused this machine: $(grep -m1 -iE 'not supported' "$log/memcheck.log" | cut -c1-80))"
-  else
-    result[san]="memcheck of the fused cases: ${errors:-?} errors, $(gtest_counts "$log/memcheck.log") (exit $rc)"
-    [ $rc -eq 0 ] || overall=1
-    grep -q '^\[  SKIPPED \]' "$log/memcheck.log" && { overall=1; result[san]="${result[san]}: SKIPS"; }
-    # LAMB's and Adafactor's passes (their staged sums share tiles within a
-    # warp): memcheck, racecheck and synccheck, each with its own log.
-    if [ $rc -eq 0 ]; then
-      for tool in memcheck racecheck synccheck; do
-        save_summary
-        run_step "compute-sanitizer $tool (LAMB, Adafactor)" 120 "$log/${tool}_backend.log" \
-          "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 9 \
-          "$bundle/run.sh" gpu_backend_test --gtest_filter='*Lamb*:*Adafactor*'
-        tool_rc=$?
-        if [ $tool_rc -eq 125 ]; then
-          result[san]="${result[san]}; $tool of LAMB/Adafactor: not run (budget)"
-          continue
-        fi
-        tool_errors=$(grep -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+ (error|hazard)' \
-          "$log/${tool}_backend.log" | grep -oE '[0-9]+' | awk '{s += $1} END {print s + 0}')
-        result[san]="${result[san]}; $tool of LAMB/Adafactor: $tool_errors errors, $(gtest_counts "$log/${tool}_backend.log") (exit $tool_rc)"
-        [ $tool_rc -eq 0 ] || overall=1
-        grep -q '^\[  SKIPPED \]' "$log/${tool}_backend.log" && { overall=1; result[san]="${result[san]}: SKIPS"; }
-      done
+  # One sanitizer tool over one test (through run.sh, so that only the test,
+  # not the sanitizer's own front end, loads the bundle's libraries; exec
+  # keeps it the same process): adds "TOOL of LABEL: ..." to result[san],
+  # fails the check on an error or a skip, and returns the step's status.
+  # ENVIRONMENT: "" or VAR=value, for the sanitizer and the test.
+  sanitize() {  # tool, label, cap, logfile, environment, test and arguments...
+    local tool=$1 label=$2 cap=$3 file=$4 environment=$5
+    shift 5
+    # (Unquoted on purpose: an empty environment is no word.)
+    run_step "compute-sanitizer $tool ($label)" "$cap" "$file" \
+      env $environment "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 9 \
+      "$bundle/run.sh" "$@"
+    local rc=$?
+    local entry
+    if [ $rc -eq 125 ]; then
+      entry="$tool of $label: not run (budget)"
+    elif grep -qiE 'device not supported|not supported on this platform' "$file"; then
+      entry="$tool of $label: not run (the sanitizer refused this machine: $(grep -m1 -iE 'not supported' "$file" | cut -c1-80))"
+    else
+      local errors
+      errors=$(grep -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+ (error|hazard)' "$file" |
+        grep -oE '[0-9]+' | awk '{s += $1} END {print s + 0}')
+      entry="$tool of $label: $errors errors, $(gtest_counts "$file") (exit $rc)"
+      [ $rc -eq 0 ] || overall=1
+      grep -q '^\[  SKIPPED \]' "$file" && { overall=1; entry="$entry: SKIPS"; }
     fi
+    result[san]="${result[san]:+${result[san]}; }$entry"
+    save_summary
+    return $rc
+  }
+  # The fused kernels' small cases, then LAMB's and Adafactor's passes
+  # (their staged sums share tiles within a warp: racecheck and synccheck
+  # too, which memcheck's view does not cover).
+  if sanitize memcheck "the fused cases" 150 "$log/memcheck.log" SHARDOPT_GPU_TEST_SMALL=1 \
+    fused_optimizers_test --gtest_filter='*Parity*:*Bf16*:*MaximumTrainer*:*StepCount*'; then
+    for tool in memcheck racecheck synccheck; do
+      sanitize "$tool" "LAMB/Adafactor" 120 "$log/${tool}_backend.log" "" \
+        gpu_backend_test --gtest_filter='*Lamb*:*Adafactor*'
+    done
   fi
 fi
 
