@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/device_pair_transport.h"
 #include "client/early_pull.h"
 #include "client/push_history.h"
 #include "client/push_payload.h"
@@ -193,7 +194,17 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
 
 void TrainerClient::PrepareTransports(const ModelLayout& layout) {
   const bool sockets = options_.socket_payloads && !tls_;
-  if (!options_.shared_memory && !sockets) return;
+  const DevicePairKind* pair_kind = nullptr;
+  if (options_.device_pairs != "off") {
+    absl::StatusOr<const DevicePairKind*> kind = FindDevicePairKind(options_.device_pairs);
+    if (kind.ok()) {
+      pair_kind = *kind;
+    } else {
+      LogWarning("trainer %d: no device pairs: %s", options_.trainer_rank,
+                 kind.status().ToString());
+    }
+  }
+  if (!options_.shared_memory && !sockets && pair_kind == nullptr) return;
   if (!transports_.empty() && (!options_.shared_memory || segment_ == nullptr ||
                                segment_->total_elements() == layout.total_elements())) {
     return;
@@ -201,6 +212,7 @@ void TrainerClient::PrepareTransports(const ModelLayout& layout) {
   transports_.clear();
   shared_memory_transports_.clear();
   socket_transports_.clear();
+  device_pair_transports_.clear();
   for (auto& shard : shards_) shard->set_transport(nullptr);
   segment_.reset();
   if (options_.shared_memory) {
@@ -214,9 +226,15 @@ void TrainerClient::PrepareTransports(const ModelLayout& layout) {
                  segment.status().ToString());
     }
   }
-  if (segment_ == nullptr && !sockets) return;
+  if (segment_ == nullptr && !sockets && pair_kind == nullptr) return;
   for (auto& shard : shards_) {
     std::vector<std::shared_ptr<PayloadTransport>> parts;
+    if (pair_kind != nullptr) {
+      device_pair_transports_.push_back(std::make_shared<DevicePairTransport>(
+          *pair_kind, options_.device_pair_gpu, shard->index(),
+          absl::StrCat("trainer ", options_.trainer_rank)));
+      parts.push_back(device_pair_transports_.back());
+    }
     if (segment_ != nullptr) {
       shared_memory_transports_.push_back(
           std::make_shared<SharedMemoryTransport>(segment_, shard->index()));
@@ -246,6 +264,12 @@ absl::Span<float> TrainerClient::shared_parameters() const {
 int64_t TrainerClient::shared_memory_transfers() const {
   int64_t transfers = 0;
   for (const auto& transport : shared_memory_transports_) transfers += transport->transfers();
+  return transfers;
+}
+
+int64_t TrainerClient::device_pair_transfers() const {
+  int64_t transfers = 0;
+  for (const auto& transport : device_pair_transports_) transfers += transport->transfers();
   return transfers;
 }
 

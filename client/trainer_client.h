@@ -262,6 +262,8 @@ class TrainerClient {
   // over payload sockets.
   int64_t shared_memory_transfers() const;
   int64_t socket_transfers() const;
+  // Pushes and pulls that went over device pairs.
+  int64_t device_pair_transfers() const;
 
  private:
   TrainerClient(const TrainerClientOptions& options,
@@ -332,6 +334,7 @@ class TrainerClient {
   std::vector<std::shared_ptr<PayloadTransport>> transports_;
   std::vector<std::shared_ptr<PayloadTransport>> shared_memory_transports_;
   std::vector<std::shared_ptr<PayloadTransport>> socket_transports_;
+  std::vector<std::shared_ptr<PayloadTransport>> device_pair_transports_;
   bool tls_ = false;
   struct StreamedPush;  // client/streamed_push.h
   // Ends `push` without any shard committing it (see CancelStreamedPush).

@@ -114,6 +114,14 @@ struct TrainerClientOptions {
   // shard's payload socket (client/socket_payload_transport.h) instead of
   // HTTP/2 frames in the stream; never over TLS. Same bits either way.
   bool socket_payloads = true;
+  // The device data plane (client/device_pair_transport.h): fp32 push and
+  // pull bytes over a pair with each shard that opens pairs of this kind
+  // (server --device_pairs): "nccl" (a GPU shard; this trainer's bytes go
+  // through device `device_pair_gpu`), "loopback" (a CPU shard on this
+  // host), or "off". Tried before the other planes; shards without such
+  // pairs, and 16-bit payloads, go the other ways. Same bits either way.
+  std::string device_pairs = "off";
+  int device_pair_gpu = 0;
 };
 
 }  // namespace shardopt

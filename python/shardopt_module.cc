@@ -277,10 +277,12 @@ class Client {
   Client(std::vector<std::string> servers, uint32_t rank, double rpc_timeout_s,
          double retry_budget_s, int replay_steps, std::string journal_path,
          const std::string& push_dtype, const std::string& pull_dtype, const py::dict& security,
-         bool shared_memory, bool socket_payloads) {
+         bool shared_memory, bool socket_payloads, std::string device_pairs, int device_pair_gpu) {
     TrainerClientOptions options;
     options.shared_memory = shared_memory;
     options.socket_payloads = socket_payloads;
+    options.device_pairs = std::move(device_pairs);
+    options.device_pair_gpu = device_pair_gpu;
     options.security = SecurityFromDict(security);
     options.trainer_rank = rank;
     options.rpc_timeout = absl::Seconds(rpc_timeout_s);
@@ -448,6 +450,7 @@ class Client {
   }
   int64_t shared_memory_transfers() const { return client_->shared_memory_transfers(); }
   int64_t socket_transfers() const { return client_->socket_transfers(); }
+  int64_t device_pair_transfers() const { return client_->device_pair_transfers(); }
   // One of the client's shared buffers as a Python buffer that keeps the
   // segment mapped (tensors made from it outlive the client), or None.
   py::object SharedBuffer(bool gradients) const {
@@ -534,12 +537,14 @@ PYBIND11_MODULE(_shardopt, m) {
 
   py::class_<Client>(m, "Client", "One trainer (rank) of one model on a set of shard servers.")
       .def(py::init<std::vector<std::string>, uint32_t, double, double, int, std::string,
-                    const std::string&, const std::string&, const py::dict&, bool, bool>(),
+                    const std::string&, const std::string&, const py::dict&, bool, bool,
+                    std::string, int>(),
            py::arg("servers"), py::arg("rank"), py::arg("rpc_timeout_s") = 60.0,
            py::arg("retry_budget_s") = 60.0, py::arg("replay_steps") = 0,
            py::arg("journal_path") = "", py::arg("push_dtype") = "float32",
            py::arg("pull_dtype") = "float32", py::arg("security") = py::dict(),
-           py::arg("shared_memory") = true, py::arg("socket_payloads") = true)
+           py::arg("shared_memory") = true, py::arg("socket_payloads") = true,
+           py::arg("device_pairs") = "off", py::arg("device_pair_gpu") = 0)
       .def("register", &Client::Register, py::arg("model_id"), py::arg("tensors"),
            py::arg("optimizer"), py::arg("hyperparameters"), py::arg("num_trainers"),
            py::arg("max_grad_norm") = 0.0, py::arg("initial") = py::none(),
@@ -597,6 +602,8 @@ PYBIND11_MODULE(_shardopt, m) {
                              "Pushes and pulls to single shards that went through shared memory.")
       .def_property_readonly("socket_transfers", &Client::socket_transfers,
                              "Pushes and pulls to single shards that went over payload sockets.")
+      .def_property_readonly("device_pair_transfers", &Client::device_pair_transfers,
+                             "Pushes and pulls that went over device pairs.")
       .def(
           "shared_gradients", [](const Client& c) { return c.SharedBuffer(true); },
           "After register: the flat gradient buffer in the segment co-located shards map "

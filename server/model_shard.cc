@@ -272,11 +272,15 @@ absl::Status ModelShard::PushWriter::CheckChunk(uint64_t offset, const void* dat
     ConvertToFloatAndFindNonFinite(
         static_cast<const char*>(data) + (*padding - flat_begin) * DTypeSize(dtype_), 1, dtype_,
         &value);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of ", shard_->options_.layout.DescribeElement(*padding), " from trainer ", rank_,
-        " for step ", step_, " is ", value, ": padding gets zero gradients; the push is rejected"));
+    return PaddingRefused(*padding, value);
   }
   return absl::OkStatus();
+}
+
+absl::Status ModelShard::PushWriter::PaddingRefused(uint64_t flat_index, float value) const {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "gradient of ", shard_->options_.layout.DescribeElement(flat_index), " from trainer ", rank_,
+      " for step ", step_, " is ", value, ": padding gets zero gradients; the push is rejected"));
 }
 
 absl::Status ModelShard::PushWriter::Admit(uint64_t offset, uint64_t count, uint64_t skip,
@@ -326,25 +330,48 @@ absl::Status ModelShard::PushWriter::Write(uint64_t offset, const void* data, si
   });
 }
 
+bool ModelShard::PushWriter::CanReceiveInPlace(uint64_t count) const {
+  return !skip_ && dtype_ == DType::kFloat32 && consumed_ <= received_ &&
+         count <= shard_->range_.size() - received_;
+}
+
 float* ModelShard::PushWriter::ReceiveInPlace(uint64_t count) {
-  if (skip_ || dtype_ != DType::kFloat32 || consumed_ > received_ ||
-      count > shard_->range_.size() - received_) {
-    return nullptr;
-  }
+  if (!CanReceiveInPlace(count)) return nullptr;
   return shard_->backend_->HostStaging(rank_, received_, count);
+}
+
+void* ModelShard::PushWriter::ReceiveInOwnMemory(uint64_t count, PairMemory memory) {
+  if (!CanReceiveInPlace(count) || shard_->backend_->own_memory() != memory) return nullptr;
+  return shard_->backend_->OwnStaging(rank_, received_, count);
 }
 
 absl::Status ModelShard::PushWriter::WriteReceived(uint64_t count) {
   const uint64_t offset = received_;
-  float* const staged = ReceiveInPlace(count);
-  if (staged == nullptr) {
+  UpdateBackend& backend = *shard_->backend_;
+  if (!CanReceiveInPlace(count) || backend.OwnStaging(rank_, offset, count) == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("elements [", offset, ", ", offset + count, ") of trainer ", rank_,
                      "'s push cannot have been received in place"));
   }
-  if (absl::Status s = CheckChunk(offset, staged, count); !s.ok()) return s;
-  return Admit(offset, count, /*skip=*/0, FindNonFinite(staged, count),
-               [staged](uint64_t i) { return staged[i]; });
+  // Checked where they landed (the backend's memory, maybe a GPU's): the
+  // padding among them, then NaN/inf, as Write checks a chunk.
+  const uint64_t range_begin = shard_->range_.begin;
+  std::vector<FlatRange> padding = shard_->options_.layout.PaddingIn(
+      FlatRange{range_begin + offset, range_begin + offset + count});
+  for (FlatRange& gap : padding) gap = FlatRange{gap.begin - range_begin, gap.end - range_begin};
+  absl::StatusOr<UpdateBackend::StagedScan> scan =
+      backend.ScanStaged(rank_, offset, count, padding);
+  if (!scan.ok()) return scan.status();
+  const auto value_at = [&](uint64_t range_index) {
+    float value = 0;
+    backend.ReadStaged(rank_, range_index, 1, &value).IgnoreError();  // (For the message.)
+    return value;
+  };
+  if (scan->first_nonzero) {
+    return PaddingRefused(range_begin + *scan->first_nonzero, value_at(*scan->first_nonzero));
+  }
+  return Admit(offset, count, /*skip=*/0, scan->first_non_finite,
+               [&](uint64_t i) { return value_at(offset + i); });
 }
 
 absl::StatusOr<PushResult> ModelShard::PushWriter::Commit(absl::Time deadline,

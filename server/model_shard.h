@@ -232,6 +232,11 @@ class ModelShard {
   absl::Status ReadParameters(int64_t version, uint64_t offset, uint64_t count, float* out);
   absl::Status ReadParameters(int64_t version, uint64_t offset, uint64_t count, DType dtype,
                               void* out);
+  // The same in fp32 into `own_out` in the backend's own memory
+  // (UpdateBackend::ReadOwn; a GPU's for a GPU backend): what the device data
+  // plane sends.
+  absl::Status ReadParametersInOwnMemory(int64_t version, uint64_t offset, uint64_t count,
+                                         float* own_out);
 
   // Statistics of every tensor piece (or only `tensor_name`'s, NOT_FOUND if
   // it has none here) and values [slice_offset, slice_offset + slice_length)
@@ -312,6 +317,9 @@ class ModelShard {
   const ModelLayout& layout() const { return options_.layout; }
   FlatRange range() const { return range_; }
   uint64_t size() const { return range_.size(); }
+  // Where the backend keeps its numbers, and its device ("cpu", "cuda:0").
+  PairMemory own_memory() const { return backend_->own_memory(); }
+  std::string backend_device() const { return backend_->device(); }
 
  private:
   friend class shardopt::StepHold;
@@ -502,6 +510,8 @@ class ModelShard {
     const size_t first_, last_;
     const bool exclusive_;
   };
+  absl::Status ReadParametersInto(int64_t version, uint64_t offset, uint64_t count, DType dtype,
+                                  void* out, bool own_memory);
   std::unique_ptr<UpdateBackend> backend_;
 
   std::unique_ptr<StepTimeline> timeline_;  // With options.step_timeline.
@@ -532,6 +542,10 @@ class ModelShard::PushWriter {
   // count for nothing (a push refused or broken off there leaves only its
   // own undelivered staging written).
   float* ReceiveInPlace(uint64_t count);
+  // The same in the backend's own memory (UpdateBackend::OwnStaging, maybe
+  // a GPU's) when that is `memory`, for the device data plane; nullptr
+  // otherwise. WriteReceived checks the elements where they landed.
+  void* ReceiveInOwnMemory(uint64_t count, PairMemory memory);
   absl::Status WriteReceived(uint64_t count);
   uint64_t received() const { return received_; }
 
@@ -546,6 +560,9 @@ class ModelShard::PushWriter {
   // Write's checks of chunk [offset, offset + count) before staging
   // (order, size, padding), on `data` in the push's dtype.
   absl::Status CheckChunk(uint64_t offset, const void* data, uint64_t count) const;
+  // The refusal of a push with `value` on padding element `flat_index`.
+  absl::Status PaddingRefused(uint64_t flat_index, float value) const;
+  bool CanReceiveInPlace(uint64_t count) const;
   // Its bookkeeping after staging: `bad` is the chunk's first NaN/inf among
   // its staged elements [skip, count) (count when none), `value_of` reads
   // element i of the chunk as a float for the refusal's message.

@@ -199,6 +199,20 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
 
 absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64_t count,
                                         DType dtype, void* out) {
+  return ReadParametersInto(version, offset, count, dtype, out, /*own_memory=*/false);
+}
+
+absl::Status ModelShard::ReadParametersInOwnMemory(int64_t version, uint64_t offset, uint64_t count,
+                                                   float* own_out) {
+  return ReadParametersInto(version, offset, count, DType::kFloat32, own_out,
+                            /*own_memory=*/true);
+}
+
+absl::Status ModelShard::ReadParametersInto(int64_t version, uint64_t offset, uint64_t count,
+                                            DType dtype, void* out, bool own_memory) {
+  if (own_memory && dtype != DType::kFloat32) {
+    return absl::InvalidArgumentError("parameters in the backend's memory are fp32 only");
+  }
   if (offset > range_.size() || count > range_.size() - offset) {
     return absl::OutOfRangeError(
         absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
@@ -217,7 +231,10 @@ absl::Status ModelShard::ReadParameters(int64_t version, uint64_t offset, uint64
   if (dtype == DType::kBFloat16) native_bf16 = backend_->ReadBFloat16(offset, count, out);
   if (!native_bf16.ok()) return native_bf16.status();
   if (dtype == DType::kFloat32) {
-    if (absl::Status s = backend_->Read(offset, count, static_cast<float*>(out)); !s.ok()) {
+    float* const floats = static_cast<float*>(out);
+    if (absl::Status s = own_memory ? backend_->ReadOwn(offset, count, floats)
+                                    : backend_->Read(offset, count, floats);
+        !s.ok()) {
       return s;
     }
   } else if (*native_bf16) {

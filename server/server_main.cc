@@ -54,6 +54,11 @@ ABSL_FLAG(bool, payload_socket, true,
 ABSL_FLAG(int, payload_socket_port, 0,
           "The payload socket's TCP port (for firewalls); 0: a free one. A port that cannot be "
           "bound leaves the server without a payload socket (logged).");
+ABSL_FLAG(std::string, device_pairs, "off",
+          "Device pairs trainers may open (the device data plane: push and pull bytes straight "
+          "into and out of the memory the models live in, gRPC keeping every call): 'nccl' "
+          "(NCCL between GPUs; a server on a GPU), 'loopback' (host memory over a Unix socket, "
+          "the same protocol for a server on the CPU), or 'off'.");
 ABSL_FLAG(int, stream_idle_timeout_s, 60,
           "Cancel push and register streams that send nothing for this many seconds "
           "(0 = never).");
@@ -204,6 +209,22 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
     return 2;
   }
   options.payload_socket_port = static_cast<uint16_t>(payload_port);
+  options.device_pairs = absl::GetFlag(FLAGS_device_pairs);
+  if (options.device_pairs != "off" && options.device_pairs != "nccl" &&
+      options.device_pairs != "loopback") {
+    LogError("--device_pairs=%s: one of nccl, loopback, off", options.device_pairs);
+    return 2;
+  }
+  if (options.device_pairs == "nccl" && device->gpu_index < 0) {
+    LogError("--device_pairs=nccl needs the models on a GPU (--device=%s chose the CPU)",
+             absl::GetFlag(FLAGS_device));
+    return 2;
+  }
+  if (options.device_pairs == "loopback" && device->gpu_index >= 0) {
+    LogError("--device_pairs=loopback carries host memory; the models are on %s",
+             device->description);
+    return 2;
+  }
   options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
 

@@ -89,6 +89,16 @@ ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
                  host.status().ToString());
     }
   }
+  if (options.device_pairs != "off") {
+    // (Checked by the flag's parser; a kind this machine cannot run leaves
+    // the pairs off, with the reason in the log.)
+    absl::StatusOr<const DevicePairKind*> kind = FindDevicePairKind(options.device_pairs);
+    if (kind.ok()) {
+      device_pairs_ = std::make_unique<DevicePairHost>(**kind, std::max(0, options.gpu_index));
+    } else {
+      LogWarning("no device pairs (trainers use other data planes): %s", kind.status().ToString());
+    }
+  }
 }
 
 ShardServiceImpl::~ShardServiceImpl() { Shutdown(); }
@@ -363,6 +373,11 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
   // Taken first: a push refused before its payload was read closes the
   // link, so that the trainer's sending ends at once.
   std::optional<PayloadSocketHost::Lease> link;
+  const bool device_pair = header.has_device_pair();
+  if (device_pair && (header.has_socket_payload() || header.has_shared_memory())) {
+    return Error(absl::InvalidArgumentError(
+        "PushGradients names a device pair and another place for its payload"));
+  }
   if (header.has_socket_payload()) {
     absl::StatusOr<PayloadSocketHost::Lease> lease = AcquireLink(header.socket_payload());
     if (!lease.ok()) return Error(lease.status());
@@ -412,7 +427,14 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
       return Error(s);
     }
   }
-  while (!header.has_shared_memory() && !link && reader->Read(&request)) {
+  if (device_pair) {
+    if (absl::Status s =
+            ReceiveDevicePairPayload(header, *dtype, context, reader, watch, shard, writer);
+        !s.ok()) {
+      return Error(s);
+    }
+  }
+  while (!header.has_shared_memory() && !link && !device_pair && reader->Read(&request)) {
     watch.Touch();
     if (!request.has_chunk()) {
       return Error(absl::InvalidArgumentError(
@@ -476,6 +498,14 @@ grpc::Status ShardServiceImpl::PullParameters(
     return Error(absl::InvalidArgumentError(
         "PullParameters names a shared-memory place and a payload socket"));
   }
+  const bool device_pair = request->has_device_pair() && !request->wait_only();
+  if (device_pair && (socket || shared)) {
+    return Error(absl::InvalidArgumentError(
+        "PullParameters names a device pair and another place for its payload"));
+  }
+  if (device_pair) {
+    if (absl::Status s = CheckDevicePairPull(*request, *dtype, shard); !s.ok()) return Error(s);
+  }
   if (socket) {
     // Named now, taken once the version is known (the wait may be long).
     absl::StatusOr<PayloadSocketHost*> sockets = PayloadSockets();
@@ -514,6 +544,9 @@ grpc::Status ShardServiceImpl::PullParameters(
   if (!version.ok()) return Error(version.status());
   if (socket)
     return SendSocketPull(context, *request, shard, *version, *dtype, deadline, pin, writer);
+  if (device_pair) {
+    return SendDevicePairPull(context, *request, shard, *version, deadline, pin, writer);
+  }
   response.set_version(*version);
   // Asynchronous over the stream: every message is read under the pin and
   // sent after it is released, so that a slow reader (flow control) holds no

@@ -26,6 +26,7 @@
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "server/access_control.h"
 #include "server/checkpointing.h"
+#include "server/device_pair_host.h"
 #include "server/hosted_model.h"
 #include "server/metrics.h"
 #include "server/model_registry.h"
@@ -101,6 +102,10 @@ struct ShardServerOptions {
   bool payload_socket = true;
   std::string payload_socket_host = "127.0.0.1";
   uint16_t payload_socket_port = 0;  // 0: a free port (--payload_socket_port).
+  // The kind of device pair trainers may open (OpenDevicePair): "nccl"
+  // (GPU memory; a server on a GPU), "loopback" (host memory, the same
+  // protocol for a server on the CPU), or "off".
+  std::string device_pairs = "off";
 };
 
 class ShardServiceImpl final : public v1::ShardService::Service {
@@ -126,6 +131,9 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                        v1::InspectResponse* response) override;
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
+  grpc::Status OpenDevicePair(grpc::ServerContext* context,
+                              const v1::OpenDevicePairRequest* request,
+                              v1::OpenDevicePairResponse* response) override;
   grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
                           v1::CheckpointResponse* response) override;
   grpc::Status RollBack(grpc::ServerContext* context, const v1::RollBackRequest* request,
@@ -237,10 +245,31 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                               int64_t version, DType dtype, absl::Time deadline, ReadPin& pin,
                               grpc::ServerWriter<v1::PullParametersResponse>* writer);
 
+  // This server's device pairs; FAILED_PRECONDITION when it opens none.
+  absl::StatusOr<DevicePairHost*> DevicePairs() const;
+  // The push's payload over its device pair (PushHeader.device_pair) into
+  // `writer`, in the backend's memory where the step allows (see
+  // DevicePairPayload).
+  absl::Status ReceiveDevicePairPayload(const v1::PushHeader& header, DType dtype,
+                                        grpc::ServerContext* context,
+                                        grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                                        StreamWatchdog::Watch& watch, ModelShard& shard,
+                                        ModelShard::PushWriter& writer);
+  // Checks a pull over a device pair can be served, before its wait.
+  absl::Status CheckDevicePairPull(const v1::PullParametersRequest& request, DType dtype,
+                                   const ModelShard& shard) const;
+  // The rest of a pull of `version` over its device pair: the first message
+  // once every range is in, the bytes, the last message.
+  grpc::Status SendDevicePairPull(grpc::ServerContext* context,
+                                  const v1::PullParametersRequest& request, ModelShard& shard,
+                                  int64_t version, absl::Time deadline, ReadPin& pin,
+                                  grpc::ServerWriter<v1::PullParametersResponse>* writer);
+
   const ShardServerOptions options_;
   const absl::Time start_time_;
   std::unique_ptr<SharedMemoryHost> shared_memory_;  // Null without shared memory.
   std::unique_ptr<PayloadSocketHost> payload_sockets_;  // Null without payload sockets.
+  std::unique_ptr<DevicePairHost> device_pairs_;        // Null without device pairs.
   mutable ServerMetrics metrics_;  // Thread-safe; counted from const paths too.
   ThreadPool pool_;
   StreamWatchdog watchdog_;

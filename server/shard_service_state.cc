@@ -147,6 +147,10 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
     response->set_shared_memory_socket(shared_memory_->socket_name());
     response->set_shared_memory_attachments(static_cast<uint32_t>(shared_memory_->attachments()));
   }
+  if (device_pairs_ != nullptr) {
+    response->set_device_pair_kind(device_pairs_->kind().name());
+    response->set_device_pairs(static_cast<uint32_t>(device_pairs_->pairs()));
+  }
   if (payload_sockets_ != nullptr) {
     response->set_payload_socket_port(payload_sockets_->port());
     response->set_payload_socket_links(static_cast<uint32_t>(payload_sockets_->links()));

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/device_pair.h"
 #include "common/dtype.h"
+#include "common/layout.h"
 #include "common/optimizer_config.h"
 #include "common/step_protocol.h"
 
@@ -57,6 +60,34 @@ class UpdateBackend {
     return nullptr;
   }
   virtual absl::Status FinishStaging(uint32_t rank) = 0;
+
+  // The device data plane (server/shard_service_device_pair.cc) receives
+  // fp32 pushes straight into the staging and sends pulls from the memory
+  // the backend keeps its numbers in: host memory for the CPU backend, the
+  // GPU's for a GPU backend. The defaults serve backends whose staging is
+  // HostStaging.
+  virtual PairMemory own_memory() const { return PairMemory::kHost; }
+  // Rank's staging at range-local [offset, offset + count) in that memory;
+  // nullptr for a span outside the range.
+  virtual void* OwnStaging(uint32_t rank, uint64_t offset, uint64_t count) {
+    return HostStaging(rank, offset, count);
+  }
+  // After elements were received there: the first NaN/inf among rank's
+  // staging [offset, offset + count) (relative to offset; count when none),
+  // and the first element of `must_be_zero` (range-local spans inside it)
+  // holding anything but +0 or -0.
+  struct StagedScan {
+    uint64_t first_non_finite = 0;
+    std::optional<uint64_t> first_nonzero;  // Range-local.
+  };
+  virtual absl::StatusOr<StagedScan> ScanStaged(uint32_t rank, uint64_t offset, uint64_t count,
+                                                absl::Span<const FlatRange> must_be_zero);
+  // Staged values back in host memory (a refusal's message quotes them).
+  virtual absl::Status ReadStaged(uint32_t rank, uint64_t offset, uint64_t count, float* out);
+  // Parameters [offset, offset + count) into `own_out`, in own_memory().
+  virtual absl::Status ReadOwn(uint64_t offset, uint64_t count, float* own_out) {
+    return Read(offset, count, own_out);
+  }
 
   // Reduces the staging buffers in rank order (sum, then divided by the
   // number of trainers when `mean`) and applies optimizer step `step` with

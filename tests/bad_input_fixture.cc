@@ -18,7 +18,7 @@ std::string BadInputTest::Bytes(const std::vector<float>& v, size_t begin, size_
 
 void BadInputTest::SetUp() {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(kShardIndex, kShardCount);
+      ServerProcess::Start(kShardIndex, kShardCount, ServerFlags());
   ASSERT_TRUE(server.ok()) << server.status();
   server_ = std::move(*server);
   stub_ = NewStub(server_->address());

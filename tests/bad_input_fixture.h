@@ -36,8 +36,10 @@ class BadInputTest : public ::testing::Test {
   // v[begin, end) as raw bytes.
   static std::string Bytes(const std::vector<float>& v, size_t begin, size_t end);
 
-  // Starts the server and registers `config_` with `initial_` as values.
+  // Starts the server (with ServerFlags()) and registers `config_` with
+  // `initial_` as values.
   void SetUp() override;
+  virtual std::vector<std::string> ServerFlags() const { return {}; }
 
   grpc::Status Register(const v1::ModelConfig& config, bool attach_only,
                         const std::vector<Chunk>& chunks,

@@ -61,6 +61,9 @@ ABSL_FLAG(bool, shared_memory, true,
 ABSL_FLAG(bool, socket_payloads, true,
           "Move payloads over payload sockets with shards that take them and that shared "
           "memory does not reach (else gRPC).");
+ABSL_FLAG(std::string, device_pairs, "off",
+          "Move fp32 payloads over device pairs of this kind (nccl, loopback) with shards "
+          "that open them (TrainerClientOptions::device_pairs).");
 ABSL_FLAG(bool, shared_buffers, false,
           "Compute gradients in and pull parameters into the client's shared buffers (no "
           "copies on the trainer's side).");
@@ -118,6 +121,7 @@ int Train(const std::string& name) {
   options.pull_dtype = ParseDType(absl::GetFlag(FLAGS_pull_dtype)).value();
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.socket_payloads = absl::GetFlag(FLAGS_socket_payloads);
+  options.device_pairs = absl::GetFlag(FLAGS_device_pairs);
   absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(servers, options);
   if (!client.ok()) {
     fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -312,9 +316,10 @@ int Train(const std::string& name) {
        {std::pair<std::string, float>{"replayed", (*client)->replayed_pushes()},
         {"rollbacks", rollbacks},
         {"shm_transfers", static_cast<float>((*client)->shared_memory_transfers())},
-        {"socket_transfers", static_cast<float>((*client)->socket_transfers())}}) {
-    if (absl::Status s = WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + "." + what,
-                                     {count});
+        {"socket_transfers", static_cast<float>((*client)->socket_transfers())},
+        {"pair_transfers", static_cast<float>((*client)->device_pair_transfers())}}) {
+    if (absl::Status s =
+            WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + "." + what, {count});
         !s.ok()) {
       fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;

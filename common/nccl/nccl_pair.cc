@@ -85,6 +85,7 @@ NcclPair::~NcclPair() {
     if (comm_ != nullptr) library_->comm_destroy(comm_);
   }
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (scratch_ != nullptr) cudaFree(scratch_);
 }
 
 absl::Status NcclPair::Break(absl::Status failure) {
@@ -158,6 +159,58 @@ absl::Status NcclPair::Send(const void* device_data, size_t bytes, absl::Time de
 absl::Status NcclPair::Recv(void* device_data, size_t bytes, absl::Time deadline,
                             absl::string_view what) {
   return Transfer(false, device_data, bytes, deadline, what);
+}
+
+absl::StatusOr<void*> NcclPair::Scratch(size_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  if (absl::Status s = CudaCheck(cudaMalloc(&scratch_, bytes),
+                                 absl::StrCat("cudaMalloc of ", bytes, " bytes for the pair"));
+      !s.ok()) {
+    scratch_ = nullptr;
+    return s;
+  }
+  scratch_bytes_ = bytes;
+  return scratch_;
+}
+
+absl::Status NcclPair::CopyIn(void* device_data, const void* host, size_t bytes) {
+  if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
+  return CudaCheck(cudaMemcpy(device_data, host, bytes, cudaMemcpyHostToDevice),
+                   "cudaMemcpy to the pair's device");
+}
+
+absl::Status NcclPair::CopyOut(void* host, const void* device_data, size_t bytes) {
+  if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
+  return CudaCheck(cudaMemcpy(host, device_data, bytes, cudaMemcpyDeviceToHost),
+                   "cudaMemcpy from the pair's device");
+}
+
+namespace {
+
+class NcclKind final : public DevicePairKind {
+ public:
+  const char* name() const override { return "nccl"; }
+  PairMemory memory() const override { return PairMemory::kDevice; }
+  absl::StatusOr<std::string> NewId() const override { return NcclPair::NewUniqueId(); }
+  absl::StatusOr<std::unique_ptr<DevicePair>> Connect(absl::string_view id, int rank, int device,
+                                                      absl::Time deadline,
+                                                      std::string peer) const override {
+    absl::StatusOr<std::unique_ptr<NcclPair>> pair =
+        NcclPair::Connect(id, rank, device, deadline, std::move(peer));
+    if (!pair.ok()) return pair.status();
+    return std::unique_ptr<DevicePair>(*std::move(pair));
+  }
+};
+
+}  // namespace
+
+const DevicePairKind& NcclPairKind() {
+  static const NcclKind* const kind = new NcclKind;
+  return *kind;
 }
 
 }  // namespace shardopt::nccl

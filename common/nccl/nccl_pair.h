@@ -15,6 +15,7 @@
 // every later call fails at once with the first failure, and the caller
 // drops it (its transfers go over gRPC). A peer lost mid-call is
 // UNAVAILABLE whatever NCCL's own code for it; INTERNAL is left for misuse.
+// It is the "nccl" DevicePair (common/device_pair.h; NcclPairKind below).
 // Not thread-safe: one thread at a time per pair. Pairs are independent,
 // with one bound: ncclCommAbort frees device memory, which may wait for
 // another pair's kernel of the same process, so an abort can last until
@@ -36,13 +37,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/device_pair.h"
 #include "common/nccl/nccl_library.h"
 
 namespace shardopt::nccl {
 
 inline constexpr size_t kUniqueIdBytes = sizeof(ncclUniqueId);
 
-class NcclPair {
+class NcclPair final : public DevicePair {
  public:
   // UNIMPLEMENTED when NCCL cannot be loaded (NcclLibrary::Load's reason).
   static absl::Status Available();
@@ -55,21 +57,27 @@ class NcclPair {
   static absl::StatusOr<std::unique_ptr<NcclPair>> Connect(absl::string_view unique_id, int rank,
                                                            int device, absl::Time deadline,
                                                            std::string peer);
-  ~NcclPair();
+  ~NcclPair() override;
   NcclPair(const NcclPair&) = delete;
   NcclPair& operator=(const NcclPair&) = delete;
 
   // `bytes` of device memory to the peer, which must Recv as many.
   absl::Status Send(const void* device_data, size_t bytes, absl::Time deadline,
-                    absl::string_view what);
+                    absl::string_view what) override;
   // `bytes` from the peer into device memory.
-  absl::Status Recv(void* device_data, size_t bytes, absl::Time deadline, absl::string_view what);
+  absl::Status Recv(void* device_data, size_t bytes, absl::Time deadline,
+                    absl::string_view what) override;
+  // Device memory on the pair's device, kept (and grown) for reuse.
+  absl::StatusOr<void*> Scratch(size_t bytes) override;
+  // Synchronous copies between host memory and the pair's device memory.
+  absl::Status CopyIn(void* device_data, const void* host, size_t bytes) override;
+  absl::Status CopyOut(void* host, const void* device_data, size_t bytes) override;
 
   int rank() const { return rank_; }
   int device() const { return device_; }
   const std::string& peer() const { return peer_; }
   // The first failure; OK while the pair works.
-  const absl::Status& broken() const { return broken_; }
+  const absl::Status& broken() const override { return broken_; }
   // The pair's CUDA stream (a cudaStream_t): transfers run on it.
   void* stream() const { return stream_; }
 
@@ -90,8 +98,13 @@ class NcclPair {
   const std::string peer_;
   ncclComm_t comm_ = nullptr;  // Null once broken: ncclCommAbort freed it.
   void* stream_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
   absl::Status broken_;
 };
+
+// The "nccl" kind: NewId is NcclPair::NewUniqueId, Connect NcclPair::Connect.
+const DevicePairKind& NcclPairKind();
 
 }  // namespace shardopt::nccl
 

@@ -186,6 +186,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         pulls go over a plain TCP connection to the server's payload socket
         instead of HTTP/2 frames in the gRPC stream (the calls and their
         answers stay on gRPC; never over TLS). Same bits either way.
+      device_pairs: "off" (the default), "nccl" or "loopback": fp32 pushes
+        and pulls go over a device pair with each server that opens pairs of
+        that kind (server ``--device_pairs``; "nccl": a server on a GPU, the
+        bytes through GPU ``device_pair_gpu`` of this process), before the
+        other data planes. Same bits either way.
       consistency: "sync" (the default: step k is applied once every rank
         pushed it, from the mean of their gradients), "async" (each rank's
         step is applied on the servers alone, as it arrives, as PyTorch RPC's
@@ -206,7 +211,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  check_parameters=True, push_dtype="float32", pull_dtype="float32",
                  loss_scaler=None, security=None, overlap_backward=True, bucket_cap_mb=1.0,
                  shared_memory=True, socket_payloads=True, consistency="sync", staleness=0,
-                 partition=None,
+                 partition=None, device_pairs="off", device_pair_gpu=0,
                  **hyperparameters):
         # torch.optim's implementation switches: accepted, meaningless here.
         for switch in ("foreach", "capturable", "differentiable", "fused"):
@@ -235,6 +240,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "'bounded'")
         self._consistency = consistency
         self._staleness = int(staleness)
+        if device_pairs not in ("off", "nccl", "loopback"):
+            raise ValueError(f"device_pairs {device_pairs!r} is not one of 'off', 'nccl', "
+                             "'loopback'")
         if partition not in (None, "flat", "whole_tensors"):
             raise ValueError(f"partition {partition!r} is not one of 'flat', 'whole_tensors'")
         self._partition = partition
@@ -244,7 +252,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  push_dtype=push_dtype, pull_dtype=pull_dtype,
                                  security=dict(security or {}),
                                  shared_memory=bool(shared_memory),
-                                 socket_payloads=bool(socket_payloads))
+                                 socket_payloads=bool(socket_payloads),
+                                 device_pairs=str(device_pairs),
+                                 device_pair_gpu=int(device_pair_gpu))
         self._journal_path = journal_path
         self._check_parameters = check_parameters
         # The layout follows the flag alone (every rank and every restart
@@ -639,6 +649,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def socket_transfers(self):
         """Pushes and pulls to single shards that went over payload sockets."""
         return sum(g.client.socket_transfers for g in self._groups)
+
+    @property
+    def device_pair_transfers(self):
+        """Pushes and pulls to single shards that went over device pairs."""
+        return sum(g.client.device_pair_transfers for g in self._groups)
 
     @property
     def step_count(self):

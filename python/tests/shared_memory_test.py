@@ -78,6 +78,27 @@ class SharedMemoryTest(unittest.TestCase):
             for p, q in zip(shared_model.parameters(), reference.parameters()):
                 self.assertTrue(torch.equal(p.detach(), q.detach()))
 
+    def test_device_pairs_give_the_same_bits(self):
+        # The device data plane on loopback pairs (servers on the CPU; the
+        # NCCL kind runs in tools/gpu_check.sh): fp32 pushes and pulls over
+        # the pairs, the bits of the gRPC stream.
+        with Cluster(2, extra_flags=["--device_pairs=loopback"]) as cluster:
+            for overlap in (True, False):
+                pair_model, pairs = self.run_job(cluster, f"pairs{overlap}", shared_memory=False,
+                                                 socket_payloads=False, device_pairs="loopback",
+                                                 overlap_backward=overlap)
+                grpc_model, grpc = self.run_job(cluster, f"plain{overlap}", shared_memory=False,
+                                                socket_payloads=False, overlap_backward=overlap)
+                self.assertGreaterEqual(pairs.device_pair_transfers,
+                                        STEPS * 2 * (1 if overlap else 2))
+                self.assertEqual(grpc.device_pair_transfers, 0)
+                self.assertEqual(pairs.socket_transfers + pairs.shared_memory_transfers, 0)
+                for p, q in zip(pair_model.parameters(), grpc_model.parameters()):
+                    self.assertTrue(torch.equal(p.detach(), q.detach()))
+        with self.assertRaisesRegex(ValueError, "device_pairs"):
+            shardopt.torch.DistributedOptimizer(net().named_parameters(), servers=["x:1"], rank=0,
+                                                world_size=1, device_pairs="pigeon")
+
     def test_parameters_outlive_the_optimizer(self):
         with Cluster(1) as cluster:
             # (Without the backward hooks, which would keep the client.)

@@ -107,6 +107,14 @@ class GpuBackend final : public UpdateBackend {
   absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
                                size_t count) override;
   absl::Status FinishStaging(uint32_t rank) override;
+  // The device data plane: staging and parameters in device memory, pushes
+  // received there checked by a kernel (gpu_backend_pairs.cc).
+  PairMemory own_memory() const override { return PairMemory::kDevice; }
+  void* OwnStaging(uint32_t rank, uint64_t offset, uint64_t count) override;
+  absl::StatusOr<StagedScan> ScanStaged(uint32_t rank, uint64_t offset, uint64_t count,
+                                        absl::Span<const FlatRange> must_be_zero) override;
+  absl::Status ReadStaged(uint32_t rank, uint64_t offset, uint64_t count, float* out) override;
+  absl::Status ReadOwn(uint64_t offset, uint64_t count, float* own_out) override;
   absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) override;
   absl::Status Reduce(bool mean) override;
   absl::StatusOr<double> SumOfSquares(float scale) override;
@@ -255,6 +263,10 @@ class GpuBackend final : public UpdateBackend {
   // SumOfSquares' per-block sums, allocated with the rest of the state, so a
   // step with gradient control allocates nothing.
   gpu::DeviceBuffer block_sums_;
+  // ScanStaged's results and spans (pushes of several trainers may be
+  // scanned at once: one at a time here, each a few microseconds).
+  absl::Mutex scan_mu_;
+  gpu::DeviceBuffer scan_buffer_ ABSL_GUARDED_BY(scan_mu_);
   // Muon only.
   std::vector<GpuMatrix> matrices_;
   std::unique_ptr<gpu::Cublas> cublas_;

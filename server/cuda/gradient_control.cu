@@ -44,7 +44,43 @@ __global__ void ScaleKernel(float* __restrict__ g, size_t n, float multiplier) {
   }
 }
 
+__global__ void NonFiniteKernel(const float* __restrict__ g, size_t n, unsigned long long* found) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (!isfinite(g[i])) {
+      atomicMin(found, static_cast<unsigned long long>(i));
+      return;  // (Later elements of this thread are larger.)
+    }
+  }
+}
+
+// One thread per span: spans are padding, a few elements each.
+__global__ void NonZeroKernel(const float* __restrict__ g, const unsigned long long* spans,
+                              size_t num_spans, unsigned long long* found) {
+  const size_t k = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= num_spans) return;
+  for (unsigned long long i = spans[2 * k]; i < spans[2 * k + 1]; ++i) {
+    if ((__float_as_uint(g[i]) & 0x7fffffffu) != 0) {
+      atomicMin(found, i);
+      return;
+    }
+  }
+}
+
 }  // namespace
+
+absl::Status ScanReceived(const float* g, size_t n, const unsigned long long* spans,
+                          size_t num_spans, unsigned long long* found, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (n > 0) {
+    NonFiniteKernel<<<Blocks(n), kThreads, 0, s>>>(g, n, found);
+    if (absl::Status e = Check(cudaGetLastError(), "NonFiniteKernel launch"); !e.ok()) return e;
+  }
+  if (num_spans == 0) return absl::OkStatus();
+  NonZeroKernel<<<static_cast<int>((num_spans + 127) / 128), 128, 0, s>>>(g, spans, num_spans,
+                                                                          found + 1);
+  return Check(cudaGetLastError(), "NonZeroKernel launch");
+}
 
 absl::Status ReduceInPlace(float* staging, size_t n, size_t stride, int trainers, bool mean,
                            void* stream) {

@@ -27,6 +27,15 @@ absl::Status BlockSumsOfSquares(const float* g, size_t n, float scale, size_t bl
 // g[i] *= multiplier.
 absl::Status ScaleInPlace(float* g, size_t n, float multiplier, void* stream);
 
+// What a push received into device staging holds (the device data plane):
+// found[0] becomes the least i < n with g[i] NaN or inf (left as is when
+// none), found[1] the least i inside the `num_spans` spans [spans[2k],
+// spans[2k+1]) (indices into g) with g[i] neither +0 nor -0. `found` and
+// `spans` are device memory; the caller presets found[0] = n and found[1]
+// = UINT64_MAX.
+absl::Status ScanReceived(const float* g, size_t n, const unsigned long long* spans,
+                          size_t num_spans, unsigned long long* found, void* stream);
+
 }  // namespace gpu
 }  // namespace shardopt
 

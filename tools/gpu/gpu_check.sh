@@ -8,7 +8,7 @@
 #
 #   bash tools/gpu/gpu_check.sh [--quick] [--budget=SECONDS] [--steps=LIST]
 #
-# --steps=gpu,backend,e2e,nccl,emu,bench,nccl_bench,torch,parity,san runs
+# --steps=gpu,backend,e2e,nccl,pairs,emu,bench,nccl_bench,torch,parity,san runs
 # only the steps named (a short second run after a fix); the others are
 # reported "not run (--steps)" and do not fail the check.
 #
@@ -28,6 +28,9 @@
 #      (NCCL_HOSTID apart): bytes both ways, a peer killed mid-transfer or
 #      after joining, a stalled peer, a peer that never joins: each call
 #      fails within its deadline
+#   4c. device_pair_test's NCCL case: 2 trainers and 2 shards on cuda:0 with
+#      NCCL pairs (NCCL_HOSTID apart), bit-identical to the same job over
+#      gRPC streams; and its loopback cases
 #   5. fused_kernels_emulation_test: the same kernels' code on the CPU
 #   6. gpu_bench: fused AdamW, LAMB's passes and Adafactor's step at 64M and
 #      1G params vs a D2D cudaMemcpy
@@ -52,7 +55,7 @@
 # Logs go to /tmp/gpu_check. When $OUT is set (the device tool brings back at
 # most 8 files from it), it receives summary.txt (rewritten after every step,
 # so a run cut short still leaves one) and logs.tgz only. Exit status: 0 when
-# the bundle matches the sources, its libraries resolve, and steps 2-6 (4b too) passed
+# the bundle matches the sources, its libraries resolve, and steps 2-6 (4b and 4c too) passed
 # (and 8 and 9 when they ran), else 1.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -72,9 +75,9 @@ done
 if [ -n "$steps" ]; then
   [ "$steps" = ",," ] && { echo "--steps names no step" >&2; exit 2; }
   for name in $(tr ',' ' ' <<<"$steps"); do
-    case " gpu backend e2e nccl emu bench nccl_bench torch parity san " in
+    case " gpu backend e2e nccl pairs emu bench nccl_bench torch parity san " in
       *" $name "*) ;;
-      *) echo "--steps: unknown step '$name' (gpu backend e2e nccl emu bench nccl_bench torch parity san)" >&2
+      *) echo "--steps: unknown step '$name' (gpu backend e2e nccl pairs emu bench nccl_bench torch parity san)" >&2
          exit 2 ;;
     esac
   done
@@ -207,6 +210,7 @@ summary() {
   printf '%-30s %s\n' "gpu backend vs cpu backend" "${result[backend]:-(not run yet)}"
   printf '%-30s %s\n' "end to end, shards on cuda:0" "${result[e2e]:-(not run yet)}"
   printf '%-30s %s\n' "nccl pair, 2 processes" "${result[nccl]:-(not run yet)}"
+  printf '%-30s %s\n' "end to end over nccl pairs" "${result[pairs]:-(not run yet)}"
   printf '%-30s %s\n' "nccl round trip, 2 processes" "${result[nccl_bench]:-(not run yet)}"
   printf '%-30s %s\n' "emulation tests (host)" "${result[emu]:-(not run yet)}"
   printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]:-(not run yet)} / ${result[torch]:-(not run yet)}"
@@ -258,6 +262,12 @@ save_summary
 # both ways, and dead, stalled or absent peers failing in time.
 wanted nccl && gtest_step nccl "nccl pair tests" 90 "$log/nccl_pair_test.log" \
   "$bundle/run.sh" nccl_pair_test "$PWD/$bundle/bin/nccl_peer"
+save_summary
+# The device data plane end to end: NCCL pairs between trainer and shard
+# processes on cuda:0, against the same job over gRPC.
+wanted pairs && gtest_step pairs "end to end over nccl pairs" 150 "$log/device_pair_test.log" \
+  env TEST_SRCDIR="$PWD/$bundle/runfiles" TEST_WORKSPACE=shardopt TEST_TMPDIR=/tmp/gpu_check_pairs \
+  "$bundle/run.sh" device_pair_test --gtest_filter='DevicePairGpuTest.*:*S3_T2*'
 save_summary
 wanted emu && gtest_step emu "emulation tests" 60 "$log/emulation_test.log" \
   "$bundle/run.sh" fused_kernels_emulation_test

@@ -32,6 +32,7 @@ targets=(
   //server/cuda:gpu_backend_test
   //tools/gpu:gpu_bench
   //tests:end_to_end_test
+  //tests:device_pair_test
   //tests:test_trainer
   //server:shardopt_server
   //server/optim:optimizer_replay
@@ -58,6 +59,7 @@ binaries=(
   "$bin_root/server/cuda/gpu_backend_test"
   "$bin_root/tools/gpu/gpu_bench"
   "$bin_root/tests/end_to_end_test"
+  "$bin_root/tests/device_pair_test"
   "$bin_root/tests/test_trainer"
   "$bin_root/server/shardopt_server"
   "$bin_root/server/optim/optimizer_replay"

@@ -1,0 +1,91 @@
+// DevicePairTransport: the device-pair PayloadTransport of one shard (the
+// device data plane, common/device_pair.h): the bytes of an fp32 push or
+// pull go over a pair the trainer opened with the shard (OpenDevicePair)
+// instead of the gRPC stream; the call, its answer and every rule stay on
+// gRPC (see v1::DevicePairPayload for the protocol).
+//
+// The trainer's buffers are in host memory (TrainerClient's API): a pair of
+// a device kind (NCCL) is fed piece by piece through its device scratch; a
+// host kind (loopback) sends and receives them in place.
+//
+// It keeps a small pool of pairs (a push and the overlapped pull of a step
+// each take one for their whole call, so that one pair never carries two
+// transfers). A shard that opens no pairs of this kind, or whose model lives
+// in other memory, is asked again at most every kRetryInterval, and
+// meanwhile the transport declines (the next data plane carries the bytes).
+// A pair whose transfer failed is dropped, and the call fails UNAVAILABLE so
+// that its retry takes a new pair or the stream. Thread-safe.
+#ifndef SHARDOPT_CLIENT_DEVICE_PAIR_TRANSPORT_H_
+#define SHARDOPT_CLIENT_DEVICE_PAIR_TRANSPORT_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/payload_transport.h"
+#include "common/device_pair.h"
+
+namespace shardopt {
+
+class DevicePairTransport final : public PayloadTransport {
+ public:
+  static constexpr absl::Duration kRetryInterval = absl::Seconds(30);
+  static constexpr absl::Duration kJoinTimeout = absl::Seconds(30);
+
+  // Pairs of `kind` on CUDA device `device` with shard `shard_index`;
+  // `trainer` names this trainer to the shard ("trainer 1").
+  DevicePairTransport(const DevicePairKind& kind, int device, uint32_t shard_index,
+                      std::string trainer);
+  ~DevicePairTransport() override;
+
+  const char* name() const override { return "device pair"; }
+  std::optional<absl::Status> Push(const PayloadCall& call, const v1::PushGradientsRequest& header,
+                                   const char* payload, size_t element_size,
+                                   v1::PushGradientsResponse* response) override;
+  std::optional<absl::Status> Pull(const PayloadCall& call,
+                                   const v1::PullParametersRequest& request, DType dtype,
+                                   float* destination, PulledVersion* pulled) override;
+  int64_t transfers() const override { return transfers_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Held {
+    std::string name;
+    std::unique_ptr<DevicePair> pair;
+  };
+  // An idle pair, or a new one; nullopt: decline.
+  std::optional<Held> Take(const PayloadCall& call);
+  absl::StatusOr<Held> Open(const PayloadCall& call);
+  // After a call that left the pair clean.
+  void Give(Held held);
+  // The same, unless the shard's `answer` says it does not hold the pair.
+  void GiveUnlessRefused(Held held, const absl::Status& answer);
+  // The call's status after a shard's answer: a refusal that is about the
+  // pair (not open there, the model in other memory) becomes UNAVAILABLE,
+  // so that the retry goes over a new pair or another plane.
+  absl::Status Answered(absl::Status status);
+  // Moves `bytes` of host memory over the pair (through its scratch for a
+  // device kind).
+  absl::Status SendHost(DevicePair& pair, const char* host, uint64_t bytes, absl::Time deadline,
+                        const std::string& what);
+  absl::Status ReceiveHost(DevicePair& pair, char* host, uint64_t bytes, absl::Time deadline,
+                           const std::string& what);
+
+  const DevicePairKind& kind_;
+  const int device_;
+  const uint32_t shard_index_;
+  const std::string trainer_;
+  absl::Mutex mu_;
+  std::vector<Held> idle_ ABSL_GUARDED_BY(mu_);
+  absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::string last_refusal_ ABSL_GUARDED_BY(mu_);
+  bool announced_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> next_transfer_{1};
+  std::atomic<int64_t> transfers_{0};
+};
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_CLIENT_DEVICE_PAIR_TRANSPORT_H_

@@ -1,0 +1,21 @@
+// LoopbackPair: the "loopback" DevicePairKind (common/device_pair.h): host
+// memory on both ends, bytes over a Unix stream socket in the abstract
+// namespace of this network namespace, named by the pair's id (16 random
+// bytes in hex, so unguessable; the shard also checks that the trainer runs
+// as its own user). It is the device data plane of a shard on the CPU
+// backend: the same bootstrap, transfers and failures as NCCL, so that the
+// protocol runs (and is tested) where there is no GPU. Rank 0 listens and
+// accepts one connection; rank 1 connects, retrying until the deadline
+// (the shard joins in the background after it answered OpenDevicePair).
+#ifndef SHARDOPT_COMMON_LOOPBACK_PAIR_H_
+#define SHARDOPT_COMMON_LOOPBACK_PAIR_H_
+
+#include "common/device_pair.h"
+
+namespace shardopt {
+
+const DevicePairKind& LoopbackPairKind();
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_COMMON_LOOPBACK_PAIR_H_

@@ -1,0 +1,217 @@
+// ShardServiceImpl's device data plane (v1::DevicePairPayload,
+// server/device_pair_host.h): OpenDevicePair, a push's bytes received over
+// the trainer's pair straight into its staging in the backend's memory (a
+// GPU's for NCCL pairs) and checked there, a pull's range sent from that
+// memory. The rules are the stream's; only the bytes travel elsewhere.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/service_replies.h"
+#include "server/shard_service.h"
+
+namespace shardopt {
+namespace {
+
+constexpr uint64_t kPieceElements = kDevicePairPieceBytes / sizeof(float);
+
+const char* MemoryName(PairMemory memory) {
+  return memory == PairMemory::kDevice ? "device memory" : "host memory";
+}
+
+// A transfer whose pair failed: UNAVAILABLE (the trainer goes over the
+// stream or a new pair), or the deadline's own code.
+absl::Status PairFailed(const char* what, const absl::Status& s) {
+  return absl::Status(absl::IsDeadlineExceeded(s) ? s.code() : absl::StatusCode::kUnavailable,
+                      absl::StrCat(what, ": ", s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<DevicePairHost*> ShardServiceImpl::DevicePairs() const {
+  if (device_pairs_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this shard opens no device pairs (--device_pairs=off, or the kind cannot run here)");
+  }
+  return device_pairs_.get();
+}
+
+grpc::Status ShardServiceImpl::OpenDevicePair(grpc::ServerContext* context,
+                                              const v1::OpenDevicePairRequest* request,
+                                              v1::OpenDevicePairResponse* response) {
+  if (absl::Status s = Authorize(*context, Access::kWrite); !s.ok()) return Error(s);
+  CallScope call(this);
+  if (!call.admitted().ok()) return Error(call.admitted());
+  absl::StatusOr<DevicePairHost*> host = DevicePairs();
+  if (!host.ok()) return Error(host.status());
+  if (request->kind() != (*host)->kind().name()) {
+    return Error(
+        absl::FailedPreconditionError(absl::StrCat("this shard opens ", (*host)->kind().name(),
+                                                   " device pairs, not '", request->kind(), "'")));
+  }
+  absl::StatusOr<DevicePairHost::Opened> opened =
+      (*host)->Open(request->peer().empty() ? context->peer() : request->peer());
+  if (!opened.ok()) return Error(opened.status());
+  response->set_pair(opened->pair);
+  response->set_id(opened->id);
+  response->set_device(options_.gpu_index >= 0 ? absl::StrCat("cuda:", options_.gpu_index)
+                                               : std::string("cpu"));
+  return grpc::Status::OK;
+}
+
+absl::Status ShardServiceImpl::ReceiveDevicePairPayload(
+    const v1::PushHeader& header, DType dtype, grpc::ServerContext* context,
+    grpc::ServerReader<v1::PushGradientsRequest>* reader, StreamWatchdog::Watch& watch,
+    ModelShard& shard, ModelShard::PushWriter& writer) {
+  if (dtype != DType::kFloat32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a push over a device pair carries fp32, not ", DTypeName(dtype)));
+  }
+  absl::StatusOr<DevicePairHost*> host = DevicePairs();
+  if (!host.ok()) return host.status();
+  const PairMemory memory = (*host)->kind().memory();
+  if (shard.own_memory() != memory) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", header.model_id(), "' on ", shard.backend_device(), " ", kDevicePairWrongMemory,
+        " than ", (*host)->kind().name(), " pairs (", MemoryName(memory), ")"));
+  }
+  v1::PushGradientsRequest extra;
+  if (reader->Read(&extra)) {
+    return absl::InvalidArgumentError(
+        "PushGradients with its payload on a device pair sent a chunk too");
+  }
+  const absl::Time deadline = absl::FromChrono(context->deadline());
+  absl::StatusOr<DevicePairHost::Lease> lease =
+      (*host)->Acquire(header.device_pair().pair(), deadline);
+  if (!lease.ok()) return lease.status();
+  DevicePair& pair = lease->pair();
+  // From here on the trainer sends every byte, and every byte is received
+  // (a refused piece's rest into scratch), so that the pair stays in step.
+  const uint64_t transfer = header.device_pair().transfer();
+  context->AddInitialMetadata(kDevicePairReadyKey, absl::StrCat(transfer));
+  reader->SendInitialMetadata();
+  const std::string what = absl::StrCat("push of trainer ", header.trainer_rank(), " step ",
+                                        header.step(), " to shard ", header.shard_index());
+  absl::Status refused;
+  std::vector<float> host_copy;
+  for (uint64_t done = 0; done < header.num_elements(); done += kPieceElements) {
+    const uint64_t count = std::min(kPieceElements, header.num_elements() - done);
+    const size_t bytes = count * sizeof(float);
+    void* into = refused.ok() && writer.received() == done
+                     ? writer.ReceiveInOwnMemory(count, memory)
+                     : nullptr;
+    const bool in_place = into != nullptr;
+    if (!in_place) {
+      absl::StatusOr<void*> scratch = pair.Scratch(bytes);
+      if (!scratch.ok()) return scratch.status();  // (The lease drops the pair.)
+      into = *scratch;
+    }
+    if (absl::Status s = pair.Recv(into, bytes, deadline, what); !s.ok()) {
+      return PairFailed("the push's payload", s);
+    }
+    watch.Touch();
+    if (!refused.ok()) continue;  // (Received only to be dropped.)
+    if (in_place) {
+      refused = writer.WriteReceived(count);
+    } else {
+      // Elements a range already consumed (a push repeated after part of it
+      // was applied): checked and counted as Write does, from a host copy.
+      host_copy.resize(count);
+      refused = pair.CopyOut(host_copy.data(), into, bytes);
+      if (refused.ok()) refused = writer.Write(done, host_copy.data(), bytes);
+    }
+  }
+  lease->Finished();
+  if (context->IsCancelled()) {
+    return absl::CancelledError("push cancelled by the client before it ended");
+  }
+  return refused;
+}
+
+absl::Status ShardServiceImpl::CheckDevicePairPull(const v1::PullParametersRequest& request,
+                                                   DType dtype, const ModelShard& shard) const {
+  if (dtype != DType::kFloat32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a pull over a device pair carries fp32, not ", DTypeName(dtype)));
+  }
+  absl::StatusOr<DevicePairHost*> host = DevicePairs();
+  if (!host.ok()) return host.status();
+  if (shard.own_memory() != (*host)->kind().memory()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", request.model_id(), "' on ", shard.backend_device(), " ",
+                     kDevicePairWrongMemory, " than ", (*host)->kind().name(), " pairs"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ShardServiceImpl::SendDevicePairPull(
+    grpc::ServerContext* context, const v1::PullParametersRequest& request, ModelShard& shard,
+    int64_t version, absl::Time deadline, ReadPin& pin,
+    grpc::ServerWriter<v1::PullParametersResponse>* writer) {
+  absl::StatusOr<DevicePairHost*> host = DevicePairs();
+  if (!host.ok()) return Error(host.status());
+  absl::StatusOr<DevicePairHost::Lease> lease =
+      (*host)->Acquire(request.device_pair().pair(), deadline);
+  if (!lease.ok()) return Error(lease.status());
+  // Nothing goes over the pair before the whole range is at the version:
+  // a pull that ends in the wait has sent nothing the trainer must drain.
+  const auto cancelled = [context] { return context->IsCancelled(); };
+  if (absl::Status s =
+          shard.WaitForRanges(version, 0, shard.size(), deadline, cancelled, PushedByOf(request));
+      !s.ok()) {
+    lease->Finished();
+    return Error(s);
+  }
+  DevicePair& pair = lease->pair();
+  // Asynchronous: the whole range read under the pin first, so that a slow
+  // trainer holds no push back (as over the stream).
+  const bool read_first = shard.asynchronous();
+  const uint64_t size = shard.size();
+  absl::StatusOr<void*> scratch = pair.Scratch(
+      std::max<uint64_t>(1, read_first ? size : std::min(size, kPieceElements)) * sizeof(float));
+  if (!scratch.ok()) {
+    lease->Finished();
+    return Error(scratch.status());
+  }
+  float* const own = static_cast<float*>(*scratch);
+  if (read_first) {
+    if (absl::Status s = shard.ReadParametersInOwnMemory(version, 0, size, own); !s.ok()) {
+      lease->Finished();
+      return Error(s);
+    }
+    pin.Release();
+  }
+  v1::PullParametersResponse response;
+  response.set_version(version);
+  if (!writer->Write(response)) {
+    lease->Finished();
+    return grpc::Status(grpc::CANCELLED, "client went away");
+  }
+  const std::string what =
+      absl::StrCat("pull of version ", version, " from shard ", request.shard_index(),
+                   " by trainer ", request.trainer_rank());
+  for (uint64_t offset = 0; offset < size; offset += kPieceElements) {
+    const uint64_t count = std::min(kPieceElements, size - offset);
+    float* piece = read_first ? own + offset : own;
+    if (!read_first) {
+      // (Synchronous: no later version can start before this trainer's next
+      // push, so the read does not fail; if it did, the pair is dropped.)
+      if (absl::Status s = shard.ReadParametersInOwnMemory(version, offset, count, piece);
+          !s.ok()) {
+        return Error(s);
+      }
+    }
+    if (absl::Status s = pair.Send(piece, count * sizeof(float), deadline, what); !s.ok()) {
+      return Error(PairFailed("the pull's pair", s));
+    }
+  }
+  pin.Release();
+  lease->Finished();
+  response.set_lr(shard.LrOfVersion(version));
+  if (!writer->Write(response)) return grpc::Status(grpc::CANCELLED, "client went away");
+  metrics_.RecordPull(request.model_id());
+  return grpc::Status::OK;
+}
+
+}  // namespace shardopt
