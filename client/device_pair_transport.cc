@@ -1,6 +1,8 @@
 #include "client/device_pair_transport.h"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -33,8 +35,11 @@ DevicePairTransport::DevicePairTransport(const DevicePairKind& kind, int device,
 DevicePairTransport::~DevicePairTransport() = default;
 
 absl::StatusOr<DevicePairTransport::Held> DevicePairTransport::Open(const PayloadCall& call) {
+  // Within the call's deadline: a call that could not wait for a pair
+  // should not wait for one to open either.
+  const absl::Time deadline = DeadlineOf(call.context);
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + kOpenTimeout));
+  context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + kOpenTimeout)));
   v1::OpenDevicePairRequest request;
   request.set_kind(kind_.name());
   request.set_peer(trainer_);
@@ -43,26 +48,34 @@ absl::StatusOr<DevicePairTransport::Held> DevicePairTransport::Open(const Payloa
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::unique_ptr<DevicePair>> pair =
-      kind_.Connect(opened.id(), /*rank=*/1, device_, absl::Now() + kJoinTimeout,
-                    absl::StrCat("shard ", shard_index_, " (", opened.device(), ")"));
+  absl::StatusOr<std::unique_ptr<DevicePair>> pair = kind_.Connect(
+      opened.id(), /*rank=*/1, device_, std::min(deadline, absl::Now() + kJoinTimeout),
+      absl::StrCat("shard ", shard_index_, " (", opened.device(), ")"));
   if (!pair.ok()) return pair.status();
   return Held{opened.pair(), *std::move(pair)};
 }
 
 std::optional<DevicePairTransport::Held> DevicePairTransport::Take(const PayloadCall& call) {
   if (call.range.size() == 0) return std::nullopt;
-  absl::MutexLock lock(&mu_);
-  if (!idle_.empty()) {
-    Held held = std::move(idle_.back());
-    idle_.pop_back();
-    return held;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    // (A shard that refused pairs is left alone for a while, idle pairs
+    // included.)
+    if (now < retry_after_) return std::nullopt;
+    if (!idle_.empty()) {
+      Held held = std::move(idle_.back());
+      idle_.pop_back();
+      return held;
+    }
+    // A few openings at a time (a push and its overlapped pull each open
+    // one at the start); beyond them calls go another way meanwhile.
+    if (opening_ >= kMaxIdlePairs) return std::nullopt;
+    ++opening_;
   }
-  const absl::Time now = absl::Now();
-  if (now < retry_after_) return std::nullopt;
-  // (Opened under the lock: a second caller waits for this pair rather than
-  // opening one more.)
   absl::StatusOr<Held> held = Open(call);
+  absl::MutexLock lock(&mu_);
+  --opening_;
   if (held.ok()) {
     if (!announced_) {
       LogInfo("shard %d: payloads go over %s device pairs", shard_index_, kind_.name());
@@ -78,18 +91,8 @@ std::optional<DevicePairTransport::Held> DevicePairTransport::Take(const Payload
     last_refusal_ = why;
   }
   announced_ = false;
-  retry_after_ = now + kRetryInterval;
+  retry_after_ = absl::Now() + kRetryInterval;
   return std::nullopt;
-}
-
-void DevicePairTransport::GiveUnlessRefused(Held held, const absl::Status& answer) {
-  // A shard that does not hold the pair (it restarted, or dropped it) will
-  // never take it again: a new pair is opened for the next transfer.
-  if (absl::IsFailedPrecondition(answer) &&
-      absl::StrContains(answer.message(), kDevicePairNotOpen)) {
-    return;
-  }
-  Give(std::move(held));
 }
 
 void DevicePairTransport::Give(Held held) {
@@ -97,22 +100,31 @@ void DevicePairTransport::Give(Held held) {
   if (idle_.size() < kMaxIdlePairs && held.pair->broken().ok()) idle_.push_back(std::move(held));
 }
 
-absl::Status DevicePairTransport::Answered(absl::Status status) {
-  if (!absl::IsFailedPrecondition(status)) return status;
-  if (absl::StrContains(status.message(), kDevicePairWrongMemory)) {
+absl::Status DevicePairTransport::Answered(Held held, absl::Status answer) {
+  const bool about_pairs = absl::IsFailedPrecondition(answer) &&
+                           (absl::StrContains(answer.message(), kDevicePairWrongMemory) ||
+                            absl::StrContains(answer.message(), kDevicePairsOff) ||
+                            absl::StrContains(answer.message(), kDevicePairNotOpen));
+  if (absl::IsFailedPrecondition(answer) &&
+      !absl::StrContains(answer.message(), kDevicePairNotOpen) && about_pairs) {
+    // This shard takes no pairs of ours (for now): none is kept, and its
+    // calls go another way for a while.
     absl::MutexLock lock(&mu_);
+    idle_.clear();
     retry_after_ = absl::Now() + kRetryInterval;
-    return absl::UnavailableError(status.message());
   }
-  if (absl::StrContains(status.message(), kDevicePairNotOpen) ||
-      absl::StrContains(status.message(), "carries another transfer")) {
-    return absl::UnavailableError(status.message());
-  }
-  return status;
+  // A pair the shard no longer holds, or one whose last call ran out or
+  // broke, is not used again.
+  const bool keep = !about_pairs && !absl::IsDeadlineExceeded(answer) &&
+                    !absl::IsUnavailable(answer) && !absl::IsCancelled(answer);
+  if (keep) Give(std::move(held));
+  // (So that the retry goes over a new pair or another plane.)
+  return about_pairs ? absl::UnavailableError(answer.message()) : answer;
 }
 
 absl::Status DevicePairTransport::SendHost(DevicePair& pair, const char* host, uint64_t bytes,
-                                           absl::Time deadline, const std::string& what) {
+                                           absl::Time deadline, const std::string& what,
+                                           const std::function<bool()>& cancelled) {
   for (uint64_t done = 0; done < bytes; done += kDevicePairPieceBytes) {
     const uint64_t piece = std::min(kDevicePairPieceBytes, bytes - done);
     const void* from = host + done;
@@ -122,13 +134,14 @@ absl::Status DevicePairTransport::SendHost(DevicePair& pair, const char* host, u
       if (absl::Status s = pair.CopyIn(*scratch, host + done, piece); !s.ok()) return s;
       from = *scratch;
     }
-    if (absl::Status s = pair.Send(from, piece, deadline, what); !s.ok()) return s;
+    if (absl::Status s = pair.Send(from, piece, deadline, what, cancelled); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 absl::Status DevicePairTransport::ReceiveHost(DevicePair& pair, char* host, uint64_t bytes,
-                                              absl::Time deadline, const std::string& what) {
+                                              absl::Time deadline, const std::string& what,
+                                              const std::function<bool()>& cancelled) {
   for (uint64_t done = 0; done < bytes; done += kDevicePairPieceBytes) {
     const uint64_t piece = std::min(kDevicePairPieceBytes, bytes - done);
     void* into = host + done;
@@ -137,7 +150,7 @@ absl::Status DevicePairTransport::ReceiveHost(DevicePair& pair, char* host, uint
       if (!scratch.ok()) return scratch.status();
       into = *scratch;
     }
-    if (absl::Status s = pair.Recv(into, piece, deadline, what); !s.ok()) return s;
+    if (absl::Status s = pair.Recv(into, piece, deadline, what, cancelled); !s.ok()) return s;
     if (kind_.memory() == PairMemory::kDevice) {
       if (absl::Status s = pair.CopyOut(host + done, into, piece); !s.ok()) return s;
     }
@@ -172,24 +185,39 @@ std::optional<absl::Status> DevicePairTransport::Push(const PayloadCall& call,
                   std::string(ready->second.data(), ready->second.size()) == absl::StrCat(transfer);
   if (!go) {
     const absl::Status answer = ToAbslStatus(writer->Finish());
-    GiveUnlessRefused(*std::move(held), answer);
-    return answer.ok() ? answer : Answered(answer);
+    if (answer.ok()) {
+      Give(*std::move(held));
+      return answer;
+    }
+    return Answered(*std::move(held), answer);
   }
+  // The answer is awaited meanwhile: a shard that ends the call while the
+  // bytes move (it failed) ends the sending too, instead of the deadline.
+  std::atomic<bool> failed_answer{false};
+  absl::Status answer;
+  std::thread finisher([&] {
+    answer = ToAbslStatus(writer->Finish());
+    if (!answer.ok()) failed_answer.store(true);
+  });
   const std::string what =
       absl::StrCat("push of step ", header.header().step(), " to shard ", shard_index_);
   const absl::Status sent =
       SendHost(*held->pair, payload, header.header().num_elements() * element_size,
-               DeadlineOf(call.context), what);
+               DeadlineOf(call.context), what, [&] { return failed_answer.load(); });
+  if (!sent.ok()) call.context.TryCancel();
+  finisher.join();
   if (!sent.ok()) {
-    call.context.TryCancel();
-    writer->Finish().error_code();  // (The pair's failure says more.)
-    return PairFailed(sent);        // (The pair is dropped with `held`.)
+    // (The pair is dropped with `held`.) The shard's own reason, when it
+    // gave one, says more than the pair's.
+    return !answer.ok() && !absl::IsCancelled(answer) ? answer : PairFailed(sent);
   }
-  const absl::Status answer = ToAbslStatus(writer->Finish());
   // Every byte was taken (the shard drains a refused push): the pair is clean.
-  Give(*std::move(held));
-  if (answer.ok()) transfers_.fetch_add(1, std::memory_order_relaxed);
-  return answer.ok() ? answer : Answered(answer);
+  if (answer.ok()) {
+    transfers_.fetch_add(1, std::memory_order_relaxed);
+    Give(*std::move(held));
+    return answer;
+  }
+  return Answered(*std::move(held), answer);
 }
 
 std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
@@ -203,41 +231,52 @@ std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
   v1::PullParametersRequest named = request;
   named.mutable_device_pair()->set_pair(held->name);
   named.mutable_device_pair()->set_transfer(transfer);
+  named.mutable_device_pair()->set_num_elements(call.range.size());
   std::unique_ptr<grpc::ClientReader<v1::PullParametersResponse>> reader =
       call.stub.PullParameters(&call.context, named);
   v1::PullParametersResponse first;
   if (!reader->Read(&first)) {
     // Nothing goes over the pair before the first message.
     const absl::Status s = ToAbslStatus(reader->Finish());
-    GiveUnlessRefused(*std::move(held), s);
-    return Answered(s.ok() ? absl::InternalError("a pull ended without a word") : s);
+    return Answered(*std::move(held),
+                    s.ok() ? absl::InternalError("a pull ended without a word") : s);
   }
   if (first.has_chunk() || first.version() < 0) {
     call.context.TryCancel();
     reader->Finish().error_code();
     return absl::InternalError("a pull over a device pair began with data");
   }
-  const std::string what =
-      absl::StrCat("pull of version ", first.version(), " from shard ", shard_index_);
-  const absl::Status received =
-      ReceiveHost(*held->pair, reinterpret_cast<char*>(destination),
-                  call.range.size() * sizeof(float), DeadlineOf(call.context), what);
-  if (!received.ok()) {
-    call.context.TryCancel();
-    const absl::Status s = ToAbslStatus(reader->Finish());
-    // The shard's own reason, when it gave one, says more than the pair's.
-    return !s.ok() && !absl::IsCancelled(s) ? Answered(s) : PairFailed(received);
-  }
+  // The rest of the stream is read meanwhile: a shard that ends the call
+  // with an error while the bytes move ends the receiving too.
+  std::atomic<bool> failed_answer{false};
+  absl::Status answer;
   v1::PullParametersResponse last;
   int messages = 0;
-  while (reader->Read(&last)) ++messages;
-  const absl::Status s = ToAbslStatus(reader->Finish());
-  Give(*std::move(held));
-  if (!s.ok()) return Answered(s);
+  std::thread tail([&] {
+    v1::PullParametersResponse message;
+    while (reader->Read(&message)) {
+      last = message;
+      ++messages;
+    }
+    answer = ToAbslStatus(reader->Finish());
+    if (!answer.ok()) failed_answer.store(true);
+  });
+  const std::string what =
+      absl::StrCat("pull of version ", first.version(), " from shard ", shard_index_);
+  const absl::Status received = ReceiveHost(
+      *held->pair, reinterpret_cast<char*>(destination), call.range.size() * sizeof(float),
+      DeadlineOf(call.context), what, [&] { return failed_answer.load(); });
+  if (!received.ok()) call.context.TryCancel();
+  tail.join();
+  if (!received.ok()) {
+    return !answer.ok() && !absl::IsCancelled(answer) ? answer : PairFailed(received);
+  }
+  if (!answer.ok()) return Answered(*std::move(held), answer);
   if (messages != 1 || last.has_chunk() || last.version() != first.version()) {
     return absl::InternalError(absl::StrCat("a pull over a device pair ended with ", messages,
                                             " messages after its data"));
   }
+  Give(*std::move(held));
   pulled->version = last.version();
   pulled->lr = last.lr();
   transfers_.fetch_add(1, std::memory_order_relaxed);

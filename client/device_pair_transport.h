@@ -10,15 +10,19 @@
 //
 // It keeps a small pool of pairs (a push and the overlapped pull of a step
 // each take one for their whole call, so that one pair never carries two
-// transfers). A shard that opens no pairs of this kind, or whose model lives
-// in other memory, is asked again at most every kRetryInterval, and
-// meanwhile the transport declines (the next data plane carries the bytes).
-// A pair whose transfer failed is dropped, and the call fails UNAVAILABLE so
-// that its retry takes a new pair or the stream. Thread-safe.
+// transfers); a call that finds none idle opens one, within its deadline
+// (at most two at a time: others go another way meanwhile). A shard that opens no pairs of this
+// kind, or whose model lives in other memory, is asked again at most every kRetryInterval, and
+// meanwhile the transport declines (the next data plane carries the bytes). While bytes move, the
+// call's answer is awaited on a second thread: a shard that ends the call with an error ends the
+// transfer too. A pair whose transfer failed is dropped, and the call fails
+// UNAVAILABLE so that its retry takes a new pair or the stream.
+// Thread-safe.
 #ifndef SHARDOPT_CLIENT_DEVICE_PAIR_TRANSPORT_H_
 #define SHARDOPT_CLIENT_DEVICE_PAIR_TRANSPORT_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,18 +64,17 @@ class DevicePairTransport final : public PayloadTransport {
   absl::StatusOr<Held> Open(const PayloadCall& call);
   // After a call that left the pair clean.
   void Give(Held held);
-  // The same, unless the shard's `answer` says it does not hold the pair.
-  void GiveUnlessRefused(Held held, const absl::Status& answer);
-  // The call's status after a shard's answer: a refusal that is about the
-  // pair (not open there, the model in other memory) becomes UNAVAILABLE,
-  // so that the retry goes over a new pair or another plane.
-  absl::Status Answered(absl::Status status);
+  // After a shard's error `answer` (the pair clean unless the call ran out
+  // or broke): the pair is kept unless the answer is about it (the shard
+  // does not hold it, takes none, or keeps the model in other memory: then
+  // UNAVAILABLE, so that the retry goes over a new pair or another plane).
+  absl::Status Answered(Held held, absl::Status answer);
   // Moves `bytes` of host memory over the pair (through its scratch for a
-  // device kind).
+  // device kind), until `cancelled` says the call ended.
   absl::Status SendHost(DevicePair& pair, const char* host, uint64_t bytes, absl::Time deadline,
-                        const std::string& what);
+                        const std::string& what, const std::function<bool()>& cancelled);
   absl::Status ReceiveHost(DevicePair& pair, char* host, uint64_t bytes, absl::Time deadline,
-                           const std::string& what);
+                           const std::string& what, const std::function<bool()>& cancelled);
 
   const DevicePairKind& kind_;
   const int device_;
@@ -82,6 +85,7 @@ class DevicePairTransport final : public PayloadTransport {
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string last_refusal_ ABSL_GUARDED_BY(mu_);
   bool announced_ ABSL_GUARDED_BY(mu_) = false;
+  size_t opening_ ABSL_GUARDED_BY(mu_) = 0;  // Pairs being opened (outside mu_).
   std::atomic<uint64_t> next_transfer_{1};
   std::atomic<int64_t> transfers_{0};
 };

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -47,25 +48,29 @@ inline constexpr uint64_t kDevicePairPieceBytes = uint64_t{4} << 20;
 inline constexpr char kDevicePairReadyKey[] = "shardopt-device-pair-ready";
 // What a shard's refusal of a pair it does not hold says, and of a pair
 // whose memory is not where the model's numbers are (the trainer
-// recognises both and goes over the stream, opening a new pair later).
+// recognises these and goes another way, opening a new pair later).
 inline constexpr char kDevicePairNotOpen[] = "is not open on this shard";
 inline constexpr char kDevicePairWrongMemory[] = "keeps its numbers in other memory";
+// And of a pair (or OpenDevicePair) on a shard that opens none.
+inline constexpr char kDevicePairsOff[] = "opens no device pairs";
 
 class DevicePair {
  public:
   virtual ~DevicePair() = default;
   // `bytes` from `data` (the pair's memory) to the peer, which Recvs as many.
   virtual absl::Status Send(const void* data, size_t bytes, absl::Time deadline,
-                            absl::string_view what) = 0;
+                            absl::string_view what,
+                            const std::function<bool()>& cancelled = nullptr) = 0;
   // `bytes` from the peer into `data` (the pair's memory).
-  virtual absl::Status Recv(void* data, size_t bytes, absl::Time deadline,
-                            absl::string_view what) = 0;
+  virtual absl::Status Recv(void* data, size_t bytes, absl::Time deadline, absl::string_view what,
+                            const std::function<bool()>& cancelled = nullptr) = 0;
   // `bytes` of the pair's memory that the pair keeps (for bytes received only
   // to be dropped, or parameters read before they are sent); valid until the
   // next call of Scratch.
   virtual absl::StatusOr<void*> Scratch(size_t bytes) = 0;
   // Copies between the pair's memory and host memory (a trainer whose
-  // buffers are in host memory uses a device pair through Scratch).
+  // buffers are in host memory uses a device pair through Scratch); done
+  // when they return, and ordered before the pair's next transfer.
   virtual absl::Status CopyIn(void* pair_memory, const void* host, size_t bytes) = 0;
   virtual absl::Status CopyOut(void* host, const void* pair_memory, size_t bytes) = 0;
   // The first failure; OK while the pair works.

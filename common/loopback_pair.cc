@@ -47,16 +47,18 @@ class LoopbackPair final : public DevicePair {
   LoopbackPair(int socket, std::string peer) : socket_(socket), peer_(std::move(peer)) {}
   ~LoopbackPair() override { close(socket_); }
 
-  absl::Status Send(const void* data, size_t bytes, absl::Time deadline,
-                    absl::string_view what) override {
+  absl::Status Send(const void* data, size_t bytes, absl::Time deadline, absl::string_view what,
+                    const std::function<bool()>& cancelled) override {
     if (!broken_.ok()) return broken_;
-    return Check(SendAll(socket_, static_cast<const char*>(data), bytes, WaitUntil(deadline)),
-                 what);
+    return Check(
+        SendAll(socket_, static_cast<const char*>(data), bytes, WaitUntil(deadline, cancelled)),
+        what);
   }
-  absl::Status Recv(void* data, size_t bytes, absl::Time deadline,
-                    absl::string_view what) override {
+  absl::Status Recv(void* data, size_t bytes, absl::Time deadline, absl::string_view what,
+                    const std::function<bool()>& cancelled) override {
     if (!broken_.ok()) return broken_;
-    return Check(ReceiveAll(socket_, static_cast<char*>(data), bytes, WaitUntil(deadline)), what);
+    return Check(
+        ReceiveAll(socket_, static_cast<char*>(data), bytes, WaitUntil(deadline, cancelled)), what);
   }
   absl::StatusOr<void*> Scratch(size_t bytes) override {
     if (scratch_.size() * sizeof(float) < bytes) scratch_.resize((bytes + 3) / 4);
@@ -73,10 +75,11 @@ class LoopbackPair final : public DevicePair {
   const absl::Status& broken() const override { return broken_; }
 
  private:
-  static SocketWait WaitUntil(absl::Time deadline) {
+  static SocketWait WaitUntil(absl::Time deadline, const std::function<bool()>& cancelled) {
     SocketWait wait;
     wait.deadline = deadline;
     wait.stall = absl::InfiniteDuration();
+    wait.cancelled = cancelled;
     return wait;
   }
   // A failure breaks the pair: its stream holds part of a transfer. Closed

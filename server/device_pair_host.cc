@@ -20,10 +20,15 @@ struct DevicePairHost::Entry {
 };
 
 DevicePairHost::~DevicePairHost() {
-  absl::MutexLock lock(&mu_);
-  const auto none_joining = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return joining_ == 0; };
-  mu_.Await(absl::Condition(&none_joining));
-  pairs_.clear();
+  absl::flat_hash_map<std::string, std::shared_ptr<Entry>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto none_joining = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return joining_ == 0; };
+    mu_.Await(absl::Condition(&none_joining));
+    dropped.swap(pairs_);
+  }
+  // (Outside the lock: tearing NCCL communicators down takes a while.)
+  dropped.clear();
 }
 
 size_t DevicePairHost::pairs() const {
@@ -39,6 +44,7 @@ absl::StatusOr<DevicePairHost::Opened> DevicePairHost::Open(std::string peer) {
   auto entry = std::make_shared<Entry>();
   entry->name = RandomHexToken(16);
   entry->peer = std::move(peer);
+  std::shared_ptr<Entry> evicted;  // Destroyed after the lock is released.
   {
     absl::MutexLock lock(&mu_);
     if (joining_ >= kMaxJoining) {
@@ -58,6 +64,7 @@ absl::StatusOr<DevicePairHost::Opened> DevicePairHost::Open(std::string peer) {
       }
       oldest->state = Entry::State::kGone;
       pairs_.erase(oldest->name);
+      evicted = std::move(oldest);
     }
     pairs_[entry->name] = entry;
     ++joining_;
@@ -94,16 +101,20 @@ absl::StatusOr<DevicePairHost::Lease> DevicePairHost::Acquire(absl::string_view 
         absl::StrCat("device pair ", pair, " ", kDevicePairNotOpen));
   }
   std::shared_ptr<Entry> entry = it->second;
-  const auto joined = [&entry]() { return entry->state != Entry::State::kJoining; };
-  mu_.AwaitWithDeadline(absl::Condition(&joined), std::min(deadline, absl::Now() + kJoinTimeout));
-  if (entry->state == Entry::State::kJoining) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("device pair with ", entry->peer, " is still joining"));
+  // A pair still joining, or whose last transfer's call has not let go of
+  // it yet (the trainer moves on once the bytes are through), comes soon.
+  const auto ready = [&entry]() {
+    return entry->state != Entry::State::kJoining && entry->state != Entry::State::kBusy;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, absl::Now() + kJoinTimeout));
+  if (!ready()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "device pair with ", entry->peer, " is still ",
+        entry->state == Entry::State::kJoining ? "joining" : "busy with another transfer"));
   }
   if (entry->state != Entry::State::kIdle) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device pair ", pair, " ",
-        entry->state == Entry::State::kBusy ? "carries another transfer" : kDevicePairNotOpen));
+    return absl::FailedPreconditionError(
+        absl::StrCat("device pair ", pair, " ", kDevicePairNotOpen));
   }
   entry->state = Entry::State::kBusy;
   return Lease(this, std::move(entry));
@@ -127,7 +138,7 @@ void DevicePairHost::Release(const std::shared_ptr<Entry>& entry, bool finished)
 }
 
 DevicePairHost::Lease::~Lease() {
-  if (entry_ != nullptr) host_->Release(entry_, finished_);
+  if (entry_ != nullptr) host_->Release(entry_, /*finished=*/!dirty_);
 }
 
 DevicePair& DevicePairHost::Lease::pair() const { return *entry_->pair; }

@@ -4,11 +4,11 @@
 // Open makes a pair's id and a name for calls to use, and joins the pair as
 // rank 0 on a thread of its own (the trainer joins after it has the
 // answer), for at most kJoinTimeout. A push or a pull that names the pair
-// takes it for its transfer (Acquire, waiting for a pair still joining): one
-// transfer at a time, so that the bytes on the pair are always the
-// transfer's. A lease that ends without Finished() (a transfer that failed
-// or broke off) drops the pair: what is left on it is not the next
-// transfer's. At most kMaxPairs are held; a new one then replaces the one
+// takes it for its transfer (Acquire, waiting for a pair still joining or
+// busy): one transfer at a time, so that the bytes on the pair are always
+// the transfer's. A lease whose transfer Started() and did not end with
+// Finished() (it failed or broke off) drops the pair: what is left on it is
+// not the next transfer's. At most kMaxPairs are held; a new one then replaces the one
 // idle longest (a trainer that died leaves its pairs behind until then).
 // Thread-safe.
 #ifndef SHARDOPT_SERVER_DEVICE_PAIR_HOST_H_
@@ -51,14 +51,15 @@ class DevicePairHost {
   struct Entry;
   class Lease {
    public:
-    Lease(Lease&& other) noexcept : host_(other.host_), entry_(std::move(other.entry_)) {
-      finished_ = other.finished_;
-    }
+    Lease(Lease&& other) noexcept
+        : host_(other.host_), entry_(std::move(other.entry_)), dirty_(other.dirty_) {}
     Lease& operator=(Lease&&) = delete;
     ~Lease();
     DevicePair& pair() const;
+    // Bytes are about to move: from here on, only Finished() keeps the pair.
+    void Started() { dirty_ = true; }
     // The transfer ended cleanly: the pair serves the next one.
-    void Finished() { finished_ = true; }
+    void Finished() { dirty_ = false; }
 
    private:
     friend class DevicePairHost;
@@ -66,12 +67,12 @@ class DevicePairHost {
         : host_(host), entry_(std::move(entry)) {}
     DevicePairHost* host_;
     std::shared_ptr<Entry> entry_;
-    bool finished_ = false;
+    bool dirty_ = false;
   };
   // The pair named `pair` for one transfer, waiting until `deadline` while
-  // it joins: FAILED_PRECONDITION saying kDevicePairNotOpen when it is not
-  // open here (never was, failed to join, or was dropped), or when another
-  // transfer holds it.
+  // it joins or another transfer holds it: FAILED_PRECONDITION saying
+  // kDevicePairNotOpen when it is not open here (never was, failed to join,
+  // or was dropped); DEADLINE_EXCEEDED when the wait runs out.
   absl::StatusOr<Lease> Acquire(absl::string_view pair, absl::Time deadline);
 
  private:

@@ -397,6 +397,15 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
   absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype());
   if (!dtype.ok()) return Error(dtype.status());
   ModelShard& shard = (*model)->shard();
+  // Taken before the push begins, so that one refused for its pair changes
+  // nothing (and a push answered at once leaves the pair clean).
+  std::optional<DevicePairHost::Lease> pair;
+  if (device_pair) {
+    absl::StatusOr<DevicePairHost::Lease> lease =
+        AcquireDevicePairForPush(header, *dtype, context, reader, shard);
+    if (!lease.ok()) return Error(lease.status());
+    pair.emplace(*std::move(lease));
+  }
   std::vector<StepState::CarriedChange> changes;
   for (const v1::SetHyperparametersRequest& c : header.hyperparameter_changes()) {
     if (c.cancel()) continue;  // Only changes are carried (see the proto).
@@ -427,9 +436,8 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
       return Error(s);
     }
   }
-  if (device_pair) {
-    if (absl::Status s =
-            ReceiveDevicePairPayload(header, *dtype, context, reader, watch, shard, writer);
+  if (pair) {
+    if (absl::Status s = ReceiveDevicePairPayload(header, context, reader, watch, writer, *pair);
         !s.ok()) {
       return Error(s);
     }
@@ -499,12 +507,9 @@ grpc::Status ShardServiceImpl::PullParameters(
         "PullParameters names a shared-memory place and a payload socket"));
   }
   const bool device_pair = request->has_device_pair() && !request->wait_only();
-  if (device_pair && (socket || shared)) {
-    return Error(absl::InvalidArgumentError(
-        "PullParameters names a device pair and another place for its payload"));
-  }
   if (device_pair) {
-    if (absl::Status s = CheckDevicePairPull(*request, *dtype, shard); !s.ok()) return Error(s);
+    if (absl::Status s = CheckDevicePairPull(*request, *dtype, shard, socket || shared); !s.ok())
+      return Error(s);
   }
   if (socket) {
     // Named now, taken once the version is known (the wait may be long).

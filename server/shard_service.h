@@ -247,17 +247,23 @@ class ShardServiceImpl final : public v1::ShardService::Service {
 
   // This server's device pairs; FAILED_PRECONDITION when it opens none.
   absl::StatusOr<DevicePairHost*> DevicePairs() const;
-  // The push's payload over its device pair (PushHeader.device_pair) into
-  // `writer`, in the backend's memory where the step allows (see
-  // DevicePairPayload).
-  absl::Status ReceiveDevicePairPayload(const v1::PushHeader& header, DType dtype,
-                                        grpc::ServerContext* context,
+  // A push over a device pair (PushHeader.device_pair): its checks (fp32,
+  // the model in the pair's memory, the stream ending after the header)
+  // and its pair, before the push begins.
+  absl::StatusOr<DevicePairHost::Lease> AcquireDevicePairForPush(
+      const v1::PushHeader& header, DType dtype, grpc::ServerContext* context,
+      grpc::ServerReader<v1::PushGradientsRequest>* reader, const ModelShard& shard);
+  // Its payload over the pair into `writer`, in the backend's memory where
+  // the step allows (see DevicePairPayload).
+  absl::Status ReceiveDevicePairPayload(const v1::PushHeader& header, grpc::ServerContext* context,
                                         grpc::ServerReader<v1::PushGradientsRequest>* reader,
-                                        StreamWatchdog::Watch& watch, ModelShard& shard,
-                                        ModelShard::PushWriter& writer);
-  // Checks a pull over a device pair can be served, before its wait.
+                                        StreamWatchdog::Watch& watch,
+                                        ModelShard::PushWriter& writer,
+                                        DevicePairHost::Lease& lease);
+  // Checks a pull over a device pair can be served, before its wait
+  // (`other_place`: it names another place for its payload too).
   absl::Status CheckDevicePairPull(const v1::PullParametersRequest& request, DType dtype,
-                                   const ModelShard& shard) const;
+                                   const ModelShard& shard, bool other_place) const;
   // The rest of a pull of `version` over its device pair: the first message
   // once every range is in, the bytes, the last message.
   grpc::Status SendDevicePairPull(grpc::ServerContext* context,

@@ -31,8 +31,8 @@ absl::Status PairFailed(const char* what, const absl::Status& s) {
 
 absl::StatusOr<DevicePairHost*> ShardServiceImpl::DevicePairs() const {
   if (device_pairs_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "this shard opens no device pairs (--device_pairs=off, or the kind cannot run here)");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this shard ", kDevicePairsOff, " (--device_pairs=off, or the kind cannot run here)"));
   }
   return device_pairs_.get();
 }
@@ -60,10 +60,9 @@ grpc::Status ShardServiceImpl::OpenDevicePair(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-absl::Status ShardServiceImpl::ReceiveDevicePairPayload(
+absl::StatusOr<DevicePairHost::Lease> ShardServiceImpl::AcquireDevicePairForPush(
     const v1::PushHeader& header, DType dtype, grpc::ServerContext* context,
-    grpc::ServerReader<v1::PushGradientsRequest>* reader, StreamWatchdog::Watch& watch,
-    ModelShard& shard, ModelShard::PushWriter& writer) {
+    grpc::ServerReader<v1::PushGradientsRequest>* reader, const ModelShard& shard) {
   if (dtype != DType::kFloat32) {
     return absl::InvalidArgumentError(
         absl::StrCat("a push over a device pair carries fp32, not ", DTypeName(dtype)));
@@ -81,15 +80,24 @@ absl::Status ShardServiceImpl::ReceiveDevicePairPayload(
     return absl::InvalidArgumentError(
         "PushGradients with its payload on a device pair sent a chunk too");
   }
+  return (*host)->Acquire(header.device_pair().pair(), absl::FromChrono(context->deadline()));
+}
+
+absl::Status ShardServiceImpl::ReceiveDevicePairPayload(
+    const v1::PushHeader& header, grpc::ServerContext* context,
+    grpc::ServerReader<v1::PushGradientsRequest>* reader, StreamWatchdog::Watch& watch,
+    ModelShard::PushWriter& writer, DevicePairHost::Lease& lease) {
+  DevicePair& pair = lease.pair();
+  const PairMemory memory = device_pairs_->kind().memory();
   const absl::Time deadline = absl::FromChrono(context->deadline());
-  absl::StatusOr<DevicePairHost::Lease> lease =
-      (*host)->Acquire(header.device_pair().pair(), deadline);
-  if (!lease.ok()) return lease.status();
-  DevicePair& pair = lease->pair();
+  // A trainer that gave up (its call cancelled) sends no more: the wait
+  // ends then, not at the deadline, and the pair is dropped.
+  const auto cancelled = [context] { return context->IsCancelled(); };
   // From here on the trainer sends every byte, and every byte is received
   // (a refused piece's rest into scratch), so that the pair stays in step.
   const uint64_t transfer = header.device_pair().transfer();
   context->AddInitialMetadata(kDevicePairReadyKey, absl::StrCat(transfer));
+  lease.Started();
   reader->SendInitialMetadata();
   const std::string what = absl::StrCat("push of trainer ", header.trainer_rank(), " step ",
                                         header.step(), " to shard ", header.shard_index());
@@ -107,7 +115,7 @@ absl::Status ShardServiceImpl::ReceiveDevicePairPayload(
       if (!scratch.ok()) return scratch.status();  // (The lease drops the pair.)
       into = *scratch;
     }
-    if (absl::Status s = pair.Recv(into, bytes, deadline, what); !s.ok()) {
+    if (absl::Status s = pair.Recv(into, bytes, deadline, what, cancelled); !s.ok()) {
       return PairFailed("the push's payload", s);
     }
     watch.Touch();
@@ -122,15 +130,17 @@ absl::Status ShardServiceImpl::ReceiveDevicePairPayload(
       if (refused.ok()) refused = writer.Write(done, host_copy.data(), bytes);
     }
   }
-  lease->Finished();
-  if (context->IsCancelled()) {
-    return absl::CancelledError("push cancelled by the client before it ended");
-  }
+  lease.Finished();
   return refused;
 }
 
 absl::Status ShardServiceImpl::CheckDevicePairPull(const v1::PullParametersRequest& request,
-                                                   DType dtype, const ModelShard& shard) const {
+                                                   DType dtype, const ModelShard& shard,
+                                                   bool other_place) const {
+  if (other_place) {
+    return absl::InvalidArgumentError(
+        "PullParameters names a device pair and another place for its payload");
+  }
   if (dtype != DType::kFloat32) {
     return absl::InvalidArgumentError(
         absl::StrCat("a pull over a device pair carries fp32, not ", DTypeName(dtype)));
@@ -141,6 +151,13 @@ absl::Status ShardServiceImpl::CheckDevicePairPull(const v1::PullParametersReque
     return absl::FailedPreconditionError(
         absl::StrCat("model '", request.model_id(), "' on ", shard.backend_device(), " ",
                      kDevicePairWrongMemory, " than ", (*host)->kind().name(), " pairs"));
+  }
+  // Both ends must move the same bytes: a trainer that expects another
+  // count would wait for bytes that never come, or leave some on the pair.
+  if (request.device_pair().num_elements() != shard.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the pull over a device pair expects ", request.device_pair().num_elements(),
+                     " elements; shard ", request.shard_index(), " owns ", shard.size()));
   }
   return absl::OkStatus();
 }
@@ -160,8 +177,7 @@ grpc::Status ShardServiceImpl::SendDevicePairPull(
   if (absl::Status s =
           shard.WaitForRanges(version, 0, shard.size(), deadline, cancelled, PushedByOf(request));
       !s.ok()) {
-    lease->Finished();
-    return Error(s);
+    return Error(s);  // (Nothing went over the pair: it stays.)
   }
   DevicePair& pair = lease->pair();
   // Asynchronous: the whole range read under the pin first, so that a slow
@@ -170,24 +186,20 @@ grpc::Status ShardServiceImpl::SendDevicePairPull(
   const uint64_t size = shard.size();
   absl::StatusOr<void*> scratch = pair.Scratch(
       std::max<uint64_t>(1, read_first ? size : std::min(size, kPieceElements)) * sizeof(float));
-  if (!scratch.ok()) {
-    lease->Finished();
-    return Error(scratch.status());
-  }
+  if (!scratch.ok()) return Error(scratch.status());
   float* const own = static_cast<float*>(*scratch);
   if (read_first) {
     if (absl::Status s = shard.ReadParametersInOwnMemory(version, 0, size, own); !s.ok()) {
-      lease->Finished();
       return Error(s);
     }
     pin.Release();
   }
   v1::PullParametersResponse response;
   response.set_version(version);
-  if (!writer->Write(response)) {
-    lease->Finished();
-    return grpc::Status(grpc::CANCELLED, "client went away");
-  }
+  // The trainer receives once it has this message: from here on only a
+  // transfer that ends cleanly keeps the pair.
+  lease->Started();
+  if (!writer->Write(response)) return grpc::Status(grpc::CANCELLED, "client went away");
   const std::string what =
       absl::StrCat("pull of version ", version, " from shard ", request.shard_index(),
                    " by trainer ", request.trainer_rank());
@@ -202,7 +214,8 @@ grpc::Status ShardServiceImpl::SendDevicePairPull(
         return Error(s);
       }
     }
-    if (absl::Status s = pair.Send(piece, count * sizeof(float), deadline, what); !s.ok()) {
+    if (absl::Status s = pair.Send(piece, count * sizeof(float), deadline, what, cancelled);
+        !s.ok()) {
       return Error(PairFailed("the pull's pair", s));
     }
   }

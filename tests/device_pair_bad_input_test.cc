@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -74,7 +75,8 @@ class DevicePairBadInputTest : public BadInputTest {
     return writer->Finish();
   }
   grpc::Status PairPull(int64_t min_version, const Pair& pair, std::vector<float>* values,
-                        int64_t* version, v1::DType dtype = v1::DTYPE_FLOAT32) {
+                        int64_t* version, v1::DType dtype = v1::DTYPE_FLOAT32,
+                        std::optional<uint64_t> expected = std::nullopt) {
     v1::PullParametersRequest request;
     request.set_model_id(kModel);
     request.set_shard_index(kShardIndex);
@@ -82,6 +84,7 @@ class DevicePairBadInputTest : public BadInputTest {
     request.set_dtype(dtype);
     request.mutable_device_pair()->set_pair(pair.name);
     request.mutable_device_pair()->set_transfer(1);
+    request.mutable_device_pair()->set_num_elements(expected.value_or(range_.size()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     auto reader = stub_->PullParameters(&context, request);
@@ -153,6 +156,10 @@ TEST_F(DevicePairBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
                  kDevicePairNotOpen, before);
   ExpectRejected(PairPull(0, pair, &values, &version, v1::DTYPE_BFLOAT16), grpc::INVALID_ARGUMENT,
                  "carries fp32", before);
+  // A trainer expecting another count than the shard's range: refused before
+  // a byte moves (the pair stays in step).
+  ExpectRejected(PairPull(0, pair, &values, &version, v1::DTYPE_FLOAT32, range_.size() + 1),
+                 grpc::INVALID_ARGUMENT, "expects", before);
 
   // Opening a pair of a kind the shard does not open.
   v1::OpenDevicePairRequest request;
@@ -207,6 +214,39 @@ TEST_F(DevicePairBadInputTest, APairBrokenHalfWayDropsThePushAndThePair) {
       pair.pair->Send(half.data(), half.size() * 4, absl::Now() + absl::Seconds(5), "half").ok());
   pair.pair.reset();  // (Closes the trainer's end.)
   ExpectRejected(writer->Finish(), grpc::UNAVAILABLE, "the push's payload", before);
+  ExpectRejected(PairPush(PairHeader(0, 1, pair, 2), pair, Gradient(1.0f)),
+                 grpc::FAILED_PRECONDITION, kDevicePairNotOpen, before);
+}
+
+// A trainer that cancels its push half way, its pair still open: the shard
+// stops waiting for the bytes at once (not at the call's deadline), drops
+// the pair and keeps nothing of the push.
+TEST_F(DevicePairBadInputTest, APushCancelledHalfWayEndsAtOnce) {
+  const State before = Capture();
+  Pair pair = Open();
+  ASSERT_NE(pair.pair, nullptr);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::PushGradientsResponse response;
+  auto writer = stub_->PushGradients(&context, &response);
+  v1::PushGradientsRequest request;
+  *request.mutable_header() = PairHeader(0, 1, pair, 1);
+  writer->Write(request);
+  writer->WritesDone();
+  writer->WaitForInitialMetadata();
+  const std::vector<float> half(range_.size() / 2, 0.25f);
+  ASSERT_TRUE(
+      pair.pair->Send(half.data(), half.size() * 4, absl::Now() + absl::Seconds(5), "half").ok());
+  const absl::Time cancelled = absl::Now();
+  context.TryCancel();
+  EXPECT_EQ(writer->Finish().error_code(), grpc::CANCELLED);
+  // The shard hangs up its end: the trainer's next wait on the pair ends.
+  float value;
+  const absl::Status hung_up =
+      pair.pair->Recv(&value, sizeof(value), absl::Now() + absl::Seconds(20), "the shard's end");
+  EXPECT_FALSE(hung_up.ok());
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(10)) << hung_up;
+  EXPECT_TRUE(Capture() == before);
   ExpectRejected(PairPush(PairHeader(0, 1, pair, 2), pair, Gradient(1.0f)),
                  grpc::FAILED_PRECONDITION, kDevicePairNotOpen, before);
 }

@@ -203,9 +203,10 @@ v1::ServerInfo Info(const std::string& address) {
 
 // kill -9 of a shard in the middle of a job over pairs (checkpoints every 3
 // steps, restore on restart): the trainers' pairs with it break, they join
-// the restarted shard over new pairs, and the job ends with the bits of an
-// uninterrupted one (exactly once).
-TEST(DevicePairFaultTest, AKilledShardIsJoinedAgainOverNewPairs) {
+// the restarted shard over new pairs (or, restarted with --device_pairs=off,
+// go over the stream: the pairs they hold are refused and dropped), and the
+// job ends with the bits of an uninterrupted one (exactly once).
+void KillShardMidJob(bool restart_with_pairs) {
   constexpr int kLongSteps = 60;
   const std::string root = MakeTempDir("pair_faults");
   const std::string ckpt = root + "/ckpt";
@@ -227,18 +228,28 @@ TEST(DevicePairFaultTest, AKilledShardIsJoinedAgainOverNewPairs) {
   (*servers)[1]->process().Signal(SIGKILL);
   ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
   std::vector<std::string> restart = flags;
+  if (!restart_with_pairs) restart.push_back("--device_pairs=off");
   restart.push_back("--listen=" + addresses[1]);
   auto restarted = ServerProcess::Start(1, 2, restart);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   (*servers)[1] = std::move(*restarted);
   ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses[1], "adamw", 20));
-  EXPECT_GE(Info(addresses[1]).device_pairs(), 2u) << "the trainers joined new pairs";
+  if (restart_with_pairs) {
+    EXPECT_GE(Info(addresses[1]).device_pairs(), 2u) << "the trainers joined new pairs";
+  } else {
+    EXPECT_EQ(Info(addresses[1]).device_pair_kind(), "");
+  }
   ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
   ExpectMatchesReference("adamw", 2, 2, kLongSteps, root + "/out");
   for (uint32_t r = 0; r < 2; ++r) {
+    // Shard 0's pushes and pulls at least, all along.
     EXPECT_GE(PairTransfers(root + "/out", r, "adamw"), 2 * kLongSteps) << "rank " << r;
   }
 }
+
+TEST(DevicePairFaultTest, AKilledShardIsJoinedAgainOverNewPairs) { KillShardMidJob(true); }
+
+TEST(DevicePairFaultTest, AShardRestartedWithoutPairsGetsTheStream) { KillShardMidJob(false); }
 
 }  // namespace
 }  // namespace shardopt::testing

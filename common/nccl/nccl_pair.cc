@@ -100,7 +100,8 @@ absl::Status NcclPair::Break(absl::Status failure) {
   return failure;
 }
 
-absl::Status NcclPair::Await(bool stream_work, absl::Time deadline, absl::string_view what) {
+absl::Status NcclPair::Await(bool stream_work, absl::Time deadline, absl::string_view what,
+                             const std::function<bool()>& cancelled) {
   for (;;) {
     ncclResult_t state = ncclInProgress;
     ncclResult_t got = library_->comm_get_async_error(comm_, &state);
@@ -123,6 +124,10 @@ absl::Status NcclPair::Await(bool stream_work, absl::Time deadline, absl::string
         return Break(CudaCheck(queried, absl::StrCat(what, ": the pair's stream")));
       }
     }
+    if (cancelled && cancelled()) {
+      return Break(absl::CancelledError(
+          absl::StrCat(what, ": the call ended before the transfer; the pair is aborted")));
+    }
     if (absl::Now() >= deadline) {
       return Break(absl::DeadlineExceededError(
           absl::StrCat(what, ": ", peer_, " did not take part before the deadline (",
@@ -134,7 +139,7 @@ absl::Status NcclPair::Await(bool stream_work, absl::Time deadline, absl::string
 }
 
 absl::Status NcclPair::Transfer(bool send, void* device_data, size_t bytes, absl::Time deadline,
-                                absl::string_view what) {
+                                absl::string_view what, const std::function<bool()>& cancelled) {
   if (!broken_.ok()) {
     return absl::Status(broken_.code(), absl::StrCat(what, ": the NCCL pair with ", peer_,
                                                      " failed before: ", broken_.message()));
@@ -148,17 +153,17 @@ absl::Status NcclPair::Transfer(bool send, void* device_data, size_t bytes, absl
   if (absl::Status s = library_->Check(result, std::string(what), comm_); !s.ok()) {
     return Break(s);
   }
-  return Await(/*stream_work=*/true, deadline, what);
+  return Await(/*stream_work=*/true, deadline, what, cancelled);
 }
 
 absl::Status NcclPair::Send(const void* device_data, size_t bytes, absl::Time deadline,
-                            absl::string_view what) {
-  return Transfer(true, const_cast<void*>(device_data), bytes, deadline, what);
+                            absl::string_view what, const std::function<bool()>& cancelled) {
+  return Transfer(true, const_cast<void*>(device_data), bytes, deadline, what, cancelled);
 }
 
 absl::Status NcclPair::Recv(void* device_data, size_t bytes, absl::Time deadline,
-                            absl::string_view what) {
-  return Transfer(false, device_data, bytes, deadline, what);
+                            absl::string_view what, const std::function<bool()>& cancelled) {
+  return Transfer(false, device_data, bytes, deadline, what, cancelled);
 }
 
 absl::StatusOr<void*> NcclPair::Scratch(size_t bytes) {
@@ -177,16 +182,31 @@ absl::StatusOr<void*> NcclPair::Scratch(size_t bytes) {
   return scratch_;
 }
 
+// On the pair's stream, then waited for: ordered after the pair's last
+// transfer and before its next, and done (a pageable source's DMA included)
+// when they return.
 absl::Status NcclPair::CopyIn(void* device_data, const void* host, size_t bytes) {
   if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
-  return CudaCheck(cudaMemcpy(device_data, host, bytes, cudaMemcpyHostToDevice),
-                   "cudaMemcpy to the pair's device");
+  auto stream = static_cast<cudaStream_t>(stream_);
+  if (absl::Status s =
+          CudaCheck(cudaMemcpyAsync(device_data, host, bytes, cudaMemcpyHostToDevice, stream),
+                    "cudaMemcpyAsync to the pair's device");
+      !s.ok()) {
+    return s;
+  }
+  return CudaCheck(cudaStreamSynchronize(stream), "the pair's copy to its device");
 }
 
 absl::Status NcclPair::CopyOut(void* host, const void* device_data, size_t bytes) {
   if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
-  return CudaCheck(cudaMemcpy(host, device_data, bytes, cudaMemcpyDeviceToHost),
-                   "cudaMemcpy from the pair's device");
+  auto stream = static_cast<cudaStream_t>(stream_);
+  if (absl::Status s =
+          CudaCheck(cudaMemcpyAsync(host, device_data, bytes, cudaMemcpyDeviceToHost, stream),
+                    "cudaMemcpyAsync from the pair's device");
+      !s.ok()) {
+    return s;
+  }
+  return CudaCheck(cudaStreamSynchronize(stream), "the pair's copy from its device");
 }
 
 namespace {

@@ -30,6 +30,7 @@
 #define SHARDOPT_COMMON_NCCL_NCCL_PAIR_H_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,10 +64,11 @@ class NcclPair final : public DevicePair {
 
   // `bytes` of device memory to the peer, which must Recv as many.
   absl::Status Send(const void* device_data, size_t bytes, absl::Time deadline,
-                    absl::string_view what) override;
+                    absl::string_view what,
+                    const std::function<bool()>& cancelled = nullptr) override;
   // `bytes` from the peer into device memory.
-  absl::Status Recv(void* device_data, size_t bytes, absl::Time deadline,
-                    absl::string_view what) override;
+  absl::Status Recv(void* device_data, size_t bytes, absl::Time deadline, absl::string_view what,
+                    const std::function<bool()>& cancelled = nullptr) override;
   // Device memory on the pair's device, kept (and grown) for reuse.
   absl::StatusOr<void*> Scratch(size_t bytes) override;
   // Synchronous copies between host memory and the pair's device memory.
@@ -86,9 +88,11 @@ class NcclPair final : public DevicePair {
       : library_(library), rank_(rank), device_(device), peer_(std::move(peer)) {}
   // Polls until NCCL's state leaves ncclInProgress and, with `stream_work`,
   // the stream has run dry; aborts and breaks the pair on error or deadline.
-  absl::Status Await(bool stream_work, absl::Time deadline, absl::string_view what);
+  // `cancelled` (when given) ends the wait early: the pair is aborted.
+  absl::Status Await(bool stream_work, absl::Time deadline, absl::string_view what,
+                     const std::function<bool()>& cancelled = nullptr);
   absl::Status Transfer(bool send, void* device_data, size_t bytes, absl::Time deadline,
-                        absl::string_view what);
+                        absl::string_view what, const std::function<bool()>& cancelled);
   // Records the first failure and aborts the communicator.
   absl::Status Break(absl::Status failure);
 

@@ -71,7 +71,14 @@ absl::Status GpuBackend::ReadStaged(uint32_t rank, uint64_t offset, uint64_t cou
 absl::Status GpuBackend::ReadOwn(uint64_t offset, uint64_t count, float* own_out) {
   if (absl::Status s = gpu::SetCurrentDevice(device_index_); !s.ok()) return s;
   if (absl::Status s = CheckRange("elements", offset, count); !s.ok()) return s;
-  return gpu::CopyDeviceToDevice(own_out, params_.as<float>() + offset, count * sizeof(float));
+  // Waited for: the pair sends from `own_out` on a stream of its own, and the
+  // caller's read lock must cover the copy.
+  if (absl::Status s = gpu::CopyDeviceToDevice(own_out, params_.as<float>() + offset,
+                                               count * sizeof(float), read_stream_.get());
+      !s.ok()) {
+    return s;
+  }
+  return read_stream_.Synchronize();
 }
 
 }  // namespace shardopt

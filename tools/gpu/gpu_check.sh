@@ -8,7 +8,7 @@
 #
 #   bash tools/gpu/gpu_check.sh [--quick] [--budget=SECONDS] [--steps=LIST]
 #
-# --steps=gpu,backend,e2e,nccl,pairs,emu,bench,nccl_bench,torch,parity,san runs
+# --steps=gpu,backend,e2e,nccl,pairs,emu,bench,nccl_bench,pair_bench,torch,parity,san runs
 # only the steps named (a short second run after a fix); the others are
 # reported "not run (--steps)" and do not fail the check.
 #
@@ -36,6 +36,9 @@
 #      1G params vs a D2D cudaMemcpy
 #   6b. nccl_bench: NCCL round trips of 64 and 256 MiB between two processes
 #      on cuda:0 (socket transport over loopback) vs a D2D copy
+#   6c. device_pair_bench: push + SGD + pull of 64 and 256 MiB over NCCL
+#      pairs vs gRPC streams vs payload sockets, the shard on cuda:0 in its
+#      own process, the trainer's buffers in host memory
 #   7. tools/gpu/torch_fused_adamw.py with the machine's python3, same sizes
 #   8. tools/gpu/adafactor_torch_parity.py: the CPU Adafactor (optimizer_replay)
 #      vs the machine's torch.optim.Adafactor (PyTorch 2.5+; Debian's 1.13
@@ -75,9 +78,9 @@ done
 if [ -n "$steps" ]; then
   [ "$steps" = ",," ] && { echo "--steps names no step" >&2; exit 2; }
   for name in $(tr ',' ' ' <<<"$steps"); do
-    case " gpu backend e2e nccl pairs emu bench nccl_bench torch parity san " in
+    case " gpu backend e2e nccl pairs emu bench nccl_bench pair_bench torch parity san " in
       *" $name "*) ;;
-      *) echo "--steps: unknown step '$name' (gpu backend e2e nccl pairs emu bench nccl_bench torch parity san)" >&2
+      *) echo "--steps: unknown step '$name' (gpu backend e2e nccl pairs emu bench nccl_bench pair_bench torch parity san)" >&2
          exit 2 ;;
     esac
   done
@@ -85,8 +88,8 @@ fi
 deadline=$((SECONDS + budget))
 bundle=.gpu_bundle
 log=/tmp/gpu_check
-rm -rf "$log" /tmp/gpu_check_e2e
-mkdir -p "$log" /tmp/gpu_check_e2e
+rm -rf "$log" /tmp/gpu_check_e2e /tmp/gpu_check_pairs
+mkdir -p "$log" /tmp/gpu_check_e2e /tmp/gpu_check_pairs
 iters=20
 [ "$quick" -eq 1 ] && iters=5
 export SHARDOPT_REQUIRE_GPU=1
@@ -212,6 +215,7 @@ summary() {
   printf '%-30s %s\n' "nccl pair, 2 processes" "${result[nccl]:-(not run yet)}"
   printf '%-30s %s\n' "end to end over nccl pairs" "${result[pairs]:-(not run yet)}"
   printf '%-30s %s\n' "nccl round trip, 2 processes" "${result[nccl_bench]:-(not run yet)}"
+  printf '%-30s %s\n' "push+pull over nccl pairs" "${result[pair_bench]:-(not run yet)}"
   printf '%-30s %s\n' "emulation tests (host)" "${result[emu]:-(not run yet)}"
   printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]:-(not run yet)} / ${result[torch]:-(not run yet)}"
   printf '%-30s %s\n' "adafactor vs torch.optim" "${result[adafactor]:-(not run yet)}"
@@ -292,6 +296,22 @@ if wanted nccl_bench; then
          tr '\n' ' ') ;;
     125) result[nccl_bench]="not run (budget)" ;;
     *) result[nccl_bench]="FAIL (exit $rc)"; overall=1 ;;
+  esac
+fi
+save_summary
+
+# Push + pull over NCCL pairs vs gRPC streams vs payload sockets, the shard
+# on cuda:0 in its own process.
+if wanted pair_bench; then
+  run_step "device_pair_bench" 90 "$log/pair_bench.log" \
+    "$bundle/run.sh" device_pair_bench --server="$PWD/$bundle/bin/shardopt_server" \
+    --device=cuda:0 --kind=nccl --sizes_mib=64,256 --rounds=2 --seconds_per_case=1
+  rc=$?
+  case $rc in
+    0) result[pair_bench]=$(grep -E '^ +[0-9]+ MiB +pairs' "$log/pair_bench.log" |
+         awk '{printf "%s MiB %s GB/s (%s grpc) ", $1, $7, $8}') ;;
+    125) result[pair_bench]="not run (budget)" ;;
+    *) result[pair_bench]="FAIL (exit $rc)"; overall=1 ;;
   esac
 fi
 save_summary

@@ -39,6 +39,7 @@ targets=(
   //common/nccl:nccl_pair_test
   //common/nccl:nccl_peer
   //tools/gpu:nccl_bench
+  //tools/bench:device_pair_bench
 )
 # The sources before and after the build must agree: an edit made while
 # Bazel ran would give a bundle whose fingerprint lies.
@@ -66,6 +67,7 @@ binaries=(
   "$bin_root/common/nccl/nccl_pair_test"
   "$bin_root/common/nccl/nccl_peer"
   "$bin_root/tools/gpu/nccl_bench"
+  "$bin_root/tools/bench/device_pair_bench"
 )
 
 # Part of glibc (and the kernel's vDSO): always the GPU machine's own.
