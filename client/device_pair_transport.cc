@@ -29,8 +29,13 @@ absl::Status PairFailed(const absl::Status& s) {
 }  // namespace
 
 DevicePairTransport::DevicePairTransport(const DevicePairKind& kind, int device,
-                                         uint32_t shard_index, std::string trainer)
-    : kind_(kind), device_(device), shard_index_(shard_index), trainer_(std::move(trainer)) {}
+                                         uint32_t shard_index, std::string trainer,
+                                         std::shared_ptr<DeviceTwins> twins)
+    : kind_(kind),
+      device_(device),
+      shard_index_(shard_index),
+      trainer_(std::move(trainer)),
+      twins_(std::move(twins)) {}
 
 DevicePairTransport::~DevicePairTransport() = default;
 
@@ -158,6 +163,30 @@ absl::Status DevicePairTransport::ReceiveHost(DevicePair& pair, char* host, uint
   return absl::OkStatus();
 }
 
+absl::Status DevicePairTransport::SendOwn(DevicePair& pair, const char* memory, uint64_t bytes,
+                                          absl::Time deadline, const std::string& what,
+                                          const std::function<bool()>& cancelled) {
+  for (uint64_t done = 0; done < bytes; done += kDevicePairPieceBytes) {
+    const uint64_t piece = std::min(kDevicePairPieceBytes, bytes - done);
+    if (absl::Status s = pair.Send(memory + done, piece, deadline, what, cancelled); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DevicePairTransport::ReceiveOwn(DevicePair& pair, char* memory, uint64_t bytes,
+                                             absl::Time deadline, const std::string& what,
+                                             const std::function<bool()>& cancelled) {
+  for (uint64_t done = 0; done < bytes; done += kDevicePairPieceBytes) {
+    const uint64_t piece = std::min(kDevicePairPieceBytes, bytes - done);
+    if (absl::Status s = pair.Recv(memory + done, piece, deadline, what, cancelled); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::optional<absl::Status> DevicePairTransport::Push(const PayloadCall& call,
                                                       const v1::PushGradientsRequest& header,
                                                       const char* payload, size_t element_size,
@@ -201,9 +230,13 @@ std::optional<absl::Status> DevicePairTransport::Push(const PayloadCall& call,
   });
   const std::string what =
       absl::StrCat("push of step ", header.header().step(), " to shard ", shard_index_);
-  const absl::Status sent =
-      SendHost(*held->pair, payload, header.header().num_elements() * element_size,
-               DeadlineOf(call.context), what, [&] { return failed_answer.load(); });
+  const uint64_t bytes = header.header().num_elements() * element_size;
+  const auto failed = [&] { return failed_answer.load(); };
+  const void* twin = twins_ != nullptr ? twins_->GradientTwin(payload, bytes) : nullptr;
+  const absl::Status sent = twin != nullptr ? SendOwn(*held->pair, static_cast<const char*>(twin),
+                                                      bytes, DeadlineOf(call.context), what, failed)
+                                            : SendHost(*held->pair, payload, bytes,
+                                                       DeadlineOf(call.context), what, failed);
   if (!sent.ok()) call.context.TryCancel();
   finisher.join();
   if (!sent.ok()) {
@@ -214,6 +247,7 @@ std::optional<absl::Status> DevicePairTransport::Push(const PayloadCall& call,
   // Every byte was taken (the shard drains a refused push): the pair is clean.
   if (answer.ok()) {
     transfers_.fetch_add(1, std::memory_order_relaxed);
+    if (twin != nullptr) twins_->CountTransfer();
     Give(*std::move(held));
     return answer;
   }
@@ -263,9 +297,14 @@ std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
   });
   const std::string what =
       absl::StrCat("pull of version ", first.version(), " from shard ", shard_index_);
-  const absl::Status received = ReceiveHost(
-      *held->pair, reinterpret_cast<char*>(destination), call.range.size() * sizeof(float),
-      DeadlineOf(call.context), what, [&] { return failed_answer.load(); });
+  const uint64_t bytes = call.range.size() * sizeof(float);
+  const auto failed = [&] { return failed_answer.load(); };
+  void* twin = twins_ != nullptr ? twins_->ParameterTwin(destination, bytes) : nullptr;
+  const absl::Status received = twin != nullptr
+                                    ? ReceiveOwn(*held->pair, static_cast<char*>(twin), bytes,
+                                                 DeadlineOf(call.context), what, failed)
+                                    : ReceiveHost(*held->pair, reinterpret_cast<char*>(destination),
+                                                  bytes, DeadlineOf(call.context), what, failed);
   if (!received.ok()) call.context.TryCancel();
   tail.join();
   if (!received.ok()) {
@@ -277,6 +316,10 @@ std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
                                             " messages after its data"));
   }
   Give(*std::move(held));
+  if (twin != nullptr) {
+    twins_->Written(destination, bytes);
+    twins_->CountTransfer();
+  }
   pulled->version = last.version();
   pulled->lr = last.lr();
   transfers_.fetch_add(1, std::memory_order_relaxed);

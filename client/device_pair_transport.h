@@ -4,9 +4,11 @@
 // instead of the gRPC stream; the call, its answer and every rule stay on
 // gRPC (see v1::DevicePairPayload for the protocol).
 //
-// The trainer's buffers are in host memory (TrainerClient's API): a pair of
-// a device kind (NCCL) is fed piece by piece through its device scratch; a
-// host kind (loopback) sends and receives them in place.
+// Buffers in host memory (TrainerClient's Step) feed a pair of a device
+// kind (NCCL) piece by piece through its device scratch; a host kind
+// (loopback) sends and receives them in place. During StepOnDevice the
+// gradient is sent from, and the parameters received into, the trainer's
+// device buffers themselves (DeviceTwins).
 //
 // It keeps a small pool of pairs (a push and the overlapped pull of a step
 // each take one for their whole call, so that one pair never carries two
@@ -29,6 +31,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/device_twins.h"
 #include "client/payload_transport.h"
 #include "common/device_pair.h"
 
@@ -41,8 +44,10 @@ class DevicePairTransport final : public PayloadTransport {
 
   // Pairs of `kind` on CUDA device `device` with shard `shard_index`;
   // `trainer` names this trainer to the shard ("trainer 1").
+  // `twins` (may be null): the device twins of TrainerClient::StepOnDevice's
+  // host mirrors, sent from and received into directly.
   DevicePairTransport(const DevicePairKind& kind, int device, uint32_t shard_index,
-                      std::string trainer);
+                      std::string trainer, std::shared_ptr<DeviceTwins> twins = nullptr);
   ~DevicePairTransport() override;
 
   const char* name() const override { return "device pair"; }
@@ -75,11 +80,19 @@ class DevicePairTransport final : public PayloadTransport {
                         const std::string& what, const std::function<bool()>& cancelled);
   absl::Status ReceiveHost(DevicePair& pair, char* host, uint64_t bytes, absl::Time deadline,
                            const std::string& what, const std::function<bool()>& cancelled);
+  // The same from or into the pair's own memory (a device twin), in place.
+  static absl::Status SendOwn(DevicePair& pair, const char* memory, uint64_t bytes,
+                              absl::Time deadline, const std::string& what,
+                              const std::function<bool()>& cancelled);
+  static absl::Status ReceiveOwn(DevicePair& pair, char* memory, uint64_t bytes,
+                                 absl::Time deadline, const std::string& what,
+                                 const std::function<bool()>& cancelled);
 
   const DevicePairKind& kind_;
   const int device_;
   const uint32_t shard_index_;
   const std::string trainer_;
+  const std::shared_ptr<DeviceTwins> twins_;
   absl::Mutex mu_;
   std::vector<Held> idle_ ABSL_GUARDED_BY(mu_);
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -199,6 +199,7 @@ void TrainerClient::PrepareTransports(const ModelLayout& layout) {
     absl::StatusOr<const DevicePairKind*> kind = FindDevicePairKind(options_.device_pairs);
     if (kind.ok()) {
       pair_kind = *kind;
+      pair_kind_ = *kind;
     } else {
       LogWarning("trainer %d: no device pairs: %s", options_.trainer_rank,
                  kind.status().ToString());
@@ -232,7 +233,7 @@ void TrainerClient::PrepareTransports(const ModelLayout& layout) {
     if (pair_kind != nullptr) {
       device_pair_transports_.push_back(std::make_shared<DevicePairTransport>(
           *pair_kind, options_.device_pair_gpu, shard->index(),
-          absl::StrCat("trainer ", options_.trainer_rank)));
+          absl::StrCat("trainer ", options_.trainer_rank), twins_));
       parts.push_back(device_pair_transports_.back());
     }
     if (segment_ != nullptr) {

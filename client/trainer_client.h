@@ -55,8 +55,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "client/device_twins.h"
 #include "client/shard_fanout.h"
 #include "client/trainer_options.h"
+#include "common/device_pair.h"
 #include "common/dtype.h"
 #include "common/layout.h"
 #include "common/loss_scaler.h"
@@ -152,6 +154,20 @@ class TrainerClient {
   // shard's statistics and one decision for all of them (StepResult says it).
   absl::StatusOr<StepResult> Step(int64_t step, absl::Span<const float> flat_grads,
                                   absl::Span<float> flat_params);
+
+  // Step for a trainer whose gradient and parameters live in device memory
+  // of its device pairs' kind (TrainerClientOptions::device_pairs; for
+  // "nccl" CUDA device device_pair_gpu; "loopback" memory is host memory),
+  // layout().total_elements() floats each (trainer_client_device.cc). The
+  // gradient is copied once into a host mirror, which the client's checks,
+  // its history and the shards no pair reaches read; shards reached over
+  // pairs take it from the device and send the parameters straight into
+  // `device_params`; the others' parts land in a host mirror and are copied
+  // to the device once the step succeeded. FAILED_PRECONDITION without
+  // device pairs. After a failure the parameters may hold some shards' new
+  // values, as after a failed Step (the step is retried as a whole).
+  absl::StatusOr<StepResult> StepOnDevice(int64_t step, const float* device_grads,
+                                          float* device_params);
 
   // ---- A push sent while the gradient is still being computed
   // (shardopt.torch's backward hooks). BeginStreamedPush starts the push of
@@ -262,8 +278,10 @@ class TrainerClient {
   // over payload sockets.
   int64_t shared_memory_transfers() const;
   int64_t socket_transfers() const;
-  // Pushes and pulls that went over device pairs.
+  // Pushes and pulls that went over device pairs; of them, those that
+  // moved straight from or into StepOnDevice's device buffers.
   int64_t device_pair_transfers() const;
+  int64_t device_buffer_transfers() const { return twins_->transfers(); }
 
  private:
   TrainerClient(const TrainerClientOptions& options,
@@ -335,6 +353,11 @@ class TrainerClient {
   std::vector<std::shared_ptr<PayloadTransport>> shared_memory_transports_;
   std::vector<std::shared_ptr<PayloadTransport>> socket_transports_;
   std::vector<std::shared_ptr<PayloadTransport>> device_pair_transports_;
+  // StepOnDevice's state: the pairs' kind (null without pairs), the device
+  // twins the pair transports use, and the host mirrors.
+  const DevicePairKind* pair_kind_ = nullptr;
+  std::shared_ptr<DeviceTwins> twins_ = std::make_shared<DeviceTwins>();
+  std::vector<float> device_step_grads_, device_step_params_;
   bool tls_ = false;
   struct StreamedPush;  // client/streamed_push.h
   // Ends `push` without any shard committing it (see CancelStreamedPush).

@@ -91,6 +91,15 @@ class DevicePairKind {
   virtual absl::StatusOr<std::unique_ptr<DevicePair>> Connect(absl::string_view id, int rank,
                                                               int device, absl::Time deadline,
                                                               std::string peer) const = 0;
+
+  // Memory of this kind on `device` (host memory for host kinds): what a
+  // trainer's buffers in "device memory" are (TrainerClient::StepOnDevice),
+  // and synchronous copies between it and host memory.
+  virtual absl::StatusOr<std::shared_ptr<void>> Allocate(int device, size_t bytes) const = 0;
+  virtual absl::Status CopyToHost(int device, void* host, const void* memory,
+                                  size_t bytes) const = 0;
+  virtual absl::Status CopyFromHost(int device, void* memory, const void* host,
+                                    size_t bytes) const = 0;
 };
 
 // The kind called `name` in this build: "loopback" always, "nccl" where the

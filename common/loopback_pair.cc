@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -183,6 +184,25 @@ class LoopbackKind final : public DevicePairKind {
     }
     if (!fd.ok()) return fd.status();
     return std::unique_ptr<DevicePair>(new LoopbackPair(*fd, std::move(peer)));
+  }
+  absl::StatusOr<std::shared_ptr<void>> Allocate(int device, size_t bytes) const override {
+    (void)device;
+    void* memory = std::malloc(std::max<size_t>(bytes, 1));
+    if (memory == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+    }
+    return std::shared_ptr<void>(memory, [](void* p) { std::free(p); });
+  }
+  absl::Status CopyToHost(int device, void* host, const void* memory, size_t bytes) const override {
+    (void)device;
+    std::memcpy(host, memory, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyFromHost(int device, void* memory, const void* host,
+                            size_t bytes) const override {
+    (void)device;
+    std::memcpy(memory, host, bytes);
+    return absl::OkStatus();
   }
 };
 

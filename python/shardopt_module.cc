@@ -384,6 +384,22 @@ class Client {
     return StepResultToDict(result);
   }
 
+  // See TrainerClient::StepOnDevice: `grads` and `params` are addresses
+  // (torch's data_ptr()) of layout().total_elements() floats each in the
+  // device pairs' memory, alive and unchanged by the caller until it returns.
+  py::dict StepOnDevice(int64_t step, uintptr_t grads, uintptr_t params) {
+    Checked();
+    if (grads == 0 || params == 0) throw py::value_error("step_on_device: a null buffer address");
+    StepResult result;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> serial(mu_);
+      result = ValueOrThrow(client_->StepOnDevice(step, reinterpret_cast<const float*>(grads),
+                                                  reinterpret_cast<float*>(params)));
+    }
+    return StepResultToDict(result);
+  }
+
   int64_t Pull(int64_t min_version, const py::buffer& params) {
     const size_t n = Checked().layout().total_elements();
     FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
@@ -451,6 +467,7 @@ class Client {
   int64_t shared_memory_transfers() const { return client_->shared_memory_transfers(); }
   int64_t socket_transfers() const { return client_->socket_transfers(); }
   int64_t device_pair_transfers() const { return client_->device_pair_transfers(); }
+  int64_t device_buffer_transfers() const { return client_->device_buffer_transfers(); }
   // One of the client's shared buffers as a Python buffer that keeps the
   // segment mapped (tensors made from it outlive the client), or None.
   py::object SharedBuffer(bool gradients) const {
@@ -567,6 +584,11 @@ PYBIND11_MODULE(_shardopt, m) {
            "The layout `tensors` would get: [(name, shape, offset, size)], then ('', [], "
            "total_elements, 0).")
       .def("total_elements", &Client::TotalElements)
+      .def("step_on_device", &Client::StepOnDevice, py::arg("step"), py::arg("grads"),
+           py::arg("params"),
+           "step() for buffers in the device pairs' memory (a GPU's for 'nccl'), given by "
+           "address (torch's data_ptr()): pairs send the gradient from there and write the "
+           "parameters there; the rest goes through host copies (TrainerClient::StepOnDevice).")
       .def("step", &Client::Step, py::arg("step"), py::arg("grads"), py::arg("params"),
            "Pushes `grads` for `step`, pulls version `step` into `params`; returns the result.")
       .def("begin_streamed_push", &Client::BeginStreamedPush, py::arg("step"), py::arg("grads"),
@@ -604,6 +626,8 @@ PYBIND11_MODULE(_shardopt, m) {
                              "Pushes and pulls to single shards that went over payload sockets.")
       .def_property_readonly("device_pair_transfers", &Client::device_pair_transfers,
                              "Pushes and pulls that went over device pairs.")
+      .def_property_readonly("device_buffer_transfers", &Client::device_buffer_transfers,
+                             "Of those, the ones straight from or into step_on_device's buffers.")
       .def(
           "shared_gradients", [](const Client& c) { return c.SharedBuffer(true); },
           "After register: the flat gradient buffer in the segment co-located shards map "

@@ -154,6 +154,33 @@ TEST(DevicePairMixTest, AShardWithoutPairsUsesTheStream) {
   }
 }
 
+// A GPU trainer's buffers (StepOnDevice, test_trainer --device_buffers: the
+// parameters poisoned with NaN before each step): pairs send the gradient
+// from them and write the parameters into them; a shard without pairs
+// (mixed) gets its part through the host mirror. The bits of the stream.
+TEST(DevicePairBuffersTest, DeviceBuffersMatchGrpcBitForBit) {
+  for (bool mixed : {false, true}) {
+    std::vector<std::vector<std::string>> servers(3, kPairServer);
+    const std::string grpc = RunJob(servers, 2, kGrpcOnly);
+    if (mixed) servers[1] = {"--device=cpu"};
+    std::vector<std::string> flags = kPairs;
+    flags.push_back("--device_buffers");
+    const std::string pairs = RunJob(servers, 2, flags);
+    ASSERT_FALSE(HasFatalFailure());
+    ExpectSameResults(grpc, pairs, 2, mixed ? "device buffers, mixed" : "device buffers");
+    for (const std::string& name : Models()) {
+      for (uint32_t r = 0; r < 2; ++r) {
+        // Every push and pull with a pair's shard, from and into the
+        // device buffers themselves.
+        EXPECT_GE(TrainerCount(pairs, r, name, "device_buffer_transfers"),
+                  2 * kSteps * (mixed ? 2 : 3))
+            << name;
+        EXPECT_EQ(TrainerCount(grpc, r, name, "device_buffer_transfers"), 0) << name;
+      }
+    }
+  }
+}
+
 // Skips (or fails, under SHARDOPT_REQUIRE_GPU=1) unless shardopt_server
 // starts on cuda:0 with NCCL pairs.
 void SkipUnlessNcclPairsRun() {
@@ -172,9 +199,10 @@ void SkipUnlessNcclPairsRun() {
 }
 
 // NCCL pairs between trainers and shards on one GPU (tools/gpu_check.sh):
-// the trainers' host buffers go through each pair's device buffer, pushes
-// land in the shards' device staging and are checked there, pulls are read
-// device to device; the bits equal the same GPU job over gRPC streams.
+// the trainers' host buffers go through each pair's device buffer (and, as
+// GPU trainers, their device buffers go straight), pushes land in the
+// shards' device staging and are checked there, pulls are read device to
+// device; the bits equal the same GPU job over gRPC streams.
 TEST(DevicePairGpuTest, NcclPairsOnOneGpuMatchGrpcBitForBit) {
   SkipUnlessNcclPairsRun();
   if (IsSkipped() || HasFatalFailure()) return;
@@ -184,11 +212,17 @@ TEST(DevicePairGpuTest, NcclPairsOnOneGpuMatchGrpcBitForBit) {
   const std::vector<std::string> nccl = {"--shared_memory=false", "--socket_payloads=false",
                                          "--device_pairs=nccl"};
   const std::string pairs = RunJob(servers, 2, nccl, /*own_nccl_hosts=*/true);
+  // GPU trainers: gradients and parameters in device memory (StepOnDevice).
+  std::vector<std::string> device_flags = nccl;
+  device_flags.push_back("--device_buffers");
+  const std::string device = RunJob(servers, 2, device_flags, /*own_nccl_hosts=*/true);
   ASSERT_FALSE(HasFatalFailure());
   ExpectSameResults(grpc, pairs, 2, "over NCCL pairs");
+  ExpectSameResults(grpc, device, 2, "over NCCL pairs from device buffers");
   for (const std::string& name : Models()) {
     for (uint32_t r = 0; r < 2; ++r) {
       EXPECT_GE(PairTransfers(pairs, r, name), 2 * kSteps * 2) << name;
+      EXPECT_GE(TrainerCount(device, r, name, "device_buffer_transfers"), 2 * kSteps * 2) << name;
     }
   }
 }

@@ -22,6 +22,7 @@
 #include "client/push_history.h"
 #include "client/security_flags.h"
 #include "client/trainer_client.h"
+#include "common/device_pair.h"
 #include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
 
@@ -64,6 +65,10 @@ ABSL_FLAG(bool, socket_payloads, true,
 ABSL_FLAG(std::string, device_pairs, "off",
           "Move fp32 payloads over device pairs of this kind (nccl, loopback) with shards "
           "that open them (TrainerClientOptions::device_pairs).");
+ABSL_FLAG(bool, device_buffers, false,
+          "A GPU trainer's buffers (with --device_pairs): each step's gradient is copied into "
+          "memory of the pairs' kind (a GPU's for nccl), the parameters there are poisoned with "
+          "NaN, and StepOnDevice must write every one of them.");
 ABSL_FLAG(bool, shared_buffers, false,
           "Compute gradients in and pull parameters into the client's shared buffers (no "
           "copies on the trainer's side).");
@@ -98,6 +103,48 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
   return absl::InvalidArgumentError("unknown dtype " + name);
 }
 
+// TrainerClient::StepOnDevice from buffers in the pairs' memory: the
+// gradient copied there, the parameters there poisoned with NaN first (a
+// part the step did not write shows), and copied back for the next step's
+// synthetic gradient.
+absl::StatusOr<StepResult> StepOnDevice(TrainerClient& client, const TrainerClientOptions& options,
+                                        int64_t step, absl::Span<const float> grads,
+                                        absl::Span<float> params) {
+  absl::StatusOr<const DevicePairKind*> kind = FindDevicePairKind(options.device_pairs);
+  if (!kind.ok()) return kind.status();
+  const size_t bytes = grads.size() * sizeof(float);
+  const int gpu = options.device_pair_gpu;
+  static std::shared_ptr<void> device_grads, device_params;
+  static size_t allocated = 0;
+  if (allocated != bytes) {
+    absl::StatusOr<std::shared_ptr<void>> g = (*kind)->Allocate(gpu, bytes);
+    absl::StatusOr<std::shared_ptr<void>> p = (*kind)->Allocate(gpu, bytes);
+    if (!g.ok()) return g.status();
+    if (!p.ok()) return p.status();
+    device_grads = *g;
+    device_params = *p;
+    allocated = bytes;
+  }
+  const std::vector<float> poison(grads.size(), std::numeric_limits<float>::quiet_NaN());
+  if (absl::Status s = (*kind)->CopyFromHost(gpu, device_grads.get(), grads.data(), bytes);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = (*kind)->CopyFromHost(gpu, device_params.get(), poison.data(), bytes);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<StepResult> result =
+      client.StepOnDevice(step, static_cast<const float*>(device_grads.get()),
+                          static_cast<float*>(device_params.get()));
+  if (!result.ok()) return result;
+  if (absl::Status s = (*kind)->CopyToHost(gpu, params.data(), device_params.get(), bytes);
+      !s.ok()) {
+    return s;
+  }
+  return result;
+}
+
 int Train(const std::string& name) {
   absl::StatusOr<OptimizerConfig> optimizer = OptimizerByName(name);
   if (!optimizer.ok()) {
@@ -122,6 +169,7 @@ int Train(const std::string& name) {
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.socket_payloads = absl::GetFlag(FLAGS_socket_payloads);
   options.device_pairs = absl::GetFlag(FLAGS_device_pairs);
+  options.device_pair_gpu = 0;
   absl::StatusOr<std::unique_ptr<TrainerClient>> client = TrainerClient::Connect(servers, options);
   if (!client.ok()) {
     fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -249,7 +297,12 @@ int Train(const std::string& name) {
               options.trainer_rank, static_cast<long>(step), pushed.error_message().c_str());
       _exit(3);
     }
-    absl::StatusOr<StepResult> result = (*client)->Step(step, grad_view, params_view);
+    absl::StatusOr<StepResult> result;
+    if (absl::GetFlag(FLAGS_device_buffers)) {
+      result = StepOnDevice(**client, options, step, grad_view, params_view);
+    } else {
+      result = (*client)->Step(step, grad_view, params_view);
+    }
     if (std::optional<int64_t> back = (*client)->rolled_back_to(); !result.ok() && back) {
       // The job went back to a checkpoint: continue from its version.
       fprintf(stderr, "rank %u: %s\n", options.trainer_rank, result.status().ToString().c_str());
@@ -317,7 +370,8 @@ int Train(const std::string& name) {
         {"rollbacks", rollbacks},
         {"shm_transfers", static_cast<float>((*client)->shared_memory_transfers())},
         {"socket_transfers", static_cast<float>((*client)->socket_transfers())},
-        {"pair_transfers", static_cast<float>((*client)->device_pair_transfers())}}) {
+        {"pair_transfers", static_cast<float>((*client)->device_pair_transfers())},
+        {"device_buffer_transfers", static_cast<float>((*client)->device_buffer_transfers())}}) {
     if (absl::Status s =
             WriteFloats(absl::GetFlag(FLAGS_out_dir) + "/" + name + "." + what, {count});
         !s.ok()) {

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -223,6 +224,36 @@ class NcclKind final : public DevicePairKind {
         NcclPair::Connect(id, rank, device, deadline, std::move(peer));
     if (!pair.ok()) return pair.status();
     return std::unique_ptr<DevicePair>(*std::move(pair));
+  }
+  absl::StatusOr<std::shared_ptr<void>> Allocate(int device, size_t bytes) const override {
+    if (absl::Status s = CudaCheck(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+    void* memory = nullptr;
+    if (absl::Status s = CudaCheck(cudaMalloc(&memory, std::max<size_t>(bytes, 1)),
+                                   absl::StrCat("cudaMalloc of ", bytes, " bytes"));
+        !s.ok()) {
+      return s;
+    }
+    return std::shared_ptr<void>(memory, [device](void* p) {
+      cudaSetDevice(device);
+      cudaFree(p);
+    });
+  }
+  // (cudaMemcpy to or from pageable memory is synchronous with the host for
+  // device-to-host copies; the host-to-device direction is waited for.)
+  absl::Status CopyToHost(int device, void* host, const void* memory, size_t bytes) const override {
+    if (absl::Status s = CudaCheck(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+    return CudaCheck(cudaMemcpy(host, memory, bytes, cudaMemcpyDeviceToHost),
+                     "cudaMemcpy to the host");
+  }
+  absl::Status CopyFromHost(int device, void* memory, const void* host,
+                            size_t bytes) const override {
+    if (absl::Status s = CudaCheck(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+    if (absl::Status s = CudaCheck(cudaMemcpy(memory, host, bytes, cudaMemcpyHostToDevice),
+                                   "cudaMemcpy to the device");
+        !s.ok()) {
+      return s;
+    }
+    return CudaCheck(cudaStreamSynchronize(nullptr), "the copy to the device");
   }
 };
 

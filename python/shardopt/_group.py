@@ -28,7 +28,31 @@ class Group:
         self.changed_in_a_row = 0  # Streamed steps whose gradient changed after sending.
         self.resume_pending = False  # A rollback's pull failed: pull first.
         self.no_stream = False   # Never streamed (LAMB on the flat partition).
+        # The flat buffers live in the device pairs' memory (a GPU's for
+        # NCCL, the host's for the loopback stand-in): steps go through
+        # step_on_device.
+        self.device_buffers = False
         self.reset_stream()
+
+    def pull_with(self, pull):
+        """Calls pull(float32 numpy array) to fill the flat parameters (through
+        a host copy when they live on a GPU); returns what it returns."""
+        if self.flat_params.device.type == "cpu":
+            return pull(self.flat_params.numpy())
+        host = torch.empty(self.flat_params.numel(), dtype=torch.float32)
+        result = pull(host.numpy())
+        self.flat_params.copy_(host)
+        return result
+
+    def run_step(self, version):
+        """The group's step from its flat buffers (not streamed)."""
+        if not self.device_buffers:
+            return self.client.step(version, self.flat_grads.numpy(), self.flat_params.numpy())
+        if self.flat_grads.is_cuda:
+            # The gradient's kernels are done before the client reads it.
+            torch.cuda.current_stream(self.flat_grads.device).synchronize()
+        return self.client.step_on_device(version, self.flat_grads.data_ptr(),
+                                          self.flat_params.data_ptr())
 
     def use_shared_buffers(self):
         """Moves the flat buffers into the client's shared-memory segment

@@ -188,9 +188,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         answers stay on gRPC; never over TLS). Same bits either way.
       device_pairs: "off" (the default), "nccl" or "loopback": fp32 pushes
         and pulls go over a device pair with each server that opens pairs of
-        that kind (server ``--device_pairs``; "nccl": a server on a GPU, the
-        bytes through GPU ``device_pair_gpu`` of this process), before the
-        other data planes. Same bits either way.
+        that kind (server ``--device_pairs``; "nccl": servers on GPUs),
+        before the other data planes. With "nccl" the parameters may be CUDA
+        tensors on ``cuda:<device_pair_gpu>``: the flat buffers are then on
+        that GPU, the gradient goes from there and the parameters come back
+        there (a host copy of the gradient is kept for the client's checks
+        and any server without pairs); CPU parameters go through the pairs'
+        GPU buffers. "loopback" (the NCCL protocol in host memory, for CPU
+        servers) runs that GPU trainer path on the CPU. No pushes during
+        backward on that path. Same bits either way.
       consistency: "sync" (the default: step k is applied once every rank
         pushed it, from the mean of their gradients), "async" (each rank's
         step is applied on the servers alone, as it arrives, as PyTorch RPC's
@@ -342,14 +348,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for p in params:
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"parameters must be tensors, not {type(p).__name__}")
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise ValueError(f"parameter {self._names.get(id(p), '')!r} is {p.dtype} on "
-                                 f"{p.device}; shardopt trains float32 CPU parameters")
+            if p.dtype != torch.float32 or p.device != self._param_device(p):
+                raise ValueError(
+                    f"parameter {self._names.get(id(p), '')!r} is {p.dtype} on {p.device}; "
+                    "shardopt trains float32 parameters on the CPU, or (device_pairs='nccl') "
+                    f"on cuda:{self._client_args['device_pair_gpu']}")
             if not p.is_contiguous():
                 raise ValueError(
                     f"parameter {self._names.get(id(p), '')!r} of shape {tuple(p.shape)} is not "
                     "contiguous: make it contiguous (p.data = p.data.contiguous()) first")
         super().add_param_group(param_group)
+
+    def _param_device(self, p):
+        """Where a parameter may live: the CPU, or with NCCL pairs on
+        device_pair_gpu (then the flat buffers are there too)."""
+        if self._client_args["device_pairs"] == "nccl" and p.device.type == "cuda":
+            return torch.device("cuda", self._client_args["device_pair_gpu"])
+        return torch.device("cpu")
 
     def _kind_of(self, group):
         """The optimizer of a parameter group (its own "optimizer", or the main one)."""
@@ -391,15 +406,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         g.no_stream = kind == "lamb" and partition == "flat" and len(self._servers) > 1
         layout = client.layout_for(tensors, partition)
         total = layout[-1][2]
-        g.flat_params = torch.zeros(total, dtype=torch.float32)
-        g.flat_grads = torch.zeros(total, dtype=torch.float32)
+        # GPU parameters (NCCL pairs) keep their flat buffers on the GPU;
+        # the loopback stand-in runs the same path in host memory.
+        device = params[0].device
+        if any(p.device != device for p in params):
+            raise ValueError(f"parameter group {index} has parameters on several devices")
+        g.device_buffers = device.type == "cuda" or \
+            self._client_args["device_pairs"] == "loopback"
+        g.no_stream = g.no_stream or g.device_buffers  # (Streams read host buffers.)
+        g.flat_params = torch.zeros(total, dtype=torch.float32, device=device)
+        g.flat_grads = torch.zeros(total, dtype=torch.float32, device=device)
         for (name, shape, offset, size), p in zip(layout[:-1], params):
             g.slices.append((offset, size))
             g.flat_params[offset:offset + size].copy_(p.detach().reshape(-1))
         hyper = self._hyperparameters(group)
         client.register(model_id, tensors, kind, hyper, self._world_size,
                         self._max_grad_norm,
-                        g.flat_params.numpy() if self._rank == 0 else None,
+                        g.flat_params.cpu().numpy() if self._rank == 0 else None,
                         loss_scaler=self._loss_scaler, consistency=self._consistency,
                         staleness=self._staleness, partition=partition)
         # A model that existed already (restored, or running) keeps the
@@ -408,11 +431,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # refused.)
         g.sent_hyperparameters = hyper if client.registered_version == 0 or \
             self._consistency != "sync" else None
-        g.use_shared_buffers()  # (Before any view of the flat buffers is handed out.)
+        if not g.device_buffers:
+            g.use_shared_buffers()  # (Before any view of the flat buffers is handed out.)
         # Everyone starts from the servers' values (rank 0's, or where a
         # restored or running job is; a step this rank's earlier process
         # left half-used in a pipelined step rolls the job back here).
-        g.version = client.pull_to_resume(g.flat_params.numpy())
+        g.version = g.pull_with(client.pull_to_resume)
         g.pulled = g.flat_params.clone() if self._check_parameters else None
         for p, view, grad_view in self._views(g):
             p.data = view
@@ -533,8 +557,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     if self._overlap_backward:
                         self._note_changed_gradient(g, wasted)
-                    g.last_result = g.client.step(version, g.flat_grads.numpy(),
-                                                  g.flat_params.numpy())
+                    g.last_result = g.run_step(version)
             except AbortedError:
                 if g.client.rolled_back_to is None or len(self._groups) > 1:
                     raise
@@ -567,7 +590,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Pulls the parameters to go on from after a rollback. If that fails,
         the next step() tries again first (and drops its gradient, computed
         from parameters half pulled)."""
-        version = g.client.pull_to_resume(g.flat_params.numpy())
+        version = g.pull_with(g.client.pull_to_resume)
         g.resume_pending = False
         g.version = self._version = version
         if g.pulled is not None:
@@ -669,7 +692,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         for g in self._groups:
             g.client.wait_for_every_trainer(self._version)
-            g.client.pull(0, g.flat_params.numpy())
+            g.pull_with(lambda params, g=g: g.client.pull(0, params))
             if g.pulled is not None:
                 g.pulled = g.flat_params.clone()
 

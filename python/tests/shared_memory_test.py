@@ -80,8 +80,10 @@ class SharedMemoryTest(unittest.TestCase):
 
     def test_device_pairs_give_the_same_bits(self):
         # The device data plane on loopback pairs (servers on the CPU; the
-        # NCCL kind runs in tools/gpu_check.sh): fp32 pushes and pulls over
-        # the pairs, the bits of the gRPC stream.
+        # NCCL kind runs in tools/gpu_check.sh): the GPU trainer's path
+        # (step_on_device: the gradient sent from the flat buffer, the
+        # parameters received into it) in host memory, the bits of the gRPC
+        # stream and of torch.optim.
         with Cluster(2, extra_flags=["--device_pairs=loopback"]) as cluster:
             for overlap in (True, False):
                 pair_model, pairs = self.run_job(cluster, f"pairs{overlap}", shared_memory=False,
@@ -89,12 +91,20 @@ class SharedMemoryTest(unittest.TestCase):
                                                  overlap_backward=overlap)
                 grpc_model, grpc = self.run_job(cluster, f"plain{overlap}", shared_memory=False,
                                                 socket_payloads=False, overlap_backward=overlap)
-                self.assertGreaterEqual(pairs.device_pair_transfers,
-                                        STEPS * 2 * (1 if overlap else 2))
+                g = pairs._groups[0]
+                self.assertTrue(g.device_buffers)
+                # Every push and pull of both shards, from and into the flat
+                # buffers themselves (no pushes during backward on this path).
+                self.assertGreaterEqual(g.client.device_buffer_transfers, STEPS * 2 * 2)
+                self.assertEqual(g.client.streamed_pushes, 0)
                 self.assertEqual(grpc.device_pair_transfers, 0)
                 self.assertEqual(pairs.socket_transfers + pairs.shared_memory_transfers, 0)
                 for p, q in zip(pair_model.parameters(), grpc_model.parameters()):
                     self.assertTrue(torch.equal(p.detach(), q.detach()))
+        reference = net()
+        train(reference, torch.optim.AdamW(reference.parameters(), lr=0.01))
+        for p, q in zip(pair_model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(p.detach(), q.detach()))
         with self.assertRaisesRegex(ValueError, "device_pairs"):
             shardopt.torch.DistributedOptimizer(net().named_parameters(), servers=["x:1"], rank=0,
                                                 world_size=1, device_pairs="pigeon")
