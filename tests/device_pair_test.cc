@@ -240,33 +240,49 @@ v1::ServerInfo Info(const std::string& address) {
 // the restarted shard over new pairs (or, restarted with --device_pairs=off,
 // go over the stream: the pairs they hold are refused and dropped), and the
 // job ends with the bits of an uninterrupted one (exactly once).
-void KillShardMidJob(bool restart_with_pairs) {
+// `nccl`: NCCL pairs on cuda:0 (every process its own NCCL_HOSTID), the
+// trainers' pair calls failing within their deadline when the shard dies.
+void KillShardMidJob(bool restart_with_pairs, bool nccl = false) {
   constexpr int kLongSteps = 60;
   const std::string root = MakeTempDir("pair_faults");
   const std::string ckpt = root + "/ckpt";
-  const std::vector<std::string> flags = {"--device=cpu", "--device_pairs=loopback",
+  const std::vector<std::string> flags = {nccl ? "--device=cuda:0" : "--device=cpu",
+                                          nccl ? "--device_pairs=nccl" : "--device_pairs=loopback",
                                           "--checkpoint_dir=" + ckpt, "--checkpoint_every=3",
                                           "--restore_from=" + ckpt};
-  auto servers = StartCluster(2, flags);
-  ASSERT_TRUE(servers.ok()) << servers.status();
-  const std::vector<std::string> addresses = Addresses(*servers);
-  std::vector<std::string> trainer_flags = {"--min_step_time=50ms", "--replay_steps=8"};
-  trainer_flags.insert(trainer_flags.end(), kPairs.begin(), kPairs.end());
+  const auto host_id = [nccl](const std::string& who) {
+    if (nccl) setenv("NCCL_HOSTID", absl::StrCat("shardopt-faults-", who).c_str(), 1);
+  };
+  std::vector<std::unique_ptr<ServerProcess>> servers;
+  for (uint32_t i = 0; i < 2; ++i) {
+    host_id(absl::StrCat("shard", i));
+    auto server = ServerProcess::Start(i, 2, flags);
+    ASSERT_TRUE(server.ok()) << server.status();
+    servers.push_back(std::move(*server));
+  }
+  const std::vector<std::string> addresses = Addresses(servers);
+  std::vector<std::string> trainer_flags = {"--min_step_time=50ms", "--replay_steps=8",
+                                            "--rpc_timeout=5s", "--shared_memory=false",
+                                            "--socket_payloads=false"};
+  trainer_flags.push_back(nccl ? "--device_pairs=nccl" : "--device_pairs=loopback");
   std::vector<std::unique_ptr<ChildProcess>> trainers(2);
   for (uint32_t r = 0; r < 2; ++r) {
+    host_id(absl::StrCat("trainer", r));
     ASSERT_NO_FATAL_FAILURE(StartTrainer(addresses, r, 2, "adamw", kLongSteps, root + "/out",
                                          trainer_flags, &trainers[r]));
   }
   ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses[0], "adamw", 8));
   EXPECT_GE(Info(addresses[1]).device_pairs(), 2u) << "each trainer holds a pair with shard 1";
-  (*servers)[1]->process().Signal(SIGKILL);
-  ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
+  servers[1]->process().Signal(SIGKILL);
+  ASSERT_TRUE(servers[1]->process().Wait(absl::Seconds(10)).has_value());
   std::vector<std::string> restart = flags;
   if (!restart_with_pairs) restart.push_back("--device_pairs=off");
   restart.push_back("--listen=" + addresses[1]);
+  host_id("shard1-again");
   auto restarted = ServerProcess::Start(1, 2, restart);
+  if (nccl) unsetenv("NCCL_HOSTID");
   ASSERT_TRUE(restarted.ok()) << restarted.status();
-  (*servers)[1] = std::move(*restarted);
+  servers[1] = std::move(*restarted);
   ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses[1], "adamw", 20));
   if (restart_with_pairs) {
     EXPECT_GE(Info(addresses[1]).device_pairs(), 2u) << "the trainers joined new pairs";
@@ -284,6 +300,16 @@ void KillShardMidJob(bool restart_with_pairs) {
 TEST(DevicePairFaultTest, AKilledShardIsJoinedAgainOverNewPairs) { KillShardMidJob(true); }
 
 TEST(DevicePairFaultTest, AShardRestartedWithoutPairsGetsTheStream) { KillShardMidJob(false); }
+
+// The same over NCCL pairs on one GPU (tools/gpu_check.sh): a shard killed
+// in the middle of the job; the trainers' NCCL calls with it fail within
+// their deadline, they join the restarted shard over new pairs, and the job
+// ends exactly.
+TEST(DevicePairGpuTest, AKilledShardOverNcclPairs) {
+  SkipUnlessNcclPairsRun();
+  if (IsSkipped() || HasFatalFailure()) return;
+  KillShardMidJob(true, /*nccl=*/true);
+}
 
 }  // namespace
 }  // namespace shardopt::testing

@@ -28,9 +28,11 @@
 #      (NCCL_HOSTID apart): bytes both ways, a peer killed mid-transfer or
 #      after joining, a stalled peer, a peer that never joins: each call
 #      fails within its deadline
-#   4c. device_pair_test's NCCL case: 2 trainers and 2 shards on cuda:0 with
-#      NCCL pairs (NCCL_HOSTID apart), bit-identical to the same job over
-#      gRPC streams; and its loopback cases
+#   4c. device_pair_test's NCCL cases: 2 trainers and 2 shards on cuda:0
+#      with NCCL pairs (NCCL_HOSTID apart), host and device buffers (the
+#      trainers' StepOnDevice), bit-identical to the same job over gRPC
+#      streams; a shard kill -9'ed mid-job (the trainers' pair calls fail in
+#      time, the job ends exactly over new pairs); and a loopback case
 #   5. fused_kernels_emulation_test: the same kernels' code on the CPU
 #   6. gpu_bench: fused AdamW, LAMB's passes and Adafactor's step at 64M and
 #      1G params vs a D2D cudaMemcpy
@@ -269,7 +271,7 @@ wanted nccl && gtest_step nccl "nccl pair tests" 90 "$log/nccl_pair_test.log" \
 save_summary
 # The device data plane end to end: NCCL pairs between trainer and shard
 # processes on cuda:0, against the same job over gRPC.
-wanted pairs && gtest_step pairs "end to end over nccl pairs" 150 "$log/device_pair_test.log" \
+wanted pairs && gtest_step pairs "end to end over nccl pairs" 200 "$log/device_pair_test.log" \
   env TEST_SRCDIR="$PWD/$bundle/runfiles" TEST_WORKSPACE=shardopt TEST_TMPDIR=/tmp/gpu_check_pairs \
   "$bundle/run.sh" device_pair_test --gtest_filter='DevicePairGpuTest.*:*S3_T2*'
 save_summary
