@@ -101,8 +101,14 @@ std::optional<DevicePairTransport::Held> DevicePairTransport::Take(const Payload
 }
 
 void DevicePairTransport::Give(Held held) {
-  absl::MutexLock lock(&mu_);
-  if (idle_.size() < kMaxIdlePairs && held.pair->broken().ok()) idle_.push_back(std::move(held));
+  {
+    absl::MutexLock lock(&mu_);
+    if (idle_.size() < kMaxIdlePairs && held.pair->broken().ok()) {
+      idle_.push_back(std::move(held));
+      return;
+    }
+  }
+  // (Not kept: torn down here, after the lock.)
 }
 
 absl::Status DevicePairTransport::Answered(Held held, absl::Status answer) {
@@ -110,18 +116,19 @@ absl::Status DevicePairTransport::Answered(Held held, absl::Status answer) {
                            (absl::StrContains(answer.message(), kDevicePairWrongMemory) ||
                             absl::StrContains(answer.message(), kDevicePairsOff) ||
                             absl::StrContains(answer.message(), kDevicePairNotOpen));
+  std::vector<Held> dropped;  // Torn down after the lock is released.
   if (absl::IsFailedPrecondition(answer) &&
       !absl::StrContains(answer.message(), kDevicePairNotOpen) && about_pairs) {
     // This shard takes no pairs of ours (for now): none is kept, and its
     // calls go another way for a while.
     absl::MutexLock lock(&mu_);
-    idle_.clear();
+    dropped.swap(idle_);
     retry_after_ = absl::Now() + kRetryInterval;
   }
-  // A pair the shard no longer holds, or one whose last call ran out or
-  // broke, is not used again.
-  const bool keep = !about_pairs && !absl::IsDeadlineExceeded(answer) &&
-                    !absl::IsUnavailable(answer) && !absl::IsCancelled(answer);
+  // Only called once no byte moved or every byte moved cleanly, so the pair
+  // is in step: kept (a "still waiting" DEADLINE_EXCEEDED included) unless
+  // the answer is about it, or the shard's connection broke.
+  const bool keep = !about_pairs && !absl::IsUnavailable(answer) && !absl::IsCancelled(answer);
   if (keep) Give(std::move(held));
   // (So that the retry goes over a new pair or another plane.)
   return about_pairs ? absl::UnavailableError(answer.message()) : answer;
@@ -259,6 +266,11 @@ std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
                                                       DType dtype, float* destination,
                                                       PulledVersion* pulled) {
   if (request.wait_only() || dtype != DType::kFloat32) return std::nullopt;
+  const uint64_t bytes = call.range.size() * sizeof(float);
+  // Whatever lands in the range from now on (a pair's bytes or the
+  // stream's) is the newest: only a pull into the twin that succeeds marks
+  // it written on the device again.
+  if (twins_ != nullptr) twins_->Unwritten(destination, bytes);
   std::optional<Held> held = Take(call);
   if (!held) return std::nullopt;
   const uint64_t transfer = next_transfer_.fetch_add(1);
@@ -297,7 +309,6 @@ std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
   });
   const std::string what =
       absl::StrCat("pull of version ", first.version(), " from shard ", shard_index_);
-  const uint64_t bytes = call.range.size() * sizeof(float);
   const auto failed = [&] { return failed_answer.load(); };
   void* twin = twins_ != nullptr ? twins_->ParameterTwin(destination, bytes) : nullptr;
   const absl::Status received = twin != nullptr

@@ -69,10 +69,12 @@ class DevicePairTransport final : public PayloadTransport {
   absl::StatusOr<Held> Open(const PayloadCall& call);
   // After a call that left the pair clean.
   void Give(Held held);
-  // After a shard's error `answer` (the pair clean unless the call ran out
-  // or broke): the pair is kept unless the answer is about it (the shard
-  // does not hold it, takes none, or keeps the model in other memory: then
-  // UNAVAILABLE, so that the retry goes over a new pair or another plane).
+  // After a shard's error `answer`, given once no byte moved or every byte
+  // moved cleanly: the pair is kept (a wait's DEADLINE_EXCEEDED report
+  // included) unless the answer is about it (the shard does not hold it,
+  // takes none, or keeps the model in other memory: then UNAVAILABLE, so
+  // that the retry goes over a new pair or another plane) or the shard's
+  // connection broke.
   absl::Status Answered(Held held, absl::Status answer);
   // Moves `bytes` of host memory over the pair (through its scratch for a
   // device kind), until `cancelled` says the call ended.

@@ -7,7 +7,8 @@
 // Contract: Set() before the step's calls, Clear() after; in between the
 // gradient mirror holds exactly what its twin holds (the client copied it),
 // so either may be sent. A pull received into a parameter twin is recorded
-// (Written), and the client copies every other part of the parameter
+// (Written; every pull attempt first clears its range, Unwritten, so the
+// last one wins), and the client copies every other part of the parameter
 // mirror to the device after the step. Outside a step nothing has a twin
 // (a replayed push from history goes through host memory). Thread-safe.
 #ifndef SHARDOPT_CLIENT_DEVICE_TWINS_H_
@@ -63,6 +64,21 @@ class DeviceTwins {
     if (std::optional<size_t> at = Within(host_params_, host, bytes)) {
       written_.push_back(FlatRange{*at / sizeof(float), (*at + bytes) / sizeof(float)});
     }
+  }
+  // Before any pull of [host, host + bytes): what an earlier attempt wrote
+  // on the device is no longer the range's newest (a later pull may land in
+  // the host mirror).
+  void Unwritten(const void* host, size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    const std::optional<size_t> at = Within(host_params_, host, bytes);
+    if (!at) return;
+    const FlatRange range{*at / sizeof(float), (*at + bytes) / sizeof(float)};
+    std::vector<FlatRange> kept;
+    for (const FlatRange& w : written_) {
+      // (Pulls cover whole shard ranges: written spans never straddle one.)
+      if (w.end <= range.begin || w.begin >= range.end) kept.push_back(w);
+    }
+    written_.swap(kept);
   }
   // Pushes sent from a gradient twin and pulls received into a parameter
   // twin (what the pair transports count).

@@ -164,8 +164,11 @@ class TrainerClient {
   // pairs take it from the device and send the parameters straight into
   // `device_params`; the others' parts land in a host mirror and are copied
   // to the device once the step succeeded. FAILED_PRECONDITION without
-  // device pairs. After a failure the parameters may hold some shards' new
-  // values, as after a failed Step (the step is retried as a whole).
+  // device pairs. The gradient must be complete when it is called (for a
+  // CUDA device: the work that wrote it synchronised; the client copies it
+  // on the legacy default stream). After a failure the parameters may hold
+  // some shards' new values, as after a failed Step (the step is retried
+  // as a whole).
   absl::StatusOr<StepResult> StepOnDevice(int64_t step, const float* device_grads,
                                           float* device_params);
 
@@ -282,6 +285,9 @@ class TrainerClient {
   // moved straight from or into StepOnDevice's device buffers.
   int64_t device_pair_transfers() const;
   int64_t device_buffer_transfers() const { return twins_->transfers(); }
+  // The kind of device pair in use ("nccl", "loopback"), or "" when none
+  // (device_pairs off, or the kind cannot run here: NCCL did not load).
+  std::string device_pair_kind() const { return pair_kind_ ? pair_kind_->name() : ""; }
 
  private:
   TrainerClient(const TrainerClientOptions& options,

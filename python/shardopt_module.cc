@@ -468,6 +468,7 @@ class Client {
   int64_t socket_transfers() const { return client_->socket_transfers(); }
   int64_t device_pair_transfers() const { return client_->device_pair_transfers(); }
   int64_t device_buffer_transfers() const { return client_->device_buffer_transfers(); }
+  std::string device_pair_kind() const { return client_->device_pair_kind(); }
   // One of the client's shared buffers as a Python buffer that keeps the
   // segment mapped (tensors made from it outlive the client), or None.
   py::object SharedBuffer(bool gradients) const {
@@ -628,6 +629,9 @@ PYBIND11_MODULE(_shardopt, m) {
                              "Pushes and pulls that went over device pairs.")
       .def_property_readonly("device_buffer_transfers", &Client::device_buffer_transfers,
                              "Of those, the ones straight from or into step_on_device's buffers.")
+      .def_property_readonly("device_pair_kind", &Client::device_pair_kind,
+                             "After register: the device pairs' kind in use ('nccl', "
+                             "'loopback'), or '' (off, or the kind cannot run here).")
       .def(
           "shared_gradients", [](const Client& c) { return c.SharedBuffer(true); },
           "After register: the flat gradient buffer in the segment co-located shards map "

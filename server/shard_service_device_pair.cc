@@ -20,11 +20,11 @@ const char* MemoryName(PairMemory memory) {
   return memory == PairMemory::kDevice ? "device memory" : "host memory";
 }
 
-// A transfer whose pair failed: UNAVAILABLE (the trainer goes over the
-// stream or a new pair), or the deadline's own code.
+// A transfer whose pair failed: UNAVAILABLE whatever the pair said (a
+// timeout included, which must not read as a wait's "still waiting"
+// report), so that the trainer goes over a new pair or another plane.
 absl::Status PairFailed(const char* what, const absl::Status& s) {
-  return absl::Status(absl::IsDeadlineExceeded(s) ? s.code() : absl::StatusCode::kUnavailable,
-                      absl::StrCat(what, ": ", s.message()));
+  return absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
 }
 
 }  // namespace
@@ -168,8 +168,11 @@ grpc::Status ShardServiceImpl::SendDevicePairPull(
     grpc::ServerWriter<v1::PullParametersResponse>* writer) {
   absl::StatusOr<DevicePairHost*> host = DevicePairs();
   if (!host.ok()) return Error(host.status());
+  // `deadline` bounds the wait for the version (max_wait_ms: the trainer's
+  // "still waiting" reports); the pair and its bytes get the call's.
+  const absl::Time call_deadline = absl::FromChrono(context->deadline());
   absl::StatusOr<DevicePairHost::Lease> lease =
-      (*host)->Acquire(request.device_pair().pair(), deadline);
+      (*host)->Acquire(request.device_pair().pair(), call_deadline);
   if (!lease.ok()) return Error(lease.status());
   // Nothing goes over the pair before the whole range is at the version:
   // a pull that ends in the wait has sent nothing the trainer must drain.
@@ -214,7 +217,7 @@ grpc::Status ShardServiceImpl::SendDevicePairPull(
         return Error(s);
       }
     }
-    if (absl::Status s = pair.Send(piece, count * sizeof(float), deadline, what, cancelled);
+    if (absl::Status s = pair.Send(piece, count * sizeof(float), call_deadline, what, cancelled);
         !s.ok()) {
       return Error(PairFailed("the pull's pair", s));
     }

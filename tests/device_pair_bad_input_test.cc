@@ -74,13 +74,35 @@ class DevicePairBadInputTest : public BadInputTest {
     }
     return writer->Finish();
   }
+  // A push of trainer 0's step 1 over `pair` (the call's deadline `timeout`
+  // away) that the shard has taken, with half of its bytes sent.
+  void StartHalfPush(const Pair& pair, absl::Duration timeout, grpc::ClientContext* context,
+                     v1::PushGradientsResponse* response,
+                     std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>>* writer) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    *writer = stub_->PushGradients(context, response);
+    v1::PushGradientsRequest request;
+    *request.mutable_header() = PairHeader(0, 1, pair, 1);
+    (*writer)->Write(request);
+    (*writer)->WritesDone();
+    (*writer)->WaitForInitialMetadata();
+    ASSERT_NE(context->GetServerInitialMetadata().find(kDevicePairReadyKey),
+              context->GetServerInitialMetadata().end());
+    const std::vector<float> half(range_.size() / 2, 0.25f);
+    ASSERT_TRUE(
+        pair.pair
+            ->Send(half.data(), half.size() * sizeof(float), absl::Now() + absl::Seconds(5), "half")
+            .ok());
+  }
   grpc::Status PairPull(int64_t min_version, const Pair& pair, std::vector<float>* values,
                         int64_t* version, v1::DType dtype = v1::DTYPE_FLOAT32,
-                        std::optional<uint64_t> expected = std::nullopt) {
+                        std::optional<uint64_t> expected = std::nullopt,
+                        int64_t max_wait_ms = 0) {
     v1::PullParametersRequest request;
     request.set_model_id(kModel);
     request.set_shard_index(kShardIndex);
     request.set_min_version(min_version);
+    request.set_max_wait_ms(max_wait_ms);
     request.set_dtype(dtype);
     request.mutable_device_pair()->set_pair(pair.name);
     request.mutable_device_pair()->set_transfer(1);
@@ -161,6 +183,11 @@ TEST_F(DevicePairBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
   ExpectRejected(PairPull(0, pair, &values, &version, v1::DTYPE_FLOAT32, range_.size() + 1),
                  grpc::INVALID_ARGUMENT, "expects", before);
 
+  // A pull whose wait for the version runs out (max_wait_ms: the trainer's
+  // "still waiting" report) sent nothing over the pair: the pair stays.
+  ExpectRejected(PairPull(1, pair, &values, &version, v1::DTYPE_FLOAT32, std::nullopt, 200),
+                 grpc::DEADLINE_EXCEEDED, "", before);
+
   // Opening a pair of a kind the shard does not open.
   v1::OpenDevicePairRequest request;
   request.set_kind("nccl");
@@ -199,19 +226,9 @@ TEST_F(DevicePairBadInputTest, APairBrokenHalfWayDropsThePushAndThePair) {
   Pair pair = Open();
   ASSERT_NE(pair.pair, nullptr);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::PushGradientsResponse response;
-  auto writer = stub_->PushGradients(&context, &response);
-  v1::PushGradientsRequest request;
-  *request.mutable_header() = PairHeader(0, 1, pair, 1);
-  writer->Write(request);
-  writer->WritesDone();
-  writer->WaitForInitialMetadata();
-  ASSERT_NE(context.GetServerInitialMetadata().find(kDevicePairReadyKey),
-            context.GetServerInitialMetadata().end());
-  const std::vector<float> half(range_.size() / 2, 0.25f);
-  ASSERT_TRUE(
-      pair.pair->Send(half.data(), half.size() * 4, absl::Now() + absl::Seconds(5), "half").ok());
+  std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer;
+  ASSERT_NO_FATAL_FAILURE(StartHalfPush(pair, absl::Seconds(10), &context, &response, &writer));
   pair.pair.reset();  // (Closes the trainer's end.)
   ExpectRejected(writer->Finish(), grpc::UNAVAILABLE, "the push's payload", before);
   ExpectRejected(PairPush(PairHeader(0, 1, pair, 2), pair, Gradient(1.0f)),
@@ -226,17 +243,9 @@ TEST_F(DevicePairBadInputTest, APushCancelledHalfWayEndsAtOnce) {
   Pair pair = Open();
   ASSERT_NE(pair.pair, nullptr);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   v1::PushGradientsResponse response;
-  auto writer = stub_->PushGradients(&context, &response);
-  v1::PushGradientsRequest request;
-  *request.mutable_header() = PairHeader(0, 1, pair, 1);
-  writer->Write(request);
-  writer->WritesDone();
-  writer->WaitForInitialMetadata();
-  const std::vector<float> half(range_.size() / 2, 0.25f);
-  ASSERT_TRUE(
-      pair.pair->Send(half.data(), half.size() * 4, absl::Now() + absl::Seconds(5), "half").ok());
+  std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer;
+  ASSERT_NO_FATAL_FAILURE(StartHalfPush(pair, absl::Seconds(60), &context, &response, &writer));
   const absl::Time cancelled = absl::Now();
   context.TryCancel();
   EXPECT_EQ(writer->Finish().error_code(), grpc::CANCELLED);

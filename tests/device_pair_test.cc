@@ -23,6 +23,7 @@
 #include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
 #include "tests/support/training_job.h"
+#include "tests/support/transport_jobs.h"
 
 namespace shardopt::testing {
 namespace {
@@ -32,54 +33,19 @@ const char kModels[] = "sgd_momentum,adam,adamw_amsgrad,adagrad";
 
 std::vector<std::string> Models() { return absl::StrSplit(kModels, ','); }
 
-std::vector<float> Floats(const std::string& path) {
-  absl::StatusOr<std::vector<float>> got = ReadFloats(path);
-  EXPECT_TRUE(got.ok()) << got.status();
-  return got.ok() ? *got : std::vector<float>{};
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return !a.empty() && a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// `own_nccl_hosts`: every process gets its own NCCL_HOSTID, so that NCCL
-// takes processes on one GPU for separate hosts (its socket transport).
+// One job of `trainers` trainers, all with `trainer_flags`, on shards started
+// with `server_flags[i]`; `own_nccl_hosts`: every process its own
+// NCCL_HOSTID. Returns its root.
 std::string RunJob(const std::vector<std::vector<std::string>>& server_flags, uint32_t trainers,
                    const std::vector<std::string>& trainer_flags, bool own_nccl_hosts = false) {
-  const auto host_id = [&](const std::string& who) {
-    if (own_nccl_hosts) setenv("NCCL_HOSTID", absl::StrCat("shardopt-test-", who).c_str(), 1);
-  };
-  const uint32_t shards = static_cast<uint32_t>(server_flags.size());
-  std::vector<std::unique_ptr<ServerProcess>> servers;
-  for (uint32_t i = 0; i < shards; ++i) {
-    host_id(absl::StrCat("shard", i));
-    auto server = ServerProcess::Start(i, shards, server_flags[i]);
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (!server.ok()) return "";
-    servers.push_back(std::move(*server));
-  }
-  const std::string root = MakeTempDir("pairs");
-  std::vector<std::unique_ptr<ChildProcess>> procs(trainers);
-  for (uint32_t r = 0; r < trainers; ++r) {
-    host_id(absl::StrCat("trainer", r));
-    StartTrainer(Addresses(servers), r, trainers, kModels, kSteps, root, trainer_flags, &procs[r]);
-  }
-  if (own_nccl_hosts) unsetenv("NCCL_HOSTID");
-  AwaitTrainers(procs);
-  return root;
+  return RunTransportJob(TransportJob{
+      server_flags, trainers, std::vector<std::vector<std::string>>(trainers, trainer_flags),
+      kModels, kSteps, own_nccl_hosts});
 }
 
 void ExpectSameResults(const std::string& a, const std::string& b, uint32_t trainers,
                        const std::string& label) {
-  for (const std::string& name : Models()) {
-    for (uint32_t r = 0; r < trainers; ++r) {
-      for (const char* suffix : {".bin", ".master.bin"}) {
-        const std::string file = absl::StrCat("/rank", r, "/", name, suffix);
-        EXPECT_TRUE(SameBits(Floats(a + file), Floats(b + file))) << label << ": " << file;
-      }
-    }
-  }
+  ExpectSameTrainerResults(a, b, trainers, kModels, label);
 }
 
 int64_t PairTransfers(const std::string& root, uint32_t rank, const std::string& name) {

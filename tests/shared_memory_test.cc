@@ -30,6 +30,7 @@
 #include "tests/support/raw_calls.h"
 #include "tests/support/synthetic.h"
 #include "tests/support/training_job.h"
+#include "tests/support/transport_jobs.h"
 
 namespace shardopt::testing {
 namespace {
@@ -40,50 +41,18 @@ const char kModels[] = "sgd_momentum,adam,adamw_amsgrad,adagrad";
 
 std::vector<std::string> Models() { return absl::StrSplit(kModels, ','); }
 
-std::vector<float> Floats(const std::string& path) {
-  absl::StatusOr<std::vector<float>> got = ReadFloats(path);
-  EXPECT_TRUE(got.ok()) << got.status();
-  return got.ok() ? *got : std::vector<float>{};
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // One job of `trainers` trainers on shards started with `server_flags[i]`
 // (one entry per shard), trainer r with `trainer_flags[r]`; returns its root.
 std::string RunJob(const std::vector<std::vector<std::string>>& server_flags, uint32_t trainers,
                    const std::vector<std::vector<std::string>>& trainer_flags,
                    const std::string& models = kModels) {
-  const uint32_t shards = static_cast<uint32_t>(server_flags.size());
-  std::vector<std::unique_ptr<ServerProcess>> servers;
-  for (uint32_t i = 0; i < shards; ++i) {
-    auto server = ServerProcess::Start(i, shards, server_flags[i]);
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (!server.ok()) return "";
-    servers.push_back(std::move(*server));
-  }
-  const std::string root = MakeTempDir("shm");
-  std::vector<std::unique_ptr<ChildProcess>> procs(trainers);
-  for (uint32_t r = 0; r < trainers; ++r) {
-    StartTrainer(Addresses(servers), r, trainers, models, kSteps, root, trainer_flags[r],
-                 &procs[r]);
-  }
-  AwaitTrainers(procs);
-  return root;
+  return RunTransportJob(TransportJob{server_flags, trainers, trainer_flags, models, kSteps});
 }
 
 // Every rank's pulled parameters and the masters are the same in both jobs.
 void ExpectSameResults(const std::string& a, const std::string& b, uint32_t trainers,
                        const std::string& label) {
-  for (const std::string& name : Models()) {
-    for (uint32_t r = 0; r < trainers; ++r) {
-      for (const char* suffix : {".bin", ".master.bin"}) {
-        const std::string file = absl::StrCat("/rank", r, "/", name, suffix);
-        EXPECT_TRUE(SameBits(Floats(a + file), Floats(b + file))) << label << ": " << file;
-      }
-    }
-  }
+  ExpectSameTrainerResults(a, b, trainers, kModels, label);
 }
 
 int64_t Transfers(const std::string& root, uint32_t rank, const std::string& name) {

@@ -429,6 +429,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # hyperparameters it has; this group's are sent with the next step.
         # (Asynchronous models take no changes: only a real one is sent, and
         # refused.)
+        if g.device_buffers and client.device_pair_kind != self._client_args["device_pairs"]:
+            raise RuntimeError(
+                f"parameters on {device} need {self._client_args['device_pairs']} device pairs, "
+                "which cannot run in this process (see the log: NCCL did not load?)")
         g.sent_hyperparameters = hyper if client.registered_version == 0 or \
             self._consistency != "sync" else None
         if not g.device_buffers:
