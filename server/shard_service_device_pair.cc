@@ -22,9 +22,11 @@ const char* MemoryName(PairMemory memory) {
 
 // A transfer whose pair failed: UNAVAILABLE whatever the pair said (a
 // timeout included, which must not read as a wait's "still waiting"
-// report), so that the trainer goes over a new pair or another plane.
+// report), so that the trainer goes over a new pair or another plane; a
+// call its trainer gave up on stays CANCELLED (an abandoned push).
 absl::Status PairFailed(const char* what, const absl::Status& s) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
+  return absl::Status(absl::IsCancelled(s) ? s.code() : absl::StatusCode::kUnavailable,
+                      absl::StrCat(what, ": ", s.message()));
 }
 
 }  // namespace
