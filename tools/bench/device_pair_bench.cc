@@ -9,9 +9,12 @@
 //   device_pair_bench --server=PATH --device=cuda:0 --kind=nccl
 //   device_pair_bench --server=PATH --device=cpu --kind=loopback
 //
-// The trainer's buffers are host memory (TrainerClient's API): over NCCL
-// they go through each pair's device buffer (one host-device copy each way
-// on the trainer's side), as a CPU trainer of a GPU shard does.
+// The trainer's buffers are host memory by default: over NCCL they go
+// through each pair's device buffer (one host-device copy each way on the
+// trainer's side), as a CPU trainer of a GPU shard does. With
+// --device_buffers they are in the pairs' memory, as a GPU trainer's: the
+// pairs plane sends and receives them in place (StepOnDevice), the others
+// copy them to and from the host around each step.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -31,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/trainer_client.h"
+#include "common/device_pair.h"
 #include "common/layout.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/workload.h"
@@ -43,6 +47,10 @@ ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"64", "
           "Tensor sizes in MiB.");
 ABSL_FLAG(int, rounds, 3, "Interleaved rounds.");
 ABSL_FLAG(double, seconds_per_case, 2.0, "Timed seconds per plane and size in each round.");
+ABSL_FLAG(bool, device_buffers, false,
+          "The trainer's gradient and parameters in the pairs' memory (a GPU's for nccl), as a "
+          "GPU trainer's: the pairs plane steps with StepOnDevice, the others copy the gradient "
+          "to the host before the step and the parameters back after it (timed too).");
 
 extern char** environ;
 
@@ -114,7 +122,8 @@ struct Plane {
   bool socket;
   bool pairs;
 };
-constexpr Plane kPlanes[] = {{"grpc", false, false}, {"socket", true, false}, {"pairs", false, true}};
+constexpr Plane kPlanes[] = {
+    {"grpc", false, false}, {"socket", true, false}, {"pairs", false, true}};
 
 // Seconds per step of `mib` on `plane` (a warm-up step first); checks the
 // plane carried every transfer.
@@ -140,22 +149,59 @@ absl::StatusOr<std::vector<double>> TimePlane(const std::string& address, int mi
   FillParams(params);
   FillGradients(grads);
   if (absl::Status s = (*client)->Register(spec, params); !s.ok()) return s;
+  // A GPU trainer's buffers, when asked for: in the pairs' memory.
+  const bool on_device = absl::GetFlag(FLAGS_device_buffers);
+  const int gpu = absl::GetFlag(FLAGS_gpu);
+  const size_t bytes = grads.size() * sizeof(float);
+  absl::StatusOr<const DevicePairKind*> kind = FindDevicePairKind(absl::GetFlag(FLAGS_kind));
+  if (!kind.ok()) return kind.status();
+  std::shared_ptr<void> device_grads, device_params;
+  if (on_device) {
+    absl::StatusOr<std::shared_ptr<void>> g = (*kind)->Allocate(gpu, bytes);
+    absl::StatusOr<std::shared_ptr<void>> p = (*kind)->Allocate(gpu, bytes);
+    if (!g.ok()) return g.status();
+    if (!p.ok()) return p.status();
+    device_grads = *g;
+    device_params = *p;
+    if (absl::Status s = (*kind)->CopyFromHost(gpu, device_grads.get(), grads.data(), bytes);
+        !s.ok()) {
+      return s;
+    }
+  }
   int64_t step = 0;
   absl::Status failed;
+  const auto note = [&](absl::Status s) {
+    if (!s.ok() && failed.ok()) failed = s;
+  };
   const auto one = [&] {
-    absl::StatusOr<StepResult> r = (*client)->Step(++step, grads, absl::MakeSpan(params));
-    if (!r.ok() && failed.ok()) failed = r.status();
+    if (!on_device) {
+      note((*client)->Step(++step, grads, absl::MakeSpan(params)).status());
+    } else if (plane.pairs) {
+      note((*client)
+               ->StepOnDevice(++step, static_cast<const float*>(device_grads.get()),
+                              static_cast<float*>(device_params.get()))
+               .status());
+    } else {
+      note((*kind)->CopyToHost(gpu, grads.data(), device_grads.get(), bytes));
+      note((*client)->Step(++step, grads, absl::MakeSpan(params)).status());
+      note((*kind)->CopyFromHost(gpu, device_params.get(), params.data(), bytes));
+    }
   };
   one();
-  std::vector<double> times =
-      TimeRepeated(absl::GetFlag(FLAGS_seconds_per_case), 3, 1000, one);
+  std::vector<double> times = TimeRepeated(absl::GetFlag(FLAGS_seconds_per_case), 3, 1000, one);
   if (!failed.ok()) return failed;
   const int64_t carried = plane.pairs    ? (*client)->device_pair_transfers()
                           : plane.socket ? (*client)->socket_transfers()
                                          : 0;
   if ((plane.pairs || plane.socket) && carried < 2 * step) {
-    return absl::InternalError(absl::StrCat("only ", carried, " of ", 2 * step,
-                                            " transfers went over the ", plane.name));
+    return absl::InternalError(
+        absl::StrCat("only ", carried, " of ", 2 * step, " transfers went over the ", plane.name));
+  }
+  if (on_device && plane.pairs && (*client)->device_buffer_transfers() < 2 * step) {
+    return absl::InternalError(absl::StrCat("only ", (*client)->device_buffer_transfers(), " of ",
+                                            2 * step,
+                                            " transfers moved from or into the device "
+                                            "buffers themselves"));
   }
   return times;
 }
@@ -174,9 +220,10 @@ int Run() {
   for (const std::string& s : absl::GetFlag(FLAGS_sizes_mib)) sizes.push_back(std::stoi(s));
   absl::PrintF(
       "device pairs (%s) vs gRPC streams vs payload sockets: push + SGD update + pull,\n"
-      "1 trainer (this process, host buffers), 1 shard (--device=%s, its own process),\n"
+      "1 trainer (this process, %s buffers), 1 shard (--device=%s, its own process),\n"
       "%d interleaved rounds; GB/s counts push and pull bytes\n",
-      absl::GetFlag(FLAGS_kind), absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_rounds));
+      absl::GetFlag(FLAGS_kind), absl::GetFlag(FLAGS_device_buffers) ? "device" : "host",
+      absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_rounds));
   Table table({"size", "plane", "steps", "median ms", "min ms", "GB/s", "vs grpc"});
   for (int mib : sizes) {
     std::vector<std::vector<double>> per_plane(std::size(kPlanes));
@@ -196,9 +243,8 @@ int Run() {
     for (size_t p = 0; p < std::size(kPlanes); ++p) {
       const double median = Median(per_plane[p]);
       const double gbps = 2.0 * mib * kMiB / median / 1e9;
-      table.AddRow({absl::StrCat(mib, " MiB"), kPlanes[p].name,
-                    absl::StrCat(per_plane[p].size()), Fixed(median * 1e3, 2),
-                    Fixed(Min(per_plane[p]) * 1e3, 2), Fixed(gbps, 3),
+      table.AddRow({absl::StrCat(mib, " MiB"), kPlanes[p].name, absl::StrCat(per_plane[p].size()),
+                    Fixed(median * 1e3, 2), Fixed(Min(per_plane[p]) * 1e3, 2), Fixed(gbps, 3),
                     Fixed(grpc / median, 2) + "x"});
     }
   }

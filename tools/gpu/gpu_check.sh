@@ -40,7 +40,8 @@
 #      on cuda:0 (socket transport over loopback) vs a D2D copy
 #   6c. device_pair_bench: push + SGD + pull of 64 and 256 MiB over NCCL
 #      pairs vs gRPC streams vs payload sockets, the shard on cuda:0 in its
-#      own process, the trainer's buffers in host memory
+#      own process, the trainer's buffers in host memory, then in device
+#      memory
 #   7. tools/gpu/torch_fused_adamw.py with the machine's python3, same sizes
 #   8. tools/gpu/adafactor_torch_parity.py: the CPU Adafactor (optimizer_replay)
 #      vs the machine's torch.optim.Adafactor (PyTorch 2.5+; Debian's 1.13
@@ -305,16 +306,23 @@ save_summary
 # Push + pull over NCCL pairs vs gRPC streams vs payload sockets, the shard
 # on cuda:0 in its own process.
 if wanted pair_bench; then
-  run_step "device_pair_bench" 90 "$log/pair_bench.log" \
-    "$bundle/run.sh" device_pair_bench --server="$PWD/$bundle/bin/shardopt_server" \
-    --device=cuda:0 --kind=nccl --sizes_mib=64,256 --rounds=2 --seconds_per_case=1
-  rc=$?
-  case $rc in
-    0) result[pair_bench]=$(grep -E '^ +[0-9]+ MiB +pairs' "$log/pair_bench.log" |
-         awk '{printf "%s MiB %s GB/s (%s grpc) ", $1, $7, $8}') ;;
-    125) result[pair_bench]="not run (budget)" ;;
-    *) result[pair_bench]="FAIL (exit $rc)"; overall=1 ;;
-  esac
+  result[pair_bench]=""
+  # The trainer's buffers in host memory (a CPU trainer of GPU shards), then
+  # in device memory (a GPU trainer: StepOnDevice over the pairs; the other
+  # planes copy to and from the host around each step).
+  for buffers in host device; do
+    run_step "device_pair_bench ($buffers buffers)" 75 "$log/pair_bench_$buffers.log" \
+      "$bundle/run.sh" device_pair_bench --server="$PWD/$bundle/bin/shardopt_server" \
+      --device=cuda:0 --kind=nccl --sizes_mib=64,256 --rounds=2 --seconds_per_case=1 \
+      "--device_buffers=$([ $buffers = device ] && echo true || echo false)"
+    rc=$?
+    case $rc in
+      0) result[pair_bench]+="$buffers: $(grep -E '^ +[0-9]+ MiB +pairs' "$log/pair_bench_$buffers.log" |
+           awk '{printf "%s MiB %s GB/s (%s grpc) ", $1, $7, $8}')" ;;
+      125) result[pair_bench]+="$buffers: not run (budget) " ;;
+      *) result[pair_bench]+="$buffers: FAIL (exit $rc) "; overall=1 ;;
+    esac
+  done
 fi
 save_summary
 
