@@ -107,23 +107,29 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
 // gradient copied there, the parameters there poisoned with NaN first (a
 // part the step did not write shows), and copied back for the next step's
 // synthetic gradient.
+// (Freed by the model's loop, before the process and its CUDA runtime end.)
+struct DeviceBuffers {
+  std::shared_ptr<void> grads, params;
+  size_t bytes = 0;
+};
+
 absl::StatusOr<StepResult> StepOnDevice(TrainerClient& client, const TrainerClientOptions& options,
                                         int64_t step, absl::Span<const float> grads,
-                                        absl::Span<float> params) {
+                                        absl::Span<float> params, DeviceBuffers& buffers) {
   absl::StatusOr<const DevicePairKind*> kind = FindDevicePairKind(options.device_pairs);
   if (!kind.ok()) return kind.status();
   const size_t bytes = grads.size() * sizeof(float);
   const int gpu = options.device_pair_gpu;
-  static std::shared_ptr<void> device_grads, device_params;
-  static size_t allocated = 0;
-  if (allocated != bytes) {
+  std::shared_ptr<void>& device_grads = buffers.grads;
+  std::shared_ptr<void>& device_params = buffers.params;
+  if (buffers.bytes != bytes) {
     absl::StatusOr<std::shared_ptr<void>> g = (*kind)->Allocate(gpu, bytes);
     absl::StatusOr<std::shared_ptr<void>> p = (*kind)->Allocate(gpu, bytes);
     if (!g.ok()) return g.status();
     if (!p.ok()) return p.status();
     device_grads = *g;
     device_params = *p;
-    allocated = bytes;
+    buffers.bytes = bytes;
   }
   const std::vector<float> poison(grads.size(), std::numeric_limits<float>::quiet_NaN());
   if (absl::Status s = (*kind)->CopyFromHost(gpu, device_grads.get(), grads.data(), bytes);
@@ -245,6 +251,7 @@ int Train(const std::string& name) {
             name.c_str(), static_cast<long>(start));
   }
   int rollbacks = 0;
+  DeviceBuffers device_buffers;  // With --device_buffers.
   for (int64_t step = start + 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
     const absl::Time step_start = absl::Now();
     absl::Cleanup pace = [step_start] {
@@ -299,7 +306,7 @@ int Train(const std::string& name) {
     }
     absl::StatusOr<StepResult> result;
     if (absl::GetFlag(FLAGS_device_buffers)) {
-      result = StepOnDevice(**client, options, step, grad_view, params_view);
+      result = StepOnDevice(**client, options, step, grad_view, params_view, device_buffers);
     } else {
       result = (*client)->Step(step, grad_view, params_view);
     }
