@@ -87,6 +87,7 @@ std::optional<DevicePairTransport::Held> DevicePairTransport::Take(const Payload
     }
     announced_ = true;
     last_refusal_.clear();
+    open_backoff_ = absl::ZeroDuration();
     return *std::move(held);
   }
   const std::string why(held.status().message());
@@ -96,8 +97,31 @@ std::optional<DevicePairTransport::Held> DevicePairTransport::Take(const Payload
     last_refusal_ = why;
   }
   announced_ = false;
-  retry_after_ = absl::Now() + kRetryInterval;
+  // A shard that offers no such pairs is asked again rarely; one that did
+  // not answer or join (it may be restarting), soon, then less and less
+  // often.
+  open_backoff_ = std::min(kRetryInterval, std::max(absl::Milliseconds(250), 2 * open_backoff_));
+  retry_after_ = absl::Now() +
+                 (absl::IsFailedPrecondition(held.status()) || absl::IsUnimplemented(held.status())
+                      ? kRetryInterval
+                      : open_backoff_);
   return std::nullopt;
+}
+
+void DevicePairTransport::Succeeded() {
+  absl::MutexLock lock(&mu_);
+  failure_backoff_ = absl::ZeroDuration();
+}
+
+void DevicePairTransport::TransferFailed(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  // The retry of this transfer, and the calls after it for a while, go
+  // another way (the gRPC stream): a pair that failed usually means the
+  // peer is gone, and a new pair would wait for it to join.
+  failure_backoff_ = std::min(kRetryInterval, std::max(kFailureBackoff, 2 * failure_backoff_));
+  retry_after_ = std::max(retry_after_, absl::Now() + failure_backoff_);
+  LogInfo("shard %d: a %s device pair failed (%s); payloads go another way for %s", shard_index_,
+          kind_.name(), why.ToString(), absl::FormatDuration(failure_backoff_));
 }
 
 void DevicePairTransport::Give(Held held) {
@@ -249,11 +273,13 @@ std::optional<absl::Status> DevicePairTransport::Push(const PayloadCall& call,
   if (!sent.ok()) {
     // (The pair is dropped with `held`.) The shard's own reason, when it
     // gave one, says more than the pair's.
+    TransferFailed(sent);
     return !answer.ok() && !absl::IsCancelled(answer) ? answer : PairFailed(sent);
   }
   // Every byte was taken (the shard drains a refused push): the pair is clean.
   if (answer.ok()) {
     transfers_.fetch_add(1, std::memory_order_relaxed);
+    Succeeded();
     if (twin != nullptr) twins_->CountTransfer();
     Give(*std::move(held));
     return answer;
@@ -319,6 +345,7 @@ std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
   if (!received.ok()) call.context.TryCancel();
   tail.join();
   if (!received.ok()) {
+    TransferFailed(received);
     return !answer.ok() && !absl::IsCancelled(answer) ? answer : PairFailed(received);
   }
   if (!answer.ok()) return Answered(*std::move(held), answer);
@@ -331,6 +358,7 @@ std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
     twins_->Written(destination, bytes);
     twins_->CountTransfer();
   }
+  Succeeded();
   pulled->version = last.version();
   pulled->lr = last.lr();
   transfers_.fetch_add(1, std::memory_order_relaxed);

@@ -13,12 +13,17 @@
 // It keeps a small pool of pairs (a push and the overlapped pull of a step
 // each take one for their whole call, so that one pair never carries two
 // transfers); a call that finds none idle opens one, within its deadline
-// (at most two at a time: others go another way meanwhile). A shard that opens no pairs of this
-// kind, or whose model lives in other memory, is asked again at most every kRetryInterval, and
-// meanwhile the transport declines (the next data plane carries the bytes). While bytes move, the
-// call's answer is awaited on a second thread: a shard that ends the call with an error ends the
-// transfer too. A pair whose transfer failed is dropped, and the call fails
-// UNAVAILABLE so that its retry takes a new pair or the stream.
+// (at most two at a time: others go another way meanwhile). A shard that
+// opens no pairs of this kind, or whose model lives in other memory, is
+// asked again at most every kRetryInterval; one that could not be reached
+// or did not join, after 250 ms, then doubling up to kRetryInterval;
+// meanwhile the transport declines (the next data plane carries the
+// bytes). While bytes move, the call's answer is awaited on a second
+// thread: a shard that ends the call with an error ends the transfer too.
+// A pair whose transfer failed is dropped, and the call fails UNAVAILABLE;
+// its retry, and the calls for kFailureBackoff after (doubling while
+// failures repeat), go another way (the stream), so that the step goes on
+// over gRPC instead of waiting for a new pair to join.
 // Thread-safe.
 #ifndef SHARDOPT_CLIENT_DEVICE_PAIR_TRANSPORT_H_
 #define SHARDOPT_CLIENT_DEVICE_PAIR_TRANSPORT_H_
@@ -41,6 +46,9 @@ class DevicePairTransport final : public PayloadTransport {
  public:
   static constexpr absl::Duration kRetryInterval = absl::Seconds(30);
   static constexpr absl::Duration kJoinTimeout = absl::Seconds(30);
+  // After a transfer over a pair failed, the transport declines this long
+  // (doubling while failures repeat, up to kRetryInterval).
+  static constexpr absl::Duration kFailureBackoff = absl::Seconds(1);
 
   // Pairs of `kind` on CUDA device `device` with shard `shard_index`;
   // `trainer` names this trainer to the shard ("trainer 1").
@@ -69,6 +77,10 @@ class DevicePairTransport final : public PayloadTransport {
   absl::StatusOr<Held> Open(const PayloadCall& call);
   // After a call that left the pair clean.
   void Give(Held held);
+  // After a transfer that failed on the pair: the retry and the calls for
+  // a while after go another way. After one that succeeded: that ends.
+  void TransferFailed(const absl::Status& why);
+  void Succeeded();
   // After a shard's error `answer`, given once no byte moved or every byte
   // moved cleanly: the pair is kept (a wait's DEADLINE_EXCEEDED report
   // included) unless the answer is about it (the shard does not hold it,
@@ -98,6 +110,8 @@ class DevicePairTransport final : public PayloadTransport {
   absl::Mutex mu_;
   std::vector<Held> idle_ ABSL_GUARDED_BY(mu_);
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration failure_backoff_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  absl::Duration open_backoff_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::string last_refusal_ ABSL_GUARDED_BY(mu_);
   bool announced_ ABSL_GUARDED_BY(mu_) = false;
   size_t opening_ ABSL_GUARDED_BY(mu_) = 0;  // Pairs being opened (outside mu_).

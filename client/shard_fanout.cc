@@ -202,6 +202,9 @@ absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
                                   "): ", call.what, ": ", status.message()));
       }
       if (call.end_on_wait_report || absl::Now() >= *give_up) return status;
+      if (call.on_wait_check) {
+        if (absl::Status check = call.on_wait_check(); !check.ok()) return check;
+      }
       continue;
     }
     // CANCELLED that this client did not ask for (no other shard failed): a

@@ -64,6 +64,11 @@ class ShardFanOut {
     // End the call at the first such report instead of waiting on (the
     // report is then the result): for callers that look again first.
     bool end_on_wait_report = false;
+    // Asked after each such report (from the waiting shard's worker): a
+    // status that is not OK ends the call with it instead of waiting on
+    // (what is waited for may never come, e.g. another shard lost this
+    // trainer's push and the trainers wait for each other across shards).
+    std::function<absl::Status()> on_wait_check;
     RunCanceller* canceller = nullptr;  // Not owned; may be null.
   };
 

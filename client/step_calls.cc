@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/proto_convert.h"
 
 namespace shardopt {
@@ -167,13 +168,48 @@ absl::StatusOr<std::vector<PulledVersion>> StepCalls::PullEach(float* flat_param
   return pulled;
 }
 
+absl::Status StepCalls::CheckShardsHoldPush(int64_t pushed_step) const {
+  for (ShardConnection* shard : fanout_->shards()) {
+    v1::PullParametersRequest request;
+    request.set_model_id(context_.model_id);
+    request.set_min_version(0);
+    request.set_shard_index(shard->index());
+    request.set_trainer_rank(context_.trainer_rank);
+    request.set_pushed_step(pushed_step);
+    request.set_wait_only(true);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kHoldsPushProbeTimeout));
+    PulledVersion ignored;
+    const absl::Status s = shard->Pull(context, request, context_.pull_dtype, nullptr, &ignored);
+    // (Only a shard's word that it lacks the push counts: one that is down
+    // or slow is its own pull's business.)
+    if (absl::IsOutOfRange(s)) {
+      return absl::OutOfRangeError(absl::StrCat("shard ", shard->index(), " (",
+                                                shard->address(), ") lost this trainer's push: ",
+                                                s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepCalls::RunPull(int64_t min_version, int64_t pushed_step,
                                 const StepDecision* decision, float* flat_params,
                                 const ShardSubset& which, std::vector<PulledVersion>* out) {
   std::vector<PulledVersion>& pulled = *out;
   pulled.assign(fanout_->size(), PulledVersion());
+  ShardFanOut::Call call = CallFor(absl::StrCat("PullParameters version >= ", min_version));
+  // A pull that waits for other trainers may wait for one that waits for
+  // this trainer at another shard: one that lost this trainer's push (it
+  // came back from a checkpoint after this shard's part of the pull was
+  // done). Each wait report looks at every shard; the pull then ends
+  // OUT_OF_RANGE, and the caller recovers that shard.
+  call.on_wait_check = [this, pushed_step]() {
+    const int64_t pushed =
+        context_.pushed_step_now != nullptr ? context_.pushed_step_now->load() : pushed_step;
+    return pushed > 0 ? CheckShardsHoldPush(pushed) : absl::OkStatus();
+  };
   return fanout_->Run(
-      CallFor(absl::StrCat("PullParameters version >= ", min_version)),
+      call,
       [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
         v1::PullParametersRequest request;
         request.set_model_id(context_.model_id);

@@ -100,6 +100,12 @@ class StepCalls {
                                                       const ShardSubset& which = {});
 
  private:
+  // How long a shard may take to say whether it holds a push.
+  static constexpr absl::Duration kHoldsPushProbeTimeout = absl::Seconds(2);
+  // OUT_OF_RANGE naming the first shard that no longer holds this trainer's
+  // push of `pushed_step` (it restarted from a checkpoint), else OK.
+  absl::Status CheckShardsHoldPush(int64_t pushed_step) const;
+
   // One pull from each shard of `which` into `pulled` (shard order).
   absl::Status RunPull(int64_t min_version, int64_t pushed_step, const StepDecision* decision,
                        float* flat_params, const ShardSubset& which,

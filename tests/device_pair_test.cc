@@ -251,6 +251,12 @@ void KillShardMidJob(bool restart_with_pairs, bool nccl = false) {
   servers[1] = std::move(*restarted);
   ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses[1], "adamw", 20));
   if (restart_with_pairs) {
+    // (The trainers' pair calls with the dead shard failed: its retries went
+    // over the stream, and new pairs come after a short backoff.)
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (Info(addresses[1]).device_pairs() < 2 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
     EXPECT_GE(Info(addresses[1]).device_pairs(), 2u) << "the trainers joined new pairs";
   } else {
     EXPECT_EQ(Info(addresses[1]).device_pair_kind(), "");
