@@ -161,16 +161,16 @@ absl::Status DevicePairTransport::Answered(Held held, absl::Status answer) {
 absl::Status DevicePairTransport::SendHost(DevicePair& pair, const char* host, uint64_t bytes,
                                            absl::Time deadline, const std::string& what,
                                            const std::function<bool()>& cancelled) {
+  // (Host memory is a host kind's own.)
+  if (kind_.memory() == PairMemory::kHost) {
+    return SendOwn(pair, host, bytes, deadline, what, cancelled);
+  }
   for (uint64_t done = 0; done < bytes; done += kDevicePairPieceBytes) {
     const uint64_t piece = std::min(kDevicePairPieceBytes, bytes - done);
-    const void* from = host + done;
-    if (kind_.memory() == PairMemory::kDevice) {
-      absl::StatusOr<void*> scratch = pair.Scratch(piece);
-      if (!scratch.ok()) return scratch.status();
-      if (absl::Status s = pair.CopyIn(*scratch, host + done, piece); !s.ok()) return s;
-      from = *scratch;
-    }
-    if (absl::Status s = pair.Send(from, piece, deadline, what, cancelled); !s.ok()) return s;
+    absl::StatusOr<void*> scratch = pair.Scratch(piece);
+    if (!scratch.ok()) return scratch.status();
+    if (absl::Status s = pair.CopyIn(*scratch, host + done, piece); !s.ok()) return s;
+    if (absl::Status s = pair.Send(*scratch, piece, deadline, what, cancelled); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -178,18 +178,15 @@ absl::Status DevicePairTransport::SendHost(DevicePair& pair, const char* host, u
 absl::Status DevicePairTransport::ReceiveHost(DevicePair& pair, char* host, uint64_t bytes,
                                               absl::Time deadline, const std::string& what,
                                               const std::function<bool()>& cancelled) {
+  if (kind_.memory() == PairMemory::kHost) {
+    return ReceiveOwn(pair, host, bytes, deadline, what, cancelled);
+  }
   for (uint64_t done = 0; done < bytes; done += kDevicePairPieceBytes) {
     const uint64_t piece = std::min(kDevicePairPieceBytes, bytes - done);
-    void* into = host + done;
-    if (kind_.memory() == PairMemory::kDevice) {
-      absl::StatusOr<void*> scratch = pair.Scratch(piece);
-      if (!scratch.ok()) return scratch.status();
-      into = *scratch;
-    }
-    if (absl::Status s = pair.Recv(into, piece, deadline, what, cancelled); !s.ok()) return s;
-    if (kind_.memory() == PairMemory::kDevice) {
-      if (absl::Status s = pair.CopyOut(host + done, into, piece); !s.ok()) return s;
-    }
+    absl::StatusOr<void*> scratch = pair.Scratch(piece);
+    if (!scratch.ok()) return scratch.status();
+    if (absl::Status s = pair.Recv(*scratch, piece, deadline, what, cancelled); !s.ok()) return s;
+    if (absl::Status s = pair.CopyOut(host + done, *scratch, piece); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

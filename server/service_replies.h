@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
@@ -20,6 +21,17 @@
 namespace shardopt {
 
 inline grpc::Status Error(const absl::Status& status) { return ToGrpcStatus(status); }
+
+// A transfer whose data plane failed (a payload socket's link, a device
+// pair; `what`: "the push's payload", "the pull's link"): UNAVAILABLE
+// whatever the plane said (a timeout included, which must not read as a
+// wait's "still waiting" report), so that the trainer retries over a new
+// link or pair or another plane; CANCELLED when the trainer gave up (an
+// abandoned push).
+inline absl::Status DataPlaneFailed(const char* what, const absl::Status& s) {
+  return absl::Status(absl::IsCancelled(s) ? s.code() : absl::StatusCode::kUnavailable,
+                      absl::StrCat(what, ": ", s.message()));
+}
 
 // A wait of a call that asked for at most `max_wait_ms` (0: the call's
 // deadline) ends then, answering what it still waits for.

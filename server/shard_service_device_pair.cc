@@ -20,15 +20,6 @@ const char* MemoryName(PairMemory memory) {
   return memory == PairMemory::kDevice ? "device memory" : "host memory";
 }
 
-// A transfer whose pair failed: UNAVAILABLE whatever the pair said (a
-// timeout included, which must not read as a wait's "still waiting"
-// report), so that the trainer goes over a new pair or another plane; a
-// call its trainer gave up on stays CANCELLED (an abandoned push).
-absl::Status PairFailed(const char* what, const absl::Status& s) {
-  return absl::Status(absl::IsCancelled(s) ? s.code() : absl::StatusCode::kUnavailable,
-                      absl::StrCat(what, ": ", s.message()));
-}
-
 }  // namespace
 
 absl::StatusOr<DevicePairHost*> ShardServiceImpl::DevicePairs() const {
@@ -118,7 +109,7 @@ absl::Status ShardServiceImpl::ReceiveDevicePairPayload(
       into = *scratch;
     }
     if (absl::Status s = pair.Recv(into, bytes, deadline, what, cancelled); !s.ok()) {
-      return PairFailed("the push's payload", s);
+      return DataPlaneFailed("the push's payload", s);
     }
     watch.Touch();
     if (!refused.ok()) continue;  // (Received only to be dropped.)
@@ -221,7 +212,7 @@ grpc::Status ShardServiceImpl::SendDevicePairPull(
     }
     if (absl::Status s = pair.Send(piece, count * sizeof(float), call_deadline, what, cancelled);
         !s.ok()) {
-      return Error(PairFailed("the pull's pair", s));
+      return Error(DataPlaneFailed("the pull's pair", s));
     }
   }
   pin.Release();

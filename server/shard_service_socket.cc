@@ -34,14 +34,6 @@ SocketWait WaitOf(grpc::ServerContext* context, absl::Duration idle_timeout) {
   return wait;
 }
 
-// A transfer whose link failed (`what`: "the push's payload", "the pull's
-// link"): UNAVAILABLE (retried over a new link), or CANCELLED when the
-// trainer gave up.
-absl::Status LinkFailed(const char* what, const absl::Status& s) {
-  return absl::Status(absl::IsCancelled(s) ? s.code() : absl::StatusCode::kUnavailable,
-                      absl::StrCat(what, ": ", s.message()));
-}
-
 }  // namespace
 
 absl::StatusOr<PayloadSocketHost*> ShardServiceImpl::PayloadSockets() const {
@@ -72,7 +64,7 @@ absl::Status ShardServiceImpl::ReceiveSocketPayload(
   const SocketWait wait = WaitOf(context, options_.stream_idle_timeout);
   absl::StatusOr<PayloadFrame> frame = ReceiveFrameHeader(lease.socket(), wait);
   if (absl::IsInvalidArgument(frame.status())) return frame.status();
-  if (!frame.ok()) return LinkFailed("the push's payload", frame.status());
+  if (!frame.ok()) return DataPlaneFailed("the push's payload", frame.status());
   if (frame->transfer != header.socket_payload().transfer() ||
       frame->flags != PayloadFrame::kData || frame->offset != 0 || frame->bytes != bytes) {
     return absl::InvalidArgumentError(
@@ -95,7 +87,7 @@ absl::Status ShardServiceImpl::ReceiveSocketPayload(
     if (in_place == nullptr && piece.empty()) piece.resize(std::min(bytes, piece_elements * element));
     char* const into = in_place != nullptr ? reinterpret_cast<char*>(in_place) : piece.data();
     if (absl::Status s = ReceiveAll(lease.socket(), into, count * element, wait); !s.ok()) {
-      return LinkFailed("the push's payload", s);
+      return DataPlaneFailed("the push's payload", s);
     }
     watch.Touch();
     const absl::Status s = in_place != nullptr ? writer.WriteReceived(count)
@@ -163,7 +155,7 @@ grpc::Status ShardServiceImpl::SendSocketPull(
     return s;
   };
   const auto link_failed = [](const absl::Status& s) {
-    return Error(LinkFailed("the pull's link", s));
+    return Error(DataPlaneFailed("the pull's link", s));
   };
   for (uint64_t offset = 0; offset < shard.size(); offset += piece_elements) {
     const uint64_t count = std::min(piece_elements, shard.size() - offset);

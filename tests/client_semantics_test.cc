@@ -22,16 +22,11 @@
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_calls.h"
+#include "tests/support/shard_queries.h"
 #include "tests/support/synthetic.h"
 
 namespace shardopt::testing {
 namespace {
-
-v1::InspectResponse Inspect(const std::string& address, const std::string& model) {
-  v1::InspectResponse response;
-  EXPECT_TRUE(RawInspect(*NewStub(address), model, &response).ok());
-  return response;
-}
 
 class ClientSemanticsTest : public ::testing::Test {
  protected:
@@ -105,7 +100,7 @@ TEST_F(ClientSemanticsTest, NonFiniteGradientAnywhereReachesNoShard) {
             std::string::npos)
       << r.status();
   for (const auto& server : servers_) {
-    const v1::InspectResponse info = Inspect(server->address(), "nan");
+    const v1::InspectResponse info = InspectOf(server->address(), "nan");
     EXPECT_EQ(info.version(), 0);
     EXPECT_EQ(info.trainers_pushed_size(), 0);
     EXPECT_EQ(info.bytes().gradient_bytes_received(), 0u);
@@ -130,7 +125,7 @@ TEST_F(ClientSemanticsTest, Float16OverflowIsRefusedBeforeAnyShardSeesIt) {
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_NE(r.status().message().find("overflows float16"), std::string::npos) << r.status();
   for (const auto& server : servers_) {
-    EXPECT_EQ(Inspect(server->address(), "fp16").bytes().gradient_bytes_received(), 0u);
+    EXPECT_EQ(InspectOf(server->address(), "fp16").bytes().gradient_bytes_received(), 0u);
   }
   // A NaN of the fp32 gradient is named as such, not as an overflow.
   grad[3] = std::numeric_limits<float>::quiet_NaN();
@@ -178,7 +173,7 @@ TEST_F(ClientSemanticsTest, ScheduleAndLiveHyperparameterChangeAgreeOnEveryShard
   ASSERT_TRUE(rank0->SetHyperparameters(7, changed, cosine).ok());
   ASSERT_TRUE(rank1->SetHyperparameters(7, changed, cosine).ok());  // Repeat: harmless.
   for (const auto& server : servers_) {
-    const v1::InspectResponse info = Inspect(server->address(), "live");
+    const v1::InspectResponse info = InspectOf(server->address(), "live");
     ASSERT_EQ(info.scheduled_changes_size(), 1);
     EXPECT_EQ(info.scheduled_changes(0), 7);
     EXPECT_DOUBLE_EQ(info.last_lr(), spec.lr_schedule.LearningRate(0.02, 4));
@@ -200,7 +195,7 @@ TEST_F(ClientSemanticsTest, ScheduleAndLiveHyperparameterChangeAgreeOnEveryShard
   EXPECT_EQ(std::memcmp(params0.data(), expected.data(), expected.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(params1.data(), expected.data(), expected.size() * sizeof(float)), 0);
   for (const auto& server : servers_) {
-    const v1::InspectResponse info = Inspect(server->address(), "live");
+    const v1::InspectResponse info = InspectOf(server->address(), "live");
     EXPECT_EQ(info.scheduled_changes_size(), 0);
     EXPECT_DOUBLE_EQ(info.last_lr(), cosine.LearningRate(0.005, 10));
     EXPECT_DOUBLE_EQ(info.current_optimizer().adamw().weight_decay(), 0.1);
@@ -284,7 +279,7 @@ TEST_F(ClientSemanticsTest, TrainerThatFellBehindIsToldSo) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_NE(r.status().message().find("behind"), std::string::npos) << r.status();
   // Nothing was applied by it.
-  EXPECT_EQ(Inspect(servers_[0]->address(), "behind").version(), 3);
+  EXPECT_EQ(InspectOf(servers_[0]->address(), "behind").version(), 3);
 }
 
 TEST_F(ClientSemanticsTest, RegisterRefusesShardsAtDifferentVersions) {
@@ -400,7 +395,7 @@ TEST_F(ClientSemanticsTest, AWaitThatRunsOutNamesTheMissingTrainerAndItsLastStep
   EXPECT_TRUE(absl::StrContains(reports[0], "waiting for trainer 1 (last pushed step 1)"))
       << reports[0];
   // The shards saw each trainer's pushes.
-  const v1::InspectResponse info = Inspect(servers_[0]->address(), "waits");
+  const v1::InspectResponse info = InspectOf(servers_[0]->address(), "waits");
   ASSERT_EQ(info.trainers_size(), 2);
   EXPECT_EQ(info.trainers(0).last_pushed_step(), 2);
   EXPECT_EQ(info.trainers(1).last_pushed_step(), 1);

@@ -20,16 +20,11 @@
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_calls.h"
+#include "tests/support/shard_queries.h"
 #include "tests/support/synthetic.h"
 
 namespace shardopt::testing {
 namespace {
-
-v1::InspectResponse Inspect(const std::string& address, const std::string& model) {
-  v1::InspectResponse response;
-  EXPECT_TRUE(RawInspect(*NewStub(address), model, &response).ok());
-  return response;
-}
 
 TEST(CrossShardRecoveryTest, APullWaitingOnOneShardNoticesAnotherLostItsPush) {
   const std::string ckpt = MakeTempDir("cross_ckpt");
@@ -67,7 +62,7 @@ TEST(CrossShardRecoveryTest, APullWaitingOnOneShardNoticesAnotherLostItsPush) {
     if (second.joinable()) second.join();
   };
   const auto pushed_by_rank1 = [&](const std::string& address, int64_t step) {
-    const v1::InspectResponse info = Inspect(address, "cross");
+    const v1::InspectResponse info = InspectOf(address, "cross");
     return info.trainers_size() == 2 && info.trainers(1).last_pushed_step() >= step;
   };
   absl::Time give_up = absl::Now() + absl::Seconds(20);
@@ -99,7 +94,7 @@ TEST(CrossShardRecoveryTest, APullWaitingOnOneShardNoticesAnotherLostItsPush) {
   auto restarted = ServerProcess::Start(1, 2, restart);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   (*servers)[1] = std::move(*restarted);
-  ASSERT_EQ(Inspect(addresses[1], "cross").version(), 0);
+  ASSERT_EQ(InspectOf(addresses[1], "cross").version(), 0);
 
   // Trainer 1, waiting on shard 0, finds out and re-pushes what shard 1
   // lost (step 1 first) without trainer 0 having done anything.
@@ -113,8 +108,8 @@ TEST(CrossShardRecoveryTest, APullWaitingOnOneShardNoticesAnotherLostItsPush) {
   ASSERT_TRUE(rank0->Step(2, grad, absl::MakeSpan(params0)).ok());
   std::move(join_second).Invoke();
   ASSERT_TRUE(step2_of_rank1.ok()) << step2_of_rank1.status();
-  EXPECT_EQ(Inspect(addresses[0], "cross").version(), 2);
-  EXPECT_EQ(Inspect(addresses[1], "cross").version(), 2);
+  EXPECT_EQ(InspectOf(addresses[0], "cross").version(), 2);
+  EXPECT_EQ(InspectOf(addresses[1], "cross").version(), 2);
   EXPECT_EQ(params0, params1);
   // p - 0.1 * 0.25 twice, on tensor elements (padding stays 0).
   std::vector<float> expected = SyntheticInitialParams(layout, 3);

@@ -21,6 +21,7 @@
 #include "tests/support/gpu_required.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_calls.h"
+#include "tests/support/shard_queries.h"
 #include "tests/support/synthetic.h"
 #include "tests/support/training_job.h"
 #include "tests/support/transport_jobs.h"
@@ -195,14 +196,6 @@ TEST(DevicePairGpuTest, NcclPairsOnOneGpuMatchGrpcBitForBit) {
   }
 }
 
-v1::ServerInfo Info(const std::string& address) {
-  v1::ServerInfo info;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  EXPECT_TRUE(NewStub(address)->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
-  return info;
-}
-
 // kill -9 of a shard in the middle of a job over pairs (checkpoints every 3
 // steps, restore on restart): the trainers' pairs with it break, they join
 // the restarted shard over new pairs (or, restarted with --device_pairs=off,
@@ -240,7 +233,8 @@ void KillShardMidJob(bool restart_with_pairs, bool nccl = false) {
                                          trainer_flags, &trainers[r]));
   }
   ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses[0], "adamw", 8));
-  EXPECT_GE(Info(addresses[1]).device_pairs(), 2u) << "each trainer holds a pair with shard 1";
+  EXPECT_GE(ServerInfoOf(addresses[1]).device_pairs(), 2u)
+      << "each trainer holds a pair with shard 1";
   servers[1]->process().Signal(SIGKILL);
   ASSERT_TRUE(servers[1]->process().Wait(absl::Seconds(10)).has_value());
   std::vector<std::string> restart = flags;
@@ -256,12 +250,12 @@ void KillShardMidJob(bool restart_with_pairs, bool nccl = false) {
     // (The trainers' pair calls with the dead shard failed: its retries went
     // over the stream, and new pairs come after a short backoff.)
     const absl::Time give_up = absl::Now() + absl::Seconds(20);
-    while (Info(addresses[1]).device_pairs() < 2 && absl::Now() < give_up) {
+    while (ServerInfoOf(addresses[1]).device_pairs() < 2 && absl::Now() < give_up) {
       absl::SleepFor(absl::Milliseconds(50));
     }
-    EXPECT_GE(Info(addresses[1]).device_pairs(), 2u) << "the trainers joined new pairs";
+    EXPECT_GE(ServerInfoOf(addresses[1]).device_pairs(), 2u) << "the trainers joined new pairs";
   } else {
-    EXPECT_EQ(Info(addresses[1]).device_pair_kind(), "");
+    EXPECT_EQ(ServerInfoOf(addresses[1]).device_pair_kind(), "");
   }
   ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
   ExpectMatchesReference("adamw", 2, 2, kLongSteps, root + "/out");

@@ -28,6 +28,7 @@
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_calls.h"
+#include "tests/support/shard_queries.h"
 #include "tests/support/synthetic.h"
 #include "tests/support/training_job.h"
 #include "tests/support/transport_jobs.h"
@@ -199,14 +200,6 @@ bool Becomes(const std::function<bool()>& holds, absl::Duration timeout) {
   return true;
 }
 
-v1::ServerInfo Info(const std::string& address) {
-  v1::ServerInfo info;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  EXPECT_TRUE(NewStub(address)->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
-  return info;
-}
-
 // A job of 2 trainers on 2 shards that checkpoint every 3 steps and
 // restore on restart, slow enough to be hit mid-job.
 class TransportFaultTest : public ::testing::Test {
@@ -273,31 +266,33 @@ class TransportFaultTest : public ::testing::Test {
 // with the bits of an uninterrupted one.
 TEST_F(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
   ASSERT_NO_FATAL_FAILURE(StartJob("shm_faults", {}));
-  EXPECT_EQ(Info(addresses_[0]).shared_memory_attachments(), 2u);
+  EXPECT_EQ(ServerInfoOf(addresses_[0]).shared_memory_attachments(), 2u);
   EXPECT_GE(SegmentMappings(servers_[0]->process().pid()), 2);
 
   ASSERT_NO_FATAL_FAILURE(KillAndRestartShard());
   // (A trainer asks a shard that did not answer again 250 ms later.)
-  Becomes([&] { return Info(addresses_[1]).shared_memory_attachments() == 2; }, absl::Seconds(10));
-  EXPECT_EQ(Info(addresses_[1]).shared_memory_attachments(), 2u) << "the trainers re-attached";
+  Becomes([&] { return ServerInfoOf(addresses_[1]).shared_memory_attachments() == 2; },
+          absl::Seconds(10));
+  EXPECT_EQ(ServerInfoOf(addresses_[1]).shared_memory_attachments(), 2u)
+      << "the trainers re-attached";
   ASSERT_NO_FATAL_FAILURE(AwaitJob());
   EXPECT_GE(Transfers(root_ + "/out", 0, "adamw"), 2 * kLongSteps);
 
   // The trainers have exited: every attachment and mapping is gone.
   for (const auto& server : servers_) {
-    Becomes([&] { return Info(server->address()).shared_memory_attachments() == 0; },
+    Becomes([&] { return ServerInfoOf(server->address()).shared_memory_attachments() == 0; },
             absl::Seconds(10));
-    EXPECT_EQ(Info(server->address()).shared_memory_attachments(), 0u);
+    EXPECT_EQ(ServerInfoOf(server->address()).shared_memory_attachments(), 0u);
     EXPECT_EQ(SegmentMappings(server->process().pid()), 0);
   }
 
   // A trainer killed with SIGKILL mid-job is detached the same way.
-  ASSERT_NO_FATAL_FAILURE(
-      KillATrainerOnceItIsIn([&] { return Info(addresses_[0]).shared_memory_attachments() == 1; }));
+  ASSERT_NO_FATAL_FAILURE(KillATrainerOnceItIsIn(
+      [&] { return ServerInfoOf(addresses_[0]).shared_memory_attachments() == 1; }));
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  Becomes([&] { return Info(addresses_[0]).shared_memory_attachments() == 0; },
+  Becomes([&] { return ServerInfoOf(addresses_[0]).shared_memory_attachments() == 0; },
           deadline - absl::Now());
-  EXPECT_EQ(Info(addresses_[0]).shared_memory_attachments(), 0u);
+  EXPECT_EQ(ServerInfoOf(addresses_[0]).shared_memory_attachments(), 0u);
   // (Its pull of the next step held the mapping until the shard saw that
   // call cancelled.)
   Becomes([&] { return SegmentMappings(servers_[0]->process().pid()) == 0; },
@@ -311,21 +306,24 @@ TEST_F(TransportFaultTest, KilledTrainerIsDetachedAndKilledShardReattached) {
 // trainer (its links are dropped).
 TEST_F(TransportFaultTest, PayloadSocketLinksSurviveKilledShardsAndTrainers) {
   ASSERT_NO_FATAL_FAILURE(StartJob("socket_faults", kSocket));
-  EXPECT_GE(Info(addresses_[0]).payload_socket_links(), 2u);
+  EXPECT_GE(ServerInfoOf(addresses_[0]).payload_socket_links(), 2u);
 
   ASSERT_NO_FATAL_FAILURE(KillAndRestartShard());
-  EXPECT_GE(Info(addresses_[1]).payload_socket_links(), 2u) << "the trainers opened new links";
+  EXPECT_GE(ServerInfoOf(addresses_[1]).payload_socket_links(), 2u)
+      << "the trainers opened new links";
   ASSERT_NO_FATAL_FAILURE(AwaitJob());
   EXPECT_GE(SocketTransfers(root_ + "/out", 0, "adamw"), 2 * kLongSteps);
   for (const auto& server : servers_) {
-    Becomes([&] { return Info(server->address()).payload_socket_links() == 0; }, absl::Seconds(10));
-    EXPECT_EQ(Info(server->address()).payload_socket_links(), 0u);
+    Becomes([&] { return ServerInfoOf(server->address()).payload_socket_links() == 0; },
+            absl::Seconds(10));
+    EXPECT_EQ(ServerInfoOf(server->address()).payload_socket_links(), 0u);
   }
 
-  ASSERT_NO_FATAL_FAILURE(
-      KillATrainerOnceItIsIn([&] { return Info(addresses_[0]).payload_socket_links() != 0; }));
-  Becomes([&] { return Info(addresses_[0]).payload_socket_links() == 0; }, absl::Seconds(10));
-  EXPECT_EQ(Info(addresses_[0]).payload_socket_links(), 0u);
+  ASSERT_NO_FATAL_FAILURE(KillATrainerOnceItIsIn(
+      [&] { return ServerInfoOf(addresses_[0]).payload_socket_links() != 0; }));
+  Becomes([&] { return ServerInfoOf(addresses_[0]).payload_socket_links() == 0; },
+          absl::Seconds(10));
+  EXPECT_EQ(ServerInfoOf(addresses_[0]).payload_socket_links(), 0u);
 }
 
 }  // namespace
