@@ -153,18 +153,13 @@ TEST(DevicePairBuffersTest, DeviceBuffersMatchGrpcBitForBit) {
 // Skips (or fails, under SHARDOPT_REQUIRE_GPU=1) unless shardopt_server
 // starts on cuda:0 with NCCL pairs.
 void SkipUnlessNcclPairsRun() {
-  auto probe =
-      ChildProcess::Start(Runfile("server/shardopt_server"),
-                          {"--listen=127.0.0.1:0", "--device=cuda:0", "--device_pairs=nccl"});
-  ASSERT_TRUE(probe.ok());
-  if (std::optional<int> rc = (*probe)->Wait(absl::Seconds(5)); rc.has_value()) {
+  const std::vector<std::string> flags = {"--device=cuda:0", "--device_pairs=nccl"};
+  if (std::optional<int> rc = ServerExitsAtStart(flags)) {
     SHARDOPT_GPU_UNAVAILABLE(
-        "no usable GPU: shardopt_server --device=cuda:0 "
-        "--device_pairs=nccl exited with "
+        "no usable GPU: shardopt_server --device=cuda:0 --device_pairs=nccl "
+        "exited with "
         << *rc << " (see its message above)");
   }
-  (*probe)->Signal(SIGTERM);
-  (*probe)->Wait(absl::Seconds(10));
 }
 
 // NCCL pairs between trainers and shards on one GPU (tools/gpu_check.sh):

@@ -238,15 +238,10 @@ TEST(EndToEndGradientControlTest, SkipsAndClipsAlikeOnEveryShard) {
 // shardopt_server starts with --device=cuda:0; the caller returns when
 // IsSkipped().
 void SkipUnlessServersHaveAGpu() {
-  auto probe = ChildProcess::Start(Runfile("server/shardopt_server"),
-                                   {"--listen=127.0.0.1:0", "--device=cuda:0"});
-  ASSERT_TRUE(probe.ok());
-  if (std::optional<int> rc = (*probe)->Wait(absl::Seconds(5)); rc.has_value()) {
+  if (std::optional<int> rc = ServerExitsAtStart({"--device=cuda:0"})) {
     SHARDOPT_GPU_UNAVAILABLE("no usable GPU: shardopt_server --device=cuda:0 exited with "
                              << *rc << " (see its message above)");
   }
-  (*probe)->Signal(SIGTERM);
-  (*probe)->Wait(absl::Seconds(10));
 }
 
 TEST(EndToEndGpuTest, CudaShardsMatchTheCpuRunBitForBit) {

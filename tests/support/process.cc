@@ -171,4 +171,16 @@ std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProce
   return out;
 }
 
+std::optional<int> ServerExitsAtStart(const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {"--listen=127.0.0.1:0"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  absl::StatusOr<std::unique_ptr<ChildProcess>> probe =
+      ChildProcess::Start(Runfile("server/shardopt_server"), args);
+  if (!probe.ok()) return 127;
+  if (std::optional<int> rc = (*probe)->Wait(absl::Seconds(5))) return rc;
+  (*probe)->Signal(SIGTERM);
+  (*probe)->Wait(absl::Seconds(10));
+  return std::nullopt;
+}
+
 }  // namespace shardopt::testing

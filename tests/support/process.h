@@ -81,6 +81,12 @@ std::string FindSystemTool(const std::string& name);
 // the command line and its exit status in the error.
 absl::Status RunTool(const std::vector<std::string>& argv);
 
+// nullopt when shardopt_server (a runfile) with `flags` (and a free port)
+// stays up for its first 5 s (it is then stopped); else the exit code it
+// ended with (127: it could not be started). For tests that need what a
+// flag asks for (a GPU, NCCL) and skip where the server refuses it.
+std::optional<int> ServerExitsAtStart(const std::vector<std::string>& flags);
+
 // Starts S servers (shard 0..S-1 of S) with `extra_flags`; their addresses
 // in shard order.
 absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
