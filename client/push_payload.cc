@@ -18,7 +18,7 @@ absl::Status PreparePushPayload(const ModelLayout& layout, int64_t step,
   *payload = flat_grads.data();
   size_t bad = flat_grads.size();
   if (wire_dtype == DType::kFloat32) {
-    if (!loss_scaling) bad = FindNonFinite(flat_grads.data(), flat_grads.size());
+    if (!loss_scaling) bad = FindNonFiniteOnTwoThreads(flat_grads.data(), flat_grads.size());
   } else {
     narrowed->resize(flat_grads.size() * DTypeSize(wire_dtype));
     bad = ConvertFromFloatAndFindNonFinite(flat_grads.data(), flat_grads.size(), wire_dtype,

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -163,9 +164,13 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
     absl::MutexLock lock(&mu);
     if (sending) shutdown(link->socket, SHUT_RDWR);
   });
-  const absl::Status sent =
-      SendFrame(link->socket, PayloadFrame{PayloadFrame::kData, transfer, 0, bytes}, payload,
-                WaitOf(call.context));
+  const SocketWait wait = WaitOf(call.context);
+  absl::Status sent;
+  for (uint64_t at = 0; at < bytes && sent.ok(); at += kSocketPieceBytes) {
+    const uint64_t piece = std::min(kSocketPieceBytes, bytes - at);
+    sent = SendFrame(link->socket, PayloadFrame{PayloadFrame::kData, transfer, at, piece},
+                     payload + at, wait);
+  }
   bool shut = false;
   {
     absl::MutexLock lock(&mu);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -92,6 +93,16 @@ size_t CopyAndFindNonFinite(float* dst, const void* src, size_t n) {
     if (bad && first_bad == n) first_bad = FirstNonFiniteInBlock(dst, start, end);
   }
   return first_bad;
+}
+
+size_t FindNonFiniteOnTwoThreads(const float* data, size_t n) {
+  if (n < kParallelScanElements) return FindNonFinite(data, n);
+  const size_t half = n / 2;
+  size_t first_bad = half;
+  std::thread first([&] { first_bad = FindNonFinite(data, half); });
+  const size_t second_bad = half + FindNonFinite(data + half, n - half);
+  first.join();
+  return first_bad != half ? first_bad : second_bad;
 }
 
 }  // namespace shardopt

@@ -33,6 +33,27 @@ TEST(FindNonFiniteTest, FindsFirstNanOrInfAnywhere) {
   }
 }
 
+TEST(FindNonFiniteOnTwoThreadsTest, AnswersAsTheOneThreadScanOnBothSidesOfTheSplit) {
+  const size_t n = kParallelScanElements + 4097;  // Split unevenly in two.
+  std::vector<float> v(n, 0.5f);
+  EXPECT_EQ(FindNonFiniteOnTwoThreads(v.data(), n), n);
+  const size_t half = n / 2;
+  for (size_t pos : {size_t{0}, half - 1, half, half + 1, n - 1}) {
+    std::fill(v.begin(), v.end(), 0.5f);
+    v[pos] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(FindNonFiniteOnTwoThreads(v.data(), n), pos) << pos;
+    // The first one is reported when both halves hold one.
+    if (pos < half) {
+      v[n - 2] = std::numeric_limits<float>::infinity();
+      EXPECT_EQ(FindNonFiniteOnTwoThreads(v.data(), n), pos) << pos;
+    }
+  }
+  // Below the split size: one scan, the same answer.
+  std::vector<float> small(1000, 1.0f);
+  small[999] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FindNonFiniteOnTwoThreads(small.data(), small.size()), 999u);
+}
+
 TEST(CopyAndFindNonFiniteTest, CopiesEverythingAndFindsTheFirstNonFinite) {
   std::vector<float> src(5000);
   for (size_t i = 0; i < src.size(); ++i) src[i] = 0.25f * static_cast<float>(i) - 7.0f;

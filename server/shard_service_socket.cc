@@ -18,9 +18,6 @@
 namespace shardopt {
 namespace {
 
-// Bytes per frame and per piece staged: about a cache's worth, so that the
-// socket's copy and the staging copy (with its NaN check) share it.
-constexpr uint64_t kPieceBytes = uint64_t{1} << 20;
 // How often a pull that waits for its ranges says it is alive.
 constexpr absl::Duration kHeartbeat = absl::Seconds(1);
 
@@ -62,29 +59,33 @@ absl::Status ShardServiceImpl::ReceiveSocketPayload(
         "PushGradients with its payload on a payload socket sent a chunk too");
   }
   const SocketWait wait = WaitOf(context, options_.stream_idle_timeout);
-  absl::StatusOr<PayloadFrame> frame = ReceiveFrameHeader(lease.socket(), wait);
-  if (absl::IsInvalidArgument(frame.status())) return frame.status();
-  if (!frame.ok()) return DataPlaneFailed("the push's payload", frame.status());
-  if (frame->transfer != header.socket_payload().transfer() ||
-      frame->flags != PayloadFrame::kData || frame->offset != 0 || frame->bytes != bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the payload socket carried ", frame->bytes, " bytes of transfer ",
-                     frame->transfer, " where the push announced ", bytes, " bytes of transfer ",
-                     header.socket_payload().transfer()));
-  }
-  // Piece by piece as it arrives: ranges every trainer has delivered are
-  // updated while the rest is read. An fp32 piece goes straight into the
-  // trainer's staging where the writer allows it (checked there, one copy
-  // fewer), else through `piece`.
-  const uint64_t piece_elements = std::max<uint64_t>(1, kPieceBytes / element);
+  // Piece by piece as it arrives (kSocketPieceBytes each: about a cache's
+  // worth, so that the socket's copy and the staging copy with its NaN check
+  // share it): ranges every trainer has delivered are updated while the
+  // rest is read. An fp32 piece goes straight into the trainer's staging
+  // where the writer allows it (checked there, one copy fewer), else
+  // through `piece`.
+  const uint64_t piece_elements = kSocketPieceBytes / element;
+  const uint64_t transfer = header.socket_payload().transfer();
   std::vector<char> piece;
   for (uint64_t done = 0; done < header.num_elements(); done += piece_elements) {
     if (context->IsCancelled()) {
       return absl::CancelledError("push cancelled by the client before it was read");
     }
     const uint64_t count = std::min(piece_elements, header.num_elements() - done);
+    absl::StatusOr<PayloadFrame> frame = ReceiveFrameHeader(lease.socket(), wait);
+    if (absl::IsInvalidArgument(frame.status())) return frame.status();
+    if (!frame.ok()) return DataPlaneFailed("the push's payload", frame.status());
+    if (frame->transfer != transfer || frame->flags != PayloadFrame::kData ||
+        frame->offset != done * element || frame->bytes != count * element) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the payload socket carried ", frame->bytes, " bytes at byte ", frame->offset,
+          " of transfer ", frame->transfer, " where the push announced ", bytes,
+          " bytes of transfer ", transfer, " in pieces of ", kSocketPieceBytes, " bytes (this one ",
+          count * element, " at byte ", done * element, ")"));
+    }
     float* in_place = writer.received() == done ? writer.ReceiveInPlace(count) : nullptr;
-    if (in_place == nullptr && piece.empty()) piece.resize(std::min(bytes, piece_elements * element));
+    if (in_place == nullptr && piece.empty()) piece.resize(std::min(bytes, kSocketPieceBytes));
     char* const into = in_place != nullptr ? reinterpret_cast<char*>(in_place) : piece.data();
     if (absl::Status s = ReceiveAll(lease.socket(), into, count * element, wait); !s.ok()) {
       return DataPlaneFailed("the push's payload", s);
@@ -108,7 +109,7 @@ grpc::Status ShardServiceImpl::SendSocketPull(
   const SocketWait wait = WaitOf(context, options_.stream_idle_timeout);
   const auto cancelled = [context] { return context->IsCancelled(); };
   const size_t element = DTypeSize(dtype);
-  const uint64_t piece_elements = std::max<uint64_t>(1, kPieceBytes / element);
+  const uint64_t piece_elements = kSocketPieceBytes / element;
   // Asynchronous: the whole range read under the pin (before anything is
   // sent) and sent after it is released, so that a slow reader holds no
   // push back.

@@ -4,18 +4,28 @@
 // larger than the sockets' buffers ends when the refusal comes, not at its
 // stall bound, and the refusal is what the call returns; a refused pull
 // returns the shard's status as well. Then the transport declines a shard
-// whose payload socket is off.
+// whose payload socket is off. Then a job of several 1 MiB pieces per
+// transfer gets the stream's bits over the sockets, and a push framed
+// otherwise than in pieces is refused without changing the shard.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/channel_security.h"
 #include "client/socket_payload_transport.h"
+#include "client/trainer_client.h"
+#include "common/layout.h"
+#include "common/payload_socket.h"
 #include "gtest/gtest.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/process.h"
+#include "tests/support/raw_calls.h"
 
 namespace shardopt::testing {
 namespace {
@@ -93,6 +103,94 @@ TEST(SocketPayloadTransportTest, DeclinesAShardWithoutAPayloadSocket) {
                    .Push(PayloadCall{context, *stub, FlatRange{0, 64}}, header,
                          reinterpret_cast<const char*>(payload.data()), sizeof(float), &response)
                    .has_value());
+}
+
+// A model of three and a bit pieces per transfer (1 MiB each), Adam: the
+// job over payload sockets has the stream's bits after every step.
+TEST(SocketPayloadTransportTest, TransfersOfSeveralPiecesMatchTheStreamBitForBit) {
+  const uint64_t elements = 3 * (kSocketPieceBytes / sizeof(float)) + 4099;
+  // Two single-shard servers: one job per plane.
+  std::unique_ptr<ServerProcess> servers[2];
+  for (auto& server : servers) {
+    auto started = ServerProcess::Start(0, 1);
+    ASSERT_TRUE(started.ok()) << started.status();
+    server = *std::move(started);
+  }
+  ModelSpec spec;
+  spec.model_id = "pieces";
+  spec.tensors = {{"w", {static_cast<int64_t>(elements)}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Adam(1e-3);
+  // The flat buffers hold the tensor and its padding (zeros).
+  const uint64_t total = ModelLayout::Create(spec.tensors, spec.alignment, 1)->total_elements();
+  std::vector<float> initial(total, 0.0f);
+  for (uint64_t i = 0; i < elements; ++i) initial[i] = std::sin(0.001f * static_cast<float>(i));
+  std::unique_ptr<TrainerClient> clients[2];
+  for (int plane = 0; plane < 2; ++plane) {
+    TrainerClientOptions options;
+    options.shared_memory = false;  // (It would take a shard on this host first.)
+    options.socket_payloads = plane == 0;
+    auto client = TrainerClient::Connect({servers[plane]->address()}, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    clients[plane] = *std::move(client);
+    const absl::Status registered = clients[plane]->Register(spec, initial);
+    ASSERT_TRUE(registered.ok()) << registered;
+  }
+  std::vector<float> params[2] = {initial, initial};
+  std::vector<float> grad(total, 0.0f);
+  auto step_both = [&](int64_t step) {
+    for (uint64_t i = 0; i < elements; ++i) {
+      grad[i] = std::cos(0.003f * static_cast<float>(i) + static_cast<float>(step)) * 1e-2f;
+    }
+    for (int plane = 0; plane < 2; ++plane) {
+      absl::StatusOr<StepResult> result =
+          clients[plane]->Step(step, grad, absl::MakeSpan(params[plane]));
+      ASSERT_TRUE(result.ok()) << "plane " << plane << " step " << step << ": " << result.status();
+    }
+    EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), total * sizeof(float)), 0)
+        << "step " << step;
+  };
+  for (int64_t step = 1; step <= 3; ++step) step_both(step);
+  EXPECT_EQ(clients[0]->socket_transfers(), 6) << "every push and pull over the socket";
+  EXPECT_EQ(clients[1]->socket_transfers(), 0);
+  EXPECT_NE(std::memcmp(params[0].data(), initial.data(), elements * sizeof(float)), 0);
+
+  // Step 4 pushed by hand as one frame of all its bytes (not in pieces):
+  // refused before anything is staged.
+  const std::string address = servers[0]->address();
+  v1::ServerInfo info;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(NewStub(address)->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  }
+  const std::string token(kLinkTokenChars, 'e');
+  absl::StatusOr<int> link = OpenLink(
+      "127.0.0.1", static_cast<uint16_t>(info.payload_socket_port()), token, absl::Seconds(10));
+  ASSERT_TRUE(link.ok()) << link.status();
+  std::vector<float> whole_grad(total, 0.0f);
+  std::fill(whole_grad.begin(), whole_grad.begin() + elements, 1e-3f);
+  SocketWait wait;
+  wait.deadline = absl::Now() + absl::Seconds(30);
+  v1::PushHeader header;
+  header.set_model_id(spec.model_id);
+  header.set_trainer_rank(0);
+  header.set_step(4);
+  header.set_num_elements(total);
+  header.mutable_socket_payload()->set_link(token);
+  header.mutable_socket_payload()->set_transfer(5);
+  grpc::Status refused;
+  std::thread push([&] { refused = RawPush(*NewStub(address), &header, {}); });
+  // (Fails once the shard closes the link on reading the header.)
+  SendFrame(*link, PayloadFrame{PayloadFrame::kData, 5, 0, total * sizeof(float)},
+            reinterpret_cast<const char*>(whole_grad.data()), wait)
+      .IgnoreError();
+  push.join();
+  close(*link);
+  EXPECT_EQ(refused.error_code(), grpc::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("in pieces of"), std::string::npos)
+      << refused.error_message();
+  // Nothing of it stayed: step 4 from the trainers still matches the stream.
+  step_both(4);
+  EXPECT_EQ(clients[0]->socket_transfers(), 8);
 }
 
 }  // namespace

@@ -58,20 +58,20 @@ after construction (the model is registered then), and ``max_grad_norm`` needs
 a single parameter group (each group is its own model on the servers).
 """
 
-import os
 import warnings
-import weakref
 
 import torch
 
 from . import AbortedError, Client, FailedPreconditionError
-from ._group import Group, hook_buckets
+from ._backward_streaming import BackwardStreaming
+from ._group import Group
 from ._optimizers import OPTIMIZERS as _OPTIMIZERS
 from ._optimizers import WHOLE_TENSOR_OPTIMIZERS as _WHOLE_TENSOR_OPTIMIZERS
+from ._server_state import ServerState
 
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer):
     """A torch.optim-style optimizer backed by shardopt shard servers.
 
     Args:
@@ -420,52 +420,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._hook_buckets(g, total)
         return g
 
-    def _hook_buckets(self, g, total):
-        # The hooks hold the optimizer weakly: g.accumulators keeps the
-        # accumulators (and so the hooks) alive, and g must not keep the
-        # optimizer alive through them.
-        me = weakref.ref(self)
-
-        def final(g, j):
-            opt = me()
-            if opt is not None:
-                opt._gradient_final(g, j)
-
-        hook_buckets(g, total, self._bucket_elements, final)
-
-    def _gradient_final(self, g, j):
-        """Autograd accumulated parameter j's gradient (a backward hook)."""
-        if g.broken or g.no_stream or not self._overlap_backward:
-            return
-        p, (offset, size) = g.params[j], g.slices[j]
-        in_buffer = p.grad is not None and \
-            p.grad.data_ptr() == g.flat_grads[offset:offset + size].data_ptr()
-        if j in g.fired or not in_buffer:
-            # A second backward before the step (accumulation), or a gradient
-            # outside the buffer: the streamed data would not be final.
-            g.broken = True
-            return
-        g.fired.add(j)
-        if not g.streaming:
-            try:
-                # A change since the last step (an lr scheduler's) goes
-                # first: the streamed push carries it.
-                self._send_hyperparameters(g, self._version + 1)
-                g.client.begin_streamed_push(self._version + 1, g.flat_grads.numpy())
-            except Exception:  # pylint: disable=broad-except
-                # Nothing may escape into backward(): step() pushes whole,
-                # and raises what failed if it fails again.
-                g.broken = True
-                return
-            g.streaming = True
-            g.pending = [0] * len(g.buckets)
-            for b in g.bucket_of:
-                g.pending[b] += 1
-        b = g.bucket_of[j]
-        g.pending[b] -= 1
-        if g.pending[b] == 0:
-            g.client.mark_gradient_ready(*g.buckets[b])
-
     def _views(self, g):
         for p, (offset, size) in zip(g.params, g.slices):
             yield (p, g.flat_params[offset:offset + size].view(p.shape),
@@ -593,20 +547,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         g.sent_hyperparameters = hyper
         return True
 
-    def _note_changed_gradient(self, g, changed):
-        """Stops streaming for a loop that changes its gradients after
-        backward() every time (each such step sends its gradient twice)."""
-        g.changed_in_a_row = g.changed_in_a_row + 1 if changed else 0
-        if g.changed_in_a_row >= 3 and self._overlap_backward:
-            self._overlap_backward = False
-            warnings.warn(
-                "shardopt.torch: the gradients changed after parts of them were sent during "
-                "backward() in three steps in a row (clip_grad_norm_ or in-place scaling after "
-                "backward, a second backward() before step(), a replaced .grad), so each was "
-                "pushed twice; pushing during backward is off from now on. Clip on the servers "
-                "with max_grad_norm, or pass overlap_backward=False", RuntimeWarning,
-                stacklevel=4)
-
     def _gather(self, g):
         """Brings gradients that are not views of the buffer into it; refuses
         parameters whose values changed since they were pulled."""
@@ -639,21 +579,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return loss * self.loss_scale
 
     @property
-    def shared_memory_transfers(self):
-        """Pushes and pulls to single shards that went through shared memory."""
-        return sum(g.client.shared_memory_transfers for g in self._groups)
-
-    @property
-    def socket_transfers(self):
-        """Pushes and pulls to single shards that went over payload sockets."""
-        return sum(g.client.socket_transfers for g in self._groups)
-
-    @property
-    def device_pair_transfers(self):
-        """Pushes and pulls to single shards that went over device pairs."""
-        return sum(g.client.device_pair_transfers for g in self._groups)
-
-    @property
     def step_count(self):
         """The version the servers' model is at, as this trainer knows it."""
         return self._version
@@ -670,58 +595,3 @@ class DistributedOptimizer(torch.optim.Optimizer):
             g.pull_with(lambda params, g=g: g.client.pull(0, params))
             if g.pulled is not None:
                 g.pulled = g.flat_params.clone()
-
-    def inspect(self):
-        """Every shard's Inspect of each group's model: [[dict per shard] per group]."""
-        import json
-        return [[json.loads(s) for s in g.client.inspect_json()] for g in self._groups]
-
-    # -- state ---------------------------------------------------------------
-
-    def state_dict(self):
-        checkpoints = None
-        if self._checkpoint_dir:
-            checkpoints = [
-                # (Asynchronous: the cut at the highest step any rank has
-                # applied, which the others reach; this rank's own may be behind.)
-                g.client.checkpoint(os.path.join(self._checkpoint_dir, g.model_id,
-                                                 f"step-{self._version:08d}"),
-                                    self._version if self._consistency == "sync" else -1)
-                for g in self._groups]
-        groups = []
-        index = 0
-        for group in self.param_groups:
-            entry = {k: v for k, v in group.items() if k != "params"}
-            entry["params"] = list(range(index, index + len(group["params"])))
-            index += len(group["params"])
-            groups.append(entry)
-        return {
-            "state": {},
-            "param_groups": groups,
-            "shardopt": {"step": self._version, "optimizer": self._kind,
-                         "model_ids": [g.model_id for g in self._groups],
-                         "checkpoints": checkpoints},
-        }
-
-    def load_state_dict(self, state_dict):
-        info = state_dict.get("shardopt")
-        if info is None:
-            raise ValueError("not a shardopt state dict (no 'shardopt' entry)")
-        if info["model_ids"] != [g.model_id for g in self._groups] or \
-                info["optimizer"] != self._kind:
-            raise ValueError(f"state dict of models {info['model_ids']} ({info['optimizer']}); "
-                             f"this optimizer trains {[g.model_id for g in self._groups]} "
-                             f"({self._kind})")
-        if info["step"] != self._version:
-            where = info.get("checkpoints") or ["(no checkpoint was saved: give checkpoint_dir)"]
-            raise FailedPreconditionError(
-                f"FAILED_PRECONDITION: the servers are at step {self._version}, the state dict "
-                f"is of step {info['step']}: the optimizer state lives on the shard servers; "
-                f"restart them with --restore_from={where[0]} to go back to it")
-        if len(state_dict["param_groups"]) != len(self.param_groups):
-            raise ValueError(f"state dict has {len(state_dict['param_groups'])} parameter groups; "
-                             f"this optimizer has {len(self.param_groups)}")
-        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
-            for k in _OPTIMIZERS[self._kind_of(group)]:
-                if k in saved:
-                    group[k] = saved[k]

@@ -18,6 +18,7 @@ namespace optim_internal {
 namespace {
 
 template <bool kMaximize, bool kWeightDecay>
+SHARDOPT_ELEMENTWISE_KERNEL
 void AdagradKernel(float* __restrict p, const float* __restrict grad, float* __restrict sum,
                    size_t begin, size_t end, float wd, float eps, float neg_clr) {
   for (size_t i = begin; i < end; ++i) {

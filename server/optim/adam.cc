@@ -36,6 +36,7 @@ struct AdamScalars {
 };
 
 template <bool kMaximize, bool kL2, bool kDecoupled, bool kAmsgrad>
+SHARDOPT_ELEMENTWISE_KERNEL
 void AdamKernel(float* __restrict p, const float* __restrict grad, float* __restrict m,
                 float* __restrict v, float* __restrict vmax, size_t begin, size_t end,
                 const AdamScalars s) {

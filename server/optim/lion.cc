@@ -21,6 +21,7 @@ namespace {
 inline float Sign(float x) { return static_cast<float>((x > 0.0f) - (x < 0.0f)); }
 
 template <bool kMaximize, bool kWeightDecay>
+SHARDOPT_ELEMENTWISE_KERNEL
 void LionKernel(float* __restrict p, const float* __restrict grad, float* __restrict m,
                 size_t begin, size_t end, float decay, float beta1, float one_minus_beta1,
                 float beta2, float one_minus_beta2, float neg_lr) {

@@ -17,6 +17,22 @@
 namespace shardopt {
 namespace optim_internal {
 
+// On the element-wise kernels: GCC also builds an AVX2 copy and picks one
+// when the program loads (an ifunc; GCC on glibc only). The division- and
+// square-root-bound loops (Adam, Adagrad) run about 1.4x faster in 8 lanes
+// than in SSE2's 4. The results do not change: "avx2" does not include FMA,
+// KERNEL_COPTS turn contraction off, and each lane does the scalar code's
+// IEEE operations in its order. torch_parity_test checks the copy this
+// machine picks against PyTorch bit for bit; torch_parity_baseline_test and
+// optimizer_reference_baseline_test build the kernels without clones, so
+// the default code is checked too.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && \
+    !defined(__CUDACC__) && !defined(SHARDOPT_NO_VECTOR_CLONES)
+#define SHARDOPT_ELEMENTWISE_KERNEL __attribute__((target_clones("avx2", "default")))
+#else
+#define SHARDOPT_ELEMENTWISE_KERNEL
+#endif
+
 // Factories; `config` has passed Validate() and has the matching kind.
 std::unique_ptr<Optimizer> NewSgd(const OptimizerConfig& config, size_t size);
 std::unique_ptr<Optimizer> NewAdam(const OptimizerConfig& config, size_t size);  // and AdamW

@@ -24,6 +24,7 @@ inline float Grad(const float* __restrict grad, const float* __restrict p, size_
 }
 
 template <bool kMaximize, bool kWeightDecay>
+SHARDOPT_ELEMENTWISE_KERNEL
 void SgdPlain(float* __restrict p, const float* __restrict grad, size_t begin, size_t end, float wd,
               float neg_lr) {
   for (size_t i = begin; i < end; ++i) {
@@ -33,6 +34,7 @@ void SgdPlain(float* __restrict p, const float* __restrict grad, size_t begin, s
 }
 
 template <bool kMaximize, bool kWeightDecay, bool kFirstStep, bool kNesterov>
+SHARDOPT_ELEMENTWISE_KERNEL
 void SgdMomentum(float* __restrict p, const float* __restrict grad, float* __restrict buf,
                  size_t begin, size_t end, float wd, float neg_lr, float momentum,
                  float one_minus_dampening) {

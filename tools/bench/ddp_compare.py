@@ -13,6 +13,9 @@ gradient in both, so no backward pass is timed):
   shardopt  shardopt.torch.DistributedOptimizer over 2 shard servers (each
             holds half of the Adam state): push, update on the servers, pull;
             payloads through shared memory (the default on one host);
+  shardopt-socket  the same with shared_memory=False: payloads over the
+            servers' payload sockets (plain TCP; the default of trainers on
+            other hosts over plaintext);
   shardopt-grpc  the same with shared_memory=False, socket_payloads=False:
             payloads in the gRPC streams.
 
@@ -72,7 +75,7 @@ def shardopt_worker(args):
     opt = shardopt.torch.DistributedOptimizer(
         [p], servers=args.servers.split(","), rank=args.rank, world_size=2, optimizer="adam",
         lr=1e-4, model_id=f"bench{args.round}", check_parameters=False,
-        shared_memory=args.shared_memory, socket_payloads=bool(args.shared_memory))
+        shared_memory=args.plane == "shm", socket_payloads=args.plane != "grpc")
     g = synthetic_gradient(args.params, args.rank)
     times = []
     for step in range(args.steps + 1):
@@ -81,6 +84,9 @@ def shardopt_worker(args):
         opt.step()
         if step > 0:
             times.append(time.perf_counter() - started)
+    moved = {"shm": opt.shared_memory_transfers, "socket": opt.socket_transfers}
+    if args.plane in moved and moved[args.plane] < 2 * 2 * (args.steps + 1):
+        raise RuntimeError(f"only {moved[args.plane]} pushes and pulls went by {args.plane}")
     print(" ".join(f"{t:.6f}" for t in times), flush=True)
 
 
@@ -109,38 +115,39 @@ def main():
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--servers", help=argparse.SUPPRESS)
     parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--shared_memory", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--plane", default="shm", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "ddp":
         return ddp_worker(args)
-    if args.worker in ("shardopt", "shardopt-grpc"):
+    if args.worker in ("shardopt", "shardopt-socket", "shardopt-grpc"):
         return shardopt_worker(args)
 
     print(f"2 trainer processes, {args.params} fp32 parameters ({args.params * 4 >> 20} MiB), "
           f"Adam; {args.steps} timed steps per job per round, {args.rounds} rounds; "
           f"torch {torch.__version__}", flush=True)
     from shardopt.local_cluster import start_servers, stop_servers
-    times = {"ddp": [], "shardopt": [], "shardopt-grpc": []}
+    times = {"ddp": [], "shardopt": [], "shardopt-socket": [], "shardopt-grpc": []}
     for r in range(args.rounds):
         times["ddp"] += run_pair(args, "ddp", ["--port", str(free_port())])
-        for job, shared in (("shardopt", 1), ("shardopt-grpc", 0)):
+        for job, plane in (("shardopt", "shm"), ("shardopt-socket", "socket"),
+                           ("shardopt-grpc", "grpc")):
             servers, addresses = start_servers(args.server_binary, 2,
                                                tempfile.mkdtemp(prefix="ddp_compare"))
             try:
                 times[job] += run_pair(
                     args, job, ["--servers", ",".join(addresses), "--round", str(r),
-                                "--shared_memory", str(shared)])
+                                "--plane", plane])
             finally:
                 stop_servers(servers)
         print(f"round {r + 1}: " + ", ".join(
             f"{job} {statistics.median(t) * 1e3:.0f} ms" for job, t in times.items()) +
             " (medians so far)", flush=True)
-    print(f"\n  {'job':13s} {'steps':>5s} {'median ms':>10s} {'min ms':>8s} {'steps/s':>8s} "
+    print(f"\n  {'job':15s} {'steps':>5s} {'median ms':>10s} {'min ms':>8s} {'steps/s':>8s} "
           f"{'vs ddp':>7s}")
     ddp_median = statistics.median(times["ddp"])
-    for job in ("ddp", "shardopt", "shardopt-grpc"):
+    for job in times:
         median = statistics.median(times[job])
-        print(f"  {job:13s} {len(times[job]):5d} {median * 1e3:10.1f} {min(times[job]) * 1e3:8.1f} "
+        print(f"  {job:15s} {len(times[job]):5d} {median * 1e3:10.1f} {min(times[job]) * 1e3:8.1f} "
               f"{1 / median:8.2f} {ddp_median / median:6.2f}x")
     return 0
 

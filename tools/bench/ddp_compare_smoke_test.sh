@@ -1,5 +1,5 @@
 #!/bin/sh
-# ddp_compare.py with a tiny model: both jobs run and the table has their
+# ddp_compare.py with a tiny model: every job runs and the table has their
 # rows and the ratio. $1: ddp_compare.py, $2: shardopt_server, $3: _shardopt.so.
 set -eu
 export PYTHONPATH="$PWD/python:$(dirname "$PWD/$3")"
@@ -11,4 +11,5 @@ fi
 cat "$out"
 grep -Eq '^  ddp +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +1\.00x$' "$out" || { echo "no ddp row"; exit 1; }
 grep -Eq '^  shardopt +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x$' "$out" || { echo "no shardopt row"; exit 1; }
+grep -Eq '^  shardopt-socket +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x$' "$out" || { echo "no shardopt-socket row"; exit 1; }
 grep -Eq '^  shardopt-grpc +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x$' "$out" || { echo "no shardopt-grpc row"; exit 1; }

@@ -1,0 +1,83 @@
+"""What shardopt.torch's optimizer tells of the servers' side: transfer
+counters, Inspect, and state dicts (which name server checkpoints: the
+optimizer state itself stays on the servers). A mixin of
+DistributedOptimizer, whose groups and settings it reads."""
+
+import json
+import os
+
+from . import FailedPreconditionError
+from ._optimizers import OPTIMIZERS as _OPTIMIZERS
+
+
+class ServerState:
+    """DistributedOptimizer's counters, Inspect and state dicts."""
+
+    @property
+    def shared_memory_transfers(self):
+        """Pushes and pulls to single shards that went through shared memory."""
+        return sum(g.client.shared_memory_transfers for g in self._groups)
+
+    @property
+    def socket_transfers(self):
+        """Pushes and pulls to single shards that went over payload sockets."""
+        return sum(g.client.socket_transfers for g in self._groups)
+
+    @property
+    def device_pair_transfers(self):
+        """Pushes and pulls to single shards that went over device pairs."""
+        return sum(g.client.device_pair_transfers for g in self._groups)
+
+    def inspect(self):
+        """Every shard's Inspect of each group's model: [[dict per shard] per group]."""
+        return [[json.loads(s) for s in g.client.inspect_json()] for g in self._groups]
+
+    # -- state ---------------------------------------------------------------
+
+    def state_dict(self):
+        checkpoints = None
+        if self._checkpoint_dir:
+            checkpoints = [
+                # (Asynchronous: the cut at the highest step any rank has
+                # applied, which the others reach; this rank's own may be behind.)
+                g.client.checkpoint(os.path.join(self._checkpoint_dir, g.model_id,
+                                                 f"step-{self._version:08d}"),
+                                    self._version if self._consistency == "sync" else -1)
+                for g in self._groups]
+        groups = []
+        index = 0
+        for group in self.param_groups:
+            entry = {k: v for k, v in group.items() if k != "params"}
+            entry["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+            groups.append(entry)
+        return {
+            "state": {},
+            "param_groups": groups,
+            "shardopt": {"step": self._version, "optimizer": self._kind,
+                         "model_ids": [g.model_id for g in self._groups],
+                         "checkpoints": checkpoints},
+        }
+
+    def load_state_dict(self, state_dict):
+        info = state_dict.get("shardopt")
+        if info is None:
+            raise ValueError("not a shardopt state dict (no 'shardopt' entry)")
+        if info["model_ids"] != [g.model_id for g in self._groups] or \
+                info["optimizer"] != self._kind:
+            raise ValueError(f"state dict of models {info['model_ids']} ({info['optimizer']}); "
+                             f"this optimizer trains {[g.model_id for g in self._groups]} "
+                             f"({self._kind})")
+        if info["step"] != self._version:
+            where = info.get("checkpoints") or ["(no checkpoint was saved: give checkpoint_dir)"]
+            raise FailedPreconditionError(
+                f"FAILED_PRECONDITION: the servers are at step {self._version}, the state dict "
+                f"is of step {info['step']}: the optimizer state lives on the shard servers; "
+                f"restart them with --restore_from={where[0]} to go back to it")
+        if len(state_dict["param_groups"]) != len(self.param_groups):
+            raise ValueError(f"state dict has {len(state_dict['param_groups'])} parameter groups; "
+                             f"this optimizer has {len(self.param_groups)}")
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            for k in _OPTIMIZERS[self._kind_of(group)]:
+                if k in saved:
+                    group[k] = saved[k]
