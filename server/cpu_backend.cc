@@ -309,6 +309,11 @@ absl::Status CpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config
   return absl::OkStatus();
 }
 
+const float* CpuBackend::HostParameters(uint64_t offset, uint64_t count) const {
+  if (offset > params_.size() || count > params_.size() - offset) return nullptr;
+  return params_.data() + offset;
+}
+
 absl::Status CpuBackend::Read(uint64_t offset, uint64_t count, float* out) {
   if (absl::Status s = CheckElementsInRange("elements", offset, count, params_.size()); !s.ok()) {
     return s;

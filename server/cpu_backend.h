@@ -65,6 +65,7 @@ class CpuBackend final : public UpdateBackend {
   absl::Status UpdateWithTrust(int64_t step, const OptimizerConfig& config, float multiplier,
                                absl::Span<const TensorNorms> norms) override;
   absl::Status Read(uint64_t offset, uint64_t count, float* out) override;
+  const float* HostParameters(uint64_t offset, uint64_t count) const override;
   absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override;
   absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) override;
   uint64_t parameter_bytes() const override { return params_.size() * sizeof(float); }

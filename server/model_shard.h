@@ -237,6 +237,17 @@ class ModelShard {
   // plane sends.
   absl::Status ReadParametersInOwnMemory(int64_t version, uint64_t offset, uint64_t count,
                                          float* own_out);
+  // Synchronous models: calls `send` with the fp32 parameters [offset,
+  // offset + count) at `version` where they lie in host memory, without a
+  // copy and without holding a lock while it runs (a trainer's socket may
+  // drain slowly), then checks that they are still at `version`: ABORTED,
+  // as a read, when they moved meanwhile (only a caller that is not one of
+  // the trainers can see that: an update needs every trainer's next push).
+  // false, without calling it, where the parameters are not in host memory
+  // or the model is asynchronous.
+  absl::StatusOr<bool> SendParametersInPlace(
+      int64_t version, uint64_t offset, uint64_t count,
+      const std::function<absl::Status(const float* params)>& send);
 
   // Statistics of every tensor piece (or only `tensor_name`'s, NOT_FOUND if
   // it has none here) and values [slice_offset, slice_offset + slice_length)

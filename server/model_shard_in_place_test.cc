@@ -4,7 +4,9 @@
 // makes (NaN, padding) refuse the push with the state untouched; where it
 // cannot apply (16-bit pushes, beyond the range, elements a retried push's
 // earlier attempt already had consumed) it declines, and the caller's Write
-// path carries those elements.
+// path carries those elements. And a pull's send straight from the
+// parameters (SendParametersInPlace): their bits, at their version only,
+// ABORTED when they moved while the bytes went.
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -23,8 +25,8 @@ using testing::ReadAll;
 using testing::TestLayout;
 
 std::unique_ptr<ModelShard> Shard(ThreadPool* pool, uint32_t trainers, uint64_t range_elements) {
-  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::AdamW(0.01), trainers,
-                            true};
+  ModelShardOptions options{"m",      TestLayout(), kShard, OptimizerConfig::AdamW(0.01),
+                            trainers, true};
   options.pipeline_range_elements = range_elements;
   std::vector<float> init(options.layout.ShardSize(0));
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.002f * static_cast<float>(i % 89);
@@ -171,6 +173,54 @@ TEST(ModelShardInPlaceTest, ARetryWritesWhatRangeWorkConsumedAndReceivesTheRest)
   ASSERT_TRUE(testing::PushInChunks(*reference, 0, 1, g0, 333).ok());
   ASSERT_TRUE(testing::PushInChunks(*reference, 1, 1, g1, 333).ok());
   ExpectSameBits(ReadAll(*shard, 1), ReadAll(*reference, 1));
+}
+
+TEST(ModelShardInPlaceTest, SendsParametersInPlaceAtTheirVersionOnly) {
+  for (uint64_t range_elements : {uint64_t{0}, uint64_t{64}}) {
+    ThreadPool pool(1);
+    std::unique_ptr<ModelShard> shard = Shard(&pool, 1, range_elements);
+    ASSERT_TRUE(testing::PushInChunks(*shard, 0, 1, RandomGradient(0, 1, shard->size()), 333).ok());
+    const std::vector<float> at_1 = ReadAll(*shard, 1);
+    const uint64_t offset = 100, count = 300;
+    std::vector<float> sent;
+    const auto record = [&](const float* params) {
+      sent.assign(params, params + count);
+      return absl::OkStatus();
+    };
+    absl::StatusOr<bool> done = shard->SendParametersInPlace(1, offset, count, record);
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_TRUE(*done);
+    ASSERT_EQ(sent.size(), count);
+    EXPECT_EQ(std::memcmp(sent.data(), at_1.data() + offset, count * sizeof(float)), 0);
+
+    // Another version: ABORTED, and `send` is not called.
+    bool called = false;
+    absl::StatusOr<bool> stale = shard->SendParametersInPlace(0, offset, count, [&](const float*) {
+      called = true;
+      return absl::OkStatus();
+    });
+    EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted) << stale.status();
+    EXPECT_FALSE(called);
+    EXPECT_EQ(shard->SendParametersInPlace(1, shard->size(), 1, record).status().code(),
+              absl::StatusCode::kOutOfRange);
+
+    // Step 2 applied while the bytes of version 1 go (a caller that is not
+    // the trainer): what was sent may be torn, so the send is ABORTED.
+    absl::StatusOr<bool> moved = shard->SendParametersInPlace(1, offset, count, [&](const float*) {
+      return testing::PushInChunks(*shard, 0, 2, RandomGradient(0, 2, shard->size()), 333).status();
+    });
+    EXPECT_EQ(moved.status().code(), absl::StatusCode::kAborted) << moved.status();
+    EXPECT_NE(moved.status().message().find("during the pull"), std::string::npos);
+    EXPECT_NE(std::memcmp(ReadAll(*shard, 2).data(), at_1.data(), at_1.size() * sizeof(float)), 0);
+    // The send's own failure is the answer.
+    EXPECT_EQ(
+        shard
+            ->SendParametersInPlace(
+                2, offset, count, [](const float*) { return absl::UnavailableError("link broke"); })
+            .status()
+            .code(),
+        absl::StatusCode::kUnavailable);
+  }
 }
 
 }  // namespace

@@ -13,6 +13,15 @@
 namespace shardopt {
 namespace {
 
+// A pull's parameters [offset, offset + count) that are at `now` (-1: some
+// of their ranges at the next version already) instead of `version`.
+absl::Status MovedDuringPull(uint64_t offset, uint64_t count, int64_t version, int64_t now) {
+  return absl::AbortedError(
+      absl::StrCat("parameters [", offset, ", ", offset + count, ") moved from version ", version,
+                   " to ", now < 0 ? std::string("the next, range by range,") : absl::StrCat(now),
+                   " during the pull; retry"));
+}
+
 // Parameters read at a time for inspection statistics.
 constexpr uint64_t kStatsBlockElements = 1 << 16;
 // Parameters converted at a time for 16-bit pulls.
@@ -22,8 +31,8 @@ constexpr uint64_t kConvertBlockElements = 1 << 16;
 // type's range, or one that is itself not finite.
 absl::Status PullOverflowError(const std::string& element, float value, DType dtype) {
   if (!std::isfinite(value)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parameter ", element, " is ", value, ": the master weights are no longer finite"));
+    return absl::FailedPreconditionError(absl::StrCat("parameter ", element, " is ", value,
+                                                      ": the master weights are no longer finite"));
   }
   return absl::FailedPreconditionError(
       absl::StrCat("parameter ", element, " is ", value, ", which overflows ", DTypeName(dtype),
@@ -208,6 +217,33 @@ absl::Status ModelShard::ReadParametersInOwnMemory(int64_t version, uint64_t off
                             /*own_memory=*/true);
 }
 
+absl::StatusOr<bool> ModelShard::SendParametersInPlace(
+    int64_t version, uint64_t offset, uint64_t count,
+    const std::function<absl::Status(const float* params)>& send) {
+  if (asynchronous()) return false;
+  if (offset > range_.size() || count > range_.size() - offset) {
+    return absl::OutOfRangeError(
+        absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
+  }
+  const auto [first, last] = RangesCovering(offset, count, range_elements_, range_count_);
+  // At `version` under the ranges' locks now, and again after the send: a
+  // change in between bumps the ranges' versions.
+  const auto check = [&]() -> absl::StatusOr<const float*> {
+    absl::ReaderMutexLock lock(&params_mu_);
+    const RangeLocks ranges(*this, first, std::max(last, first + 1), /*exclusive=*/false);
+    if (const int64_t now = ParamsVersion(offset, count); now != version) {
+      return MovedDuringPull(offset, count, version, now);
+    }
+    return backend_->HostParameters(offset, count);
+  };
+  absl::StatusOr<const float*> params = check();
+  if (!params.ok()) return params.status();
+  if (*params == nullptr) return false;
+  if (absl::Status s = send(*params); !s.ok()) return s;
+  if (absl::StatusOr<const float*> after = check(); !after.ok()) return after.status();
+  return true;
+}
+
 absl::Status ModelShard::ReadParametersInto(int64_t version, uint64_t offset, uint64_t count,
                                             DType dtype, void* out, bool own_memory) {
   if (own_memory && dtype != DType::kFloat32) {
@@ -222,10 +258,7 @@ absl::Status ModelShard::ReadParametersInto(int64_t version, uint64_t offset, ui
   // (An empty read still looks at its range's version.)
   const RangeLocks ranges(*this, first, std::max(last, first + 1), /*exclusive=*/false);
   if (const int64_t now = ParamsVersion(offset, count); now != version) {
-    return absl::AbortedError(
-        absl::StrCat("parameters [", offset, ", ", offset + count, ") moved from version ", version,
-                     " to ", now < 0 ? std::string("the next, range by range,") : absl::StrCat(now),
-                     " during the pull; retry"));
+    return MovedDuringPull(offset, count, version, now);
   }
   absl::StatusOr<bool> native_bf16 = false;
   if (dtype == DType::kBFloat16) native_bf16 = backend_->ReadBFloat16(offset, count, out);

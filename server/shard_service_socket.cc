@@ -117,17 +117,21 @@ grpc::Status ShardServiceImpl::SendSocketPull(
   std::vector<char> data(read_first ? shard.size() * element
                                     : std::min(shard.size(), piece_elements) * element);
   // Waits until the piece at `offset` reaches the version, calling `alive`
-  // each kHeartbeat meanwhile, and reads it into `out`.
-  auto read_piece = [&](uint64_t offset, uint64_t count, char* out,
+  // each kHeartbeat meanwhile.
+  auto wait_piece = [&](uint64_t offset, uint64_t count,
                         const std::function<absl::Status()>& alive) -> absl::Status {
     for (;;) {
       const absl::Status s =
           shard.WaitForRanges(version, offset, count, std::min(deadline, absl::Now() + kHeartbeat),
                               cancelled, PushedByOf(request));
-      if (s.ok()) break;
+      if (s.ok()) return s;
       if (!absl::IsDeadlineExceeded(s) || absl::Now() >= deadline || cancelled()) return s;
       if (absl::Status a = alive(); !a.ok()) return a;
     }
+  };
+  auto read_piece = [&](uint64_t offset, uint64_t count, char* out,
+                        const std::function<absl::Status()>& alive) -> absl::Status {
+    if (absl::Status s = wait_piece(offset, count, alive); !s.ok()) return s;
     return shard.ReadParameters(version, offset, count, dtype, out);
   };
   if (read_first) {
@@ -163,10 +167,22 @@ grpc::Status ShardServiceImpl::SendSocketPull(
     char* out = data.data() + (read_first ? offset * element : 0);
     if (!read_first) {
       absl::Status link;
-      const absl::Status s = read_piece(offset, count, out, [&] {
+      const auto alive = [&] {
         link = send(PayloadFrame::kData, nullptr, 0);
         return link;
-      });
+      };
+      absl::Status s = wait_piece(offset, count, alive);
+      // fp32 from the parameters themselves where the backend keeps them
+      // in host memory (no copy), else read into `out`.
+      absl::StatusOr<bool> in_place = false;
+      if (s.ok() && dtype == DType::kFloat32) {
+        in_place = shard.SendParametersInPlace(version, offset, count, [&](const float* params) {
+          return link = send(PayloadFrame::kData, reinterpret_cast<const char*>(params),
+                             count * element);
+        });
+        if (!in_place.ok()) s = in_place.status();
+      }
+      if (s.ok() && !*in_place) s = shard.ReadParameters(version, offset, count, dtype, out);
       if (!link.ok()) return link_failed(link);
       if (!s.ok()) {
         // Between frames the link is clean: the trainer hears that the
@@ -174,6 +190,7 @@ grpc::Status ShardServiceImpl::SendSocketPull(
         if (send(PayloadFrame::kEnded, nullptr, 0).ok()) lease->Finished();
         return Error(s);
       }
+      if (*in_place) continue;
     }
     if (absl::Status s = send(PayloadFrame::kData, out, count * element); !s.ok()) {
       return link_failed(s);

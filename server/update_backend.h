@@ -163,6 +163,13 @@ class UpdateBackend {
 
   // Copies parameters [offset, offset + count) of the range into `out`.
   virtual absl::Status Read(uint64_t offset, uint64_t count, float* out) = 0;
+  // The same parameters where they lie in this process's memory (for
+  // ModelShard::SendParametersInPlace); nullptr where they do not (a
+  // device's memory) or outside the range. Stable for the backend's life.
+  virtual const float* HostParameters(uint64_t offset, uint64_t count) const {
+    (void)offset, (void)count;
+    return nullptr;
+  }
 
   // The same parameters as bf16 bit patterns (round to nearest even, as
   // FloatToBFloat16Bits; NaNs may keep payload bits) written to `out` (any
