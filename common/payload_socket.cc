@@ -21,7 +21,7 @@
 namespace shardopt {
 namespace {
 
-constexpr char kHelloMagic[] = "SOLINK01";
+constexpr char kHelloMagic[] = "SOLINK02";
 constexpr char kAcceptedMagic[] = "SOLINKOK";
 constexpr uint32_t kFrameMagic = 0x52464f53;  // "SOFR" in little-endian bytes.
 

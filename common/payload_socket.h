@@ -3,7 +3,7 @@
 // take it from.
 //
 // A trainer opens a plain TCP connection to the port a server's ServerInfo
-// names and sends a hello: the 8 bytes "SOLINK01" and a link token of
+// names and sends a hello: the 8 bytes "SOLINK02" and a link token of
 // kLinkTokenChars hex characters it drew at random. The server answers the
 // 8 bytes "SOLINKOK" (or closes the connection). From then on the
 // connection carries data frames, each a 32-byte header (little-endian:
@@ -13,7 +13,9 @@
 // transfer's bytes go in pieces of kSocketPieceBytes (the last shorter),
 // one frame each, so that the receiver checks every piece where it lands
 // and the sender hands the kernel a piece at a time (steps whose push went
-// as one frame of 64 or 256 MiB took 2-5% longer on loopback).
+// as one frame of 64 or 256 MiB took 2-5% longer on loopback). Builds that
+// sent a push as one frame said "SOLINK01": either end refuses the other's
+// hello, and their payloads take the gRPC stream.
 //
 // Every wait is bounded twice: by the call's deadline, and by a stall
 // timeout (no byte moved for that long: a peer that froze). Sends never

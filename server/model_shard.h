@@ -45,8 +45,9 @@
 // Pulls: PullTarget picks the version a pull returns, WaitForRanges waits
 // until the parameters of a piece reach it (range by range), ReadParameters
 // copies a piece if it is at the expected version (else ABORTED), so a pull
-// that spans an update is detected, never torn. WaitForVersion waits for a
-// whole version.
+// that spans an update is detected (SendParametersInPlace checks after its
+// send, so the bytes already gone may be torn; the pull fails ABORTED).
+// WaitForVersion waits for a whole version.
 #ifndef SHARDOPT_SERVER_MODEL_SHARD_H_
 #define SHARDOPT_SERVER_MODEL_SHARD_H_
 
@@ -523,6 +524,8 @@ class ModelShard {
   };
   absl::Status ReadParametersInto(int64_t version, uint64_t offset, uint64_t count, DType dtype,
                                   void* out, bool own_memory);
+  // A pull's piece went: the bytes sent (metrics) and the timeline.
+  void NotePulled(int64_t version, uint64_t offset, uint64_t count, uint64_t bytes);
   std::unique_ptr<UpdateBackend> backend_;
 
   std::unique_ptr<StepTimeline> timeline_;  // With options.step_timeline.

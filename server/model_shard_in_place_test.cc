@@ -187,9 +187,13 @@ TEST(ModelShardInPlaceTest, SendsParametersInPlaceAtTheirVersionOnly) {
       sent.assign(params, params + count);
       return absl::OkStatus();
     };
+    const uint64_t bytes_before = shard->Snapshot("", 0, 0, false).value().parameter_bytes_sent;
     absl::StatusOr<bool> done = shard->SendParametersInPlace(1, offset, count, record);
     ASSERT_TRUE(done.ok()) << done.status();
     EXPECT_TRUE(*done);
+    // Counted as a read's bytes are (metrics, Inspect).
+    EXPECT_EQ(shard->Snapshot("", 0, 0, false).value().parameter_bytes_sent - bytes_before,
+              count * sizeof(float));
     ASSERT_EQ(sent.size(), count);
     EXPECT_EQ(std::memcmp(sent.data(), at_1.data() + offset, count * sizeof(float)), 0);
 

@@ -225,7 +225,11 @@ absl::StatusOr<bool> ModelShard::SendParametersInPlace(
     return absl::OutOfRangeError(
         absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
   }
-  const auto [first, last] = RangesCovering(offset, count, range_elements_, range_count_);
+  // (Not a structured binding: C++17 lambdas cannot capture one.)
+  const std::pair<size_t, size_t> covering =
+      RangesCovering(offset, count, range_elements_, range_count_);
+  const size_t first = covering.first;
+  const size_t last = covering.second;
   // At `version` under the ranges' locks now, and again after the send: a
   // change in between bumps the ranges' versions.
   const auto check = [&]() -> absl::StatusOr<const float*> {
@@ -241,6 +245,7 @@ absl::StatusOr<bool> ModelShard::SendParametersInPlace(
   if (*params == nullptr) return false;
   if (absl::Status s = send(*params); !s.ok()) return s;
   if (absl::StatusOr<const float*> after = check(); !after.ok()) return after.status();
+  NotePulled(version, offset, count, count * sizeof(float));
   return true;
 }
 
@@ -291,12 +296,16 @@ absl::Status ModelShard::ReadParametersInto(int64_t version, uint64_t offset, ui
       }
     }
   }
-  parameter_bytes_sent_.fetch_add(count * DTypeSize(dtype), std::memory_order_relaxed);
+  NotePulled(version, offset, count, count * DTypeSize(dtype));
+  return absl::OkStatus();
+}
+
+void ModelShard::NotePulled(int64_t version, uint64_t offset, uint64_t count, uint64_t bytes) {
+  parameter_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
   if (timeline_) {
     const auto [first, last] = RangesCovering(offset, count, range_elements_, range_count_);
     timeline_->Pulled(version, first, last, absl::Now());
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_name,
