@@ -5,8 +5,9 @@
 // stall bound, and the refusal is what the call returns; a refused pull
 // returns the shard's status as well. Then the transport declines a shard
 // whose payload socket is off. Then a job of several 1 MiB pieces per
-// transfer gets the stream's bits over the sockets, and a push framed
-// otherwise than in pieces is refused without changing the shard.
+// transfer gets the stream's bits over the sockets (fp32, bf16, fp16), and
+// a push framed otherwise than in pieces is refused without changing the
+// shard.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "client/channel_security.h"
 #include "client/socket_payload_transport.h"
 #include "client/trainer_client.h"
+#include "common/dtype.h"
 #include "common/layout.h"
 #include "common/payload_socket.h"
 #include "gtest/gtest.h"
@@ -105,58 +107,99 @@ TEST(SocketPayloadTransportTest, DeclinesAShardWithoutAPayloadSocket) {
                    .has_value());
 }
 
-// A model of three and a bit pieces per transfer (1 MiB each), Adam: the
-// job over payload sockets has the stream's bits after every step.
-TEST(SocketPayloadTransportTest, TransfersOfSeveralPiecesMatchTheStreamBitForBit) {
-  const uint64_t elements = 3 * (kSocketPieceBytes / sizeof(float)) + 4099;
-  // Two single-shard servers: one job per plane.
-  std::unique_ptr<ServerProcess> servers[2];
-  for (auto& server : servers) {
-    auto started = ServerProcess::Start(0, 1);
-    ASSERT_TRUE(started.ok()) << started.status();
-    server = *std::move(started);
+// One trainer's job of a model of three and a bit 1 MiB pieces of fp32 per
+// transfer (Adam) twice, on two single-shard servers: over the payload
+// socket and over the gRPC stream, in `wire` on the wire both ways.
+class PiecesJob {
+ public:
+  static constexpr uint64_t kElements = 3 * (kSocketPieceBytes / sizeof(float)) + 4099;
+
+  void Start(DType wire) {
+    for (auto& server : servers_) {
+      auto started = ServerProcess::Start(0, 1);
+      ASSERT_TRUE(started.ok()) << started.status();
+      server = *std::move(started);
+    }
+    spec_.model_id = "pieces";
+    spec_.tensors = {{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
+    spec_.optimizer = OptimizerConfig::Adam(1e-3);
+    // The flat buffers hold the tensor and its padding (zeros).
+    total_ = ModelLayout::Create(spec_.tensors, spec_.alignment, 1)->total_elements();
+    initial_.assign(total_, 0.0f);
+    for (uint64_t i = 0; i < kElements; ++i) {
+      initial_[i] = std::sin(0.001f * static_cast<float>(i));
+    }
+    for (int plane = 0; plane < 2; ++plane) {
+      TrainerClientOptions options;
+      options.shared_memory = false;  // (It would take a shard on this host first.)
+      options.socket_payloads = plane == 0;
+      options.push_dtype = wire;
+      options.pull_dtype = wire;
+      auto client = TrainerClient::Connect({servers_[plane]->address()}, options);
+      ASSERT_TRUE(client.ok()) << client.status();
+      clients_[plane] = *std::move(client);
+      const absl::Status registered = clients_[plane]->Register(spec_, initial_);
+      ASSERT_TRUE(registered.ok()) << registered;
+      params_[plane] = initial_;
+    }
   }
-  ModelSpec spec;
-  spec.model_id = "pieces";
-  spec.tensors = {{"w", {static_cast<int64_t>(elements)}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Adam(1e-3);
-  // The flat buffers hold the tensor and its padding (zeros).
-  const uint64_t total = ModelLayout::Create(spec.tensors, spec.alignment, 1)->total_elements();
-  std::vector<float> initial(total, 0.0f);
-  for (uint64_t i = 0; i < elements; ++i) initial[i] = std::sin(0.001f * static_cast<float>(i));
-  std::unique_ptr<TrainerClient> clients[2];
-  for (int plane = 0; plane < 2; ++plane) {
-    TrainerClientOptions options;
-    options.shared_memory = false;  // (It would take a shard on this host first.)
-    options.socket_payloads = plane == 0;
-    auto client = TrainerClient::Connect({servers[plane]->address()}, options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    clients[plane] = *std::move(client);
-    const absl::Status registered = clients[plane]->Register(spec, initial);
-    ASSERT_TRUE(registered.ok()) << registered;
-  }
-  std::vector<float> params[2] = {initial, initial};
-  std::vector<float> grad(total, 0.0f);
-  auto step_both = [&](int64_t step) {
-    for (uint64_t i = 0; i < elements; ++i) {
+
+  // Step `step` on both planes: the same bits after it.
+  void StepBoth(int64_t step) {
+    std::vector<float> grad(total_, 0.0f);
+    for (uint64_t i = 0; i < kElements; ++i) {
       grad[i] = std::cos(0.003f * static_cast<float>(i) + static_cast<float>(step)) * 1e-2f;
     }
     for (int plane = 0; plane < 2; ++plane) {
       absl::StatusOr<StepResult> result =
-          clients[plane]->Step(step, grad, absl::MakeSpan(params[plane]));
+          clients_[plane]->Step(step, grad, absl::MakeSpan(params_[plane]));
       ASSERT_TRUE(result.ok()) << "plane " << plane << " step " << step << ": " << result.status();
     }
-    EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), total * sizeof(float)), 0)
+    EXPECT_EQ(std::memcmp(params_[0].data(), params_[1].data(), total_ * sizeof(float)), 0)
         << "step " << step;
-  };
-  for (int64_t step = 1; step <= 3; ++step) step_both(step);
-  EXPECT_EQ(clients[0]->socket_transfers(), 6) << "every push and pull over the socket";
-  EXPECT_EQ(clients[1]->socket_transfers(), 0);
-  EXPECT_NE(std::memcmp(params[0].data(), initial.data(), elements * sizeof(float)), 0);
+  }
+
+  void ExpectTrained(int64_t transfers) const {
+    EXPECT_EQ(clients_[0]->socket_transfers(), transfers) << "every push and pull over the socket";
+    EXPECT_EQ(clients_[1]->socket_transfers(), 0);
+    EXPECT_NE(std::memcmp(params_[0].data(), initial_.data(), kElements * sizeof(float)), 0);
+  }
+
+  const std::string& socket_shard() const { return servers_[0]->address(); }
+  const ModelSpec& spec() const { return spec_; }
+  uint64_t total() const { return total_; }
+
+ private:
+  std::unique_ptr<ServerProcess> servers_[2];
+  std::unique_ptr<TrainerClient> clients_[2];
+  ModelSpec spec_;
+  uint64_t total_ = 0;
+  std::vector<float> initial_;
+  std::vector<float> params_[2];
+};
+
+// Every 16-bit pull and push piece (512K elements) too.
+TEST(SocketPayloadTransportTest, SixteenBitTransfersOfSeveralPiecesMatchTheStream) {
+  for (DType wire : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(wire));
+    PiecesJob job;
+    job.Start(wire);
+    if (HasFatalFailure()) return;
+    for (int64_t step = 1; step <= 2; ++step) job.StepBoth(step);
+    job.ExpectTrained(4);
+  }
+}
+
+TEST(SocketPayloadTransportTest, TransfersOfSeveralPiecesMatchTheStreamBitForBit) {
+  PiecesJob job;
+  job.Start(DType::kFloat32);
+  if (HasFatalFailure()) return;
+  for (int64_t step = 1; step <= 3; ++step) job.StepBoth(step);
+  job.ExpectTrained(6);
 
   // Step 4 pushed by hand as one frame of all its bytes (not in pieces):
   // refused before anything is staged.
-  const std::string address = servers[0]->address();
+  const std::string address = job.socket_shard();
   v1::ServerInfo info;
   {
     grpc::ClientContext context;
@@ -166,21 +209,21 @@ TEST(SocketPayloadTransportTest, TransfersOfSeveralPiecesMatchTheStreamBitForBit
   absl::StatusOr<int> link = OpenLink(
       "127.0.0.1", static_cast<uint16_t>(info.payload_socket_port()), token, absl::Seconds(10));
   ASSERT_TRUE(link.ok()) << link.status();
-  std::vector<float> whole_grad(total, 0.0f);
-  std::fill(whole_grad.begin(), whole_grad.begin() + elements, 1e-3f);
+  std::vector<float> whole_grad(job.total(), 0.0f);
+  std::fill(whole_grad.begin(), whole_grad.begin() + PiecesJob::kElements, 1e-3f);
   SocketWait wait;
   wait.deadline = absl::Now() + absl::Seconds(30);
   v1::PushHeader header;
-  header.set_model_id(spec.model_id);
+  header.set_model_id(job.spec().model_id);
   header.set_trainer_rank(0);
   header.set_step(4);
-  header.set_num_elements(total);
+  header.set_num_elements(job.total());
   header.mutable_socket_payload()->set_link(token);
   header.mutable_socket_payload()->set_transfer(5);
   grpc::Status refused;
   std::thread push([&] { refused = RawPush(*NewStub(address), &header, {}); });
   // (Fails once the shard closes the link on reading the header.)
-  SendFrame(*link, PayloadFrame{PayloadFrame::kData, 5, 0, total * sizeof(float)},
+  SendFrame(*link, PayloadFrame{PayloadFrame::kData, 5, 0, job.total() * sizeof(float)},
             reinterpret_cast<const char*>(whole_grad.data()), wait)
       .IgnoreError();
   push.join();
@@ -189,8 +232,8 @@ TEST(SocketPayloadTransportTest, TransfersOfSeveralPiecesMatchTheStreamBitForBit
   EXPECT_NE(refused.error_message().find("in pieces of"), std::string::npos)
       << refused.error_message();
   // Nothing of it stayed: step 4 from the trainers still matches the stream.
-  step_both(4);
-  EXPECT_EQ(clients[0]->socket_transfers(), 8);
+  job.StepBoth(4);
+  job.ExpectTrained(8);
 }
 
 }  // namespace
