@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,26 +108,25 @@ TEST(SocketPayloadTransportTest, DeclinesAShardWithoutAPayloadSocket) {
                    .has_value());
 }
 
-// One trainer's job of a model of three and a bit 1 MiB pieces of fp32 per
-// transfer (Adam) twice, on two single-shard servers: over the payload
+// One trainer's job of a model of `pieces` and a bit 1 MiB pieces of fp32
+// per transfer (Adam) twice, on two single-shard servers: over the payload
 // socket and over the gRPC stream, in `wire` on the wire both ways.
 class PiecesJob {
  public:
-  static constexpr uint64_t kElements = 3 * (kSocketPieceBytes / sizeof(float)) + 4099;
-
-  void Start(DType wire) {
+  void Start(DType wire, uint64_t pieces = 3) {
+    elements_ = pieces * (kSocketPieceBytes / sizeof(float)) + 4099;
     for (auto& server : servers_) {
       auto started = ServerProcess::Start(0, 1);
       ASSERT_TRUE(started.ok()) << started.status();
       server = *std::move(started);
     }
     spec_.model_id = "pieces";
-    spec_.tensors = {{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
+    spec_.tensors = {{"w", {static_cast<int64_t>(elements_)}, DType::kFloat32}};
     spec_.optimizer = OptimizerConfig::Adam(1e-3);
     // The flat buffers hold the tensor and its padding (zeros).
     total_ = ModelLayout::Create(spec_.tensors, spec_.alignment, 1)->total_elements();
     initial_.assign(total_, 0.0f);
-    for (uint64_t i = 0; i < kElements; ++i) {
+    for (uint64_t i = 0; i < elements_; ++i) {
       initial_[i] = std::sin(0.001f * static_cast<float>(i));
     }
     for (int plane = 0; plane < 2; ++plane) {
@@ -147,7 +147,7 @@ class PiecesJob {
   // Step `step` on both planes: the same bits after it.
   void StepBoth(int64_t step) {
     std::vector<float> grad(total_, 0.0f);
-    for (uint64_t i = 0; i < kElements; ++i) {
+    for (uint64_t i = 0; i < elements_; ++i) {
       grad[i] = std::cos(0.003f * static_cast<float>(i) + static_cast<float>(step)) * 1e-2f;
     }
     for (int plane = 0; plane < 2; ++plane) {
@@ -162,14 +162,17 @@ class PiecesJob {
   void ExpectTrained(int64_t transfers) const {
     EXPECT_EQ(clients_[0]->socket_transfers(), transfers) << "every push and pull over the socket";
     EXPECT_EQ(clients_[1]->socket_transfers(), 0);
-    EXPECT_NE(std::memcmp(params_[0].data(), initial_.data(), kElements * sizeof(float)), 0);
+    EXPECT_NE(std::memcmp(params_[0].data(), initial_.data(), elements_ * sizeof(float)), 0);
   }
 
   const std::string& socket_shard() const { return servers_[0]->address(); }
   const ModelSpec& spec() const { return spec_; }
   uint64_t total() const { return total_; }
+  uint64_t elements() const { return elements_; }
+  const std::vector<float>& socket_params() const { return params_[0]; }
 
  private:
+  uint64_t elements_ = 0;
   std::unique_ptr<ServerProcess> servers_[2];
   std::unique_ptr<TrainerClient> clients_[2];
   ModelSpec spec_;
@@ -210,7 +213,7 @@ TEST(SocketPayloadTransportTest, TransfersOfSeveralPiecesMatchTheStreamBitForBit
       "127.0.0.1", static_cast<uint16_t>(info.payload_socket_port()), token, absl::Seconds(10));
   ASSERT_TRUE(link.ok()) << link.status();
   std::vector<float> whole_grad(job.total(), 0.0f);
-  std::fill(whole_grad.begin(), whole_grad.begin() + PiecesJob::kElements, 1e-3f);
+  std::fill(whole_grad.begin(), whole_grad.begin() + job.elements(), 1e-3f);
   SocketWait wait;
   wait.deadline = absl::Now() + absl::Seconds(30);
   v1::PushHeader header;
@@ -234,6 +237,88 @@ TEST(SocketPayloadTransportTest, TransfersOfSeveralPiecesMatchTheStreamBitForBit
   // Nothing of it stayed: step 4 from the trainers still matches the stream.
   job.StepBoth(4);
   job.ExpectTrained(8);
+}
+
+// A pull by a caller that is not the job's trainer (it names no push), over
+// a link it does not read yet: the shard's send of a piece straight from the
+// parameters blocks on the full socket, the trainer's next step is applied
+// meanwhile (no lock is held), and the check after the send fails the pull
+// ABORTED with an end frame after that piece; the link then serves the next
+// pull, which gets the new version's bits.
+TEST(SocketPayloadTransportTest, APullWhoseParametersMovedWhileSentIsAborted) {
+  PiecesJob job;
+  job.Start(DType::kFloat32, 24);  // 24 MiB: more than the sockets buffer.
+  if (HasFatalFailure()) return;
+  job.StepBoth(1);
+  const std::string address = job.socket_shard();
+  v1::ServerInfo info;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(NewStub(address)->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  }
+  const std::string token(kLinkTokenChars, 'f');
+  absl::StatusOr<int> link = OpenLink(
+      "127.0.0.1", static_cast<uint16_t>(info.payload_socket_port()), token, absl::Seconds(10));
+  ASSERT_TRUE(link.ok()) << link.status();
+  auto stub = NewStub(address);
+  // Pulls version `min_version` over the link; the frames' bytes into
+  // `bytes` (at their offsets), the end frame's offset into `ended_at`.
+  const auto pull = [&](int64_t min_version, uint64_t transfer, std::vector<char>* bytes,
+                        uint64_t* ended_at, const std::function<void()>& before_reading) {
+    v1::PullParametersRequest request;
+    request.set_model_id(job.spec().model_id);
+    request.set_min_version(min_version);
+    request.mutable_socket_payload()->set_link(token);
+    request.mutable_socket_payload()->set_transfer(transfer);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto reader = stub->PullParameters(&context, request);
+    v1::PullParametersResponse response;
+    EXPECT_TRUE(reader->Read(&response));
+    before_reading();
+    SocketWait wait;
+    wait.deadline = absl::Now() + absl::Seconds(60);
+    bytes->assign(job.total() * sizeof(float), 0);
+    for (;;) {
+      absl::StatusOr<PayloadFrame> frame = ReceiveFrameHeader(*link, wait);
+      if (!frame.ok()) {
+        ADD_FAILURE() << frame.status();
+        break;
+      }
+      EXPECT_EQ(frame->transfer, transfer);
+      if (frame->flags == PayloadFrame::kEnded) {
+        *ended_at = frame->offset;
+        break;
+      }
+      if (frame->offset + frame->bytes > bytes->size()) {
+        ADD_FAILURE() << "a frame past the range";
+        break;
+      }
+      EXPECT_TRUE(ReceiveAll(*link, bytes->data() + frame->offset, frame->bytes, wait).ok());
+    }
+    while (reader->Read(&response)) {
+    }
+    return reader->Finish();
+  };
+  std::vector<char> bytes;
+  uint64_t ended_at = 0;
+  const grpc::Status aborted = pull(1, 21, &bytes, &ended_at, [&] {
+    // The shard fills the socket and blocks in a piece's send; step 2 is
+    // applied meanwhile.
+    absl::SleepFor(absl::Milliseconds(500));
+    job.StepBoth(2);
+  });
+  EXPECT_EQ(aborted.error_code(), grpc::ABORTED) << aborted.error_message();
+  EXPECT_NE(aborted.error_message().find("during the pull"), std::string::npos)
+      << aborted.error_message();
+  EXPECT_GT(ended_at, 0u);
+  EXPECT_LT(ended_at, job.total() * sizeof(float)) << "the end frame comes after the moved piece";
+  // The link is clean: the next pull over it gets version 2 whole.
+  const grpc::Status whole = pull(2, 22, &bytes, &ended_at, [] {});
+  ASSERT_TRUE(whole.ok()) << whole.error_message();
+  EXPECT_EQ(ended_at, job.total() * sizeof(float));
+  EXPECT_EQ(std::memcmp(bytes.data(), job.socket_params().data(), bytes.size()), 0);
+  close(*link);
 }
 
 }  // namespace
