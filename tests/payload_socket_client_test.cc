@@ -29,6 +29,7 @@
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_calls.h"
+#include "tests/support/shard_queries.h"
 
 namespace shardopt::testing {
 namespace {
@@ -166,6 +167,13 @@ class PiecesJob {
   }
 
   const std::string& socket_shard() const { return servers_[0]->address(); }
+  // A payload link named `token` to the socket plane's shard, as a trainer
+  // opens one (its port from ServerInfo).
+  absl::StatusOr<int> OpenSocketLink(const std::string& token) const {
+    const v1::ServerInfo info = ServerInfoOf(socket_shard());
+    return OpenLink("127.0.0.1", static_cast<uint16_t>(info.payload_socket_port()), token,
+                    absl::Seconds(10));
+  }
   const ModelSpec& spec() const { return spec_; }
   uint64_t total() const { return total_; }
   uint64_t elements() const { return elements_; }
@@ -203,14 +211,8 @@ TEST(SocketPayloadTransportTest, TransfersOfSeveralPiecesMatchTheStreamBitForBit
   // Step 4 pushed by hand as one frame of all its bytes (not in pieces):
   // refused before anything is staged.
   const std::string address = job.socket_shard();
-  v1::ServerInfo info;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(NewStub(address)->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
-  }
   const std::string token(kLinkTokenChars, 'e');
-  absl::StatusOr<int> link = OpenLink(
-      "127.0.0.1", static_cast<uint16_t>(info.payload_socket_port()), token, absl::Seconds(10));
+  absl::StatusOr<int> link = job.OpenSocketLink(token);
   ASSERT_TRUE(link.ok()) << link.status();
   std::vector<float> whole_grad(job.total(), 0.0f);
   std::fill(whole_grad.begin(), whole_grad.begin() + job.elements(), 1e-3f);
@@ -251,14 +253,8 @@ TEST(SocketPayloadTransportTest, APullWhoseParametersMovedWhileSentIsAborted) {
   if (HasFatalFailure()) return;
   job.StepBoth(1);
   const std::string address = job.socket_shard();
-  v1::ServerInfo info;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(NewStub(address)->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
-  }
   const std::string token(kLinkTokenChars, 'f');
-  absl::StatusOr<int> link = OpenLink(
-      "127.0.0.1", static_cast<uint16_t>(info.payload_socket_port()), token, absl::Seconds(10));
+  absl::StatusOr<int> link = job.OpenSocketLink(token);
   ASSERT_TRUE(link.ok()) << link.status();
   auto stub = NewStub(address);
   // Pulls version `min_version` over the link; the frames' bytes into
