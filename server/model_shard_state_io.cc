@@ -22,6 +22,14 @@ absl::Status MovedDuringPull(uint64_t offset, uint64_t count, int64_t version, i
                    " during the pull; retry"));
 }
 
+// OUT_OF_RANGE unless a read of [offset, offset + count) lies within a
+// slice of `size` elements.
+absl::Status CheckReadInRange(uint64_t offset, uint64_t count, uint64_t size) {
+  if (offset <= size && count <= size - offset) return absl::OkStatus();
+  return absl::OutOfRangeError(
+      absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
+}
+
 // Parameters read at a time for inspection statistics.
 constexpr uint64_t kStatsBlockElements = 1 << 16;
 // Parameters converted at a time for 16-bit pulls.
@@ -221,10 +229,7 @@ absl::StatusOr<bool> ModelShard::SendParametersInPlace(
     int64_t version, uint64_t offset, uint64_t count,
     const std::function<absl::Status(const float* params)>& send) {
   if (asynchronous()) return false;
-  if (offset > range_.size() || count > range_.size() - offset) {
-    return absl::OutOfRangeError(
-        absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
-  }
+  if (absl::Status s = CheckReadInRange(offset, count, range_.size()); !s.ok()) return s;
   // (Not a structured binding: C++17 lambdas cannot capture one.)
   const std::pair<size_t, size_t> covering =
       RangesCovering(offset, count, range_elements_, range_count_);
@@ -254,10 +259,7 @@ absl::Status ModelShard::ReadParametersInto(int64_t version, uint64_t offset, ui
   if (own_memory && dtype != DType::kFloat32) {
     return absl::InvalidArgumentError("parameters in the backend's memory are fp32 only");
   }
-  if (offset > range_.size() || count > range_.size() - offset) {
-    return absl::OutOfRangeError(
-        absl::StrCat("read [", offset, ", ", offset + count, ") is outside the range"));
-  }
+  if (absl::Status s = CheckReadInRange(offset, count, range_.size()); !s.ok()) return s;
   absl::ReaderMutexLock lock(&params_mu_);
   const auto [first, last] = RangesCovering(offset, count, range_elements_, range_count_);
   // (An empty read still looks at its range's version.)
