@@ -34,7 +34,8 @@ push + Adam + pull of --sizes_mib MiB of fp32 per step:
 The jobs alternate over --rounds rounds (the machine's noise falls on all);
 the table gives each job's median step time, its payload rate (push + pull
 bytes, both directions counted, over the median step) and that rate over raw
-TCP's, and each shardopt job's speed over each ps-lite mode.
+TCP's, and each shardopt job's speed over each ps-lite mode; below it, each
+job's rate in each round over raw TCP's in the same round.
 """
 
 import argparse
@@ -236,6 +237,15 @@ def main():
             shm_speed = "" if job == "shardopt shm" else f"{median / shm:.2f}x"
             print(f"  {mib:5d} MiB  {job:18s} {median * 1e3:10.1f} {gbps:7.2f} "
                   f"{gbps / tcp_median:6.2f}x {speed:>12s} {socket_speed:>10s} {shm_speed:>8s}")
+    # Each round's job against the raw TCP of the same round: the machine's
+    # drift over the run falls on both sides of each ratio.
+    print("\nvs raw TCP round by round (min / median / max):")
+    for mib in sizes:
+        for job in jobs:
+            ratios = sorted(2 * mib * (1 << 20) / t / 1e9 / rate
+                            for t, rate in zip(times[(mib, job)], tcp))
+            print(f"  {mib:5d} MiB  {job:18s} {ratios[0]:.2f}x / {statistics.median(ratios):.2f}x / "
+                  f"{ratios[-1]:.2f}x")
     return 0
 
 

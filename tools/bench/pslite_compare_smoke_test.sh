@@ -14,3 +14,4 @@ grep -Eq '^ +1 MiB  shardopt +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+x +[0-9.]+x *$'
 grep -Eq '^ +1 MiB  shardopt socket +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+x +[0-9.]+x *$' "$out" || { echo "no shardopt socket row"; exit 1; }
 grep -Eq '^ +1 MiB  shardopt shm +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+x +[0-9.]+x *$' "$out" || { echo "no shardopt shm row"; exit 1; }
 grep -q 'raw TCP [0-9.]* GB/s' "$out" || { echo "no raw TCP figure"; exit 1; }
+grep -Eq '^ +1 MiB  shardopt socket +[0-9.]+x / [0-9.]+x / [0-9.]+x$' "$out" || { echo "no round-by-round socket ratios"; exit 1; }
