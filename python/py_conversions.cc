@@ -3,6 +3,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 

@@ -8,6 +8,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
 #include <exception>
 #include <map>
 #include <string>
@@ -16,8 +17,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/channel_security.h"
 #include "client/trainer_client.h"
 #include "common/dtype.h"
+#include "common/layout.h"
+#include "common/loss_scaler.h"
 #include "common/optimizer_config.h"
 
 namespace shardopt {
@@ -66,7 +70,7 @@ LossScalerOptions LossScalerFromKwargs(const py::dict& kw);
 // [(name, shape, offset, size)] of `layout`'s tensors.
 std::vector<py::tuple> Placements(const ModelLayout& layout);
 
-// Every StepResult field under its own name.
+// The StepResult's fields by name (all but applied_here).
 py::dict StepResultToDict(const StepResult& r);
 
 // ChannelSecurity from a dict of its field names; ValueError for another key.
