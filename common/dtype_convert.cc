@@ -238,8 +238,10 @@ size_t ConvertFromFloatAndFindNonFinite(const float* src, size_t count, DType dt
 
 size_t ConvertToFloatAndFindNonFinite(const void* src, size_t count, DType dtype, float* dst) {
   if (dtype == DType::kFloat32) return CopyAndFindNonFinite(dst, src, count);
-  // Widened and checked block by block (the check reads the 16-bit input
-  // while it is still in cache: NaN and inf widen to NaN and inf).
+  // Widened and checked block by block, the check on the widened block
+  // while it is in cache (NaN and inf widen to NaN and inf): never on the
+  // input again, which may be memory the sender still writes (a trainer's
+  // shared segment), so what is checked is what was written.
   constexpr size_t kBlock = 4096;
   const char* in = static_cast<const char*>(src);
   size_t first_bad = count;
@@ -258,7 +260,7 @@ size_t ConvertToFloatAndFindNonFinite(const void* src, size_t count, DType dtype
       WidenHalf(reinterpret_cast<const uint16_t*>(block), n, out);
     }
     if (first_bad == count) {
-      if (size_t bad = FindNonFiniteOfType(block, n, dtype); bad != n) first_bad = start + bad;
+      if (size_t bad = FindNonFinite(out, n); bad != n) first_bad = start + bad;
     }
   }
   return first_bad;

@@ -31,10 +31,10 @@ size_t FindNonFiniteOfType(const void* data, size_t count, DType dtype);
 size_t ConvertFromFloatAndFindNonFinite(const float* src, size_t count, DType dtype, void* dst);
 
 // fp32 `dst` from `count` elements of `dtype` at `src` (any alignment).
-// Returns the index of the first NaN or infinity, or `count` when all are
-// finite (checked block by block while the block is in cache: on the fp32
-// values, or on the 16-bit input, whose NaNs and infinities widen to NaNs
-// and infinities).
+// Returns the index of the first NaN or infinity in what it wrote to `dst`,
+// or `count` when all are finite: `src` is read once, so a source another
+// process may write meanwhile (shared memory) cannot pass a NaN unseen.
+// (Checked block by block while the block is in cache.)
 size_t ConvertToFloatAndFindNonFinite(const void* src, size_t count, DType dtype, float* dst);
 
 }  // namespace shardopt

@@ -1,10 +1,15 @@
 #include "common/dtype_convert.h"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
+#include "common/finite.h"
 #include "common/float_bits.h"
 #include "gtest/gtest.h"
 
@@ -146,6 +151,48 @@ TEST(DTypeConvertTest, BulkConversionsAndTheNonFiniteScan) {
   std::vector<uint16_t> bf = {0x3f80, 0x7fc0, 0xff80};
   EXPECT_EQ(FindNonFiniteOfType(bf.data(), 3, DType::kBFloat16), 1u);
   EXPECT_EQ(FindNonFiniteOfType(big.data(), 2, DType::kFloat32), 2u);
+}
+
+// A 16-bit source that another process writes meanwhile (a trainer's
+// shared segment): the answer is about what was written to dst, never about
+// a second read of the source. One element flips between NaN and 1 while
+// widening runs over and over; every answer must match dst.
+TEST(DTypeConvertTest, ReportsTheNonFiniteItWroteWhileTheSourceChanges) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const uint16_t one = dtype == DType::kBFloat16 ? 0x3f80 : 0x3c00;
+    const uint16_t nan = dtype == DType::kBFloat16 ? 0x7fc0 : 0x7e00;
+    constexpr size_t kCount = 3 * 4096 + 5;
+    constexpr size_t kFlipping = 4096 + 100;
+    std::vector<uint16_t> src(kCount, one);
+    std::vector<float> dst(kCount);
+    std::atomic<bool> stop{false};
+    // (Relaxed atomic stores; the conversion's plain loads of the flipping
+    // element are the race under test.)
+    std::thread writer([&] {
+      for (uint32_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+        __atomic_store_n(&src[kFlipping], (i & 1) ? nan : one, __ATOMIC_RELAXED);
+      }
+    });
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(150);
+    int runs = 0, saw_nan = 0;
+    bool consistent = true;
+    while ((runs < 2000 || std::chrono::steady_clock::now() < end) && runs < 200000) {
+      const size_t bad = ConvertToFloatAndFindNonFinite(src.data(), kCount, dtype, dst.data());
+      const size_t written_bad = FindNonFinite(dst.data(), kCount);
+      ++runs;
+      saw_nan += written_bad != kCount;
+      if (bad != written_bad) {
+        consistent = false;
+        break;
+      }
+    }
+    stop = true;
+    writer.join();
+    EXPECT_TRUE(consistent) << DTypeName(dtype) << ": run " << runs
+                            << " answered other than what it wrote";
+    EXPECT_GT(saw_nan, 0) << DTypeName(dtype) << ": the flipping NaN was never read in " << runs
+                          << " runs";
+  }
 }
 
 // The bulk (vectorised) loops against the scalar functions, bit for bit: every
