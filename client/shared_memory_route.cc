@@ -57,6 +57,13 @@ absl::StatusOr<std::unique_ptr<SharedMemoryLink>> SharedMemoryLink::Attach(
                      "network namespace): ",
                      socket.status().message()));
   }
+  // (The descriptor maps this trainer's buffers: never to another user's
+  // process, whatever answers at the name the shard gave.)
+  if (absl::Status same = CheckPeerIsSameUser(*socket, "process at the shard's socket", "trainer");
+      !same.ok()) {
+    close(*socket);
+    return same;
+  }
   absl::Status sent = SendMessage(*socket, absl::StrCat("attach ", segment.size()), segment.fd());
   absl::StatusOr<std::string> answer =
       sent.ok() ? ReceiveMessage(*socket, absl::Seconds(10)) : absl::StatusOr<std::string>(sent);

@@ -6,13 +6,17 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -208,6 +212,80 @@ TEST(SharedMemoryRouteTest, FallsBackWhenTheShardCannotTakeIt) {
     EXPECT_EQ(route.Link(down), nullptr);
     EXPECT_EQ(lookups, 2);
   }
+}
+
+// Whatever answers at the name a shard gave, a process of another user
+// (root's child after setuid) never gets the segment's descriptor: the
+// trainer checks its peer before it sends anything.
+TEST(SharedMemoryLinkTest, NeverHandsTheSegmentToAnotherUsersProcess) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  auto segment = NewSegment();
+  // Everything the child needs is made before fork (the child of a threaded
+  // process should only make system calls).
+  const std::string name = "route-test-" + RandomHexToken(8);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  const socklen_t length =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  int ready_pipe[2], answer_pipe[2];
+  ASSERT_EQ(pipe(ready_pipe), 0);
+  ASSERT_EQ(pipe(answer_pipe), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Listens as uid 65534, takes one connection and says whether a
+    // descriptor came with anything it received ("fd"), or not ("none").
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    const int listener = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    if (listener < 0 || bind(listener, reinterpret_cast<const sockaddr*>(&address), length) != 0 ||
+        listen(listener, 4) != 0) {
+      _exit(4);
+    }
+    if (write(ready_pipe[1], "r", 1) != 1) _exit(5);
+    pollfd waiting{listener, POLLIN, 0};
+    if (poll(&waiting, 1, 10000) != 1) _exit(6);
+    const int c = accept(listener, nullptr, nullptr);
+    if (c < 0) _exit(7);
+    char data[512];
+    char control[CMSG_SPACE(sizeof(int))] = {};
+    iovec part{data, sizeof(data)};
+    msghdr header{};
+    header.msg_iov = &part;
+    header.msg_iovlen = 1;
+    header.msg_control = control;
+    header.msg_controllen = sizeof(control);
+    pollfd message{c, POLLIN, 0};
+    bool got_fd = false;
+    if (poll(&message, 1, 5000) == 1 && recvmsg(c, &header, 0) > 0) {
+      got_fd = CMSG_FIRSTHDR(&header) != nullptr;
+    }
+    const char* said = got_fd ? "fd" : "none";
+    if (write(answer_pipe[1], said, std::strlen(said)) < 0) _exit(2);
+    _exit(0);
+  }
+  close(ready_pipe[1]);
+  close(answer_pipe[1]);
+  char ready = 0;
+  const bool listening = read(ready_pipe[0], &ready, 1) == 1;
+  close(ready_pipe[0]);
+  absl::StatusOr<std::unique_ptr<SharedMemoryLink>> link;
+  if (listening) link = SharedMemoryLink::Attach(name, segment->segment());
+  char buffer[16] = {};
+  const ssize_t n = read(answer_pipe[0], buffer, sizeof(buffer) - 1);
+  close(answer_pipe[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+    GTEST_SKIP() << "this sandbox cannot switch a process to uid 65534";
+  }
+  ASSERT_TRUE(listening && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child did not listen and answer (status " << status << ")";
+  EXPECT_EQ(std::string(buffer, n > 0 ? static_cast<size_t>(n) : 0), "none");
+  ASSERT_FALSE(link.ok());
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(link.status().message(), "runs as another user (uid 65534"))
+      << link.status();
 }
 
 }  // namespace

@@ -220,6 +220,15 @@ absl::StatusOr<uid_t> PeerUid(int socket) {
   return credentials.uid;
 }
 
+absl::Status CheckPeerIsSameUser(int socket, absl::string_view peer, absl::string_view self) {
+  absl::StatusOr<uid_t> uid = PeerUid(socket);
+  if (uid.ok() && *uid == geteuid()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("the ", peer, " runs as another user (uid ",
+                   uid.ok() ? static_cast<int64_t>(*uid) : int64_t{-1}, "; this ", self,
+                   " runs as ", geteuid(), ")"));
+}
+
 absl::Status SendMessage(int socket, absl::string_view message, int fd) {
   if (message.size() > kMaxMessage) return absl::InvalidArgumentError("message too long");
   iovec part{const_cast<char*>(message.data()), message.size()};

@@ -83,6 +83,12 @@ absl::StatusOr<int> ListenAbstract(absl::string_view name);
 absl::StatusOr<int> ConnectAbstract(absl::string_view name);
 // The uid of the process at the other end of connected socket `socket`.
 absl::StatusOr<uid_t> PeerUid(int socket);
+// OK when the process at the other end of `socket` runs as this process's
+// effective user, else FAILED_PRECONDITION ("the <peer> runs as another user
+// (uid U; this <self> runs as V)"). A segment only crosses between processes
+// of one user, and each side checks: the shard before it maps one, the
+// trainer before it hands its descriptor over.
+absl::Status CheckPeerIsSameUser(int socket, absl::string_view peer, absl::string_view self);
 
 // One message of at most 4096 bytes, with a descriptor attached when `fd` >= 0.
 absl::Status SendMessage(int socket, absl::string_view message, int fd = -1);

@@ -102,11 +102,8 @@ void SharedMemoryHost::Serve() {
         }
         // Other users, and more would-be trainers than any job has at once,
         // are let go before they cost more than this descriptor.
-        absl::StatusOr<uid_t> peer = PeerUid(connection);
-        if (!peer.ok() || *peer != geteuid()) {
-          Refuse(connection, absl::StrCat("the trainer runs as another user (uid ",
-                                          peer.ok() ? static_cast<int64_t>(*peer) : int64_t{-1},
-                                          "; this shard runs as ", geteuid(), ")"));
+        if (absl::Status same = CheckPeerIsSameUser(connection, "trainer", "shard"); !same.ok()) {
+          Refuse(connection, same.message());
         } else if (pending_.size() >= kMaxPending) {
           Refuse(connection, "too many trainers are attaching at once; try again");
         } else {
