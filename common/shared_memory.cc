@@ -6,7 +6,9 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -123,6 +125,15 @@ absl::StatusOr<SharedSegment> SharedSegment::Map(int fd, size_t expected_bytes) 
     close(fd);
     return absl::FailedPreconditionError(
         "the shared segment is not sealed against resizing (it could shrink under its mapping)");
+  }
+  // Plain shared memory only: a hugetlbfs memfd takes seals too, but a hole
+  // punched in it (which F_SEAL_SHRINK allows) gives its pages back, and
+  // the next read of them here would be a SIGBUS instead of zeros.
+  struct statfs filesystem;
+  if (fstatfs(fd, &filesystem) != 0 || filesystem.f_type != TMPFS_MAGIC) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        "the shared segment is not plain shared memory (a memfd without MFD_HUGETLB)");
   }
   struct stat info;
   if (fstat(fd, &info) != 0) {

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -47,6 +48,24 @@ TEST(SharedSegmentTest, MapRefusesAWrongSizeAndAnUnsealedSegment) {
   absl::StatusOr<SharedSegment> refused = SharedSegment::Map(unsealed, 4096);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("not sealed"), std::string::npos);
+}
+
+// A hugetlbfs memfd takes the seals, but a hole punched in it would read
+// as a SIGBUS on the shard: refused before it is mapped.
+TEST(SharedSegmentTest, MapRefusesAHugePageSegment) {
+  const int huge = memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (huge < 0) GTEST_SKIP() << "this kernel makes no hugetlbfs memfd: " << std::strerror(errno);
+  const off_t two_mib = 2 << 20;
+  if (ftruncate(huge, two_mib) != 0 ||
+      fcntl(huge, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const int error = errno;
+    close(huge);
+    GTEST_SKIP() << "this host's huge pages take no 2 MiB sealed memfd: " << std::strerror(error);
+  }
+  absl::StatusOr<SharedSegment> refused = SharedSegment::Map(huge, two_mib);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("not plain shared memory"), std::string::npos)
+      << refused.status();
 }
 
 TEST(SharedSegmentTest, TooLargeIsRefusedCleanly) {
