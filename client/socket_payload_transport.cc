@@ -76,6 +76,10 @@ absl::StatusOr<SocketPayloadTransport::Link> SocketPayloadTransport::Open(const 
 std::optional<SocketPayloadTransport::Link> SocketPayloadTransport::Take(const PayloadCall& call) {
   if (call.range.size() == 0) return std::nullopt;
   absl::MutexLock lock(&mu_);
+  // (Declining covers the idle links too: after a failed transfer they lead
+  // to the same shard.)
+  const absl::Time now = absl::Now();
+  if (now < retry_after_) return std::nullopt;
   while (!idle_.empty()) {
     Link link = idle_.back();
     idle_.pop_back();
@@ -84,8 +88,6 @@ std::optional<SocketPayloadTransport::Link> SocketPayloadTransport::Take(const P
     if (!ReadableOrClosed(link.socket)) return link;
     close(link.socket);
   }
-  const absl::Time now = absl::Now();
-  if (now < retry_after_) return std::nullopt;
   absl::StatusOr<Link> link = Open(call);
   if (link.ok()) {
     if (!announced_) LogInfo("shard %d: payloads go over the payload socket", shard_index_);
@@ -131,7 +133,22 @@ absl::Status SocketPayloadTransport::Broken(Link link, absl::Status status) {
       absl::StrContains(status.message(), "carries another transfer")) {
     return absl::UnavailableError(status.message());
   }
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
+    absl::MutexLock lock(&mu_);
+    failure_backoff_ = std::min(kRetryInterval, std::max(kFailureBackoff, 2 * failure_backoff_));
+    retry_after_ = std::max(retry_after_, absl::Now() + failure_backoff_);
+    announced_ = false;  // (Said again when the socket carries payloads again.)
+    LogInfo("shard %d: a payload-socket transfer failed (%s); payloads go over the gRPC stream "
+            "for %s",
+            shard_index_, status.ToString(), absl::FormatDuration(failure_backoff_));
+  }
   return status;
+}
+
+void SocketPayloadTransport::Transferred() {
+  transfers_.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  failure_backoff_ = absl::ZeroDuration();
 }
 
 // The push's bytes go while another thread waits for the answer: a shard
@@ -181,7 +198,7 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
   if (!sent.ok() && !absl::IsUnavailable(sent)) call.context.TryCancel();
   finisher.join();
   if (answer.ok()) {
-    transfers_.fetch_add(1, std::memory_order_relaxed);
+    Transferred();
     link->used = true;
     // (A link the shard closed after answering is dropped by Take.)
     if (!shut) {
@@ -285,7 +302,7 @@ std::optional<absl::Status> SocketPayloadTransport::Pull(const PayloadCall& call
   pulled->version = last.version();
   pulled->lr = last.lr();
   Give(*std::move(link));
-  transfers_.fetch_add(1, std::memory_order_relaxed);
+  Transferred();
   return absl::OkStatus();
 }
 

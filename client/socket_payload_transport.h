@@ -12,8 +12,14 @@
 // could not be reached after 250 ms, then doubling up to kRetryInterval,
 // and meanwhile it declines (payloads go over the stream).
 // A link whose transfer failed is closed (its bytes are the failed
-// transfer's); the call then fails UNAVAILABLE so that the retry takes a new
-// link or the stream. Thread-safe.
+// transfer's); the call then fails UNAVAILABLE so that it is retried. When
+// the link itself failed (it stalled, the call's deadline passed on it, the
+// peer closed it: UNAVAILABLE or DEADLINE_EXCEEDED), the transport also
+// declines for kFailureBackoff, doubling up to kRetryInterval while such
+// failures go on (a transfer that completes resets it): the retry goes over
+// the gRPC stream rather than wait on a new link that would most likely
+// fail the same way. A refusal in the shard's answer is not the link's
+// failure. Thread-safe.
 #ifndef SHARDOPT_CLIENT_SOCKET_PAYLOAD_TRANSPORT_H_
 #define SHARDOPT_CLIENT_SOCKET_PAYLOAD_TRANSPORT_H_
 
@@ -34,6 +40,8 @@ class SocketPayloadTransport final : public PayloadTransport {
   // A peer that moves no byte for this long (the shard sends empty frames
   // every second while a pull waits for its ranges) fails the transfer.
   static constexpr absl::Duration kStallTimeout = absl::Seconds(10);
+  // The first time a failed link sends payloads over the stream (see above).
+  static constexpr absl::Duration kFailureBackoff = absl::Seconds(1);
 
   // To shard `shard_index` at gRPC address `address`.
   SocketPayloadTransport(std::string address, uint32_t shard_index);
@@ -62,6 +70,8 @@ class SocketPayloadTransport final : public PayloadTransport {
   // result: UNAVAILABLE (retried, over a new link) when the link broke or
   // the shard no longer holds it.
   absl::Status Broken(Link link, absl::Status status);
+  // A transfer completed: counted, and the failure backoff starts over.
+  void Transferred();
   absl::StatusOr<Link> Open(const PayloadCall& call);
 
   const std::string host_;
@@ -71,6 +81,7 @@ class SocketPayloadTransport final : public PayloadTransport {
   uint16_t port_ ABSL_GUARDED_BY(mu_) = 0;  // 0: not known.
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration open_backoff_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  absl::Duration failure_backoff_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::string last_refusal_ ABSL_GUARDED_BY(mu_);
   bool announced_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> next_transfer_;

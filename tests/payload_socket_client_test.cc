@@ -7,7 +7,10 @@
 // whose payload socket is off. Then a job of several 1 MiB pieces per
 // transfer gets the stream's bits over the sockets (fp32, bf16, fp16), and
 // a push framed otherwise than in pieces is refused without changing the
-// shard.
+// shard. Last, a link that failed (a frozen shard) sends the retry over the
+// stream for a while.
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -315,6 +318,76 @@ TEST(SocketPayloadTransportTest, APullWhoseParametersMovedWhileSentIsAborted) {
   EXPECT_EQ(ended_at, job.total() * sizeof(float));
   EXPECT_EQ(std::memcmp(bytes.data(), job.socket_params().data(), bytes.size()), 0);
   close(*link);
+}
+
+// A transfer that fails on the link itself (here the shard is frozen with
+// SIGSTOP until the push's deadline passes) makes the transport decline for
+// kFailureBackoff, idle links included: the retry goes over the gRPC stream
+// instead of waiting on another link the same way. After the backoff the
+// socket carries payloads again.
+TEST(SocketPayloadTransportTest, ALinkThatFailedSendsTheRetryOverTheStream) {
+  auto server = ServerProcess::Start(0, 1);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ModelSpec spec;
+  spec.model_id = "m";
+  const uint64_t elements = uint64_t{4} << 20;  // 16 MiB: past the sockets' buffers.
+  spec.tensors = {{"w", {static_cast<int64_t>(elements)}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Sgd(0.1);
+  const uint64_t total = ModelLayout::Create(spec.tensors, spec.alignment, 1)->total_elements();
+  {
+    TrainerClientOptions options;
+    options.shared_memory = false;
+    options.socket_payloads = false;
+    auto client = TrainerClient::Connect({(*server)->address()}, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->Register(spec, std::vector<float>(total, 0.5f)).ok());
+  }
+  auto stub = StubWithToken((*server)->address(), "");
+  SocketPayloadTransport transport((*server)->address(), 0);
+  std::vector<float> params(total);
+  const auto pull = [&]() {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::PullParametersRequest request;
+    request.set_model_id("m");
+    PulledVersion version;
+    return transport.Pull(PayloadCall{context, *stub, FlatRange{0, total}}, request,
+                          DType::kFloat32, params.data(), &version);
+  };
+  std::vector<float> gradient(total, 0.25f);
+  const auto push = [&](absl::Duration deadline) {
+    v1::PushGradientsRequest header;
+    header.mutable_header()->set_model_id("m");
+    header.mutable_header()->set_step(1);
+    header.mutable_header()->set_num_elements(total);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    v1::PushGradientsResponse response;
+    return transport.Push(PayloadCall{context, *stub, FlatRange{0, total}}, header,
+                          reinterpret_cast<const char*>(gradient.data()), sizeof(float),
+                          &response);
+  };
+  // A pull over the socket leaves a clean link in the pool.
+  std::optional<absl::Status> pulled = pull();
+  ASSERT_TRUE(pulled.has_value() && pulled->ok()) << (pulled ? pulled->ToString() : "declined");
+  ASSERT_EQ(transport.transfers(), 1);
+
+  ASSERT_EQ(kill((*server)->process().pid(), SIGSTOP), 0);
+  std::optional<absl::Status> stalled = push(absl::Seconds(1));
+  const absl::Time failed_at = absl::Now();
+  std::optional<absl::Status> retried = push(absl::Seconds(1));
+  const bool declined_in_time = absl::Now() - failed_at < SocketPayloadTransport::kFailureBackoff;
+  ASSERT_EQ(kill((*server)->process().pid(), SIGCONT), 0);
+  ASSERT_TRUE(stalled.has_value());
+  EXPECT_TRUE(absl::IsUnavailable(*stalled) || absl::IsDeadlineExceeded(*stalled)) << *stalled;
+  EXPECT_FALSE(retried.has_value()) << "the retry took the socket again: " << *retried;
+  EXPECT_TRUE(declined_in_time);
+
+  absl::SleepFor(SocketPayloadTransport::kFailureBackoff + absl::Milliseconds(200));
+  pulled = pull();
+  ASSERT_TRUE(pulled.has_value()) << "still declined after the backoff";
+  EXPECT_TRUE(pulled->ok()) << *pulled;
+  EXPECT_EQ(transport.transfers(), 2);
 }
 
 }  // namespace
