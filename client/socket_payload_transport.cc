@@ -174,12 +174,16 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
   }
   writer->WritesDone();
   absl::Mutex mu;
-  bool sending = true;  // Guarded by mu.
+  bool sending = true;          // Guarded by mu.
+  bool shut_by_answer = false;  // Guarded by mu.
   absl::Status answer;
   std::thread finisher([&] {
     answer = ToAbslStatus(writer->Finish());
     absl::MutexLock lock(&mu);
-    if (sending) shutdown(link->socket, SHUT_RDWR);
+    if (sending) {
+      shutdown(link->socket, SHUT_RDWR);
+      shut_by_answer = true;
+    }
   });
   const SocketWait wait = WaitOf(call.context);
   absl::Status sent;
@@ -192,7 +196,7 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
   {
     absl::MutexLock lock(&mu);
     sending = false;
-    shut = !sent.ok();
+    shut = !sent.ok() || shut_by_answer;
   }
   // A shard that froze, or a deadline that passed, is not waited for.
   if (!sent.ok() && !absl::IsUnavailable(sent)) call.context.TryCancel();
@@ -200,8 +204,13 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
   if (answer.ok()) {
     Transferred();
     link->used = true;
-    // (A link the shard closed after answering is dropped by Take.)
-    if (!shut) {
+    // A push the shard had already (a retry's) was answered without its
+    // bytes being read: the shard closes that link, so it is not given back
+    // to wait for its end to show. (A link the shard closed after answering
+    // otherwise is dropped by Take.)
+    const bool unread = response->outcome() == v1::PushGradientsResponse::OUTCOME_DUPLICATE ||
+                        response->outcome() == v1::PushGradientsResponse::OUTCOME_ALREADY_APPLIED;
+    if (!shut && !unread) {
       Give(*std::move(link));
     } else {
       close(link->socket);

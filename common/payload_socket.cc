@@ -104,6 +104,11 @@ absl::StatusOr<PayloadFrame> DecodeFrameHeader(const char in[kFrameHeaderBytes])
   frame.transfer = GetLittle(in + 8, 8);
   frame.offset = GetLittle(in + 16, 8);
   frame.bytes = GetLittle(in + 24, 8);
+  // (Bytes after an end would be left on a link that is then reused.)
+  if (frame.flags == PayloadFrame::kEnded && frame.bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a payload end frame that announces ", frame.bytes, " bytes"));
+  }
   return frame;
 }
 

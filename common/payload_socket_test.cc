@@ -16,15 +16,25 @@ namespace {
 
 TEST(PayloadSocketTest, FrameHeadersRoundTripInLittleEndian) {
   char head[kFrameHeaderBytes];
-  EncodeFrameHeader(PayloadFrame{PayloadFrame::kEnded, 0x0102030405060708, 9, 1ull << 40}, head);
+  EncodeFrameHeader(PayloadFrame{PayloadFrame::kData, 0x0102030405060708, 9, 1ull << 40}, head);
   EXPECT_EQ(std::string(head, 4), "SOFR");
   EXPECT_EQ(head[8], 0x08);
   absl::StatusOr<PayloadFrame> frame = DecodeFrameHeader(head);
   ASSERT_TRUE(frame.ok()) << frame.status();
-  EXPECT_EQ(frame->flags, PayloadFrame::kEnded);
+  EXPECT_EQ(frame->flags, PayloadFrame::kData);
   EXPECT_EQ(frame->transfer, 0x0102030405060708u);
   EXPECT_EQ(frame->offset, 9u);
   EXPECT_EQ(frame->bytes, 1ull << 40);
+
+  // An end frame carries no bytes (they would stay on a reused link).
+  EncodeFrameHeader(PayloadFrame{PayloadFrame::kEnded, 3, 4096, 0}, head);
+  frame = DecodeFrameHeader(head);
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  EXPECT_EQ(frame->flags, PayloadFrame::kEnded);
+  EXPECT_EQ(frame->offset, 4096u);
+  EncodeFrameHeader(PayloadFrame{PayloadFrame::kEnded, 3, 4096, 8}, head);
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeFrameHeader(head).status()));
+  EncodeFrameHeader(PayloadFrame{PayloadFrame::kData, 3, 4096, 8}, head);
 
   head[4] = 7;  // Unknown flags.
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeFrameHeader(head).status()));
