@@ -6,12 +6,9 @@
 
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cstddef>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -22,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/another_user_testing.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {
@@ -218,70 +216,47 @@ TEST(SharedMemoryRouteTest, FallsBackWhenTheShardCannotTakeIt) {
 // (root's child after setuid) never gets the segment's descriptor: the
 // trainer checks its peer before it sends anything.
 TEST(SharedMemoryLinkTest, NeverHandsTheSegmentToAnotherUsersProcess) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
   auto segment = NewSegment();
-  // Everything the child needs is made before fork (the child of a threaded
-  // process should only make system calls).
   const std::string name = "route-test-" + RandomHexToken(8);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path + 1, name.data(), name.size());
-  const socklen_t length =
-      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  int ready_pipe[2], answer_pipe[2];
-  ASSERT_EQ(pipe(ready_pipe), 0);
-  ASSERT_EQ(pipe(answer_pipe), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    // Listens as uid 65534, takes one connection and says whether a
-    // descriptor came with anything it received ("fd"), or not ("none").
-    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
-    const int listener = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-    if (listener < 0 || bind(listener, reinterpret_cast<const sockaddr*>(&address), length) != 0 ||
-        listen(listener, 4) != 0) {
-      _exit(4);
-    }
-    if (write(ready_pipe[1], "r", 1) != 1) _exit(5);
-    pollfd waiting{listener, POLLIN, 0};
-    if (poll(&waiting, 1, 10000) != 1) _exit(6);
-    const int c = accept(listener, nullptr, nullptr);
-    if (c < 0) _exit(7);
-    char data[512];
-    char control[CMSG_SPACE(sizeof(int))] = {};
-    iovec part{data, sizeof(data)};
-    msghdr header{};
-    header.msg_iov = &part;
-    header.msg_iovlen = 1;
-    header.msg_control = control;
-    header.msg_controllen = sizeof(control);
-    pollfd message{c, POLLIN, 0};
-    bool got_fd = false;
-    if (poll(&message, 1, 5000) == 1 && recvmsg(c, &header, 0) > 0) {
-      got_fd = CMSG_FIRSTHDR(&header) != nullptr;
-    }
-    const char* said = got_fd ? "fd" : "none";
-    if (write(answer_pipe[1], said, std::strlen(said)) < 0) _exit(2);
-    _exit(0);
+  const AbstractSocketAddress address = AbstractSocketAddressOf(name);
+  absl::StatusOr<std::unique_ptr<SharedMemoryLink>> link =
+      absl::UnknownError("the child never listened");
+  // The child listens, takes one connection and says whether a descriptor
+  // came with anything it received ("fd") or not ("none").
+  const AnotherUserRun run = RunAsAnotherUser(
+      [&](const AnotherUserChannel& channel) {
+        const int listener = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+        if (listener < 0 || bind(listener, address.get(), address.length) != 0 ||
+            listen(listener, 4) != 0) {
+          return false;
+        }
+        channel.Ready();
+        pollfd waiting{listener, POLLIN, 0};
+        if (poll(&waiting, 1, 10000) != 1) return false;
+        const int c = accept(listener, nullptr, nullptr);
+        if (c < 0) return false;
+        char data[512];
+        char control[CMSG_SPACE(sizeof(int))] = {};
+        iovec part{data, sizeof(data)};
+        msghdr header{};
+        header.msg_iov = &part;
+        header.msg_iovlen = 1;
+        header.msg_control = control;
+        header.msg_controllen = sizeof(control);
+        pollfd message{c, POLLIN, 0};
+        bool got_fd = false;
+        if (poll(&message, 1, 5000) == 1 && recvmsg(c, &header, 0) > 0) {
+          got_fd = CMSG_FIRSTHDR(&header) != nullptr;
+        }
+        channel.Say(got_fd ? "fd" : "none", got_fd ? 2 : 4);
+        return true;
+      },
+      [&] { link = SharedMemoryLink::Attach(name, segment->segment()); });
+  if (run.outcome == AnotherUserRun::kNotRoot || run.outcome == AnotherUserRun::kCannotSwitch) {
+    GTEST_SKIP() << run.skip_reason();
   }
-  close(ready_pipe[1]);
-  close(answer_pipe[1]);
-  char ready = 0;
-  const bool listening = read(ready_pipe[0], &ready, 1) == 1;
-  close(ready_pipe[0]);
-  absl::StatusOr<std::unique_ptr<SharedMemoryLink>> link;
-  if (listening) link = SharedMemoryLink::Attach(name, segment->segment());
-  char buffer[16] = {};
-  const ssize_t n = read(answer_pipe[0], buffer, sizeof(buffer) - 1);
-  close(answer_pipe[0]);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
-    GTEST_SKIP() << "this sandbox cannot switch a process to uid 65534";
-  }
-  ASSERT_TRUE(listening && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "the child did not listen and answer (status " << status << ")";
-  EXPECT_EQ(std::string(buffer, n > 0 ? static_cast<size_t>(n) : 0), "none");
+  ASSERT_EQ(run.outcome, AnotherUserRun::kRan) << "the child did not listen and answer";
+  EXPECT_EQ(run.said, "none");
   ASSERT_FALSE(link.ok());
   EXPECT_EQ(link.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(link.status().message(), "runs as another user (uid 65534"))

@@ -3,11 +3,8 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -15,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/another_user_testing.h"
 #include "common/shared_memory.h"
 #include "gtest/gtest.h"
 
@@ -117,47 +115,30 @@ TEST(SharedMemoryHostTest, BadAttachMessagesAreAnsweredAndRefused) {
 
 // A process of another user (root's child after setuid) is refused at once.
 TEST(SharedMemoryHostTest, AnotherUserIsRefused) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
   absl::StatusOr<std::unique_ptr<SharedMemoryHost>> host = SharedMemoryHost::Start();
   ASSERT_TRUE(host.ok());
-  // Everything the child needs is made before fork (the child of a threaded
-  // process should only make system calls).
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  const std::string& name = (*host)->socket_name();
-  std::memcpy(address.sun_path + 1, name.data(), name.size());
-  const socklen_t length =
-      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  int answer_pipe[2];
-  ASSERT_EQ(pipe(answer_pipe), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    char buffer[512] = {};
-    ssize_t n = -1;
-    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
-    const int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-    if (s >= 0 && connect(s, reinterpret_cast<const sockaddr*>(&address), length) == 0) {
-      // The host answers at accept, before any message (one sent and left
-      // unread there would turn its close into ECONNRESET here).
-      pollfd waiting{s, POLLIN, 0};
-      if (poll(&waiting, 1, 10000) == 1) n = recv(s, buffer, sizeof(buffer) - 1, 0);
-    }
-    if (n > 0 && write(answer_pipe[1], buffer, static_cast<size_t>(n)) < 0) _exit(2);
-    _exit(n > 0 ? 0 : 1);
+  const AbstractSocketAddress address = AbstractSocketAddressOf((*host)->socket_name());
+  const AnotherUserRun run = RunAsAnotherUser(
+      [&](const AnotherUserChannel& channel) {
+        char buffer[512] = {};
+        ssize_t n = -1;
+        const int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+        if (s >= 0 && connect(s, address.get(), address.length) == 0) {
+          // The host answers at accept, before any message (one sent and
+          // left unread there would turn its close into ECONNRESET here).
+          pollfd waiting{s, POLLIN, 0};
+          if (poll(&waiting, 1, 10000) == 1) n = recv(s, buffer, sizeof(buffer) - 1, 0);
+        }
+        if (n > 0) channel.Say(buffer, static_cast<size_t>(n));
+        return n > 0;
+      },
+      [] {});
+  if (run.outcome == AnotherUserRun::kNotRoot || run.outcome == AnotherUserRun::kCannotSwitch) {
+    GTEST_SKIP() << run.skip_reason();
   }
-  close(answer_pipe[1]);
-  char buffer[512] = {};
-  const ssize_t n = read(answer_pipe[0], buffer, sizeof(buffer) - 1);
-  close(answer_pipe[0]);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
-    GTEST_SKIP() << "this sandbox cannot switch a process to uid 65534";
-  }
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child got no answer";
-  const std::string text(buffer, n > 0 ? static_cast<size_t>(n) : 0);
-  EXPECT_TRUE(absl::StartsWith(text, "error the trainer runs as another user (uid 65534")) << text;
+  ASSERT_EQ(run.outcome, AnotherUserRun::kRan) << "the child got no answer";
+  EXPECT_TRUE(absl::StartsWith(run.said, "error the trainer runs as another user (uid 65534"))
+      << run.said;
   EXPECT_EQ((*host)->attachments(), 0u);
 }
 
