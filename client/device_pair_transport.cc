@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/retry.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 
@@ -100,7 +101,7 @@ std::optional<DevicePairTransport::Held> DevicePairTransport::Take(const Payload
   // A shard that offers no such pairs is asked again rarely; one that did
   // not answer or join (it may be restarting), soon, then less and less
   // often.
-  open_backoff_ = std::min(kRetryInterval, std::max(absl::Milliseconds(250), 2 * open_backoff_));
+  open_backoff_ = DoubledBackoff(open_backoff_, absl::Milliseconds(250), kRetryInterval);
   retry_after_ = absl::Now() +
                  (absl::IsFailedPrecondition(held.status()) || absl::IsUnimplemented(held.status())
                       ? kRetryInterval
@@ -118,7 +119,7 @@ void DevicePairTransport::TransferFailed(const absl::Status& why) {
   // The retry of this transfer, and the calls after it for a while, go
   // another way (the gRPC stream): a pair that failed usually means the
   // peer is gone, and a new pair would wait for it to join.
-  failure_backoff_ = std::min(kRetryInterval, std::max(kFailureBackoff, 2 * failure_backoff_));
+  failure_backoff_ = DoubledBackoff(failure_backoff_, kFailureBackoff, kRetryInterval);
   retry_after_ = std::max(retry_after_, absl::Now() + failure_backoff_);
   LogInfo("shard %d: a %s device pair failed (%s); payloads go another way for %s", shard_index_,
           kind_.name(), why.ToString(), absl::FormatDuration(failure_backoff_));

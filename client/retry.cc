@@ -28,4 +28,8 @@ absl::Status RetryWithBackoff(const RetryPolicy& policy,
   return status;
 }
 
+absl::Duration DoubledBackoff(absl::Duration previous, absl::Duration first, absl::Duration cap) {
+  return std::min(cap, std::max(first, 2 * previous));
+}
+
 }  // namespace shardopt

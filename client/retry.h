@@ -31,6 +31,11 @@ absl::Status RetryWithBackoff(
     const RetryPolicy& policy, const std::function<absl::Status()>& attempt,
     const std::function<bool(const absl::Status&)>& retryable = IsRetryable);
 
+// The next wait of a backoff that starts at `first` and doubles up to `cap`
+// (`previous`: the wait before, zero for none): the transports' waits
+// before they try a shard's data plane again.
+absl::Duration DoubledBackoff(absl::Duration previous, absl::Duration first, absl::Duration cap);
+
 }  // namespace shardopt
 
 #endif  // SHARDOPT_CLIENT_RETRY_H_

@@ -80,5 +80,13 @@ TEST(RetryTest, CustomPredicate) {
   EXPECT_EQ(calls, 3);
 }
 
+TEST(RetryTest, DoubledBackoffStartsAtTheFirstWaitAndStopsAtTheCap) {
+  const absl::Duration first = absl::Milliseconds(250), cap = absl::Seconds(1);
+  EXPECT_EQ(DoubledBackoff(absl::ZeroDuration(), first, cap), first);
+  EXPECT_EQ(DoubledBackoff(first, first, cap), absl::Milliseconds(500));
+  EXPECT_EQ(DoubledBackoff(absl::Milliseconds(500), first, cap), cap);
+  EXPECT_EQ(DoubledBackoff(cap, first, cap), cap);
+}
+
 }  // namespace
 }  // namespace shardopt

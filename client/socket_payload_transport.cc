@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/retry.h"
 #include "common/dtype_convert.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -104,7 +105,7 @@ std::optional<SocketPayloadTransport::Link> SocketPayloadTransport::Take(const P
   announced_ = false;
   // A shard without a socket is asked again rarely; one that did not answer
   // soon (it may be restarting), then less and less often.
-  open_backoff_ = std::min(kRetryInterval, std::max(absl::Milliseconds(250), 2 * open_backoff_));
+  open_backoff_ = DoubledBackoff(open_backoff_, absl::Milliseconds(250), kRetryInterval);
   retry_after_ = now + (absl::IsFailedPrecondition(link.status()) ? kRetryInterval : open_backoff_);
   return std::nullopt;
 }
@@ -135,7 +136,7 @@ absl::Status SocketPayloadTransport::Broken(Link link, absl::Status status) {
   }
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
     absl::MutexLock lock(&mu_);
-    failure_backoff_ = std::min(kRetryInterval, std::max(kFailureBackoff, 2 * failure_backoff_));
+    failure_backoff_ = DoubledBackoff(failure_backoff_, kFailureBackoff, kRetryInterval);
     retry_after_ = std::max(retry_after_, absl::Now() + failure_backoff_);
     announced_ = false;  // (Said again when the socket carries payloads again.)
     LogInfo("shard %d: a payload-socket transfer failed (%s); payloads go over the gRPC stream "
