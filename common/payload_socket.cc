@@ -219,9 +219,17 @@ absl::StatusOr<TcpListener> ListenTcp(const std::string& host, uint16_t port) {
   return last;
 }
 
-void SetNoDelay(int socket) {
+void ConfigureLinkSocket(int socket) {
   const int one = 1;
   setsockopt(socket, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(socket, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(socket, IPPROTO_TCP, TCP_KEEPIDLE, &kLinkKeepaliveIdleSeconds,
+             sizeof(kLinkKeepaliveIdleSeconds));
+  setsockopt(socket, IPPROTO_TCP, TCP_KEEPINTVL, &kLinkKeepaliveIntervalSeconds,
+             sizeof(kLinkKeepaliveIntervalSeconds));
+  const unsigned int unanswered_ms =
+      static_cast<unsigned int>(absl::ToInt64Milliseconds(kLinkUnansweredTimeout));
+  setsockopt(socket, IPPROTO_TCP, TCP_USER_TIMEOUT, &unanswered_ms, sizeof(unanswered_ms));
 }
 
 bool ReadableOrClosed(int socket) {
@@ -262,7 +270,7 @@ absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Dur
       freeaddrinfo(found);
       const int flags = fcntl(fd, F_GETFL);
       fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-      SetNoDelay(fd);
+      ConfigureLinkSocket(fd);
       return fd;
     }
     last = absl::UnavailableError(

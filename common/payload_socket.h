@@ -100,13 +100,29 @@ struct TcpListener {
   uint16_t port = 0;
 };
 absl::StatusOr<TcpListener> ListenTcp(const std::string& host, uint16_t port = 0);
-// TCP_NODELAY on `socket`: frame headers and short frames go at once.
-void SetNoDelay(int socket);
+// A link's peer that acknowledges nothing for kLinkUnansweredTimeout
+// (neither the link's last bytes nor, on an idle link, TCP's keepalive
+// probes, sent after kLinkKeepaliveIdleSeconds of silence and then every
+// kLinkKeepaliveIntervalSeconds) breaks the link: one whose peer's host
+// vanished without a FIN (powered off, cut off the network) then reads as
+// closed, so that neither a trainer's pool reuses it nor a shard keeps it
+// (and its place under the shard's cap of links) for good. Without the
+// timeout, a link left with unacknowledged bytes (an end frame sent just
+// before the cut) would retransmit for a quarter of an hour. A live peer
+// that only reads slowly still acknowledges (its zero-window probes too), so
+// it does not trip it.
+inline constexpr int kLinkKeepaliveIdleSeconds = 5;
+inline constexpr int kLinkKeepaliveIntervalSeconds = 1;
+inline constexpr absl::Duration kLinkUnansweredTimeout = absl::Seconds(10);
+// Both ends' settings of a link's TCP connection: TCP_NODELAY (frame headers
+// and short frames go at once) and the timeouts above.
+void ConfigureLinkSocket(int socket);
 // True when `socket` has bytes to read or its peer closed it (checked
 // without waiting or consuming anything): an idle link in that state is not
 // clean.
 bool ReadableOrClosed(int socket);
-// A connected TCP socket (blocking, TCP_NODELAY, close-on-exec) to
+// A connected TCP socket (blocking, ConfigureLinkSocket's settings,
+// close-on-exec) to
 // `host`:`port`, connected within `timeout`; UNAVAILABLE when it is not.
 absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Duration timeout);
 // A link named `token` to the payload socket at `host`:`port`: connected,

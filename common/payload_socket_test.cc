@@ -1,8 +1,11 @@
 #include "common/payload_socket.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -86,6 +89,31 @@ TEST(PayloadSocketTest, BytesCrossALoopbackConnectionWhole) {
   EXPECT_TRUE(SendAll(*socket, sent.data(), sent.size(), wait).ok());
   reader.join();
   EXPECT_EQ(sent, received);
+  close(*socket);
+  close(listener->fd);
+}
+
+int IntOption(int socket, int level, int name) {
+  int value = -1;
+  socklen_t length = sizeof(value);
+  EXPECT_EQ(getsockopt(socket, level, name, &value, &length), 0) << strerror(errno);
+  return value;
+}
+
+// Both ends of a link probe an idle peer: one whose host vanished without a
+// FIN must not hold a link forever (tests/partition_test.cc has the shard's
+// side of it through a real cut).
+TEST(PayloadSocketTest, LinksAreKeptAliveWithoutDelay) {
+  absl::StatusOr<TcpListener> listener = ListenTcp("127.0.0.1");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::StatusOr<int> socket = ConnectTcp("127.0.0.1", listener->port, absl::Seconds(5));
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  EXPECT_EQ(IntOption(*socket, IPPROTO_TCP, TCP_NODELAY), 1);
+  EXPECT_EQ(IntOption(*socket, SOL_SOCKET, SO_KEEPALIVE), 1);
+  EXPECT_EQ(IntOption(*socket, IPPROTO_TCP, TCP_KEEPIDLE), kLinkKeepaliveIdleSeconds);
+  EXPECT_EQ(IntOption(*socket, IPPROTO_TCP, TCP_KEEPINTVL), kLinkKeepaliveIntervalSeconds);
+  EXPECT_EQ(IntOption(*socket, IPPROTO_TCP, TCP_USER_TIMEOUT),
+            absl::ToInt64Milliseconds(kLinkUnansweredTimeout));
   close(*socket);
   close(listener->fd);
 }

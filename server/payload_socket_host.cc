@@ -163,7 +163,7 @@ void PayloadSocketHost::Serve() {
           if (errno == EMFILE || errno == ENFILE) absl::SleepFor(absl::Milliseconds(50));
           break;
         }
-        SetNoDelay(connection);
+        ConfigureLinkSocket(connection);
         if (pending_.size() >= kMaxPending) {
           close(connection);
         } else {

@@ -6,12 +6,14 @@
 // which TCP retransmits after the heal; a long one (6 s) outlasts the trainers' 2 s call deadlines,
 // so the calls in flight to the shard fail and are retried. Either way every step must be applied
 // exactly once on every shard: the final parameters are bit-identical to the single-process
-// reference.
+// reference. A last case cuts a trainer's host off for good: the shard must
+// close that trainer's payload socket links by itself.
 //
 // Needs root and the `ip` and `nft` tools (tools/setup.sh installs them);
 // elsewhere the test skips, saying why.
 #include <grpcpp/grpcpp.h>
 
+#include <csignal>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -248,6 +250,71 @@ TEST_F(PartitionTest, TrainerCutOffMidTrainingRejoinsAndEveryStepIsAppliedOnce) 
   const std::vector<std::vector<float>> failed = FailedAttempts(out_dirs);
   EXPECT_GT(failed[1][0] + failed[1][1], 0) << "no call of the cut-off trainer timed out";
   EXPECT_GT(failed[0][0] + failed[0][1], 0) << "the other trainer never waited past a deadline";
+}
+
+// The payload socket links the shard holds, or nullopt when it does not
+// answer (within a short deadline).
+std::optional<uint32_t> PayloadLinksOf(v1::ShardService::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  v1::ServerInfo info;
+  if (!stub.GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok()) return std::nullopt;
+  return info.payload_socket_links();
+}
+
+// A trainer's host that vanishes without a word (cut off the network, and
+// the trainer killed there, so that not even its FIN arrives) must not leave
+// its idle payload socket links open on the shard for good, each holding a
+// descriptor and a place under the shard's cap of links: TCP keepalive and
+// the user timeout (common/payload_socket.h) find them dead after about 10 s
+// without an acknowledgement (a link whose last end frame the cut swallowed
+// included).
+TEST_F(PartitionTest, ShardClosesThePayloadLinksOfATrainerHostThatVanished) {
+  absl::StatusOr<std::unique_ptr<IsolatedHost>> host = IsolatedHost::Create(0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ServerPlacement placement;
+  placement.host = (*host)->gateway();
+  // Calls in flight when the trainer vanishes end within 2 s (their
+  // deadlines, the shard's idle bound), closing their links: what is left is
+  // the trainer's idle links, which only the keepalive finds dead.
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--stream_idle_timeout_s=2"}, placement);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::string> argv = (*host)->Wrap({Runfile("tests/test_trainer"),
+                                                 "--servers=" + (*server)->address(),
+                                                 "--rank=0",
+                                                 "--num_trainers=1",
+                                                 absl::StrCat("--models=", kModel),
+                                                 "--steps=1000000",
+                                                 "--min_step_time=10ms",
+                                                 "--rpc_timeout=2s",
+                                                 "--shared_memory=false",
+                                                 "--out_dir=" + MakeTempDir("vanished")});
+  absl::StatusOr<std::unique_ptr<ChildProcess>> trainer =
+      ChildProcess::Start(argv[0], std::vector<std::string>(argv.begin() + 1, argv.end()));
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+
+  auto watch = NewStub((*server)->address());
+  ASSERT_GE(AwaitVersion(*watch, 20), 20) << "the trainer did not get going";
+  const std::optional<uint32_t> links = PayloadLinksOf(*watch);
+  ASSERT_TRUE(links.has_value());
+  ASSERT_GT(*links, 0u) << "the trainer opened no payload socket link: nothing to test";
+
+  ASSERT_TRUE((*host)->Partition().ok());
+  (*trainer)->Signal(SIGKILL);
+  ASSERT_TRUE((*trainer)->Wait(absl::Seconds(10)).has_value()) << "the trainer outlived SIGKILL";
+  const absl::Time cut = absl::Now();
+  std::optional<uint32_t> left = links;
+  while (absl::Now() - cut < absl::Seconds(40)) {
+    left = PayloadLinksOf(*watch);
+    if (left == 0u) break;
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  ASSERT_TRUE(left.has_value()) << "the shard stopped answering";
+  EXPECT_EQ(*left, 0u) << "the shard still holds " << *left << " of the vanished trainer's "
+                       << *links << " payload links 40 s after it vanished";
+  fprintf(stderr, "[test] %u payload links of the vanished trainer closed after %s\n", *links,
+          absl::FormatDuration(absl::Now() - cut).c_str());
 }
 
 }  // namespace
