@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/fork_private.h"
 #include "common/logging.h"
 
 namespace shardopt {
@@ -57,30 +58,33 @@ absl::StatusOr<std::unique_ptr<SharedMemoryLink>> SharedMemoryLink::Attach(
                      "network namespace): ",
                      socket.status().message()));
   }
+  // (The shard holds the attachment while this end is open: not while a
+  // child forked by the trainer lives on after it.)
+  MarkForkPrivate(*socket);
   // (The descriptor maps this trainer's buffers: never to another user's
   // process, whatever answers at the name the shard gave.)
   if (absl::Status same = CheckPeerIsSameUser(*socket, "process at the shard's socket", "trainer");
       !same.ok()) {
-    close(*socket);
+    CloseForkPrivate(*socket);
     return same;
   }
   absl::Status sent = SendMessage(*socket, absl::StrCat("attach ", segment.size()), segment.fd());
   absl::StatusOr<std::string> answer =
       sent.ok() ? ReceiveMessage(*socket, absl::Seconds(10)) : absl::StatusOr<std::string>(sent);
   if (!answer.ok()) {
-    close(*socket);
+    CloseForkPrivate(*socket);
     return answer.status();
   }
   absl::string_view text = *answer;
   if (!absl::ConsumePrefix(&text, "ok ") || text.empty()) {
-    close(*socket);
+    CloseForkPrivate(*socket);
     return absl::FailedPreconditionError(
         absl::StrCat("the shard refused the segment: ", absl::StripPrefix(*answer, "error ")));
   }
   return std::unique_ptr<SharedMemoryLink>(new SharedMemoryLink(*socket, std::string(text)));
 }
 
-SharedMemoryLink::~SharedMemoryLink() { close(socket_); }
+SharedMemoryLink::~SharedMemoryLink() { CloseForkPrivate(socket_); }
 
 bool SharedMemoryLink::alive() const { return !PeerClosed(socket_); }
 

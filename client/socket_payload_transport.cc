@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "client/retry.h"
 #include "common/dtype_convert.h"
+#include "common/fork_private.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/payload_socket.h"
@@ -45,7 +46,7 @@ SocketPayloadTransport::SocketPayloadTransport(std::string address, uint32_t sha
 
 SocketPayloadTransport::~SocketPayloadTransport() {
   absl::MutexLock lock(&mu_);
-  for (const Link& link : idle_) close(link.socket);
+  for (const Link& link : idle_) CloseForkPrivate(link.socket);
 }
 
 absl::StatusOr<SocketPayloadTransport::Link> SocketPayloadTransport::Open(const PayloadCall& call) {
@@ -71,6 +72,9 @@ absl::StatusOr<SocketPayloadTransport::Link> SocketPayloadTransport::Open(const 
     port_ = 0;  // (Asked again: the shard may have restarted on another.)
     return socket.status();
   }
+  // (The shard keeps a link while this end is open: not while a child
+  // forked by the trainer lives on after it.)
+  MarkForkPrivate(*socket);
   return Link{*socket, std::move(token)};
 }
 
@@ -87,7 +91,7 @@ std::optional<SocketPayloadTransport::Link> SocketPayloadTransport::Take(const P
     // An idle link carries nothing: bytes or an end there mean the shard
     // dropped it (or went away).
     if (!ReadableOrClosed(link.socket)) return link;
-    close(link.socket);
+    CloseForkPrivate(link.socket);
   }
   absl::StatusOr<Link> link = Open(call);
   if (link.ok()) {
@@ -113,14 +117,14 @@ std::optional<SocketPayloadTransport::Link> SocketPayloadTransport::Take(const P
 void SocketPayloadTransport::Give(Link link) {
   absl::MutexLock lock(&mu_);
   if (idle_.size() >= kMaxIdleLinks) {
-    close(link.socket);
+    CloseForkPrivate(link.socket);
     return;
   }
   idle_.push_back(std::move(link));
 }
 
 absl::Status SocketPayloadTransport::Broken(Link link, absl::Status status) {
-  close(link.socket);
+  CloseForkPrivate(link.socket);
   if (absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), kLinkNotOpen)) {
     // A server at the port that does not know a link just opened there is
     // not the shard (its port is asked again), or one that restarted.
@@ -214,7 +218,7 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
     if (!shut && !unread) {
       Give(*std::move(link));
     } else {
-      close(link->socket);
+      CloseForkPrivate(link->socket);
     }
     return answer;
   }

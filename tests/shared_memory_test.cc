@@ -326,5 +326,61 @@ TEST_F(TransportFaultTest, PayloadSocketLinksSurviveKilledShardsAndTrainers) {
   EXPECT_EQ(ServerInfoOf(addresses_[0]).payload_socket_links(), 0u);
 }
 
+// A child the trainer forked without exec (a DataLoader worker) that lives
+// on after a kill -9 of the trainer holds none of the trainer's data-plane
+// sockets (common/fork_private.h): the shard drops the attachment (its
+// mapping of the segment) and the payload links while the child still runs.
+TEST(ForkedChildTest, AKilledTrainersForkedChildHoldsNoAttachmentOrLink) {
+  struct Plane {
+    const char* name;
+    std::vector<std::string> flags;
+    std::function<uint32_t(const v1::ServerInfo&)> held;
+    bool maps_segment;
+  };
+  const Plane planes[] = {
+      {"shared memory", {},
+       [](const v1::ServerInfo& info) { return info.shared_memory_attachments(); }, true},
+      {"payload sockets", kSocket,
+       [](const v1::ServerInfo& info) { return info.payload_socket_links(); }, false}};
+  for (const Plane& plane : planes) {
+    SCOPED_TRACE(plane.name);
+    auto servers = StartCluster(1, {});  // (A shard of its own: the model starts at 0.)
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    const std::string address = (*servers)[0]->address();
+    const std::string root = MakeTempDir("forked_child");
+    // (The child holds the trainer's gRPC connection, which is not ours to
+    // close: the shard's calls of the dead trainer end at their 5 s
+    // deadlines instead of at once.)
+    std::vector<std::string> flags = {"--min_step_time=50ms", "--fork_child_at_step=3",
+                                      "--rpc_timeout=5s"};
+    flags.insert(flags.end(), plane.flags.begin(), plane.flags.end());
+    std::unique_ptr<ChildProcess> trainer;
+    ASSERT_NO_FATAL_FAILURE(StartTrainer({address}, 0, 1, "adamw", 100000, root, flags, &trainer));
+    pid_t child = 0;
+    ASSERT_TRUE(Becomes(
+        [&] {
+          std::ifstream(root + "/rank0/forked_child.pid") >> child;
+          return child > 0 && plane.held(ServerInfoOf(address)) > 0;
+        },
+        absl::Seconds(30)))
+        << "the trainer did not fork its child, or holds nothing on the shard";
+    trainer->Signal(SIGKILL);
+    ASSERT_TRUE(trainer->Wait(absl::Seconds(10)).has_value());
+    const bool dropped =
+        Becomes([&] { return plane.held(ServerInfoOf(address)) == 0; }, absl::Seconds(10));
+    const bool child_alive = kill(child, 0) == 0;
+    kill(child, SIGKILL);
+    EXPECT_TRUE(dropped) << "the shard still holds " << plane.held(ServerInfoOf(address))
+                         << " of the killed trainer's " << plane.name
+                         << " through the child it forked";
+    EXPECT_TRUE(child_alive) << "the child was gone before the shard looked: nothing shown";
+    if (plane.maps_segment) {
+      const pid_t shard = (*servers)[0]->process().pid();
+      EXPECT_TRUE(Becomes([&] { return SegmentMappings(shard) == 0; }, absl::Seconds(15)))
+          << "the shard still maps the killed trainer's segment";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardopt::testing

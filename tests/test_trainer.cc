@@ -57,6 +57,9 @@ ABSL_FLAG(std::string, journal_dir, "",
 ABSL_FLAG(int64_t, die_mid_push_at_step, 0,
           "Fault injection: at this step, journal the gradient, push it to shard 0 only, and "
           "exit with status 3 (a trainer that dies in the middle of a push).");
+ABSL_FLAG(int64_t, fork_child_at_step, 0,
+          "At this step, fork a child that sleeps for 5 minutes (a DataLoader worker that "
+          "outlives the trainer) and write its pid to <out_dir>/forked_child.pid.");
 ABSL_FLAG(bool, shared_memory, true,
           "Move payloads through shared memory with shards that take it (else gRPC).");
 ABSL_FLAG(bool, socket_payloads, true,
@@ -280,6 +283,14 @@ int Train(const std::string& name) {
           return 1;
         }
       }
+    }
+    if (step == absl::GetFlag(FLAGS_fork_child_at_step)) {
+      const pid_t child = fork();
+      if (child == 0) {
+        sleep(300);
+        _exit(0);
+      }
+      std::ofstream(absl::GetFlag(FLAGS_out_dir) + "/forked_child.pid") << child << "\n";
     }
     if (step == absl::GetFlag(FLAGS_die_mid_push_at_step)) {
       // What TrainerClient::Push does up to its first shard, then death.
