@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/nccl/loopback_environment.h"
 #include "gtest/gtest.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "tests/support/gpu_required.h"
@@ -206,6 +207,7 @@ void KillShardMidJob(bool restart_with_pairs, bool nccl = false) {
                                           nccl ? "--device_pairs=nccl" : "--device_pairs=loopback",
                                           "--checkpoint_dir=" + ckpt, "--checkpoint_every=3",
                                           "--restore_from=" + ckpt};
+  if (nccl) nccl::UseNcclOverLoopback();
   const auto host_id = [nccl](const std::string& who) {
     if (nccl) setenv("NCCL_HOSTID", absl::StrCat("shardopt-faults-", who).c_str(), 1);
   };

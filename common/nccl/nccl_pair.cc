@@ -17,6 +17,23 @@ absl::Status CudaCheck(cudaError_t error, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, " failed: ", cudaGetErrorString(error)));
 }
 
+// Keeps the calling thread's current device across a call that switches
+// it: the kind's functions run on the trainer's own threads (a PyTorch
+// thread in StepOnDevice), whose current device is their framework's.
+class KeepCurrentDevice {
+ public:
+  KeepCurrentDevice() : known_(cudaGetDevice(&device_) == cudaSuccess) {}
+  ~KeepCurrentDevice() {
+    if (known_) cudaSetDevice(device_);
+  }
+  KeepCurrentDevice(const KeepCurrentDevice&) = delete;
+  KeepCurrentDevice& operator=(const KeepCurrentDevice&) = delete;
+
+ private:
+  int device_ = 0;
+  bool known_;
+};
+
 // Short naps while polling: a transfer of a few MiB takes about a
 // millisecond on one H200, a dead peer is only noticed at the deadline.
 void Nap() { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
@@ -169,6 +186,9 @@ absl::Status NcclPair::Recv(void* device_data, size_t bytes, absl::Time deadline
 
 absl::StatusOr<void*> NcclPair::Scratch(size_t bytes) {
   if (bytes <= scratch_bytes_) return scratch_;
+  // A whole piece at once, so that it never grows in steady state: cudaFree
+  // waits for every kernel of the process, other pairs' transfers included.
+  bytes = std::max<size_t>(bytes, kDevicePairPieceBytes);
   if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
   if (scratch_ != nullptr) cudaFree(scratch_);
   scratch_ = nullptr;
@@ -226,6 +246,7 @@ class NcclKind final : public DevicePairKind {
     return std::unique_ptr<DevicePair>(*std::move(pair));
   }
   absl::StatusOr<std::shared_ptr<void>> Allocate(int device, size_t bytes) const override {
+    KeepCurrentDevice keep;
     if (absl::Status s = CudaCheck(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
     void* memory = nullptr;
     if (absl::Status s = CudaCheck(cudaMalloc(&memory, std::max<size_t>(bytes, 1)),
@@ -234,6 +255,7 @@ class NcclKind final : public DevicePairKind {
       return s;
     }
     return std::shared_ptr<void>(memory, [device](void* p) {
+      KeepCurrentDevice keep;
       cudaSetDevice(device);
       cudaFree(p);
     });
@@ -241,12 +263,14 @@ class NcclKind final : public DevicePairKind {
   // (cudaMemcpy to or from pageable memory is synchronous with the host for
   // device-to-host copies; the host-to-device direction is waited for.)
   absl::Status CopyToHost(int device, void* host, const void* memory, size_t bytes) const override {
+    KeepCurrentDevice keep;
     if (absl::Status s = CudaCheck(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
     return CudaCheck(cudaMemcpy(host, memory, bytes, cudaMemcpyDeviceToHost),
                      "cudaMemcpy to the host");
   }
   absl::Status CopyFromHost(int device, void* memory, const void* host,
                             size_t bytes) const override {
+    KeepCurrentDevice keep;
     if (absl::Status s = CudaCheck(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
     if (absl::Status s = CudaCheck(cudaMemcpy(memory, host, bytes, cudaMemcpyHostToDevice),
                                    "cudaMemcpy to the device");

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/nccl/loopback_environment.h"
 #include "common/nccl/peer_process.h"
 #include "gtest/gtest.h"
 
@@ -172,12 +173,7 @@ int main(int argc, char** argv) {
   if (argc > 1) shardopt::nccl::g_peer_binary = argv[1];
   // This process is one "host", the peer another (see nccl_pair.h).
   setenv("NCCL_HOSTID", "shardopt-nccl-test-rank0", 1);
-  // Their traffic stays on loopback through NCCL's own socket transport
-  // (the peer inherits these: no network plugin, no InfiniBand probing), and
-  // NCCL's warnings reach the log for the one device session.
-  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  setenv("NCCL_IB_DISABLE", "1", 0);
-  setenv("NCCL_NET", "Socket", 0);
-  setenv("NCCL_DEBUG", "WARN", 0);
+  // (The peer inherits it.)
+  shardopt::nccl::UseNcclOverLoopback();
   return RUN_ALL_TESTS();
 }

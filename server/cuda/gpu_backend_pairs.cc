@@ -2,6 +2,7 @@
 // co.): an NCCL pair receives a push straight into the trainer's device
 // staging, a kernel checks it there, and pulls are read device to device
 // into the pair's buffer.
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -36,7 +37,11 @@ absl::StatusOr<UpdateBackend::StagedScan> GpuBackend::ScanStaged(
   const size_t bytes = host.size() * sizeof(unsigned long long);
   absl::MutexLock lock(&scan_mu_);
   if (scan_buffer_.size() < bytes) {
-    absl::StatusOr<gpu::DeviceBuffer> buffer = gpu::DeviceBuffer::Allocate(bytes);
+    // Grown rarely (room for 8K padding spans, then doubling): the old
+    // buffer's cudaFree waits for every kernel of the process, the pairs'
+    // NCCL transfers in flight included.
+    absl::StatusOr<gpu::DeviceBuffer> buffer = gpu::DeviceBuffer::Allocate(
+        std::max({bytes, 2 * scan_buffer_.size(), size_t{64} << 10}));
     if (!buffer.ok()) return buffer.status();
     scan_buffer_ = *std::move(buffer);
   }

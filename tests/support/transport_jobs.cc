@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/nccl/loopback_environment.h"
 #include "gtest/gtest.h"
 #include "tests/support/process.h"
 #include "tests/support/training_job.h"
@@ -28,6 +29,7 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 std::string RunTransportJob(const TransportJob& job) {
+  if (job.own_nccl_hosts) nccl::UseNcclOverLoopback();
   const auto host_id = [&](const std::string& who) {
     if (job.own_nccl_hosts) setenv("NCCL_HOSTID", absl::StrCat("shardopt-test-", who).c_str(), 1);
   };

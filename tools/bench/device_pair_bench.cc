@@ -36,6 +36,7 @@
 #include "client/trainer_client.h"
 #include "common/device_pair.h"
 #include "common/layout.h"
+#include "common/nccl/loopback_environment.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/workload.h"
 
@@ -74,6 +75,7 @@ class ServerChild {
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     // (Its own NCCL host; this process sets its own before any NCCL call.)
+    nccl::UseNcclOverLoopback();
     setenv("NCCL_HOSTID", "device-pair-bench-shard", 1);
     pid_t pid = 0;
     const int spawned = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);

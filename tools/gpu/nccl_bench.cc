@@ -30,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/nccl/loopback_environment.h"
 #include "common/nccl/nccl_pair.h"
 #include "common/nccl/peer_process.h"
 
@@ -64,10 +65,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   setenv("NCCL_HOSTID", "shardopt-nccl-bench-rank0", 1);
-  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  setenv("NCCL_IB_DISABLE", "1", 0);
-  setenv("NCCL_NET", "Socket", 0);
-  setenv("NCCL_DEBUG", "WARN", 0);
+  shardopt::nccl::UseNcclOverLoopback();
   const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
   std::vector<size_t> sizes;
   for (const std::string& text : absl::GetFlag(FLAGS_sizes_mib)) {
