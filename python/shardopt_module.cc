@@ -292,8 +292,9 @@ PYBIND11_MODULE(_shardopt, m) {
       {absl::StatusCode::kPermissionDenied, "PermissionDeniedError", PyExc_PermissionError},
   };
   for (const auto& [code, name, builtin] : kinds) {
-    py::tuple bases =
-        builtin ? py::make_tuple(ex.base, py::handle(builtin)) : py::make_tuple(ex.base);
+    // (Both arms as plain tuples: pybind11 3 types make_tuple's result.)
+    py::tuple bases = builtin ? py::tuple(py::make_tuple(ex.base, py::handle(builtin)))
+                              : py::tuple(py::make_tuple(ex.base));
     py::object cls = py::reinterpret_steal<py::object>(PyErr_NewException(
         absl::StrCat("shardopt._shardopt.", name).c_str(), bases.ptr(), nullptr));
     m.attr(name) = cls;

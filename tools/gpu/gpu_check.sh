@@ -8,7 +8,7 @@
 #
 #   bash tools/gpu/gpu_check.sh [--quick] [--budget=SECONDS] [--steps=LIST]
 #
-# --steps=gpu,backend,e2e,nccl,pairs,emu,bench,nccl_bench,pair_bench,torch,parity,san runs
+# --steps=gpu,backend,e2e,nccl,pairs,emu,bench,nccl_bench,pair_bench,torch_pairs,torch,parity,san runs
 # only the steps named (a short second run after a fix); the others are
 # reported "not run (--steps)" and do not fail the check.
 #
@@ -42,6 +42,11 @@
 #      pairs vs gRPC streams vs payload sockets, the shard on cuda:0 in its
 #      own process, the trainer's buffers in host memory, then in device
 #      memory
+#   6d. shardopt.torch with its model on cuda:0 over NCCL pairs
+#      (tools/gpu/torch_device_pairs.py): the binding compiled here against
+#      this machine's Python and pybind11 (tools/gpu/build_binding.sh, from
+#      the bundle's kit), two shards on cuda:0, 12 AdamW steps bit-identical
+#      to the same training over the other planes
 #   7. tools/gpu/torch_fused_adamw.py with the machine's python3, same sizes
 #   8. tools/gpu/adafactor_torch_parity.py: the CPU Adafactor (optimizer_replay)
 #      vs the machine's torch.optim.Adafactor (PyTorch 2.5+; Debian's 1.13
@@ -61,7 +66,7 @@
 # Logs go to /tmp/gpu_check. When $OUT is set (the device tool brings back at
 # most 8 files from it), it receives summary.txt (rewritten after every step,
 # so a run cut short still leaves one) and logs.tgz only. Exit status: 0 when
-# the bundle matches the sources, its libraries resolve, and steps 2-6 (4b and 4c too) passed
+# the bundle matches the sources, its libraries resolve, and steps 2-6 (4b, 4c and 6d too) passed
 # (and 8 and 9 when they ran), else 1.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -81,9 +86,9 @@ done
 if [ -n "$steps" ]; then
   [ "$steps" = ",," ] && { echo "--steps names no step" >&2; exit 2; }
   for name in $(tr ',' ' ' <<<"$steps"); do
-    case " gpu backend e2e nccl pairs emu bench nccl_bench pair_bench torch parity san " in
+    case " gpu backend e2e nccl pairs emu bench nccl_bench pair_bench torch_pairs torch parity san " in
       *" $name "*) ;;
-      *) echo "--steps: unknown step '$name' (gpu backend e2e nccl pairs emu bench nccl_bench pair_bench torch parity san)" >&2
+      *) echo "--steps: unknown step '$name' (gpu backend e2e nccl pairs emu bench nccl_bench pair_bench torch_pairs torch parity san)" >&2
          exit 2 ;;
     esac
   done
@@ -219,6 +224,7 @@ summary() {
   printf '%-30s %s\n' "end to end over nccl pairs" "${result[pairs]:-(not run yet)}"
   printf '%-30s %s\n' "nccl round trip, 2 processes" "${result[nccl_bench]:-(not run yet)}"
   printf '%-30s %s\n' "push+pull over nccl pairs" "${result[pair_bench]:-(not run yet)}"
+  printf '%-30s %s\n' "shardopt.torch, nccl pairs" "${result[torch_pairs]:-(not run yet)}"
   printf '%-30s %s\n' "emulation tests (host)" "${result[emu]:-(not run yet)}"
   printf '%-30s %s\n' "gpu_bench / torch" "${result[bench]:-(not run yet)} / ${result[torch]:-(not run yet)}"
   printf '%-30s %s\n' "adafactor vs torch.optim" "${result[adafactor]:-(not run yet)}"
@@ -327,6 +333,42 @@ fi
 save_summary
 
 torch_py=$(command -v python3 || true)
+# shardopt.torch with a CUDA model over NCCL pairs: the binding is built
+# here (this machine's Python is not the one the bundle was built for).
+if ! wanted torch_pairs; then
+  :
+elif [ -z "$torch_py" ]; then
+  result[torch_pairs]="not run (no python3)"
+  overall=1
+else
+  run_step "build the binding" 150 "$log/build_binding.log" \
+    env PYTHON="$torch_py" bash tools/gpu/build_binding.sh "$bundle"
+  rc=$?
+  if [ $rc -eq 125 ]; then
+    result[torch_pairs]="not run (budget)"
+    overall=1
+  elif [ $rc -ne 0 ]; then
+    result[torch_pairs]="FAIL: the binding did not build ($(grep -m1 -E 'error|build_binding: no' "$log/build_binding.log" | cut -c1-100))"
+    overall=1
+  else
+    # (run.sh gives the shards the bundle's libraries; this process keeps
+    # its own C++ runtime, which torch loaded, and NCCL.)
+    run_step "shardopt.torch over nccl pairs" 120 "$log/torch_pairs.log" \
+      env PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/$bundle/binding" \
+      LD_LIBRARY_PATH="$PWD/$bundle/binding/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      "$torch_py" tools/gpu/torch_device_pairs.py --server="$PWD/$bundle/run.sh shardopt_server" \
+      --kind=nccl --device=cuda:0 --server_device=cuda:0
+    rc=$?
+    verdict=$(grep -m1 '^torch_device_pairs: ' "$log/torch_pairs.log" | cut -d' ' -f2- | cut -c1-160)
+    case $rc in
+      0) result[torch_pairs]="$verdict" ;;
+      125) result[torch_pairs]="not run (budget)"; overall=1 ;;
+      *) result[torch_pairs]="${verdict:-FAIL} (exit $rc)"; overall=1 ;;
+    esac
+  fi
+fi
+save_summary
+
 if ! wanted torch; then
   : >"$log/torch.log"
 elif [ -n "$torch_py" ]; then

@@ -16,6 +16,13 @@
 #                         nccl_pair_test with nccl_peer, nccl_bench (debug
 #                         info stripped)
 #   runfiles/             the layout end_to_end_test expects (TEST_SRCDIR)
+#   binding/              the Python binding as a kit that
+#                         tools/gpu/build_binding.sh compiles there against
+#                         that machine's Python: its two sources, the headers
+#                         they include (the project's, the generated protos',
+#                         Debian's Abseil, protobuf, gRPC, and pybind11 2.10
+#                         as a fallback), the shardopt package; what it links
+#                         is lib/libshardopt_binding_deps.so
 #   lib/                  the ldd-resolved libraries (Abseil, the Bazel solibs
 #                         of the project's own libraries, libstdc++, libgcc_s)
 #   MANIFEST              source fingerprint (tools/gpu/source_fingerprint.sh),
@@ -40,6 +47,7 @@ targets=(
   //common/nccl:nccl_peer
   //tools/gpu:nccl_bench
   //tools/bench:device_pair_bench
+  //python:libshardopt_binding_deps.so
 )
 # The sources before and after the build must agree: an edit made while
 # Bazel ran would give a bundle whose fingerprint lies.
@@ -79,16 +87,14 @@ is_system() {
   return 1
 }
 
-for b in "${binaries[@]}"; do
-  [ -x "$b" ] || { echo "missing $b" >&2; exit 1; }
-  cp -L "$b" "$bundle/bin/"
-  chmod u+w "$bundle/bin/$(basename "$b")"
-  strip --strip-debug "$bundle/bin/$(basename "$b")"
+# Copies the libraries $1 loads (but the system's) into lib/.
+copy_libraries_of() {
   # "name => /path (0x...)" lines; "not found" is an error.
-  deps=$(ldd "$b")
+  local deps
+  deps=$(ldd "$1")
   if grep -q "not found" <<<"$deps"; then
     echo "$deps" >&2
-    echo "unresolved libraries for $b" >&2
+    echo "unresolved libraries for $1" >&2
     exit 1
   fi
   awk '/=>/ && $3 ~ /^\// {print $3}' <<<"$deps" | while read -r lib; do
@@ -99,7 +105,35 @@ for b in "${binaries[@]}"; do
     chmod u+w "$dest"
     strip --strip-debug "$dest" 2>/dev/null || true
   done
+}
+
+for b in "${binaries[@]}"; do
+  [ -x "$b" ] || { echo "missing $b" >&2; exit 1; }
+  cp -L "$b" "$bundle/bin/"
+  chmod u+w "$bundle/bin/$(basename "$b")"
+  strip --strip-debug "$bundle/bin/$(basename "$b")"
+  copy_libraries_of "$b"
 done
+
+# The binding's kit (see the header) and the library it links, with the
+# libraries that one loads.
+deps_library="$bin_root/python/libshardopt_binding_deps.so"
+cp -L "$deps_library" "$bundle/lib/"
+chmod u+w "$bundle/lib/libshardopt_binding_deps.so"
+copy_libraries_of "$deps_library"
+kit="$bundle/binding"
+mkdir -p "$kit/include/google" "$kit/include/client" "$kit/include/common" \
+  "$kit/include/python" "$kit/include/proto/shardopt/v1" "$kit/src" "$kit/shardopt" \
+  "$kit/pybind11_include"
+cp -r /usr/include/absl /usr/include/grpc /usr/include/grpcpp "$kit/include/"
+cp -r /usr/include/google/protobuf "$kit/include/google/"
+cp -r /usr/include/pybind11 "$kit/pybind11_include/"
+cp client/*.h "$kit/include/client/"
+cp common/*.h "$kit/include/common/"
+cp python/py_conversions.h "$kit/include/python/"
+cp "$bin_root"/proto/shardopt/v1/*.pb.h "$kit/include/proto/shardopt/v1/"
+cp python/shardopt_module.cc python/py_conversions.cc "$kit/src/"
+cp python/shardopt/*.py "$kit/shardopt/"
 
 # The end-to-end test finds the server and trainer binaries through a
 # runfiles tree ($TEST_SRCDIR/shardopt/...), as under `bazel test`.

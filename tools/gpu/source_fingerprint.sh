@@ -6,7 +6,9 @@
 # is reported before any device time is spent on it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-find WORKSPACE BUILD .bazelrc client common platforms proto server tests third_party tools \
+# (python/: the binding's kit carries its sources and the shardopt package.)
+find WORKSPACE BUILD .bazelrc client common platforms proto python server tests third_party tools \
   -type f \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.proto' -o -name 'BUILD' \
-  -o -name 'WORKSPACE' -o -name '*.bzl' -o -name '.bazelrc' \) -print0 |
+  -o -name 'WORKSPACE' -o -name '*.bzl' -o -name '.bazelrc' -o -path 'python/shardopt/*.py' \) \
+  -print0 |
   LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16

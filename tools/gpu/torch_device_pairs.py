@@ -1,0 +1,186 @@
+"""shardopt.torch with a GPU model over device pairs, against the same
+training over the other data planes, bit for bit.
+
+Two shard servers (--device_pairs=KIND, on --server_device) each run as an
+NCCL "host" of their own (NCCL_HOSTID apart, so that NCCL takes processes
+sharing one GPU for different hosts), and this process trains one small MLP
+twice, from the same initial values and batches:
+
+  pairs:  the model on --device, DistributedOptimizer(device_pairs=KIND): the
+          flat buffers live on that device, the gradient is pushed from them
+          and the parameters pulled into them over the pairs;
+  planes: the model's parameters on the CPU, device_pairs="off" (shared
+          memory, sockets or gRPC); each step's gradient is computed by a twin
+          on --device that holds a copy of the CPU parameters, so that both
+          runs see the very same gradients.
+
+Both must end with the same bits, and the pairs must have carried the pushes
+and pulls of both shards from and into the device buffers. With
+--kind=loopback --device=cpu --server_device=cpu (the NCCL protocol in host
+memory) it runs on any machine; tools/gpu/gpu_check.sh runs it with NCCL on
+cuda:0. Prints one line "torch_device_pairs: PASS ..." or "... FAIL ..." and
+exits 0 or 1 (2: could not run).
+
+  python3 torch_device_pairs.py [--server=PATH] [--kind=nccl] [--device=cuda:0]
+      [--server_device=cuda:0] [--steps=12]
+"""
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+STEPS = 12
+
+
+def start_servers(binary, count, kind, server_device, workdir):
+    procs, addresses = [], []
+    for i in range(count):
+        port_file = os.path.join(workdir, f"port{i}")
+        env = dict(os.environ, NCCL_HOSTID=f"torch-device-pairs-shard{i}")
+        log = open(os.path.join(workdir, f"server{i}.log"), "w")
+        procs.append(subprocess.Popen(
+            [*shlex.split(binary), "--listen=127.0.0.1:0", f"--port_file={port_file}", f"--shard_index={i}",
+             f"--shard_count={count}", f"--device={server_device}", f"--device_pairs={kind}",
+             "--threads=2"], stdout=subprocess.DEVNULL, stderr=log, env=env))
+        deadline = time.time() + 60
+        while not os.path.exists(port_file):
+            if time.time() > deadline or procs[-1].poll() is not None:
+                stop(procs)
+                with open(log.name) as said:
+                    raise RuntimeError(f"shard {i} did not start:\n{said.read()[-2000:]}")
+            time.sleep(0.02)
+        with open(port_file) as f:
+            addresses.append(f"127.0.0.1:{f.read().strip()}")
+    return procs, addresses
+
+
+def stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--server", default=os.environ.get("SHARDOPT_SERVER"),
+                        help="the shardopt_server binary, or a command that runs it "
+                             "(default: $SHARDOPT_SERVER)")
+    parser.add_argument("--kind", default="nccl")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--server_device", default="cuda:0")
+    parser.add_argument("--steps", type=int, default=STEPS)
+    args = parser.parse_args()
+    if not args.server:
+        parser.error("--server (or SHARDOPT_SERVER) must name the shardopt_server binary")
+
+    # NCCL's setting for peers on one machine (common/nccl/loopback_environment.h),
+    # before this process (a "host" of its own) loads NCCL.
+    for name, value in (("NCCL_SOCKET_IFNAME", "lo"), ("NCCL_IB_DISABLE", "1"),
+                        ("NCCL_NET", "Socket"), ("NCCL_DEBUG", "WARN")):
+        os.environ.setdefault(name, value)
+    os.environ["NCCL_HOSTID"] = "torch-device-pairs-trainer"
+    import torch
+    import shardopt.torch
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print("torch_device_pairs: SKIP: this torch sees no CUDA GPU")
+            return 2
+        # The same gradients from the same values in both runs.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+    def net():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Tanh(),
+                                   torch.nn.Linear(256, 10))
+
+    def batch(step):
+        g = torch.Generator().manual_seed(step)
+        return (torch.randn(64, 32, generator=g).to(device),
+                torch.randint(0, 10, (64,), generator=g).to(device))
+
+    def loss_of(model, step):
+        x, y = batch(step)
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    workdir = tempfile.mkdtemp(prefix="torch_device_pairs")
+    procs, addresses = start_servers(args.server, 2, args.kind, args.server_device, workdir)
+    try:
+        common = dict(servers=addresses, rank=0, world_size=1, optimizer="adamw", lr=0.01,
+                      weight_decay=0.01)
+        pair_model = net().to(device)
+        pairs = shardopt.torch.DistributedOptimizer(
+            pair_model.named_parameters(), model_id="pairs", device_pairs=args.kind, **common)
+        for step in range(1, args.steps + 1):
+            pairs.zero_grad()
+            loss_of(pair_model, step).backward()
+            pairs.step()
+
+        plane_model = net()
+        twin = net().to(device)
+        planes = shardopt.torch.DistributedOptimizer(
+            plane_model.named_parameters(), model_id="planes", device_pairs="off", **common)
+        for step in range(1, args.steps + 1):
+            with torch.no_grad():
+                for t, p in zip(twin.parameters(), plane_model.parameters()):
+                    t.copy_(p)
+            twin.zero_grad()
+            loss_of(twin, step).backward()
+            planes.zero_grad()
+            with torch.no_grad():
+                for t, p in zip(twin.parameters(), plane_model.parameters()):
+                    p.grad.copy_(t.grad)
+            planes.step()
+
+        group = pairs._groups[0]
+        client = group.client
+        problems = []
+        if not group.device_buffers:
+            problems.append("the pairs run did not keep its buffers on the device")
+        if group.flat_params.device != device:
+            problems.append(f"the flat parameters are on {group.flat_params.device}")
+        # Both shards' push and pull each step from and into the device
+        # buffers (a few may find a pair still opening).
+        wanted = args.steps * 2 * 2 * 9 // 10
+        if client.device_buffer_transfers < wanted:
+            problems.append(f"{client.device_buffer_transfers} transfers from or into the device "
+                            f"buffers, fewer than {wanted}")
+        if planes._groups[0].client.device_pair_transfers != 0:
+            problems.append("the planes run used device pairs")
+        differing = 0
+        for (name, p), q in zip(pair_model.named_parameters(), plane_model.parameters()):
+            if p.device != device:
+                problems.append(f"{name} left {device} for {p.device}")
+            if not torch.equal(p.detach().cpu(), q.detach()):
+                differing += 1
+                problems.append(f"{name} differs: largest difference "
+                                f"{(p.detach().cpu() - q.detach()).abs().max().item():.3g}")
+        moved = client.device_buffer_transfers
+        if problems:
+            print(f"torch_device_pairs: FAIL ({args.kind}, {args.device}): " + "; ".join(problems))
+            for i in range(len(procs)):
+                with open(os.path.join(workdir, f"server{i}.log")) as said:
+                    sys.stdout.write(f"--- shard {i} said:\n{said.read()[-1500:]}")
+            return 1
+        print(f"torch_device_pairs: PASS ({args.kind}, model on {args.device}, shards on "
+              f"{args.server_device}): {args.steps} AdamW steps bit-identical to the other "
+              f"planes, {moved} transfers from/into the device buffers")
+        return 0
+    finally:
+        stop(procs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
