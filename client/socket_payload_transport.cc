@@ -72,9 +72,8 @@ absl::StatusOr<SocketPayloadTransport::Link> SocketPayloadTransport::Open(const 
     port_ = 0;  // (Asked again: the shard may have restarted on another.)
     return socket.status();
   }
-  // (The shard keeps a link while this end is open: not while a child
-  // forked by the trainer lives on after it.)
-  MarkForkPrivate(*socket);
+  // (Fork-private already: the shard keeps a link while this end is open,
+  // not while a child forked by the trainer lives on after it.)
   return Link{*socket, std::move(token)};
 }
 

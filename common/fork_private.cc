@@ -38,12 +38,20 @@ void ReplaceInChild() {
     }
   }
   if (null >= 0) close(null);
+  // The child holds none of them now: a number it reuses later is its own
+  // (and kept by its children). clear() frees nothing.
+  Registry().clear();
   RegistryMutex().unlock();
 }
 
 void InstallForkHandlers() {
   static std::once_flag once;
-  std::call_once(once, [] { pthread_atfork(LockBeforeFork, UnlockInParent, ReplaceInChild); });
+  std::call_once(once, [] {
+    // Made before any handler can run (nothing is allocated in the child).
+    RegistryMutex();
+    Registry().reserve(16);
+    pthread_atfork(LockBeforeFork, UnlockInParent, ReplaceInChild);
+  });
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/fork_private.h"
 
 namespace shardopt {
 namespace {
@@ -286,6 +287,9 @@ absl::StatusOr<int> OpenLink(const std::string& host, uint16_t port, absl::strin
   const absl::Time deadline = absl::Now() + timeout;
   absl::StatusOr<int> socket = ConnectTcp(host, port, timeout);
   if (!socket.ok()) return socket.status();
+  // At once, not after the hello: a child forked during the handshake must
+  // not keep the link either.
+  MarkForkPrivate(*socket);
   const std::string hello = EncodeHello(token);
   SocketWait wait;
   wait.deadline = deadline;
@@ -296,7 +300,7 @@ absl::StatusOr<int> OpenLink(const std::string& host, uint16_t port, absl::strin
     s = absl::UnavailableError("the shard's payload socket did not accept the link");
   }
   if (!s.ok()) {
-    close(*socket);
+    CloseForkPrivate(*socket);
     return s;
   }
   return *socket;

@@ -108,12 +108,15 @@ absl::StatusOr<TcpListener> ListenTcp(const std::string& host, uint16_t port = 0
 // closed, so that neither a trainer's pool reuses it nor a shard keeps it
 // (and its place under the shard's cap of links) for good. Without the
 // timeout, a link left with unacknowledged bytes (an end frame sent just
-// before the cut) would retransmit for a quarter of an hour. A live peer
-// that only reads slowly still acknowledges (its zero-window probes too), so
-// it does not trip it.
+// before the cut) would retransmit for a quarter of an hour. Linux (5.11 and
+// later) also breaks a link whose peer keeps its receive window shut that
+// long while answering every probe, a peer that reads nothing for 30 s: a
+// trainer gives up on a stalled link sooner anyway (its transfers' stall
+// bound), and the shard's pull to a trainer that stopped reading then ends
+// after 30 s where its stall bound (--stream_idle_timeout_s) is longer.
 inline constexpr int kLinkKeepaliveIdleSeconds = 5;
 inline constexpr int kLinkKeepaliveIntervalSeconds = 1;
-inline constexpr absl::Duration kLinkUnansweredTimeout = absl::Seconds(10);
+inline constexpr absl::Duration kLinkUnansweredTimeout = absl::Seconds(30);
 // Both ends' settings of a link's TCP connection: TCP_NODELAY (frame headers
 // and short frames go at once) and the timeouts above.
 void ConfigureLinkSocket(int socket);
@@ -127,7 +130,8 @@ bool ReadableOrClosed(int socket);
 absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Duration timeout);
 // A link named `token` to the payload socket at `host`:`port`: connected,
 // its hello sent and accepted, all within `timeout`; UNAVAILABLE (or
-// DEADLINE_EXCEEDED) when it is not.
+// DEADLINE_EXCEEDED) when it is not. The descriptor is the trainer's alone
+// (MarkForkPrivate, common/fork_private.h): close it with CloseForkPrivate.
 absl::StatusOr<int> OpenLink(const std::string& host, uint16_t port, absl::string_view token,
                              absl::Duration timeout);
 // The host part of a gRPC target "host:port" / "[v6]:port" (scheme prefixes

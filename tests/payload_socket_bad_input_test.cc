@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/fork_private.h"
 #include "common/payload_socket.h"
 #include "common/shared_memory.h"
 #include "tests/bad_input_fixture.h"
@@ -42,7 +43,7 @@ class PayloadSocketBadInputTest : public BadInputTest {
     port_ = static_cast<uint16_t>(info.payload_socket_port());
   }
   void TearDown() override {
-    for (int socket : opened_) close(socket);
+    for (int socket : opened_) CloseForkPrivate(socket);
   }
 
   v1::ServerInfo Info() {
@@ -194,7 +195,7 @@ TEST_F(PayloadSocketBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
     grpc::Status status;
     std::thread push([&] { status = Push(&cut, {}); });
     absl::SleepFor(absl::Milliseconds(300 * (attempt + 1)));
-    close(link.socket);
+    CloseForkPrivate(link.socket);
     opened_.pop_back();
     push.join();
     if (status.error_code() == grpc::FAILED_PRECONDITION) {
@@ -212,7 +213,7 @@ TEST_F(PayloadSocketBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
   both.mutable_shared_memory()->set_attachment("00");
   ExpectRejected(Push(&both, {}), grpc::INVALID_ARGUMENT, "shared-memory payload and a payload",
                  before);
-  close(link.socket);
+  CloseForkPrivate(link.socket);
   opened_.pop_back();
 
   // A push refused before its payload is read (a rank the model lacks)
@@ -269,7 +270,7 @@ TEST_F(PayloadSocketBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
   EXPECT_EQ(Info().payload_socket_links(), 1u);
 
   // Closed by the trainer: the link is refused from then on.
-  close(link.socket);
+  CloseForkPrivate(link.socket);
   opened_.pop_back();
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (Info().payload_socket_links() != 0) {

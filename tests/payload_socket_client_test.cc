@@ -27,6 +27,7 @@
 #include "client/trainer_client.h"
 #include "common/dtype.h"
 #include "common/layout.h"
+#include "common/fork_private.h"
 #include "common/payload_socket.h"
 #include "common/proto_convert.h"
 #include "gtest/gtest.h"
@@ -236,7 +237,7 @@ TEST(SocketPayloadTransportTest, TransfersOfSeveralPiecesMatchTheStreamBitForBit
             reinterpret_cast<const char*>(whole_grad.data()), wait)
       .IgnoreError();
   push.join();
-  close(*link);
+  CloseForkPrivate(*link);
   EXPECT_EQ(refused.error_code(), grpc::INVALID_ARGUMENT) << refused.error_message();
   EXPECT_NE(refused.error_message().find("in pieces of"), std::string::npos)
       << refused.error_message();
@@ -318,7 +319,7 @@ TEST(SocketPayloadTransportTest, APullWhoseParametersMovedWhileSentIsAborted) {
   ASSERT_TRUE(whole.ok()) << whole.error_message();
   EXPECT_EQ(ended_at, job.total() * sizeof(float));
   EXPECT_EQ(std::memcmp(bytes.data(), job.socket_params().data(), bytes.size()), 0);
-  close(*link);
+  CloseForkPrivate(*link);
 }
 
 // A transfer that fails on the link itself (here the shard is frozen with

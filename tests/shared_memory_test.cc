@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -357,6 +358,10 @@ TEST(ForkedChildTest, AKilledTrainersForkedChildHoldsNoAttachmentOrLink) {
     std::unique_ptr<ChildProcess> trainer;
     ASSERT_NO_FATAL_FAILURE(StartTrainer({address}, 0, 1, "adamw", 100000, root, flags, &trainer));
     pid_t child = 0;
+    // (The child sleeps 5 minutes: not past a failed check.)
+    const absl::Cleanup kill_child = [&child] {
+      if (child > 0) kill(child, SIGKILL);
+    };
     ASSERT_TRUE(Becomes(
         [&] {
           std::ifstream(root + "/rank0/forked_child.pid") >> child;
@@ -369,7 +374,6 @@ TEST(ForkedChildTest, AKilledTrainersForkedChildHoldsNoAttachmentOrLink) {
     const bool dropped =
         Becomes([&] { return plane.held(ServerInfoOf(address)) == 0; }, absl::Seconds(10));
     const bool child_alive = kill(child, 0) == 0;
-    kill(child, SIGKILL);
     EXPECT_TRUE(dropped) << "the shard still holds " << plane.held(ServerInfoOf(address))
                          << " of the killed trainer's " << plane.name
                          << " through the child it forked";

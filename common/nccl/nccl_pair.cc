@@ -18,13 +18,16 @@ absl::Status CudaCheck(cudaError_t error, absl::string_view what) {
 }
 
 // Keeps the calling thread's current device across a call that switches
-// it: the kind's functions run on the trainer's own threads (a PyTorch
-// thread in StepOnDevice), whose current device is their framework's.
+// it: a pair's and the kind's functions run on the trainer's own threads (a
+// PyTorch thread in StepOnDevice), whose current device is their
+// framework's. Only a device that changed is set back (setting one makes
+// its context).
 class KeepCurrentDevice {
  public:
   KeepCurrentDevice() : known_(cudaGetDevice(&device_) == cudaSuccess) {}
   ~KeepCurrentDevice() {
-    if (known_) cudaSetDevice(device_);
+    int now = device_;
+    if (known_ && cudaGetDevice(&now) == cudaSuccess && now != device_) cudaSetDevice(device_);
   }
   KeepCurrentDevice(const KeepCurrentDevice&) = delete;
   KeepCurrentDevice& operator=(const KeepCurrentDevice&) = delete;
@@ -66,6 +69,7 @@ absl::StatusOr<std::unique_ptr<NcclPair>> NcclPair::Connect(absl::string_view un
   }
   absl::StatusOr<const NcclLibrary*> library = NcclLibrary::Load();
   if (!library.ok()) return library.status();
+  KeepCurrentDevice keep;
   std::unique_ptr<NcclPair> pair(new NcclPair(*library, rank, device, std::move(peer)));
   if (absl::Status s =
           CudaCheck(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
@@ -94,6 +98,7 @@ absl::StatusOr<std::unique_ptr<NcclPair>> NcclPair::Connect(absl::string_view un
 }
 
 NcclPair::~NcclPair() {
+  KeepCurrentDevice keep;
   if (comm_ != nullptr) {
     cudaSetDevice(device_);
     // Flush what was issued, briefly: a peer gone meanwhile gets the pair
@@ -162,6 +167,7 @@ absl::Status NcclPair::Transfer(bool send, void* device_data, size_t bytes, absl
     return absl::Status(broken_.code(), absl::StrCat(what, ": the NCCL pair with ", peer_,
                                                      " failed before: ", broken_.message()));
   }
+  KeepCurrentDevice keep;
   if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
   const int other = 1 - rank_;
   auto stream = static_cast<cudaStream_t>(stream_);
@@ -189,6 +195,7 @@ absl::StatusOr<void*> NcclPair::Scratch(size_t bytes) {
   // A whole piece at once, so that it never grows in steady state: cudaFree
   // waits for every kernel of the process, other pairs' transfers included.
   bytes = std::max<size_t>(bytes, kDevicePairPieceBytes);
+  KeepCurrentDevice keep;
   if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
   if (scratch_ != nullptr) cudaFree(scratch_);
   scratch_ = nullptr;
@@ -207,6 +214,7 @@ absl::StatusOr<void*> NcclPair::Scratch(size_t bytes) {
 // transfer and before its next, and done (a pageable source's DMA included)
 // when they return.
 absl::Status NcclPair::CopyIn(void* device_data, const void* host, size_t bytes) {
+  KeepCurrentDevice keep;
   if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
   auto stream = static_cast<cudaStream_t>(stream_);
   if (absl::Status s =
@@ -219,6 +227,7 @@ absl::Status NcclPair::CopyIn(void* device_data, const void* host, size_t bytes)
 }
 
 absl::Status NcclPair::CopyOut(void* host, const void* device_data, size_t bytes) {
+  KeepCurrentDevice keep;
   if (absl::Status s = CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) return s;
   auto stream = static_cast<cudaStream_t>(stream_);
   if (absl::Status s =

@@ -37,7 +37,7 @@ absl::StatusOr<UpdateBackend::StagedScan> GpuBackend::ScanStaged(
   const size_t bytes = host.size() * sizeof(unsigned long long);
   absl::MutexLock lock(&scan_mu_);
   if (scan_buffer_.size() < bytes) {
-    // Grown rarely (room for 8K padding spans, then doubling): the old
+    // Grown rarely (room for 4K padding spans, then doubling): the old
     // buffer's cudaFree waits for every kernel of the process, the pairs'
     // NCCL transfers in flight included.
     absl::StatusOr<gpu::DeviceBuffer> buffer = gpu::DeviceBuffer::Allocate(

@@ -9,13 +9,15 @@ twice, from the same initial values and batches:
   pairs:  the model on --device, DistributedOptimizer(device_pairs=KIND): the
           flat buffers live on that device, the gradient is pushed from them
           and the parameters pulled into them over the pairs;
-  planes: the model's parameters on the CPU, device_pairs="off" (shared
-          memory, sockets or gRPC); each step's gradient is computed by a twin
-          on --device that holds a copy of the CPU parameters, so that both
-          runs see the very same gradients.
+  stream: the model's parameters on the CPU, device_pairs="off" and the gRPC
+          stream; each step's gradient is computed by a twin on --device that
+          holds a copy of the CPU parameters, so that both runs see the very
+          same gradients.
 
-Both must end with the same bits, and the pairs must have carried the pushes
-and pulls of both shards from and into the device buffers. With
+Both must end with the same bits, away from where they started, and the pairs
+must have carried the pushes and pulls of both shards from and into the
+device buffers. The shards load the NCCL library torch loaded here (two NCCL
+versions need not talk). With
 --kind=loopback --device=cpu --server_device=cpu (the NCCL protocol in host
 memory) it runs on any machine; tools/gpu/gpu_check.sh runs it with NCCL on
 cuda:0. Prints one line "torch_device_pairs: PASS ..." or "... FAIL ..." and
@@ -34,6 +36,16 @@ import tempfile
 import time
 
 STEPS = 12
+
+
+def loaded_nccl():
+    """The libnccl this process has mapped (torch's), or None."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libnccl.so"):
+                return path
+    return None
 
 
 def start_servers(binary, count, kind, server_device, workdir):
@@ -100,6 +112,11 @@ def main():
         # The same gradients from the same values in both runs.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
+        torch.zeros(1, device=device)  # (CUDA and torch's NCCL loaded.)
+        nccl = os.environ.get("SHARDOPT_NCCL_LIBRARY") or loaded_nccl()
+        if nccl:
+            os.environ["SHARDOPT_NCCL_LIBRARY"] = nccl  # This process's and the shards'.
+        print(f"torch_device_pairs: torch {torch.__version__}, NCCL library {nccl or '(found by the loader)'}")
 
     def net():
         torch.manual_seed(3)
@@ -128,10 +145,12 @@ def main():
             loss_of(pair_model, step).backward()
             pairs.step()
 
+        initial = [p.detach().clone() for p in net().parameters()]
         plane_model = net()
         twin = net().to(device)
         planes = shardopt.torch.DistributedOptimizer(
-            plane_model.named_parameters(), model_id="planes", device_pairs="off", **common)
+            plane_model.named_parameters(), model_id="stream", device_pairs="off",
+            shared_memory=False, socket_payloads=False, **common)
         for step in range(1, args.steps + 1):
             with torch.no_grad():
                 for t, p in zip(twin.parameters(), plane_model.parameters()):
@@ -157,14 +176,15 @@ def main():
         if client.device_buffer_transfers < wanted:
             problems.append(f"{client.device_buffer_transfers} transfers from or into the device "
                             f"buffers, fewer than {wanted}")
-        if planes._groups[0].client.device_pair_transfers != 0:
-            problems.append("the planes run used device pairs")
-        differing = 0
+        if planes.device_pair_transfers + planes.shared_memory_transfers + \
+                planes.socket_transfers != 0:
+            problems.append("the stream run used another data plane")
+        if all(torch.equal(p.detach(), q) for p, q in zip(plane_model.parameters(), initial)):
+            problems.append("training left the parameters where they started")
         for (name, p), q in zip(pair_model.named_parameters(), plane_model.parameters()):
             if p.device != device:
                 problems.append(f"{name} left {device} for {p.device}")
             if not torch.equal(p.detach().cpu(), q.detach()):
-                differing += 1
                 problems.append(f"{name} differs: largest difference "
                                 f"{(p.detach().cpu() - q.detach()).abs().max().item():.3g}")
         moved = client.device_buffer_transfers
@@ -175,8 +195,8 @@ def main():
                     sys.stdout.write(f"--- shard {i} said:\n{said.read()[-1500:]}")
             return 1
         print(f"torch_device_pairs: PASS ({args.kind}, model on {args.device}, shards on "
-              f"{args.server_device}): {args.steps} AdamW steps bit-identical to the other "
-              f"planes, {moved} transfers from/into the device buffers")
+              f"{args.server_device}): {args.steps} AdamW steps bit-identical to the gRPC "
+              f"stream, {moved} transfers from/into the device buffers")
         return 0
     finally:
         stop(procs)
