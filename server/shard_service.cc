@@ -295,11 +295,15 @@ grpc::Status ShardServiceImpl::PullParameters(
   // Where a pull through shared memory writes: found before the decision and
   // the wait, so that a bad place fails at once.
   std::optional<SharedPlace> shared;
+  std::optional<PullPlaceClaims::Claim> claim;
   if (request->has_shared_memory() && !request->wait_only()) {
     absl::StatusOr<SharedPlace> place =
         LocateShared(request->shared_memory(), shard.size() * DTypeSize(*dtype), "pull");
     if (!place.ok()) return Error(place.status());
     shared = *std::move(place);
+    // From now on an earlier pull into the place (one its trainer gave up
+    // on) writes nothing more there.
+    claim.emplace(pull_claims_.Take(shared->data));
   }
   const bool socket = request->has_socket_payload() && !request->wait_only();
   if (socket && shared) {
@@ -381,7 +385,10 @@ grpc::Status ShardServiceImpl::PullParameters(
       data->resize(count * element);
       out = data->data();
     }
-    absl::Status read = shard.ReadParameters(*version, offset, count, *dtype, out);
+    const auto read_piece = [&] {
+      return shard.ReadParameters(*version, offset, count, *dtype, out);
+    };
+    absl::Status read = claim ? claim->Write(read_piece) : read_piece();
     if (!read.ok()) return Error(read);
     if (read_first) {
       read_messages.push_back(std::move(response));

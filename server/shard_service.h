@@ -33,6 +33,7 @@
 #include "server/model_shard.h"
 #include "server/parallel_for.h"
 #include "server/payload_socket_host.h"
+#include "server/pull_place_claims.h"
 #include "server/shared_memory_host.h"
 #include "server/state_budget.h"
 #include "server/stream_watchdog.h"
@@ -274,6 +275,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   const ShardServerOptions options_;
   const absl::Time start_time_;
   std::unique_ptr<SharedMemoryHost> shared_memory_;  // Null without shared memory.
+  // Which pull through shared memory writes each place (newest wins).
+  PullPlaceClaims pull_claims_;
   std::unique_ptr<PayloadSocketHost> payload_sockets_;  // Null without payload sockets.
   std::unique_ptr<DevicePairHost> device_pairs_;        // Null without device pairs.
   mutable ServerMetrics metrics_;  // Thread-safe; counted from const paths too.

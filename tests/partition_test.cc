@@ -280,16 +280,11 @@ TEST_F(PartitionTest, ShardClosesThePayloadLinksOfATrainerHostThatVanished) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start(0, 1, {"--stream_idle_timeout_s=2"}, placement);
   ASSERT_TRUE(server.ok()) << server.status();
-  std::vector<std::string> argv = (*host)->Wrap({Runfile("tests/test_trainer"),
-                                                 "--servers=" + (*server)->address(),
-                                                 "--rank=0",
-                                                 "--num_trainers=1",
-                                                 absl::StrCat("--models=", kModel),
-                                                 "--steps=1000000",
-                                                 "--min_step_time=10ms",
-                                                 "--rpc_timeout=2s",
-                                                 "--shared_memory=false",
-                                                 "--out_dir=" + MakeTempDir("vanished")});
+  std::vector<std::string> argv =
+      (*host)->Wrap({Runfile("tests/test_trainer"), "--servers=" + (*server)->address(), "--rank=0",
+                     "--num_trainers=1", absl::StrCat("--models=", kModel), "--steps=1000000",
+                     "--min_step_time=10ms", "--rpc_timeout=2s", "--shared_memory=false",
+                     "--out_dir=" + MakeTempDir("vanished")});
   absl::StatusOr<std::unique_ptr<ChildProcess>> trainer =
       ChildProcess::Start(argv[0], std::vector<std::string>(argv.begin() + 1, argv.end()));
   ASSERT_TRUE(trainer.ok()) << trainer.status();

@@ -1,17 +1,21 @@
 // Bad input through the shared-memory path (PushHeader.shared_memory,
 // PullParametersRequest.shared_memory) against a real shard process: each is
 // refused with a clear status and leaves the shard as it was; then a good
-// push and pull through the same segment work.
+// push and pull through the same segment work. And a pull its trainer gave
+// up on does not write over the retry that took its place.
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/shared_memory.h"
 #include "tests/bad_input_fixture.h"
 
@@ -148,6 +152,47 @@ TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
   const State after = Capture();
   v1::PushHeader late = SharedHeader(0, 2);
   ExpectRejected(Push(&late, {}), grpc::FAILED_PRECONDITION, "is not open on this shard", after);
+}
+
+// A pull its trainer gave up on, still waiting on the shard when the
+// trainer's retry pulls into the same place, writes nothing there once the
+// retry has claimed it (server/pull_place_claims.h): the place keeps the
+// retry's version, not the abandoned pull's newer one over it.
+TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
+  const uint64_t bytes = range_.size() * 4;
+  // Version 1 does not exist yet: this pull waits on the shard.
+  grpc::Status abandoned_status;
+  int64_t abandoned_version = -1;
+  std::thread abandoned([&] { abandoned_status = SharedPull(1, bytes, &abandoned_version); });
+  absl::SleepFor(absl::Milliseconds(500));  // (It reaches the shard and waits there.)
+  int64_t version = -1;
+  ASSERT_TRUE(SharedPull(0, bytes, &version).ok());
+  EXPECT_EQ(version, 0);
+  EXPECT_EQ(std::memcmp(segment_.data() + bytes, initial_.data(), bytes), 0);
+
+  // Step 1: the waiting pull wakes and finds its place taken.
+  PutGradient(Gradient(1.0f));
+  v1::PushHeader push0 = SharedHeader(0, 1);
+  v1::PushHeader push1 = SharedHeader(1, 1);
+  v1::PushGradientsResponse response;
+  ASSERT_TRUE(Push(&push0, {}, &response).ok());
+  ASSERT_TRUE(Push(&push1, {}, &response).ok());
+  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
+  abandoned.join();
+  EXPECT_EQ(abandoned_status.error_code(), grpc::ABORTED) << abandoned_status.error_message();
+  EXPECT_TRUE(absl::StrContains(abandoned_status.error_message(), "newer pull"))
+      << abandoned_status.error_message();
+  EXPECT_EQ(std::memcmp(segment_.data() + bytes, initial_.data(), bytes), 0)
+      << "the abandoned pull wrote version 1 over its retry's version 0";
+
+  // The place serves the next pull as before.
+  ASSERT_TRUE(SharedPull(1, bytes, &version).ok());
+  EXPECT_EQ(version, 1);
+  std::vector<float> streamed;
+  int64_t streamed_version = -1;
+  ASSERT_TRUE(Pull(1, &streamed, &streamed_version).ok());
+  ASSERT_EQ(streamed.size(), range_.size());
+  EXPECT_EQ(std::memcmp(streamed.data(), segment_.data() + bytes, bytes), 0);
 }
 
 }  // namespace

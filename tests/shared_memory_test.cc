@@ -339,8 +339,10 @@ TEST(ForkedChildTest, AKilledTrainersForkedChildHoldsNoAttachmentOrLink) {
     bool maps_segment;
   };
   const Plane planes[] = {
-      {"shared memory", {},
-       [](const v1::ServerInfo& info) { return info.shared_memory_attachments(); }, true},
+      {"shared memory",
+       {},
+       [](const v1::ServerInfo& info) { return info.shared_memory_attachments(); },
+       true},
       {"payload sockets", kSocket,
        [](const v1::ServerInfo& info) { return info.payload_socket_links(); }, false}};
   for (const Plane& plane : planes) {

@@ -40,8 +40,8 @@ absl::StatusOr<UpdateBackend::StagedScan> GpuBackend::ScanStaged(
     // Grown rarely (room for 4K padding spans, then doubling): the old
     // buffer's cudaFree waits for every kernel of the process, the pairs'
     // NCCL transfers in flight included.
-    absl::StatusOr<gpu::DeviceBuffer> buffer = gpu::DeviceBuffer::Allocate(
-        std::max({bytes, 2 * scan_buffer_.size(), size_t{64} << 10}));
+    absl::StatusOr<gpu::DeviceBuffer> buffer =
+        gpu::DeviceBuffer::Allocate(std::max({bytes, 2 * scan_buffer_.size(), size_t{64} << 10}));
     if (!buffer.ok()) return buffer.status();
     scan_buffer_ = *std::move(buffer);
   }
