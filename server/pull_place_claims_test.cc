@@ -18,7 +18,7 @@ absl::Status Mark(int* writes) {
 
 TEST(PullPlaceClaimsTest, TheNewestClaimOwnsThePlace) {
   PullPlaceClaims claims;
-  char segment[64];
+  char segment[64] = {};
   int writes = 0;
   PullPlaceClaims::Claim abandoned = claims.Take(segment);
   EXPECT_TRUE(abandoned.Write([&] { return Mark(&writes); }).ok());
@@ -40,7 +40,7 @@ TEST(PullPlaceClaimsTest, TheNewestClaimOwnsThePlace) {
 
 TEST(PullPlaceClaimsTest, PlacesAreForgottenWithTheirLastClaim) {
   PullPlaceClaims claims;
-  char segment[8];
+  char segment[8] = {};
   {
     PullPlaceClaims::Claim first = claims.Take(segment);
     {
@@ -61,7 +61,7 @@ TEST(PullPlaceClaimsTest, PlacesAreForgottenWithTheirLastClaim) {
 // before Take returns: the newer pull's pieces always land after it.
 TEST(PullPlaceClaimsTest, TakeWaitsForAPieceBeingWritten) {
   PullPlaceClaims claims;
-  char segment[8];
+  char segment[8] = {};
   PullPlaceClaims::Claim older = claims.Take(segment);
   absl::Notification writing;
   std::atomic<bool> written{false};

@@ -124,7 +124,9 @@ class DevicePairBadInputTest : public BadInputTest {
       *version = response.version();
     }
     grpc::Status status = reader->Finish();
-    if (status.ok()) EXPECT_EQ(messages, 1);
+    if (status.ok()) {
+      EXPECT_EQ(messages, 1);
+    }
     return status;
   }
 };

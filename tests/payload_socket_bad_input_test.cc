@@ -137,7 +137,9 @@ class PayloadSocketBadInputTest : public BadInputTest {
       *version = response.version();
     }
     grpc::Status status = reader->Finish();
-    if (status.ok()) EXPECT_EQ(messages, 1);
+    if (status.ok()) {
+      EXPECT_EQ(messages, 1);
+    }
     return status;
   }
 
