@@ -30,15 +30,21 @@ else
   pybind11_include=$kit/pybind11_include
   which_pybind11="the kit's pybind11 (Debian's)"
 fi
-# The bundle's libraries without its C++ runtime: a module built by this
-# machine's compiler needs this machine's libstdc++ (newer), which the
-# Python process (torch) has loaded already anyway.
+# Of the bundle's libraries, those the deps library loads, and not its C++
+# runtime: a module built by this machine's compiler needs this machine's
+# libstdc++ (newer), which the Python process (torch) has loaded already
+# anyway; and the rest (OpenBLAS, ...) must not shadow the machine's own
+# in a process that also runs torch.
+bundle_lib=$(cd "$bundle/lib" && pwd)
 rm -rf "$kit/lib"
 mkdir -p "$kit/lib"
-for lib in "$bundle"/lib/*; do
-  case "$(basename "$lib")" in libstdc++.so*|libgcc_s.so*) continue ;; esac
-  ln -s "$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")" "$kit/lib/"
-done
+ln -s "$bundle_lib/libshardopt_binding_deps.so" "$kit/lib/"
+LD_LIBRARY_PATH="$bundle_lib" ldd "$bundle_lib/libshardopt_binding_deps.so" |
+  awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+    case "$lib" in "$bundle_lib"/*) ;; *) continue ;; esac
+    case "$(basename "$lib")" in libstdc++.so*|libgcc_s.so*) continue ;; esac
+    ln -sf "$lib" "$kit/lib/"
+  done
 out=$kit/shardopt/_shardopt$suffix
 # (--no-as-needed: the module calls nothing in the deps library itself, only
 # in the libraries it loads, so a linker that drops unused libraries by
