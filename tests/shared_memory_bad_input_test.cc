@@ -84,6 +84,20 @@ class SharedMemoryBadInputTest : public BadInputTest {
     return status;
   }
 
+  // A pull of `min_version` through the segment (its parameters' place)
+  // answers `expected_version` and writes what a streamed pull gets.
+  void ExpectSharedPullMatchesStream(int64_t min_version, int64_t expected_version) {
+    const uint64_t bytes = range_.size() * 4;
+    int64_t version = -1;
+    ASSERT_TRUE(SharedPull(min_version, bytes, &version).ok());
+    EXPECT_EQ(version, expected_version);
+    std::vector<float> streamed;
+    int64_t streamed_version = -1;
+    ASSERT_TRUE(Pull(min_version, &streamed, &streamed_version).ok());
+    ASSERT_EQ(streamed.size(), range_.size());
+    EXPECT_EQ(std::memcmp(streamed.data(), segment_.data() + bytes, bytes), 0);
+  }
+
   SharedSegment segment_;
   int socket_ = -1;
   std::string attachment_;
@@ -128,14 +142,9 @@ TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
   ASSERT_TRUE(Push(&good1, {}, &response).ok());
   EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
   // Pulled through the segment: the same values as a streamed pull.
-  ASSERT_TRUE(SharedPull(1, bytes, &version).ok());
-  EXPECT_EQ(version, 1);
-  std::vector<float> streamed;
-  int64_t streamed_version = -1;
-  ASSERT_TRUE(Pull(1, &streamed, &streamed_version).ok());
-  ASSERT_EQ(streamed.size(), range_.size());
-  EXPECT_EQ(std::memcmp(streamed.data(), segment_.data() + bytes, bytes), 0);
-  EXPECT_NE(std::memcmp(streamed.data(), initial_.data(), bytes), 0) << "the step was applied";
+  ASSERT_NO_FATAL_FAILURE(ExpectSharedPullMatchesStream(1, 1));
+  EXPECT_NE(std::memcmp(segment_.data() + bytes, initial_.data(), bytes), 0)
+      << "the step was applied";
 
   // Detached (the socket closed): the attachment is refused from then on.
   close(socket_);
@@ -186,13 +195,7 @@ TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
       << "the abandoned pull wrote version 1 over its retry's version 0";
 
   // The place serves the next pull as before.
-  ASSERT_TRUE(SharedPull(1, bytes, &version).ok());
-  EXPECT_EQ(version, 1);
-  std::vector<float> streamed;
-  int64_t streamed_version = -1;
-  ASSERT_TRUE(Pull(1, &streamed, &streamed_version).ok());
-  ASSERT_EQ(streamed.size(), range_.size());
-  EXPECT_EQ(std::memcmp(streamed.data(), segment_.data() + bytes, bytes), 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectSharedPullMatchesStream(1, 1));
 }
 
 }  // namespace
