@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/payload_socket.h"
+#include "server/serve_poll.h"
 
 namespace shardopt {
 namespace {
@@ -135,6 +136,7 @@ void PayloadSocketHost::Close(const std::shared_ptr<Link>& link) {
 }
 
 void PayloadSocketHost::Serve() {
+  ServePoll poller("payload socket", wake_fd_);
   for (;;) {
     std::vector<pollfd> watched = {{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
     for (const auto& [connection, unused] : pending_) watched.push_back({connection, POLLIN, 0});
@@ -151,10 +153,9 @@ void PayloadSocketHost::Serve() {
         watched.push_back({link->fd, POLLRDHUP, 0});
       }
     }
-    if (poll(watched.data(), watched.size(), 1000) < 0 && errno != EINTR) {
-      LogWarning("payload socket: poll failed: %s; links no longer served", strerror(errno));
-      return;
-    }
+    const ServePoll::Result polled = poller.Poll(watched, 1000);
+    if (polled == ServePoll::Result::kStop) return;
+    if (polled == ServePoll::Result::kAgain) continue;
     if (watched[0].revents != 0) return;
     if (watched[1].revents & POLLIN) {
       for (;;) {

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/payload_socket.h"
 #include "gtest/gtest.h"
+#include "server/serve_poll_testing.h"
 
 namespace shardopt {
 namespace {
@@ -129,6 +130,30 @@ TEST(PayloadSocketHostTest, ClosingTheHostEndsItsLinks) {
   char byte;
   EXPECT_TRUE(absl::IsUnavailable(ReceiveAll(socket, &byte, 1, Soon())));
   close(socket);
+}
+
+// A failed poll (here: more descriptors watched than a lowered limit
+// allows) does not stop the host for good: it takes links again once the
+// cause clears, and it can be stopped while its polls fail.
+TEST(PayloadSocketHostTest, KeepsServingAfterItsPollsFail) {
+  absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
+  ASSERT_TRUE(host.ok()) << host.status();
+  {
+    testing::StarvedDescriptors starved;
+    absl::SleepFor(absl::Milliseconds(1500));  // (Its loop polls at least once a second.)
+  }
+  const int socket = OpenWithHello(**host, EncodeHello(kToken));
+  EXPECT_GE(socket, 0) << "after failed polls the host took no link";
+  EXPECT_TRUE(WaitForLinks(**host, 1));
+  if (socket >= 0) close(socket);
+
+  const absl::Time stopping = absl::Now();
+  {
+    testing::StarvedDescriptors starved;
+    absl::SleepFor(absl::Milliseconds(1200));
+    host->reset();
+  }
+  EXPECT_LT(absl::Now() - stopping, absl::Seconds(4)) << "stopping it while its polls failed";
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "server/serve_poll.h"
 
 namespace shardopt {
 namespace {
@@ -76,6 +77,7 @@ size_t SharedMemoryHost::attachments() const {
 }
 
 void SharedMemoryHost::Serve() {
+  ServePoll poller("shared memory", wake_fd_);
   for (;;) {
     std::vector<pollfd> watched = {{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
     for (const auto& [connection, unused] : pending_) watched.push_back({connection, POLLIN, 0});
@@ -87,10 +89,9 @@ void SharedMemoryHost::Serve() {
         watched.push_back({connection, POLLIN | POLLRDHUP, 0});
       }
     }
-    if (poll(watched.data(), watched.size(), 1000) < 0 && errno != EINTR) {
-      LogWarning("shared memory: poll failed: %s; attachments no longer served", strerror(errno));
-      return;
-    }
+    const ServePoll::Result polled = poller.Poll(watched, 1000);
+    if (polled == ServePoll::Result::kStop) return;
+    if (polled == ServePoll::Result::kAgain) continue;
     if (watched[0].revents != 0) return;
     if (watched[1].revents & POLLIN) {
       for (;;) {

@@ -15,6 +15,7 @@
 #include "common/another_user_testing.h"
 #include "common/shared_memory.h"
 #include "gtest/gtest.h"
+#include "server/serve_poll_testing.h"
 
 namespace shardopt {
 namespace {
@@ -140,6 +141,33 @@ TEST(SharedMemoryHostTest, AnotherUserIsRefused) {
   EXPECT_TRUE(absl::StartsWith(run.said, "error the trainer runs as another user (uid 65534"))
       << run.said;
   EXPECT_EQ((*host)->attachments(), 0u);
+}
+
+// A failed poll (here: more descriptors watched than a lowered limit
+// allows) does not stop the host for good: it attaches again once the
+// cause clears, and it can be stopped while its polls fail.
+TEST(SharedMemoryHostTest, KeepsServingAfterItsPollsFail) {
+  absl::StatusOr<std::unique_ptr<SharedMemoryHost>> host = SharedMemoryHost::Start();
+  ASSERT_TRUE(host.ok()) << host.status();
+  {
+    testing::StarvedDescriptors starved;
+    absl::SleepFor(absl::Milliseconds(1500));  // (Its loop polls at least once a second.)
+  }
+  absl::StatusOr<SharedSegment> segment = SharedSegment::Create(1 << 16);
+  ASSERT_TRUE(segment.ok());
+  auto [socket, answer] = Ask(**host, "attach 65536", segment->fd());
+  EXPECT_TRUE(absl::StartsWith(answer, "ok "))
+      << "after failed polls the host said '" << answer << "'";
+  EXPECT_TRUE(WaitForAttachments(**host, 1));
+  close(socket);
+
+  const absl::Time stopping = absl::Now();
+  {
+    testing::StarvedDescriptors starved;
+    absl::SleepFor(absl::Milliseconds(1200));
+    host->reset();
+  }
+  EXPECT_LT(absl::Now() - stopping, absl::Seconds(4)) << "stopping it while its polls failed";
 }
 
 }  // namespace
