@@ -49,14 +49,25 @@ PullPlaceClaims::Claim::~Claim() {
   if (state_ != nullptr) claims_->Release(place_, state_);
 }
 
+namespace {
+
+absl::Status Superseded() {
+  return absl::AbortedError(
+      "a newer pull into the same place of the trainer's shared segment took it over (this "
+      "one was given up on by its trainer); it writes nothing more there");
+}
+
+}  // namespace
+
 absl::Status PullPlaceClaims::Claim::Write(const std::function<absl::Status()>& write) {
   absl::MutexLock lock(&state_->mu);
-  if (state_->newest != number_) {
-    return absl::AbortedError(
-        "a newer pull into the same place of the trainer's shared segment took it over (this "
-        "one was given up on by its trainer); it writes nothing more there");
-  }
+  if (state_->newest != number_) return Superseded();
   return write();
+}
+
+absl::Status PullPlaceClaims::Claim::Current() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->newest == number_ ? absl::OkStatus() : Superseded();
 }
 
 }  // namespace shardopt

@@ -48,6 +48,9 @@ class PullPlaceClaims {
     // newest claim, under the place's lock; ABORTED, without running it,
     // once a newer pull has claimed the place.
     absl::Status Write(const std::function<absl::Status()>& write);
+    // OK while this is the place's newest claim, else that ABORTED status
+    // (for a pull that waits: it need not wait on once superseded).
+    absl::Status Current() const;
 
    private:
     friend class PullPlaceClaims;

@@ -27,6 +27,8 @@ TEST(PullPlaceClaimsTest, TheNewestClaimOwnsThePlace) {
   PullPlaceClaims::Claim elsewhere = claims.Take(segment + 32);
   EXPECT_EQ(claims.places(), 2u);
 
+  EXPECT_TRUE(absl::IsAborted(abandoned.Current()));
+  EXPECT_TRUE(retry.Current().ok());
   absl::Status late = abandoned.Write([&] { return Mark(&writes); });
   EXPECT_TRUE(absl::IsAborted(late)) << late;
   EXPECT_NE(late.message().find("newer pull"), std::string::npos) << late;

@@ -3,12 +3,12 @@
 // not stop serving for good over one failed poll.
 //
 // A failed poll (ENOMEM; EINVAL when more descriptors are watched than
-// RLIMIT_NOFILE allows, which a lowered limit or a burst of connections can
-// make for a while) is logged once per run of failures, in `what`'s name,
-// and the loop naps 100 ms and goes round again, so that it serves once the
-// cause clears. Its wake descriptor (an eventfd, the owner's way to stop
-// it) is read during a run of failures too, so that the owner can still
-// stop it then. Serving thread only.
+// RLIMIT_NOFILE allows, after the limit was lowered at run time) is logged
+// once per run of failures, in `what`'s name, and the loop naps 100 ms and
+// goes round again (skipping its housekeeping meanwhile), so that it serves
+// once the cause clears. Its wake descriptor (a non-blocking eventfd, the
+// owner's way to stop it) is read during a run of failures too, so that the
+// owner can still stop it then. Serving thread only.
 #ifndef SHARDOPT_SERVER_SERVE_POLL_H_
 #define SHARDOPT_SERVER_SERVE_POLL_H_
 

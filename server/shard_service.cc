@@ -301,9 +301,6 @@ grpc::Status ShardServiceImpl::PullParameters(
         LocateShared(request->shared_memory(), shard.size() * DTypeSize(*dtype), "pull");
     if (!place.ok()) return Error(place.status());
     shared = *std::move(place);
-    // From now on an earlier pull into the place (one its trainer gave up
-    // on) writes nothing more there.
-    claim.emplace(pull_claims_.Take(shared->data));
   }
   const bool socket = request->has_socket_payload() && !request->wait_only();
   if (socket && shared) {
@@ -323,8 +320,20 @@ grpc::Status ShardServiceImpl::PullParameters(
       return Error(s);
     }
   }
+  if (shared) {
+    // A call already given up on (a retry's earlier attempt, late) takes
+    // nothing from the live one.
+    if (context->IsCancelled()) return grpc::Status(grpc::CANCELLED, "client cancelled");
+    // From now on an earlier pull into the place (one its trainer gave up
+    // on) writes nothing more there.
+    claim.emplace(pull_claims_.Take(shared->data));
+  }
   const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
   const auto cancelled = [context] { return context->IsCancelled(); };
+  // The waits below also end once a newer pull has taken this one's place.
+  const auto given_up = [&cancelled, &claim] {
+    return cancelled() || (claim && !claim->Current().ok());
+  };
   if (request->has_decision()) {
     // Taken here; the update runs range by range as the frames below (and
     // every other trainer's pull) wait for it.
@@ -349,8 +358,10 @@ grpc::Status ShardServiceImpl::PullParameters(
   // In the asynchronous modes the version is pinned until the pull ends.
   ReadPin pin;
   absl::StatusOr<int64_t> version =
-      shard.PullTarget(request->min_version(), deadline, cancelled, PushedByOf(*request), &pin);
-  if (!version.ok()) return Error(version.status());
+      shard.PullTarget(request->min_version(), deadline, given_up, PushedByOf(*request), &pin);
+  if (!version.ok()) {
+    return Error(claim && !claim->Current().ok() ? claim->Current() : version.status());
+  }
   if (socket)
     return SendSocketPull(context, *request, shard, *version, *dtype, deadline, pin, writer);
   if (device_pair) {
@@ -369,9 +380,9 @@ grpc::Status ShardServiceImpl::PullParameters(
     if (shared && cancelled()) return grpc::Status(grpc::CANCELLED, "pull cancelled by the client");
     const uint64_t count = std::min(chunk_elements, shard.size() - offset);
     if (absl::Status s =
-            shard.WaitForRanges(*version, offset, count, deadline, cancelled, PushedByOf(*request));
+            shard.WaitForRanges(*version, offset, count, deadline, given_up, PushedByOf(*request));
         !s.ok()) {
-      return Error(s);
+      return Error(claim && !claim->Current().ok() ? claim->Current() : s);
     }
     // Known once the step runs: every frame carries it.
     response.set_lr(shard.LrOfVersion(*version));

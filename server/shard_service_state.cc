@@ -146,6 +146,7 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
   if (shared_memory_ != nullptr) {
     response->set_shared_memory_socket(shared_memory_->socket_name());
     response->set_shared_memory_attachments(static_cast<uint32_t>(shared_memory_->attachments()));
+    response->set_shared_memory_pull_places(static_cast<uint32_t>(pull_claims_.places()));
   }
   if (device_pairs_ != nullptr) {
     response->set_device_pair_kind(device_pairs_->kind().name());

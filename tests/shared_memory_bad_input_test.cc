@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -169,17 +170,31 @@ TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
 // retry's version, not the abandoned pull's newer one over it.
 TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
   const uint64_t bytes = range_.size() * 4;
-  // Version 1 does not exist yet: this pull waits on the shard.
+  const auto pull_places = [&] {
+    v1::ServerInfo info;
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+    return info.shared_memory_pull_places();
+  };
+  // Version 1 does not exist yet: this pull waits on the shard, its place
+  // claimed.
   grpc::Status abandoned_status;
   int64_t abandoned_version = -1;
   std::thread abandoned([&] { abandoned_status = SharedPull(1, bytes, &abandoned_version); });
-  absl::SleepFor(absl::Milliseconds(500));  // (It reaches the shard and waits there.)
+  const absl::Cleanup join = [&abandoned] {
+    if (abandoned.joinable()) abandoned.join();
+  };
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (pull_places() != 1 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(pull_places(), 1u) << "the first pull did not reach the shard";
+  // The retry takes the place.
   int64_t version = -1;
   ASSERT_TRUE(SharedPull(0, bytes, &version).ok());
   EXPECT_EQ(version, 0);
   EXPECT_EQ(std::memcmp(segment_.data() + bytes, initial_.data(), bytes), 0);
 
-  // Step 1: the waiting pull wakes and finds its place taken.
+  // Step 1, which the first pull waited for, is applied while it may still
+  // wait: it writes nothing of it into the place.
   PutGradient(Gradient(1.0f));
   v1::PushHeader push0 = SharedHeader(0, 1);
   v1::PushHeader push1 = SharedHeader(1, 1);
@@ -193,6 +208,7 @@ TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
       << abandoned_status.error_message();
   EXPECT_EQ(std::memcmp(segment_.data() + bytes, initial_.data(), bytes), 0)
       << "the abandoned pull wrote version 1 over its retry's version 0";
+  EXPECT_EQ(pull_places(), 0u);
 
   // The place serves the next pull as before.
   ASSERT_NO_FATAL_FAILURE(ExpectSharedPullMatchesStream(1, 1));

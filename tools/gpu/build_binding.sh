@@ -39,12 +39,20 @@ bundle_lib=$(cd "$bundle/lib" && pwd)
 rm -rf "$kit/lib"
 mkdir -p "$kit/lib"
 ln -s "$bundle_lib/libshardopt_binding_deps.so" "$kit/lib/"
-LD_LIBRARY_PATH="$bundle_lib" ldd "$bundle_lib/libshardopt_binding_deps.so" |
-  awk '$3 ~ /^\// {print $3}' | while read -r lib; do
-    case "$lib" in "$bundle_lib"/*) ;; *) continue ;; esac
-    case "$(basename "$lib")" in libstdc++.so*|libgcc_s.so*) continue ;; esac
-    ln -sf "$lib" "$kit/lib/"
-  done
+if ! loads=$(LD_LIBRARY_PATH="$bundle_lib" ldd "$bundle_lib/libshardopt_binding_deps.so" 2>&1); then
+  echo "build_binding: ldd of the deps library failed: $loads"
+  exit 1
+fi
+if grep -q "not found" <<<"$loads"; then
+  echo "build_binding: libraries the deps library needs are missing: $(grep 'not found' <<<"$loads" | tr -s ' \t\n' ' ')"
+  exit 1
+fi
+# "name => /path/to/lib (0x...)": the path may hold spaces.
+sed -n 's/^[[:space:]]*[^ ]* => \(\/.*\) (0x[0-9a-f]*)$/\1/p' <<<"$loads" | while IFS= read -r lib; do
+  case "$lib" in "$bundle_lib"/*) ;; *) continue ;; esac
+  case "$(basename "$lib")" in libstdc++.so*|libgcc_s.so*) continue ;; esac
+  ln -sf "$lib" "$kit/lib/"
+done
 out=$kit/shardopt/_shardopt$suffix
 # (--no-as-needed: the module calls nothing in the deps library itself, only
 # in the libraries it loads, so a linker that drops unused libraries by
