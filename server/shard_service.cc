@@ -330,10 +330,10 @@ grpc::Status ShardServiceImpl::PullParameters(
   }
   const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
   const auto cancelled = [context] { return context->IsCancelled(); };
-  // The waits below also end once a newer pull has taken this one's place.
-  const auto given_up = [&cancelled, &claim] {
-    return cancelled() || (claim && !claim->Current().ok());
-  };
+  // OK, or ABORTED once a newer pull has taken this one's place; the waits
+  // below end then too.
+  const auto superseded = [&claim] { return claim ? claim->Current() : absl::OkStatus(); };
+  const auto given_up = [&] { return cancelled() || !superseded().ok(); };
   if (request->has_decision()) {
     // Taken here; the update runs range by range as the frames below (and
     // every other trainer's pull) wait for it.
@@ -360,7 +360,8 @@ grpc::Status ShardServiceImpl::PullParameters(
   absl::StatusOr<int64_t> version =
       shard.PullTarget(request->min_version(), deadline, given_up, PushedByOf(*request), &pin);
   if (!version.ok()) {
-    return Error(claim && !claim->Current().ok() ? claim->Current() : version.status());
+    absl::Status taken = superseded();
+    return Error(taken.ok() ? version.status() : taken);
   }
   if (socket)
     return SendSocketPull(context, *request, shard, *version, *dtype, deadline, pin, writer);
@@ -382,7 +383,8 @@ grpc::Status ShardServiceImpl::PullParameters(
     if (absl::Status s =
             shard.WaitForRanges(*version, offset, count, deadline, given_up, PushedByOf(*request));
         !s.ok()) {
-      return Error(claim && !claim->Current().ok() ? claim->Current() : s);
+      absl::Status taken = superseded();
+      return Error(taken.ok() ? s : taken);
     }
     // Known once the step runs: every frame carries it.
     response.set_lr(shard.LrOfVersion(*version));

@@ -141,6 +141,14 @@ v1::InspectResponse BadInputTest::Inspect() {
   return response;
 }
 
+v1::ServerInfo BadInputTest::Info() {
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  grpc::Status s = stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return info;
+}
+
 BadInputTest::State BadInputTest::Capture() {
   v1::InspectResponse info = Inspect();
   State state{info.version(), {info.trainers_pushed().begin(), info.trainers_pushed().end()}, {}};

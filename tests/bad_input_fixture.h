@@ -72,6 +72,8 @@ class BadInputTest : public ::testing::Test {
                     uint32_t shard_index = kShardIndex);
 
   v1::InspectResponse Inspect();
+  // GetServerInfo of the shard (a failed call fails the test).
+  v1::ServerInfo Info();
 
   // The observable state: version, ranks pushed for the next step, values.
   struct State {

@@ -28,6 +28,7 @@
 #include "tests/support/netns.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_calls.h"
+#include "tests/support/shard_queries.h"
 #include "tests/support/synthetic.h"
 
 namespace shardopt::testing {
@@ -252,16 +253,6 @@ TEST_F(PartitionTest, TrainerCutOffMidTrainingRejoinsAndEveryStepIsAppliedOnce) 
   EXPECT_GT(failed[0][0] + failed[0][1], 0) << "the other trainer never waited past a deadline";
 }
 
-// The payload socket links the shard holds, or nullopt when it does not
-// answer (within a short deadline).
-std::optional<uint32_t> PayloadLinksOf(v1::ShardService::Stub& stub) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  v1::ServerInfo info;
-  if (!stub.GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok()) return std::nullopt;
-  return info.payload_socket_links();
-}
-
 // A trainer's host that vanishes without a word (cut off the network, and
 // the trainer killed there, so that not even its FIN arrives) must not leave
 // its idle payload socket links open on the shard for good, each holding a
@@ -291,24 +282,22 @@ TEST_F(PartitionTest, ShardClosesThePayloadLinksOfATrainerHostThatVanished) {
 
   auto watch = NewStub((*server)->address());
   ASSERT_GE(AwaitVersion(*watch, 20), 20) << "the trainer did not get going";
-  const std::optional<uint32_t> links = PayloadLinksOf(*watch);
-  ASSERT_TRUE(links.has_value());
-  ASSERT_GT(*links, 0u) << "the trainer opened no payload socket link: nothing to test";
+  const uint32_t links = ServerInfoOf((*server)->address()).payload_socket_links();
+  ASSERT_GT(links, 0u) << "the trainer opened no payload socket link: nothing to test";
 
   ASSERT_TRUE((*host)->Partition().ok());
   (*trainer)->Signal(SIGKILL);
   ASSERT_TRUE((*trainer)->Wait(absl::Seconds(10)).has_value()) << "the trainer outlived SIGKILL";
   const absl::Time cut = absl::Now();
-  std::optional<uint32_t> left = links;
+  uint32_t left = links;
   while (absl::Now() - cut < absl::Seconds(60)) {
-    left = PayloadLinksOf(*watch);
-    if (left == 0u) break;
+    left = ServerInfoOf((*server)->address()).payload_socket_links();
+    if (left == 0) break;
     absl::SleepFor(absl::Milliseconds(250));
   }
-  ASSERT_TRUE(left.has_value()) << "the shard stopped answering";
-  EXPECT_EQ(*left, 0u) << "the shard still holds " << *left << " of the vanished trainer's "
-                       << *links << " payload links 60 s after it vanished";
-  fprintf(stderr, "[test] %u payload links of the vanished trainer closed after %s\n", *links,
+  EXPECT_EQ(left, 0u) << "the shard still holds " << left << " of the vanished trainer's " << links
+                      << " payload links 60 s after it vanished";
+  fprintf(stderr, "[test] %u payload links of the vanished trainer closed after %s\n", links,
           absl::FormatDuration(absl::Now() - cut).c_str());
 }
 

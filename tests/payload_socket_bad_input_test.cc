@@ -46,12 +46,6 @@ class PayloadSocketBadInputTest : public BadInputTest {
     for (int socket : opened_) CloseForkPrivate(socket);
   }
 
-  v1::ServerInfo Info() {
-    v1::ServerInfo info;
-    grpc::ClientContext context;
-    EXPECT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
-    return info;
-  }
   Link Open() {
     Link link{-1, RandomHexToken(kLinkTokenChars / 2)};
     absl::StatusOr<int> socket = OpenLink("127.0.0.1", port_, link.token, absl::Seconds(10));

@@ -170,12 +170,7 @@ TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
 // retry's version, not the abandoned pull's newer one over it.
 TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
   const uint64_t bytes = range_.size() * 4;
-  const auto pull_places = [&] {
-    v1::ServerInfo info;
-    grpc::ClientContext context;
-    EXPECT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
-    return info.shared_memory_pull_places();
-  };
+  const auto pull_places = [&] { return Info().shared_memory_pull_places(); };
   // Version 1 does not exist yet: this pull waits on the shard, its place
   // claimed.
   grpc::Status abandoned_status;
