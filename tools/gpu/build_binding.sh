@@ -15,6 +15,8 @@
 # BUNDLE/binding on PYTHONPATH and BUNDLE/binding/lib on LD_LIBRARY_PATH)
 # and prints its path; exits 1 with the reason when it cannot.
 set -euo pipefail
+# shellcheck source=tools/gpu/libraries_loaded.sh
+source "$(dirname "$0")/libraries_loaded.sh"
 bundle=${1:-.gpu_bundle}
 kit=$bundle/binding
 python=${PYTHON:-python3}
@@ -39,20 +41,15 @@ bundle_lib=$(cd "$bundle/lib" && pwd)
 rm -rf "$kit/lib"
 mkdir -p "$kit/lib"
 ln -s "$bundle_lib/libshardopt_binding_deps.so" "$kit/lib/"
-if ! loads=$(LD_LIBRARY_PATH="$bundle_lib" ldd "$bundle_lib/libshardopt_binding_deps.so" 2>&1); then
-  echo "build_binding: ldd of the deps library failed: $loads"
+if ! loads=$(LD_LIBRARY_PATH="$bundle_lib" libraries_loaded_by "$bundle_lib/libshardopt_binding_deps.so"); then
+  echo "build_binding: the deps library's libraries do not resolve (above)"
   exit 1
 fi
-if grep -q "not found" <<<"$loads"; then
-  echo "build_binding: libraries the deps library needs are missing: $(grep 'not found' <<<"$loads" | tr -s ' \t\n' ' ')"
-  exit 1
-fi
-# "name => /path/to/lib (0x...)": the path may hold spaces.
-sed -n 's/^[[:space:]]*[^ ]* => \(\/.*\) (0x[0-9a-f]*)$/\1/p' <<<"$loads" | while IFS= read -r lib; do
+while IFS= read -r lib; do
   case "$lib" in "$bundle_lib"/*) ;; *) continue ;; esac
   case "$(basename "$lib")" in libstdc++.so*|libgcc_s.so*) continue ;; esac
   ln -sf "$lib" "$kit/lib/"
-done
+done <<<"$loads"
 out=$kit/shardopt/_shardopt$suffix
 # (--no-as-needed: the module calls nothing in the deps library itself, only
 # in the libraries it loads, so a linker that drops unused libraries by

@@ -32,6 +32,8 @@
 # (libcuda.so.1) is the GPU machine's own. GoogleTest is static here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=tools/gpu/libraries_loaded.sh
+source tools/gpu/libraries_loaded.sh
 
 targets=(
   //server/cuda:fused_optimizers_test
@@ -89,22 +91,16 @@ is_system() {
 
 # Copies the libraries $1 loads (but the system's) into lib/.
 copy_libraries_of() {
-  # "name => /path (0x...)" lines; "not found" is an error.
-  local deps
-  deps=$(ldd "$1")
-  if grep -q "not found" <<<"$deps"; then
-    echo "$deps" >&2
-    echo "unresolved libraries for $1" >&2
-    exit 1
-  fi
-  awk '/=>/ && $3 ~ /^\// {print $3}' <<<"$deps" | while read -r lib; do
+  local libs
+  libs=$(libraries_loaded_by "$1") || exit 1
+  while IFS= read -r lib; do
     is_system "$lib" && continue
     dest="$bundle/lib/$(basename "$lib")"
     [ -e "$dest" ] && continue
     cp -L "$lib" "$dest"
     chmod u+w "$dest"
     strip --strip-debug "$dest" 2>/dev/null || true
-  done
+  done <<<"$libs"
 }
 
 for b in "${binaries[@]}"; do
