@@ -14,8 +14,14 @@ import subprocess
 import time
 
 
-def start_servers(binary, count, workdir, extra_flags=(), timeout_s=30):
-    """Starts shards 0..count-1 of `count`; returns (processes, addresses)."""
+def start_servers(binary, count, workdir, extra_flags=(), timeout_s=30, env_of=None):
+    """Starts shards 0..count-1 of `count`; returns (processes, addresses).
+
+    `binary`: the server's path, or a command (a list) that runs it, such as a
+    wrapper that sets its libraries up. `env_of(i)`: shard i's environment
+    (default: this process's).
+    """
+    command = list(binary) if isinstance(binary, (list, tuple)) else [binary]
     servers, addresses = [], []
     try:
         for i in range(count):
@@ -23,9 +29,11 @@ def start_servers(binary, count, workdir, extra_flags=(), timeout_s=30):
             if os.path.exists(port_file):
                 raise RuntimeError(f"{port_file} exists: use a fresh directory")
             servers.append(subprocess.Popen(
-                [binary, "--listen=127.0.0.1:0", f"--port_file={port_file}", f"--shard_index={i}",
-                 f"--shard_count={count}", "--device=cpu", "--threads=1", *extra_flags],
-                stderr=open(os.path.join(workdir, f"server{i}.log"), "w")))
+                [*command, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                 f"--shard_index={i}", f"--shard_count={count}", "--device=cpu", "--threads=1",
+                 *extra_flags],
+                stderr=open(os.path.join(workdir, f"server{i}.log"), "w"),
+                env=None if env_of is None else env_of(i)))
             deadline = time.time() + timeout_s
             while not os.path.exists(port_file):
                 if time.time() > deadline or servers[-1].poll() is not None:

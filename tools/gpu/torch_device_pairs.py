@@ -30,10 +30,8 @@ exits 0 or 1 (2: could not run).
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
-import time
 
 STEPS = 12
 
@@ -48,38 +46,12 @@ def loaded_nccl():
     return None
 
 
-def start_servers(binary, count, kind, server_device, workdir):
-    procs, addresses = [], []
+def print_server_logs(workdir, count):
     for i in range(count):
-        port_file = os.path.join(workdir, f"port{i}")
-        env = dict(os.environ, NCCL_HOSTID=f"torch-device-pairs-shard{i}")
-        log = open(os.path.join(workdir, f"server{i}.log"), "w")
-        procs.append(subprocess.Popen(
-            [*shlex.split(binary), "--listen=127.0.0.1:0", f"--port_file={port_file}", f"--shard_index={i}",
-             f"--shard_count={count}", f"--device={server_device}", f"--device_pairs={kind}",
-             "--threads=2"], stdout=subprocess.DEVNULL, stderr=log, env=env))
-        deadline = time.time() + 60
-        while not os.path.exists(port_file):
-            if time.time() > deadline or procs[-1].poll() is not None:
-                stop(procs)
-                with open(log.name) as said:
-                    raise RuntimeError(f"shard {i} did not start:\n{said.read()[-2000:]}")
-            time.sleep(0.02)
-        with open(port_file) as f:
-            addresses.append(f"127.0.0.1:{f.read().strip()}")
-    return procs, addresses
-
-
-def stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        path = os.path.join(workdir, f"server{i}.log")
+        if os.path.exists(path):
+            with open(path) as said:
+                sys.stdout.write(f"--- shard {i} said:\n{said.read()[-1500:]}")
 
 
 def main():
@@ -103,6 +75,7 @@ def main():
     os.environ["NCCL_HOSTID"] = "torch-device-pairs-trainer"
     import torch
     import shardopt.torch
+    from shardopt.local_cluster import start_servers, stop_servers
 
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -116,7 +89,8 @@ def main():
         nccl = os.environ.get("SHARDOPT_NCCL_LIBRARY") or loaded_nccl()
         if nccl:
             os.environ["SHARDOPT_NCCL_LIBRARY"] = nccl  # This process's and the shards'.
-        print(f"torch_device_pairs: torch {torch.__version__}, NCCL library {nccl or '(found by the loader)'}")
+        print(f"torch_device_pairs: torch {torch.__version__}, "
+              f"NCCL library {nccl or '(found by the loader)'}")
 
     def net():
         torch.manual_seed(3)
@@ -133,7 +107,18 @@ def main():
         return torch.nn.functional.cross_entropy(model(x), y)
 
     workdir = tempfile.mkdtemp(prefix="torch_device_pairs")
-    procs, addresses = start_servers(args.server, 2, args.kind, args.server_device, workdir)
+    # Each shard an NCCL "host" of its own (its later flags win over the
+    # defaults').
+    try:
+        procs, addresses = start_servers(
+            shlex.split(args.server), 2, workdir, timeout_s=60,
+            extra_flags=[f"--device={args.server_device}", f"--device_pairs={args.kind}",
+                         "--threads=2"],
+            env_of=lambda i: dict(os.environ, NCCL_HOSTID=f"torch-device-pairs-shard{i}"))
+    except RuntimeError as e:
+        print(f"torch_device_pairs: FAIL: {e}")
+        print_server_logs(workdir, 2)
+        return 1
     try:
         common = dict(servers=addresses, rank=0, world_size=1, optimizer="adamw", lr=0.01,
                       weight_decay=0.01)
@@ -190,16 +175,14 @@ def main():
         moved = client.device_buffer_transfers
         if problems:
             print(f"torch_device_pairs: FAIL ({args.kind}, {args.device}): " + "; ".join(problems))
-            for i in range(len(procs)):
-                with open(os.path.join(workdir, f"server{i}.log")) as said:
-                    sys.stdout.write(f"--- shard {i} said:\n{said.read()[-1500:]}")
+            print_server_logs(workdir, len(procs))
             return 1
         print(f"torch_device_pairs: PASS ({args.kind}, model on {args.device}, shards on "
               f"{args.server_device}): {args.steps} AdamW steps bit-identical to the gRPC "
               f"stream, {moved} transfers from/into the device buffers")
         return 0
     finally:
-        stop(procs)
+        stop_servers(procs)
 
 
 if __name__ == "__main__":
