@@ -133,8 +133,8 @@ absl::StatusOr<int> AcceptPeer(int listener, absl::Time deadline, const std::str
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       return Errno("accept", errno);
     }
-    absl::StatusOr<uid_t> uid = PeerUid(fd);
-    if (uid.ok() && *uid == getuid()) return fd;
+    // The same rule as every other same-host link: the peer's effective uid.
+    if (CheckPeerIsSameUser(fd, peer, "shard").ok()) return fd;
     close(fd);  // Not our trainer: keep waiting for it.
   }
 }

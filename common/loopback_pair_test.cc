@@ -1,9 +1,14 @@
 #include "common/loopback_pair.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/another_user_testing.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {
@@ -74,6 +79,55 @@ TEST(LoopbackPairTest, APeerGoneIsUnavailable) {
   const absl::Status s =
       pair.shard->Recv(buffer.data(), buffer.size(), absl::Now() + absl::Seconds(10), "push");
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+}
+
+// A process of another user that finds the pair's name is closed, and the
+// shard's end keeps waiting for its trainer instead of taking it.
+TEST(LoopbackPairTest, APeerOfAnotherUserIsNotTakenForTheTrainer) {
+  const DevicePairKind& kind = LoopbackPairKind();
+  const std::string id = *kind.NewId();
+  const AbstractSocketAddress address = AbstractSocketAddressOf("shardopt-pair-" + id);
+  absl::StatusOr<std::unique_ptr<DevicePair>> shard;
+  std::thread rank0(
+      [&] { shard = kind.Connect(id, 0, 0, absl::Now() + absl::Seconds(20), "trainer 0"); });
+  const AnotherUserRun run = RunAsAnotherUser(
+      [&](const AnotherUserChannel& channel) {
+        int s = -1;
+        for (int attempt = 0; attempt < 500 && s < 0; ++attempt) {  // (Until rank 0 listens.)
+          s = socket(AF_UNIX, SOCK_STREAM, 0);
+          if (s >= 0 && connect(s, address.get(), address.length) != 0) {
+            close(s);
+            s = -1;
+            usleep(10000);
+          }
+        }
+        char byte = 0;
+        pollfd closing{s, POLLIN, 0};
+        if (s < 0 || poll(&closing, 1, 10000) != 1 || recv(s, &byte, 1, 0) != 0) return false;
+        channel.Say("closed", 6);
+        return true;
+      },
+      [] {});
+  if (run.outcome == AnotherUserRun::kNotRoot || run.outcome == AnotherUserRun::kCannotSwitch) {
+    absl::StatusOr<std::unique_ptr<DevicePair>> trainer =
+        kind.Connect(id, 1, 0, absl::Now() + absl::Seconds(10), "shard 0");
+    rank0.join();
+    GTEST_SKIP() << run.skip_reason();
+  }
+  EXPECT_EQ(run.outcome, AnotherUserRun::kRan) << "the other user's connection stayed open";
+  EXPECT_EQ(run.said, "closed");
+  absl::StatusOr<std::unique_ptr<DevicePair>> trainer =
+      kind.Connect(id, 1, 0, absl::Now() + absl::Seconds(10), "shard 0");
+  rank0.join();
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const float sent = 2.5f;
+  float got = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::thread sender([&] { EXPECT_TRUE((*trainer)->Send(&sent, 4, deadline, "push").ok()); });
+  EXPECT_TRUE((*shard)->Recv(&got, 4, deadline, "push").ok());
+  sender.join();
+  EXPECT_EQ(got, sent);
 }
 
 TEST(LoopbackPairTest, NobodyJoiningIsADeadlineNamingThePeer) {

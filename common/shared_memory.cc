@@ -222,6 +222,9 @@ absl::StatusOr<int> ConnectAbstract(absl::string_view name) {
   return fd;
 }
 
+namespace {
+
+// The effective uid of the process at the other end of `socket`.
 absl::StatusOr<uid_t> PeerUid(int socket) {
   ucred credentials{};
   socklen_t length = sizeof(credentials);
@@ -230,6 +233,8 @@ absl::StatusOr<uid_t> PeerUid(int socket) {
   }
   return credentials.uid;
 }
+
+}  // namespace
 
 absl::Status CheckPeerIsSameUser(int socket, absl::string_view peer, absl::string_view self) {
   absl::StatusOr<uid_t> uid = PeerUid(socket);

@@ -81,10 +81,8 @@ absl::StatusOr<int> ListenAbstract(absl::string_view name);
 // listens there in this network namespace, or its backlog is full (the
 // connect never blocks).
 absl::StatusOr<int> ConnectAbstract(absl::string_view name);
-// The uid of the process at the other end of connected socket `socket`.
-absl::StatusOr<uid_t> PeerUid(int socket);
-// OK when the process at the other end of `socket` runs as this process's
-// effective user, else FAILED_PRECONDITION ("the <peer> runs as another user
+// OK when the process at the other end of `socket` runs (ran, when it
+// connected: SO_PEERCRED) as this process's effective user, else FAILED_PRECONDITION ("the <peer> runs as another user
 // (uid U; this <self> runs as V)"). A segment only crosses between processes
 // of one user, and each side checks: the shard before it maps one, the
 // trainer before it hands its descriptor over.
