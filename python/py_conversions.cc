@@ -183,6 +183,7 @@ py::dict StepResultToDict(const StepResult& r) {
   d["step"] = r.step;
   d["version"] = r.version;
   d["skipped"] = r.skipped;
+  d["applied_here"] = r.applied_here;
   d["grad_norm"] = r.grad_norm;
   d["clip_coef"] = r.clip_coef;
   d["loss_scale"] = r.loss_scale;

@@ -70,7 +70,7 @@ LossScalerOptions LossScalerFromKwargs(const py::dict& kw);
 // [(name, shape, offset, size)] of `layout`'s tensors.
 std::vector<py::tuple> Placements(const ModelLayout& layout);
 
-// The StepResult's fields by name (all but applied_here).
+// The StepResult's fields by name.
 py::dict StepResultToDict(const StepResult& r);
 
 // ChannelSecurity from a dict of its field names; ValueError for another key.

@@ -532,8 +532,8 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
         pushed anything: the usual keys (as the last result had them), the
         version, the group's lr, and `marks` saying why."""
         result = dict(g.last_result) if isinstance(g.last_result, dict) else {}
-        result.update(step=g.version, version=g.version, skipped=False, bytes_pushed=0,
-                      bytes_pushed_early=0, duplicate_pushes=0, replayed_pushes=0,
+        result.update(step=g.version, version=g.version, skipped=False, applied_here=False,
+                      bytes_pushed=0, bytes_pushed_early=0, duplicate_pushes=0, replayed_pushes=0,
                       lr=float(self.param_groups[g.index]["lr"]), **marks)
         return result
 

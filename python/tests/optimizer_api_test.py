@@ -1,12 +1,18 @@
 """The torch.optim-like API against torch.optim itself, with one trainer
 (bit-identical): state_dict() checkpoints on the servers and servers
 restarted from it (on another shard count) resume exactly; parameter groups
-keep their own hyperparameters; lr schedulers reach the servers."""
+keep their own hyperparameters; lr schedulers reach the servers. And the
+binding's step results say which trainer's push completed a step."""
 
+import json
 import os
 import sys
 import tempfile
+import threading
+import time
 import unittest
+
+import numpy as np
 
 import torch
 
@@ -35,6 +41,38 @@ def train(model, opt, first, last):
 
 
 class OptimizerApiTest(unittest.TestCase):
+    def test_the_step_result_says_which_trainer_completed_the_step(self):
+        with Cluster(1) as cluster:
+            clients = [shardopt.Client(cluster.addresses, rank) for rank in (0, 1)]
+            params = [np.full(256, 1.0, dtype=np.float32) for _ in clients]
+            clients[0].register("completed", [("w", [256])], "sgd", {"lr": 0.5}, 2, 0.0,
+                                params[0])
+            clients[1].register("completed", [("w", [256])], "sgd", {"lr": 0.5}, 2)
+            results = [None, None]
+
+            def step(rank):
+                grads = np.full(256, float(rank + 1), dtype=np.float32)
+                results[rank] = clients[rank].step(1, grads, params[rank])
+
+            # Rank 0 pushes first and waits in its pull; rank 1's push completes the step.
+            first = threading.Thread(target=step, args=(0,))
+            first.start()
+            for _ in range(300):
+                shard = json.loads(clients[1].inspect_json()[0])
+                if shard.get("trainers_pushed") == [0]:
+                    break
+                time.sleep(0.1)
+            self.assertEqual(shard.get("trainers_pushed"), [0], "rank 0's push did not arrive")
+            self.assertTrue(first.is_alive(), "rank 0's step waits for rank 1's push")
+            step(1)
+            first.join(timeout=30)
+            self.assertFalse(first.is_alive())
+            self.assertEqual([r["version"] for r in results], [1, 1])
+            self.assertEqual([r["applied_here"] for r in results], [False, True])
+            # The mean gradient 1.5, times lr 0.5: 1 - 0.75.
+            for p in params:
+                np.testing.assert_array_equal(p, np.full(256, 0.25, dtype=np.float32))
+
     def test_state_dict_checkpoint_then_restart_on_other_shard_count(self):
         root = tempfile.mkdtemp()
         reference = net()
