@@ -79,13 +79,21 @@ uint64_t AvailableMemoryBytes() {
 }  // namespace
 
 absl::StatusOr<SharedSegment> SharedSegment::MapDescriptor(int fd, size_t bytes) {
+  struct stat info;
+  if (fstat(fd, &info) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoError("fstat of a shared segment", error);
+  }
   void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {
     const int error = errno;
     close(fd);
     return ErrnoError("mapping a shared segment", error);
   }
-  return SharedSegment(fd, static_cast<char*>(data), bytes);
+  return SharedSegment(
+      fd, static_cast<char*>(data), bytes,
+      FileId{static_cast<uint64_t>(info.st_dev), static_cast<uint64_t>(info.st_ino)});
 }
 
 absl::StatusOr<SharedSegment> SharedSegment::Create(size_t bytes) {
@@ -151,10 +159,11 @@ absl::StatusOr<SharedSegment> SharedSegment::Map(int fd, size_t expected_bytes) 
 }
 
 SharedSegment::SharedSegment(SharedSegment&& other) noexcept
-    : fd_(other.fd_), data_(other.data_), size_(other.size_) {
+    : fd_(other.fd_), data_(other.data_), size_(other.size_), file_id_(other.file_id_) {
   other.fd_ = -1;
   other.data_ = nullptr;
   other.size_ = 0;
+  other.file_id_ = FileId();
 }
 
 SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
@@ -163,6 +172,7 @@ SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
     std::swap(fd_, other.fd_);
     std::swap(data_, other.data_);
     std::swap(size_, other.size_);
+    std::swap(file_id_, other.file_id_);
   }
   return *this;
 }
@@ -175,6 +185,7 @@ void SharedSegment::Reset() {
   fd_ = -1;
   data_ = nullptr;
   size_ = 0;
+  file_id_ = FileId();
 }
 
 std::string RandomHexToken(int bytes) {

@@ -51,13 +51,21 @@ class SharedSegment {
   char* data() const { return data_; }
   size_t size() const { return size_; }
   int fd() const { return fd_; }
+  // The segment's memory file, the same through every mapping of it (in
+  // any process, each attachment of it included) and unique among the
+  // files alive: (device, inode).
+  struct FileId {
+    uint64_t device = 0, inode = 0;
+  };
+  FileId file_id() const { return file_id_; }
   // True when [offset, offset + bytes) lies inside the segment.
   bool Contains(uint64_t offset, uint64_t bytes) const {
     return offset <= size_ && bytes <= size_ - offset;
   }
 
  private:
-  SharedSegment(int fd, char* data, size_t size) : fd_(fd), data_(data), size_(size) {}
+  SharedSegment(int fd, char* data, size_t size, FileId file_id)
+      : fd_(fd), data_(data), size_(size), file_id_(file_id) {}
   // Maps all `bytes` of `fd` (closed on error).
   static absl::StatusOr<SharedSegment> MapDescriptor(int fd, size_t bytes);
   void Reset();
@@ -65,6 +73,7 @@ class SharedSegment {
   int fd_ = -1;
   char* data_ = nullptr;
   size_t size_ = 0;
+  FileId file_id_;
 };
 
 // What a shard's refusal of an attachment it does not hold says (the host

@@ -33,6 +33,14 @@ TEST(SharedSegmentTest, CreatedZeroedSealedAndMappable) {
   EXPECT_FALSE(other->Contains(9990, 11));
   EXPECT_FALSE(other->Contains(10001, 0));
   EXPECT_FALSE(other->Contains(1, ~uint64_t{0}));
+
+  // Both mappings name one memory file; another segment is another file.
+  EXPECT_NE(segment->file_id().inode, 0u);
+  EXPECT_EQ(other->file_id().device, segment->file_id().device);
+  EXPECT_EQ(other->file_id().inode, segment->file_id().inode);
+  absl::StatusOr<SharedSegment> second = SharedSegment::Create(10000);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(second->file_id().inode, segment->file_id().inode);
 }
 
 TEST(SharedSegmentTest, MapRefusesAWrongSizeAndAnUnsealedSegment) {

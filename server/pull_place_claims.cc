@@ -5,7 +5,7 @@
 
 namespace shardopt {
 
-PullPlaceClaims::Claim PullPlaceClaims::Take(const char* place) {
+PullPlaceClaims::Claim PullPlaceClaims::Take(const PullPlace& place) {
   std::shared_ptr<Place> state;
   uint64_t number;
   {
@@ -30,7 +30,7 @@ size_t PullPlaceClaims::places() const {
   return places_.size();
 }
 
-void PullPlaceClaims::Release(const char* place, const std::shared_ptr<Place>& state) {
+void PullPlaceClaims::Release(const PullPlace& place, const std::shared_ptr<Place>& state) {
   absl::MutexLock lock(&mu_);
   if (--state->holders > 0) return;
   auto it = places_.find(place);

@@ -13,7 +13,14 @@
 // that moment is finished before the newer one's claim returns. A trainer
 // has one pull per place at a time, so this only ever stops abandoned ones.
 //
-// A place is its address in this process's mapping of the segment.
+// A place is its segment's memory file and its byte offset there
+// (PullPlace), not an address in one mapping: a retry through a new
+// attachment of the same segment (the link to the shard broke and the
+// trainer attached again) maps it anew, and still takes the place of the
+// pull it retries. A retry by another way (the stream or the payload
+// socket, when the trainer could not attach again) is not ordered against
+// an abandoned pull: that one stops at its next piece once it sees its call
+// cancelled (the trainer's deadline reaches the shard with the call).
 // Thread-safe; pulls into different places never wait for each other.
 #ifndef SHARDOPT_SERVER_PULL_PLACE_CLAIMS_H_
 #define SHARDOPT_SERVER_PULL_PLACE_CLAIMS_H_
@@ -21,12 +28,27 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 
 namespace shardopt {
+
+// Where a pull writes: byte `offset` of the segment whose memory file is
+// (`device`, `inode`) (SharedSegment::file_id).
+struct PullPlace {
+  uint64_t device = 0, inode = 0, offset = 0;
+
+  friend bool operator==(const PullPlace& a, const PullPlace& b) {
+    return a.device == b.device && a.inode == b.inode && a.offset == b.offset;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const PullPlace& p) {
+    return H::combine(std::move(h), p.device, p.inode, p.offset);
+  }
+};
 
 class PullPlaceClaims {
  private:
@@ -54,25 +76,26 @@ class PullPlaceClaims {
 
    private:
     friend class PullPlaceClaims;
-    Claim(PullPlaceClaims* claims, const char* place, std::shared_ptr<Place> state, uint64_t number)
+    Claim(PullPlaceClaims* claims, const PullPlace& place, std::shared_ptr<Place> state,
+          uint64_t number)
         : claims_(claims), place_(place), state_(std::move(state)), number_(number) {}
     PullPlaceClaims* claims_;
-    const char* place_;
+    PullPlace place_;
     std::shared_ptr<Place> state_;  // Null once moved from.
     uint64_t number_;
   };
 
   // Claims `place` for a pull starting now: it becomes the newest.
-  Claim Take(const char* place);
+  Claim Take(const PullPlace& place);
 
   // Places with a claim now.
   size_t places() const;
 
  private:
-  void Release(const char* place, const std::shared_ptr<Place>& state);
+  void Release(const PullPlace& place, const std::shared_ptr<Place>& state);
 
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<const char*, std::shared_ptr<Place>> places_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PullPlace, std::shared_ptr<Place>> places_ ABSL_GUARDED_BY(mu_);
   uint64_t taken_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

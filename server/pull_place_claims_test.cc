@@ -18,17 +18,19 @@ absl::Status Mark(int* writes) {
 
 TEST(PullPlaceClaimsTest, TheNewestClaimOwnsThePlace) {
   PullPlaceClaims claims;
-  char segment[64] = {};
+  const PullPlace place{1, 7, 0};
   int writes = 0;
-  PullPlaceClaims::Claim abandoned = claims.Take(segment);
+  PullPlaceClaims::Claim abandoned = claims.Take(place);
   EXPECT_TRUE(abandoned.Write([&] { return Mark(&writes); }).ok());
-  PullPlaceClaims::Claim retry = claims.Take(segment);
-  // Another place is not this one.
-  PullPlaceClaims::Claim elsewhere = claims.Take(segment + 32);
-  EXPECT_EQ(claims.places(), 2u);
+  PullPlaceClaims::Claim retry = claims.Take(place);
+  // Another offset, or the same offset of another segment, is another place.
+  PullPlaceClaims::Claim elsewhere = claims.Take(PullPlace{1, 7, 32});
+  PullPlaceClaims::Claim other_segment = claims.Take(PullPlace{1, 8, 0});
+  EXPECT_EQ(claims.places(), 3u);
 
   EXPECT_TRUE(absl::IsAborted(abandoned.Current()));
   EXPECT_TRUE(retry.Current().ok());
+  EXPECT_TRUE(other_segment.Current().ok());
   absl::Status late = abandoned.Write([&] { return Mark(&writes); });
   EXPECT_TRUE(absl::IsAborted(late)) << late;
   EXPECT_NE(late.message().find("newer pull"), std::string::npos) << late;
@@ -42,11 +44,11 @@ TEST(PullPlaceClaimsTest, TheNewestClaimOwnsThePlace) {
 
 TEST(PullPlaceClaimsTest, PlacesAreForgottenWithTheirLastClaim) {
   PullPlaceClaims claims;
-  char segment[8] = {};
+  const PullPlace place{1, 7, 0};
   {
-    PullPlaceClaims::Claim first = claims.Take(segment);
+    PullPlaceClaims::Claim first = claims.Take(place);
     {
-      PullPlaceClaims::Claim second = claims.Take(segment);
+      PullPlaceClaims::Claim second = claims.Take(place);
       PullPlaceClaims::Claim moved(std::move(second));
       EXPECT_EQ(claims.places(), 1u);
     }
@@ -55,7 +57,7 @@ TEST(PullPlaceClaimsTest, PlacesAreForgottenWithTheirLastClaim) {
   }
   EXPECT_EQ(claims.places(), 0u);
   // A fresh claim after them all owns the place again.
-  PullPlaceClaims::Claim again = claims.Take(segment);
+  PullPlaceClaims::Claim again = claims.Take(place);
   EXPECT_TRUE(again.Write([] { return absl::OkStatus(); }).ok());
 }
 
@@ -63,8 +65,8 @@ TEST(PullPlaceClaimsTest, PlacesAreForgottenWithTheirLastClaim) {
 // before Take returns: the newer pull's pieces always land after it.
 TEST(PullPlaceClaimsTest, TakeWaitsForAPieceBeingWritten) {
   PullPlaceClaims claims;
-  char segment[8] = {};
-  PullPlaceClaims::Claim older = claims.Take(segment);
+  const PullPlace place{1, 7, 0};
+  PullPlaceClaims::Claim older = claims.Take(place);
   absl::Notification writing;
   std::atomic<bool> written{false};
   std::thread writer([&] {
@@ -78,7 +80,7 @@ TEST(PullPlaceClaimsTest, TakeWaitsForAPieceBeingWritten) {
                     .ok());
   });
   writing.WaitForNotification();
-  PullPlaceClaims::Claim newer = claims.Take(segment);
+  PullPlaceClaims::Claim newer = claims.Take(place);
   EXPECT_TRUE(written) << "Take returned while the older claim's piece was half written";
   writer.join();
   EXPECT_TRUE(absl::IsAborted(older.Write([] { return absl::OkStatus(); })));

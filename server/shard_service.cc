@@ -326,7 +326,9 @@ grpc::Status ShardServiceImpl::PullParameters(
     if (context->IsCancelled()) return grpc::Status(grpc::CANCELLED, "client cancelled");
     // From now on an earlier pull into the place (one its trainer gave up
     // on) writes nothing more there.
-    claim.emplace(pull_claims_.Take(shared->data));
+    const SharedSegment::FileId file = shared->segment->file_id();
+    claim.emplace(pull_claims_.Take(
+        PullPlace{file.device, file.inode, request->shared_memory().byte_offset()}));
   }
   const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
   const auto cancelled = [context] { return context->IsCancelled(); };

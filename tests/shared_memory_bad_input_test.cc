@@ -36,17 +36,24 @@ class SharedMemoryBadInputTest : public BadInputTest {
     absl::StatusOr<SharedSegment> segment = SharedSegment::Create(2 * range_.size() * 4);
     ASSERT_TRUE(segment.ok()) << segment.status();
     segment_ = *std::move(segment);
-    absl::StatusOr<int> socket = ConnectAbstract(info.shared_memory_socket());
-    ASSERT_TRUE(socket.ok()) << socket.status();
-    socket_ = *socket;
-    ASSERT_TRUE(SendMessage(socket_, absl::StrCat("attach ", segment_.size()), segment_.fd()).ok());
-    absl::StatusOr<std::string> answer = ReceiveMessage(socket_, absl::Seconds(10));
-    ASSERT_TRUE(answer.ok()) << answer.status();
-    ASSERT_TRUE(absl::StartsWith(*answer, "ok ")) << *answer;
-    attachment_ = std::string(absl::StripPrefix(*answer, "ok "));
+    shared_memory_socket_ = info.shared_memory_socket();
+    ASSERT_NO_FATAL_FAILURE(Attach(&socket_, &attachment_));
   }
   void TearDown() override {
     if (socket_ >= 0) close(socket_);
+  }
+
+  // Attaches the segment over a new link (`*socket`, to close): one more
+  // attachment of it, `*attachment`.
+  void Attach(int* socket, std::string* attachment) {
+    absl::StatusOr<int> connected = ConnectAbstract(shared_memory_socket_);
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    *socket = *connected;
+    ASSERT_TRUE(SendMessage(*socket, absl::StrCat("attach ", segment_.size()), segment_.fd()).ok());
+    absl::StatusOr<std::string> answer = ReceiveMessage(*socket, absl::Seconds(10));
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_TRUE(absl::StartsWith(*answer, "ok ")) << *answer;
+    *attachment = std::string(absl::StripPrefix(*answer, "ok "));
   }
 
   void PutGradient(const std::vector<float>& grad) {
@@ -99,7 +106,13 @@ class SharedMemoryBadInputTest : public BadInputTest {
     EXPECT_EQ(std::memcmp(streamed.data(), segment_.data() + bytes, bytes), 0);
   }
 
+  // A pull waiting for version 1 (its trainer gave up on it) is overtaken
+  // by a retry of version 0 into the same place through `retry_attachment`;
+  // then step 1 is applied. The place keeps the retry's version.
+  void ExpectTheRetryKeepsItsPlace(const std::string& retry_attachment);
+
   SharedSegment segment_;
+  std::string shared_memory_socket_;
   int socket_ = -1;
   std::string attachment_;
 };
@@ -168,7 +181,7 @@ TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
 // trainer's retry pulls into the same place, writes nothing there once the
 // retry has claimed it (server/pull_place_claims.h): the place keeps the
 // retry's version, not the abandoned pull's newer one over it.
-TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
+void SharedMemoryBadInputTest::ExpectTheRetryKeepsItsPlace(const std::string& retry_attachment) {
   const uint64_t bytes = range_.size() * 4;
   const auto pull_places = [&] { return Info().shared_memory_pull_places(); };
   // Version 1 does not exist yet: this pull waits on the shard, its place
@@ -184,7 +197,7 @@ TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
   ASSERT_EQ(pull_places(), 1u) << "the first pull did not reach the shard";
   // The retry takes the place.
   int64_t version = -1;
-  ASSERT_TRUE(SharedPull(0, bytes, &version).ok());
+  ASSERT_TRUE(SharedPull(0, bytes, &version, retry_attachment).ok());
   EXPECT_EQ(version, 0);
   EXPECT_EQ(std::memcmp(segment_.data() + bytes, initial_.data(), bytes), 0);
 
@@ -207,6 +220,22 @@ TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
 
   // The place serves the next pull as before.
   ASSERT_NO_FATAL_FAILURE(ExpectSharedPullMatchesStream(1, 1));
+}
+
+TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
+  ASSERT_NO_FATAL_FAILURE(ExpectTheRetryKeepsItsPlace(attachment_));
+}
+
+// The same when the retry comes through a new attachment of the segment (the
+// trainer's link broke and it attached again): its own mapping on the
+// shard, the same place.
+TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverARetryThroughANewAttachment) {
+  int second_socket = -1;
+  std::string second;
+  ASSERT_NO_FATAL_FAILURE(Attach(&second_socket, &second));
+  const absl::Cleanup close_second = [second_socket] { close(second_socket); };
+  ASSERT_NE(second, attachment_);
+  ASSERT_NO_FATAL_FAILURE(ExpectTheRetryKeepsItsPlace(second));
 }
 
 }  // namespace
