@@ -155,7 +155,12 @@ void PayloadSocketHost::Serve() {
     }
     const ServePoll::Result polled = poller.Poll(watched, 1000);
     if (polled == ServePoll::Result::kStop) return;
-    if (polled == ServePoll::Result::kAgain) continue;
+    if (polled == ServePoll::Result::kAgain) {
+      // Also while polls fail: what this closes may be what brings the
+      // watched set back under the descriptor limit.
+      ExpireOverdue(absl::Now());
+      continue;
+    }
     if (watched[0].revents != 0) return;
     if (watched[1].revents & POLLIN) {
       for (;;) {
@@ -175,28 +180,32 @@ void PayloadSocketHost::Serve() {
     for (size_t i = 2; i < first_link; ++i) {
       if (watched[i].revents != 0) ReadHello(watched[i].fd);
     }
-    const absl::Time now = absl::Now();
     {
       absl::MutexLock lock(&mu_);
       for (size_t i = first_link; i < watched.size(); ++i) {
-        const std::shared_ptr<Link>& link = idle[i - first_link];
-        if (watched[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-          // (A transfer holding it sees the end itself.)
-          Close(link);
-        } else if (!link->claimed && now - link->opened > kUnclaimedTimeout) {
-          Close(link);
-        }
+        // (A transfer holding it sees the end itself.)
+        if (watched[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) Close(idle[i - first_link]);
       }
     }
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second.give_up < now) {
-        close(it->first);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
+    ExpireOverdue(absl::Now());
+  }
+}
+
+void PayloadSocketHost::ExpireOverdue(absl::Time now) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second.give_up < now) {
+      close(it->first);
+      it = pending_.erase(it);
+    } else {
+      ++it;
     }
   }
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Link>> unclaimed;
+  for (const auto& [token, link] : links_) {
+    if (!link->claimed && now - link->opened > kUnclaimedTimeout) unclaimed.push_back(link);
+  }
+  for (const std::shared_ptr<Link>& link : unclaimed) Close(link);
 }
 
 void PayloadSocketHost::ReadHello(int connection) {

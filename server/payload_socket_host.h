@@ -84,6 +84,9 @@ class PayloadSocketHost {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads what came of a pending connection's hello; admits or closes it.
   void ReadHello(int connection);
+  // Closes the pending connections whose hello is overdue and the links no
+  // call named within kUnclaimedTimeout. Serve()'s thread.
+  void ExpireOverdue(absl::Time now);
   // Ends `link`: out of the map, its socket shut down (closed once the
   // last holder lets go).
   void Close(const std::shared_ptr<Link>& link) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

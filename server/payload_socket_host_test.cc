@@ -1,7 +1,9 @@
 #include "server/payload_socket_host.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -154,6 +156,38 @@ TEST(PayloadSocketHostTest, KeepsServingAfterItsPollsFail) {
     host->reset();
   }
   EXPECT_LT(absl::Now() - stopping, absl::Seconds(4)) << "stopping it while its polls failed";
+}
+
+// The host's timeouts run while its polls fail too: a stranger's link no
+// call names and a connection that never sends its hello are closed on
+// time, which is what can bring the watched set back under the limit.
+TEST(PayloadSocketHostTest, ItsTimeoutsRunWhileItsPollsFail) {
+  absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
+  ASSERT_TRUE(host.ok()) << host.status();
+  const int stranger = OpenWithHello(**host, EncodeHello(kToken));
+  ASSERT_GE(stranger, 0);
+  absl::StatusOr<int> silent = ConnectTcp("127.0.0.1", (*host)->port(), absl::Seconds(5));
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  // (Accepted before the limit drops: no descriptor can be made after.)
+  absl::SleepFor(absl::Milliseconds(500));
+  bool silent_closed = false;
+  size_t links = 1;
+  {
+    testing::StarvedDescriptors starved;
+    const absl::Time deadline =
+        absl::Now() + PayloadSocketHost::kUnclaimedTimeout + absl::Seconds(5);
+    while ((links != 0 || !silent_closed) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+      links = (*host)->links();
+      char byte;
+      const ssize_t n = recv(*silent, &byte, 1, MSG_DONTWAIT);
+      silent_closed = silent_closed || n == 0 || (n < 0 && errno != EAGAIN);
+    }
+  }
+  EXPECT_EQ(links, 0u) << "the unclaimed link outlived its timeout while polls failed";
+  EXPECT_TRUE(silent_closed) << "the silent connection outlived its timeout while polls failed";
+  close(stranger);
+  close(*silent);
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 // A failed poll (ENOMEM; EINVAL when more descriptors are watched than
 // RLIMIT_NOFILE allows, after the limit was lowered at run time) is logged
 // once per run of failures, in `what`'s name, and the loop naps 100 ms and
-// goes round again (skipping its housekeeping meanwhile), so that it serves
-// once the cause clears. Its wake descriptor (a non-blocking eventfd, the
+// goes round again (its timeouts still run meanwhile: what they close may
+// bring it back under the limit), so that it serves once the cause clears. Its wake descriptor (a non-blocking eventfd, the
 // owner's way to stop it) is read during a run of failures too, so that the
 // owner can still stop it then. Serving thread only.
 #ifndef SHARDOPT_SERVER_SERVE_POLL_H_

@@ -91,7 +91,12 @@ void SharedMemoryHost::Serve() {
     }
     const ServePoll::Result polled = poller.Poll(watched, 1000);
     if (polled == ServePoll::Result::kStop) return;
-    if (polled == ServePoll::Result::kAgain) continue;
+    if (polled == ServePoll::Result::kAgain) {
+      // Also while polls fail: what this closes may be what brings the
+      // watched set back under the descriptor limit.
+      ExpirePending(absl::Now());
+      continue;
+    }
     if (watched[0].revents != 0) return;
     if (watched[1].revents & POLLIN) {
       for (;;) {
@@ -121,14 +126,17 @@ void SharedMemoryHost::Serve() {
         Drop(connection);
       }
     }
-    const absl::Time now = absl::Now();
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second < now) {
-        close(it->first);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
+    ExpirePending(absl::Now());
+  }
+}
+
+void SharedMemoryHost::ExpirePending(absl::Time now) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second < now) {
+      close(it->first);
+      it = pending_.erase(it);
+    } else {
+      ++it;
     }
   }
 }

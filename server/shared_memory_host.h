@@ -52,6 +52,9 @@ class SharedMemoryHost {
   // Answers "error <why>" and closes the connection.
   void Refuse(int connection, absl::string_view why);
   void Drop(int connection);
+  // Closes the connections whose attach message is overdue. Serve()'s
+  // thread.
+  void ExpirePending(absl::Time now);
 
   const std::string socket_name_;
   const int listen_fd_;

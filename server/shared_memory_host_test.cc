@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <string>
 
@@ -168,6 +169,32 @@ TEST(SharedMemoryHostTest, KeepsServingAfterItsPollsFail) {
     host->reset();
   }
   EXPECT_LT(absl::Now() - stopping, absl::Seconds(4)) << "stopping it while its polls failed";
+}
+
+// Its timeout runs while its polls fail too: a connection that never sends
+// its attach message is closed on time, which is what can bring the
+// watched set back under the limit.
+TEST(SharedMemoryHostTest, ItsTimeoutRunsWhileItsPollsFail) {
+  absl::StatusOr<std::unique_ptr<SharedMemoryHost>> host = SharedMemoryHost::Start();
+  ASSERT_TRUE(host.ok()) << host.status();
+  absl::StatusOr<int> silent = ConnectAbstract((*host)->socket_name());
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  // (Accepted before the limit drops: no descriptor can be made after.)
+  absl::SleepFor(absl::Milliseconds(500));
+  bool closed = false;
+  {
+    testing::StarvedDescriptors starved;
+    // The host gives an attach message 10 s.
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (!closed && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+      char byte;
+      const ssize_t n = recv(*silent, &byte, 1, MSG_DONTWAIT);
+      closed = n == 0 || (n < 0 && errno != EAGAIN);
+    }
+  }
+  EXPECT_TRUE(closed) << "the silent connection outlived its timeout while polls failed";
+  close(*silent);
 }
 
 }  // namespace
