@@ -1,6 +1,7 @@
 // Test support: a piece of a test run in a child process as another user
-// (uid and gid 65534), for the rule that shared memory only crosses between
-// processes of one user (common/shared_memory.h, CheckPeerIsSameUser).
+// (uid and gid 65534), for the rule that same-host links (shared memory,
+// loopback device pairs) only join processes of one user
+// (common/shared_memory.h, CheckPeerIsSameUser).
 // Needs root and a kernel that lets it switch users: Bazel's sandbox maps
 // root alone, so such tests are tagged no-sandbox, and the run says why it
 // could not happen so that the test can skip.

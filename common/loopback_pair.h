@@ -2,7 +2,8 @@
 // memory on both ends, bytes over a Unix stream socket in the abstract
 // namespace of this network namespace, "shardopt-pair-<id>" (the id: 16
 // random bytes in hex, so unguessable; the shard also takes only a peer of
-// its own effective user, and keeps waiting for its trainer past others). It is the device data plane of a shard on the CPU
+// its own effective user, CheckPeerIsSameUser, and keeps waiting for its
+// trainer past others). It is the device data plane of a shard on the CPU
 // backend: the same bootstrap, transfers and failures as NCCL, so that the
 // protocol runs (and is tested) where there is no GPU. Rank 0 listens and
 // accepts one connection; rank 1 connects, retrying until the deadline

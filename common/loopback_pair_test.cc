@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <thread>
@@ -128,6 +129,40 @@ TEST(LoopbackPairTest, APeerOfAnotherUserIsNotTakenForTheTrainer) {
   EXPECT_TRUE((*shard)->Recv(&got, 4, deadline, "push").ok());
   sender.join();
   EXPECT_EQ(got, sent);
+}
+
+// The shard's end compares effective users (the kernel's SO_PEERCRED gives
+// the peer's): a shard whose real uid differs from its effective one (a
+// setuid program) still takes its own trainer.
+TEST(LoopbackPairTest, TheShardsEndComparesEffectiveUsers) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a process two uids";
+  const DevicePairKind& kind = LoopbackPairKind();
+  const std::string id = *kind.NewId();
+  // Forked while this process runs one thread: the child may do anything.
+  const pid_t child = fork();
+  if (child == 0) {
+    if (setresuid(65534, 0, 0) != 0) _exit(3);
+    absl::StatusOr<std::unique_ptr<DevicePair>> shard =
+        kind.Connect(id, 0, 0, absl::Now() + absl::Seconds(5), "trainer 0");
+    float got = 0;
+    _exit(shard.ok() && (*shard)->Recv(&got, 4, absl::Now() + absl::Seconds(5), "push").ok() &&
+                  got == 2.5f
+              ? 0
+              : 1);
+  }
+  ASSERT_GT(child, 0);
+  absl::StatusOr<std::unique_ptr<DevicePair>> trainer =
+      kind.Connect(id, 1, 0, absl::Now() + absl::Seconds(10), "shard 0");
+  const float sent = 2.5f;
+  const bool pushed =
+      trainer.ok() && (*trainer)->Send(&sent, 4, absl::Now() + absl::Seconds(10), "push").ok();
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  if (WEXITSTATUS(status) == 3) GTEST_SKIP() << "this sandbox cannot give a process two uids";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the shard's end (real uid 65534, effective uid 0) did "
+                                       "not take its trainer (effective uid 0)";
+  EXPECT_TRUE(pushed);
 }
 
 TEST(LoopbackPairTest, NobodyJoiningIsADeadlineNamingThePeer) {

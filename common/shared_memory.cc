@@ -2,11 +2,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/un.h>
@@ -78,13 +78,8 @@ uint64_t AvailableMemoryBytes() {
 
 }  // namespace
 
-absl::StatusOr<SharedSegment> SharedSegment::MapDescriptor(int fd, size_t bytes) {
-  struct stat info;
-  if (fstat(fd, &info) != 0) {
-    const int error = errno;
-    close(fd);
-    return ErrnoError("fstat of a shared segment", error);
-  }
+absl::StatusOr<SharedSegment> SharedSegment::MapDescriptor(int fd, size_t bytes,
+                                                           const struct stat& info) {
   void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {
     const int error = errno;
@@ -124,7 +119,13 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(size_t bytes) {
     close(fd);
     return ErrnoError("sealing a shared segment", error);
   }
-  return MapDescriptor(fd, bytes);
+  struct stat info;
+  if (fstat(fd, &info) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoError("fstat of a shared segment", error);
+  }
+  return MapDescriptor(fd, bytes, info);
 }
 
 absl::StatusOr<SharedSegment> SharedSegment::Map(int fd, size_t expected_bytes) {
@@ -155,7 +156,7 @@ absl::StatusOr<SharedSegment> SharedSegment::Map(int fd, size_t expected_bytes) 
                                                       " bytes, not the ", expected_bytes,
                                                       " announced"));
   }
-  return MapDescriptor(fd, expected_bytes);
+  return MapDescriptor(fd, expected_bytes, info);
 }
 
 SharedSegment::SharedSegment(SharedSegment&& other) noexcept

@@ -17,6 +17,7 @@
 #ifndef SHARDOPT_COMMON_SHARED_MEMORY_H_
 #define SHARDOPT_COMMON_SHARED_MEMORY_H_
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -51,9 +52,10 @@ class SharedSegment {
   char* data() const { return data_; }
   size_t size() const { return size_; }
   int fd() const { return fd_; }
-  // The segment's memory file, the same through every mapping of it (in
-  // any process, each attachment of it included) and unique among the
-  // files alive: (device, inode).
+  // The segment's memory file: (device, inode), the same through every
+  // mapping of it (in any process, each attachment of it included). Two
+  // segments alive at once differ in it (on kernels before 5.9 only until
+  // the 32-bit inode counter of shared memory wraps).
   struct FileId {
     uint64_t device = 0, inode = 0;
   };
@@ -66,8 +68,9 @@ class SharedSegment {
  private:
   SharedSegment(int fd, char* data, size_t size, FileId file_id)
       : fd_(fd), data_(data), size_(size), file_id_(file_id) {}
-  // Maps all `bytes` of `fd` (closed on error).
-  static absl::StatusOr<SharedSegment> MapDescriptor(int fd, size_t bytes);
+  // Maps all `bytes` of `fd` (closed on error); `info`: its fstat.
+  static absl::StatusOr<SharedSegment> MapDescriptor(int fd, size_t bytes,
+                                                     const struct stat& info);
   void Reset();
 
   int fd_ = -1;
@@ -91,10 +94,12 @@ absl::StatusOr<int> ListenAbstract(absl::string_view name);
 // connect never blocks).
 absl::StatusOr<int> ConnectAbstract(absl::string_view name);
 // OK when the process at the other end of `socket` runs (ran, when it
-// connected: SO_PEERCRED) as this process's effective user, else FAILED_PRECONDITION ("the <peer> runs as another user
-// (uid U; this <self> runs as V)"). A segment only crosses between processes
-// of one user, and each side checks: the shard before it maps one, the
-// trainer before it hands its descriptor over.
+// connected: SO_PEERCRED) as this process's effective user, else
+// FAILED_PRECONDITION ("the <peer> runs as another user (uid U; this <self>
+// runs as V)"). A segment only crosses between processes of one user, and
+// each side checks: the shard before it maps one, the trainer before it
+// hands its descriptor over. Same-host links of other kinds (the loopback
+// device pair) take the same rule.
 absl::Status CheckPeerIsSameUser(int socket, absl::string_view peer, absl::string_view self);
 
 // One message of at most 4096 bytes, with a descriptor attached when `fd` >= 0.

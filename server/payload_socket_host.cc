@@ -20,8 +20,6 @@
 namespace shardopt {
 namespace {
 
-// A connection that does not say which link it is within this is let go.
-constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
 // Bounds on what strangers can make the host hold: connections without a
 // hello, and links no call has named yet.
 constexpr size_t kMaxPending = 256;
@@ -156,8 +154,6 @@ void PayloadSocketHost::Serve() {
     const ServePoll::Result polled = poller.Poll(watched, 1000);
     if (polled == ServePoll::Result::kStop) return;
     if (polled == ServePoll::Result::kAgain) {
-      // Also while polls fail: what this closes may be what brings the
-      // watched set back under the descriptor limit.
       ExpireOverdue(absl::Now());
       continue;
     }

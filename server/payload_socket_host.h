@@ -33,6 +33,8 @@ namespace shardopt {
 class PayloadSocketHost {
  public:
   static constexpr absl::Duration kUnclaimedTimeout = absl::Seconds(10);
+  // A connection that does not say which link it is within this is let go.
+  static constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
 
   // Listens on `host` (an address; empty: every interface) at `port` (0: a
   // free one) and starts serving links.

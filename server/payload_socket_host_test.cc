@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
@@ -164,18 +165,20 @@ TEST(PayloadSocketHostTest, KeepsServingAfterItsPollsFail) {
 TEST(PayloadSocketHostTest, ItsTimeoutsRunWhileItsPollsFail) {
   absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start("127.0.0.1");
   ASSERT_TRUE(host.ok()) << host.status();
-  const int stranger = OpenWithHello(**host, EncodeHello(kToken));
-  ASSERT_GE(stranger, 0);
   absl::StatusOr<int> silent = ConnectTcp("127.0.0.1", (*host)->port(), absl::Seconds(5));
   ASSERT_TRUE(silent.ok()) << silent.status();
-  // (Accepted before the limit drops: no descriptor can be made after.)
-  absl::SleepFor(absl::Milliseconds(500));
+  // Accepted after `silent` (in order): once it is answered, both are held,
+  // before the limit drops (no descriptor can be made after).
+  const int stranger = OpenWithHello(**host, EncodeHello(kToken));
+  ASSERT_GE(stranger, 0);
   bool silent_closed = false;
   size_t links = 1;
   {
     testing::StarvedDescriptors starved;
     const absl::Time deadline =
-        absl::Now() + PayloadSocketHost::kUnclaimedTimeout + absl::Seconds(5);
+        absl::Now() +
+        std::max(PayloadSocketHost::kUnclaimedTimeout, PayloadSocketHost::kHelloTimeout) +
+        absl::Seconds(5);
     while ((links != 0 || !silent_closed) && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(50));
       links = (*host)->links();

@@ -33,20 +33,22 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/shared_memory.h"
 
 namespace shardopt {
 
 // Where a pull writes: byte `offset` of the segment whose memory file is
-// (`device`, `inode`) (SharedSegment::file_id).
+// `file`.
 struct PullPlace {
-  uint64_t device = 0, inode = 0, offset = 0;
+  SharedSegment::FileId file;
+  uint64_t offset = 0;
 
   friend bool operator==(const PullPlace& a, const PullPlace& b) {
-    return a.device == b.device && a.inode == b.inode && a.offset == b.offset;
+    return a.file.device == b.file.device && a.file.inode == b.file.inode && a.offset == b.offset;
   }
   template <typename H>
   friend H AbslHashValue(H h, const PullPlace& p) {
-    return H::combine(std::move(h), p.device, p.inode, p.offset);
+    return H::combine(std::move(h), p.file.device, p.file.inode, p.offset);
   }
 };
 
@@ -60,7 +62,8 @@ class PullPlaceClaims {
 
  public:
   // One pull's claim on its place, until it ends (the claims must outlive
-  // it).
+  // it). The pull keeps the segment mapped while its claim lives: a file id
+  // is only unique among the segments alive.
   class Claim {
    public:
     Claim(Claim&& other) noexcept;

@@ -18,14 +18,14 @@ absl::Status Mark(int* writes) {
 
 TEST(PullPlaceClaimsTest, TheNewestClaimOwnsThePlace) {
   PullPlaceClaims claims;
-  const PullPlace place{1, 7, 0};
+  const PullPlace place{{1, 7}, 0};
   int writes = 0;
   PullPlaceClaims::Claim abandoned = claims.Take(place);
   EXPECT_TRUE(abandoned.Write([&] { return Mark(&writes); }).ok());
   PullPlaceClaims::Claim retry = claims.Take(place);
   // Another offset, or the same offset of another segment, is another place.
-  PullPlaceClaims::Claim elsewhere = claims.Take(PullPlace{1, 7, 32});
-  PullPlaceClaims::Claim other_segment = claims.Take(PullPlace{1, 8, 0});
+  PullPlaceClaims::Claim elsewhere = claims.Take(PullPlace{{1, 7}, 32});
+  PullPlaceClaims::Claim other_segment = claims.Take(PullPlace{{1, 8}, 0});
   EXPECT_EQ(claims.places(), 3u);
 
   EXPECT_TRUE(absl::IsAborted(abandoned.Current()));
@@ -44,7 +44,7 @@ TEST(PullPlaceClaimsTest, TheNewestClaimOwnsThePlace) {
 
 TEST(PullPlaceClaimsTest, PlacesAreForgottenWithTheirLastClaim) {
   PullPlaceClaims claims;
-  const PullPlace place{1, 7, 0};
+  const PullPlace place{{1, 7}, 0};
   {
     PullPlaceClaims::Claim first = claims.Take(place);
     {
@@ -65,7 +65,7 @@ TEST(PullPlaceClaimsTest, PlacesAreForgottenWithTheirLastClaim) {
 // before Take returns: the newer pull's pieces always land after it.
 TEST(PullPlaceClaimsTest, TakeWaitsForAPieceBeingWritten) {
   PullPlaceClaims claims;
-  const PullPlace place{1, 7, 0};
+  const PullPlace place{{1, 7}, 0};
   PullPlaceClaims::Claim older = claims.Take(place);
   absl::Notification writing;
   std::atomic<bool> written{false};

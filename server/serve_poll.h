@@ -5,10 +5,10 @@
 // A failed poll (ENOMEM; EINVAL when more descriptors are watched than
 // RLIMIT_NOFILE allows, after the limit was lowered at run time) is logged
 // once per run of failures, in `what`'s name, and the loop naps 100 ms and
-// goes round again (its timeouts still run meanwhile: what they close may
-// bring it back under the limit), so that it serves once the cause clears. Its wake descriptor (a non-blocking eventfd, the
-// owner's way to stop it) is read during a run of failures too, so that the
-// owner can still stop it then. Serving thread only.
+// goes round again, so that it serves once the cause clears. Its wake
+// descriptor (a non-blocking eventfd, the owner's way to stop it) is read
+// during a run of failures too, so that the owner can still stop it then.
+// Serving thread only.
 #ifndef SHARDOPT_SERVER_SERVE_POLL_H_
 #define SHARDOPT_SERVER_SERVE_POLL_H_
 
@@ -22,7 +22,10 @@ class ServePoll {
  public:
   enum class Result {
     kReady,  // The revents of `watched` are set.
-    kAgain,  // Nothing to read (a failed or interrupted poll): go round again.
+    // Nothing to read (a failed or interrupted poll): run the loop's
+    // timeouts (what they close may be what brings the watched set back
+    // under the limit), then go round again.
+    kAgain,
     kStop,   // The wake descriptor fired during a run of failures.
   };
 

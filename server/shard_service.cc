@@ -295,6 +295,7 @@ grpc::Status ShardServiceImpl::PullParameters(
   // Where a pull through shared memory writes: found before the decision and
   // the wait, so that a bad place fails at once.
   std::optional<SharedPlace> shared;
+  // (After `shared`: the segment stays mapped while the claim on it lives.)
   std::optional<PullPlaceClaims::Claim> claim;
   if (request->has_shared_memory() && !request->wait_only()) {
     absl::StatusOr<SharedPlace> place =
@@ -326,9 +327,7 @@ grpc::Status ShardServiceImpl::PullParameters(
     if (context->IsCancelled()) return grpc::Status(grpc::CANCELLED, "client cancelled");
     // From now on an earlier pull into the place (one its trainer gave up
     // on) writes nothing more there.
-    const SharedSegment::FileId file = shared->segment->file_id();
-    claim.emplace(pull_claims_.Take(
-        PullPlace{file.device, file.inode, request->shared_memory().byte_offset()}));
+    claim.emplace(pull_claims_.Take(shared->place));
   }
   const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
   const auto cancelled = [context] { return context->IsCancelled(); };

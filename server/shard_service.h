@@ -216,6 +216,7 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   struct SharedPlace {
     std::shared_ptr<const SharedSegment> segment;
     char* data = nullptr;
+    PullPlace place;  // The same bytes through any attachment of the segment.
   };
   absl::StatusOr<SharedPlace> LocateShared(const v1::SharedMemoryPayload& where, uint64_t bytes,
                                            const char* what) const;

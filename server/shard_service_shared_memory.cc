@@ -24,7 +24,8 @@ absl::StatusOr<ShardServiceImpl::SharedPlace> ShardServiceImpl::LocateShared(
                      " of its shared segment overrun the ", (*segment)->size(), " bytes it holds"));
   }
   char* data = (*segment)->data() + where.byte_offset();
-  return SharedPlace{*std::move(segment), data};
+  const PullPlace place{(*segment)->file_id(), where.byte_offset()};
+  return SharedPlace{*std::move(segment), data, place};
 }
 
 absl::Status ShardServiceImpl::ReceiveSharedPayload(

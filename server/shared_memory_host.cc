@@ -20,8 +20,6 @@
 namespace shardopt {
 namespace {
 
-// A trainer that connects but does not say what it attaches is let go.
-constexpr absl::Duration kAttachMessageTimeout = absl::Seconds(10);
 // Connections that have not said what they attach yet.
 constexpr size_t kMaxPending = 256;
 // Far more than any model; a bound so that a bad announcement fails cleanly.
@@ -92,8 +90,6 @@ void SharedMemoryHost::Serve() {
     const ServePoll::Result polled = poller.Poll(watched, 1000);
     if (polled == ServePoll::Result::kStop) return;
     if (polled == ServePoll::Result::kAgain) {
-      // Also while polls fail: what this closes may be what brings the
-      // watched set back under the descriptor limit.
       ExpirePending(absl::Now());
       continue;
     }

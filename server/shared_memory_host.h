@@ -31,6 +31,10 @@ namespace shardopt {
 
 class SharedMemoryHost {
  public:
+  // A trainer that connects but does not say what it attaches is let go
+  // after this.
+  static constexpr absl::Duration kAttachMessageTimeout = absl::Seconds(10);
+
   // Listens and starts serving attachments.
   static absl::StatusOr<std::unique_ptr<SharedMemoryHost>> Start();
   // Stops serving and drops every attachment.

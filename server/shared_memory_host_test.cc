@@ -179,13 +179,16 @@ TEST(SharedMemoryHostTest, ItsTimeoutRunsWhileItsPollsFail) {
   ASSERT_TRUE(host.ok()) << host.status();
   absl::StatusOr<int> silent = ConnectAbstract((*host)->socket_name());
   ASSERT_TRUE(silent.ok()) << silent.status();
-  // (Accepted before the limit drops: no descriptor can be made after.)
-  absl::SleepFor(absl::Milliseconds(500));
+  // Accepted after `silent` (in order): once it is answered, `silent` is
+  // held, before the limit drops (no descriptor can be made after).
+  auto [asked, answer] = Ask(**host, "hello", -1);
+  EXPECT_TRUE(absl::StartsWith(answer, "error ")) << answer;
+  close(asked);
   bool closed = false;
   {
     testing::StarvedDescriptors starved;
-    // The host gives an attach message 10 s.
-    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    const absl::Time deadline =
+        absl::Now() + SharedMemoryHost::kAttachMessageTimeout + absl::Seconds(5);
     while (!closed && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(50));
       char byte;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <thread>
@@ -107,9 +108,9 @@ class SharedMemoryBadInputTest : public BadInputTest {
   }
 
   // A pull waiting for version 1 (its trainer gave up on it) is overtaken
-  // by a retry of version 0 into the same place through `retry_attachment`;
-  // then step 1 is applied. The place keeps the retry's version.
-  void ExpectTheRetryKeepsItsPlace(const std::string& retry_attachment);
+  // by a retry of version 0 into the same place (after `before_retry`, when
+  // given); then step 1 is applied. The place keeps the retry's version.
+  void ExpectTheRetryKeepsItsPlace(const std::function<void()>& before_retry = nullptr);
 
   SharedSegment segment_;
   std::string shared_memory_socket_;
@@ -181,23 +182,27 @@ TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
 // trainer's retry pulls into the same place, writes nothing there once the
 // retry has claimed it (server/pull_place_claims.h): the place keeps the
 // retry's version, not the abandoned pull's newer one over it.
-void SharedMemoryBadInputTest::ExpectTheRetryKeepsItsPlace(const std::string& retry_attachment) {
+void SharedMemoryBadInputTest::ExpectTheRetryKeepsItsPlace(
+    const std::function<void()>& before_retry) {
   const uint64_t bytes = range_.size() * 4;
   const auto pull_places = [&] { return Info().shared_memory_pull_places(); };
   // Version 1 does not exist yet: this pull waits on the shard, its place
   // claimed.
   grpc::Status abandoned_status;
   int64_t abandoned_version = -1;
-  std::thread abandoned([&] { abandoned_status = SharedPull(1, bytes, &abandoned_version); });
+  std::thread abandoned([&, attachment = attachment_] {
+    abandoned_status = SharedPull(1, bytes, &abandoned_version, attachment);
+  });
   const absl::Cleanup join = [&abandoned] {
     if (abandoned.joinable()) abandoned.join();
   };
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
   while (pull_places() != 1 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_EQ(pull_places(), 1u) << "the first pull did not reach the shard";
+  if (before_retry) ASSERT_NO_FATAL_FAILURE(before_retry());
   // The retry takes the place.
   int64_t version = -1;
-  ASSERT_TRUE(SharedPull(0, bytes, &version, retry_attachment).ok());
+  ASSERT_TRUE(SharedPull(0, bytes, &version).ok());
   EXPECT_EQ(version, 0);
   EXPECT_EQ(std::memcmp(segment_.data() + bytes, initial_.data(), bytes), 0);
 
@@ -223,19 +228,27 @@ void SharedMemoryBadInputTest::ExpectTheRetryKeepsItsPlace(const std::string& re
 }
 
 TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverItsRetry) {
-  ASSERT_NO_FATAL_FAILURE(ExpectTheRetryKeepsItsPlace(attachment_));
+  ASSERT_NO_FATAL_FAILURE(ExpectTheRetryKeepsItsPlace());
 }
 
-// The same when the retry comes through a new attachment of the segment (the
-// trainer's link broke and it attached again): its own mapping on the
-// shard, the same place.
+// The same when the trainer's link broke and it attached the segment again
+// for the retry: the abandoned pull still holds its mapping through the
+// dropped attachment, the retry comes through a mapping of its own.
 TEST_F(SharedMemoryBadInputTest, AnAbandonedPullDoesNotWriteOverARetryThroughANewAttachment) {
   int second_socket = -1;
   std::string second;
   ASSERT_NO_FATAL_FAILURE(Attach(&second_socket, &second));
-  const absl::Cleanup close_second = [second_socket] { close(second_socket); };
   ASSERT_NE(second, attachment_);
-  ASSERT_NO_FATAL_FAILURE(ExpectTheRetryKeepsItsPlace(second));
+  ASSERT_NO_FATAL_FAILURE(ExpectTheRetryKeepsItsPlace([&] {
+    close(socket_);  // The first link breaks: its attachment is dropped.
+    socket_ = second_socket;
+    attachment_ = second;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (Info().shared_memory_attachments() != 1 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(Info().shared_memory_attachments(), 1u) << "the broken link's attachment stayed";
+  }));
 }
 
 }  // namespace
