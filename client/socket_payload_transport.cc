@@ -122,7 +122,8 @@ void SocketPayloadTransport::Give(Link link) {
   idle_.push_back(std::move(link));
 }
 
-absl::Status SocketPayloadTransport::Broken(Link link, absl::Status status) {
+absl::Status SocketPayloadTransport::Broken(Link link, absl::Status status,
+                                            const PayloadCall& call) {
   CloseForkPrivate(link.socket);
   if (absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), kLinkNotOpen)) {
     // A server at the port that does not know a link just opened there is
@@ -137,14 +138,21 @@ absl::Status SocketPayloadTransport::Broken(Link link, absl::Status status) {
       absl::StrContains(status.message(), "carries another transfer")) {
     return absl::UnavailableError(status.message());
   }
-  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
+  // DEADLINE_EXCEEDED before the call's deadline is the shard's "still
+  // waiting" report (a pull's max_wait_ms, an asynchronous push's wait to be
+  // applied): the shard's answer, not the link's failure. (A plane's own
+  // timeout reaches the trainer as UNAVAILABLE: server/service_replies.h.)
+  const bool wait_report =
+      absl::IsDeadlineExceeded(status) && absl::Now() < absl::FromChrono(call.context.deadline());
+  if (absl::IsUnavailable(status) || (absl::IsDeadlineExceeded(status) && !wait_report)) {
     absl::MutexLock lock(&mu_);
     failure_backoff_ = DoubledBackoff(failure_backoff_, kFailureBackoff, kRetryInterval);
     retry_after_ = std::max(retry_after_, absl::Now() + failure_backoff_);
     announced_ = false;  // (Said again when the socket carries payloads again.)
-    LogInfo("shard %d: a payload-socket transfer failed (%s); payloads go over the gRPC stream "
-            "for %s",
-            shard_index_, status.ToString(), absl::FormatDuration(failure_backoff_));
+    LogInfo(
+        "shard %d: a payload-socket transfer failed (%s); payloads go over the gRPC stream "
+        "for %s",
+        shard_index_, status.ToString(), absl::FormatDuration(failure_backoff_));
   }
   return status;
 }
@@ -174,7 +182,7 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
   std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
       call.stub.PushGradients(&call.context, response);
   if (!writer->Write(named)) {
-    return Broken(*std::move(link), ToAbslStatus(writer->Finish()));
+    return Broken(*std::move(link), ToAbslStatus(writer->Finish()), call);
   }
   writer->WritesDone();
   absl::Mutex mu;
@@ -223,9 +231,9 @@ std::optional<absl::Status> SocketPayloadTransport::Push(const PayloadCall& call
   }
   if (!sent.ok() && absl::IsCancelled(answer)) {
     return Broken(*std::move(link),
-                  absl::UnavailableError(absl::StrCat("payload socket: ", sent.message())));
+                  absl::UnavailableError(absl::StrCat("payload socket: ", sent.message())), call);
   }
-  return Broken(*std::move(link), answer);
+  return Broken(*std::move(link), answer, call);
 }
 
 std::optional<absl::Status> SocketPayloadTransport::Pull(const PayloadCall& call,
@@ -246,14 +254,14 @@ std::optional<absl::Status> SocketPayloadTransport::Pull(const PayloadCall& call
     // Refused, still waiting, or given up on here: the shard may have taken
     // the link meanwhile, so it is not reused.
     const absl::Status s = ToAbslStatus(reader->Finish());
-    return Broken(*std::move(link),
-                  s.ok() ? absl::InternalError("a pull ended without a word") : s);
+    return Broken(*std::move(link), s.ok() ? absl::InternalError("a pull ended without a word") : s,
+                  call);
   }
   auto fail = [&](absl::Status why) {
     call.context.TryCancel();
     const absl::Status s = ToAbslStatus(reader->Finish());
     // The shard's own reason, when it gave one, says more than a broken link.
-    return Broken(*std::move(link), !s.ok() && !absl::IsCancelled(s) ? s : why);
+    return Broken(*std::move(link), !s.ok() && !absl::IsCancelled(s) ? s : why, call);
   };
   if (first.has_chunk() || first.version() < 0) {
     return fail(absl::InternalError("a pull over the payload socket began with data"));
@@ -309,7 +317,8 @@ std::optional<absl::Status> SocketPayloadTransport::Pull(const PayloadCall& call
   if (messages != 1 || last.has_chunk() || last.version() != first.version()) {
     return Broken(*std::move(link),
                   absl::InternalError(absl::StrCat("a pull over the payload socket ended with ",
-                                                   messages, " messages after its data")));
+                                                   messages, " messages after its data")),
+                  call);
   }
   if (dtype != DType::kFloat32) ConvertToFloatAndFindNonFinite(out, count, dtype, destination);
   pulled->version = last.version();

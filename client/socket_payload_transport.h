@@ -19,7 +19,8 @@
 // failures go on (a transfer that completes resets it): the retry goes over
 // the gRPC stream rather than wait on a new link that would most likely
 // fail the same way. A refusal in the shard's answer is not the link's
-// failure. Thread-safe.
+// failure, nor is its "still waiting" report (DEADLINE_EXCEEDED before the
+// call's deadline). Thread-safe.
 #ifndef SHARDOPT_CLIENT_SOCKET_PAYLOAD_TRANSPORT_H_
 #define SHARDOPT_CLIENT_SOCKET_PAYLOAD_TRANSPORT_H_
 
@@ -66,10 +67,10 @@ class SocketPayloadTransport final : public PayloadTransport {
   std::optional<Link> Take(const PayloadCall& call);
   // After a transfer that ended cleanly: the link serves the next one.
   void Give(Link link);
-  // After one that did not: the link is closed. `status` as the call's
+  // After one that did not: the link is closed. `status` as `call`'s
   // result: UNAVAILABLE (retried, over a new link) when the link broke or
   // the shard no longer holds it.
-  absl::Status Broken(Link link, absl::Status status);
+  absl::Status Broken(Link link, absl::Status status, const PayloadCall& call);
   // A transfer completed: counted, and the failure backoff starts over.
   void Transferred();
   absl::StatusOr<Link> Open(const PayloadCall& call);

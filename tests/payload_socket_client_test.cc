@@ -26,8 +26,8 @@
 #include "client/socket_payload_transport.h"
 #include "client/trainer_client.h"
 #include "common/dtype.h"
-#include "common/layout.h"
 #include "common/fork_private.h"
+#include "common/layout.h"
 #include "common/payload_socket.h"
 #include "common/proto_convert.h"
 #include "gtest/gtest.h"
@@ -367,8 +367,7 @@ TEST(SocketPayloadTransportTest, ALinkThatFailedSendsTheRetryOverTheStream) {
     context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
     v1::PushGradientsResponse response;
     return transport.Push(PayloadCall{context, *stub, FlatRange{0, total}}, header,
-                          reinterpret_cast<const char*>(gradient.data()), sizeof(float),
-                          &response);
+                          reinterpret_cast<const char*>(gradient.data()), sizeof(float), &response);
   };
   // A pull over the socket leaves a clean link in the pool.
   std::optional<absl::Status> pulled = pull();
@@ -394,6 +393,51 @@ TEST(SocketPayloadTransportTest, ALinkThatFailedSendsTheRetryOverTheStream) {
   ASSERT_TRUE(pushed.has_value()) << "still declined after the backoff";
   EXPECT_TRUE(pushed->ok()) << *pushed;
   EXPECT_EQ(transport.transfers(), 2);
+}
+
+// The shard's "still waiting" answer (a pull's max_wait_ms passed before the
+// version's step began, so nothing went over the link: DEADLINE_EXCEEDED
+// within the call's deadline) is not the link's failure: the next transfer
+// goes over the socket at once.
+TEST(SocketPayloadTransportTest, AWaitReportIsNotTheLinksFailure) {
+  auto server = ServerProcess::Start(0, 1);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ModelSpec spec;
+  spec.model_id = "m";
+  spec.tensors = {{"w", {1024}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Sgd(0.1);
+  spec.num_trainers = 2;  // Step 1 waits for a trainer that never comes.
+  const uint64_t total = ModelLayout::Create(spec.tensors, spec.alignment, 1)->total_elements();
+  {
+    TrainerClientOptions options;
+    options.shared_memory = false;
+    options.socket_payloads = false;
+    auto client = TrainerClient::Connect({(*server)->address()}, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->Register(spec, std::vector<float>(total, 0.5f)).ok());
+  }
+  auto stub = StubWithToken((*server)->address(), "");
+  SocketPayloadTransport transport((*server)->address(), 0);
+  std::vector<float> params(total);
+  const auto pull = [&](int64_t min_version, int64_t max_wait_ms) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::PullParametersRequest request;
+    request.set_model_id("m");
+    request.set_min_version(min_version);
+    request.set_max_wait_ms(max_wait_ms);
+    PulledVersion version;
+    return transport.Pull(PayloadCall{context, *stub, FlatRange{0, total}}, request,
+                          DType::kFloat32, params.data(), &version);
+  };
+  std::optional<absl::Status> waiting = pull(2, 200);
+  ASSERT_TRUE(waiting.has_value()) << "declined a shard with a payload socket";
+  EXPECT_TRUE(absl::IsDeadlineExceeded(*waiting)) << *waiting;
+  std::optional<absl::Status> next = pull(0, 0);
+  ASSERT_TRUE(next.has_value()) << "a wait report sent the next pull over the stream";
+  EXPECT_TRUE(next->ok()) << *next;
+  EXPECT_EQ(transport.transfers(), 1);
+  EXPECT_EQ(params, std::vector<float>(total, 0.5f));
 }
 
 }  // namespace
