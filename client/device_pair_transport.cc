@@ -136,7 +136,7 @@ void DevicePairTransport::Give(Held held) {
   // (Not kept: torn down here, after the lock.)
 }
 
-absl::Status DevicePairTransport::Answered(Held held, absl::Status answer) {
+absl::Status DevicePairTransport::Answered(Held held, absl::Status answer, absl::Time deadline) {
   const bool about_pairs = absl::IsFailedPrecondition(answer) &&
                            (absl::StrContains(answer.message(), kDevicePairWrongMemory) ||
                             absl::StrContains(answer.message(), kDevicePairsOff) ||
@@ -153,7 +153,9 @@ absl::Status DevicePairTransport::Answered(Held held, absl::Status answer) {
   // Only called once no byte moved or every byte moved cleanly, so the pair
   // is in step: kept (a "still waiting" DEADLINE_EXCEEDED included) unless
   // the answer is about it, or the shard's connection broke.
-  const bool keep = !about_pairs && !absl::IsUnavailable(answer) && !absl::IsCancelled(answer);
+  const bool deadline_passed = absl::IsDeadlineExceeded(answer) && absl::Now() >= deadline;
+  const bool keep = !about_pairs && !absl::IsUnavailable(answer) && !absl::IsCancelled(answer) &&
+                    !deadline_passed;
   if (keep) Give(std::move(held));
   // (So that the retry goes over a new pair or another plane.)
   return about_pairs ? absl::UnavailableError(answer.message()) : answer;
@@ -247,7 +249,7 @@ std::optional<absl::Status> DevicePairTransport::Push(const PayloadCall& call,
       Give(*std::move(held));
       return answer;
     }
-    return Answered(*std::move(held), answer);
+    return Answered(*std::move(held), answer, DeadlineOf(call.context));
   }
   // The answer is awaited meanwhile: a shard that ends the call while the
   // bytes move (it failed) ends the sending too, instead of the deadline.
@@ -282,7 +284,7 @@ std::optional<absl::Status> DevicePairTransport::Push(const PayloadCall& call,
     Give(*std::move(held));
     return answer;
   }
-  return Answered(*std::move(held), answer);
+  return Answered(*std::move(held), answer, DeadlineOf(call.context));
 }
 
 std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
@@ -309,7 +311,8 @@ std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
     // Nothing goes over the pair before the first message.
     const absl::Status s = ToAbslStatus(reader->Finish());
     return Answered(*std::move(held),
-                    s.ok() ? absl::InternalError("a pull ended without a word") : s);
+                    s.ok() ? absl::InternalError("a pull ended without a word") : s,
+                    DeadlineOf(call.context));
   }
   if (first.has_chunk() || first.version() < 0) {
     call.context.TryCancel();
@@ -346,7 +349,7 @@ std::optional<absl::Status> DevicePairTransport::Pull(const PayloadCall& call,
     TransferFailed(received);
     return !answer.ok() && !absl::IsCancelled(answer) ? answer : PairFailed(received);
   }
-  if (!answer.ok()) return Answered(*std::move(held), answer);
+  if (!answer.ok()) return Answered(*std::move(held), answer, DeadlineOf(call.context));
   if (messages != 1 || last.has_chunk() || last.version() != first.version()) {
     return absl::InternalError(absl::StrCat("a pull over a device pair ended with ", messages,
                                             " messages after its data"));

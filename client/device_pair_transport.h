@@ -81,13 +81,16 @@ class DevicePairTransport final : public PayloadTransport {
   // a while after go another way. After one that succeeded: that ends.
   void TransferFailed(const absl::Status& why);
   void Succeeded();
-  // After a shard's error `answer`, given once no byte moved or every byte
-  // moved cleanly: the pair is kept (a wait's DEADLINE_EXCEEDED report
-  // included) unless the answer is about it (the shard does not hold it,
-  // takes none, or keeps the model in other memory: then UNAVAILABLE, so
-  // that the retry goes over a new pair or another plane) or the shard's
-  // connection broke.
-  absl::Status Answered(Held held, absl::Status answer);
+  // After a shard's error `answer` to a call with `deadline`, given once no
+  // byte moved or every byte moved cleanly: the pair is kept (a wait's
+  // DEADLINE_EXCEEDED report included) unless the answer is about it (the
+  // shard does not hold it, takes none, or keeps the model in other
+  // memory: then UNAVAILABLE, so that the retry goes over a new pair or
+  // another plane), or the call ended without the shard's answer: the
+  // connection broke, it was cancelled, or its deadline passed. The shard
+  // drops its end of a pair whose call was cancelled (the deadline
+  // included) too: neither end can tell what the other moved then.
+  absl::Status Answered(Held held, absl::Status answer, absl::Time deadline);
   // Moves `bytes` of host memory over the pair (through its scratch for a
   // device kind), until `cancelled` says the call ended.
   absl::Status SendHost(DevicePair& pair, const char* host, uint64_t bytes, absl::Time deadline,

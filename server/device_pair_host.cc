@@ -38,6 +38,13 @@ size_t DevicePairHost::pairs() const {
   return open;
 }
 
+size_t DevicePairHost::busy() const {
+  absl::MutexLock lock(&mu_);
+  size_t busy = 0;
+  for (const auto& [name, entry] : pairs_) busy += entry->state == Entry::State::kBusy;
+  return busy;
+}
+
 absl::StatusOr<DevicePairHost::Opened> DevicePairHost::Open(std::string peer) {
   absl::StatusOr<std::string> id = kind_.NewId();
   if (!id.ok()) return id.status();
@@ -75,7 +82,7 @@ absl::StatusOr<DevicePairHost::Opened> DevicePairHost::Open(std::string peer) {
 
 void DevicePairHost::Join(std::shared_ptr<Entry> entry, std::string id) {
   absl::StatusOr<std::unique_ptr<DevicePair>> pair =
-      kind_.Connect(id, /*rank=*/0, device_, absl::Now() + kJoinTimeout, entry->peer);
+      kind_.Connect(id, /*rank=*/0, device_, absl::Now() + join_timeout_, entry->peer);
   if (!pair.ok()) {
     LogWarning("device pair with %s (%s) did not join: %s", entry->peer, kind_.name(),
                pair.status().ToString());
@@ -106,9 +113,9 @@ absl::StatusOr<DevicePairHost::Lease> DevicePairHost::Acquire(absl::string_view 
   const auto ready = [&entry]() {
     return entry->state != Entry::State::kJoining && entry->state != Entry::State::kBusy;
   };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, absl::Now() + kJoinTimeout));
+  mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, absl::Now() + join_timeout_));
   if (!ready()) {
-    return absl::DeadlineExceededError(absl::StrCat(
+    return absl::UnavailableError(absl::StrCat(
         "device pair with ", entry->peer, " is still ",
         entry->state == Entry::State::kJoining ? "joining" : "busy with another transfer"));
   }
@@ -138,7 +145,7 @@ void DevicePairHost::Release(const std::shared_ptr<Entry>& entry, bool finished)
 }
 
 DevicePairHost::Lease::~Lease() {
-  if (entry_ != nullptr) host_->Release(entry_, /*finished=*/!dirty_);
+  if (entry_ != nullptr) host_->Release(entry_, /*finished=*/!dirty_ && !abandoned_);
 }
 
 DevicePair& DevicePairHost::Lease::pair() const { return *entry_->pair; }

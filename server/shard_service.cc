@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -206,6 +207,9 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
     if (!lease.ok()) return Error(lease.status());
     pair.emplace(*std::move(lease));
   }
+  const absl::Cleanup abandon_pair = [&] {
+    if (pair) AbandonPairOfCancelledCall(*context, *pair);
+  };
   std::vector<StepState::CarriedChange> changes;
   for (const v1::SetHyperparametersRequest& c : header.hyperparameter_changes()) {
     if (c.cancel()) continue;  // Only changes are carried (see the proto).

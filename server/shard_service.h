@@ -255,6 +255,12 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   absl::StatusOr<DevicePairHost::Lease> AcquireDevicePairForPush(
       const v1::PushHeader& header, DType dtype, grpc::ServerContext* context,
       grpc::ServerReader<v1::PushGradientsRequest>* reader, const ModelShard& shard);
+  // Marks `lease` abandoned (DevicePairHost::Lease::Abandoned) when
+  // `context`'s call was cancelled (by the trainer, its connection, or its
+  // deadline): the trainer drops its end then (DevicePairTransport). Run as
+  // the call ends, whatever it answers.
+  static void AbandonPairOfCancelledCall(grpc::ServerContext& context,
+                                         DevicePairHost::Lease& lease);
   // Its payload over the pair into `writer`, in the backend's memory where
   // the step allows (see DevicePairPayload).
   absl::Status ReceiveDevicePairPayload(const v1::PushHeader& header, grpc::ServerContext* context,

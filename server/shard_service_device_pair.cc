@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/service_replies.h"
@@ -74,6 +75,11 @@ absl::StatusOr<DevicePairHost::Lease> ShardServiceImpl::AcquireDevicePairForPush
         "PushGradients with its payload on a device pair sent a chunk too");
   }
   return (*host)->Acquire(header.device_pair().pair(), absl::FromChrono(context->deadline()));
+}
+
+void ShardServiceImpl::AbandonPairOfCancelledCall(grpc::ServerContext& context,
+                                                  DevicePairHost::Lease& lease) {
+  if (context.IsCancelled()) lease.Abandoned();
 }
 
 absl::Status ShardServiceImpl::ReceiveDevicePairPayload(
@@ -167,13 +173,14 @@ grpc::Status ShardServiceImpl::SendDevicePairPull(
   absl::StatusOr<DevicePairHost::Lease> lease =
       (*host)->Acquire(request.device_pair().pair(), call_deadline);
   if (!lease.ok()) return Error(lease.status());
+  const absl::Cleanup abandon = [&] { AbandonPairOfCancelledCall(*context, *lease); };
   // Nothing goes over the pair before the whole range is at the version:
   // a pull that ends in the wait has sent nothing the trainer must drain.
   const auto cancelled = [context] { return context->IsCancelled(); };
   if (absl::Status s =
           shard.WaitForRanges(version, 0, shard.size(), deadline, cancelled, PushedByOf(request));
       !s.ok()) {
-    return Error(s);  // (Nothing went over the pair: it stays.)
+    return Error(s);  // (Nothing went over the pair: it stays, unless abandoned.)
   }
   DevicePair& pair = lease->pair();
   // Asynchronous: the whole range read under the pin first, so that a slow

@@ -151,6 +151,7 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
   if (device_pairs_ != nullptr) {
     response->set_device_pair_kind(device_pairs_->kind().name());
     response->set_device_pairs(static_cast<uint32_t>(device_pairs_->pairs()));
+    response->set_device_pairs_busy(static_cast<uint32_t>(device_pairs_->busy()));
   }
   if (payload_sockets_ != nullptr) {
     response->set_payload_socket_port(payload_sockets_->port());

@@ -6,6 +6,7 @@
 // and pull over the pair match the stream's bits.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -96,8 +97,7 @@ class DevicePairBadInputTest : public BadInputTest {
   }
   grpc::Status PairPull(int64_t min_version, const Pair& pair, std::vector<float>* values,
                         int64_t* version, v1::DType dtype = v1::DTYPE_FLOAT32,
-                        std::optional<uint64_t> expected = std::nullopt,
-                        int64_t max_wait_ms = 0) {
+                        std::optional<uint64_t> expected = std::nullopt, int64_t max_wait_ms = 0) {
     v1::PullParametersRequest request;
     request.set_model_id(kModel);
     request.set_shard_index(kShardIndex);
@@ -259,6 +259,55 @@ TEST_F(DevicePairBadInputTest, APushCancelledHalfWayEndsAtOnce) {
   EXPECT_LT(absl::Now() - cancelled, absl::Seconds(10)) << hung_up;
   EXPECT_TRUE(Capture() == before);
   ExpectRejected(PairPush(PairHeader(0, 1, pair, 2), pair, Gradient(1.0f)),
+                 grpc::FAILED_PRECONDITION, kDevicePairNotOpen, before);
+}
+
+// A pull that waits on the shard for its version holds its pair; its
+// "still waiting" report keeps the pair, but a pull its trainer cancels
+// drops it on the shard too (the trainer drops its end then: it cannot
+// tell what moved), instead of leaving a pair nobody names again.
+TEST_F(DevicePairBadInputTest, APairWhosePullWasCancelledIsDropped) {
+  const State before = Capture();
+  Pair pair = Open();
+  ASSERT_NE(pair.pair, nullptr);
+  const auto wait_for = [&](const std::function<bool(const v1::ServerInfo&)>& holds) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!holds(Info()) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    return holds(Info());
+  };
+  ASSERT_TRUE(wait_for([](const v1::ServerInfo& i) { return i.device_pairs() == 1; }));
+  std::vector<float> values;
+  int64_t version = -1;
+  ExpectRejected(PairPull(1, pair, &values, &version, v1::DTYPE_FLOAT32, std::nullopt,
+                          /*max_wait_ms=*/100),
+                 grpc::DEADLINE_EXCEEDED, "", before);
+  EXPECT_EQ(Info().device_pairs(), 1u) << "a wait report dropped the pair";
+
+  v1::PullParametersRequest request;
+  request.set_model_id(kModel);
+  request.set_shard_index(kShardIndex);
+  request.set_min_version(1);
+  request.mutable_device_pair()->set_pair(pair.name);
+  request.mutable_device_pair()->set_transfer(2);
+  request.mutable_device_pair()->set_num_elements(range_.size());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  grpc::Status pulled;
+  std::thread puller([&] {
+    auto reader = stub_->PullParameters(&context, request);
+    v1::PullParametersResponse response;
+    while (reader->Read(&response)) {
+    }
+    pulled = reader->Finish();
+  });
+  const bool held = wait_for([](const v1::ServerInfo& i) { return i.device_pairs_busy() == 1; });
+  context.TryCancel();
+  puller.join();
+  ASSERT_TRUE(held) << "the waiting pull did not take its pair";
+  EXPECT_EQ(pulled.error_code(), grpc::CANCELLED) << pulled.error_message();
+  EXPECT_TRUE(wait_for([](const v1::ServerInfo& i) { return i.device_pairs() == 0; }))
+      << "the shard kept the pair of a cancelled pull";
+  ExpectRejected(PairPush(PairHeader(0, 1, pair, 3), pair, Gradient(1.0f)),
                  grpc::FAILED_PRECONDITION, kDevicePairNotOpen, before);
 }
 
