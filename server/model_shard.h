@@ -431,7 +431,8 @@ class ModelShard {
   // the parameters (ReadPin).
   std::optional<AsyncState> async_ ABSL_GUARDED_BY(mu_);
   int read_pins_ ABSL_GUARDED_BY(mu_) = 0;
-  double last_async_lr_ ABSL_GUARDED_BY(mu_) = 0;  // Of the last push applied.
+  // The lr of the newest trainer step applied (see RunOneAsyncApply).
+  double last_async_lr_ ABSL_GUARDED_BY(mu_) = 0;
   // When each trainer's last push was applied (Inspect's activity).
   std::vector<std::optional<absl::Time>> async_push_times_ ABSL_GUARDED_BY(mu_);
   // Per trainer: its queued push is a skipped step. And the skipped steps

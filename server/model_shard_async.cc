@@ -89,9 +89,13 @@ void ModelShard::RunOneAsyncApply() {
     return;
   }
   async_->FinishApply(*claim);
-  if (skip) {
-    ++async_skipped_;
-  } else {
+  if (skip) ++async_skipped_;
+  // The lr of the newest trainer step applied here (a skipped one's
+  // included, as a synchronous step's version_lr): every shard has the same
+  // at a uniform cut, whatever order it applied the pushes in, so that
+  // their checkpoint parts agree.
+  const std::vector<int64_t>& applied_steps = async_->applied();
+  if (claim->step >= *std::max_element(applied_steps.begin(), applied_steps.end())) {
     last_async_lr_ = config.lr;
   }
   async_push_times_[claim->rank] = absl::Now();

@@ -4,7 +4,8 @@
 // exactly-once admission and bad input leaving state untouched, the
 // staleness bound (and its error naming the laggard), consistent cuts with a
 // restore that continues exactly, pinned pulls, and the synchronous-only
-// calls refused.
+// calls refused; and a cut's progress that does not depend on the order of
+// the pushes.
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -468,6 +469,61 @@ TEST(ModelShardAsyncTest, ASkippedStepChangesNothingButTheRecord) {
   EXPECT_EQ(
       sync->BeginPush(0, 1, sync->size(), DType::kFloat32, 1.0, {}, false, true).status().code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// Two shards that applied the same pushes in different orders save the same
+// progress at a uniform cut, skipped steps and a changing lr included, so
+// that their checkpoint parts agree (common/checkpoint_files.h,
+// SameProgress): shard A gets trainer 0's step 2 last of the steps it
+// applies, shard B trainer 1's step 1, and trainer 1 skips its step 2.
+TEST(ModelShardAsyncTest, TheCutsProgressDoesNotDependOnTheOrderOfPushes) {
+  ThreadPool pool(1);
+  ModelShardOptions options{"m", TestLayout(), kShard, OptimizerConfig::Sgd(kLr), 2, true};
+  options.consistency = Consistency::kAsync;
+  options.loss_scaling = true;
+  options.lr_schedule.kind = LrSchedule::Kind::kWarmup;
+  options.lr_schedule.warmup_steps = 4;  // lr(1) != lr(2).
+  std::unique_ptr<ModelShard> a =
+      ModelShard::Create(options, DyadicStart(options.layout), &pool).value();
+  std::unique_ptr<ModelShard> b =
+      ModelShard::Create(options, DyadicStart(options.layout), &pool).value();
+  const auto push = [&](ModelShard& shard, uint32_t rank, int64_t step) {
+    ASSERT_TRUE(
+        PushInChunks(shard, rank, step, DyadicGradient(options.layout, rank, step), 999).ok());
+  };
+  const auto skip = [&](ModelShard& shard, uint32_t rank, int64_t step) {
+    absl::StatusOr<ModelShard::PushStart> start =
+        shard.BeginPush(rank, step, shard.size(), DType::kFloat32, 1.0, {}, false, true);
+    ASSERT_TRUE(start.ok() && start->writer) << start.status();
+    ASSERT_TRUE(start->writer->Commit().ok());
+  };
+  push(*a, 0, 1);
+  push(*a, 1, 1);
+  push(*a, 0, 2);
+  skip(*a, 1, 2);
+  push(*b, 0, 1);
+  push(*b, 0, 2);
+  push(*b, 1, 1);
+  skip(*b, 1, 2);
+  const auto progress_at_cut = [](ModelShard& shard) {
+    ShardProgress saved;
+    const absl::Status s =
+        shard.CheckpointAt(2, absl::Now() + absl::Seconds(10), nullptr,
+                           [&](const ShardProgress& progress, const ShardStateReadFn&) {
+                             saved = progress;
+                             return absl::OkStatus();
+                           });
+    EXPECT_TRUE(s.ok()) << s;
+    return saved;
+  };
+  const ShardProgress pa = progress_at_cut(*a), pb = progress_at_cut(*b);
+  EXPECT_EQ(pa.version, 4);
+  EXPECT_EQ(pa.skipped_steps, 1);
+  EXPECT_EQ(pa.trainer_steps, pb.trainer_steps);
+  EXPECT_EQ(pa.optimizer_steps, pb.optimizer_steps);
+  EXPECT_EQ(pa.last_lr, options.lr_schedule.LearningRate(kLr, 2));
+  EXPECT_EQ(pa.last_lr, pb.last_lr) << "the saved lr depends on the order of the pushes";
+  EXPECT_EQ(pa.version_lr, pb.version_lr);
 }
 
 TEST(ModelShardAsyncTest, SynchronousOnlyCallsAreRefused) {
