@@ -79,18 +79,18 @@ ShardFanOut::Call Recovery::CallFor(const std::string& what) const {
 
 absl::StatusOr<std::vector<v1::ModelSummary>> Recovery::Survey() {
   std::vector<v1::ModelSummary> summaries(fanout_->size());
-  absl::Status status = fanout_->Run(
-      CallFor("asking the shard's version"),
-      [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-        const std::string& model_id = context_.calls.model_id;
-        absl::Status s = shard.Summary(context, model_id, &summaries[shard.index()]);
-        if (absl::IsNotFound(s)) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("the shard came back without model '", model_id,
+  absl::Status status =
+      fanout_->Run(CallFor("asking the shard's version"),
+                   [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+                     const std::string& model_id = context_.calls.model_id;
+                     absl::Status s = shard.Summary(context, model_id, &summaries[shard.index()]);
+                     if (absl::IsNotFound(s)) {
+                       return absl::FailedPreconditionError(absl::StrCat(
+                           "the shard came back without model '", model_id,
                            "' (started without --restore_from?): it cannot rejoin the job"));
-        }
-        return s;
-      });
+                     }
+                     return s;
+                   });
   if (!status.ok()) return status;
   return summaries;
 }
@@ -112,10 +112,10 @@ absl::Status Recovery::BringTo(int64_t target) {
       best = lowest;
       give_up = absl::Now() + context_.calls.policy.budget;
     } else if (absl::Now() >= give_up) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "recovery of model '", context_.calls.model_id, "' made no progress for ",
-          absl::FormatDuration(context_.calls.policy.budget), " (", Versions(*shards),
-          "); last: ", last.message()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("recovery of model '", context_.calls.model_id, "' made no progress for ",
+                       absl::FormatDuration(context_.calls.policy.budget), " (", Versions(*shards),
+                       "); last: ", last.message()));
     }
     if (absl::Status s = SendLastWords(*shards, target); !s.ok()) return s;
     last = ReplayStep(*shards, lowest + 1);
@@ -166,6 +166,20 @@ absl::Status Recovery::FollowRollBackBelow(int64_t version) {
   return SurveyUnlessRolledBackBelow(version).status();
 }
 
+absl::StatusOr<std::optional<int64_t>> Recovery::NewestPushAfterRollBackAt(int64_t version) {
+  absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
+  if (!shards.ok()) return shards.status();
+  const uint32_t rank = context_.calls.trainer_rank;
+  bool holds_mine = false;
+  for (const v1::ModelSummary& s : *shards) {
+    if (s.version() != version || s.rolled_back_to() != version) return std::nullopt;
+    holds_mine = holds_mine || s.partly_run() ||
+                 std::find(s.trainers_pushed().begin(), s.trainers_pushed().end(), rank) !=
+                     s.trainers_pushed().end();
+  }
+  return holds_mine ? version + 1 : version;
+}
+
 absl::Status Recovery::RollBackOverLostPush(int64_t version) {
   // A few rollback attempts: a shard may change between the survey and the
   // rollback (another trainer rolled it back first, or it restarted).
@@ -196,8 +210,7 @@ absl::Status Recovery::RollBackOverLostPush(int64_t version) {
   return last;
 }
 
-absl::Status Recovery::SendLastWords(const std::vector<v1::ModelSummary>& shards,
-                                    int64_t target) {
+absl::Status Recovery::SendLastWords(const std::vector<v1::ModelSummary>& shards, int64_t target) {
   std::vector<uint32_t> which;
   for (uint32_t i = 0; i < shards.size(); ++i) {
     auto sent = last_words_sent_.find(i);
@@ -312,11 +325,11 @@ absl::Status Recovery::RollBackJob(const std::vector<v1::ModelSummary>& shards,
     if (step <= lowest) to_step = std::max(to_step, step);
   }
   if (to_step < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model '", context_.calls.model_id, "' cannot recover: ", why,
-        "; and no committed checkpoint at or below version ", lowest,
-        " is held by every shard to roll the job back to (start the servers with "
-        "--checkpoint_dir and --checkpoint_every, and give trainers a journal_path)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", context_.calls.model_id, "' cannot recover: ", why,
+                     "; and no committed checkpoint at or below version ", lowest,
+                     " is held by every shard to roll the job back to (start the servers with "
+                     "--checkpoint_dir and --checkpoint_every, and give trainers a journal_path)"));
   }
   // Every shard at or above it: one above reloads it, one at it drops what
   // it holds of the next step (pushes of the steps given up); each sets

@@ -90,6 +90,16 @@ class Recovery {
   // `version` (waiting, within the retry budget, while that rollback is
   // under way: some shards there, the others not yet); OK when none did.
   absl::Status FollowRollBackBelow(int64_t version);
+  // For a trainer (re)attaching at `version` (synchronous) with journaled
+  // pushes past it: when every shard sits at `version` because the job was
+  // rolled back there (ModelSummary.rolled_back_to), which may have
+  // happened while this trainer was away, its pushes of the steps after
+  // version + 1 belong to the steps given up (a shard takes step version +
+  // 1 only), and so does its push of version + 1 unless some shard holds
+  // any of it (trainers_pushed, or the step ran in part). The newest step of
+  // its history to keep then (`version` or `version` + 1); nullopt when the
+  // shards do not sit at a rollback.
+  absl::StatusOr<std::optional<int64_t>> NewestPushAfterRollBackAt(int64_t version);
 
   // Pushes re-sent to shards that lacked them, so far.
   int64_t replayed_pushes() const { return replayed_pushes_.load(); }

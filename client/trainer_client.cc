@@ -89,8 +89,8 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   connection.max_backoff = options.max_backoff;
   std::vector<std::unique_ptr<ShardConnection>> shards;
   for (size_t i = 0; i < shard_addresses.size(); ++i) {
-    shards.push_back(std::make_unique<ShardConnection>(static_cast<uint32_t>(i),
-                                                       shard_addresses[i], connection));
+    shards.push_back(std::make_unique<ShardConnection>(static_cast<uint32_t>(i), shard_addresses[i],
+                                                       connection));
   }
   std::unique_ptr<EarlyPull> early_pull;
   if (options.overlap_pull) early_pull = std::make_unique<EarlyPull>(shard_addresses, connection);
@@ -153,7 +153,9 @@ absl::Status TrainerClient::Register(const ModelSpec& spec,
   return RegisterOrAttach(spec, initial_params.data());
 }
 
-absl::Status TrainerClient::Attach(const ModelSpec& spec) { return RegisterOrAttach(spec, nullptr); }
+absl::Status TrainerClient::Attach(const ModelSpec& spec) {
+  return RegisterOrAttach(spec, nullptr);
+}
 
 absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayout& layout) {
   for (auto& shard : shards_) shard->set_range(layout.ShardRange(shard->index()));
@@ -291,8 +293,7 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
   absl::StatusOr<v1::ModelConfig> config = ModelConfigFor(spec, *layout, shard_count());
   if (!config.ok()) return config.status();
   if (absl::Status s = PrepareModel(spec, *layout); !s.ok()) return s;
-  ShardFanOut::Call call =
-      CallFor(initial_params ? "RegisterModel" : "RegisterModel (attach)");
+  ShardFanOut::Call call = CallFor(initial_params ? "RegisterModel" : "RegisterModel (attach)");
   if (!initial_params) {
     call.policy.budget = options_.attach_timeout;
     call.retryable = [](const absl::Status& s) { return IsRetryable(s) || absl::IsNotFound(s); };
@@ -305,9 +306,8 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
         *fanout_, call, *config, *layout, initial_params, run_id, options_.chunk_bytes);
     if (!registered.ok()) return registered.status();
     shards = std::move(*registered);
-    if (std::all_of(shards.begin(), shards.end(), [&](const ShardRegistration& s) {
-          return s.run_id == shards[0].run_id;
-        })) {
+    if (std::all_of(shards.begin(), shards.end(),
+                    [&](const ShardRegistration& s) { return s.run_id == shards[0].run_id; })) {
       // A journal of another run (the job started over) holds nothing of this one.
       if (absl::Status s = history_->BindToRun(shards[0].run_id); !s.ok()) return s;
       // What an earlier process of this trainer pushed counts as pushed (see
@@ -330,10 +330,8 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
       agree = agree && s.version == shards[0].version && s.loss_scaler == shards[0].loss_scaler;
     }
     if (agree) break;
-    const bool any_created =
-        std::any_of(shards.begin(), shards.end(), [](const ShardRegistration& s) {
-          return s.created;
-        });
+    const bool any_created = std::any_of(shards.begin(), shards.end(),
+                                         [](const ShardRegistration& s) { return s.created; });
     if (any_created || round >= kMaxRecoveries) {
       // A shard that had to create the model will not catch up by itself
       // (it restarted without --restore_from): they must not be trained as
@@ -363,11 +361,14 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
     if (shards[i].run_id != shards[0].run_id) {
       // Two registrations raced (one interrupted and repeated): their
       // checkpoints would never combine.
-      return absl::FailedPreconditionError(absl::StrCat(
-          "model '", spec.model_id, "': shard 0 holds it for run '", shards[0].run_id,
-          "' but shard ", i, " for run '", shards[i].run_id,
-          "' (an interrupted registration?): re-register it"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("model '", spec.model_id, "': shard 0 holds it for run '", shards[0].run_id,
+                       "' but shard ", i, " for run '", shards[i].run_id,
+                       "' (an interrupted registration?): re-register it"));
     }
+  }
+  if (!IsAsynchronous(spec.consistency) && history_->newest_step() > shards[0].version) {
+    if (absl::Status s = ForgetPushesGivenUpAt(shards[0].version); !s.ok()) return s;
   }
   layout_ = std::move(*layout);
   spec_ = spec;
@@ -420,14 +421,14 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
     if (absl::Status s = Recover(pushed_step - 1); !s.ok()) return s;
     absl::StatusOr<PushedStep> mine = history_->Find(pushed_step);
     if (!mine.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "a shard lost this trainer's push of step ", pushed_step, " and ", mine.status().message(),
-          ": push the step again (Step or Push), then pull"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("a shard lost this trainer's push of step ", pushed_step, " and ",
+                       mine.status().message(), ": push the step again (Step or Push), then pull"));
     }
     std::vector<v1::PushGradientsResponse> responses;
-    if (absl::Status s = steps_->Push(pushed_step, mine->payload->data(), mine->dtype,
-                                      mine->loss_scale, history_->ChangesAfter(pushed_step - 1),
-                                      &responses);
+    if (absl::Status s =
+            steps_->Push(pushed_step, mine->payload->data(), mine->dtype, mine->loss_scale,
+                         history_->ChangesAfter(pushed_step - 1), &responses);
         !s.ok() && !absl::IsOutOfRange(s)) {
       return s;
     }
@@ -503,10 +504,9 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     if (pulled->version != step) {
       // The shards are past this step: this trainer is behind (e.g.
       // restarted with a stale step count) and its gradient was not used.
-      return absl::FailedPreconditionError(
-          absl::StrCat("trainer ", options_.trainer_rank, " pushed step ", step,
-                       " but the shards are at version ", pulled->version,
-                       ": the trainer is behind"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "trainer ", options_.trainer_rank, " pushed step ", step,
+          " but the shards are at version ", pulled->version, ": the trainer is behind"));
     }
     result->version = pulled->version;
     result->bytes_pulled = flat_params.size() * DTypeSize(options_.pull_dtype);
@@ -550,10 +550,9 @@ absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest re
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   request.set_model_id(spec_->model_id);
   absl::Status status = fanout_->Run(
-      CallFor(absl::StrCat(request.cancel()
-                                        ? "cancelling the hyperparameter change at step "
-                                        : "SetHyperparameters from step ",
-                                    request.effective_step())),
+      CallFor(absl::StrCat(request.cancel() ? "cancelling the hyperparameter change at step "
+                                            : "SetHyperparameters from step ",
+                           request.effective_step())),
       [&](ShardConnection& shard, grpc::ClientContext& context) {
         return shard.SetHyperparameters(context, request);
       });

@@ -1,5 +1,7 @@
 // TrainerClient::PullToResume (see trainer_client.h): where a (re)started
-// trainer goes on from, past a pipelined step that ran in part without it.
+// trainer goes on from, past a pipelined step that ran in part without it;
+// and which of its journaled pushes a rollback it did not see gave up.
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +43,19 @@ absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_param
         rolled_back ? " after the job rolled back to " : " after attaching at ", from));
   }
   return *version;
+}
+
+absl::Status TrainerClient::ForgetPushesGivenUpAt(int64_t version) {
+  absl::StatusOr<std::optional<int64_t>> keep = recovery_->NewestPushAfterRollBackAt(version);
+  if (!keep.ok()) return keep.status();
+  if (!*keep || history_->newest_step() <= **keep) return absl::OkStatus();
+  LogInfo(
+      "trainer %d: the job was rolled back to step %d while this trainer was away: its "
+      "journaled pushes after step %d belong to the steps given up and go",
+      options_.trainer_rank, version, **keep);
+  history_->DropAfter(**keep);
+  last_pushed_step_ = std::max(version, history_->newest_step());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> TrainerClient::ResumeOverPartlyRunStep(

@@ -1,0 +1,107 @@
+// A trainer with a journal that was away while another rolled the job back
+// (a real shard process, periodic checkpoints, a journal on disk): the
+// pushes it journaled for the steps the job gave up go when it attaches
+// again, so that it pushes the gradient it computes now for them, not the
+// one of the abandoned steps.
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "client/trainer_client.h"
+#include "gtest/gtest.h"
+#include "proto/shardopt/v1/shard_service.grpc.pb.h"
+#include "tests/support/process.h"
+#include "tests/support/raw_calls.h"
+
+namespace shardopt::testing {
+namespace {
+
+constexpr size_t kElements = 4096;
+
+// Both trainers take step `step`, each with its own gradient value.
+void BothStep(TrainerClient& a, TrainerClient& b, int64_t step, float grad_a, float grad_b,
+              std::vector<float>* params_a, std::vector<float>* params_b) {
+  const std::vector<float> ga(kElements, grad_a), gb(kElements, grad_b);
+  std::thread t([&] {
+    const absl::StatusOr<StepResult> r = b.Step(step, gb, absl::MakeSpan(*params_b));
+    EXPECT_TRUE(r.ok()) << r.status();
+  });
+  const absl::StatusOr<StepResult> r = a.Step(step, ga, absl::MakeSpan(*params_a));
+  EXPECT_TRUE(r.ok()) << r.status();
+  t.join();
+}
+
+TEST(RollbackJournalTest, PushesOfStepsGivenUpWhileTheTrainerWasAwayGo) {
+  const std::string checkpoints = MakeTempDir("rollback_journal_ckpt");
+  const std::string journal = MakeTempDir("rollback_journal");
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--checkpoint_dir=" + checkpoints, "--checkpoint_every=2"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::vector<std::string> addresses = {(*server)->address()};
+  auto stub = NewStub((*server)->address());
+  ModelSpec spec;
+  spec.model_id = "away";
+  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Sgd(0.5);
+  spec.num_trainers = 2;
+  TrainerClientOptions plain;
+  plain.retry_budget = absl::Seconds(10);
+  TrainerClientOptions journaled = plain;
+  journaled.trainer_rank = 1;
+  journaled.journal_path = journal;
+  std::vector<float> params(kElements, 0.25f), other(kElements);
+  {
+    std::unique_ptr<TrainerClient> t0 = TrainerClient::Connect(addresses, plain).value();
+    std::unique_ptr<TrainerClient> t1 = TrainerClient::Connect(addresses, journaled).value();
+    ASSERT_TRUE(t0->Register(spec, params).ok());
+    ASSERT_TRUE(t1->Attach(spec).ok());
+    for (int64_t step = 1; step <= 3; ++step) {
+      ASSERT_NO_FATAL_FAILURE(BothStep(*t0, *t1, step, 0.125f, 0.125f, &params, &other));
+    }
+    v1::InspectResponse inspect;
+    for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 2; ++i) {
+      ASSERT_TRUE(RawInspect(*stub, "away", &inspect).ok());
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(inspect.newest_committed_checkpoint(), 2);
+    // Trainer 1 journals and pushes step 4, then goes away.
+    ASSERT_TRUE(t1->Push(4, std::vector<float>(kElements, 0.125f)).ok());
+  }
+  // Meanwhile the job goes back to the checkpoint of step 2 (as a trainer's
+  // recovery would roll it back): steps 3 and 4 are given up.
+  v1::InspectResponse inspect;
+  ASSERT_TRUE(RawInspect(*stub, "away", &inspect).ok());
+  v1::RollBackRequest rollback;
+  rollback.set_model_id("away");
+  rollback.set_to_step(2);
+  rollback.set_expected_incarnation(inspect.incarnation());
+  rollback.set_reason("the test");
+  v1::RollBackResponse rolled;
+  grpc::ClientContext context;
+  const grpc::Status s = stub->RollBack(&context, rollback, &rolled);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(rolled.version(), 2);
+
+  // Both come back; trainer 1 with its journal of steps 3 and 4.
+  std::unique_ptr<TrainerClient> t0 = TrainerClient::Connect(addresses, plain).value();
+  std::unique_ptr<TrainerClient> t1 = TrainerClient::Connect(addresses, journaled).value();
+  ASSERT_TRUE(t0->Attach(spec).ok());
+  ASSERT_TRUE(t1->Attach(spec).ok());
+  ASSERT_EQ(t0->PullToResume(absl::MakeSpan(params)).value(), 2);
+  ASSERT_EQ(t1->PullToResume(absl::MakeSpan(other)).value(), 2);
+  // Step 3 again, trainer 1's gradient now another: the step takes it, not
+  // the journaled one of the step given up. SGD, lr 1/2, the mean gradient
+  // (1/8 + 1/2) / 2 from 1/4 - 2 * 1/16 = 1/8: exactly -1/32.
+  ASSERT_NO_FATAL_FAILURE(BothStep(*t0, *t1, 3, 0.125f, 0.5f, &params, &other));
+  EXPECT_EQ(params, std::vector<float>(kElements, -0.03125f))
+      << "trainer 1 pushed its journaled gradient of the step given up";
+  EXPECT_EQ(params, other);
+  // Its step count follows: a change for step 4 is still ahead of it.
+  const absl::Status changed = t1->SetHyperparameters(4, OptimizerConfig::Sgd(0.25), LrSchedule{});
+  EXPECT_TRUE(changed.ok()) << changed;
+}
+
+}  // namespace
+}  // namespace shardopt::testing
