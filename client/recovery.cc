@@ -169,15 +169,10 @@ absl::Status Recovery::FollowRollBackBelow(int64_t version) {
 absl::StatusOr<std::optional<int64_t>> Recovery::NewestPushAfterRollBackAt(int64_t version) {
   absl::StatusOr<std::vector<v1::ModelSummary>> shards = Survey();
   if (!shards.ok()) return shards.status();
-  const uint32_t rank = context_.calls.trainer_rank;
-  bool holds_mine = false;
   for (const v1::ModelSummary& s : *shards) {
     if (s.version() != version || s.rolled_back_to() != version) return std::nullopt;
-    holds_mine = holds_mine || s.partly_run() ||
-                 std::find(s.trainers_pushed().begin(), s.trainers_pushed().end(), rank) !=
-                     s.trainers_pushed().end();
   }
-  return holds_mine ? version + 1 : version;
+  return version + 1;
 }
 
 absl::Status Recovery::RollBackOverLostPush(int64_t version) {

@@ -95,10 +95,11 @@ class Recovery {
   // rolled back there (ModelSummary.rolled_back_to), which may have
   // happened while this trainer was away, its pushes of the steps after
   // version + 1 belong to the steps given up (a shard takes step version +
-  // 1 only), and so does its push of version + 1 unless some shard holds
-  // any of it (trainers_pushed, or the step ran in part). The newest step of
-  // its history to keep then (`version` or `version` + 1); nullopt when the
-  // shards do not sit at a rollback.
+  // 1 only, and the parameters they were computed from are gone). Its push
+  // of version + 1 stays: a shard may hold some of it (one still arriving
+  // shows nowhere), and it was computed from version's parameters, which
+  // the rollback restored. The newest step of its history to keep then
+  // (`version` + 1); nullopt when the shards do not sit at a rollback.
   absl::StatusOr<std::optional<int64_t>> NewestPushAfterRollBackAt(int64_t version);
 
   // Pushes re-sent to shards that lacked them, so far.

@@ -317,9 +317,9 @@ class TrainerClient {
   absl::Status FollowRollBack(absl::Status status);
   // A (re)attaching trainer whose journal holds pushes past `version`, the
   // shards' (synchronous): those of steps the job gave up while this
-  // trainer was away (a rollback to `version`, Recovery's
-  // NewestPushAfterRollBackAt) go, so that it pushes fresh gradients for
-  // them and takes hyperparameter changes for them again.
+  // trainer was away (a rollback to `version`: all after `version` + 1,
+  // Recovery's NewestPushAfterRollBackAt) go, so that it pushes fresh
+  // gradients for them and takes hyperparameter changes for them again.
   absl::Status ForgetPushesGivenUpAt(int64_t version);
   // PullToResume's way past a pipelined step that ran in part (see there);
   // sets `rolled_back` when the job rolled back.

@@ -111,7 +111,8 @@ absl::Status ShardServiceImpl::ReceiveDevicePairPayload(
     const bool in_place = into != nullptr;
     if (!in_place) {
       absl::StatusOr<void*> scratch = pair.Scratch(bytes);
-      if (!scratch.ok()) return scratch.status();  // (The lease drops the pair.)
+      // (The lease drops the pair; so does the trainer, told UNAVAILABLE.)
+      if (!scratch.ok()) return DataPlaneFailed("the push's payload", scratch.status());
       into = *scratch;
     }
     if (absl::Status s = pair.Recv(into, bytes, deadline, what, cancelled); !s.ok()) {

@@ -79,11 +79,13 @@ struct ShardProgress {
   Hyperparameters current;                         // In force for step version + 1.
   std::map<int64_t, Hyperparameters> scheduled;    // Changes still to come.
   std::map<int64_t, Hyperparameters> took_effect;  // Changes in force, for repeats.
-  double last_lr = 0;                              // Of the last applied step.
-  double version_lr = 0;                           // Of step `version`, applied or skipped.
-  StepRecord last_step;                            // With gradient control.
-  std::string run_id;                              // The training run.
-  StepStats last_stats;  // This shard's part of the last decided step's statistics.
+  // (Asynchronous modes: last_lr is the newest trainer step's, which every
+  // shard has at a cut, see ModelShard::RunOneAsyncApply.)
+  double last_lr = 0;     // Of the last applied step.
+  double version_lr = 0;  // Of step `version`, applied or skipped.
+  StepRecord last_step;   // With gradient control.
+  std::string run_id;     // The training run.
+  StepStats last_stats;   // This shard's part of the last decided step's statistics.
   std::optional<LossScaler::State> loss_scaler;  // The replica, if any.
   // Asynchronous modes (not StepState's): each trainer's last applied step;
   // `version` is their sum.

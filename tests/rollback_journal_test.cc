@@ -1,8 +1,8 @@
 // A trainer with a journal that was away while another rolled the job back
 // (a real shard process, periodic checkpoints, a journal on disk): the
-// pushes it journaled for the steps the job gave up go when it attaches
-// again, so that it pushes the gradient it computes now for them, not the
-// one of the abandoned steps.
+// pushes it journaled for the steps the job gave up (past the next one) go
+// when it attaches again, so that it pushes the gradient it computes now
+// for them, not the one of the abandoned steps.
 #include <memory>
 #include <string>
 #include <thread>
@@ -91,16 +91,22 @@ TEST(RollbackJournalTest, PushesOfStepsGivenUpWhileTheTrainerWasAwayGo) {
   ASSERT_TRUE(t1->Attach(spec).ok());
   ASSERT_EQ(t0->PullToResume(absl::MakeSpan(params)).value(), 2);
   ASSERT_EQ(t1->PullToResume(absl::MakeSpan(other)).value(), 2);
-  // Step 3 again, trainer 1's gradient now another: the step takes it, not
-  // the journaled one of the step given up. SGD, lr 1/2, the mean gradient
-  // (1/8 + 1/2) / 2 from 1/4 - 2 * 1/16 = 1/8: exactly -1/32.
+  // Step 3 takes trainer 1's journaled push (computed from version 2's
+  // parameters, which the rollback restored; a shard could hold some of
+  // it). SGD, lr 1/2, from 1/4 - 2 * 1/16 = 1/8: the mean gradient 1/8
+  // gives 1/16.
   ASSERT_NO_FATAL_FAILURE(BothStep(*t0, *t1, 3, 0.125f, 0.5f, &params, &other));
-  EXPECT_EQ(params, std::vector<float>(kElements, -0.03125f))
-      << "trainer 1 pushed its journaled gradient of the step given up";
-  EXPECT_EQ(params, other);
-  // Its step count follows: a change for step 4 is still ahead of it.
+  EXPECT_EQ(params, std::vector<float>(kElements, 0.0625f));
+  // Its step count follows the rollback: a change for step 4 is ahead of it.
   const absl::Status changed = t1->SetHyperparameters(4, OptimizerConfig::Sgd(0.25), LrSchedule{});
   EXPECT_TRUE(changed.ok()) << changed;
+  // Step 4 takes the gradient it gives now, not the journaled one of the
+  // step given up: lr 1/4, the mean gradient (1/8 + 1/2) / 2, exactly
+  // -1/64.
+  ASSERT_NO_FATAL_FAILURE(BothStep(*t0, *t1, 4, 0.125f, 0.5f, &params, &other));
+  EXPECT_EQ(params, std::vector<float>(kElements, -0.015625f))
+      << "trainer 1 pushed its journaled gradient of the step given up";
+  EXPECT_EQ(params, other);
 }
 
 }  // namespace
