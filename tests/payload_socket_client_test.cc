@@ -51,6 +51,19 @@ std::unique_ptr<v1::ShardService::Stub> StubWithToken(const std::string& address
   return v1::ShardService::NewStub(channels->NewChannel(address, grpc::ChannelArguments()));
 }
 
+// Registers `spec`, every parameter 0.5, from a client whose payloads go
+// over the gRPC stream; the layout's element count.
+uint64_t RegisterOverTheStream(const std::string& address, const ModelSpec& spec) {
+  const uint64_t total = ModelLayout::Create(spec.tensors, spec.alignment, 1)->total_elements();
+  TrainerClientOptions options;
+  options.shared_memory = false;
+  options.socket_payloads = false;
+  auto client = TrainerClient::Connect({address}, options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (client.ok()) EXPECT_TRUE((*client)->Register(spec, std::vector<float>(total, 0.5f)).ok());
+  return total;
+}
+
 TEST(SocketPayloadTransportTest, ARefusalEndsTheSendingAtOnce) {
   const std::string dir = MakeTempDir("socket_client");
   {
@@ -335,15 +348,8 @@ TEST(SocketPayloadTransportTest, ALinkThatFailedSendsTheRetryOverTheStream) {
   const uint64_t elements = uint64_t{4} << 20;  // 16 MiB: past the sockets' buffers.
   spec.tensors = {{"w", {static_cast<int64_t>(elements)}, DType::kFloat32}};
   spec.optimizer = OptimizerConfig::Sgd(0.1);
-  const uint64_t total = ModelLayout::Create(spec.tensors, spec.alignment, 1)->total_elements();
-  {
-    TrainerClientOptions options;
-    options.shared_memory = false;
-    options.socket_payloads = false;
-    auto client = TrainerClient::Connect({(*server)->address()}, options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    ASSERT_TRUE((*client)->Register(spec, std::vector<float>(total, 0.5f)).ok());
-  }
+  const uint64_t total = RegisterOverTheStream((*server)->address(), spec);
+  ASSERT_FALSE(HasFailure());
   auto stub = StubWithToken((*server)->address(), "");
   SocketPayloadTransport transport((*server)->address(), 0);
   std::vector<float> params(total);
@@ -407,15 +413,8 @@ TEST(SocketPayloadTransportTest, AWaitReportIsNotTheLinksFailure) {
   spec.tensors = {{"w", {1024}, DType::kFloat32}};
   spec.optimizer = OptimizerConfig::Sgd(0.1);
   spec.num_trainers = 2;  // Step 1 waits for a trainer that never comes.
-  const uint64_t total = ModelLayout::Create(spec.tensors, spec.alignment, 1)->total_elements();
-  {
-    TrainerClientOptions options;
-    options.shared_memory = false;
-    options.socket_payloads = false;
-    auto client = TrainerClient::Connect({(*server)->address()}, options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    ASSERT_TRUE((*client)->Register(spec, std::vector<float>(total, 0.5f)).ok());
-  }
+  const uint64_t total = RegisterOverTheStream((*server)->address(), spec);
+  ASSERT_FALSE(HasFailure());
   auto stub = StubWithToken((*server)->address(), "");
   SocketPayloadTransport transport((*server)->address(), 0);
   std::vector<float> params(total);
