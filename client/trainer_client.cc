@@ -380,6 +380,7 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
     // (Asynchronous: the version counts every trainer's pushes, and each
     // trainer's scaler is its own, from its initial scale.)
     scaler_step_ = IsAsynchronous(spec.consistency) ? 0 : shards[0].version;
+    scaler_step_scale_.reset();
   } else {
     scaler_.reset();
   }
@@ -441,7 +442,11 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   if (asynchronous()) return AsyncStep(step, flat_grads, flat_params);
-  const double scale = loss_scale();
+  // A retry of the step whose decision moved the scaler (its pull failed):
+  // its push goes again with the scale it was made with, which the shards'
+  // replica of the scaler checks it against, not the next step's.
+  const double scale =
+      scaler_step_scale_ && step == scaler_step_ ? *scaler_step_scale_ : loss_scale();
   std::vector<char> narrowed;
   const void* payload = nullptr;
   if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype,
@@ -479,6 +484,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
         if (scaler_ && scaler_step_ < step) {
           scaler_->Update(decision->skip);
           scaler_step_ = step;
+          scaler_step_scale_ = scale;
         }
       }
     }
@@ -525,23 +531,32 @@ absl::Status TrainerClient::SetHyperparameters(int64_t effective_step,
   request.set_effective_step(effective_step);
   *request.mutable_optimizer() = OptimizerConfigToProto(optimizer);
   *request.mutable_lr_schedule() = LrScheduleToProto(lr_schedule);
-  // An identical repeat of what this trainer (or its earlier process, on
-  // the same journal) already sent for that step changes nothing anywhere.
-  const bool repeat = history_ && history_->IsLastWord(request);
-  if (!repeat && effective_step <= std::max(last_pushed_step_, registered_version_)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", effective_step, " may already be applied on some shard (this trainer pushed step ",
-        last_pushed_step_, ", the model was at version ", registered_version_,
-        "): schedule the change for a later step"));
-  }
-  return SendHyperparameters(std::move(request));
+  return SendUnlessStarted(std::move(request));
 }
 
 absl::Status TrainerClient::CancelHyperparameters(int64_t effective_step) {
   CancelStreamedPush();
   v1::SetHyperparametersRequest request;
+  request.set_model_id(spec_ ? spec_->model_id : "");
   request.set_effective_step(effective_step);
   request.set_cancel(true);
+  return SendUnlessStarted(std::move(request));
+}
+
+absl::Status TrainerClient::SendUnlessStarted(v1::SetHyperparametersRequest request) {
+  // A step starts on a shard once every trainer's push of it is in there:
+  // not before this trainer pushed it, and then on some shards only, where
+  // a change or cancel would be refused while the others took it. An
+  // identical repeat of what this trainer (or its earlier process, on the
+  // same journal) already sent for that step changes nothing anywhere.
+  const int64_t step = request.effective_step();
+  const bool repeat = history_ && history_->IsLastWord(request);
+  if (!repeat && step <= std::max(last_pushed_step_, registered_version_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " may already be applied on some shard (this trainer pushed step ",
+        last_pushed_step_, ", the model was at version ", registered_version_, "): ",
+        request.cancel() ? "its change stays" : "schedule the change for a later step"));
+  }
   return SendHyperparameters(std::move(request));
 }
 

@@ -239,7 +239,9 @@ class TrainerClient {
   // (what its earlier process sent) is let through.
   absl::Status SetHyperparameters(int64_t effective_step, const OptimizerConfig& optimizer,
                                   const LrSchedule& lr_schedule);
-  // Removes a change scheduled for `effective_step` on every shard.
+  // Removes a change scheduled for `effective_step` on every shard;
+  // FAILED_PRECONDITION, as SetHyperparameters, for a step this trainer
+  // pushed (it may have started on some shards, which keep the change).
   absl::Status CancelHyperparameters(int64_t effective_step);
 
   // Every shard saves the model at version `step` (-1: the latest version
@@ -302,6 +304,9 @@ class TrainerClient {
   // The segment and the shards' data planes for `layout` (kept across
   // re-registrations of the same layout).
   void PrepareTransports(const ModelLayout& layout);
+  // SendHyperparameters unless the step may have started on some shard
+  // (FAILED_PRECONDITION then).
+  absl::Status SendUnlessStarted(v1::SetHyperparametersRequest request);
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
   // Pushes `payload` as step `step` (recording it first), recovering shards
   // that are behind.
@@ -388,6 +393,9 @@ class TrainerClient {
   int64_t last_pushed_step_ = 0;  // Highest step Push() was called with.
   std::optional<LossScaler> scaler_;
   int64_t scaler_step_ = 0;  // The last step whose decision updated scaler_.
+  // The loss scale step scaler_step_ was pushed with (set once this process
+  // took that decision): a retry of that step pushes with it again.
+  std::optional<double> scaler_step_scale_;
   std::unique_ptr<PushHistory> history_;
   std::unique_ptr<Recovery> recovery_;
   std::unique_ptr<StepCalls> steps_;

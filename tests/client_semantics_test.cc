@@ -399,8 +399,7 @@ TEST_F(ClientSemanticsTest, AWaitThatRunsOutNamesTheMissingTrainerAndItsLastStep
   ASSERT_EQ(info.trainers_size(), 2);
   EXPECT_EQ(info.trainers(0).last_pushed_step(), 2);
   EXPECT_EQ(info.trainers(1).last_pushed_step(), 1);
-  EXPECT_GE(info.trainers(1).seconds_since_last_push(),
-            absl::ToDoubleSeconds(waited) - 0.5);
+  EXPECT_GE(info.trainers(1).seconds_since_last_push(), absl::ToDoubleSeconds(waited) - 0.5);
   EXPECT_EQ(info.newest_committed_checkpoint(), -1);  // No periodic checkpoints here.
 }
 
@@ -449,10 +448,10 @@ TEST_F(ClientSemanticsTest, ADifferentConfigIsRefusedNamingTheFieldsThatDiffer) 
   const absl::Status s = Connect(2)->Attach(other);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "num_trainers: registered 2, this trainer 3")) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), "optimizer.adamw.lr: registered 0.001, this trainer 0.002"))
+  EXPECT_TRUE(
+      absl::StrContains(s.message(), "optimizer.adamw.lr: registered 0.001, this trainer 0.002"))
       << s;
 }
-
 
 // A shard that accepts registration but fails every pull for good.
 class BrokenPullShard final : public v1::ShardService::Service {
@@ -508,6 +507,90 @@ TEST(ClientCancellationTest, APermanentFailureOnOneShardCancelsTheOthers) {
   EXPECT_NE(pulled.status().message().find("shard 0"), std::string::npos) << pulled.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   fake->Shutdown();
+}
+
+// Step(k) called again after its decision moved the loss scaler (the pull
+// of the first call failed, or a caller repeats it): the push goes with the
+// scale it was made with, so that its history stays the push the shards
+// hold, and a shard that comes back from an older checkpoint takes the
+// replay (its replica of the scaler checks the scale) instead of refusing
+// it for good.
+TEST(ClientSemanticsRetryTest, AStepRepeatedAfterItsDecisionKeepsItsLossScale) {
+  const std::string checkpoints = MakeTempDir("scale_retry");
+  const std::vector<std::string> flags = {"--checkpoint_dir=" + checkpoints, "--checkpoint_every=2",
+                                          "--restore_from=" + checkpoints};
+  auto server = ServerProcess::Start(0, 1, flags);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  ModelSpec spec;
+  spec.model_id = "scale";
+  spec.tensors = {TensorSpec{"w", {1024}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Sgd(0.5);
+  spec.loss_scaling = true;
+  spec.loss_scaler.initial_scale = 1024;
+  spec.loss_scaler.hysteresis = 1;  // The first overflow backs off.
+  TrainerClientOptions options;
+  options.replay_steps = 8;
+  options.retry_budget = absl::Seconds(20);
+  auto client = TrainerClient::Connect({address}, options).value();
+  std::vector<float> params(1024, 0.25f);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  const std::vector<float> grad(1024, 0.125f * 1024);  // (Scaled by 1024.)
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(client->Step(step, grad, absl::MakeSpan(params)).ok());
+  }
+  for (int i = 0; i < 500 && InspectOf(address, "scale").newest_committed_checkpoint() < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(InspectOf(address, "scale").newest_committed_checkpoint(), 2);
+  std::vector<float> overflow = grad;
+  overflow[7] = std::numeric_limits<float>::infinity();
+  absl::StatusOr<StepResult> first = client->Step(3, overflow, absl::MakeSpan(params));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->skipped);
+  EXPECT_EQ(client->loss_scale(), 512);
+  absl::StatusOr<StepResult> again = client->Step(3, overflow, absl::MakeSpan(params));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->loss_scale, 1024) << "the repeat went with the next step's scale";
+  EXPECT_EQ(client->loss_scale(), 512);
+
+  // The shard comes back from step 2: step 4 replays step 3 from the
+  // history first, with its scale.
+  (*server)->process().Signal(SIGKILL);
+  ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
+  std::vector<std::string> restart = flags;
+  restart.push_back("--listen=" + address);
+  auto restarted = ServerProcess::Start(0, 1, restart);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_EQ(InspectOf(address, "scale").version(), 2);
+  const std::vector<float> half(1024, 0.125f * 512);
+  absl::StatusOr<StepResult> fourth = client->Step(4, half, absl::MakeSpan(params));
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_EQ(fourth->version, 4);
+  // 1/4 - 3 steps of 1/2 * 1/8 (step 3 skipped): exactly 1/16.
+  EXPECT_EQ(params, std::vector<float>(1024, 0.0625f));
+}
+
+// A cancel, like a change, is refused for a step this trainer pushed: the
+// step may have started on some shards (every trainer's push in there),
+// which would keep the change while the others dropped it.
+TEST(ClientSemanticsRetryTest, ACancelOfAStepThisTrainerPushedIsRefused) {
+  auto server = ServerProcess::Start(0, 1);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ModelSpec spec = SyntheticModelSpec("cancel", OptimizerConfig::Sgd(0.5), 1);
+  auto client = TrainerClient::Connect({(*server)->address()}, TrainerClientOptions()).value();
+  std::vector<float> params = SyntheticInitialParams(client->LayoutFor(spec).value(), 5);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  ASSERT_TRUE(client->SetHyperparameters(2, OptimizerConfig::Sgd(0.25), LrSchedule{}).ok());
+  ASSERT_TRUE(client->SetHyperparameters(3, OptimizerConfig::Sgd(0.125), LrSchedule{}).ok());
+  std::vector<float> grad(params.size(), 0.0f);
+  ASSERT_TRUE(client->Push(1, grad).ok());
+  ASSERT_TRUE(client->Pull(1, absl::MakeSpan(params)).ok());
+  ASSERT_TRUE(client->Push(2, grad).ok());
+  const absl::Status refused = client->CancelHyperparameters(2);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "this trainer pushed step 2")) << refused;
+  EXPECT_TRUE(client->CancelHyperparameters(3).ok());
 }
 
 }  // namespace
