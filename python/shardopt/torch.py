@@ -342,7 +342,10 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
         return group.get("optimizer", self._kind)
 
     def _hyperparameters(self, group):
-        h = {k: group[k] for k in _OPTIMIZERS[self._kind_of(group)]}
+        # Values, not the group's tensors: torch 2's schedulers change a
+        # tensor lr in place, which a kept reference would never tell apart.
+        h = {k: float(group[k]) if isinstance(group[k], torch.Tensor) else group[k]
+             for k in _OPTIMIZERS[self._kind_of(group)]}
         if "ns_coefficients" in h:
             h["ns_coefficients"] = tuple(float(c) for c in h["ns_coefficients"])
         if "betas" in h:
@@ -489,9 +492,13 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
                     g.last_result = g.run_step(version)
             except AbortedError:
                 if g.client.rolled_back_to is None or len(self._groups) > 1:
+                    self._take_what_servers_wrote(g)
                     raise
                 self._follow_rollback(g)
                 return loss
+            except BaseException:
+                self._take_what_servers_wrote(g)
+                raise
             g.version = version
             if g.pulled is not None:
                 g.pulled.copy_(g.flat_params)
@@ -499,6 +506,15 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
         self._version = version
         self.last_results = results
         return loss
+
+    @staticmethod
+    def _take_what_servers_wrote(g):
+        """After a step that failed: a pull may have written some shards'
+        ranges into the parameters before it failed (shared memory, the
+        early pull). That is the servers' doing, not a change of the
+        user's, and the step's retry pulls them whole."""
+        if g.pulled is not None:
+            g.pulled.copy_(g.flat_params)
 
     def _follow_rollback(self, g):
         """The job rolled back to a checkpoint (a shard came back without
@@ -550,7 +566,9 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
     def _gather(self, g):
         """Brings gradients that are not views of the buffer into it; refuses
         parameters whose values changed since they were pulled."""
-        changed = g.pulled is not None and not torch.equal(g.flat_params, g.pulled)
+        # (Compared bit for bit: a NaN the servers wrote is not a change.)
+        changed = g.pulled is not None and not torch.equal(g.flat_params.view(torch.int32),
+                                                           g.pulled.view(torch.int32))
         for p, name, (_, view, grad_view) in zip(g.params, g.names, self._views(g)):
             if changed or p.data_ptr() != view.data_ptr():
                 raise FailedPreconditionError(

@@ -189,6 +189,31 @@ class BadUseTest(unittest.TestCase):
         self.assertEqual(opt.step_count, 1)
         self.assertEqual(opt.last_results[0]["version"], 1)
 
+    def test_a_step_that_failed_after_the_servers_wrote_some_parameters_can_be_retried(self):
+        model = tiny_model()
+        opt = self.optimizer(model, "half_pulled", overlap_backward=False)
+        group = opt._groups[0]
+        real = group.client
+
+        class FailsAfterWriting:
+            """The client, but its step writes part of the parameters (as a
+            pull of some shards would) and then fails."""
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def step(self, version, grads, params):
+                params[:3] += 1.0
+                raise shardopt.UnavailableError("UNAVAILABLE: a shard went away")
+
+        group.client = FailsAfterWriting()
+        model(torch.randn(2, 3)).sum().backward()
+        with self.assertRaises(shardopt.UnavailableError):
+            opt.step()
+        group.client = real
+        opt.step()  # the same step again: not taken for a change of the user's
+        self.assertEqual(opt.last_results[0]["version"], 1)
+        self.assertEqual([shard["version"] for shard in opt.inspect()[0]], ["1", "1"])
+
     def test_a_parameter_without_gradient_is_refused(self):
         model = tiny_model()
         opt = self.optimizer(model, "nograd")

@@ -259,6 +259,20 @@ class OptimizerApiTest(unittest.TestCase):
             self.assertTrue(torch.equal(a, b), (a - b).abs().max())
 
 
+    def test_a_tensor_lr_changed_in_place_reaches_the_servers(self):
+        # As torch 2's schedulers change a tensor lr (param_group["lr"].fill_()).
+        model = net()
+        with Cluster(1) as cluster:
+            opt = shardopt.torch.DistributedOptimizer(
+                model.parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="sgd", lr=0.1, model_id="tensor_lr")
+            opt.param_groups[0]["lr"] = torch.tensor(0.2)
+            train(model, opt, 1, 1)
+            self.assertAlmostEqual(opt.last_results[0]["lr"], 0.2)
+            opt.param_groups[0]["lr"].fill_(0.05)
+            train(model, opt, 2, 2)
+            self.assertAlmostEqual(opt.last_results[0]["lr"], 0.05)
+
     def test_frozen_parameters_and_zero_copy(self):
         reference = net()
         reference[0].bias.requires_grad_(False)
