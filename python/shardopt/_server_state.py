@@ -7,7 +7,6 @@ import json
 import os
 
 from . import FailedPreconditionError
-from ._optimizers import OPTIMIZERS as _OPTIMIZERS
 
 
 class ServerState:
@@ -77,7 +76,14 @@ class ServerState:
         if len(state_dict["param_groups"]) != len(self.param_groups):
             raise ValueError(f"state dict has {len(state_dict['param_groups'])} parameter groups; "
                              f"this optimizer has {len(self.param_groups)}")
+        for i, (group, saved) in enumerate(zip(self.param_groups, state_dict["param_groups"])):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"parameter group {i} of the state dict has "
+                                 f"{len(saved['params'])} parameters; this optimizer's has "
+                                 f"{len(group['params'])}")
+        # Every key of the groups but their parameters and optimizer (fixed at
+        # registration), as torch.optim: an lr scheduler's initial_lr too.
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
-            for k in _OPTIMIZERS[self._kind_of(group)]:
-                if k in saved:
-                    group[k] = saved[k]
+            for k, v in saved.items():
+                if k not in ("params", "optimizer"):
+                    group[k] = v

@@ -84,6 +84,8 @@ class OptimizerApiTest(unittest.TestCase):
             opt = shardopt.torch.DistributedOptimizer(
                 model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
                 optimizer="adamw", lr=0.02, model_id="resumed", checkpoint_dir=root)
+            # (Sets the groups' initial_lr; no change of lr within the test.)
+            torch.optim.lr_scheduler.StepLR(opt, step_size=100)
             train(model, opt, 1, 5)
             state = opt.state_dict()
         self.assertEqual(state["shardopt"]["step"], 5)
@@ -98,6 +100,8 @@ class OptimizerApiTest(unittest.TestCase):
                 optimizer="adamw", lr=0.02, model_id="resumed")
             self.assertEqual(opt.step_count, 5)
             opt.load_state_dict(state)
+            # A scheduler resumed where it was: the groups' initial_lr came back.
+            torch.optim.lr_scheduler.StepLR(opt, step_size=100, last_epoch=4)
             train(resumed, opt, 6, 10)
         for a, b in zip(resumed.parameters(), reference.parameters()):
             self.assertTrue(torch.equal(a, b), (a - b).abs().max())
