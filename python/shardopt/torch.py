@@ -54,8 +54,10 @@ Differences from torch.optim: every trainable parameter is updated at every
 step, so a parameter without a gradient (after ``zero_grad(set_to_none=True)``)
 is refused rather than skipped; with the default ``zero_grad()`` an unused
 parameter has a zero gradient, as in torch.optim. Parameters cannot be added
-after construction (the model is registered then), and ``max_grad_norm`` needs
-a single parameter group (each group is its own model on the servers).
+after construction (the model is registered then), nor frozen or unfrozen
+(``requires_grad`` is read then; the next ``step()`` refuses a change), and
+``max_grad_norm`` needs a single parameter group (each group is its own model
+on the servers).
 """
 
 import warnings
@@ -371,6 +373,7 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
         params = [p for _, p in indexed]
         names = [self._names.get(id(p), f"param{j}") for j, p in indexed]
         g = Group(index, client, model_id, params, names)
+        g.frozen = [p for p in group["params"] if not p.requires_grad]
         tensors = [(n, list(p.shape)) for n, p in zip(names, params)]
         kind = self._kind_of(group)
         partition = self._partition or (
@@ -569,6 +572,22 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
         # (Compared bit for bit: a NaN the servers wrote is not a change.)
         changed = g.pulled is not None and not torch.equal(g.flat_params.view(torch.int32),
                                                            g.pulled.view(torch.int32))
+        # The model's layout is fixed at registration: a parameter frozen
+        # since would still be pushed (zeros) and updated, one unfrozen
+        # since never trained. Said, not done silently.
+        for p, name in zip(g.params, g.names):
+            if not p.requires_grad:
+                raise FailedPreconditionError(
+                    f"FAILED_PRECONDITION: parameter {name!r} was frozen (requires_grad=False) "
+                    "after the optimizer was built, which still updates it; freeze parameters "
+                    "before building the optimizer (or build a new one)")
+        for p in g.frozen:
+            if p.requires_grad:
+                raise FailedPreconditionError(
+                    "FAILED_PRECONDITION: parameter "
+                    f"{self._names.get(id(p), 'of shape ' + str(list(p.shape)))!r} was frozen "
+                    "when the optimizer was built and requires grad now: the servers do not hold "
+                    "it, so it would never be trained; build a new optimizer to train it")
         for p, name, (_, view, grad_view) in zip(g.params, g.names, self._views(g)):
             if changed or p.data_ptr() != view.data_ptr():
                 raise FailedPreconditionError(

@@ -214,6 +214,23 @@ class BadUseTest(unittest.TestCase):
         self.assertEqual(opt.last_results[0]["version"], 1)
         self.assertEqual([shard["version"] for shard in opt.inspect()[0]], ["1", "1"])
 
+    def test_freezing_or_unfreezing_after_construction_is_refused(self):
+        model = tiny_model()
+        model[2].bias.requires_grad_(False)
+        opt = self.optimizer(model, "refrozen", overlap_backward=False)
+        model[2].bias.requires_grad_(True)
+        model(torch.randn(2, 3)).sum().backward()
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "requires grad now"):
+            opt.step()
+        model[2].bias.requires_grad_(False)
+        model[0].weight.requires_grad_(False)
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError,
+                                    "frozen .requires_grad=False. after"):
+            opt.step()
+        model[0].weight.requires_grad_(True)
+        opt.step()  # As built again: the step goes through.
+        self.assertEqual(opt.last_results[0]["version"], 1)
+
     def test_a_parameter_without_gradient_is_refused(self):
         model = tiny_model()
         opt = self.optimizer(model, "nograd")
