@@ -3,6 +3,8 @@ buffers and, with overlap_backward, the buckets its gradient streams in."""
 
 import torch
 
+from . import FailedPreconditionError
+
 
 class Group:
     """One parameter group: its shardopt model and flat buffers."""
@@ -20,6 +22,7 @@ class Group:
         self.version = 0         # The last version pulled.
         self.last_result = None
         self.pulled = None       # With check_parameters: the values last pulled.
+        self.frozen = []         # The group's parameters left out (requires_grad=False).
         # Streaming (overlap_backward): buckets of the flat buffer, and for
         # the step being computed which parameters' gradients are final.
         self.bucket_of = []      # Parameter index -> bucket.
@@ -33,6 +36,57 @@ class Group:
         # step_on_device.
         self.device_buffers = False
         self.reset_stream()
+
+    def gather(self, views, name_of_frozen):
+        """Before a step: brings gradients that are not views of the buffer
+        into it; refuses parameters whose values changed since they were
+        pulled, or whose requires_grad changed since the model was
+        registered. `views`: (parameter, its view of the flat parameters,
+        of the flat gradients) in order; `name_of_frozen`: a frozen
+        parameter's name."""
+        # (Compared bit for bit: a NaN the servers wrote is not a change.)
+        changed = self.pulled is not None and not torch.equal(
+            self.flat_params.view(torch.int32), self.pulled.view(torch.int32))
+        # The model's layout is fixed at registration: a parameter frozen
+        # since would still be pushed (zeros) and updated, one unfrozen
+        # since never trained. Said, not done silently.
+        for p, name in zip(self.params, self.names):
+            if not p.requires_grad:
+                raise FailedPreconditionError(
+                    f"FAILED_PRECONDITION: parameter {name!r} was frozen (requires_grad=False) "
+                    "after the optimizer was built, which still updates it; freeze parameters "
+                    "before building the optimizer (or build a new one)")
+        for p in self.frozen:
+            if p.requires_grad:
+                raise FailedPreconditionError(
+                    f"FAILED_PRECONDITION: parameter {name_of_frozen(p)!r} was frozen when the "
+                    "optimizer was built and requires grad now: the servers do not hold it, so "
+                    "it would never be trained; build a new optimizer to train it")
+        for p, name, (_, view, grad_view) in zip(self.params, self.names, views):
+            if changed or p.data_ptr() != view.data_ptr():
+                raise FailedPreconditionError(
+                    "FAILED_PRECONDITION: the parameters were changed after the optimizer was "
+                    f"built ({name!r} or another): the shard servers hold the master weights "
+                    "and the next pull would overwrite them. Build the optimizer after "
+                    "loading the weights")
+            if p.grad is None:
+                raise FailedPreconditionError(
+                    f"FAILED_PRECONDITION: parameter {name!r} has no gradient at this step: "
+                    "shardopt updates every parameter at every step (torch.optim would skip "
+                    "it); use zero_grad() without set_to_none, or freeze it "
+                    "(requires_grad=False) before building the optimizer")
+            if p.grad.data_ptr() != grad_view.data_ptr():
+                grad_view.copy_(p.grad)
+                p.grad = grad_view
+                self.broken = True  # What was streamed is not this gradient.
+
+    def take_what_servers_wrote(self):
+        """After a step that failed: a pull may have written some shards'
+        ranges into the parameters before it failed (shared memory, the
+        early pull). That is the servers' doing, not a change of the
+        user's, and the step's retry pulls them whole."""
+        if self.pulled is not None:
+            self.pulled.copy_(self.flat_params)
 
     def pull_with(self, pull):
         """Calls pull(float32 numpy array) to fill the flat parameters (through

@@ -495,12 +495,12 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
                     g.last_result = g.run_step(version)
             except AbortedError:
                 if g.client.rolled_back_to is None or len(self._groups) > 1:
-                    self._take_what_servers_wrote(g)
+                    g.take_what_servers_wrote()
                     raise
                 self._follow_rollback(g)
                 return loss
             except BaseException:
-                self._take_what_servers_wrote(g)
+                g.take_what_servers_wrote()
                 raise
             g.version = version
             if g.pulled is not None:
@@ -509,15 +509,6 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
         self._version = version
         self.last_results = results
         return loss
-
-    @staticmethod
-    def _take_what_servers_wrote(g):
-        """After a step that failed: a pull may have written some shards'
-        ranges into the parameters before it failed (shared memory, the
-        early pull). That is the servers' doing, not a change of the
-        user's, and the step's retry pulls them whole."""
-        if g.pulled is not None:
-            g.pulled.copy_(g.flat_params)
 
     def _follow_rollback(self, g):
         """The job rolled back to a checkpoint (a shard came back without
@@ -567,44 +558,9 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
         return True
 
     def _gather(self, g):
-        """Brings gradients that are not views of the buffer into it; refuses
-        parameters whose values changed since they were pulled."""
-        # (Compared bit for bit: a NaN the servers wrote is not a change.)
-        changed = g.pulled is not None and not torch.equal(g.flat_params.view(torch.int32),
-                                                           g.pulled.view(torch.int32))
-        # The model's layout is fixed at registration: a parameter frozen
-        # since would still be pushed (zeros) and updated, one unfrozen
-        # since never trained. Said, not done silently.
-        for p, name in zip(g.params, g.names):
-            if not p.requires_grad:
-                raise FailedPreconditionError(
-                    f"FAILED_PRECONDITION: parameter {name!r} was frozen (requires_grad=False) "
-                    "after the optimizer was built, which still updates it; freeze parameters "
-                    "before building the optimizer (or build a new one)")
-        for p in g.frozen:
-            if p.requires_grad:
-                raise FailedPreconditionError(
-                    "FAILED_PRECONDITION: parameter "
-                    f"{self._names.get(id(p), 'of shape ' + str(list(p.shape)))!r} was frozen "
-                    "when the optimizer was built and requires grad now: the servers do not hold "
-                    "it, so it would never be trained; build a new optimizer to train it")
-        for p, name, (_, view, grad_view) in zip(g.params, g.names, self._views(g)):
-            if changed or p.data_ptr() != view.data_ptr():
-                raise FailedPreconditionError(
-                    "FAILED_PRECONDITION: the parameters were changed after the optimizer was "
-                    f"built ({name!r} or another): the shard servers hold the master weights "
-                    "and the next pull would overwrite them. Build the optimizer after "
-                    "loading the weights")
-            if p.grad is None:
-                raise FailedPreconditionError(
-                    f"FAILED_PRECONDITION: parameter {name!r} has no gradient at this step: "
-                    "shardopt updates every parameter at every step (torch.optim would skip "
-                    "it); use zero_grad() without set_to_none, or freeze it "
-                    "(requires_grad=False) before building the optimizer")
-            if p.grad.data_ptr() != grad_view.data_ptr():
-                grad_view.copy_(p.grad)
-                p.grad = grad_view
-                g.broken = True  # What was streamed is not this gradient.
+        """See Group.gather."""
+        g.gather(self._views(g),
+                 lambda p: self._names.get(id(p), "of shape " + str(list(p.shape))))
 
     @property
     def loss_scale(self):
