@@ -373,6 +373,7 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
   layout_ = std::move(*layout);
   spec_ = spec;
   registered_version_ = shards[0].version;
+  scaler_step_scale_.reset();
   if (spec.loss_scaling) {
     scaler_.emplace(spec.loss_scaler);
     // Where the other trainers' scalers are (after a restart: not initial).
@@ -380,9 +381,9 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
     // (Asynchronous: the version counts every trainer's pushes, and each
     // trainer's scaler is its own, from its initial scale.)
     scaler_step_ = IsAsynchronous(spec.consistency) ? 0 : shards[0].version;
-    scaler_step_scale_.reset();
   } else {
     scaler_.reset();
+    scaler_step_ = 0;
   }
   return absl::OkStatus();
 }
@@ -442,17 +443,29 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   if (asynchronous()) return AsyncStep(step, flat_grads, flat_params);
-  // A retry of the step whose decision moved the scaler (its pull failed):
-  // its push goes again with the scale it was made with, which the shards'
-  // replica of the scaler checks it against, not the next step's.
-  const double scale =
-      scaler_step_scale_ && step == scaler_step_ ? *scaler_step_scale_ : loss_scale();
+  // A retry of a step whose decision moved the scaler (its pull failed):
+  // what was pushed goes again, with the scale it was made with, which the
+  // shards' replica of the scaler checks it against, not a gradient scaled
+  // with the next step's (which would also replace it in the history).
+  double scale = loss_scale();
+  std::shared_ptr<const std::vector<char>> pushed_before;
+  if (scaler_ && scaler_step_ >= step) {
+    if (absl::StatusOr<PushedStep> earlier = history_->Find(step);
+        earlier.ok() && earlier->dtype == options_.push_dtype) {
+      pushed_before = earlier->payload;
+      scale = earlier->loss_scale;
+    } else if (scaler_step_scale_ && step == scaler_step_) {
+      scale = *scaler_step_scale_;  // (No history: the caller's gradient, as it was.)
+    }
+  }
   std::vector<char> narrowed;
-  const void* payload = nullptr;
-  if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype,
-                                          scaler_.has_value(), &narrowed, &payload);
-      !s.ok())
-    return s;
+  const void* payload = pushed_before ? pushed_before->data() : nullptr;
+  if (!pushed_before) {
+    if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype,
+                                            scaler_.has_value(), &narrowed, &payload);
+        !s.ok())
+      return s;
+  }
   const bool needs_decision =
       ModelStepsNeedDecisions(spec_->consistency, spec_->max_grad_norm, spec_->loss_scaling,
                               spec_->optimizer.kind, *layout_);

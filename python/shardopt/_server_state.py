@@ -3,6 +3,7 @@ counters, Inspect, and state dicts (which name server checkpoints: the
 optimizer state itself stays on the servers). A mixin of
 DistributedOptimizer, whose groups and settings it reads."""
 
+import copy
 import json
 import os
 
@@ -81,9 +82,14 @@ class ServerState:
                 raise ValueError(f"parameter group {i} of the state dict has "
                                  f"{len(saved['params'])} parameters; this optimizer's has "
                                  f"{len(group['params'])}")
-        # Every key of the groups but their parameters and optimizer (fixed at
-        # registration), as torch.optim: an lr scheduler's initial_lr too.
+            if saved.get("optimizer", info["optimizer"]) != self._kind_of(group):
+                raise ValueError(f"parameter group {i} of the state dict is "
+                                 f"{saved.get('optimizer', info['optimizer'])}; this "
+                                 f"optimizer's is {self._kind_of(group)}")
+        # Every key of the groups but their parameters (the optimizer is
+        # fixed at registration), copied as torch.optim does: an lr
+        # scheduler's initial_lr too.
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             for k, v in saved.items():
                 if k not in ("params", "optimizer"):
-                    group[k] = v
+                    group[k] = copy.deepcopy(v)

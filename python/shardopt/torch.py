@@ -585,6 +585,7 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
             return
         for g in self._groups:
             g.client.wait_for_every_trainer(self._version)
-            g.pull_with(lambda params, g=g: g.client.pull(0, params))
-            if g.pulled is not None:
-                g.pulled = g.flat_params.clone()
+            try:
+                g.pull_with(lambda params, g=g: g.client.pull(0, params))
+            finally:
+                g.take_what_servers_wrote()
