@@ -120,7 +120,9 @@ TEST(PipelinedStepTest, BitsEqualWholeStepsWithAndWithoutGradientControl) {
       const ShardSnapshot a = whole->Snapshot("", 0, 0, false).value();
       const ShardSnapshot b = piped->Snapshot("", 0, 0, false).value();
       EXPECT_EQ(a.last_step.decision.grad_norm, b.last_step.decision.grad_norm);
-      if (!setup.loss_scaling) EXPECT_LT(a.last_step.decision.clip_coef, 1.0);
+      if (!setup.loss_scaling) {
+        EXPECT_LT(a.last_step.decision.clip_coef, 1.0);
+      }
     }
   }
 }
