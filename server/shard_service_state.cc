@@ -313,14 +313,22 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
   absl::StatusOr<std::shared_ptr<HostedModel>> replacement =
       LoadModel(**checkpoint, (*model)->shard().layout().partition());
   if (!replacement.ok()) return Error(replacement.status());
-  (*replacement)->set_rolled_back_to(request->to_step());
   // The old model stops (its checkpoint thread with it) before the later
   // step directories, which hold the steps given up, are set aside: no
-  // restart may take them for this run's future.
+  // restart may take them for this run's future, nor the new steps' saves
+  // for their own.
   if (absl::Status s = models_.Replace(*model, *replacement); !s.ok()) return Error(s);
   if (absl::Status s = (*replacement)->AbandonCheckpointsAfter(request->to_step()); !s.ok()) {
+    // Not marked rolled back: the trainer's next survey finds this shard at
+    // the step but not there by a rollback and sends it again (the
+    // already-there case below sets the rest aside), instead of taking it
+    // for done with the old steps' directories left in place.
+    LogWarning("model '%s': rolled back to step %d, but the later step directories were not "
+               "all set aside (%s); a trainer's RollBack tries again",
+               model_id, request->to_step(), std::string(s.message()));
     return Error(s);
   }
+  (*replacement)->set_rolled_back_to(request->to_step());
   LogWarning("model '%s': rolled back from version %d to step %d (%s): %s", model_id, version,
              request->to_step(), dir, request->reason());
   response->set_version((*replacement)->shard().version());

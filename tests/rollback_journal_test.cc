@@ -1,8 +1,11 @@
-// A trainer with a journal that was away while another rolled the job back
-// (a real shard process, periodic checkpoints, a journal on disk): the
-// pushes it journaled for the steps the job gave up (past the next one) go
-// when it attaches again, so that it pushes the gradient it computes now
-// for them, not the one of the abandoned steps.
+// Rollbacks against a real shard process with periodic checkpoints: a
+// trainer with a journal that was away while another rolled the job back
+// drops, when it attaches again, its journaled pushes of the steps given up
+// (past the next one) and pushes the gradient it computes now for them; and
+// a rollback whose set-aside of the later step directories failed is not
+// taken for done.
+#include <sys/stat.h>
+
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,6 +22,11 @@ namespace shardopt::testing {
 namespace {
 
 constexpr size_t kElements = 4096;
+
+bool DirectoryExists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+}
 
 // Both trainers take step `step`, each with its own gradient value.
 void BothStep(TrainerClient& a, TrainerClient& b, int64_t step, float grad_a, float grad_b,
@@ -107,6 +115,70 @@ TEST(RollbackJournalTest, PushesOfStepsGivenUpWhileTheTrainerWasAwayGo) {
   EXPECT_EQ(params, std::vector<float>(kElements, -0.015625f))
       << "trainer 1 pushed its journaled gradient of the step given up";
   EXPECT_EQ(params, other);
+}
+
+// A rollback whose set-aside of the later step directories failed (here an
+// injected PERMISSION_DENIED, as on a shared root another shard's user
+// owns) leaves the shard not marked rolled back: the next RollBack, sent as
+// a trainer's survey would send it, sets them aside, instead of the shard
+// passing for done with the steps given up left to be taken for the new
+// timeline's own.
+TEST(RollbackJournalTest, ARollbackWhoseSetAsideFailedIsNotTakenForDone) {
+  const std::string checkpoints = MakeTempDir("rollback_set_aside");
+  ServerPlacement placement;
+  placement.binary = "tests/fault_injecting_server";
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      0, 1, {"--checkpoint_dir=" + checkpoints, "--checkpoint_every=2", "--fail_first_set_aside"},
+      placement);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = NewStub((*server)->address());
+  ModelSpec spec;
+  spec.model_id = "aside";
+  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Sgd(0.5);
+  {
+    std::unique_ptr<TrainerClient> t0 =
+        TrainerClient::Connect({(*server)->address()}, TrainerClientOptions()).value();
+    std::vector<float> params(kElements, 0.25f);
+    ASSERT_TRUE(t0->Register(spec, params).ok());
+    const std::vector<float> grad(kElements, 0.125f);
+    for (int64_t step = 1; step <= 4; ++step) {
+      ASSERT_TRUE(t0->Step(step, grad, absl::MakeSpan(params)).ok());
+    }
+  }
+  v1::InspectResponse inspect;
+  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 4; ++i) {
+    ASSERT_TRUE(RawInspect(*stub, "aside", &inspect).ok());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(inspect.newest_committed_checkpoint(), 4);
+  const auto roll_back = [&](uint64_t incarnation) {
+    v1::RollBackRequest rollback;
+    rollback.set_model_id("aside");
+    rollback.set_to_step(2);
+    rollback.set_expected_incarnation(incarnation);
+    rollback.set_reason("the test");
+    v1::RollBackResponse rolled;
+    grpc::ClientContext context;
+    return stub->RollBack(&context, rollback, &rolled);
+  };
+  const auto summary = [&] {
+    v1::ServerInfo info;
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+    return info.models_size() == 1 ? info.models(0) : v1::ModelSummary();
+  };
+  const std::string step4 = checkpoints + "/aside/step-00000004";
+  const grpc::Status failed = roll_back(inspect.incarnation());
+  EXPECT_EQ(failed.error_code(), grpc::PERMISSION_DENIED) << failed.error_message();
+  v1::ModelSummary after = summary();
+  EXPECT_EQ(after.version(), 2);
+  EXPECT_NE(after.rolled_back_to(), 2) << "the shard passes for rolled back with step 4 kept";
+  EXPECT_TRUE(DirectoryExists(step4));
+  const grpc::Status again = roll_back(after.incarnation());
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(summary().rolled_back_to(), 2);
+  EXPECT_FALSE(DirectoryExists(step4)) << "the step given up is still there";
 }
 
 }  // namespace

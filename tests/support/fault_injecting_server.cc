@@ -6,22 +6,31 @@
 //       (shard-*.bin) N ms after its first write, while it exists only under
 //       its temporary name, so that a test can kill the server mid-checkpoint
 //       (tests/durability_test.cc). 0: no pause.
+//   --fail_first_set_aside  the first rename of a step directory aside as
+//       abandoned (a rollback's) fails (tests/rollback_journal_test.cc).
 #include <cstdint>
 
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
 #include "common/file.h"
 #include "server/server_main.h"
+#include "tests/support/failing_set_aside_env.h"
 #include "tests/support/pausing_file_env.h"
 
 ABSL_FLAG(int64_t, pause_checkpoint_data_writes_ms, 0,
           "Stall each checkpoint data file (shard-*.bin) this long after its first write.");
+ABSL_FLAG(bool, fail_first_set_aside, false,
+          "Fail the first rename of a checkpoint step directory aside as abandoned.");
 
 int main(int argc, char** argv) {
   // The env is never freed: the server uses it until the process ends.
   return shardopt::RunShardServer(argc, argv, []() -> shardopt::FileEnv* {
-    return new shardopt::testing::PausingFileEnv(
+    shardopt::FileEnv* env = new shardopt::testing::PausingFileEnv(
         shardopt::FileEnv::Default(),
         absl::Milliseconds(absl::GetFlag(FLAGS_pause_checkpoint_data_writes_ms)));
+    if (absl::GetFlag(FLAGS_fail_first_set_aside)) {
+      env = new shardopt::testing::FailingSetAsideEnv(env);
+    }
+    return env;
   });
 }
