@@ -6,11 +6,13 @@
 
 Each server picks a free port and reports it through a port file in
 `workdir` (which must not hold one from an earlier start); its stderr goes to
-`workdir`/server<i>.log.
+`workdir`/server<i>.log. stop_servers ends them with SIGTERM, and with
+SIGKILL one that is still running after its timeout (saying which).
 """
 
 import os
 import subprocess
+import sys
 import time
 
 
@@ -28,26 +30,39 @@ def start_servers(binary, count, workdir, extra_flags=(), timeout_s=30, env_of=N
             port_file = os.path.join(workdir, f"port{i}")
             if os.path.exists(port_file):
                 raise RuntimeError(f"{port_file} exists: use a fresh directory")
-            servers.append(subprocess.Popen(
-                [*command, "--listen=127.0.0.1:0", f"--port_file={port_file}",
-                 f"--shard_index={i}", f"--shard_count={count}", "--device=cpu", "--threads=1",
-                 *extra_flags],
-                stderr=open(os.path.join(workdir, f"server{i}.log"), "w"),
-                env=None if env_of is None else env_of(i)))
+            # (The server writes its own copy of the log's descriptor.)
+            with open(os.path.join(workdir, f"server{i}.log"), "w") as log:
+                servers.append(subprocess.Popen(
+                    [*command, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                     f"--shard_index={i}", f"--shard_count={count}", "--device=cpu",
+                     "--threads=1", *extra_flags],
+                    stderr=log, env=None if env_of is None else env_of(i)))
             deadline = time.time() + timeout_s
             while not os.path.exists(port_file):
                 if time.time() > deadline or servers[-1].poll() is not None:
-                    raise RuntimeError(f"shard server {i} did not start (see {workdir})")
+                    raise RuntimeError(f"shard server {i} did not start within {timeout_s} s "
+                                       f"(no {port_file}; see {workdir}/server{i}.log)")
                 time.sleep(0.01)
-            addresses.append("127.0.0.1:" + open(port_file).read().strip())
+            with open(port_file) as port:
+                addresses.append("127.0.0.1:" + port.read().strip())
     except BaseException:
         stop_servers(servers)
         raise
     return servers, addresses
 
 
-def stop_servers(servers):
+def stop_servers(servers, timeout_s=30):
+    """SIGTERM to every server still running; SIGKILL to one that has not
+    exited `timeout_s` after it (said on stderr, naming it)."""
     for s in servers:
         if s.poll() is None:
             s.terminate()
-        s.wait()
+    deadline = time.time() + timeout_s
+    for i, s in enumerate(servers):
+        try:
+            s.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            sys.stderr.write(f"local_cluster: shard server {i} (pid {s.pid}) did not exit within "
+                             f"{timeout_s} s of SIGTERM: killed\n")
+            s.kill()
+            s.wait()
