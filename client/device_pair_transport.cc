@@ -153,9 +153,9 @@ absl::Status DevicePairTransport::Answered(Held held, absl::Status answer, absl:
   // Only called once no byte moved or every byte moved cleanly, so the pair
   // is in step: kept (a "still waiting" DEADLINE_EXCEEDED included) unless
   // the answer is about it, or the shard's connection broke.
-  const bool deadline_passed = absl::IsDeadlineExceeded(answer) && absl::Now() >= deadline;
+  const bool timed_out = absl::IsDeadlineExceeded(answer) && !IsWaitReport(answer, deadline);
   const bool keep = !about_pairs && !absl::IsUnavailable(answer) && !absl::IsCancelled(answer) &&
-                    !deadline_passed;
+                    !timed_out;
   if (keep) Give(std::move(held));
   // (So that the retry goes over a new pair or another plane.)
   return about_pairs ? absl::UnavailableError(answer.message()) : answer;

@@ -28,6 +28,10 @@ absl::Status RetryWithBackoff(const RetryPolicy& policy,
   return status;
 }
 
+bool IsWaitReport(const absl::Status& status, absl::Time deadline) {
+  return absl::IsDeadlineExceeded(status) && absl::Now() < deadline;
+}
+
 absl::Duration DoubledBackoff(absl::Duration previous, absl::Duration first, absl::Duration cap) {
   return std::min(cap, std::max(first, 2 * previous));
 }

@@ -17,6 +17,13 @@ struct RetryPolicy {
   absl::Duration max_backoff = absl::Seconds(2);
 };
 
+// Whether `status`, the answer of a call whose deadline is `deadline`, is a
+// shard's "still waiting" report: DEADLINE_EXCEEDED while the call had time
+// left (its wait was bounded by the request's max_wait_ms). After the
+// deadline it is the call's own timeout. (The data planes' own timeouts
+// reach the trainer as UNAVAILABLE: server/service_replies.h.)
+bool IsWaitReport(const absl::Status& status, absl::Time deadline);
+
 // True for failures after which repeating an idempotent call can succeed:
 // the server was unreachable, asked for a retry, or one attempt ran out of
 // time.

@@ -1,5 +1,7 @@
 #include "client/retry.h"
 
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {
@@ -78,6 +80,13 @@ TEST(RetryTest, CustomPredicate) {
       [](const absl::Status& st) { return absl::IsNotFound(st); });
   EXPECT_TRUE(s.ok());
   EXPECT_EQ(calls, 3);
+}
+
+TEST(RetryTest, AWaitReportIsADeadlineExceededWithTimeLeft) {
+  const absl::Status timeout = absl::DeadlineExceededError("version 2 did not come");
+  EXPECT_TRUE(IsWaitReport(timeout, absl::Now() + absl::Seconds(10)));
+  EXPECT_FALSE(IsWaitReport(timeout, absl::Now() - absl::Milliseconds(1)));
+  EXPECT_FALSE(IsWaitReport(absl::UnavailableError("x"), absl::Now() + absl::Seconds(10)));
 }
 
 TEST(RetryTest, DoubledBackoffStartsAtTheFirstWaitAndStopsAtTheCap) {

@@ -195,7 +195,7 @@ absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
       give_up = absl::Now() + call.policy.budget;
       next_report = deadline_passed ? absl::Now() : absl::Now() + kRetryReportAfter;
     }
-    if (absl::IsDeadlineExceeded(status) && !deadline_passed) {
+    if (IsWaitReport(status, deadline)) {
       // The shard's report that it still waits (for other trainers).
       if (call.on_wait) {
         call.on_wait(absl::StrCat("shard ", shard.index(), " (", shard.address(),

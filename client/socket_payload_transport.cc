@@ -138,13 +138,12 @@ absl::Status SocketPayloadTransport::Broken(Link link, absl::Status status,
       absl::StrContains(status.message(), "carries another transfer")) {
     return absl::UnavailableError(status.message());
   }
-  // DEADLINE_EXCEEDED before the call's deadline is the shard's "still
-  // waiting" report (a pull's max_wait_ms, an asynchronous push's wait to be
-  // applied): the shard's answer, not the link's failure. (A plane's own
-  // timeout reaches the trainer as UNAVAILABLE: server/service_replies.h.)
-  const bool wait_report =
-      absl::IsDeadlineExceeded(status) && absl::Now() < absl::FromChrono(call.context.deadline());
-  if (absl::IsUnavailable(status) || (absl::IsDeadlineExceeded(status) && !wait_report)) {
+  // The shard's "still waiting" report (a pull's max_wait_ms, an
+  // asynchronous push's wait to be applied) is its answer, not the link's
+  // failure.
+  if (absl::IsUnavailable(status) ||
+      (absl::IsDeadlineExceeded(status) &&
+       !IsWaitReport(status, absl::FromChrono(call.context.deadline())))) {
     absl::MutexLock lock(&mu_);
     failure_backoff_ = DoubledBackoff(failure_backoff_, kFailureBackoff, kRetryInterval);
     retry_after_ = std::max(retry_after_, absl::Now() + failure_backoff_);

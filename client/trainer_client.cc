@@ -449,14 +449,12 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   // with the next step's (which would also replace it in the history).
   double scale = loss_scale();
   std::shared_ptr<const std::vector<char>> pushed_before;
-  if (scaler_ && scaler_step_ >= step) {
-    if (absl::StatusOr<PushedStep> earlier = history_->Find(step);
-        earlier.ok() && earlier->dtype == options_.push_dtype) {
-      pushed_before = earlier->payload;
-      scale = earlier->loss_scale;
-    } else if (scaler_step_scale_ && step == scaler_step_) {
-      scale = *scaler_step_scale_;  // (No history: the caller's gradient, as it was.)
-    }
+  if (std::optional<PushedStep> earlier = RecordedPushTheScalerPassed(step);
+      earlier && earlier->dtype == options_.push_dtype) {
+    pushed_before = earlier->payload;
+    scale = earlier->loss_scale;
+  } else if (scaler_step_scale_ && step == scaler_step_) {
+    scale = *scaler_step_scale_;  // (No history: the caller's gradient, as it was.)
   }
   std::vector<char> narrowed;
   const void* payload = pushed_before ? pushed_before->data() : nullptr;

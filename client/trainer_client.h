@@ -70,6 +70,7 @@
 namespace shardopt {
 
 class PushHistory;
+struct PushedStep;
 class PayloadTransport;
 class TrainerSegment;
 class Recovery;
@@ -304,6 +305,11 @@ class TrainerClient {
   // The segment and the shards' data planes for `layout` (kept across
   // re-registrations of the same layout).
   void PrepareTransports(const ModelLayout& layout);
+  // The push recorded for `step` when the loss scaler has moved past it (a
+  // retry of a step whose push went out and whose scaler moved since): it
+  // goes again as it was, not a gradient scaled with the new scale. nullopt
+  // without the scaler's move or a record.
+  std::optional<PushedStep> RecordedPushTheScalerPassed(int64_t step) const;
   // SendHyperparameters unless the step may have started on some shard
   // (FAILED_PRECONDITION then).
   absl::Status SendUnlessStarted(v1::SetHyperparametersRequest request);

@@ -56,16 +56,12 @@ StepStats OwnGradientStats(int64_t step, absl::Span<const float> grads, double l
 absl::StatusOr<StepResult> TrainerClient::AsyncPush(int64_t step,
                                                     absl::Span<const float> flat_grads) {
   if (step <= 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is not positive"));
-  if (scaler_ && scaler_step_ >= step) {
-    // A retry of a step whose push went out (its scaler moved since): what
-    // was recorded goes again, not a gradient unscaled with the new scale.
-    if (absl::StatusOr<PushedStep> earlier = history_->Find(step); earlier.ok()) {
-      absl::StatusOr<StepResult> again =
-          PushPayload(step, earlier->payload->data(), earlier->loss_scale,
-                      /*skip=*/earlier->payload->empty());
-      if (again.ok() && again->skipped) again->bytes_pushed = 0;
-      return again;
-    }
+  if (std::optional<PushedStep> earlier = RecordedPushTheScalerPassed(step)) {
+    absl::StatusOr<StepResult> again =
+        PushPayload(step, earlier->payload->data(), earlier->loss_scale,
+                    /*skip=*/earlier->payload->empty());
+    if (again.ok() && again->skipped) again->bytes_pushed = 0;
+    return again;
   }
   const bool controlled = spec_->max_grad_norm > 0 || scaler_.has_value();
   const double scale = loss_scale();

@@ -23,6 +23,13 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   return PushPayload(step, payload, loss_scale());
 }
 
+std::optional<PushedStep> TrainerClient::RecordedPushTheScalerPassed(int64_t step) const {
+  if (!scaler_ || scaler_step_ < step) return std::nullopt;
+  absl::StatusOr<PushedStep> earlier = history_->Find(step);
+  if (!earlier.ok()) return std::nullopt;
+  return *std::move(earlier);
+}
+
 absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* payload,
                                                       double loss_scale, bool skip) {
   rolled_back_to_.reset();
