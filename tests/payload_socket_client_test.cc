@@ -60,7 +60,9 @@ uint64_t RegisterOverTheStream(const std::string& address, const ModelSpec& spec
   options.socket_payloads = false;
   auto client = TrainerClient::Connect({address}, options);
   EXPECT_TRUE(client.ok()) << client.status();
-  if (client.ok()) EXPECT_TRUE((*client)->Register(spec, std::vector<float>(total, 0.5f)).ok());
+  if (client.ok()) {
+    EXPECT_TRUE((*client)->Register(spec, std::vector<float>(total, 0.5f)).ok());
+  }
   return total;
 }
 
