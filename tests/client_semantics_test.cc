@@ -593,5 +593,60 @@ TEST(ClientSemanticsRetryTest, ACancelOfAStepThisTrainerPushedIsRefused) {
   EXPECT_TRUE(client->CancelHyperparameters(3).ok());
 }
 
+// A change that reached only some shards (another was down) fails, naming
+// the shards that took it, and is recorded all the same: the restarted
+// shard gets it (recovery, and the next push carries it), so the shards do
+// not go on with different hyperparameters when the caller does not repeat
+// the call.
+TEST(ClientSemanticsRetryTest, AChangeThatReachedSomeShardsReachesTheOthers) {
+  const std::string ckpt = MakeTempDir("partial_change_ckpt");
+  // Only the registration's checkpoint: the restarted shard is at step 0.
+  const std::vector<std::string> flags = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=1000",
+                                          "--restore_from=" + ckpt};
+  auto servers = StartCluster(2, flags);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> addresses = Addresses(*servers);
+  TrainerClientOptions options;
+  options.rpc_timeout = absl::Seconds(2);
+  options.retry_budget = absl::Seconds(2);
+  options.replay_steps = 8;
+  auto client = TrainerClient::Connect(addresses, options).value();
+  const ModelSpec spec = SyntheticModelSpec("partial", OptimizerConfig::AdamW(0.02), 1);
+  const ModelLayout layout = client->LayoutFor(spec).value();
+  std::vector<float> params = SyntheticInitialParams(layout, 6), grad(params.size());
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  auto step = [&](int64_t k) {
+    SyntheticGradient(layout, params, 0, k, 6, absl::MakeSpan(grad));
+    absl::StatusOr<StepResult> r = client->Step(k, grad, absl::MakeSpan(params));
+    ASSERT_TRUE(r.ok()) << "step " << k << ": " << r.status();
+  };
+  for (int64_t k = 1; k <= 2; ++k) step(k);
+
+  (*servers)[1]->process().Signal(SIGKILL);
+  ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
+  const OptimizerConfig changed = OptimizerConfig::AdamW(0.004);
+  const absl::Status partial = client->SetHyperparameters(4, changed, LrSchedule());
+  ASSERT_FALSE(partial.ok());
+  EXPECT_TRUE(absl::StrContains(partial.message(), "shard 1")) << partial;
+  EXPECT_TRUE(absl::StrContains(partial.message(), "shards 0 took it")) << partial;
+  EXPECT_EQ(InspectOf(addresses[0], "partial").scheduled_changes_size(), 1);
+
+  std::vector<std::string> restart = flags;
+  restart.push_back("--listen=" + addresses[1]);
+  auto restarted = ServerProcess::Start(1, 2, restart);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_EQ(InspectOf(addresses[1], "partial").version(), 0);
+  for (int64_t k = 3; k <= 6; ++k) step(k);
+  EXPECT_EQ(client->replayed_pushes(), 2);
+
+  ReferenceOptions reference;
+  reference.changes[4] = {changed, LrSchedule()};
+  const std::vector<float> expected = ReferenceRun(spec, layout, 6, 6, reference);
+  EXPECT_EQ(std::memcmp(params.data(), expected.data(), expected.size() * sizeof(float)), 0);
+  for (const std::string& address : addresses) {
+    EXPECT_DOUBLE_EQ(InspectOf(address, "partial").last_lr(), 0.004) << address;
+  }
+}
+
 }  // namespace
 }  // namespace shardopt::testing
