@@ -1,6 +1,8 @@
 """shardopt.torch's parameter groups: each one's shardopt model, flat
 buffers and, with overlap_backward, the buckets its gradient streams in."""
 
+import weakref
+
 import torch
 
 from . import FailedPreconditionError
@@ -137,7 +139,11 @@ def hook_buckets(g, total, bucket_elements, on_final):
     """Cuts g's flat buffer (`total` elements) into buckets of about
     `bucket_elements`, at tensor boundaries, and hooks every parameter's
     gradient accumulator to call on_final(g, j) once parameter j's gradient
-    of this backward pass is accumulated (kept alive in g.accumulators)."""
+    of this backward pass is accumulated (kept alive in g.accumulators).
+    The hooks hold g weakly and go when g does: the accumulators are
+    autograd's, shared with any later optimizer built on the same
+    parameters, whose g.accumulators would otherwise keep this g (its
+    client, connections and flat buffers) alive through them."""
     starts = []
     g.bucket_of = [0] * len(g.slices)
     # By offset: with the whole_tensors partition the parameters' order in
@@ -149,9 +155,23 @@ def hook_buckets(g, total, bucket_elements, on_final):
         g.bucket_of[j] = len(starts) - 1
     g.buckets = [(b, starts[i + 1] if i + 1 < len(starts) else total)
                  for i, b in enumerate(starts)]
+    handles = []
+    weak_g = weakref.ref(g)
+
+    def final(j):
+        group = weak_g()
+        if group is not None:
+            on_final(group, j)
+
     with torch.enable_grad():  # (Also when built under no_grad.)
         for j, p in enumerate(g.params):
             accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-            accumulator.register_hook(
-                lambda grad_inputs, grad_outputs, g=g, j=j: on_final(g, j))
+            handles.append(accumulator.register_hook(
+                lambda grad_inputs, grad_outputs, j=j: final(j)))
             g.accumulators.append(accumulator)
+    weakref.finalize(g, _remove_hooks, handles)
+
+
+def _remove_hooks(handles):
+    for handle in handles:
+        handle.remove()

@@ -217,6 +217,30 @@ class OverlapTest(unittest.TestCase):
             # The model trains on without it (the hooks find no optimizer).
             loss_of(model, *data(2)).backward()
 
+    def test_a_rebuilt_optimizer_lets_the_old_one_go(self):
+        with Cluster(1) as cluster:
+            model = net()
+            first = shardopt.torch.DistributedOptimizer(
+                model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adam", lr=0.01, model_id="first")
+            first.zero_grad()
+            loss_of(model, *data(1)).backward()
+            first.step()
+            old_group = weakref.ref(first._groups[0])
+            # Built on the same parameters: autograd's accumulators (and the
+            # first optimizer's hooks on them) are shared.
+            second = shardopt.torch.DistributedOptimizer(
+                model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adam", lr=0.01, model_id="second")
+            del first
+            gc.collect()
+            self.assertIsNone(old_group(), "the second optimizer keeps the first one's group "
+                                           "(its client and flat buffers) alive")
+            second.zero_grad()
+            loss_of(model, *data(2)).backward()
+            second.step()
+            self.assertEqual(second._groups[0].client.streamed_pushes, 1)
+
     def test_clipping_turns_it_off(self):
         with Cluster(1) as cluster:
             model = net()
