@@ -2,6 +2,7 @@
 // CancelHyperparameters (see trainer_client.h), their guard against a step
 // that may have started on some shard, and what a change that reached only
 // some shards leaves recorded.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "client/shard_fanout.h"
 #include "client/streamed_push.h"
 #include "client/trainer_client.h"
+#include "common/optimizer_config.h"
 #include "common/proto_convert.h"
 
 namespace shardopt {
@@ -52,6 +54,21 @@ absl::Status TrainerClient::SendUnlessStarted(v1::SetHyperparametersRequest requ
         "step ", step, " may already be applied on some shard (this trainer pushed step ",
         last_pushed_step_, ", the model was at version ", registered_version_, "): ",
         request.cancel() ? "its change stays" : "schedule the change for a later step"));
+  }
+  if (!repeat && !request.cancel()) {
+    // Every push carries this trainer's pending changes; a shard takes at
+    // most this many.
+    const std::vector<v1::SetHyperparametersRequest> pending =
+        history_->ChangesAfter(std::max(last_pushed_step_, registered_version_));
+    const bool new_step = std::none_of(pending.begin(), pending.end(), [&](const auto& c) {
+      return c.effective_step() == step;
+    });
+    if (new_step && pending.size() >= kMaxPendingHyperparameterChanges) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this trainer has ", pending.size(), " hyperparameter changes pending (at most ",
+          kMaxPendingHyperparameterChanges, "): schedule more once some took effect, or use an "
+          "lr schedule"));
+    }
   }
   return SendHyperparameters(std::move(request));
 }

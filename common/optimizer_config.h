@@ -167,6 +167,12 @@ struct OptimizerConfig {
   std::string DebugString() const;
 };
 
+// The most hyperparameter changes a model may have scheduled and not yet in
+// force. Every push carries its trainer's pending changes (see
+// PushHeader.hyperparameter_changes), so the trainer keeps within it too:
+// a shard refuses a longer list instead of holding what one request names.
+inline constexpr size_t kMaxPendingHyperparameterChanges = 1024;
+
 }  // namespace shardopt
 
 #endif  // SHARDOPT_COMMON_OPTIMIZER_CONFIG_H_

@@ -34,6 +34,13 @@ absl::Status HyperparameterSchedule::Schedule(int64_t effective_step, const Hype
                      effective_step <= version ? "applied" : "being applied", " (version ",
                      version, "); choose a later step"));
   }
+  if (scheduled_.count(effective_step) == 0 &&
+      scheduled_.size() >= kMaxPendingHyperparameterChanges) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        scheduled_.size(), " hyperparameter changes are scheduled and not yet in force (at most ",
+        kMaxPendingHyperparameterChanges, "): schedule more once some took effect, or use an lr "
+        "schedule"));
+  }
   // (An identical one returned above.)
   if (!scheduled_.emplace(effective_step, next).second) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -52,6 +59,19 @@ absl::Status HyperparameterSchedule::Cancel(int64_t effective_step, int64_t vers
   }
   if (scheduled_.erase(effective_step) > 0) cancelled_.insert(effective_step);
   return absl::OkStatus();
+}
+
+size_t HyperparameterSchedule::WouldAdopt(const std::vector<int64_t>& effective_steps,
+                                         int64_t version, bool next_started) const {
+  std::set<int64_t> added;
+  for (int64_t step : effective_steps) {
+    if (Started(step, version, next_started) || cancelled_.count(step) > 0 ||
+        scheduled_.count(step) > 0) {
+      continue;
+    }
+    added.insert(step);
+  }
+  return added.size();
 }
 
 void HyperparameterSchedule::Adopt(int64_t effective_step, const Hyperparameters& next,

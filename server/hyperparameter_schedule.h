@@ -39,7 +39,9 @@ class HyperparameterSchedule {
   // `version`: the shard's version; `next_started`: step version + 1 has
   // started (is being reduced, awaits its decision or is being applied).
   // FAILED_PRECONDITION for a step applied or started, or one with another
-  // change scheduled or in force. `next` has been validated by the caller.
+  // change scheduled or in force; RESOURCE_EXHAUSTED for a new one when
+  // kMaxPendingHyperparameterChanges are scheduled. `next` has been
+  // validated by the caller.
   absl::Status Schedule(int64_t effective_step, const Hyperparameters& next, int64_t version,
                         bool next_started);
   // OK when there is nothing to cancel; FAILED_PRECONDITION once the change
@@ -53,6 +55,9 @@ class HyperparameterSchedule {
   // schedules depend on arrival order. `next` has been validated.
   void Adopt(int64_t effective_step, const Hyperparameters& next, int64_t version,
              bool next_started);
+  // How many new entries Adopt of changes for `effective_steps` would add.
+  size_t WouldAdopt(const std::vector<int64_t>& effective_steps, int64_t version,
+                    bool next_started) const;
 
   // The config step `step` runs with (its lr from the schedule): the changes
   // scheduled up to `step` take effect first.

@@ -216,10 +216,13 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginPush(
         "' is synchronous: a trainer does not skip a step alone (the shards decide skips)"));
   }
   absl::MutexLock lock(&mu_);
-  if (!state_.failed()) state_.AdoptChanges(changes);
+  if (absl::Status s = state_.CheckCanAdopt(changes); !s.ok()) return s;
   absl::StatusOr<StepState::Admission> admitted =
       state_.BeginPush(trainer_rank, step, loss_scale);
   if (!admitted.ok()) return admitted.status();
+  // (Under the same lock: before any of the push's bytes can start its
+  // step. A push refused changes nothing, its changes included.)
+  if (!state_.failed()) state_.AdoptChanges(changes);
   PushStart start;
   switch (*admitted) {
     case StepState::Admission::kAlreadyApplied:

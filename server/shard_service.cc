@@ -211,7 +211,23 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
     if (pair) AbandonPairOfCancelledCall(*context, *pair);
   };
   std::vector<StepState::CarriedChange> changes;
+  if (header.hyperparameter_changes_size() > static_cast<int>(kMaxPendingHyperparameterChanges)) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "the push carries ", header.hyperparameter_changes_size(),
+        " hyperparameter changes; a trainer has at most ", kMaxPendingHyperparameterChanges,
+        " pending")));
+  }
   for (const v1::SetHyperparametersRequest& c : header.hyperparameter_changes()) {
+    if (c.model_id() != header.model_id()) {
+      return Error(absl::InvalidArgumentError(
+          absl::StrCat("a hyperparameter change the push carries names model ",
+                       Quoted(c.model_id()), ", not the push's ", Quoted(header.model_id()))));
+    }
+    if (c.effective_step() < header.step()) {
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          "a push of step ", header.step(), " carries a hyperparameter change for step ",
+          c.effective_step(), ": it carries its trainer's changes for that step and later")));
+    }
     if (c.cancel()) continue;  // Only changes are carried (see the proto).
     absl::StatusOr<Hyperparameters> h = HyperparametersFromProto(c.optimizer(), c.lr_schedule());
     if (!h.ok()) return Error(h.status());

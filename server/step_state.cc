@@ -488,6 +488,19 @@ absl::Status StepState::CancelChange(int64_t effective_step) {
   return schedule_.Cancel(effective_step, version_, StepStarted());
 }
 
+absl::Status StepState::CheckCanAdopt(const std::vector<CarriedChange>& changes) const {
+  std::vector<int64_t> steps;
+  for (const CarriedChange& c : changes) steps.push_back(c.effective_step);
+  const size_t added = schedule_.WouldAdopt(steps, version_, StepStarted());
+  if (added > 0 && schedule_.scheduled().size() + added > kMaxPendingHyperparameterChanges) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the push carries ", added, " hyperparameter changes this shard does not hold, and ",
+        schedule_.scheduled().size(), " are scheduled (at most ",
+        kMaxPendingHyperparameterChanges, " not yet in force)"));
+  }
+  return absl::OkStatus();
+}
+
 void StepState::AdoptChanges(const std::vector<CarriedChange>& changes) {
   for (const CarriedChange& c : changes) {
     schedule_.Adopt(c.effective_step, c.next, version_, StepStarted());

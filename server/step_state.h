@@ -321,6 +321,9 @@ class StepState {
     int64_t effective_step = 0;
     Hyperparameters next;
   };
+  // RESOURCE_EXHAUSTED when adopting `changes` would schedule more than
+  // kMaxPendingHyperparameterChanges (nothing is adopted then).
+  absl::Status CheckCanAdopt(const std::vector<CarriedChange>& changes) const;
   void AdoptChanges(const std::vector<CarriedChange>& changes);
   const HyperparameterSchedule& schedule() const { return schedule_; }
 

@@ -123,6 +123,72 @@ TEST_F(BadInputTest, MalformedPushesAreRejectedAndChangeNothing) {
   EXPECT_EQ(response.trainers_pending(), 1u);
 }
 
+// The hyperparameter changes a push carries are checked with the rest of
+// the push, and taken only with a push the shard admits: a refused push
+// schedules nothing.
+TEST_F(BadInputTest, CarriedHyperparameterChangesComeOnlyWithAnAdmittedPush) {
+  const State before = Capture();
+  const std::vector<Chunk> good = GoodChunks(Gradient(1.0f));
+  v1::SetHyperparametersRequest change;
+  change.set_model_id(kModel);
+  change.set_effective_step(5);
+  *change.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Adam(0.0005));
+  const auto scheduled = [&] { return Inspect().scheduled_changes_size(); };
+
+  v1::PushHeader h = Header(0, 2);
+  *h.add_hyperparameter_changes() = change;
+  ExpectRejected(Push(&h, good), grpc::OUT_OF_RANGE, "ahead of the shard", before);
+  EXPECT_EQ(scheduled(), 0) << "a refused push scheduled its change";
+
+  h = Header(0, 1);
+  *h.add_hyperparameter_changes() = change;
+  h.mutable_hyperparameter_changes(0)->set_model_id("other");
+  ExpectRejected(Push(&h, good), grpc::INVALID_ARGUMENT, "names model 'other'", before);
+
+  h = Header(0, 3);
+  *h.add_hyperparameter_changes() = change;
+  h.mutable_hyperparameter_changes(0)->set_effective_step(2);
+  ExpectRejected(Push(&h, good), grpc::INVALID_ARGUMENT, "change for step 2", before);
+
+  h = Header(0, 1);
+  for (size_t i = 0; i <= kMaxPendingHyperparameterChanges; ++i) {
+    *h.add_hyperparameter_changes() = change;
+    h.mutable_hyperparameter_changes(i)->set_effective_step(10 + i);
+  }
+  ExpectRejected(Push(&h, good), grpc::INVALID_ARGUMENT, "at most 1024 pending", before);
+  EXPECT_EQ(scheduled(), 0);
+
+  // At most kMaxPendingHyperparameterChanges scheduled, by SetHyperparameters
+  // or carried in.
+  for (size_t i = 0; i < kMaxPendingHyperparameterChanges; ++i) {
+    v1::SetHyperparametersRequest request = change;
+    request.set_effective_step(100 + i);
+    grpc::ClientContext context;
+    v1::SetHyperparametersResponse response;
+    const grpc::Status s = stub_->SetHyperparameters(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    v1::SetHyperparametersResponse response;
+    const grpc::Status s = stub_->SetHyperparameters(&context, change, &response);
+    EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+  }
+  h = Header(0, 1);
+  *h.add_hyperparameter_changes() = change;
+  ExpectRejected(Push(&h, good), grpc::RESOURCE_EXHAUSTED, "does not hold", before);
+  EXPECT_EQ(scheduled(), static_cast<int>(kMaxPendingHyperparameterChanges));
+
+  // One already scheduled is no new entry: the push goes in.
+  h = Header(0, 1);
+  *h.add_hyperparameter_changes() = change;
+  h.mutable_hyperparameter_changes(0)->set_effective_step(100);
+  v1::PushGradientsResponse response;
+  const grpc::Status s = Push(&h, good, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_ACCEPTED);
+}
+
 TEST_F(BadInputTest, NonFiniteMessageNamesTheTensorElement) {
   std::vector<float> grad = Gradient(1.0f);
   grad[0] = std::numeric_limits<float>::quiet_NaN();

@@ -648,5 +648,35 @@ TEST(ClientSemanticsRetryTest, AChangeThatReachedSomeShardsReachesTheOthers) {
   }
 }
 
+// Every push carries its trainer's pending changes, and a shard takes at
+// most kMaxPendingHyperparameterChanges: the trainer refuses one more itself.
+TEST(ClientSemanticsRetryTest, ATrainerKeepsItsPendingChangesWithinWhatAShardTakes) {
+  auto server = ServerProcess::Start(0, 1);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ModelSpec spec = SyntheticModelSpec("many", OptimizerConfig::Sgd(0.5), 1);
+  auto client = TrainerClient::Connect({(*server)->address()}, TrainerClientOptions()).value();
+  std::vector<float> params = SyntheticInitialParams(client->LayoutFor(spec).value(), 5);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  for (size_t i = 0; i < kMaxPendingHyperparameterChanges; ++i) {
+    const absl::Status s =
+        client->SetHyperparameters(2 + i, OptimizerConfig::Sgd(0.25), LrSchedule{});
+    ASSERT_TRUE(s.ok()) << i << ": " << s;
+  }
+  const absl::Status refused =
+      client->SetHyperparameters(5000, OptimizerConfig::Sgd(0.25), LrSchedule{});
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "this trainer has 1024")) << refused;
+  // A repeat is no new one; the pushes (carrying all of them) go through.
+  EXPECT_TRUE(client->SetHyperparameters(2, OptimizerConfig::Sgd(0.25), LrSchedule{}).ok());
+  std::vector<float> grad(params.size(), 0.0f);
+  absl::StatusOr<StepResult> first = client->Step(1, grad, absl::MakeSpan(params));
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<StepResult> second = client->Step(2, grad, absl::MakeSpan(params));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_DOUBLE_EQ(second->lr, 0.25);
+  // Step 2's change took effect: there is room for one more.
+  EXPECT_TRUE(client->SetHyperparameters(5000, OptimizerConfig::Sgd(0.25), LrSchedule{}).ok());
+}
+
 }  // namespace
 }  // namespace shardopt::testing
