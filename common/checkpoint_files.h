@@ -179,9 +179,14 @@ absl::StatusOr<std::vector<StepDirectory>> ListStepDirectories(const std::string
 // manifests, and the directories once empty. Each shard removes only what it wrote, so shards may do this at
 // once. Committed checkpoints among the `keep` newest, and anything newer,
 // are never touched. (A shard whose newest part is not committed yet when it
-// prunes leaves one more step behind, until it prunes again.) Returns the number of step directories pruned.
+// prunes leaves one more step behind, until it prunes again.) Only
+// checkpoints of steps <= `newest_step` count, and nothing above it is
+// touched: the saver passes the step it has just saved, so that step
+// directories of steps this timeline has not reached (a rollback's or a
+// restore's, before they are set aside) cannot push its own out. Returns the
+// number of step directories pruned.
 absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep,
-                                     FileEnv* env = FileEnv::Default());
+                                     int64_t newest_step, FileEnv* env = FileEnv::Default());
 
 }  // namespace shardopt
 

@@ -38,13 +38,13 @@ absl::StatusOr<std::vector<StepDirectory>> ListStepDirectories(const std::string
 }
 
 absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep,
-                                     FileEnv* env) {
+                                     int64_t newest_step, FileEnv* env) {
   if (keep < 1) return absl::InvalidArgumentError("keep at least one checkpoint");
   absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(directory, env);
   if (!steps.ok()) return steps.status();
   std::vector<int64_t> committed;  // Ascending, as `steps`.
   for (const StepDirectory& s : *steps) {
-    if (FileExists(env, JoinPath(s.directory, kCheckpointManifestFile)))
+    if (s.step <= newest_step && FileExists(env, JoinPath(s.directory, kCheckpointManifestFile)))
       committed.push_back(s.step);
   }
   if (committed.empty()) return 0;

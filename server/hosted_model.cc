@@ -111,9 +111,9 @@ void HostedModel::SaveLoop() {
                 written->bytes, written->committed ? "; checkpoint committed" : "");
       }
       if (checkpoints_.keep > 0) {
-        absl::StatusOr<int> pruned = PruneCheckpoints(checkpoints_.model_root,
-                                                      checkpoints_.shard_index, checkpoints_.keep,
-                                                      checkpoints_.env);
+        absl::StatusOr<int> pruned =
+            PruneCheckpoints(checkpoints_.model_root, checkpoints_.shard_index, checkpoints_.keep,
+                             /*newest_step=*/next, checkpoints_.env);
         if (!pruned.ok()) {
           LogError("model '%s': removing old checkpoints: %s", model_id,
                    pruned.status().ToString());

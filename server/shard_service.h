@@ -200,7 +200,15 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // `partition`, when given, replaces the saved one.
   absl::StatusOr<std::shared_ptr<HostedModel>> LoadModel(const CheckpointReader& checkpoint,
                                                          std::optional<Partition> partition);
-  absl::Status RestoreModel(const CheckpointReader& checkpoint);
+  // `named`: the operator named this checkpoint (--restore_from=DIR/step-N):
+  // the job goes back to it, and the model's later periodic step directories
+  // are set aside (GiveUpPeriodicStepsAfter) before it is installed.
+  absl::Status RestoreModel(const CheckpointReader& checkpoint, bool named);
+  // With periodic checkpoints: sets aside, as a rollback does, the step
+  // directories of `model_id` after `step` under --checkpoint_dir, so that
+  // neither this timeline's saves of those steps nor a later restart take
+  // them for its own.
+  absl::Status GiveUpPeriodicStepsAfter(const std::string& model_id, int64_t step);
   // A model's directory of periodic checkpoints (the newest that verifies),
   // or a model directory that is one checkpoint.
   absl::Status RestoreNewestOf(const std::string& model_root);

@@ -368,7 +368,7 @@ absl::StatusOr<std::shared_ptr<HostedModel>> ShardServiceImpl::LoadModel(
                                        CheckpointOptionsFor(plan->config.model_id()));
 }
 
-absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint) {
+absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint, bool named) {
   const v1::CheckpointManifest& manifest = checkpoint.manifest();
   if (absl::Status s = CheckCheckpointRoot(manifest.config().model_id(), checkpoint.step(),
                                            manifest.parts(0).progress().run_id());
@@ -378,6 +378,14 @@ absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint) 
   absl::StatusOr<std::shared_ptr<HostedModel>> model =
       LoadModel(checkpoint, options_.restore_partition);
   if (!model.ok()) return model.status();
+  if (named) {
+    // (Before its saver starts: it would find the old timeline's step
+    // directories committed and take them for this one's.)
+    if (absl::Status s = GiveUpPeriodicStepsAfter(manifest.config().model_id(), checkpoint.step());
+        !s.ok()) {
+      return s;
+    }
+  }
   std::shared_ptr<HostedModel> installed = models_.Install(*model);
   if (installed == nullptr) return absl::UnavailableError("the shard server is shutting down");
   if (installed != *model) {
@@ -400,12 +408,25 @@ absl::Status ShardServiceImpl::RestoreNewestOf(const std::string& model_root) {
     absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
         OpenVerifiedCheckpoint(model_root, options_.file_env);
     if (!checkpoint.ok()) return checkpoint.status();
-    return RestoreModel(**checkpoint);
+    return RestoreModel(**checkpoint, /*named=*/false);
   }
   absl::StatusOr<std::unique_ptr<CheckpointReader>> newest =
       OpenNewestVerifiedCheckpoint(model_root, LogDamaged, options_.file_env);
   if (!newest.ok()) return newest.status();
-  return RestoreModel(**newest);
+  return RestoreModel(**newest, /*named=*/false);
+}
+
+absl::Status ShardServiceImpl::GiveUpPeriodicStepsAfter(const std::string& model_id,
+                                                        int64_t step) {
+  if (options_.checkpoint_dir.empty() || options_.checkpoint_every <= 0) return absl::OkStatus();
+  const std::string root = JoinPath(options_.checkpoint_dir, model_id);
+  absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(root, options_.file_env);
+  if (!steps.ok()) return steps.status();
+  if (steps->empty() || steps->back().step <= step) return absl::OkStatus();
+  LogWarning("model '%s': goes back to step %d: the step directories after it in %s (up to "
+             "step %d) are set aside as abandoned",
+             model_id, step, root, steps->back().step);
+  return SetAsideCheckpointsAfter(root, step, "abandoned", options_.file_env);
 }
 
 absl::Status ShardServiceImpl::CheckCheckpointRoot(const std::string& model_id, int64_t version,
@@ -458,7 +479,9 @@ absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
   }
   if (FileExists(env, JoinPath(path, kCheckpointManifestFile))) {
     // The one the operator named: verified whole, never replaced by another.
-    return RestoreNewestOf(path);
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> named = OpenVerifiedCheckpoint(path, env);
+    if (!named.ok()) return named.status();
+    return RestoreModel(**named, /*named=*/true);
   }
   absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(path);
   if (!names.ok()) return names.status();
