@@ -175,9 +175,14 @@ int64_t ModelShard::checkpoint_step() const {
   return async_ ? async_->slowest_applied() : state_.version();
 }
 
-absl::Status ModelShard::DiscardPendingPushes() {
+absl::Status ModelShard::DiscardPendingPushes(int64_t at_version) {
   if (asynchronous()) return NotInAsyncMode("discarding the pushes of the next step is");
   absl::MutexLock lock(&mu_);
+  if (at_version >= 0 && state_.version() != at_version) {
+    return absl::AbortedError(absl::StrCat("shard ", options_.shard_index, " of model '",
+                                           options_.model_id, "' moved from version ", at_version,
+                                           " to ", state_.version(), ": look again"));
+  }
   return state_.DiscardPending();
 }
 

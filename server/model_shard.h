@@ -279,8 +279,10 @@ class ModelShard {
   // With options.step_timeline: the newest step every range of which was
   // pulled.
   std::optional<StepTimes> NewestTimeline() const;
-  // Drops the pushes held for step version + 1 (see StepState::DiscardPending).
-  absl::Status DiscardPendingPushes();
+  // Drops the pushes held for step version + 1 (see StepState::DiscardPending);
+  // ABORTED when `at_version` >= 0 and the shard is no longer there (a step
+  // completed since the caller looked).
+  absl::Status DiscardPendingPushes(int64_t at_version = -1);
   // Wakes every waiter with UNAVAILABLE; later waits fail at once.
   void Shutdown();
 

@@ -371,6 +371,12 @@ TEST(ModelShardTest, AWaitOnADroppedPushEndsAtOnce) {
   ASSERT_TRUE(PushAll(*shard, 0, 1).ok());
   ASSERT_TRUE(PushAll(*shard, 1, 1).ok());
   EXPECT_EQ(shard->version(), 1);
+  // A rollback that looked at version 0 drops nothing of step 2: the shard
+  // moved on since.
+  ASSERT_TRUE(PushAll(*shard, 0, 2).ok());
+  EXPECT_EQ(shard->DiscardPendingPushes(/*at_version=*/0).code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(PushAll(*shard, 1, 2).ok());
+  EXPECT_EQ(shard->version(), 2);
 }
 
 }  // namespace

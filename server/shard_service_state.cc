@@ -248,6 +248,10 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
   CallScope call(this);
   if (!call.admitted().ok()) return Error(call.admitted());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
+  if (request->to_step() < 0) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("to_step ", request->to_step(), " is negative")));
+  }
   // One at a time: trainers that find replay impossible all ask.
   absl::MutexLock rollback_lock(&rollback_mu_);
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
@@ -274,8 +278,18 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
         version, "): look again")));
   }
   const std::string& root = (*model)->checkpoint_options().model_root;
-  const absl::Status discarded =
-      version == request->to_step() ? (*model)->shard().DiscardPendingPushes() : absl::OkStatus();
+  const std::string dir = JoinPath(root, CheckpointStepDirName(request->to_step()));
+  if (version == request->to_step() &&
+      !FileExists(options_.file_env, JoinPath(dir, kCheckpointManifestFile))) {
+    // Nothing to go back to: the next step's pushes and the later step
+    // directories are not this caller's to drop.
+    return Error(absl::NotFoundError(
+        absl::StrCat("no committed checkpoint of step ", request->to_step(), " in ", root)));
+  }
+  // (At the version read above: a step completed since is looked at again.)
+  const absl::Status discarded = version == request->to_step()
+                                     ? (*model)->shard().DiscardPendingPushes(version)
+                                     : absl::OkStatus();
   if (version == request->to_step() && !absl::IsFailedPrecondition(discarded)) {
     // Already there: what it holds of the next step belongs to the steps
     // given up, and so do the later step directories. (A pipelined step that
@@ -296,7 +310,6 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
         "shard ", options_.shard_index, " is at version ", version, ", behind step ",
         request->to_step(), ": a rollback cannot go forward")));
   }
-  const std::string dir = JoinPath(root, CheckpointStepDirName(request->to_step()));
   absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
       OpenVerifiedCheckpoint(dir, options_.file_env);
   if (absl::IsDataLoss(checkpoint.status())) {

@@ -183,6 +183,62 @@ TEST(RollbackJournalTest, ARollbackWhoseSetAsideFailedIsNotTakenForDone) {
   EXPECT_FALSE(DirectoryExists(step4)) << "the step given up is still there";
 }
 
+// A RollBack to the version a shard is at, where no committed checkpoint of
+// that step is (a caller's mistake: trainers pick a step every shard holds),
+// is refused and drops nothing: the next step's pushes stay, and so does the
+// shard's incarnation. A negative step is refused as such.
+TEST(RollbackJournalTest, ARollbackToAStepWithoutACheckpointChangesNothing) {
+  const std::string checkpoints = MakeTempDir("rollback_nowhere");
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--checkpoint_dir=" + checkpoints, "--checkpoint_every=2"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::vector<std::string> addresses = {(*server)->address()};
+  auto stub = NewStub((*server)->address());
+  ModelSpec spec;
+  spec.model_id = "nowhere";
+  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Sgd(0.5);
+  spec.num_trainers = 2;
+  TrainerClientOptions options1;
+  options1.trainer_rank = 1;
+  std::unique_ptr<TrainerClient> t0 =
+      TrainerClient::Connect(addresses, TrainerClientOptions()).value();
+  std::unique_ptr<TrainerClient> t1 = TrainerClient::Connect(addresses, options1).value();
+  std::vector<float> params(kElements, 0.25f), other(kElements);
+  ASSERT_TRUE(t0->Register(spec, params).ok());
+  ASSERT_TRUE(t1->Attach(spec).ok());
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_NO_FATAL_FAILURE(BothStep(*t0, *t1, step, 0.125f, 0.125f, &params, &other));
+  }
+  ASSERT_TRUE(t0->Push(4, std::vector<float>(kElements, 0.125f)).ok());
+  v1::InspectResponse before;
+  ASSERT_TRUE(RawInspect(*stub, "nowhere", &before).ok());
+  ASSERT_EQ(before.version(), 3);
+  ASSERT_EQ(before.trainers_pushed_size(), 1);
+  const auto roll_back = [&](int64_t to_step) {
+    v1::RollBackRequest rollback;
+    rollback.set_model_id("nowhere");
+    rollback.set_to_step(to_step);
+    rollback.set_expected_incarnation(before.incarnation());
+    rollback.set_reason("the test");
+    v1::RollBackResponse rolled;
+    grpc::ClientContext context;
+    return stub->RollBack(&context, rollback, &rolled);
+  };
+  const grpc::Status nowhere = roll_back(3);
+  EXPECT_EQ(nowhere.error_code(), grpc::NOT_FOUND) << nowhere.error_message();
+  EXPECT_EQ(roll_back(-1).error_code(), grpc::INVALID_ARGUMENT);
+  v1::InspectResponse after;
+  ASSERT_TRUE(RawInspect(*stub, "nowhere", &after).ok());
+  EXPECT_EQ(after.trainers_pushed_size(), 1) << "trainer 0's push of step 4 was dropped";
+  EXPECT_EQ(after.incarnation(), before.incarnation());
+  // Step 4 completes with the push the shard kept.
+  const absl::StatusOr<StepResult> last =
+      t1->Step(4, std::vector<float>(kElements, 0.125f), absl::MakeSpan(other));
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->version, 4);
+}
+
 // The operator takes the job back to an older checkpoint by naming it
 // (--restore_from=ROOT/m/step-N, as a state dict's message says) while
 // --checkpoint_dir=ROOT holds the later steps: those are set aside, so that
