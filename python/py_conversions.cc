@@ -104,6 +104,11 @@ OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw)
       // torch.optim.Adafactor's eps=(eps1, eps2), eps1 None: machine epsilon.
       auto eps = kw["eps"].cast<std::pair<py::object, double>>();
       c.eps1 = eps.first.is_none() ? -1.0 : eps.first.cast<double>();
+      // (A negative number would read as None here: refused, as torch does.)
+      if (!eps.first.is_none() && !(c.eps1 >= 0.0)) {
+        throw py::value_error(
+            absl::StrCat("INVALID_ARGUMENT: epsilon1 should be >= 0 but is: ", c.eps1));
+      }
       c.eps2 = eps.second;
     }
     c.clip_threshold = get("d", 1.0);

@@ -142,6 +142,9 @@ class BadUseTest(unittest.TestCase):
             self.optimizer(tiny_model(), "x", momentum=0.9)
         with self.assertRaises(shardopt.InvalidArgumentError):
             self.optimizer(tiny_model(), "x", lr=-1.0)
+        # As torch.optim.Adafactor (a negative eps1 is not its None).
+        with self.assertRaisesRegex(ValueError, "epsilon1 should be >= 0 but is: -0.001"):
+            self.optimizer(tiny_model(), "x", optimizer="adafactor", lr=0.01, eps=(-1e-3, 1e-3))
         # As torch 1.13's torch.optim.SGD: no default learning rate.
         with self.assertRaisesRegex(ValueError, "required optimization parameter lr"):
             shardopt.torch.DistributedOptimizer(tiny_model().parameters(), servers=self.servers,
