@@ -1,10 +1,23 @@
 #include "common/checkpoint_catalog.h"
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/names.h"
 
 namespace shardopt {
+
+absl::Status CheckModelIdFitsCheckpointRoot(absl::string_view model_id) {
+  if (absl::StartsWith(model_id, "step-") || absl::StartsWith(model_id, "shard-") ||
+      model_id == kCheckpointManifestFile) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_id ", Quoted(model_id),
+        " would read as a checkpoint's own entry in a checkpoint root (a 'step-' directory, a "
+        "'shard-' part or the manifest): choose another"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<CommittedCheckpoint>> ListCommittedCheckpoints(
     const std::string& model_root, FileEnv* env) {

@@ -30,6 +30,12 @@ namespace shardopt {
 // A step directory holding a manifest.
 using CommittedCheckpoint = StepDirectory;
 
+// INVALID_ARGUMENT for a model id whose directory under a checkpoint root
+// would read as a checkpoint's own entry (a "step-" directory, a "shard-"
+// part, the manifest): --restore_from of the root would take the root for
+// one model's or one checkpoint's directory.
+absl::Status CheckModelIdFitsCheckpointRoot(absl::string_view model_id);
+
 // The step directories of `model_root` that hold a manifest, newest first
 // (an absent root has none).
 absl::StatusOr<std::vector<CommittedCheckpoint>> ListCommittedCheckpoints(

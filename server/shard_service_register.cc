@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint_catalog.h"
 #include "common/logging.h"
 #include "common/names.h"
 #include "common/proto_convert.h"
@@ -109,6 +110,9 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   v1::ModelConfig config = header.config();
   // Before any message names it.
   if (absl::Status s = CheckId("model_id", config.model_id()); !s.ok()) return Error(s);
+  if (absl::Status s = CheckModelIdFitsCheckpointRoot(config.model_id()); !s.ok()) {
+    return Error(s);
+  }
   if (!header.run_id().empty()) {
     if (absl::Status s = CheckId("run_id", header.run_id()); !s.ok()) return Error(s);
   }

@@ -512,7 +512,18 @@ absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
     // A checkpoint directory some shard never finished: refuse, never load in part.
     return CheckpointReader::Open(path, env).status();
   }
-  if (has_steps) return RestoreNewestOf(path);  // One model's periodic checkpoints.
+  if (has_steps) {  // One model's periodic checkpoints.
+    absl::StatusOr<std::vector<CommittedCheckpoint>> committed =
+        ListCommittedCheckpoints(path, env);
+    if (!committed.ok()) return committed.status();
+    if (committed->empty()) {
+      // Every shard died while writing the first one: as for an empty root
+      // (and as the root form does for such a model), a fresh start.
+      LogInfo("%s: no committed checkpoint; nothing to restore", path);
+      return absl::OkStatus();
+    }
+    return RestoreNewestOf(path);
+  }
   for (const std::string& dir : model_dirs) {  // Sorted: ListDirectory sorts.
     absl::Status s = RestoreNewestOf(dir);
     if (absl::IsNotFound(s)) {

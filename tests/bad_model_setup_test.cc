@@ -57,6 +57,13 @@ TEST_F(BadInputTest, RegistrationIsIdempotentAndRefusesADifferentModel) {
                  grpc::INVALID_ARGUMENT, "initial value 5", before);
   ExpectRejected(Register(fresh, false, {{0, Bytes(other, 0, other.size())}}, nullptr, 0),
                  grpc::FAILED_PRECONDITION, "meant for shard 0", before);
+  // Names a checkpoint root's listing would take for a checkpoint's own.
+  for (const char* id : {"step-00000004", "shard-a", "manifest.json"}) {
+    v1::ModelConfig entry = fresh;
+    entry.set_model_id(id);
+    ExpectRejected(Register(entry, false, {{0, Bytes(other, 0, other.size())}}),
+                   grpc::INVALID_ARGUMENT, "would read as a checkpoint's own entry", before);
+  }
   v1::ModelConfig bad = fresh;
   bad.set_shard_count(3);
   ExpectRejected(Register(bad, false, {}), grpc::FAILED_PRECONDITION, "split into 3 shards",

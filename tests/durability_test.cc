@@ -89,6 +89,23 @@ TEST(DurabilityTest, CheckpointRestoresOnAnyShardCount) {
   }
 }
 
+// A model's directory of periodic checkpoints whose only step directory
+// never committed (every shard died while writing the registration's
+// checkpoint) is a fresh start, as the root form takes it, not a server that
+// refuses to start at every restart.
+TEST(DurabilityTest, AModelDirectoryWithoutACommittedCheckpointIsAFreshStart) {
+  const std::string root = MakeTempDir("torn_first");
+  const std::string step0 = root + "/m/step-00000000";
+  ASSERT_EQ(RunShell("mkdir -p " + step0 + " && : > " + step0 + "/shard-00000-of-00001.bin").first,
+            0);
+  for (const std::string& from : {root + "/m", root}) {
+    auto server = ServerProcess::Start(
+        0, 1,
+        {"--checkpoint_dir=" + root, "--checkpoint_every=2", "--restore_from=" + from});
+    ASSERT_TRUE(server.ok()) << from << ": " << server.status();
+  }
+}
+
 // The partition is part of the checkpoint, and a restore may change it
 // (--restore_partition) along with the shard count: AdamW trained flat on 3
 // shards goes on as whole tensors on 2 and flat again on 5; LAMB (whole
