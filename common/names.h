@@ -24,6 +24,8 @@ inline constexpr size_t kMaxTensorNameBytes = 256;
 inline constexpr size_t kMaxPathBytes = 1024;
 // Most bytes of a request's string that an error message repeats.
 inline constexpr size_t kMaxQuotedBytes = 64;
+// The label a trainer gives itself when it opens a device pair (logs, errors).
+inline constexpr size_t kMaxPeerLabelBytes = 256;
 
 // 'text' for an error message or a log line: at most kMaxQuotedBytes of it,
 // then "...' (N bytes)"; bytes outside printable ASCII as \xNN.

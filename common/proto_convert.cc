@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 
 namespace shardopt {
 
@@ -94,7 +95,7 @@ absl::StatusOr<ModelLayout> LayoutFromProto(const v1::Layout& proto, uint32_t sh
     absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
     if (!dtype.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", t.name(), "': ", dtype.status().message()));
+          absl::StrCat("tensor ", Quoted(t.name()), ": ", dtype.status().message()));
     }
     specs.push_back(TensorSpec{t.name(), {t.shape().begin(), t.shape().end()}, *dtype});
   }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/names.h"
 #include "common/shared_memory.h"
 
 namespace shardopt {
@@ -105,7 +106,7 @@ absl::StatusOr<DevicePairHost::Lease> DevicePairHost::Acquire(absl::string_view 
   auto it = pairs_.find(pair);
   if (it == pairs_.end()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("device pair ", pair, " ", kDevicePairNotOpen));
+        absl::StrCat("device pair ", Quoted(pair), " ", kDevicePairNotOpen));
   }
   std::shared_ptr<Entry> entry = it->second;
   // A pair still joining, or whose last transfer's call has not let go of
@@ -121,7 +122,7 @@ absl::StatusOr<DevicePairHost::Lease> DevicePairHost::Acquire(absl::string_view 
   }
   if (entry->state != Entry::State::kIdle) {
     return absl::FailedPreconditionError(
-        absl::StrCat("device pair ", pair, " ", kDevicePairNotOpen));
+        absl::StrCat("device pair ", Quoted(pair), " ", kDevicePairNotOpen));
   }
   entry->state = Entry::State::kBusy;
   return Lease(this, std::move(entry));

@@ -9,6 +9,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/names.h"
 #include "server/service_replies.h"
 #include "server/shard_service.h"
 
@@ -42,7 +43,12 @@ grpc::Status ShardServiceImpl::OpenDevicePair(grpc::ServerContext* context,
   if (request->kind() != (*host)->kind().name()) {
     return Error(
         absl::FailedPreconditionError(absl::StrCat("this shard opens ", (*host)->kind().name(),
-                                                   " device pairs, not '", request->kind(), "'")));
+                                                   " device pairs, not ", Quoted(request->kind()))));
+  }
+  // (A label for logs and errors.)
+  if (request->peer().size() > kMaxPeerLabelBytes) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "peer ", Quoted(request->peer()), " is longer than ", kMaxPeerLabelBytes, " bytes")));
   }
   absl::StatusOr<DevicePairHost::Opened> opened =
       (*host)->Open(request->peer().empty() ? context->peer() : request->peer());

@@ -224,6 +224,14 @@ TEST_F(BadInputTest, HostileRequestsGetClearBoundedStatusesAndChangeNothing) {
   EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message().substr(0, 200);
   EXPECT_LT(s.error_message().size(), 300u);
   EXPECT_NE(s.error_message().find("(1048576 bytes)"), std::string::npos);
+  // A long tensor name with an unknown dtype (the dtype is looked at first).
+  v1::ModelConfig long_name = config_;
+  long_name.set_model_id("long_name");
+  long_name.mutable_layout()->mutable_tensors(0)->set_name(std::string(1 << 20, 't'));
+  long_name.mutable_layout()->mutable_tensors(0)->set_dtype(static_cast<v1::DType>(99));
+  s = Register(long_name, false, {});
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message().substr(0, 200);
+  EXPECT_LT(s.error_message().size(), 300u);
   {
     grpc::ClientContext context;
     v1::InspectRequest request;

@@ -197,6 +197,31 @@ TEST_F(DevicePairBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
   grpc::ClientContext context;
   const grpc::Status wrong_kind = stub_->OpenDevicePair(&context, request, &response);
   EXPECT_EQ(wrong_kind.error_code(), grpc::FAILED_PRECONDITION) << wrong_kind.error_message();
+  // Long strings are refused or quoted in part, never echoed whole (they
+  // would not fit the reply's metadata).
+  {
+    v1::OpenDevicePairRequest long_kind;
+    long_kind.set_kind(std::string(1 << 20, 'k'));
+    grpc::ClientContext c;
+    const grpc::Status s = stub_->OpenDevicePair(&c, long_kind, &response);
+    EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION) << s.error_message().substr(0, 200);
+    EXPECT_LT(s.error_message().size(), 300u);
+  }
+  {
+    v1::OpenDevicePairRequest long_peer;
+    long_peer.set_kind("loopback");
+    long_peer.set_peer(std::string(1 << 20, 'p'));
+    grpc::ClientContext c;
+    const grpc::Status s = stub_->OpenDevicePair(&c, long_peer, &response);
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message().substr(0, 200);
+    EXPECT_LT(s.error_message().size(), 300u);
+  }
+  {
+    Pair unopened{std::string(1 << 20, 'n'), nullptr};
+    const grpc::Status s = PairPush(PairHeader(0, 1, unopened, 99), pair, good);
+    EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION) << s.error_message().substr(0, 200);
+    EXPECT_LT(s.error_message().size(), 300u);
+  }
 
   // The same pair still carries good transfers, with the stream's bits.
   for (uint32_t rank = 0; rank < kTrainers; ++rank) {
