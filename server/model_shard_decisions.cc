@@ -124,6 +124,16 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision, bool
         " must carry every tensor's norms (ask GetStepStats with its clip half for the shards' "
         "trust partials, then combine them)"));
   }
+  if (trust) {
+    // Before the clip half is taken (the first one counts): a malformed
+    // decision changes nothing.
+    if (absl::Status s =
+            CheckTensorNorms(decision.tensor_norms, options_.layout.tensors().size(), /*own=*/{});
+        !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", step, " on shard ", options_.shard_index, ": ", s.message()));
+    }
+  }
   if (!options_.needs_trust_norms() && !decision.tensor_norms.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("model '", options_.model_id,
                                                    "' gathers no trust norms: the decision of "

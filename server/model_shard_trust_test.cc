@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/layout.h"
 #include "common/step_protocol.h"
 #include "gtest/gtest.h"
@@ -110,6 +111,15 @@ TEST(ModelShardTrustTest, ShardsGatherNormsAndEndOnTheWholeTensorBits) {
       const absl::Status refused = shards[0]->Decide(step, decision, true, Soon());
       EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
       EXPECT_EQ(shards[0]->version(), 0);
+      // Norms of too few tensors, under another clip: refused before that
+      // clip is taken (the one below, asked for the partials, still is).
+      StepDecision short_norms = decision;
+      short_norms.grad_norm = decision.grad_norm * 2;
+      short_norms.clip_coef = ClipCoefficient(kMaxGradNorm, short_norms.grad_norm);
+      short_norms.tensor_norms.resize(1);
+      const absl::Status counted = shards[0]->Decide(step, short_norms, true, Soon());
+      EXPECT_EQ(counted.code(), absl::StatusCode::kInvalidArgument) << counted;
+      EXPECT_TRUE(absl::StrContains(counted.message(), "tensor norms for 1 tensors")) << counted;
     }
     std::vector<StepStats> partials;
     for (uint32_t s = 0; s < kShards; ++s) {
