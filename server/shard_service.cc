@@ -263,13 +263,19 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
     }
   }
   while (!header.has_shared_memory() && !link && !device_pair && reader->Read(&request)) {
-    watch.Touch();
     if (!request.has_chunk()) {
       return Error(absl::InvalidArgumentError(
           request.has_header() ? "PushGradients sent a second header"
                                : "PushGradients sent a message without a chunk"));
     }
     const v1::TensorChunk& chunk = request.chunk();
+    // (Empty ones would keep a stalled stream, and the slot it holds, alive
+    // past the idle watchdog.)
+    if (chunk.data().empty()) {
+      return Error(absl::InvalidArgumentError(
+          absl::StrCat("PushGradients sent an empty chunk at element ", chunk.offset())));
+    }
+    watch.Touch();
     if (absl::Status s = writer.Write(chunk.offset(), chunk.data().data(), chunk.data().size());
         !s.ok()) {
       return Error(s);

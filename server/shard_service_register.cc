@@ -166,7 +166,6 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   std::vector<float> values(size);
   uint64_t received = 0;
   while (reader->Read(&request)) {
-    watch.Touch();
     if (!request.has_values()) {
       return Error(absl::InvalidArgumentError(request.has_header()
                                                   ? "RegisterModel sent a second header"
@@ -174,6 +173,13 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
     }
     const v1::TensorChunk& chunk = request.values();
     const std::string& data = chunk.data();
+    // (Empty ones would keep a stalled stream, and the state budget it
+    // reserved, alive past the idle watchdog.)
+    if (data.empty()) {
+      return Error(absl::InvalidArgumentError(
+          absl::StrCat("RegisterModel sent an empty chunk at element ", chunk.offset())));
+    }
+    watch.Touch();
     if (data.size() % sizeof(float) != 0 || chunk.offset() != received ||
         data.size() / sizeof(float) > size - received) {
       return Error(absl::InvalidArgumentError(absl::StrCat(

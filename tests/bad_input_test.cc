@@ -82,6 +82,10 @@ TEST_F(BadInputTest, MalformedPushesAreRejectedAndChangeNothing) {
   overlap.insert(overlap.begin() + 1, good[0]);
   ExpectRejected(Push(&h, overlap), grpc::INVALID_ARGUMENT, "without gaps or overlaps", before);
 
+  std::vector<Chunk> empty = good;
+  empty.insert(empty.begin() + 1, Chunk{good[1].offset, ""});
+  ExpectRejected(Push(&h, empty), grpc::INVALID_ARGUMENT, "empty chunk at element", before);
+
   std::vector<Chunk> ragged = good;
   ragged[0].data.pop_back();
   ExpectRejected(Push(&h, ragged), grpc::INVALID_ARGUMENT, "whole number of float32", before);

@@ -51,6 +51,8 @@ TEST_F(BadInputTest, RegistrationIsIdempotentAndRefusesADifferentModel) {
                  before);
   ExpectRejected(Register(fresh, false, {{0, Bytes(other, 0, 10)}}), grpc::INVALID_ARGUMENT,
                  "initial values of the range", before);
+  ExpectRejected(Register(fresh, false, {{0, ""}, {0, Bytes(other, 0, other.size())}}),
+                 grpc::INVALID_ARGUMENT, "empty chunk at element 0", before);
   std::vector<float> nan_values = other;
   nan_values[5] = std::nan("");
   ExpectRejected(Register(fresh, false, {{0, Bytes(nan_values, 0, nan_values.size())}}),
