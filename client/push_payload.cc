@@ -11,7 +11,7 @@ namespace shardopt {
 absl::Status PreparePushPayload(const ModelLayout& layout, int64_t step,
                                 absl::Span<const float> flat_grads, DType wire_dtype,
                                 bool loss_scaling, std::vector<char>* narrowed,
-                                const void** payload) {
+                                const void** payload, bool* overflowed) {
   // 16-bit wire types are rounded once here (as PyTorch's .to() would) and
   // checked after rounding, which also finds the NaNs and infinities of the
   // fp32 input, and finite values that overflow fp16.
@@ -24,6 +24,7 @@ absl::Status PreparePushPayload(const ModelLayout& layout, int64_t step,
     bad = ConvertFromFloatAndFindNonFinite(flat_grads.data(), flat_grads.size(), wire_dtype,
                                            narrowed->data());
     *payload = narrowed->data();
+    if (overflowed != nullptr) *overflowed = bad != flat_grads.size();
   }
   if (!loss_scaling && bad != flat_grads.size()) {
     const bool overflow = std::isfinite(flat_grads[bad]);

@@ -18,11 +18,13 @@ namespace shardopt {
 // points `payload` at what is to be sent. INVALID_ARGUMENT naming the element
 // for a NaN/inf (unless `loss_scaling`, where an overflow is expected and
 // every shard skips the step), a finite value that overflows a 16-bit type,
-// or padding that is not zero; nothing is sent then.
+// or padding that is not zero; nothing is sent then. With `loss_scaling`
+// and a 16-bit wire type, `overflowed` (when given) says whether some
+// element is not finite after rounding.
 absl::Status PreparePushPayload(const ModelLayout& layout, int64_t step,
                                 absl::Span<const float> flat_grads, DType wire_dtype,
                                 bool loss_scaling, std::vector<char>* narrowed,
-                                const void** payload);
+                                const void** payload, bool* overflowed = nullptr);
 
 }  // namespace shardopt
 

@@ -346,8 +346,8 @@ class TrainerClient {
                           DType wire_dtype) const;
   // ---- Asynchronous modes (trainer_client_async.cc).
   // The trainer's own gradient control (ModelConfig.consistency: clip by its
-  // own norm, unscale, skip an overflow and back its scaler off), then the
-  // push.
+  // own norm, skip an overflow, of the wire type too, and back its scaler
+  // off), then the push, still loss-scaled (the shards unscale it).
   absl::StatusOr<StepResult> AsyncPush(int64_t step, absl::Span<const float> flat_grads);
   absl::StatusOr<StepResult> AsyncStep(int64_t step, absl::Span<const float> flat_grads,
                                        absl::Span<float> flat_params);

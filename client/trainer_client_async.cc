@@ -74,12 +74,15 @@ absl::StatusOr<StepResult> TrainerClient::AsyncPush(int64_t step,
     const StepStats own = OwnGradientStats(step, flat_grads, scale);
     decision = DecideStep(absl::MakeConstSpan(&own, 1), spec_->max_grad_norm);
   }
-  const bool skip = decision.skip && scaler_.has_value();
+  bool skip = decision.skip && scaler_.has_value();
   std::vector<float> multiplied;
   absl::Span<const float> grads = flat_grads;
-  if (controlled && !skip) {
-    // Unscaled and clipped in one fp32 multiply (exact for the scale alone).
-    const float multiplier = GradientMultiplier(decision, scale);
+  // Clipped here. A loss-scaled gradient goes on the wire still scaled, as
+  // in synchronous mode, and the shards unscale it (exactly: a power of
+  // two), so that a 16-bit wire type keeps the small values the scale is
+  // there for. (The same bits as one multiply by clip / scale here.)
+  const float multiplier = controlled ? static_cast<float>(decision.clip_coef) : 1.0f;
+  if (!skip && multiplier != 1.0f) {
     multiplied.resize(flat_grads.size());
     for (size_t i = 0; i < flat_grads.size(); ++i) multiplied[i] = flat_grads[i] * multiplier;
     grads = multiplied;
@@ -87,13 +90,24 @@ absl::StatusOr<StepResult> TrainerClient::AsyncPush(int64_t step,
   std::vector<char> narrowed;
   const void* payload = nullptr;
   if (!skip) {
-    if (absl::Status s = PreparePushPayload(*layout_, step, grads, options_.push_dtype,
-                                            /*loss_scaling=*/false, &narrowed, &payload);
+    bool overflowed = false;
+    if (absl::Status s =
+            PreparePushPayload(*layout_, step, grads, options_.push_dtype,
+                               /*loss_scaling=*/scaler_.has_value(), &narrowed, &payload,
+                               &overflowed);
         !s.ok()) {
       return s;
     }
+    // The scaled gradient overflows the wire type: this trainer's overflow,
+    // skipped as a GradScaler skips inf in 16-bit gradients.
+    if (overflowed) {
+      skip = true;
+      decision.skip = true;
+      payload = nullptr;
+    }
   }
-  absl::StatusOr<StepResult> result = PushPayload(step, payload, /*loss_scale=*/1.0, skip);
+  absl::StatusOr<StepResult> result =
+      PushPayload(step, payload, scaler_.has_value() ? scale : 1.0, skip);
   if (!result.ok()) return result;
   // What went out decides (a restarted trainer re-sends its journaled push,
   // which may be the other kind than this recomputed one). Once per step,

@@ -127,9 +127,9 @@ void CpuBackend::UpdateParts(int64_t step, const float* gradient,
   });
 }
 
-void CpuBackend::MultiplyGradient(float multiplier) {
+void CpuBackend::MultiplyGradient(float multiplier, uint32_t rank) {
   if (multiplier == 1.0f) return;
-  float* const g = staging_[0].data();
+  float* const g = staging_[rank].data();
   pool_->ParallelFor(params_.size(), kGrainElements, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) g[i] *= multiplier;
   });
@@ -202,7 +202,7 @@ absl::Status CpuBackend::ApplyRange(int64_t step, bool mean, const OptimizerConf
 }
 
 absl::Status CpuBackend::ApplyOneRange(uint32_t rank, int64_t step, const OptimizerConfig& config,
-                                       uint64_t first, uint64_t last) {
+                                       float multiplier, uint64_t first, uint64_t last) {
   if (rank >= staging_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("no staging for trainer ", rank));
   }
@@ -211,6 +211,7 @@ absl::Status CpuBackend::ApplyOneRange(uint32_t rank, int64_t step, const Optimi
   float* const gradient = staging_[rank].data();
   if (optimizer_->needs_whole_tensors()) {
     if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
+    MultiplyGradient(multiplier, rank);
     return UpdateWholeTensors(step, gradient);
   }
   float* const params = params_.data();
@@ -218,7 +219,11 @@ absl::Status CpuBackend::ApplyOneRange(uint32_t rank, int64_t step, const Optimi
     begin += first;
     end += first;
     for (size_t block = begin; block < end; block += kBlockElements) {
-      optimizer_->Update(step, params, gradient, block, std::min(end, block + kBlockElements));
+      const size_t block_end = std::min(end, block + kBlockElements);
+      if (multiplier != 1.0f) {
+        for (size_t i = block; i < block_end; ++i) gradient[i] *= multiplier;
+      }
+      optimizer_->Update(step, params, gradient, block, block_end);
     }
   });
   return absl::OkStatus();

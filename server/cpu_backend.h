@@ -53,7 +53,7 @@ class CpuBackend final : public UpdateBackend {
                           uint64_t end) override;
   absl::Status ReduceRange(bool mean, uint64_t begin, uint64_t end) override;
   absl::Status ApplyOneRange(uint32_t rank, int64_t step, const OptimizerConfig& config,
-                             uint64_t begin, uint64_t end) override;
+                             float multiplier, uint64_t begin, uint64_t end) override;
   absl::Status SumOfSquaresBlocks(float scale, uint64_t begin, uint64_t end,
                                   double* block_sums) override;
   absl::Status UpdateRange(int64_t step, const OptimizerConfig& config, float multiplier,
@@ -95,7 +95,7 @@ class CpuBackend final : public UpdateBackend {
   std::vector<TrustPartial> MeasureParts(int64_t step, const float* gradient, float multiplier);
   void UpdateParts(int64_t step, const float* gradient, absl::Span<const TensorNorms> norms);
   // Multiplies the reduced gradient in place (the fp32 product the kernels read).
-  void MultiplyGradient(float multiplier);
+  void MultiplyGradient(float multiplier, uint32_t rank = 0);
 
   // LAMB's work split: block-aligned parts of each piece, of at most
   // kTrustPartElements, handed to threads.

@@ -165,8 +165,8 @@ TEST(CpuBackendTest, ApplyOneRangeIsASequentialStepPerPush) {
     ++step;
     // In two ranges, the second first: each element sees the same update.
     const uint64_t cut = UpdateBackend::kNormBlockElements + 5;
-    ASSERT_TRUE(backend->ApplyOneRange(rank, step, adamw, cut, kSize).ok());
-    ASSERT_TRUE(backend->ApplyOneRange(rank, step, adamw, 0, cut).ok());
+    ASSERT_TRUE(backend->ApplyOneRange(rank, step, adamw, 1.0f, cut, kSize).ok());
+    ASSERT_TRUE(backend->ApplyOneRange(rank, step, adamw, 1.0f, 0, cut).ok());
     std::vector<float> g_copy = g;
     reference->Update(step, expected.data(), g_copy.data(), 0, kSize);
   }
@@ -174,9 +174,9 @@ TEST(CpuBackendTest, ApplyOneRangeIsASequentialStepPerPush) {
   ASSERT_TRUE(backend->Read(0, kSize, got.data()).ok());
   EXPECT_EQ(std::memcmp(got.data(), expected.data(), kSize * sizeof(float)), 0);
   EXPECT_NE(std::memcmp(got.data(), init.data(), kSize * sizeof(float)), 0);
-  EXPECT_EQ(backend->ApplyOneRange(2, 4, adamw, 0, kSize).code(),
+  EXPECT_EQ(backend->ApplyOneRange(2, 4, adamw, 1.0f, 0, kSize).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(backend->ApplyOneRange(0, 4, adamw, 0, kSize + 1).code(),
+  EXPECT_EQ(backend->ApplyOneRange(0, 4, adamw, 1.0f, 0, kSize + 1).code(),
             absl::StatusCode::kOutOfRange);
 }
 

@@ -122,6 +122,7 @@ ModelShard::ModelShard(ModelShardOptions options, std::unique_ptr<UpdateBackend>
     async_.emplace(AsyncOptions{options_.num_trainers, options_.staleness});
     async_push_times_.resize(options_.num_trainers);
     async_skip_.resize(options_.num_trainers, false);
+    async_loss_scale_.resize(options_.num_trainers, 1.0);
   }
   if (options_.step_timeline) {
     timeline_ = std::make_unique<StepTimeline>(
@@ -386,7 +387,7 @@ absl::StatusOr<PushResult> ModelShard::PushWriter::Commit(absl::Time deadline,
                                                           const std::function<bool()>& cancelled) {
   if (skip_) {
     finished_ = true;
-    return shard_->CommitAsyncPush(rank_, step_, /*skip=*/true, deadline, cancelled);
+    return shard_->CommitAsyncPush(rank_, step_, /*skip=*/true, loss_scale_, deadline, cancelled);
   }
   if (received_ != shard_->range_.size()) {
     return absl::InvalidArgumentError(
@@ -395,7 +396,8 @@ absl::StatusOr<PushResult> ModelShard::PushWriter::Commit(absl::Time deadline,
   if (absl::Status s = shard_->backend_->FinishStaging(rank_); !s.ok()) return s;
   if (shard_->asynchronous()) {
     finished_ = true;  // (A push the commit withdraws leaves its slot empty itself.)
-    return shard_->CommitAsyncPush(rank_, step_, /*skip=*/false, deadline, cancelled);
+    return shard_->CommitAsyncPush(rank_, step_, /*skip=*/false, loss_scale_, deadline,
+                                   cancelled);
   }
   if (defer_ && consumed_ < received_) {
     shard_->RecordDelivered(rank_, step_, received_, first_inf_);

@@ -310,7 +310,7 @@ class ModelShard {
   // is withdrawn (DEADLINE_EXCEEDED saying what it waited for, CANCELLED,
   // UNAVAILABLE).
   absl::StatusOr<PushResult> CommitAsyncPush(uint32_t rank, int64_t step, bool skip,
-                                             absl::Time deadline,
+                                             double loss_scale, absl::Time deadline,
                                              const std::function<bool()>& cancelled);
   // A push may be applied now (none is, no pull pins the parameters).
   bool AsyncWorkReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -440,6 +440,8 @@ class ModelShard {
   // Per trainer: its queued push is a skipped step. And the skipped steps
   // applied so far (the optimizer's step count is the version less them).
   std::vector<bool> async_skip_ ABSL_GUARDED_BY(mu_);
+  // Per trainer: the loss scale its queued push was made with (unscaled here).
+  std::vector<double> async_loss_scale_ ABSL_GUARDED_BY(mu_);
   int64_t async_skipped_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Guards the backend's parameters and optimizer state in two levels, so

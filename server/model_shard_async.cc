@@ -35,12 +35,10 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginAsyncPush(
     uint32_t trainer_rank, int64_t step, DType dtype, double loss_scale,
     const std::vector<StepState::CarriedChange>& changes, bool skip) {
   if (!changes.empty()) return NotInAsyncMode("hyperparameter changes are");
-  if (loss_scale != 1.0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "loss scale ", loss_scale, ": model '", options_.model_id, "' is ",
-        ConsistencyName(options_.consistency),
-        ", where each trainer unscales its own gradient (and skips an overflowing step)"));
-  }
+  // (A loss scale was checked against the model by BeginPush: each trainer
+  // decides its own steps, skips an overflow itself, and pushes its
+  // gradient still scaled, as a synchronous one does, for this shard to
+  // unscale: a 16-bit wire type keeps small gradients that way.)
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the shard server is shutting down");
   absl::StatusOr<AsyncAdmission> admitted = async_->BeginPush(trainer_rank, step);
@@ -68,6 +66,8 @@ void ModelShard::RunOneAsyncApply() {
   OptimizerConfig config = options_.optimizer;
   config.lr = options_.lr_schedule.LearningRate(options_.optimizer.lr, claim->step);
   const bool skip = async_skip_[claim->rank];
+  // (Exact: loss scales are powers of two.)
+  const float unscale = static_cast<float>(1.0 / async_loss_scale_[claim->rank]);
   // Adam's bias correction counts this shard's updates (skips excluded).
   const int64_t optimizer_step = claim->version - async_skipped_;
   mu_.Unlock();
@@ -77,7 +77,8 @@ void ModelShard::RunOneAsyncApply() {
     const RangeLocks ranges(*this, 0, range_count_, /*exclusive=*/true);
     // (A skipped step changes nothing but the version the parameters are at.)
     if (!skip) {
-      applied = backend_->ApplyOneRange(claim->rank, optimizer_step, config, 0, range_.size());
+      applied =
+          backend_->ApplyOneRange(claim->rank, optimizer_step, config, unscale, 0, range_.size());
     }
     if (applied.ok()) {
       std::fill(range_versions_.begin(), range_versions_.end(), claim->version);
@@ -122,11 +123,12 @@ absl::Status ModelShard::AwaitAsync(const std::function<bool()>& ready, absl::Ti
 }
 
 absl::StatusOr<PushResult> ModelShard::CommitAsyncPush(uint32_t rank, int64_t step, bool skip,
-                                                       absl::Time deadline,
+                                                       double loss_scale, absl::Time deadline,
                                                        const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = async_->CommitPush(rank, step); !s.ok()) return s;
   async_skip_[rank] = skip;
+  async_loss_scale_[rank] = loss_scale;
   absl::Status waited =
       AwaitAsync([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return async_->IsApplied(rank, step); },
                  deadline, cancelled);

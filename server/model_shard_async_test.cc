@@ -420,8 +420,9 @@ TEST(ModelShardAsyncTest, PinnedPullsReadWholeVersions) {
 }
 
 // A trainer's skipped step (its own overflow under loss scaling): applied as
-// a no-op in its place, the optimizer's step count without it; scaled or
-// non-finite pushes are refused (each trainer unscales its own).
+// a no-op in its place, the optimizer's step count without it; a scaled push
+// is unscaled here (the trainer pushes its gradient still scaled, as in
+// synchronous mode), a non-finite one refused (each trainer skips its own).
 TEST(ModelShardAsyncTest, ASkippedStepChangesNothingButTheRecord) {
   ThreadPool pool(1);
   const OptimizerConfig adam = OptimizerConfig::Adam(0.01);
@@ -456,14 +457,32 @@ TEST(ModelShardAsyncTest, ASkippedStepChangesNothingButTheRecord) {
   reference->Update(2, params.data(), testing::RandomGradient(1, 2, n).data(), 0, n);
   const std::vector<float> got = ReadNewest(*shard);
   EXPECT_EQ(std::memcmp(got.data(), params.data(), n * sizeof(float)), 0);
-  // Scaled pushes and inf are the trainer's to handle.
-  EXPECT_EQ(shard->BeginPush(0, 2, n, DType::kFloat32, 4.0).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  std::vector<float> inf = testing::RandomGradient(0, 2, n);
+  // Trainer 0's step 2, its gradient times 4 with scale 4: applied as the
+  // gradient itself (the optimizer's step 3).
+  const std::vector<float> g2 = testing::RandomGradient(0, 2, n);
+  std::vector<float> scaled = g2;
+  for (float& v : scaled) v *= 4.0f;
+  absl::StatusOr<ModelShard::PushStart> scaled_push =
+      shard->BeginPush(0, 2, n, DType::kFloat32, 4.0, {}, false, false);
+  ASSERT_TRUE(scaled_push.ok() && scaled_push->writer) << scaled_push.status();
+  ASSERT_TRUE(scaled_push->writer->Write(0, scaled.data(), n * sizeof(float)).ok());
+  ASSERT_TRUE(scaled_push->writer->Commit().ok());
+  reference->Update(3, params.data(), g2.data(), 0, n);
+  const std::vector<float> unscaled = ReadNewest(*shard);
+  EXPECT_EQ(std::memcmp(unscaled.data(), params.data(), n * sizeof(float)), 0);
+  // Inf is the trainer's to handle (it skips the step).
+  std::vector<float> inf = testing::RandomGradient(0, 3, n);
   inf[7] = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(PushInChunks(*shard, 0, 2, inf, 999).status().code(),
+  EXPECT_EQ(PushInChunks(*shard, 0, 3, inf, 999).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(shard->version(), 3);
+  EXPECT_EQ(shard->version(), 4);
+  // A model without loss scaling takes no scale.
+  ModelShardOptions unscaled_options = options;
+  unscaled_options.loss_scaling = false;
+  std::unique_ptr<ModelShard> plain =
+      ModelShard::Create(unscaled_options, DyadicStart(options.layout), &pool).value();
+  EXPECT_EQ(plain->BeginPush(0, 1, n, DType::kFloat32, 4.0).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // A synchronous shard refuses a trainer's skip.
   std::unique_ptr<ModelShard> sync = testing::MakeShard(&pool, 2);
   EXPECT_EQ(

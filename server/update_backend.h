@@ -152,12 +152,13 @@ class UpdateBackend {
   }
 
   // Asynchronous modes (server/async_state.h): optimizer step `step` on
-  // trainer `rank`'s staged gradient alone, no reduction and no averaging,
-  // on elements [begin, end). Runs when that rank finished staging, never
+  // trainer `rank`'s staged gradient alone, multiplied by `multiplier` (the
+  // unscale of a loss-scaled push), no reduction and no averaging, on
+  // elements [begin, end). Runs when that rank finished staging, never
   // concurrently with Stage of that rank or with reads of [begin, end).
   // UNIMPLEMENTED where a backend lacks it.
   virtual absl::Status ApplyOneRange(uint32_t rank, int64_t step, const OptimizerConfig& config,
-                                     uint64_t begin, uint64_t end) {
+                                     float multiplier, uint64_t begin, uint64_t end) {
     return absl::UnimplementedError("asynchronous updates");
   }
 

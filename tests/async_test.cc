@@ -288,6 +288,45 @@ TEST(AsyncTest, TrainersSkipAndClipTheirOwnGradients) {
 
 // Bad input to an asynchronous model over the wire: each gets its status and
 // leaves the record as it was.
+// Loss scaling with a 16-bit wire type in asynchronous mode: the trainer
+// pushes its gradient still scaled and the shard unscales it, as in
+// synchronous mode, so that a gradient below fp16's smallest value
+// survives; a scaled gradient that overflows fp16 is the trainer's own
+// overflow: the step is skipped and its scaler backs off.
+TEST(AsyncTest, ALossScaledSixteenBitPushKeepsSmallGradients) {
+  auto servers = StartCluster(1);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  TrainerClientOptions options;
+  options.push_dtype = DType::kFloat16;
+  auto client = TrainerClient::Connect(Addresses(*servers), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ModelSpec spec;
+  spec.model_id = "fp16_async";
+  spec.tensors = {TensorSpec{"w", {64}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Sgd(1.0);
+  spec.consistency = Consistency::kAsync;
+  spec.loss_scaling = true;
+  spec.loss_scaler.initial_scale = 65536.0;  // 2^16
+  spec.loss_scaler.hysteresis = 1;
+  std::vector<float> params(64, 0x1p-20f);
+  ASSERT_TRUE((*client)->Register(spec, params).ok());
+  // 2^-26 is below fp16's smallest subnormal (2^-24); scaled, 2^-10.
+  const std::vector<float> tiny(64, 0x1p-26f * 65536.0f);
+  absl::StatusOr<StepResult> first = (*client)->Step(1, tiny, absl::MakeSpan(params));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->skipped);
+  EXPECT_EQ(params, std::vector<float>(64, 0x1p-20f - 0x1p-26f))
+      << "the gradient was unscaled before the fp16 wire and lost";
+  // 2^5 unscaled: finite in fp32 and fp16, but not once scaled by 2^16.
+  const double scale = (*client)->loss_scale();
+  const std::vector<float> large(64, static_cast<float>(0x1p5 * scale));
+  absl::StatusOr<StepResult> second = (*client)->Step(2, large, absl::MakeSpan(params));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->skipped);
+  EXPECT_EQ((*client)->loss_scale(), scale / 2);
+  EXPECT_EQ(params, std::vector<float>(64, 0x1p-20f - 0x1p-26f));
+}
+
 TEST(AsyncTest, BadCallsGetTheirStatusAndChangeNothing) {
   auto servers = StartCluster(1);
   ASSERT_TRUE(servers.ok()) << servers.status();
