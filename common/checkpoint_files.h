@@ -174,7 +174,9 @@ absl::StatusOr<std::vector<StepDirectory>> ListStepDirectories(const std::string
 
 // Retention for a directory of "step-*" checkpoints (periodic ones): removes
 // shard `shard_index`'s files (data file, part record, leftover temporary
-// files of its killed writes) from every step directory older than the
+// files of its killed writes) - and shard 0 also those of indices
+// >= `shard_count`, which checkpoints written by more shards hold (a job
+// restored on fewer) - from every step directory older than the
 // `keep`-th newest committed one (or than the oldest, with fewer), with their
 // manifests, and the directories once empty. Each shard removes only what it wrote, so shards may do this at
 // once. Committed checkpoints among the `keep` newest, and anything newer,
@@ -185,8 +187,9 @@ absl::StatusOr<std::vector<StepDirectory>> ListStepDirectories(const std::string
 // directories of steps this timeline has not reached (a rollback's or a
 // restore's, before they are set aside) cannot push its own out. Returns the
 // number of step directories pruned.
-absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep,
-                                     int64_t newest_step, FileEnv* env = FileEnv::Default());
+absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index,
+                                     uint32_t shard_count, int keep, int64_t newest_step,
+                                     FileEnv* env = FileEnv::Default());
 
 }  // namespace shardopt
 

@@ -376,14 +376,14 @@ TEST(CheckpointFilesTest, PruningKeepsTheNewestCommittedAndEachShardRemovesItsOw
   // A leftover temporary file of a killed write of shard 0.
   std::ofstream(root + "/" + CheckpointStepDirName(4) + "/.shard-00000-of-00002.bin.tmp.h.1.2.3")
       << "x";
-  EXPECT_EQ(PruneCheckpoints(root, 0, 2, kNoLimit).value(), 2);  // steps 4 and 8
+  EXPECT_EQ(PruneCheckpoints(root, 0, 2, 2, kNoLimit).value(), 2);  // steps 4 and 8
   auto exists = [](const std::string& path) { return access(path.c_str(), F_OK) == 0; };
   const std::string step4 = root + "/" + CheckpointStepDirName(4);
   EXPECT_FALSE(exists(step4 + "/manifest.json"));
   EXPECT_FALSE(exists(step4 + "/" + CheckpointDataFileName(0, 2)));
   EXPECT_FALSE(exists(step4 + "/.shard-00000-of-00002.bin.tmp.h.1.2.3"));
   EXPECT_TRUE(exists(step4 + "/" + CheckpointDataFileName(1, 2)));  // shard 1's own
-  EXPECT_EQ(PruneCheckpoints(root, 1, 2, kNoLimit).value(), 2);
+  EXPECT_EQ(PruneCheckpoints(root, 1, 2, 2, kNoLimit).value(), 2);
   EXPECT_FALSE(exists(step4));
   EXPECT_FALSE(exists(root + "/" + CheckpointStepDirName(8)));
   for (int64_t step : {12, 16}) {
@@ -391,7 +391,7 @@ TEST(CheckpointFilesTest, PruningKeepsTheNewestCommittedAndEachShardRemovesItsOw
   }
   EXPECT_TRUE(exists(root + "/" + CheckpointStepDirName(20) + "/" + CheckpointDataFileName(0, 2)));
   EXPECT_EQ(ListStepDirectories(root).value().size(), 3u);  // 12, 16 and the torn 20.
-  EXPECT_EQ(PruneCheckpoints(root, 0, 2, kNoLimit).value(), 0);  // nothing more to do
+  EXPECT_EQ(PruneCheckpoints(root, 0, 2, 2, kNoLimit).value(), 0);  // nothing more to do
 }
 
 // Step directories above the step the saver has just saved (a timeline's
@@ -404,12 +404,35 @@ TEST(CheckpointFilesTest, PruningCountsOnlyTheStepsUpToTheNewestSaved) {
     ASSERT_TRUE(WritePart(root + "/" + CheckpointStepDirName(step), config, 0, step).ok());
   }
   // Saved step 4 again (a rollback to it): 12 and 16 would keep only 12, 16.
-  EXPECT_EQ(PruneCheckpoints(root, 0, 2, /*newest_step=*/4).value(), 0);
+  EXPECT_EQ(PruneCheckpoints(root, 0, 1, 2, /*newest_step=*/4).value(), 0);
   EXPECT_EQ(ListStepDirectories(root).value().size(), 4u);
-  EXPECT_EQ(PruneCheckpoints(root, 0, 2, /*newest_step=*/12).value(), 1);  // step 4
+  EXPECT_EQ(PruneCheckpoints(root, 0, 1, 2, /*newest_step=*/12).value(), 1);  // step 4
   for (int64_t step : {8, 12, 16}) {
     EXPECT_TRUE(CheckpointReader::Open(root + "/" + CheckpointStepDirName(step)).ok()) << step;
   }
+}
+
+// A job restored on fewer shards prunes the old checkpoints' parts of the
+// indices it no longer has (shard 0 removes them); on more shards, each
+// removes its own.
+TEST(CheckpointFilesTest, PruningAfterAReshardRemovesEveryOldPart) {
+  const std::string root = TempDir("prune_reshard");
+  const v1::ModelConfig four = Config(4);
+  for (int64_t step : {4, 8}) {
+    for (uint32_t i = 0; i < 4; ++i) {
+      ASSERT_TRUE(WritePart(root + "/" + CheckpointStepDirName(step), four, i, step).ok());
+    }
+  }
+  const v1::ModelConfig two = Config(2);
+  for (int64_t step : {12, 16}) {
+    for (uint32_t i = 0; i < 2; ++i) {
+      ASSERT_TRUE(WritePart(root + "/" + CheckpointStepDirName(step), two, i, step).ok());
+    }
+  }
+  // Now on two shards: steps 4 and 8 go whole.
+  EXPECT_EQ(PruneCheckpoints(root, 1, 2, 2, kNoLimit).value(), 2);
+  EXPECT_EQ(PruneCheckpoints(root, 0, 2, 2, kNoLimit).value(), 2);
+  EXPECT_EQ(ListStepDirectories(root).value().size(), 2u) << "old parts of shards 2 and 3 stay";
 }
 
 // A change for a later step reaches shards around the time they save a

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/checkpoint_files.h"
 #include "common/file.h"
 
@@ -37,8 +38,9 @@ absl::StatusOr<std::vector<StepDirectory>> ListStepDirectories(const std::string
   return steps;
 }
 
-absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index, int keep,
-                                     int64_t newest_step, FileEnv* env) {
+absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shard_index,
+                                     uint32_t shard_count, int keep, int64_t newest_step,
+                                     FileEnv* env) {
   if (keep < 1) return absl::InvalidArgumentError("keep at least one checkpoint");
   absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(directory, env);
   if (!steps.ok()) return steps.status();
@@ -53,7 +55,16 @@ absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shar
   // of checkpoints another shard has already pruned).
   const int64_t oldest_kept =
       committed[committed.size() - std::min<size_t>(committed.size(), keep)];
-  const std::string prefix = absl::StrFormat("shard-%05u-of-", shard_index);
+  // This shard's files, and with shard 0 those no shard of this count owns.
+  const auto mine = [&](absl::string_view name) {
+    absl::ConsumePrefix(&name, ".");  // (A temporary file of a killed write.)
+    uint32_t index = 0;
+    if (!absl::ConsumePrefix(&name, "shard-") || name.size() < 5 ||
+        !absl::SimpleAtoi(name.substr(0, 5), &index) || !absl::StartsWith(name.substr(5), "-of-")) {
+      return false;
+    }
+    return index == shard_index || (shard_index == 0 && index >= shard_count);
+  };
   int pruned = 0;
   // Removals race with the other shards' (and their errors are theirs too):
   // what one cannot remove, a later prune or another shard does.
@@ -68,7 +79,7 @@ absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shar
       }
     }
     for (const std::string& name : names) {
-      if (absl::StartsWith(name, prefix) || IsAtomicTempFile(name, prefix)) {
+      if (mine(name)) {
         env->RemoveFile(JoinPath(dir, name)).IgnoreError();
       }
     }

@@ -112,7 +112,8 @@ void HostedModel::SaveLoop() {
       }
       if (checkpoints_.keep > 0) {
         absl::StatusOr<int> pruned =
-            PruneCheckpoints(checkpoints_.model_root, checkpoints_.shard_index, checkpoints_.keep,
+            PruneCheckpoints(checkpoints_.model_root, checkpoints_.shard_index,
+                             checkpoints_.shard_count, checkpoints_.keep,
                              /*newest_step=*/next, checkpoints_.env);
         if (!pruned.ok()) {
           LogError("model '%s': removing old checkpoints: %s", model_id,

@@ -32,6 +32,7 @@ struct PeriodicCheckpointOptions {
   int64_t every = 0;
   int keep = 0;  // 0 keeps all.
   uint32_t shard_index = 0;
+  uint32_t shard_count = 1;
   FileEnv* env = FileEnv::Default();
   // Where each write's outcome and duration is counted (not owned; may be null).
   ServerMetrics* metrics = nullptr;

@@ -90,6 +90,7 @@ PeriodicCheckpointOptions ShardServiceImpl::CheckpointOptionsFor(
   c.every = options_.checkpoint_every;
   c.keep = options_.checkpoint_keep;
   c.shard_index = options_.shard_index;
+  c.shard_count = options_.shard_count;
   c.env = options_.file_env;
   c.metrics = &metrics_;
   return c;

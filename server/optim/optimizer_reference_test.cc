@@ -198,6 +198,13 @@ void RefStep(const OptimizerConfig& c, int64_t step, double grad, Elem& e, Scale
       m = beta2 * m + one_minus_beta2 * g;
       return;
     }
+    case OptimizerKind::kLamb:
+    case OptimizerKind::kAdafactor:
+    case OptimizerKind::kMuon:
+      // Whole-tensor rules: each has its own reference test.
+      ADD_FAILURE() << "no element-wise reference for optimizer kind "
+                    << static_cast<int>(c.kind);
+      return;
   }
 }
 
