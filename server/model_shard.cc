@@ -530,9 +530,9 @@ absl::Status ModelShard::RunRangeWork(const StepState::RangeWork& work,
                           /*exclusive=*/true);
   absl::Status s;
   if (work.kind == Kind::kApply) {
-    s = whole ? backend_->Apply(work.step, options_.mean_reduction, work.config)
-              : backend_->ApplyRange(work.step, options_.mean_reduction, work.config, work.begin,
-                                     work.end);
+    s = whole ? backend_->Apply(work.optimizer_step, options_.mean_reduction, work.config)
+              : backend_->ApplyRange(work.optimizer_step, options_.mean_reduction, work.config,
+                                     work.begin, work.end);
   } else if (!work.skip && !work.tensor_norms.empty()) {
     s = backend_->UpdateWithTrust(work.optimizer_step, work.config, work.multiplier,
                                   work.tensor_norms);

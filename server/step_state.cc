@@ -158,6 +158,7 @@ std::optional<StepState::RangeWork> StepState::ClaimRange(bool shutting_down) {
   } else {
     work.kind = phase_ == Phase::kReducing ? RangeWork::Kind::kReduce : RangeWork::Kind::kApply;
     work.config = step_config_;
+    work.optimizer_step = optimizer_steps_ + 1;
     work.loss_scale = pending_loss_scale_.value_or(1.0);
     // An overflow in consumed elements stays with the step even if the push
     // that carried it breaks off.

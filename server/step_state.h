@@ -237,7 +237,9 @@ class StepState {
     OptimizerConfig config;       // kApply and kUpdate: with the step's lr.
     double loss_scale = 1;        // kReduce: the norm is of g / loss_scale.
     bool skip = false;            // kUpdate: nothing changes.
-    int64_t optimizer_step = 0;   // kUpdate and kMeasure.
+    // The optimizer's step count (skipped steps left out; Adam's bias
+    // correction): kApply, kUpdate and kMeasure.
+    int64_t optimizer_step = 0;
     float multiplier = 1;         // kUpdate and kMeasure.
     std::vector<TensorNorms> tensor_norms;  // kUpdate with trust norms.
   };

@@ -280,6 +280,14 @@ TEST(StepStateTest, RestoreOnlyBeforeTheFirstPushAndOnlyConsistentCounts) {
     EXPECT_EQ(again.scheduled.count(9), 1u);
     EXPECT_EQ(s.BeginPush(0, 7, 1.0).value(), Admission::kAlreadyApplied);
     EXPECT_EQ(s.BeginPush(0, 8, 1.0).value(), Admission::kStart);
+    ASSERT_TRUE(s.CommitPush(0, 8, false, 1.0, kT0).ok());
+    EXPECT_EQ(PushWhole(s, 1, 8), 0u);
+    // Step 8 is the optimizer's 6th (two were skipped), with or without
+    // decisions: Adam's bias correction counts updates.
+    const std::optional<StepState::RangeWork> work = s.ClaimRange(false);
+    ASSERT_TRUE(work.has_value());
+    EXPECT_EQ(work->step, 8);
+    EXPECT_EQ(work->optimizer_step, 6);
   }
   {
     StepState s(Options(2, false));
