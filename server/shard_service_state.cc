@@ -221,7 +221,8 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
   const int64_t step = request->step() == -1 ? shard.version() : request->step();
   absl::Duration write_time;
   absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
-      shard, (*model)->config(), request->directory(), step, absl::FromChrono(context->deadline()),
+      shard, (*model)->config(), request->directory(), step,
+      WaitDeadline(*context, request->max_wait_ms()),
       [context] { return context->IsCancelled(); }, ModelShard::StepHold(), options_.file_env,
       &write_time);
   // Only what wrote (or failed writing) files: not a refused request, nor a

@@ -678,5 +678,25 @@ TEST(ClientSemanticsRetryTest, ATrainerKeepsItsPendingChangesWithinWhatAShardTak
   EXPECT_TRUE(client->SetHyperparameters(5000, OptimizerConfig::Sgd(0.25), LrSchedule{}).ok());
 }
 
+// A checkpoint of a step the shards cannot reach yet (a trainer has not
+// pushed it) fails after the retry budget with the shard's report of what
+// it waits for, not a bare deadline.
+TEST_F(ClientSemanticsTest, ACheckpointThatCannotHappenSaysWhatItWaitsFor) {
+  const ModelSpec spec = SyntheticModelSpec("ckwait", OptimizerConfig::Sgd(0.1), 2);
+  TrainerClientOptions options;
+  options.rpc_timeout = absl::Seconds(3);
+  options.retry_budget = absl::Seconds(1);
+  options.wait_report_interval = absl::Milliseconds(300);
+  auto rank0 = TrainerClient::Connect(Addresses(servers_), options).value();
+  std::vector<float> params = SyntheticInitialParams(rank0->LayoutFor(spec).value(), 2);
+  ASSERT_TRUE(rank0->Register(spec, params).ok());
+  ASSERT_TRUE(rank0->Push(1, std::vector<float>(params.size(), 0.0f)).ok());
+  const absl::StatusOr<std::string> saved =
+      rank0->Checkpoint(MakeTempDir("ckwait"), /*step=*/1);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(saved.status())) << saved.status();
+  EXPECT_TRUE(absl::StrContains(saved.status().message(), "trainer 1")) << saved.status();
+}
+
 }  // namespace
 }  // namespace shardopt::testing

@@ -131,6 +131,9 @@ int Checkpoint(const CheckpointOptions& options, FILE* out) {
       request.set_directory(options.directory);
       request.set_step(step);
       request.set_shard_index(static_cast<uint32_t>(i));
+      // The shard answers before the deadline with what it still waits for.
+      request.set_max_wait_ms(absl::ToInt64Milliseconds(
+          std::max(options.timeout * 0.9, options.timeout - absl::Seconds(5))));
       statuses[i] = stub->Checkpoint(&context, request, &responses[i]);
     });
   }
