@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_lm  # noqa: E402
+from trainer_lines import TrainerLines  # noqa: E402
 
 WORLD_SIZE = 2
 BETAS = (0.9, 0.95)
@@ -192,16 +193,14 @@ def run_cluster(args, workdir, progress):
             command += ["--consistency", args.consistency, "--staleness", str(args.staleness),
                         "--slowdown", str(args.slowdown)]
             trainers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+        lines = TrainerLines(trainers, args.step_timeout)
         losses, shares, early, records = [], [], [], []
         stalest = 0
         for step in range(1, args.steps + 1):
-            records = []
-            for t in trainers:
-                line = t.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"a trainer stopped before step {step} (exit "
-                                       f"{t.wait()}); shard logs in {workdir}")
-                records.append(json.loads(line))
+            try:
+                records = [lines.next(rank, f"its step {step}") for rank in range(WORLD_SIZE)]
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}; shard logs in {workdir}") from None
             # Equal halves: the whole batch's mean loss is the halves' mean.
             losses.append(sum(r["loss"] for r in records) / WORLD_SIZE)
             shares.append(max(r["step_s"] / (r["step_s"] + r["compute_s"]) for r in records))
@@ -209,8 +208,11 @@ def run_cluster(args, workdir, progress):
             stalest = max([stalest] + [r["staleness"] for r in records])
             progress.show(step, losses[-1], sum(shares) / len(shares), sum(early) / len(early))
         progress.done()
-        finals = [json.loads(t.stdout.readline() or "{}") for t in trainers]
-        codes = [t.wait() for t in trainers]
+        try:
+            finals = [lines.next(rank, "its final record") for rank in range(WORLD_SIZE)]
+            codes = lines.finish(timeout_s=60)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; shard logs in {workdir}") from None
         if codes != [0] * WORLD_SIZE:
             raise RuntimeError(f"trainers exited with {codes}; shard logs in {workdir}")
         transfers = sum(r["shm"] for r in records)
@@ -269,6 +271,9 @@ def main():
     parser.add_argument("--optimizer", choices=sorted(DEFAULT_LR), default="adamw",
                         help="lion, lamb and adafactor have no torch.optim curve to compare")
     parser.add_argument("--shards", type=int, default=2, help="shard servers")
+    parser.add_argument("--step_timeout", type=float, default=600,
+                        help="seconds a trainer may take for one step before the job fails "
+                             "naming it")
     tiny_lm.add_model_arguments(parser)
     parser.set_defaults(lr=None)  # (DEFAULT_LR of the optimizer.)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
