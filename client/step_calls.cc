@@ -13,7 +13,8 @@ StepCalls::StepCalls(ShardFanOut* fanout, StepCallsContext context)
 
 ShardFanOut::Call CallFrom(const StepCallsContext& context, const std::string& what) {
   ShardFanOut::Call call;
-  call.what = context.label + what;
+  // (Errors and logs name the trainer: a process may run several.)
+  call.what = absl::StrCat(context.label, what, " (trainer ", context.trainer_rank, ")");
   call.policy = context.policy;
   call.attempt_timeout = context.rpc_timeout;
   call.on_wait = context.on_wait;

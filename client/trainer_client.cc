@@ -45,7 +45,8 @@ RetryPolicy RetryPolicyOf(const TrainerClientOptions& options) {
 
 ShardFanOut::Call TrainerClient::CallFor(std::string what) const {
   ShardFanOut::Call call;
-  call.what = std::move(what);
+  // (Errors and logs name the trainer: a process may run several.)
+  call.what = absl::StrCat(what, " (trainer ", options_.trainer_rank, ")");
   call.policy = RetryPolicyOf(options_);
   call.attempt_timeout = options_.rpc_timeout;
   call.on_wait = options_.on_wait;
@@ -105,9 +106,8 @@ TrainerClient::TrainerClient(const TrainerClientOptions& options,
                              std::unique_ptr<EarlyPull> early_pull)
     : options_(options), shards_(std::move(shards)), early_pull_(std::move(early_pull)) {
   if (!options_.on_wait) {
-    const uint32_t rank = options_.trainer_rank;
-    options_.on_wait = [rank](const std::string& report) {
-      LogWarning("trainer %d still waiting: %s", rank, report);
+    options_.on_wait = [](const std::string& report) {
+      LogWarning("still waiting: %s", report);  // (The report names the trainer.)
     };
   }
   std::vector<ShardConnection*> raw;
