@@ -575,7 +575,8 @@ absl::Status ModelShard::AwaitOrCancel(const absl::Condition& ready, absl::Time 
 }
 
 absl::Status ModelShard::WaitExpired(const std::string& what, int64_t min_version) const {
-  return absl::DeadlineExceededError(absl::StrCat(what, " did not come before the deadline: ",
+  return absl::DeadlineExceededError(absl::StrCat(what, " of model '", options_.model_id,
+                                                  "' did not come before the deadline: ",
                                                   state_.DescribeWait(min_version)));
 }
 
