@@ -56,8 +56,8 @@ is refused rather than skipped; with the default ``zero_grad()`` an unused
 parameter has a zero gradient, as in torch.optim. Parameters cannot be added
 after construction (the model is registered then), nor frozen or unfrozen
 (``requires_grad`` is read then; the next ``step()`` refuses a change), and
-``max_grad_norm`` needs a single parameter group (each group is its own model
-on the servers).
+``max_grad_norm`` and ``loss_scaler`` need a single parameter group (each
+group is its own model on the servers).
 """
 
 import warnings
