@@ -218,7 +218,8 @@ absl::Status TrainerClient::WaitForEveryTrainer(int64_t step) {
   if (!asynchronous()) return absl::OkStatus();  // (Lockstep: every trainer is there.)
   absl::Time give_up = absl::Now() + options_.retry_budget;
   absl::Time next_report = absl::Now() + options_.wait_report_interval;
-  int64_t progress = -1;  // Steps applied over every shard and trainer.
+  // The most steps applied over every shard and trainer seen so far.
+  int64_t progress = -1;
   for (;;) {
     absl::StatusOr<std::vector<v1::ModelSummary>> shards = recovery_->Survey();
     if (!shards.ok()) return shards.status();
@@ -226,9 +227,13 @@ absl::Status TrainerClient::WaitForEveryTrainer(int64_t step) {
     for (const v1::ModelSummary& s : *shards) {
       for (int64_t k : s.trainer_steps()) applied += k;
     }
-    // (The budget is for waits without progress: slow trainers still move.)
-    if (applied != progress) give_up = absl::Now() + options_.retry_budget;
-    progress = applied;
+    // (The budget is for waits without progress: slow trainers still move.
+    // A shard that restarts and loses steps is none: it would otherwise
+    // renew the budget at every restart.)
+    if (applied > progress) {
+      give_up = absl::Now() + options_.retry_budget;
+      progress = applied;
+    }
     std::vector<std::string> behind;
     bool mine_lost = false;
     for (size_t i = 0; i < shards->size(); ++i) {
