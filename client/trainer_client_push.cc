@@ -49,11 +49,16 @@ absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* 
         earlier.ok() &&
         (earlier->payload->size() == bytes ||
          (asynchronous() && (earlier->payload->empty() || earlier->payload->size() == full_bytes)));
-    if (same_kind && earlier->dtype == wire_dtype && earlier->loss_scale == loss_scale) {
+    // (Asynchronous: each push carries its own scale, which the shards
+    // divide out, and a restarted trainer's scaler starts afresh: the
+    // journaled push goes with the scale it was made with.)
+    const bool same_scale = asynchronous() || earlier->loss_scale == loss_scale;
+    if (same_kind && earlier->dtype == wire_dtype && same_scale) {
       journaled = earlier->payload;
       payload = journaled->data();
       bytes = journaled->size();
       skip = journaled->empty();
+      loss_scale = earlier->loss_scale;
     }
   }
   if (!journaled) {

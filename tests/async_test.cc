@@ -286,8 +286,6 @@ TEST(AsyncTest, TrainersSkipAndClipTheirOwnGradients) {
   }
 }
 
-// Bad input to an asynchronous model over the wire: each gets its status and
-// leaves the record as it was.
 // Loss scaling with a 16-bit wire type in asynchronous mode: the trainer
 // pushes its gradient still scaled and the shard unscales it, as in
 // synchronous mode, so that a gradient below fp16's smallest value
@@ -327,6 +325,77 @@ TEST(AsyncTest, ALossScaledSixteenBitPushKeepsSmallGradients) {
   EXPECT_EQ(params, std::vector<float>(64, 0x1p-20f - 0x1p-26f));
 }
 
+// A trainer restarted on its journal re-sends the push a shard missed as it
+// journaled it, with the scale it was made with, even though its scaler
+// starts afresh (another scale) and its recomputed gradient differs: the
+// shard that had it and the one that missed it end on the same step.
+TEST(AsyncTest, ARestartedTrainerResendsItsJournaledLossScaledPush) {
+  const std::string ckpt = MakeTempDir("async_journal_ckpt");
+  const std::vector<std::string> flags = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=2",
+                                          "--restore_from=" + ckpt};
+  auto servers = StartCluster(2, flags);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> addresses = Addresses(*servers);
+  TrainerClientOptions options;
+  options.journal_path = MakeTempDir("async_journal");
+  options.rpc_timeout = absl::Seconds(2);
+  options.retry_budget = absl::Seconds(2);
+  ModelSpec spec;
+  spec.model_id = "journaled";
+  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Sgd(1.0);
+  spec.consistency = Consistency::kAsync;
+  spec.loss_scaling = true;
+  spec.loss_scaler.initial_scale = 65536.0;
+  spec.loss_scaler.growth_interval = 1;  // Each step's scale doubles: 2^16, 2^17, 2^18.
+  std::vector<float> params(4096, 0.5f);
+  const auto scaled = [&](float g, double scale) {
+    return std::vector<float>(4096, static_cast<float>(g * scale));
+  };
+  {
+    auto trainer = TrainerClient::Connect(addresses, options).value();
+    ASSERT_TRUE(trainer->Register(spec, params).ok());
+    for (int64_t step = 1; step <= 2; ++step) {
+      ASSERT_TRUE(trainer->Step(step, scaled(0.0625f, trainer->loss_scale()),
+                                absl::MakeSpan(params))
+                      .ok());
+    }
+    for (const std::string& address : addresses) {
+      auto stub = NewStub(address);
+      v1::InspectResponse inspect;
+      for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 2; ++i) {
+        ASSERT_TRUE(RawInspect(*stub, "journaled", &inspect, 10).ok());
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      ASSERT_EQ(inspect.newest_committed_checkpoint(), 2);
+    }
+    // Shard 1 dies; step 3 (scale 2^18) reaches shard 0 only, then the
+    // trainer dies too.
+    (*servers)[1]->process().Signal(SIGKILL);
+    ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
+    EXPECT_EQ(trainer->loss_scale(), 262144.0);
+    EXPECT_FALSE(
+        trainer->Step(3, scaled(0.0625f, trainer->loss_scale()), absl::MakeSpan(params)).ok());
+  }
+  std::vector<std::string> restart = flags;
+  restart.push_back("--listen=" + addresses[1]);
+  auto restarted = ServerProcess::Start(1, 2, restart);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  auto again = TrainerClient::Connect(addresses, options).value();
+  ASSERT_TRUE(again->Attach(spec).ok());
+  EXPECT_EQ(again->PullToResume(absl::MakeSpan(params)).value(), 2);
+  EXPECT_EQ(again->loss_scale(), 65536.0);
+  // Its program computes step 3's gradient again, and it comes out other.
+  absl::StatusOr<StepResult> third =
+      again->Step(3, scaled(0.25f, again->loss_scale()), absl::MakeSpan(params));
+  ASSERT_TRUE(third.ok()) << third.status();
+  // SGD, lr 1: 1/2 - 3/16 on both shards' ranges.
+  EXPECT_EQ(params, std::vector<float>(4096, 0.3125f))
+      << "a shard took the recomputed gradient instead of the journaled push";
+}
+
+// Bad input to an asynchronous model over the wire: each gets its status and
+// leaves the record as it was.
 TEST(AsyncTest, BadCallsGetTheirStatusAndChangeNothing) {
   auto servers = StartCluster(1);
   ASSERT_TRUE(servers.ok()) << servers.status();
