@@ -101,6 +101,36 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNewestVerifiedCheckpoint(
                                           " verifies: ", absl::StrJoin(damaged, "; ")));
 }
 
+namespace {
+
+std::string GoingBackMarker(const std::string& model_root, int64_t step) {
+  return JoinPath(model_root, absl::StrCat(".went-back-to-", CheckpointStepDirName(step)));
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> CheckGoingBack(const std::string& model_root, int64_t step,
+                                       FileEnv* env) {
+  absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(model_root, env);
+  if (!steps.ok()) return steps.status();
+  if (steps->empty() || steps->back().step <= step) return -1;
+  const std::string marker = GoingBackMarker(model_root, step);
+  if (FileExists(env, marker)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job went back to step ", step, " already (", marker, ") and has saved step ",
+        steps->back().step, " since: restart with --restore_from=<the --checkpoint_dir> to go "
+        "on, or remove ", marker, " to give those steps up and go back to step ", step,
+        " again"));
+  }
+  return steps->back().step;
+}
+
+absl::Status RecordGoingBack(const std::string& model_root, int64_t step, FileEnv* env) {
+  if (absl::Status s = env->CreateDirs(model_root); !s.ok()) return s;
+  return WriteFileAtomically(env, GoingBackMarker(model_root, step),
+                             absl::StrCat("went back to step ", step, "\n"));
+}
+
 int64_t RecoveryFloor(const std::vector<CommittedCheckpoint>& committed) {
   if (committed.empty()) return 0;
   return committed.size() >= 2 ? committed[1].step : committed[0].step;

@@ -53,6 +53,20 @@ absl::Status SetAsideCheckpoint(const std::string& directory, absl::string_view 
 absl::Status SetAsideCheckpointsAfter(const std::string& model_root, int64_t step,
                                       absl::string_view why, FileEnv* env = FileEnv::Default());
 
+// The operator's going back to step `step` (a restart on a checkpoint named
+// in --restore_from) with periodic checkpoints in `model_root`: the later
+// step directories are given up (set aside) and a marker
+// (".went-back-to-step-N") records it. CheckGoingBack returns the newest
+// later step directory there is (-1: none), or FAILED_PRECONDITION when the
+// marker says the job went back to `step` already and it has saved later
+// steps since: a restart command left naming that checkpoint would give up
+// this timeline's own steps (the restart of a crashed server names the
+// root). RecordGoingBack writes the marker.
+absl::StatusOr<int64_t> CheckGoingBack(const std::string& model_root, int64_t step,
+                                       FileEnv* env = FileEnv::Default());
+absl::Status RecordGoingBack(const std::string& model_root, int64_t step,
+                             FileEnv* env = FileEnv::Default());
+
 // Opens and fully verifies (CheckpointReader::VerifyEveryBlock) the checkpoint
 // in `directory`.
 absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenVerifiedCheckpoint(

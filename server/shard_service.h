@@ -201,14 +201,14 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   absl::StatusOr<std::shared_ptr<HostedModel>> LoadModel(const CheckpointReader& checkpoint,
                                                          std::optional<Partition> partition);
   // `named`: the operator named this checkpoint (--restore_from=DIR/step-N):
-  // the job goes back to it, and the model's later periodic step directories
-  // are set aside (GiveUpPeriodicStepsAfter) before it is installed.
+  // the job goes back to it (GoBack) before the model is installed.
   absl::Status RestoreModel(const CheckpointReader& checkpoint, bool named);
   // With periodic checkpoints: sets aside, as a rollback does, the step
-  // directories of `model_id` after `step` under --checkpoint_dir, so that
-  // neither this timeline's saves of those steps nor a later restart take
-  // them for its own.
-  absl::Status GiveUpPeriodicStepsAfter(const std::string& model_id, int64_t step);
+  // directories of `model` (not installed yet) after `step`, so that neither
+  // this timeline's saves of those steps nor a later restart take them for
+  // its own; refused when a restart command left naming the checkpoint
+  // would give up this timeline's own steps (see CheckGoingBack).
+  absl::Status GoBack(HostedModel& model, int64_t step);
   // A model's directory of periodic checkpoints (the newest that verifies),
   // or a model directory that is one checkpoint.
   absl::Status RestoreNewestOf(const std::string& model_root);

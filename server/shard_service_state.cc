@@ -395,10 +395,7 @@ absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint, 
   if (named) {
     // (Before its saver starts: it would find the old timeline's step
     // directories committed and take them for this one's.)
-    if (absl::Status s = GiveUpPeriodicStepsAfter(manifest.config().model_id(), checkpoint.step());
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = GoBack(**model, checkpoint.step()); !s.ok()) return s;
   }
   std::shared_ptr<HostedModel> installed = models_.Install(*model);
   if (installed == nullptr) return absl::UnavailableError("the shard server is shutting down");
@@ -430,17 +427,18 @@ absl::Status ShardServiceImpl::RestoreNewestOf(const std::string& model_root) {
   return RestoreModel(**newest, /*named=*/false);
 }
 
-absl::Status ShardServiceImpl::GiveUpPeriodicStepsAfter(const std::string& model_id,
-                                                        int64_t step) {
-  if (options_.checkpoint_dir.empty() || options_.checkpoint_every <= 0) return absl::OkStatus();
-  const std::string root = JoinPath(options_.checkpoint_dir, model_id);
-  absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(root, options_.file_env);
-  if (!steps.ok()) return steps.status();
-  if (steps->empty() || steps->back().step <= step) return absl::OkStatus();
-  LogWarning("model '%s': goes back to step %d: the step directories after it in %s (up to "
-             "step %d) are set aside as abandoned",
-             model_id, step, root, steps->back().step);
-  return SetAsideCheckpointsAfter(root, step, "abandoned", options_.file_env);
+absl::Status ShardServiceImpl::GoBack(HostedModel& model, int64_t step) {
+  if (!model.periodic_checkpoints()) return absl::OkStatus();
+  const std::string& root = model.checkpoint_options().model_root;
+  absl::StatusOr<int64_t> later = CheckGoingBack(root, step, options_.file_env);
+  if (!later.ok()) return later.status();
+  if (*later >= 0) {
+    LogWarning("model '%s': goes back to step %d: the step directories after it in %s (up to "
+               "step %d) are set aside as abandoned",
+               model.config().model_id(), step, root, *later);
+    if (absl::Status s = model.AbandonCheckpointsAfter(step); !s.ok()) return s;
+  }
+  return RecordGoingBack(root, step, options_.file_env);
 }
 
 absl::Status ShardServiceImpl::CheckCheckpointRoot(const std::string& model_id, int64_t version,

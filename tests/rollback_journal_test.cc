@@ -302,6 +302,15 @@ TEST(RollbackJournalTest, GoingBackToANamedCheckpointGivesUpTheLaterSteps) {
   ASSERT_TRUE(committed_through(8));
   EXPECT_TRUE(DirectoryExists(checkpoints + "/back/step-00000004")) << "pruned below the kept";
 
+  // A restart command left naming step 4 would give the new steps up: the
+  // server refuses to start, and they stay.
+  {
+    std::vector<std::string> stale = flags;
+    stale.push_back("--restore_from=" + checkpoints + "/back/step-00000004");
+    const std::optional<int> refused = ServerExitsAtStart(stale);
+    EXPECT_TRUE(refused.has_value() && *refused != 0) << "it started (or was killed)";
+    EXPECT_TRUE(DirectoryExists(checkpoints + "/back/step-00000008"));
+  }
   ASSERT_NO_FATAL_FAILURE(restart(checkpoints));
   auto t = TrainerClient::Connect({address}, TrainerClientOptions()).value();
   ASSERT_TRUE(t->Attach(spec).ok());

@@ -69,11 +69,15 @@ class ServerState:
                              f"this optimizer trains {[g.model_id for g in self._groups]} "
                              f"({self._kind})")
         if info["step"] != self._version:
-            where = info.get("checkpoints") or ["(no checkpoint was saved: give checkpoint_dir)"]
+            # (checkpoint() returns the manifest's path: the servers take its directory.)
+            saved = info.get("checkpoints")
+            where = os.path.dirname(saved[0]) if saved else \
+                "(no checkpoint was saved: give checkpoint_dir)"
             raise FailedPreconditionError(
                 f"FAILED_PRECONDITION: the servers are at step {self._version}, the state dict "
                 f"is of step {info['step']}: the optimizer state lives on the shard servers; "
-                f"restart them with --restore_from={where[0]} to go back to it")
+                f"restart them with --restore_from={where} to go back to it (once: restart "
+                f"crashed servers with the checkpoint root; docs/checkpoints.md)")
         if len(state_dict["param_groups"]) != len(self.param_groups):
             raise ValueError(f"state dict has {len(state_dict['param_groups'])} parameter groups; "
                              f"this optimizer has {len(self.param_groups)}")

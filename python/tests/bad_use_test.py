@@ -2,6 +2,7 @@
 
 import inspect
 import os
+import re
 import sys
 import tempfile
 import unittest
@@ -156,11 +157,14 @@ class BadUseTest(unittest.TestCase):
 
     def test_state_dict_of_another_step(self):
         model = tiny_model()
-        opt = self.optimizer(model, "states")
+        opt = self.optimizer(model, "states", checkpoint_dir=tempfile.mkdtemp())
         state = opt.state_dict()
         model(torch.randn(2, 3)).sum().backward()
         opt.step()
-        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "--restore_from"):
+        # The directory the servers restore from (not the manifest in it).
+        checkpoint = os.path.dirname(state["shardopt"]["checkpoints"][0])
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError,
+                                    re.escape(f"--restore_from={checkpoint} to go back")):
             opt.load_state_dict(state)
         opt.load_state_dict(opt.state_dict())  # the current step: accepted
 
