@@ -238,9 +238,11 @@ class TrainerClient {
   // pushes in its journal count (an earlier process of this trainer made
   // them); an identical repeat of this trainer's last word for that step
   // (what its earlier process sent) is let through. A change that some
-  // shards took while others failed is still an error (naming the shards
-  // that took it), but recorded: this trainer's next push carries it to
-  // the others, recovery sends it to a restarted one, and a repeat passes.
+  // shards took while the others could not be reached is still an error
+  // (naming the shards that took it), but recorded: this trainer's next push
+  // carries it to the others, recovery sends it to a restarted one, and a
+  // repeat passes. (Not when a shard refused it: a push would be refused
+  // there too.)
   absl::Status SetHyperparameters(int64_t effective_step, const OptimizerConfig& optimizer,
                                   const LrSchedule& lr_schedule);
   // Removes a change scheduled for `effective_step` on every shard;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/push_history.h"
+#include "client/partial_change.h"
 #include "client/shard_connection.h"
 #include "client/shard_fanout.h"
 #include "client/streamed_push.h"
@@ -78,32 +79,27 @@ absl::Status TrainerClient::SendHyperparameters(v1::SetHyperparametersRequest re
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
   request.set_model_id(spec_->model_id);
   // (One slot per shard, each written by that shard's worker only.)
-  std::vector<char> taken(fanout_->size(), 0);
+  std::vector<absl::Status> answers(fanout_->size(), absl::UnknownError("not asked"));
   absl::Status status = fanout_->Run(
       CallFor(absl::StrCat(request.cancel() ? "cancelling the hyperparameter change at step "
                                             : "SetHyperparameters from step ",
                            request.effective_step())),
       [&](ShardConnection& shard, grpc::ClientContext& context) {
         absl::Status s = shard.SetHyperparameters(context, request);
-        if (s.ok()) taken[shard.index()] = 1;
+        answers[shard.index()] = s;
         return s;
       });
   // A shard restored from an older checkpoint lost it: recovery sends it
   // again (the last word for each step, a cancel too).
   if (status.ok()) return history_->RecordChange(request);
-  std::vector<uint32_t> took;
-  for (uint32_t i = 0; i < taken.size(); ++i) {
-    if (taken[i]) took.push_back(i);
-  }
-  if (took.empty()) return status;
-  // Some shards took it: recorded like a whole success, so that the pushes
-  // of the steps before it carry a change to the shards that missed it (and
-  // recovery sends either to a restarted one) instead of the shards going
-  // on with different hyperparameters; an identical repeat passes the guard.
+  const std::optional<std::vector<uint32_t>> took = ShardsThatTookARecordedChange(answers);
+  if (!took) return status;
+  // Recorded like a whole success (an identical repeat then passes the guard).
   const absl::Status recorded = history_->RecordChange(request);
   return absl::Status(
       status.code(),
-      absl::StrCat(status.message(), " (shards ", absl::StrJoin(took, ", "), " took it; ",
+      absl::StrCat(status.message(), took->size() == 1 ? " (shard " : " (shards ",
+                   absl::StrJoin(*took, ", "), " took it; ",
                    !recorded.ok() ? absl::StrCat("recording it failed: ", recorded.message())
                    : request.cancel()
                        ? "the others keep the change until this call is repeated"
