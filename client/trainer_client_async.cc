@@ -261,7 +261,8 @@ absl::Status TrainerClient::WaitForEveryTrainer(int64_t step) {
           " towards every trainer's step ", step, " on every shard; still waiting for ", waiting));
     }
     if (absl::Now() >= next_report) {
-      options_.on_wait(absl::StrCat("waiting for every trainer's step ", step, ": ", waiting));
+      options_.on_wait(absl::StrCat("trainer ", options_.trainer_rank,
+                                    " waiting for every trainer's step ", step, ": ", waiting));
       next_report = absl::Now() + options_.wait_report_interval;
     }
     absl::SleepFor(absl::Milliseconds(20));
