@@ -447,7 +447,9 @@ absl::StatusOr<PushResult> ModelShard::CommitPush(uint32_t rank, int64_t step, b
            (decides && state_.phase() != StepState::Phase::kCollecting &&
             state_.phase() != StepState::Phase::kReducing);
   };
-  AwaitState(stage_done, absl::InfiniteFuture(), nullptr, /*stop_at_shutdown=*/false);
+  // (Unbounded and not stopped by shutdown: its outcome is read from the state.)
+  AwaitState(stage_done, absl::InfiniteFuture(), nullptr, /*stop_at_shutdown=*/false)
+      .IgnoreError();
   if (state_.failed()) return state_.failure();
   if (state_.version() >= step) {
     return PushResult{PushOutcome::kApplied, step, state_.version(), state_.Pending()};
@@ -480,7 +482,7 @@ void ModelShard::RunOneRange() {
   const absl::Status done = RunRangeWork(*work, &block_sums, &trust_partials);
   mu_.Lock();
   if (!done.ok()) {
-    state_.Fail(work->step, done);
+    state_.Fail(work->step, done).IgnoreError();  // (Waiters read it from the state.)
     return;
   }
   if (timeline_ && work->kind != Kind::kReduce && work->kind != Kind::kMeasure) {

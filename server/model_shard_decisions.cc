@@ -153,7 +153,8 @@ absl::Status ModelShard::Decide(int64_t step, const StepDecision& decision, bool
   if (!begun.ok()) return begun.status();
   if (!wait) return absl::OkStatus();
   AwaitState([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_.version() >= step; },
-             absl::InfiniteFuture(), nullptr, /*stop_at_shutdown=*/false);
+             absl::InfiniteFuture(), nullptr, /*stop_at_shutdown=*/false)
+      .IgnoreError();  // (Its outcome is read from the state.)
   if (state_.failed()) return state_.failure();
   return absl::OkStatus();
 }

@@ -362,9 +362,10 @@ TEST(ModelShardTest, BFloat16PullsUseTheBackendsOwnCopy) {
   // refused as the host conversion refuses it, naming the element.
   std::vector<float> huge(shard->size(), 0.0f);
   huge[5] = -3e38f;
-  ModelShard::PushStart start = shard->BeginPush(0, 2, huge.size()).value();
-  ASSERT_TRUE(start.writer->Write(0, huge.data(), huge.size() * sizeof(float)).ok());
-  ASSERT_TRUE(start.writer->Commit().ok());
+  absl::StatusOr<ModelShard::PushStart> start = shard->BeginPush(0, 2, huge.size());
+  ASSERT_TRUE(start.ok() && start->writer) << start.status();
+  ASSERT_TRUE(start->writer->Write(0, huge.data(), huge.size() * sizeof(float)).ok());
+  ASSERT_TRUE(start->writer->Commit().ok());
   const absl::Status refused =
       shard->ReadParameters(2, 0, got.size(), DType::kBFloat16, got.data());
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;

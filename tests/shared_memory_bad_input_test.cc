@@ -199,7 +199,9 @@ void SharedMemoryBadInputTest::ExpectTheRetryKeepsItsPlace(
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
   while (pull_places() != 1 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_EQ(pull_places(), 1u) << "the first pull did not reach the shard";
-  if (before_retry) ASSERT_NO_FATAL_FAILURE(before_retry());
+  if (before_retry) {
+    ASSERT_NO_FATAL_FAILURE(before_retry());
+  }
   // The retry takes the place.
   int64_t version = -1;
   ASSERT_TRUE(SharedPull(0, bytes, &version).ok());

@@ -68,8 +68,9 @@ struct EmulatedAdafactor {
         column_partials(plan.max_column_partials()) {}
 
   void Step(const OptimizerConfig& c, int64_t step, float multiplier, std::vector<float> grad) {
-    if (multiplier != 1.0f)
+    if (multiplier != 1.0f) {
       ASSERT_TRUE(gpu::ScaleParams(grad.data(), grad.size(), multiplier, nullptr).ok());
+    }
     ASSERT_TRUE(plan.Step(c, step, params.data(), grad.data(), row_store.data(), col_store.data(),
                           device_sums.data(), host_sums.data(), denominators.data(),
                           column_partials.data(), nullptr)
