@@ -200,6 +200,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // `partition`, when given, replaces the saved one.
   absl::StatusOr<std::shared_ptr<HostedModel>> LoadModel(const CheckpointReader& checkpoint,
                                                          std::optional<Partition> partition);
+  // Logs a damaged checkpoint that is set aside (restores and rollbacks).
+  static void LogDamagedCheckpoint(const std::string& directory, const absl::Status& why);
   // `named`: the operator named this checkpoint (--restore_from=DIR/step-N):
   // the job goes back to it (GoBack) before the model is installed.
   absl::Status RestoreModel(const CheckpointReader& checkpoint, bool named);

@@ -1,11 +1,12 @@
 // ShardServiceImpl: the calls that read or replace a model's state as a
-// whole - Inspect, GetServerInfo, Checkpoint, RollBack - and the restore
-// before serving.
+// whole - Inspect, GetServerInfo, Checkpoint, RollBack - and /metrics (the
+// restore before serving: shard_service_restore.cc).
 #include <algorithm>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/checkpoint_catalog.h"
 #include "common/logging.h"
 #include "common/names.h"
@@ -34,11 +35,6 @@ int64_t NewestCommittedCheckpoint(HostedModel& model) {
   if (model.periodic_checkpoints()) model.RefreshCheckpointList();
   const std::vector<int64_t> committed = model.committed_checkpoints();
   return committed.empty() ? -1 : committed.front();
-}
-
-void LogDamaged(const std::string& directory, const absl::Status& why) {
-  LogWarning("checkpoint %s is damaged and set aside (.damaged.*): %s; falling back to an older one",
-             directory, why.ToString());
 }
 
 }  // namespace
@@ -210,6 +206,15 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
     return Error(absl::InvalidArgumentError(
         absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));
   }
+  // (A checkpoint there would stand for the model's periodic ones at every
+  // restart from the root.)
+  if ((*model)->periodic_checkpoints() &&
+      absl::StripSuffix(request->directory(), "/") ==
+          (*model)->checkpoint_options().model_root) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        request->directory(), " is the directory of model '", request->model_id(),
+        "''s periodic checkpoints: name a directory of its own")));
+  }
   ModelShard& shard = (*model)->shard();
   if (request->step() == -1 && shard.asynchronous()) {
     // Each shard's own newest would differ: the parts must be of one cut.
@@ -315,7 +320,7 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
       OpenVerifiedCheckpoint(dir, options_.file_env);
   if (absl::IsDataLoss(checkpoint.status())) {
     // No shard may load it: the trainer looks again and picks an older one.
-    LogDamaged(dir, checkpoint.status());
+    LogDamagedCheckpoint(dir, checkpoint.status());
     SetAsideCheckpoint(dir, "damaged", options_.file_env).IgnoreError();
   }
   if (!checkpoint.ok()) return Error(checkpoint.status());
@@ -349,189 +354,6 @@ grpc::Status ShardServiceImpl::RollBack(grpc::ServerContext* context,
   response->set_incarnation((*replacement)->incarnation());
   response->set_rolled_back(true);
   return grpc::Status::OK;
-}
-
-absl::StatusOr<std::shared_ptr<HostedModel>> ShardServiceImpl::LoadModel(
-    const CheckpointReader& checkpoint, std::optional<Partition> partition) {
-  v1::ModelConfig config = checkpoint.manifest().config();
-  if (partition.has_value()) {
-    config.mutable_layout()->set_partition(
-        *partition == Partition::kWholeTensors ? v1::PARTITION_WHOLE_TENSORS : v1::PARTITION_FLAT);
-  }
-  const bool repartitioned =
-      partition.has_value() &&
-      config.layout().partition() != checkpoint.manifest().config().layout().partition();
-  absl::StatusOr<ShardPlan> plan = PlanHere(std::move(config));
-  if (!plan.ok() && repartitioned) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        checkpoint.directory(), ": model '", checkpoint.manifest().config().model_id(),
-        "' cannot take the partition ", PartitionName(*partition), ": ", plan.status().message()));
-  }
-  if (!plan.ok()) {
-    return absl::DataLossError(absl::StrCat(checkpoint.directory(),
-                                            ": the saved model config is unusable: ",
-                                            plan.status().message()));
-  }
-  absl::StatusOr<StateBudget::Reservation> reservation =
-      budget_.Reserve(plan->config.model_id(), StateBytes(*plan));
-  if (!reservation.ok()) return reservation.status();
-  absl::StatusOr<std::unique_ptr<ModelShard>> shard =
-      RestoreShard(checkpoint, *plan, BackendFactory());
-  if (!shard.ok()) return shard.status();
-  return std::make_shared<HostedModel>(plan->config, std::move(*shard), std::move(*reservation),
-                                       CheckpointOptionsFor(plan->config.model_id()));
-}
-
-absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint, bool named) {
-  const v1::CheckpointManifest& manifest = checkpoint.manifest();
-  if (absl::Status s = CheckCheckpointRoot(manifest.config().model_id(), checkpoint.step(),
-                                           manifest.parts(0).progress().run_id());
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<std::shared_ptr<HostedModel>> model =
-      LoadModel(checkpoint, options_.restore_partition);
-  if (!model.ok()) return model.status();
-  if (named) {
-    // (Before its saver starts: it would find the old timeline's step
-    // directories committed and take them for this one's.)
-    if (absl::Status s = GoBack(**model, checkpoint.step()); !s.ok()) return s;
-  }
-  std::shared_ptr<HostedModel> installed = models_.Install(*model);
-  if (installed == nullptr) return absl::UnavailableError("the shard server is shutting down");
-  if (installed != *model) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("model '", manifest.config().model_id(), "' is restored twice"));
-  }
-  LogInfo("restored model '%s' at version %d from %s (written by %d shards), range [%d, %d)",
-          manifest.config().model_id(), installed->shard().version(), checkpoint.directory(),
-          manifest.config().shard_count(), installed->shard().range().begin,
-          installed->shard().range().end);
-  if (const std::string note = installed->shard().layout().DescribeImbalance(); !note.empty()) {
-    LogWarning("model '%s': %s", manifest.config().model_id(), note);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardServiceImpl::RestoreNewestOf(const std::string& model_root) {
-  if (FileExists(options_.file_env, JoinPath(model_root, kCheckpointManifestFile))) {
-    // A model directory that is itself one checkpoint (the Checkpoint RPC's).
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
-        OpenVerifiedCheckpoint(model_root, options_.file_env);
-    if (!checkpoint.ok()) return checkpoint.status();
-    return RestoreModel(**checkpoint, /*named=*/false);
-  }
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> newest =
-      OpenNewestVerifiedCheckpoint(model_root, LogDamaged, options_.file_env);
-  if (!newest.ok()) return newest.status();
-  return RestoreModel(**newest, /*named=*/false);
-}
-
-absl::Status ShardServiceImpl::GoBack(HostedModel& model, int64_t step) {
-  if (!model.periodic_checkpoints()) return absl::OkStatus();
-  const std::string& root = model.checkpoint_options().model_root;
-  absl::StatusOr<int64_t> later = CheckGoingBack(root, step, options_.file_env);
-  if (!later.ok()) return later.status();
-  if (*later >= 0) {
-    LogWarning("model '%s': goes back to step %d: the step directories after it in %s (up to "
-               "step %d) are set aside as abandoned",
-               model.config().model_id(), step, root, *later);
-    if (absl::Status s = model.AbandonCheckpointsAfter(step); !s.ok()) return s;
-  }
-  return RecordGoingBack(root, step, options_.file_env);
-}
-
-absl::Status ShardServiceImpl::CheckCheckpointRoot(const std::string& model_id, int64_t version,
-                                                   const std::string& run_id) {
-  if (options_.checkpoint_dir.empty() || options_.checkpoint_every <= 0) return absl::OkStatus();
-  const std::string root = JoinPath(options_.checkpoint_dir, model_id);
-  absl::StatusOr<std::vector<CommittedCheckpoint>> committed =
-      ListCommittedCheckpoints(root, options_.file_env);
-  if (!committed.ok()) return committed.status();
-  if (committed->empty()) return absl::OkStatus();
-  // Periodic checkpoints of two runs in one directory would be taken for
-  // each other after a restart.
-  if (version < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--checkpoint_dir already holds checkpoints of model '", model_id,
-                     "' (latest: step ", committed->front().step, " in ",
-                     committed->front().directory,
-                     "): restore it with --restore_from, or give this new run "
-                     "another --checkpoint_dir"));
-  }
-  // A later checkpoint of the same run is fine (committed while this shard
-  // restored; the trainers bring it up); only another run's is refused. A
-  // record that does not open is left to the restore's own checks.
-  for (const CommittedCheckpoint& c : *committed) {
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
-        CheckpointReader::Open(c.directory, options_.file_env);
-    if (!checkpoint.ok()) continue;
-    const std::string& saved_run = (*checkpoint)->manifest().parts(0).progress().run_id();
-    if (saved_run != run_id) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--checkpoint_dir holds a checkpoint of model '", model_id,
-                       "' of another training run in ", c.directory,
-                       ": restoring here would mix the two; use another --checkpoint_dir"));
-    }
-    break;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
-  FileEnv* env = options_.file_env;
-  absl::StatusOr<FileInfo> info = env->Stat(path);
-  if (absl::IsNotFound(info.status())) {
-    // The first start of a job whose restarts use the same command line.
-    LogInfo("%s does not exist yet: nothing to restore", path);
-    return absl::OkStatus();
-  }
-  if (!info.ok() || info->type != FileType::kDirectory) {
-    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
-  }
-  if (FileExists(env, JoinPath(path, kCheckpointManifestFile))) {
-    // The one the operator named: verified whole, never replaced by another.
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> named = OpenVerifiedCheckpoint(path, env);
-    if (!named.ok()) return named.status();
-    return RestoreModel(**named, /*named=*/true);
-  }
-  absl::StatusOr<std::vector<std::string>> names = env->ListDirectory(path);
-  if (!names.ok()) return names.status();
-  std::vector<std::string> model_dirs;
-  bool has_parts = false, has_steps = false;
-  for (const std::string& name : *names) {
-    has_parts = has_parts || absl::StartsWith(name, "shard-");
-    has_steps = has_steps || absl::StartsWith(name, "step-");
-    absl::StatusOr<FileInfo> entry = env->Stat(JoinPath(path, name));
-    if (entry.ok() && entry->type == FileType::kDirectory && name[0] != '.') {
-      model_dirs.push_back(JoinPath(path, name));
-    }
-  }
-  if (has_parts) {
-    // A checkpoint directory some shard never finished: refuse, never load in part.
-    return CheckpointReader::Open(path, env).status();
-  }
-  if (has_steps) {  // One model's periodic checkpoints.
-    absl::StatusOr<std::vector<CommittedCheckpoint>> committed =
-        ListCommittedCheckpoints(path, env);
-    if (!committed.ok()) return committed.status();
-    if (committed->empty()) {
-      // Every shard died while writing the first one: as for an empty root
-      // (and as the root form does for such a model), a fresh start.
-      LogInfo("%s: no committed checkpoint; nothing to restore", path);
-      return absl::OkStatus();
-    }
-    return RestoreNewestOf(path);
-  }
-  for (const std::string& dir : model_dirs) {  // Sorted: ListDirectory sorts.
-    absl::Status s = RestoreNewestOf(dir);
-    if (absl::IsNotFound(s)) {
-      LogInfo("%s: no committed checkpoint; nothing to restore", dir);
-      continue;
-    }
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 std::string ShardServiceImpl::RenderMetrics() const {

@@ -106,6 +106,49 @@ TEST(DurabilityTest, AModelDirectoryWithoutACommittedCheckpointIsAFreshStart) {
   }
 }
 
+// An on-demand checkpoint written into the --checkpoint_dir root (as the k8s
+// deployment's --checkpoint_request_root allows) is not taken for a model
+// directory at the next restart from the root: the server starts and the
+// model comes back from its periodic checkpoints. The model's periodic
+// directory itself is refused as an on-demand checkpoint's.
+TEST(DurabilityTest, AnExportInTheCheckpointRootDoesNotStopTheRestart) {
+  const std::string root = MakeTempDir("export_in_root");
+  const std::vector<std::string> flags = {"--checkpoint_dir=" + root, "--checkpoint_every=2",
+                                          "--restore_from=" + root};
+  auto server = ServerProcess::Start(0, 1, flags);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  auto client = TrainerClient::Connect({address}, TrainerClientOptions()).value();
+  const ModelSpec spec = SyntheticModelSpec("mlp", OptimizerConfig::Sgd(0.5), 1);
+  std::vector<float> params = SyntheticInitialParams(client->LayoutFor(spec).value(), 4);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  const std::vector<float> grad(params.size(), 0.0f);
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(client->Step(step, grad, absl::MakeSpan(params)).ok());
+  }
+  AwaitVersion(address, "mlp", 2);
+  ASSERT_TRUE(client->Checkpoint(root + "/export1", 2).ok());
+  const absl::StatusOr<std::string> into_periodic = client->Checkpoint(root + "/mlp/", 2);
+  EXPECT_TRUE(absl::IsFailedPrecondition(into_periodic.status())) << into_periodic.status();
+  auto stub = NewStub(address);
+  v1::InspectResponse inspect;
+  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 2; ++i) {
+    ASSERT_TRUE(RawInspect(*stub, "mlp", &inspect).ok());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(inspect.newest_committed_checkpoint(), 2);
+  client.reset();
+  (*server)->process().Signal(SIGKILL);
+  ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
+  std::vector<std::string> restart = flags;
+  restart.push_back("--listen=" + address);
+  auto restarted = ServerProcess::Start(0, 1, restart);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  // (Polled: the process's channel to the address backs off after the kill.)
+  AwaitVersion(address, "mlp", 2);
+  EXPECT_EQ(VersionOn(address, "mlp"), 2);
+}
+
 // The partition is part of the checkpoint, and a restore may change it
 // (--restore_partition) along with the shard count: AdamW trained flat on 3
 // shards goes on as whole tensors on 2 and flat again on 5; LAMB (whole
