@@ -26,6 +26,21 @@ HostedModel::HostedModel(v1::ModelConfig config, std::unique_ptr<ModelShard> sha
       checkpoints_(std::move(checkpoints)),
       incarnation_(NewIncarnation()) {
   if (periodic_checkpoints()) RefreshCheckpointList();
+  if (absl::StatusOr<ShardSnapshot> made = shard_->Snapshot("", 0, 0, /*with_tensor_stats=*/false);
+      made.ok()) {
+    made_with_ = AppliedSteps{made->optimizer_steps, made->skipped_steps};
+  }
+}
+
+HostedModel::AppliedSteps HostedModel::AppliedHere(const ShardSnapshot& now) const {
+  return AppliedSteps{replaced_applied_.applied + now.optimizer_steps - made_with_.applied,
+                      replaced_applied_.skipped + now.skipped_steps - made_with_.skipped};
+}
+
+void HostedModel::TakeOverAppliedSteps(HostedModel& replaced) {
+  absl::StatusOr<ShardSnapshot> now =
+      replaced.shard().Snapshot("", 0, 0, /*with_tensor_stats=*/false);
+  replaced_applied_ = now.ok() ? replaced.AppliedHere(*now) : replaced.replaced_applied_;
 }
 
 HostedModel::~HostedModel() { Stop(); }

@@ -80,6 +80,19 @@ class HostedModel {
   // that they count neither as checkpoints nor for the recovery floor.
   absl::Status AbandonCheckpointsAfter(int64_t step);
 
+  // Optimizer updates and skipped steps this server applied to the model,
+  // for /metrics' counters: the model's own counts (`now`'s, Inspect's)
+  // start at a restored checkpoint's and go back with a rollback, which a
+  // Prometheus counter must not. Those of the models it replaced (rollbacks)
+  // and this one's since it was made.
+  struct AppliedSteps {
+    int64_t applied = 0;
+    int64_t skipped = 0;
+  };
+  AppliedSteps AppliedHere(const ShardSnapshot& now) const;
+  // Takes over what `replaced` applied here (before it stops).
+  void TakeOverAppliedSteps(HostedModel& replaced);
+
  private:
   void SaveLoop();
   bool stopping() const;
@@ -90,6 +103,10 @@ class HostedModel {
   const PeriodicCheckpointOptions checkpoints_;
   std::atomic<uint64_t> incarnation_;
   std::atomic<int64_t> rolled_back_to_{-1};
+  // The model's own counts when it was made, and what the models it
+  // replaced applied here (see AppliedHere).
+  AppliedSteps made_with_;
+  AppliedSteps replaced_applied_;
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

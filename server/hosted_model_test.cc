@@ -1,5 +1,6 @@
 // HostedModel's view of its periodic checkpoints: what a rollback abandons
 // leaves the list (and so the recovery floor sent with every push) at once.
+// And the steps this server applied to a model, which /metrics counts.
 #include "server/hosted_model.h"
 
 #include <string>
@@ -42,6 +43,35 @@ TEST(HostedModelTest, AbandonedCheckpointsLeaveTheListAndTheRecoveryFloorAtOnce)
     abandoned += absl::StartsWith(name, ".abandoned.step-");
   }
   EXPECT_EQ(abandoned, 2);
+}
+
+// A model made from a shard that had applied steps already (restored) counts
+// from zero; one that replaces another (a rollback to an older state) goes
+// on from what the other applied: the count never goes down.
+TEST(HostedModelTest, AppliedStepsCountWhatThisServerAppliedAcrossReplacements) {
+  ThreadPool pool(1);
+  StateBudget budget(uint64_t{1} << 30, 0);
+  const auto snapshot = [](HostedModel& m) {
+    return m.shard().Snapshot("", 0, 0, /*with_tensor_stats=*/false).value();
+  };
+  std::unique_ptr<ModelShard> restored = testing::MakeShard(&pool, 1);
+  for (int64_t step = 1; step <= 2; ++step) ASSERT_TRUE(testing::PushAll(*restored, 0, step).ok());
+  HostedModel first(v1::ModelConfig(), std::move(restored), budget.Reserve("a", 1).value(),
+                    PeriodicCheckpointOptions());
+  EXPECT_EQ(first.AppliedHere(snapshot(first)).applied, 0);
+  for (int64_t step = 3; step <= 5; ++step) {
+    ASSERT_TRUE(testing::PushAll(first.shard(), 0, step).ok());
+  }
+  EXPECT_EQ(snapshot(first).optimizer_steps, 5);
+  EXPECT_EQ(first.AppliedHere(snapshot(first)).applied, 3);
+  // Replaced by a model at an older state (optimizer steps 0).
+  HostedModel second(v1::ModelConfig(), testing::MakeShard(&pool, 1),
+                     budget.Reserve("b", 1).value(), PeriodicCheckpointOptions());
+  second.TakeOverAppliedSteps(first);
+  EXPECT_EQ(second.AppliedHere(snapshot(second)).applied, 3);
+  ASSERT_TRUE(testing::PushAll(second.shard(), 0, 1).ok());
+  EXPECT_EQ(second.AppliedHere(snapshot(second)).applied, 4);
+  EXPECT_EQ(second.AppliedHere(snapshot(second)).skipped, 0);
 }
 
 }  // namespace

@@ -122,10 +122,18 @@ std::string RenderMetricsPage(const ServerMetrics::Values& counters, const Serve
                 "The newest version applied (the step; asynchronous models: the pushes applied).",
                 models, [](const ModelGauges& m) { return static_cast<double>(m.version); });
   page.PerModel("shardopt_steps_applied_total", "counter",
-                "Optimizer updates applied (Inspect's optimizer_steps).", models,
-                [](const ModelGauges& m) { return static_cast<double>(m.steps_applied); });
+                "Optimizer updates this server applied (from 0 at its start, across rollbacks).",
+                models,
+                [](const ModelGauges& m) { return static_cast<double>(m.steps_applied_here); });
   page.PerModel("shardopt_steps_skipped_total", "counter",
-                "Steps skipped for inf/NaN gradients (Inspect's skipped_steps).", models,
+                "Steps this server skipped for inf/NaN gradients (from 0 at its start).", models,
+                [](const ModelGauges& m) { return static_cast<double>(m.steps_skipped_here); });
+  page.PerModel("shardopt_model_optimizer_steps", "gauge",
+                "The model's optimizer updates (Inspect's optimizer_steps: a restore or rollback "
+                "sets it back).",
+                models, [](const ModelGauges& m) { return static_cast<double>(m.steps_applied); });
+  page.PerModel("shardopt_model_skipped_steps", "gauge",
+                "The model's skipped steps (Inspect's skipped_steps).", models,
                 [](const ModelGauges& m) { return static_cast<double>(m.steps_skipped); });
   page.PerModel(
       "shardopt_gradient_bytes_received_total", "counter",

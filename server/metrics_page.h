@@ -21,8 +21,10 @@ struct TrainerGauges {
 struct ModelGauges {
   std::string model_id;
   int64_t version = 0;
-  int64_t steps_applied = 0;  // Optimizer updates (skips excluded).
+  int64_t steps_applied = 0;  // Optimizer updates (skips excluded): the model's.
   int64_t steps_skipped = 0;
+  int64_t steps_applied_here = 0;  // Of those, this server's (HostedModel::AppliedHere).
+  int64_t steps_skipped_here = 0;
   uint64_t gradient_bytes_received = 0;
   uint64_t parameter_bytes_sent = 0;
   uint64_t parameter_bytes = 0;

@@ -56,8 +56,10 @@ TEST(MetricsTest, ModelGaugesAndTrainerLag) {
   ModelGauges m;
   m.model_id = "mlp";
   m.version = 12;
-  m.steps_applied = 11;
+  m.steps_applied = 11;  // The model's (restored at 8).
   m.steps_skipped = 1;
+  m.steps_applied_here = 3;  // This server's.
+  m.steps_skipped_here = 0;
   m.gradient_bytes_received = 4096;
   m.loss_scale = 65536;
   m.trainers = {TrainerGauges{12, 0.5}, TrainerGauges{9, 3.0}};
@@ -69,8 +71,10 @@ TEST(MetricsTest, ModelGaugesAndTrainerLag) {
   EXPECT_TRUE(
       HasLine(page, R"(shardopt_shard_info{shard_index="1",shard_count="2",device="cpu"} 1)"));
   EXPECT_TRUE(HasLine(page, R"(shardopt_model_version{model="mlp"} 12)"));
-  EXPECT_TRUE(HasLine(page, R"(shardopt_steps_applied_total{model="mlp"} 11)"));
-  EXPECT_TRUE(HasLine(page, R"(shardopt_steps_skipped_total{model="mlp"} 1)"));
+  EXPECT_TRUE(HasLine(page, R"(shardopt_steps_applied_total{model="mlp"} 3)"));
+  EXPECT_TRUE(HasLine(page, R"(shardopt_steps_skipped_total{model="mlp"} 0)"));
+  EXPECT_TRUE(HasLine(page, R"(shardopt_model_optimizer_steps{model="mlp"} 11)"));
+  EXPECT_TRUE(HasLine(page, R"(shardopt_model_skipped_steps{model="mlp"} 1)"));
   EXPECT_TRUE(HasLine(page, R"(shardopt_gradient_bytes_received_total{model="mlp"} 4096)"));
   EXPECT_TRUE(HasLine(page, R"(shardopt_loss_scale{model="mlp"} 65536)"));
   EXPECT_TRUE(HasLine(page, R"(shardopt_trainer_last_pushed_step{model="mlp",trainer="1"} 9)"));

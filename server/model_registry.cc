@@ -48,6 +48,8 @@ absl::Status ModelRegistry::Replace(const std::shared_ptr<HostedModel>& old_mode
     }
     it->second = new_model;
   }
+  // (Before it stops: its counts are read from its shard.)
+  new_model->TakeOverAppliedSteps(*old_model);
   // Outside the lock: waits for the old model's checkpoint write, if any.
   old_model->Stop();
   new_model->StartCheckpoints();

@@ -375,6 +375,9 @@ std::string ShardServiceImpl::RenderMetrics() const {
     m.version = snap->version;
     m.steps_applied = snap->optimizer_steps;
     m.steps_skipped = snap->skipped_steps;
+    const HostedModel::AppliedSteps here = model->AppliedHere(*snap);
+    m.steps_applied_here = here.applied;
+    m.steps_skipped_here = here.skipped;
     m.gradient_bytes_received = snap->gradient_bytes_received;
     m.parameter_bytes_sent = snap->parameter_bytes_sent;
     m.parameter_bytes = snap->parameter_bytes;

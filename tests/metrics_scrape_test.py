@@ -145,7 +145,9 @@ def main():
         check(rc == 0, f"shard {i}: Inspect: {out}")
         inspect = json.loads(out)
         m = {"model": "adamw"}
+        # (A fresh job: the steps this server applied are the model's.)
         for metric, field in [("shardopt_steps_applied_total", "optimizer_steps"),
+                              ("shardopt_model_optimizer_steps", "optimizer_steps"),
                               ("shardopt_model_version", "version")]:
             check(value(samples, metric, **m) == int(inspect.get(field, 0)) == STEPS,
                   f"shard {i}: {metric} {value(samples, metric, **m)} vs Inspect {field} "
