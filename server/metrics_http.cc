@@ -41,6 +41,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   http.set_keep_alive_max_count(1);
   http.set_keep_alive_timeout(1);
   http.new_task_queue = [] { return new httplib::ThreadPool(4); };
+  // Nothing here takes a body: a larger one is refused (413) unread instead
+  // of filling memory (httplib reads a whole body by default, unbounded).
+  http.set_payload_max_length(4096);
   http.Get("/metrics", [render = std::move(render_metrics)](const httplib::Request&,
                                                             httplib::Response& response) {
     response.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");

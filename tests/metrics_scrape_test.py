@@ -14,6 +14,7 @@ against trainer 1 as refused and abandoned.
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -135,6 +136,13 @@ def main():
     check(scrapes >= 3, f"only {scrapes} scrapes during training")
     stalled.kill()
     stalled.wait()
+
+    # A request announcing a 1 GiB body is answered 413 at once, without the
+    # server reading (or keeping) it; /metrics still answers.
+    with socket.create_connection(("127.0.0.1", servers[0][2]), timeout=10) as s:
+        s.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n")
+        status = s.recv(64).decode(errors="replace")
+    check(status.startswith("HTTP/1.1 413"), f"a 1 GiB body: {status!r}")
 
     for i, (proc, address, port) in enumerate(servers):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as health:
