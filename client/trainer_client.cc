@@ -292,6 +292,10 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
   if (!layout.ok()) return layout.status();
   absl::StatusOr<v1::ModelConfig> config = ModelConfigFor(spec, *layout, shard_count());
   if (!config.ok()) return config.status();
+  // PrepareModel replaces what steps use (ranges, calls, transports, the
+  // shared segment): until this registration succeeds there is no model,
+  // so that no step runs with the old layout's sizes on the new parts.
+  layout_.reset();
   if (absl::Status s = PrepareModel(spec, *layout); !s.ok()) return s;
   ShardFanOut::Call call = CallFor(initial_params ? "RegisterModel" : "RegisterModel (attach)");
   if (!initial_params) {

@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/shared_memory_route.h"
@@ -84,13 +85,15 @@ class Client {
       spec.loss_scaling = true;
       spec.loss_scaler = LossScalerFromKwargs(loss_scaler.cast<py::dict>());
     }
+    // (A registration that fails leaves the client without a model, also
+    // when it had one: Checked() then refuses.)
+    streamed_grads_.reset();
     if (initial.is_none()) {
       {
         py::gil_scoped_release release;
         std::lock_guard<std::mutex> serial(mu_);
         ThrowIfError(client_->Attach(spec));
       }
-      registered_ = true;
       return;
     }
     const ModelLayout layout = ValueOrThrow(client_->LayoutFor(spec));
@@ -102,7 +105,6 @@ class Client {
       ThrowIfError(
           client_->Register(spec, absl::MakeConstSpan(values.data, layout.total_elements())));
     }
-    registered_ = true;
   }
 
   // [(name, shape, offset, size)] of the registered layout.
@@ -113,24 +115,34 @@ class Client {
     return RunStep(step, grads, params, &TrainerClient::Step);
   }
 
-  // See TrainerClient::BeginStreamedPush. `grads` must stay alive (and in
-  // place) until finish_streamed_step or cancel_streamed_push.
+  // See TrainerClient::BeginStreamedPush. `grads` stays held here (the push
+  // reads it from a thread of its own) until finish_streamed_step,
+  // cancel_streamed_push, the next streamed push or a registration; it must
+  // stay in place (not resized) meanwhile.
   void BeginStreamedPush(int64_t step, const py::buffer& grads) {
     const size_t n = Checked().layout().total_elements();
-    FloatBuffer g = RequestFloats(grads, n, false, "gradient buffer");
-    py::gil_scoped_release release;
-    std::lock_guard<std::mutex> serial(mu_);
-    ThrowIfError(client_->BeginStreamedPush(step, absl::MakeConstSpan(g.data, n)));
+    auto g = std::make_unique<FloatBuffer>(RequestFloats(grads, n, false, "gradient buffer"));
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> serial(mu_);
+      ThrowIfError(client_->BeginStreamedPush(step, absl::MakeConstSpan(g->data, n)));
+    }
+    streamed_grads_ = std::move(g);  // (The one it replaces was cancelled.)
   }
   // From backward hooks: no lock beyond the client's own.
   void MarkGradientReady(uint64_t begin, uint64_t end) { client_->MarkGradientReady(begin, end); }
   py::dict FinishStreamedStep(int64_t step, const py::buffer& grads, const py::buffer& params) {
+    // (Its thread is done with the buffer once this returns, or throws.)
+    const absl::Cleanup release_grads = [this] { streamed_grads_.reset(); };
     return RunStep(step, grads, params, &TrainerClient::FinishStreamedStep);
   }
   void CancelStreamedPush() {
-    py::gil_scoped_release release;
-    std::lock_guard<std::mutex> serial(mu_);
-    client_->CancelStreamedPush();
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> serial(mu_);
+      client_->CancelStreamedPush();
+    }
+    streamed_grads_.reset();
   }
   int64_t streamed_pushes() const { return client_->streamed_pushes(); }
   int64_t streamed_pushes_changed() const { return client_->streamed_pushes_changed(); }
@@ -250,16 +262,19 @@ class Client {
 
  private:
   const TrainerClient& Checked() const {
-    if (!registered_) {
+    if (!client_->has_model()) {
       throw StatusException(absl::FailedPreconditionError("call register() first"));
     }
     return *client_;
   }
 
+  // The gradient buffer of a streamed push in progress (see
+  // BeginStreamedPush). Declared before client_: destroyed after it, once
+  // the client's destructor has ended the push's thread.
+  std::unique_ptr<FloatBuffer> streamed_grads_;
   std::unique_ptr<TrainerClient> client_;
   // Held (after the GIL is released) by every call into client_.
   std::mutex mu_;
-  bool registered_ = false;
 };
 
 }  // namespace

@@ -136,6 +136,39 @@ class BadUseTest(unittest.TestCase):
             client.step(1, grads, values)
         self.assertIn("nothing was pushed", str(caught.exception))
 
+    def test_a_failed_registration_leaves_no_model_to_step_with(self):
+        # (It replaced the transports' view of the layout with the new one's:
+        # a step with the old sizes then overran the buffers.)
+        client = shardopt.Client(self.servers, 0, retry_budget_s=2.0)
+        small = numpy.zeros(client.layout_for([("w", [64])])[-1][2], dtype=numpy.float32)
+        client.register("reshaped", [("w", [64])], "sgd", {"lr": 0.1}, 1, 0.0, small)
+        big = numpy.zeros(client.layout_for([("w", [1 << 20])])[-1][2], dtype=numpy.float32)
+        with self.assertRaises(shardopt.FailedPreconditionError):
+            client.register("reshaped", [("w", [1 << 20])], "sgd", {"lr": 0.1}, 1, 0.0, big)
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "register"):
+            client.step(1, small, small.copy())
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "register"):
+            client.layout()
+        # Registering again (attaching to the model as it is) works.
+        client.register("reshaped", [("w", [64])], "sgd", {"lr": 0.1}, 1, 0.0, small)
+        self.assertEqual(client.step(1, small, small.copy())["version"], 1)
+
+    def test_a_streamed_push_holds_its_gradient_buffer(self):
+        client = shardopt.Client(self.servers, 0, retry_budget_s=2.0)
+        n = client.layout_for([("w", [4096])])[-1][2]
+        client.register("streamed_buffer", [("w", [4096])], "sgd", {"lr": 0.5}, 1, 0.0,
+                        numpy.zeros(n, dtype=numpy.float32))
+        grads = numpy.full(n, 0.25, dtype=numpy.float32)
+        client.begin_streamed_push(1, grads)
+        held = sys.getrefcount(grads)
+        del grads  # The push still reads it: the client keeps it.
+        client.mark_gradient_ready(0, n)
+        params = numpy.zeros(n, dtype=numpy.float32)
+        result = client.finish_streamed_step(1, numpy.full(n, 0.25, dtype=numpy.float32), params)
+        self.assertEqual(result["version"], 1)
+        self.assertTrue(numpy.all(params == -0.125))
+        self.assertGreater(held, 2)
+
     def test_unknown_optimizer_and_hyperparameter(self):
         with self.assertRaisesRegex(ValueError, "unknown optimizer"):
             self.optimizer(tiny_model(), "x", optimizer="shampoo")
