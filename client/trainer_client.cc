@@ -35,6 +35,17 @@
 namespace shardopt {
 namespace {
 
+// Whether buffers and shard ranges of `b` are those of `a` (what steps read
+// and write through).
+bool SameSizes(const ModelLayout& a, const ModelLayout& b, uint32_t shard_count) {
+  if (a.total_elements() != b.total_elements()) return false;
+  for (uint32_t i = 0; i < shard_count; ++i) {
+    const FlatRange ra = a.ShardRange(i), rb = b.ShardRange(i);
+    if (ra.begin != rb.begin || ra.end != rb.end) return false;
+  }
+  return true;
+}
+
 // Room for a chunk plus its header (see ShardConnection).
 constexpr size_t kMaxChunkBytes = 32 << 20;
 RetryPolicy RetryPolicyOf(const TrainerClientOptions& options) {
@@ -293,9 +304,11 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
   absl::StatusOr<v1::ModelConfig> config = ModelConfigFor(spec, *layout, shard_count());
   if (!config.ok()) return config.status();
   // PrepareModel replaces what steps use (ranges, calls, transports, the
-  // shared segment): until this registration succeeds there is no model,
-  // so that no step runs with the old layout's sizes on the new parts.
-  layout_.reset();
+  // shared segment): with other sizes there is no model until this
+  // registration succeeds, so that no step runs with the old layout's sizes
+  // on the new parts. (The same sizes, as a re-attach after a rollback has,
+  // keep the client usable if it fails.)
+  if (layout_ && !SameSizes(*layout_, *layout, shard_count())) layout_.reset();
   if (absl::Status s = PrepareModel(spec, *layout); !s.ok()) return s;
   ShardFanOut::Call call = CallFor(initial_params ? "RegisterModel" : "RegisterModel (attach)");
   if (!initial_params) {

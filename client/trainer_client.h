@@ -131,9 +131,9 @@ class TrainerClient {
   // initial values it passes to Register. INVALID_ARGUMENT for a bad spec.
   absl::StatusOr<ModelLayout> LayoutFor(const ModelSpec& spec) const;
 
-  // Valid after a Register or Attach that succeeded (one that failed leaves
-  // no model, also where there was one: calls then say to register; the
-  // re-attach after a rollback included): has_model().
+  // Valid after a Register or Attach that succeeded (one of other sizes
+  // that failed leaves no model, also where there was one: calls then say
+  // to register): has_model().
   const ModelLayout& layout() const { return *layout_; }
   bool has_model() const { return layout_.has_value(); }
   uint32_t trainer_rank() const { return options_.trainer_rank; }
