@@ -51,6 +51,9 @@ class EarlyPull {
   bool running() const { return thread_.has_value(); }
   // Joins the pull (cancelled first unless `push_ok`); its result.
   absl::StatusOr<PulledVersion> PushEnded(bool push_ok);
+  // From another thread: the pull running ends CANCELLED (until the next
+  // Start). See TrainerClient::Interrupt.
+  void Interrupt() { canceller_.Cancel(); }
 
   int64_t failed_attempts(size_t shard) const;
 

@@ -54,6 +54,12 @@ RetryPolicy RetryPolicyOf(const TrainerClientOptions& options) {
 
 }  // namespace
 
+void TrainerClient::Interrupt() {
+  interrupt_.Cancel();
+  // (Its own calls: a step waits for it once its push ended.)
+  if (early_pull_) early_pull_->Interrupt();
+}
+
 ShardFanOut::Call TrainerClient::CallFor(std::string what) const {
   ShardFanOut::Call call;
   // (Errors and logs name the trainer: a process may run several.)
@@ -61,6 +67,7 @@ ShardFanOut::Call TrainerClient::CallFor(std::string what) const {
   call.policy = RetryPolicyOf(options_);
   call.attempt_timeout = options_.rpc_timeout;
   call.on_wait = options_.on_wait;
+  call.canceller = &interrupt_;
   return call;
 }
 
@@ -189,6 +196,7 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
   calls.policy = RetryPolicyOf(options_);
   calls.wait_report_interval = options_.wait_report_interval;
   calls.on_wait = options_.on_wait;
+  calls.canceller = &interrupt_;
   calls.chunk_bytes = options_.chunk_bytes;
   calls.pull_dtype = options_.pull_dtype;
   calls.send_loss_scale = spec.loss_scaling;

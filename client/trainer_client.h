@@ -265,6 +265,12 @@ class TrainerClient {
   // Earlier steps re-pushed to restarted shards so far (see replay_steps),
   // and journaled pushes PullToResume sent again.
   int64_t replayed_pushes() const;
+
+  // From another thread (a Ctrl-C handler): the calls to shards in progress
+  // end with CANCELLED, and so does every later one until ClearInterrupt. A
+  // step interrupted so is retried as a whole, as after any failure.
+  void Interrupt();
+  void ClearInterrupt() { interrupt_.Reset(); }
   // Attempts of calls to shards (register, attach, push, pull, statistics,
   // hyperparameters, checkpoints) that failed UNAVAILABLE or
   // DEADLINE_EXCEEDED so far: the shard was down, unreachable, or slower than
@@ -375,6 +381,8 @@ class TrainerClient {
 
   TrainerClientOptions options_;
   std::vector<std::unique_ptr<ShardConnection>> shards_;
+  // (Before fanout_, whose calls name it: destroyed after them.)
+  mutable RunCanceller interrupt_;  // (Named by calls made in const methods.)
   std::unique_ptr<ShardFanOut> fanout_;
   std::unique_ptr<EarlyPull> early_pull_;  // With overlap_pull.
   std::shared_ptr<const TrainerSegment> segment_;                  // With shared memory.

@@ -4,7 +4,9 @@
 // .numpy()): contiguous little-endian float32 buffers of the layout's size
 // are read and written in place, without copies; anything else is refused
 // with ValueError (TypeError for objects that are no buffer). Calls that wait on the network
-// release the GIL; a mutex keeps one Client's calls apart (the C++ client is not thread-safe).
+// release the GIL and answer Ctrl-C (KeyboardInterrupt once the client's calls ended; a step
+// interrupted so is retried whole); a mutex keeps one Client's calls apart (the C++ client is not
+// thread-safe).
 // Every error the C++ side reports becomes a Python exception: shardopt.ShardoptError (a
 // RuntimeError) or one of its subclasses named after the gRPC status code (InvalidArgumentError is
 // also a ValueError, NotFoundError a LookupError, UnavailableError a ConnectionError, ...), with
@@ -12,10 +14,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -89,22 +94,16 @@ class Client {
     // when it had one: Checked() then refuses.)
     streamed_grads_.reset();
     if (initial.is_none()) {
-      {
-        py::gil_scoped_release release;
-        std::lock_guard<std::mutex> serial(mu_);
-        ThrowIfError(client_->Attach(spec));
-      }
+      Interruptible([&] { ThrowIfError(client_->Attach(spec)); });
       return;
     }
     const ModelLayout layout = ValueOrThrow(client_->LayoutFor(spec));
     FloatBuffer values =
         RequestFloats(initial.cast<py::buffer>(), layout.total_elements(), false, "initial values");
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> serial(mu_);
+    Interruptible([&] {
       ThrowIfError(
           client_->Register(spec, absl::MakeConstSpan(values.data, layout.total_elements())));
-    }
+    });
   }
 
   // [(name, shape, offset, size)] of the registered layout.
@@ -148,6 +147,41 @@ class Client {
   int64_t streamed_pushes_changed() const { return client_->streamed_pushes_changed(); }
   uint64_t streamed_bytes_sent() const { return client_->streamed_bytes_sent(); }
 
+  // Runs `call` (under the client's lock) on a thread of its own while this
+  // one, without the GIL, looks for Ctrl-C every 100 ms: a KeyboardInterrupt
+  // (any signal handler's exception) interrupts the client's calls to the
+  // shards (TrainerClient::Interrupt: they end CANCELLED) and is raised once
+  // the call has ended. Without it a blocked step() sat out its retry
+  // budget before Python could see the signal.
+  template <typename F>
+  auto Interruptible(F call) -> decltype(call()) {
+    using Result = decltype(call());
+    std::packaged_task<Result()> task([this, &call]() -> Result {
+      std::lock_guard<std::mutex> serial(mu_);
+      return call();
+    });
+    std::future<Result> done = task.get_future();
+    bool interrupted = false;
+    {
+      py::gil_scoped_release release;
+      std::thread worker(std::move(task));
+      while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+        py::gil_scoped_acquire acquire;
+        if (PyErr_CheckSignals() != 0) {
+          interrupted = true;
+          client_->Interrupt();
+          break;
+        }
+      }
+      worker.join();
+    }
+    if (interrupted) {
+      client_->ClearInterrupt();
+      throw py::error_already_set();  // (The handler's exception, still set.)
+    }
+    return done.get();  // (Rethrows what the call threw.)
+  }
+
   // Step or FinishStreamedStep on the two flat buffers, without the GIL.
   using StepFn = absl::StatusOr<StepResult> (TrainerClient::*)(
       int64_t, absl::Span<const float>, absl::Span<float>);
@@ -155,13 +189,10 @@ class Client {
     const size_t n = Checked().layout().total_elements();
     FloatBuffer g = RequestFloats(grads, n, false, "gradient buffer");
     FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
-    StepResult result;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> serial(mu_);
-      result = ValueOrThrow(
+    const StepResult result = Interruptible([&] {
+      return ValueOrThrow(
           (client_.get()->*fn)(step, absl::MakeConstSpan(g.data, n), absl::MakeSpan(p.data, n)));
-    }
+    });
     return StepResultToDict(result);
   }
 
@@ -171,36 +202,29 @@ class Client {
   py::dict StepOnDevice(int64_t step, uintptr_t grads, uintptr_t params) {
     Checked();
     if (grads == 0 || params == 0) throw py::value_error("step_on_device: a null buffer address");
-    StepResult result;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> serial(mu_);
-      result = ValueOrThrow(client_->StepOnDevice(step, reinterpret_cast<const float*>(grads),
-                                                  reinterpret_cast<float*>(params)));
-    }
+    const StepResult result = Interruptible([&] {
+      return ValueOrThrow(client_->StepOnDevice(step, reinterpret_cast<const float*>(grads),
+                                                reinterpret_cast<float*>(params)));
+    });
     return StepResultToDict(result);
   }
 
   int64_t Pull(int64_t min_version, const py::buffer& params) {
     const size_t n = Checked().layout().total_elements();
     FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
-    py::gil_scoped_release release;
-    std::lock_guard<std::mutex> serial(mu_);
-    return ValueOrThrow(client_->Pull(min_version, absl::MakeSpan(p.data, n)));
+    return Interruptible(
+        [&] { return ValueOrThrow(client_->Pull(min_version, absl::MakeSpan(p.data, n))); });
   }
 
   int64_t PullToResume(const py::buffer& params) {
     const size_t n = Checked().layout().total_elements();
     FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
-    py::gil_scoped_release release;
-    std::lock_guard<std::mutex> serial(mu_);
-    return ValueOrThrow(client_->PullToResume(absl::MakeSpan(p.data, n)));
+    return Interruptible(
+        [&] { return ValueOrThrow(client_->PullToResume(absl::MakeSpan(p.data, n))); });
   }
 
   std::string Checkpoint(const std::string& directory, int64_t step) {
-    py::gil_scoped_release release;
-    std::lock_guard<std::mutex> serial(mu_);
-    return ValueOrThrow(client_->Checkpoint(directory, step));
+    return Interruptible([&] { return ValueOrThrow(client_->Checkpoint(directory, step)); });
   }
 
   std::vector<std::string> InspectJson() {
@@ -212,9 +236,9 @@ class Client {
   void SetHyperparameters(int64_t effective_step, const std::string& optimizer,
                           const py::dict& hyperparameters) {
     const OptimizerConfig config = OptimizerFromKwargs(optimizer, hyperparameters);
-    py::gil_scoped_release release;
-    std::lock_guard<std::mutex> serial(mu_);
-    ThrowIfError(client_->SetHyperparameters(effective_step, config, LrSchedule()));
+    Interruptible([&] {
+      ThrowIfError(client_->SetHyperparameters(effective_step, config, LrSchedule()));
+    });
   }
 
   int64_t registered_version() const { return Checked().registered_version(); }
@@ -237,13 +261,7 @@ class Client {
   int64_t replayed_pushes() const { return client_->replayed_pushes(); }
   void WaitForEveryTrainer(int64_t step) {
     Checked();
-    absl::Status waited;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard<std::mutex> serial(mu_);
-      waited = client_->WaitForEveryTrainer(step);
-    }
-    ThrowIfError(waited);
+    Interruptible([&] { ThrowIfError(client_->WaitForEveryTrainer(step)); });
   }
   int64_t shared_memory_transfers() const { return client_->shared_memory_transfers(); }
   int64_t socket_transfers() const { return client_->socket_transfers(); }

@@ -3,8 +3,11 @@
 import inspect
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 import numpy
@@ -152,6 +155,31 @@ class BadUseTest(unittest.TestCase):
         # Registering again (attaching to the model as it is) works.
         client.register("reshaped", [("w", [64])], "sgd", {"lr": 0.1}, 1, 0.0, small)
         self.assertEqual(client.step(1, small, small.copy())["version"], 1)
+
+    def test_ctrl_c_ends_a_step_that_waits_on_another_trainer(self):
+        # (It sat out the retry budget, a minute here, before Python saw the signal.)
+        rank0 = shardopt.Client(self.servers, 0, retry_budget_s=60.0, rpc_timeout_s=60.0)
+        rank1 = shardopt.Client(self.servers, 1, retry_budget_s=60.0, rpc_timeout_s=60.0)
+        n = rank0.layout_for([("w", [64])])[-1][2]
+        rank0.register("interrupted", [("w", [64])], "sgd", {"lr": 0.5}, 2, 0.0,
+                       numpy.zeros(n, dtype=numpy.float32))
+        rank1.register("interrupted", [("w", [64])], "sgd", {"lr": 0.5}, 2)
+        grads = numpy.zeros(n, dtype=numpy.float32)
+        grads[:64] = 0.25  # (Padding gets zero gradients.)
+        params0, params1 = numpy.zeros(n, dtype=numpy.float32), numpy.zeros(n, dtype=numpy.float32)
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        started = time.monotonic()
+        with self.assertRaises(KeyboardInterrupt):
+            rank0.step(1, grads, params0)
+        self.assertLess(time.monotonic() - started, 10)
+        timer.join()
+        # The client goes on: retried with trainer 1's push, the step completes.
+        other = threading.Thread(target=rank1.step, args=(1, grads, params1))
+        other.start()
+        self.assertEqual(rank0.step(1, grads, params0)["version"], 1)
+        other.join(timeout=60)
+        self.assertTrue(numpy.all(params0[:64] == -0.125))
 
     def test_a_streamed_push_holds_its_gradient_buffer(self):
         client = shardopt.Client(self.servers, 0, retry_budget_s=2.0)
