@@ -24,28 +24,12 @@
 #include "tests/support/raw_calls.h"
 #include "tests/support/shard_queries.h"
 #include "tests/support/synthetic.h"
+#include "tests/support/two_shard_cluster.h"
 
 namespace shardopt::testing {
 namespace {
 
-class ClientSemanticsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto servers = StartCluster(2);
-    ASSERT_TRUE(servers.ok()) << servers.status();
-    servers_ = std::move(*servers);
-  }
-
-  std::unique_ptr<TrainerClient> Connect(uint32_t rank) {
-    TrainerClientOptions options;
-    options.trainer_rank = rank;
-    options.rpc_timeout = absl::Seconds(10);
-    options.retry_budget = absl::Seconds(5);
-    return TrainerClient::Connect(Addresses(servers_), options).value();
-  }
-
-  std::vector<std::unique_ptr<ServerProcess>> servers_;
-};
+class ClientSemanticsTest : public TwoShardClusterTest {};
 
 TEST_F(ClientSemanticsTest, RepeatedPushIsCountedAsDuplicateAndTheStepStillCompletes) {
   const ModelSpec spec = SyntheticModelSpec("dup", OptimizerConfig::Adam(0.01), 2);

@@ -20,28 +20,12 @@
 #include "tests/support/raw_calls.h"
 #include "tests/support/shard_queries.h"
 #include "tests/support/synthetic.h"
+#include "tests/support/two_shard_cluster.h"
 
 namespace shardopt::testing {
 namespace {
 
-class HyperparameterClientTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto servers = StartCluster(2);
-    ASSERT_TRUE(servers.ok()) << servers.status();
-    servers_ = std::move(*servers);
-  }
-
-  std::unique_ptr<TrainerClient> Connect(uint32_t rank) {
-    TrainerClientOptions options;
-    options.trainer_rank = rank;
-    options.rpc_timeout = absl::Seconds(10);
-    options.retry_budget = absl::Seconds(5);
-    return TrainerClient::Connect(Addresses(servers_), options).value();
-  }
-
-  std::vector<std::unique_ptr<ServerProcess>> servers_;
-};
+class HyperparameterClientTest : public TwoShardClusterTest {};
 
 TEST_F(HyperparameterClientTest, ScheduleAndLiveHyperparameterChangeAgreeOnEveryShard) {
   ModelSpec spec = SyntheticModelSpec("live", OptimizerConfig::AdamW(0.02), 2);

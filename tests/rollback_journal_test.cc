@@ -30,6 +30,16 @@ bool DirectoryExists(const std::string& path) {
   return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
 }
 
+// SGD (lr 1/2) on one tensor of kElements, for `trainers` trainers.
+ModelSpec SgdSpec(const std::string& model_id, uint32_t trainers) {
+  ModelSpec spec;
+  spec.model_id = model_id;
+  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Sgd(0.5);
+  spec.num_trainers = trainers;
+  return spec;
+}
+
 // Both trainers take step `step`, each with its own gradient value.
 void BothStep(TrainerClient& a, TrainerClient& b, int64_t step, float grad_a, float grad_b,
               std::vector<float>* params_a, std::vector<float>* params_b) {
@@ -51,11 +61,7 @@ TEST(RollbackJournalTest, PushesOfStepsGivenUpWhileTheTrainerWasAwayGo) {
   ASSERT_TRUE(server.ok()) << server.status();
   const std::vector<std::string> addresses = {(*server)->address()};
   auto stub = NewStub((*server)->address());
-  ModelSpec spec;
-  spec.model_id = "away";
-  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Sgd(0.5);
-  spec.num_trainers = 2;
+  const ModelSpec spec = SgdSpec("away", 2);
   TrainerClientOptions plain;
   plain.retry_budget = absl::Seconds(10);
   TrainerClientOptions journaled = plain;
@@ -134,10 +140,7 @@ TEST(RollbackJournalTest, ARollbackWhoseSetAsideFailedIsNotTakenForDone) {
       placement);
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = NewStub((*server)->address());
-  ModelSpec spec;
-  spec.model_id = "aside";
-  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Sgd(0.5);
+  const ModelSpec spec = SgdSpec("aside", 1);
   {
     std::unique_ptr<TrainerClient> t0 =
         TrainerClient::Connect({(*server)->address()}, TrainerClientOptions()).value();
@@ -194,11 +197,7 @@ TEST(RollbackJournalTest, ARollbackToAStepWithoutACheckpointChangesNothing) {
   ASSERT_TRUE(server.ok()) << server.status();
   const std::vector<std::string> addresses = {(*server)->address()};
   auto stub = NewStub((*server)->address());
-  ModelSpec spec;
-  spec.model_id = "nowhere";
-  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Sgd(0.5);
-  spec.num_trainers = 2;
+  const ModelSpec spec = SgdSpec("nowhere", 2);
   TrainerClientOptions options1;
   options1.trainer_rank = 1;
   std::unique_ptr<TrainerClient> t0 =
@@ -252,10 +251,7 @@ TEST(RollbackJournalTest, GoingBackToANamedCheckpointGivesUpTheLaterSteps) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(0, 1, flags);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string address = (*server)->address();
-  ModelSpec spec;
-  spec.model_id = "back";
-  spec.tensors = {TensorSpec{"w", {static_cast<int64_t>(kElements)}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Sgd(0.5);
+  const ModelSpec spec = SgdSpec("back", 1);
   const auto committed_through = [&](int64_t step) {
     auto stub = NewStub(address);
     v1::InspectResponse inspect;
