@@ -37,7 +37,7 @@ void EarlyPull::Prepare(const ModelLayout& layout, StepCallsContext calls,
 }
 
 void EarlyPull::Start(int64_t step, absl::Span<float> flat_params) {
-  canceller_.Reset();
+  // (Not reset here: an Interrupt that came just before must end it.)
   pushed_step_ = step - 1;
   result_ = absl::UnknownError("no early pull");
   thread_.emplace([this, step, flat_params, calls = calls_] {
@@ -51,6 +51,7 @@ absl::StatusOr<PulledVersion> EarlyPull::PushEnded(bool push_ok) {
   if (!push_ok) canceller_.Cancel();
   thread_->join();
   thread_.reset();
+  canceller_.Reset();
   return result_;
 }
 

@@ -51,9 +51,10 @@ class EarlyPull {
   bool running() const { return thread_.has_value(); }
   // Joins the pull (cancelled first unless `push_ok`); its result.
   absl::StatusOr<PulledVersion> PushEnded(bool push_ok);
-  // From another thread: the pull running ends CANCELLED (until the next
-  // Start). See TrainerClient::Interrupt.
+  // From another thread: the pull running (or the next one) ends CANCELLED,
+  // until PushEnded or ClearInterrupt. See TrainerClient::Interrupt.
   void Interrupt() { canceller_.Cancel(); }
+  void ClearInterrupt() { canceller_.Reset(); }
 
   int64_t failed_attempts(size_t shard) const;
 

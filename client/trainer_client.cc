@@ -60,6 +60,11 @@ void TrainerClient::Interrupt() {
   if (early_pull_) early_pull_->Interrupt();
 }
 
+void TrainerClient::ClearInterrupt() {
+  interrupt_.Reset();
+  if (early_pull_) early_pull_->ClearInterrupt();
+}
+
 ShardFanOut::Call TrainerClient::CallFor(std::string what) const {
   ShardFanOut::Call call;
   // (Errors and logs name the trainer: a process may run several.)
@@ -312,11 +317,13 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
   absl::StatusOr<v1::ModelConfig> config = ModelConfigFor(spec, *layout, shard_count());
   if (!config.ok()) return config.status();
   // PrepareModel replaces what steps use (ranges, calls, transports, the
-  // shared segment): with other sizes there is no model until this
-  // registration succeeds, so that no step runs with the old layout's sizes
-  // on the new parts. (The same sizes, as a re-attach after a rollback has,
-  // keep the client usable if it fails.)
-  if (layout_ && !SameSizes(*layout_, *layout, shard_count())) layout_.reset();
+  // shared segment, the model the calls name): for another model or other
+  // sizes there is none until this registration succeeds, so that no step
+  // runs with the old layout's sizes on the new parts or sends the old
+  // model's gradients to the new one. (A re-attach of the same model, as
+  // after a rollback, keeps the client usable if it fails.)
+  const bool same_model = spec_ && spec_->model_id == spec.model_id;
+  if (layout_ && !(same_model && SameSizes(*layout_, *layout, shard_count()))) layout_.reset();
   if (absl::Status s = PrepareModel(spec, *layout); !s.ok()) return s;
   ShardFanOut::Call call = CallFor(initial_params ? "RegisterModel" : "RegisterModel (attach)");
   if (!initial_params) {

@@ -131,9 +131,9 @@ class TrainerClient {
   // initial values it passes to Register. INVALID_ARGUMENT for a bad spec.
   absl::StatusOr<ModelLayout> LayoutFor(const ModelSpec& spec) const;
 
-  // Valid after a Register or Attach that succeeded (one of other sizes
-  // that failed leaves no model, also where there was one: calls then say
-  // to register): has_model().
+  // Valid after a Register or Attach that succeeded (one of another model
+  // or other sizes that failed leaves no model, also where there was one:
+  // calls then say to register): has_model().
   const ModelLayout& layout() const { return *layout_; }
   bool has_model() const { return layout_.has_value(); }
   uint32_t trainer_rank() const { return options_.trainer_rank; }
@@ -270,7 +270,7 @@ class TrainerClient {
   // end with CANCELLED, and so does every later one until ClearInterrupt. A
   // step interrupted so is retried as a whole, as after any failure.
   void Interrupt();
-  void ClearInterrupt() { interrupt_.Reset(); }
+  void ClearInterrupt();
   // Attempts of calls to shards (register, attach, push, pull, statistics,
   // hyperparameters, checkpoints) that failed UNAVAILABLE or
   // DEADLINE_EXCEEDED so far: the shard was down, unreachable, or slower than

@@ -90,9 +90,9 @@ class Client {
       spec.loss_scaling = true;
       spec.loss_scaler = LossScalerFromKwargs(loss_scaler.cast<py::dict>());
     }
-    // (A registration that fails leaves the client without a model, also
+    // (A registration that fails may leave the client without a model, also
     // when it had one: Checked() then refuses.)
-    streamed_grads_.reset();
+    EndStreamedPush();
     if (initial.is_none()) {
       Interruptible([&] { ThrowIfError(client_->Attach(spec)); });
       return;
@@ -131,8 +131,8 @@ class Client {
   // From backward hooks: no lock beyond the client's own.
   void MarkGradientReady(uint64_t begin, uint64_t end) { client_->MarkGradientReady(begin, end); }
   py::dict FinishStreamedStep(int64_t step, const py::buffer& grads, const py::buffer& params) {
-    // (Its thread is done with the buffer once this returns, or throws.)
-    const absl::Cleanup release_grads = [this] { streamed_grads_.reset(); };
+    // (Also when it throws before reaching the client: the push ends first.)
+    const absl::Cleanup release_grads = [this] { EndStreamedPush(); };
     return RunStep(step, grads, params, &TrainerClient::FinishStreamedStep);
   }
   void CancelStreamedPush() {
@@ -142,6 +142,12 @@ class Client {
       client_->CancelStreamedPush();
     }
     streamed_grads_.reset();
+  }
+  // Ends a streamed push in progress (its thread joined) before letting its
+  // buffer go. With the GIL.
+  void EndStreamedPush() {
+    if (streamed_grads_ == nullptr) return;
+    CancelStreamedPush();
   }
   int64_t streamed_pushes() const { return client_->streamed_pushes(); }
   int64_t streamed_pushes_changed() const { return client_->streamed_pushes_changed(); }
@@ -153,11 +159,31 @@ class Client {
   // shards (TrainerClient::Interrupt: they end CANCELLED) and is raised once
   // the call has ended. Without it a blocked step() sat out its retry
   // budget before Python could see the signal.
+  // The interrupt reaches the client only while this call holds the lock
+  // (not another thread's call it waits behind), and is cleared before the
+  // lock is let go.
   template <typename F>
   auto Interruptible(F call) -> decltype(call()) {
     using Result = decltype(call());
-    std::packaged_task<Result()> task([this, &call]() -> Result {
+    struct Interrupt {
+      std::mutex mu;
+      bool requested = false;  // By the caller's signal handler.
+      bool running = false;    // The call holds the client's lock.
+    } interrupt;
+    std::packaged_task<Result()> task([this, &call, &interrupt]() -> Result {
       std::lock_guard<std::mutex> serial(mu_);
+      {
+        std::lock_guard<std::mutex> lock(interrupt.mu);
+        if (interrupt.requested) {
+          throw StatusException(absl::CancelledError("interrupted before it started"));
+        }
+        interrupt.running = true;
+      }
+      const absl::Cleanup cleared = [this, &interrupt] {
+        std::lock_guard<std::mutex> lock(interrupt.mu);
+        interrupt.running = false;
+        if (interrupt.requested) client_->ClearInterrupt();
+      };
       return call();
     });
     std::future<Result> done = task.get_future();
@@ -169,16 +195,15 @@ class Client {
         py::gil_scoped_acquire acquire;
         if (PyErr_CheckSignals() != 0) {
           interrupted = true;
-          client_->Interrupt();
+          std::lock_guard<std::mutex> lock(interrupt.mu);
+          interrupt.requested = true;
+          if (interrupt.running) client_->Interrupt();
           break;
         }
       }
       worker.join();
     }
-    if (interrupted) {
-      client_->ClearInterrupt();
-      throw py::error_already_set();  // (The handler's exception, still set.)
-    }
+    if (interrupted) throw py::error_already_set();  // (The handler's exception, still set.)
     return done.get();  // (Rethrows what the call threw.)
   }
 

@@ -41,8 +41,17 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   http.set_keep_alive_max_count(1);
   http.set_keep_alive_timeout(1);
   http.new_task_queue = [] { return new httplib::ThreadPool(4); };
-  // Nothing here takes a body: a larger one is refused (413) unread instead
-  // of filling memory (httplib reads a whole body by default, unbounded).
+  // Nothing here takes a body. Any method but GET and HEAD is refused (405)
+  // before httplib reads its body (whole into memory, unbounded, chunked
+  // ones too; a GET's it does not read).
+  http.set_pre_routing_handler([](const httplib::Request& request, httplib::Response& response) {
+    if (request.method == "GET" || request.method == "HEAD") {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    response.status = 405;
+    response.set_header("Allow", "GET, HEAD");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http.set_payload_max_length(4096);
   http.Get("/metrics", [render = std::move(render_metrics)](const httplib::Request&,
                                                             httplib::Response& response) {

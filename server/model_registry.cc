@@ -38,6 +38,9 @@ std::shared_ptr<HostedModel> ModelRegistry::Install(std::shared_ptr<HostedModel>
 
 absl::Status ModelRegistry::Replace(const std::shared_ptr<HostedModel>& old_model,
                                     std::shared_ptr<HostedModel> new_model) {
+  // Before anyone sees it (a /metrics scrape): its counters go on from the
+  // old one's. (Read from the old one's shard, which still runs.)
+  new_model->TakeOverAppliedSteps(*old_model);
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return absl::UnavailableError("the shard server is shutting down");
@@ -48,8 +51,6 @@ absl::Status ModelRegistry::Replace(const std::shared_ptr<HostedModel>& old_mode
     }
     it->second = new_model;
   }
-  // (Before it stops: its counts are read from its shard.)
-  new_model->TakeOverAppliedSteps(*old_model);
   // Outside the lock: waits for the old model's checkpoint write, if any.
   old_model->Stop();
   new_model->StartCheckpoints();

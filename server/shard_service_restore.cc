@@ -84,7 +84,17 @@ absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint, 
 }
 
 absl::Status ShardServiceImpl::RestoreNewestOf(const std::string& model_root) {
-  if (FileExists(options_.file_env, JoinPath(model_root, kCheckpointManifestFile))) {
+  absl::StatusOr<std::vector<StepDirectory>> steps =
+      ListStepDirectories(model_root, options_.file_env);
+  if (!steps.ok()) return steps.status();
+  if (FileExists(options_.file_env, JoinPath(model_root, kCheckpointManifestFile)) &&
+      !steps->empty()) {
+    // (One written into a model's periodic directory before the Checkpoint
+    // RPC refused that: the periodic ones are the model's.)
+    LogWarning("%s holds both one checkpoint and periodic step directories: the newest periodic "
+               "one is restored",
+               model_root);
+  } else if (FileExists(options_.file_env, JoinPath(model_root, kCheckpointManifestFile))) {
     // A model directory that is itself one checkpoint (the Checkpoint RPC's).
     absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
         OpenVerifiedCheckpoint(model_root, options_.file_env);
@@ -194,7 +204,8 @@ absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
     return RestoreNewestOf(path);
   }
   for (const std::string& dir : model_dirs) {  // Sorted: ListDirectory sorts.
-    if (FileExists(env, JoinPath(dir, kCheckpointManifestFile))) {
+    absl::StatusOr<std::vector<StepDirectory>> steps = ListStepDirectories(dir, env);
+    if (FileExists(env, JoinPath(dir, kCheckpointManifestFile)) && steps.ok() && steps->empty()) {
       // One checkpoint in a directory of its own (the Checkpoint RPC's, an
       // export next to the periodic ones): a model's only when named after it.
       absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir, env);

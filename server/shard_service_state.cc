@@ -2,11 +2,11 @@
 // whole - Inspect, GetServerInfo, Checkpoint, RollBack - and /metrics (the
 // restore before serving: shard_service_restore.cc).
 #include <algorithm>
+#include <filesystem>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "common/checkpoint_catalog.h"
 #include "common/logging.h"
 #include "common/names.h"
@@ -35,6 +35,14 @@ int64_t NewestCommittedCheckpoint(HostedModel& model) {
   if (model.periodic_checkpoints()) model.RefreshCheckpointList();
   const std::vector<int64_t> committed = model.committed_checkpoints();
   return committed.empty() ? -1 : committed.front();
+}
+
+// `path` absolute (from the working directory) and lexically normal, without
+// a trailing '/': two spellings of one directory compare equal.
+std::string NormalPath(const std::string& path) {
+  std::string normal = std::filesystem::absolute(path).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  return normal;
 }
 
 }  // namespace
@@ -206,14 +214,17 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
     return Error(absl::InvalidArgumentError(
         absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));
   }
-  // (A checkpoint there would stand for the model's periodic ones at every
-  // restart from the root.)
-  if ((*model)->periodic_checkpoints() &&
-      absl::StripSuffix(request->directory(), "/") ==
-          (*model)->checkpoint_options().model_root) {
-    return Error(absl::FailedPreconditionError(absl::StrCat(
-        request->directory(), " is the directory of model '", request->model_id(),
-        "''s periodic checkpoints: name a directory of its own")));
+  // A checkpoint there would be taken, at every restart from the root, for
+  // the periodic ones of a model (or the root for one checkpoint).
+  if (!options_.checkpoint_dir.empty() && options_.checkpoint_every > 0) {
+    const std::string dir = NormalPath(request->directory());
+    const std::string root = NormalPath(options_.checkpoint_dir);
+    if (dir == root || (DirectoryOf(dir) == root && models_.Find(BaseName(dir)).ok())) {
+      return Error(absl::FailedPreconditionError(absl::StrCat(
+          request->directory(), " is ",
+          dir == root ? "--checkpoint_dir" : "the directory of a model's periodic checkpoints",
+          ": name a directory of its own")));
+    }
   }
   ModelShard& shard = (*model)->shard();
   if (request->step() == -1 && shard.asynchronous()) {
@@ -227,9 +238,8 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
   absl::Duration write_time;
   absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
       shard, (*model)->config(), request->directory(), step,
-      WaitDeadline(*context, request->max_wait_ms()),
-      [context] { return context->IsCancelled(); }, ModelShard::StepHold(), options_.file_env,
-      &write_time);
+      WaitDeadline(*context, request->max_wait_ms()), [context] { return context->IsCancelled(); },
+      ModelShard::StepHold(), options_.file_env, &write_time);
   // Only what wrote (or failed writing) files: not a refused request, nor a
   // repeat of a committed checkpoint.
   if (!context->IsCancelled() && write_time > absl::ZeroDuration() &&

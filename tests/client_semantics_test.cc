@@ -434,6 +434,36 @@ TEST(ClientSemanticsRetryTest, AStepRepeatedAfterItsDecisionKeepsItsLossScale) {
   EXPECT_EQ(params, std::vector<float>(1024, 0.0625f));
 }
 
+// A push of a step the journal no longer holds (dropped below the recovery
+// floor) is sent as one never journaled: acknowledged, and no crash.
+TEST(ClientSemanticsRetryTest, APushOfAStepTheJournalDroppedIsSentAsNew) {
+  const std::string ckpt = MakeTempDir("dropped_journal_ckpt");
+  auto server = ServerProcess::Start(
+      0, 1, {"--checkpoint_dir=" + ckpt, "--checkpoint_every=1", "--restore_from=" + ckpt});
+  ASSERT_TRUE(server.ok()) << server.status();
+  TrainerClientOptions journaled;
+  journaled.journal_path = MakeTempDir("dropped_journal");
+  auto client = TrainerClient::Connect({(*server)->address()}, journaled).value();
+  const ModelSpec spec = SyntheticModelSpec("dropped", OptimizerConfig::Sgd(0.5), 1);
+  std::vector<float> params = SyntheticInitialParams(client->LayoutFor(spec).value(), 8);
+  ASSERT_TRUE(client->Register(spec, params).ok());
+  const std::vector<float> grad(params.size(), 0.0f);
+  for (int64_t step = 1; step <= 6; ++step) {
+    ASSERT_TRUE(client->Step(step, grad, absl::MakeSpan(params)).ok());
+    // (The pushes carry the recovery floor: the second-newest commit.)
+    for (int i = 0; i < 500 && InspectOf((*server)->address(), "dropped")
+                                       .newest_committed_checkpoint() < step;
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  const auto [rc, files] = RunShell("ls " + journaled.journal_path);
+  ASSERT_EQ(rc, 0);
+  ASSERT_FALSE(absl::StrContains(files, "push-000000000001")) << "not dropped: " << files;
+  const absl::StatusOr<StepResult> again = client->Push(1, grad);
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
 // A checkpoint of a step the shards cannot reach yet (a trainer has not
 // pushed it) fails after the retry budget with the shard's report of what
 // it waits for, not a bare deadline.

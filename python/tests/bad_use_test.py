@@ -155,6 +155,14 @@ class BadUseTest(unittest.TestCase):
         # Registering again (attaching to the model as it is) works.
         client.register("reshaped", [("w", [64])], "sgd", {"lr": 0.1}, 1, 0.0, small)
         self.assertEqual(client.step(1, small, small.copy())["version"], 1)
+        # Another model of the same size that refuses it: no model either
+        # (its steps would have gone to the other model).
+        other = shardopt.Client(self.servers, 0, retry_budget_s=2.0)
+        other.register("same_size", [("w", [64])], "adam", {"lr": 0.1}, 1, 0.0, small)
+        with self.assertRaises(shardopt.FailedPreconditionError):
+            client.register("same_size", [("w", [64])], "sgd", {"lr": 0.1}, 1, 0.0, small)
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "register"):
+            client.step(2, small, small.copy())
 
     def test_ctrl_c_ends_a_step_that_waits_on_another_trainer(self):
         # (It sat out the retry budget, a minute here, before Python saw the signal.)
