@@ -91,24 +91,29 @@ class Client {
       spec.loss_scaler = LossScalerFromKwargs(loss_scaler.cast<py::dict>());
     }
     // (A registration that fails may leave the client without a model, also
-    // when it had one: Checked() then refuses.)
+    // when it had one: CheckedSize() then refuses.)
     EndStreamedPush();
+    std::atomic_store(&layout_, std::shared_ptr<const ModelLayout>());
     if (initial.is_none()) {
-      Interruptible([&] { ThrowIfError(client_->Attach(spec)); });
+      std::atomic_store(&layout_, Interruptible([&] {
+        ThrowIfError(client_->Attach(spec));
+        return std::make_shared<const ModelLayout>(client_->layout());
+      }));
       return;
     }
-    const ModelLayout layout = ValueOrThrow(client_->LayoutFor(spec));
-    FloatBuffer values =
-        RequestFloats(initial.cast<py::buffer>(), layout.total_elements(), false, "initial values");
+    auto layout = std::make_shared<const ModelLayout>(ValueOrThrow(client_->LayoutFor(spec)));
+    FloatBuffer values = RequestFloats(initial.cast<py::buffer>(), layout->total_elements(), false,
+                                       "initial values");
     Interruptible([&] {
       ThrowIfError(
-          client_->Register(spec, absl::MakeConstSpan(values.data, layout.total_elements())));
+          client_->Register(spec, absl::MakeConstSpan(values.data, layout->total_elements())));
     });
+    std::atomic_store(&layout_, std::shared_ptr<const ModelLayout>(std::move(layout)));
   }
 
   // [(name, shape, offset, size)] of the registered layout.
-  std::vector<py::tuple> Layout() const { return Placements(Checked().layout()); }
-  uint64_t TotalElements() const { return Checked().layout().total_elements(); }
+  std::vector<py::tuple> Layout() const { return Placements(*CheckedLayout()); }
+  uint64_t TotalElements() const { return CheckedSize(); }
 
   py::dict Step(int64_t step, const py::buffer& grads, const py::buffer& params) {
     return RunStep(step, grads, params, &TrainerClient::Step);
@@ -119,7 +124,7 @@ class Client {
   // cancel_streamed_push, the next streamed push or a registration; it must
   // stay in place (not resized) meanwhile.
   void BeginStreamedPush(int64_t step, const py::buffer& grads) {
-    const size_t n = Checked().layout().total_elements();
+    const size_t n = CheckedSize();
     auto g = std::make_unique<FloatBuffer>(RequestFloats(grads, n, false, "gradient buffer"));
     {
       py::gil_scoped_release release;
@@ -204,14 +209,14 @@ class Client {
       worker.join();
     }
     if (interrupted) throw py::error_already_set();  // (The handler's exception, still set.)
-    return done.get();  // (Rethrows what the call threw.)
+    return done.get();                               // (Rethrows what the call threw.)
   }
 
   // Step or FinishStreamedStep on the two flat buffers, without the GIL.
   using StepFn = absl::StatusOr<StepResult> (TrainerClient::*)(
       int64_t, absl::Span<const float>, absl::Span<float>);
   py::dict RunStep(int64_t step, const py::buffer& grads, const py::buffer& params, StepFn fn) {
-    const size_t n = Checked().layout().total_elements();
+    const size_t n = CheckedSize();
     FloatBuffer g = RequestFloats(grads, n, false, "gradient buffer");
     FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
     const StepResult result = Interruptible([&] {
@@ -225,7 +230,7 @@ class Client {
   // (torch's data_ptr()) of layout().total_elements() floats each in the
   // device pairs' memory, alive and unchanged by the caller until it returns.
   py::dict StepOnDevice(int64_t step, uintptr_t grads, uintptr_t params) {
-    Checked();
+    CheckedSize();
     if (grads == 0 || params == 0) throw py::value_error("step_on_device: a null buffer address");
     const StepResult result = Interruptible([&] {
       return ValueOrThrow(client_->StepOnDevice(step, reinterpret_cast<const float*>(grads),
@@ -235,14 +240,14 @@ class Client {
   }
 
   int64_t Pull(int64_t min_version, const py::buffer& params) {
-    const size_t n = Checked().layout().total_elements();
+    const size_t n = CheckedSize();
     FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
     return Interruptible(
         [&] { return ValueOrThrow(client_->Pull(min_version, absl::MakeSpan(p.data, n))); });
   }
 
   int64_t PullToResume(const py::buffer& params) {
-    const size_t n = Checked().layout().total_elements();
+    const size_t n = CheckedSize();
     FloatBuffer p = RequestFloats(params, n, true, "parameter buffer");
     return Interruptible(
         [&] { return ValueOrThrow(client_->PullToResume(absl::MakeSpan(p.data, n))); });
@@ -266,7 +271,12 @@ class Client {
     });
   }
 
-  int64_t registered_version() const { return Checked().registered_version(); }
+  int64_t registered_version() {
+    CheckedSize();
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
+    return client_->registered_version();
+  }
   // Also answers before register(): the layout the model will get.
   std::vector<py::tuple> LayoutFor(
       const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
@@ -285,7 +295,7 @@ class Client {
   double loss_scale() const { return client_->loss_scale(); }
   int64_t replayed_pushes() const { return client_->replayed_pushes(); }
   void WaitForEveryTrainer(int64_t step) {
-    Checked();
+    CheckedSize();
     Interruptible([&] { ThrowIfError(client_->WaitForEveryTrainer(step)); });
   }
   int64_t shared_memory_transfers() const { return client_->shared_memory_transfers(); }
@@ -304,12 +314,16 @@ class Client {
   std::optional<int64_t> rolled_back_to() const { return client_->rolled_back_to(); }
 
  private:
-  const TrainerClient& Checked() const {
-    if (!client_->has_model()) {
+  // The registered model's layout, read without the client's lock (a call
+  // of another thread may hold it); FAILED_PRECONDITION without one.
+  std::shared_ptr<const ModelLayout> CheckedLayout() const {
+    std::shared_ptr<const ModelLayout> layout = std::atomic_load(&layout_);
+    if (layout == nullptr) {
       throw StatusException(absl::FailedPreconditionError("call register() first"));
     }
-    return *client_;
+    return layout;
   }
+  uint64_t CheckedSize() const { return CheckedLayout()->total_elements(); }
 
   // The gradient buffer of a streamed push in progress (see
   // BeginStreamedPush). Declared before client_: destroyed after it, once
@@ -318,6 +332,9 @@ class Client {
   std::unique_ptr<TrainerClient> client_;
   // Held (after the GIL is released) by every call into client_.
   std::mutex mu_;
+  // A copy of the registered layout, null without a model (set by the
+  // Python thread that registers; read without mu_, std::atomic_load).
+  std::shared_ptr<const ModelLayout> layout_;
 };
 
 }  // namespace
