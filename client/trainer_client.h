@@ -133,9 +133,8 @@ class TrainerClient {
 
   // Valid after a Register or Attach that succeeded (one of another model
   // or other sizes that failed leaves no model, also where there was one:
-  // calls then say to register): has_model().
+  // calls then say to register).
   const ModelLayout& layout() const { return *layout_; }
-  bool has_model() const { return layout_.has_value(); }
   uint32_t trainer_rank() const { return options_.trainer_rank; }
   uint32_t shard_count() const { return static_cast<uint32_t>(shards_.size()); }
   // The version every shard was at after the last Register/Attach (in the

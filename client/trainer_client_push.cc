@@ -52,9 +52,8 @@ absl::StatusOr<StepResult> TrainerClient::PushPayload(int64_t step, const void* 
     // (Asynchronous: each push carries its own scale, which the shards
     // divide out, and a restarted trainer's scaler starts afresh: the
     // journaled push goes with the scale it was made with.)
-    const bool same_scale =
-        earlier.ok() && (asynchronous() || earlier->loss_scale == loss_scale);
-    if (same_kind && earlier->dtype == wire_dtype && same_scale) {
+    if (same_kind && earlier->dtype == wire_dtype &&
+        (asynchronous() || earlier->loss_scale == loss_scale)) {
       journaled = earlier->payload;
       payload = journaled->data();
       bytes = journaled->size();

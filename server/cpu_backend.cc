@@ -214,6 +214,12 @@ absl::Status CpuBackend::ApplyOneRange(uint32_t rank, int64_t step, const Optimi
     MultiplyGradient(multiplier, rank);
     return UpdateWholeTensors(step, gradient);
   }
+  UpdateBlocks(step, gradient, multiplier, first, last);
+  return absl::OkStatus();
+}
+
+void CpuBackend::UpdateBlocks(int64_t step, float* gradient, float multiplier, uint64_t first,
+                              uint64_t last) {
   float* const params = params_.data();
   pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
     begin += first;
@@ -226,7 +232,6 @@ absl::Status CpuBackend::ApplyOneRange(uint32_t rank, int64_t step, const Optimi
       optimizer_->Update(step, params, gradient, block, block_end);
     }
   });
-  return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Reduce(bool mean) { return ReduceRange(mean, 0, params_.size()); }
@@ -293,24 +298,13 @@ absl::Status CpuBackend::UpdateRange(int64_t step, const OptimizerConfig& config
   if (absl::Status s = CheckRange(first, last); !s.ok()) return s;
   if (absl::Status s = optimizer_->SetConfig(config); !s.ok()) return s;
   float* const g = staging_[0].data();
-  float* const params = params_.data();
   if (optimizer_->needs_whole_tensors()) {
     if (absl::Status s = CheckWholeRange(first, last); !s.ok()) return s;
     if (absl::Status s = CheckOwnNormsSuffice(); !s.ok()) return s;
     MultiplyGradient(multiplier);
     return UpdateWholeTensors(step, g);
   }
-  pool_->ParallelFor(last - first, kGrainElements, [&](size_t begin, size_t end) {
-    begin += first;
-    end += first;
-    for (size_t block = begin; block < end; block += kBlockElements) {
-      const size_t block_end = std::min(end, block + kBlockElements);
-      if (multiplier != 1.0f) {
-        for (size_t i = block; i < block_end; ++i) g[i] *= multiplier;
-      }
-      optimizer_->Update(step, params, g, block, block_end);
-    }
-  });
+  UpdateBlocks(step, g, multiplier, first, last);
   return absl::OkStatus();
 }
 

@@ -94,6 +94,10 @@ class CpuBackend final : public UpdateBackend {
   // piece of optimizer_->tensors(); then the update with given norms.
   std::vector<TrustPartial> MeasureParts(int64_t step, const float* gradient, float multiplier);
   void UpdateParts(int64_t step, const float* gradient, absl::Span<const TensorNorms> norms);
+  // The element-wise update of [first, last) from `gradient`, multiplied in
+  // place by `multiplier` block by block first (the fp32 product the kernels
+  // read), on the pool.
+  void UpdateBlocks(int64_t step, float* gradient, float multiplier, uint64_t first, uint64_t last);
   // Multiplies the reduced gradient in place (the fp32 product the kernels read).
   void MultiplyGradient(float multiplier, uint32_t rank = 0);
 

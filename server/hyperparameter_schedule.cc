@@ -61,24 +61,25 @@ absl::Status HyperparameterSchedule::Cancel(int64_t effective_step, int64_t vers
   return absl::OkStatus();
 }
 
+bool HyperparameterSchedule::Adopts(int64_t effective_step, int64_t version,
+                                    bool next_started) const {
+  return !Started(effective_step, version, next_started) && cancelled_.count(effective_step) == 0 &&
+         scheduled_.count(effective_step) == 0;
+}
+
 size_t HyperparameterSchedule::WouldAdopt(const std::vector<int64_t>& effective_steps,
                                          int64_t version, bool next_started) const {
   std::set<int64_t> added;
   for (int64_t step : effective_steps) {
-    if (Started(step, version, next_started) || cancelled_.count(step) > 0 ||
-        scheduled_.count(step) > 0) {
-      continue;
-    }
-    added.insert(step);
+    if (Adopts(step, version, next_started)) added.insert(step);
   }
   return added.size();
 }
 
 void HyperparameterSchedule::Adopt(int64_t effective_step, const Hyperparameters& next,
                                    int64_t version, bool next_started) {
-  if (Started(effective_step, version, next_started)) return;
-  if (cancelled_.count(effective_step) > 0) return;
-  scheduled_.emplace(effective_step, next);  // Keeps what is there.
+  // (Never replaces what is there.)
+  if (Adopts(effective_step, version, next_started)) scheduled_.emplace(effective_step, next);
 }
 
 OptimizerConfig HyperparameterSchedule::TakeEffect(int64_t step) {

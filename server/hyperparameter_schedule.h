@@ -76,6 +76,10 @@ class HyperparameterSchedule {
                std::map<int64_t, Hyperparameters> took_effect);
 
  private:
+  // Whether Adopt of a change for `effective_step` would schedule it: its
+  // step is still to come, nothing is scheduled for it, it was not cancelled.
+  bool Adopts(int64_t effective_step, int64_t version, bool next_started) const;
+
   Hyperparameters current_;
   std::map<int64_t, Hyperparameters> scheduled_;
   // Changes already in force, so that repeats of them stay harmless.
