@@ -116,8 +116,7 @@ TEST(AsyncTest, KilledShardsAndTrainerLoseNothingAndApplyNothingTwice) {
   constexpr int kSteps = 60, kKills = 4;
   const std::string root = MakeTempDir("async_faults");
   const std::string ckpt = root + "/ckpt";
-  const std::vector<std::string> flags = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=5",
-                                          "--restore_from=" + ckpt};
+  const std::vector<std::string> flags = CrashRecoveryFlags(ckpt, 5);
   auto servers = StartCluster(kShards, flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> addresses = Addresses(*servers);
@@ -138,9 +137,7 @@ TEST(AsyncTest, KilledShardsAndTrainerLoseNothingAndApplyNothingTwice) {
     absl::SleepFor(absl::Microseconds(std::uniform_int_distribution<int>(0, 5000)(rng)));
     (*servers)[victim]->process().Signal(SIGKILL);
     ASSERT_TRUE((*servers)[victim]->process().Wait(absl::Seconds(10)).has_value());
-    std::vector<std::string> restart = flags;
-    restart.push_back("--listen=" + addresses[victim]);
-    auto restarted = ServerProcess::Start(victim, kShards, restart);
+    auto restarted = StartServerAt(addresses[victim], victim, kShards, flags);
     ASSERT_TRUE(restarted.ok()) << restarted.status();
     (*servers)[victim] = std::move(*restarted);
     if (kill == 1) {
@@ -331,8 +328,7 @@ TEST(AsyncTest, ALossScaledSixteenBitPushKeepsSmallGradients) {
 // shard that had it and the one that missed it end on the same step.
 TEST(AsyncTest, ARestartedTrainerResendsItsJournaledLossScaledPush) {
   const std::string ckpt = MakeTempDir("async_journal_ckpt");
-  const std::vector<std::string> flags = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=2",
-                                          "--restore_from=" + ckpt};
+  const std::vector<std::string> flags = CrashRecoveryFlags(ckpt, 2);
   auto servers = StartCluster(2, flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> addresses = Addresses(*servers);
@@ -377,9 +373,7 @@ TEST(AsyncTest, ARestartedTrainerResendsItsJournaledLossScaledPush) {
     EXPECT_FALSE(
         trainer->Step(3, scaled(0.0625f, trainer->loss_scale()), absl::MakeSpan(params)).ok());
   }
-  std::vector<std::string> restart = flags;
-  restart.push_back("--listen=" + addresses[1]);
-  auto restarted = ServerProcess::Start(1, 2, restart);
+  auto restarted = StartServerAt(addresses[1], 1, 2, flags);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   auto again = TrainerClient::Connect(addresses, options).value();
   ASSERT_TRUE(again->Attach(spec).ok());

@@ -358,8 +358,7 @@ std::string RunWithShard1BackAtStep20(const std::string& name, const std::string
   constexpr int kSteps = 60;
   const std::string root = MakeTempDir(name);
   const std::string ckpt = root + "/ckpt";
-  Shards shards({"--checkpoint_dir=" + ckpt, "--checkpoint_every=10", "--restore_from=" + ckpt},
-                "server/shardopt_server");
+  Shards shards(CrashRecoveryFlags(ckpt, 10), "server/shardopt_server");
   EXPECT_NO_FATAL_FAILURE(shards.StartAll());
   const std::string out = root + "/out";
   std::vector<std::unique_ptr<ChildProcess>> trainers(kTrainers);

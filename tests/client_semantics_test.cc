@@ -380,8 +380,7 @@ TEST(ClientCancellationTest, APermanentFailureOnOneShardCancelsTheOthers) {
 // it for good.
 TEST(ClientSemanticsRetryTest, AStepRepeatedAfterItsDecisionKeepsItsLossScale) {
   const std::string checkpoints = MakeTempDir("scale_retry");
-  const std::vector<std::string> flags = {"--checkpoint_dir=" + checkpoints, "--checkpoint_every=2",
-                                          "--restore_from=" + checkpoints};
+  const std::vector<std::string> flags = CrashRecoveryFlags(checkpoints, 2);
   auto server = ServerProcess::Start(0, 1, flags);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string address = (*server)->address();
@@ -421,9 +420,7 @@ TEST(ClientSemanticsRetryTest, AStepRepeatedAfterItsDecisionKeepsItsLossScale) {
   // history first, with its scale.
   (*server)->process().Signal(SIGKILL);
   ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
-  std::vector<std::string> restart = flags;
-  restart.push_back("--listen=" + address);
-  auto restarted = ServerProcess::Start(0, 1, restart);
+  auto restarted = StartServerAt(address, 0, 1, flags);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   ASSERT_EQ(InspectOf(address, "scale").version(), 2);
   const std::vector<float> half(1024, 0.125f * 512);
@@ -438,8 +435,7 @@ TEST(ClientSemanticsRetryTest, AStepRepeatedAfterItsDecisionKeepsItsLossScale) {
 // floor) is sent as one never journaled: acknowledged, and no crash.
 TEST(ClientSemanticsRetryTest, APushOfAStepTheJournalDroppedIsSentAsNew) {
   const std::string ckpt = MakeTempDir("dropped_journal_ckpt");
-  auto server = ServerProcess::Start(
-      0, 1, {"--checkpoint_dir=" + ckpt, "--checkpoint_every=1", "--restore_from=" + ckpt});
+  auto server = ServerProcess::Start(0, 1, CrashRecoveryFlags(ckpt, 1));
   ASSERT_TRUE(server.ok()) << server.status();
   TrainerClientOptions journaled;
   journaled.journal_path = MakeTempDir("dropped_journal");

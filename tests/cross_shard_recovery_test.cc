@@ -29,8 +29,7 @@ namespace {
 TEST(CrossShardRecoveryTest, APullWaitingOnOneShardNoticesAnotherLostItsPush) {
   const std::string ckpt = MakeTempDir("cross_ckpt");
   // Only the registration's checkpoint (step 0): a restart loses every step.
-  const std::vector<std::string> flags = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=1000",
-                                          "--restore_from=" + ckpt};
+  const std::vector<std::string> flags = CrashRecoveryFlags(ckpt, 1000);
   auto servers = StartCluster(2, flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> addresses = Addresses(*servers);
@@ -89,9 +88,7 @@ TEST(CrossShardRecoveryTest, APullWaitingOnOneShardNoticesAnotherLostItsPush) {
   // Shard 1 comes back from step 0: it lost both trainers' steps 1 and 2.
   (*servers)[1]->process().Signal(SIGKILL);
   ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
-  std::vector<std::string> restart = flags;
-  restart.push_back("--listen=" + addresses[1]);
-  auto restarted = ServerProcess::Start(1, 2, restart);
+  auto restarted = StartServerAt(addresses[1], 1, 2, flags);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   (*servers)[1] = std::move(*restarted);
   ASSERT_EQ(InspectOf(addresses[1], "cross").version(), 0);

@@ -236,9 +236,8 @@ void KillShardMidJob(bool restart_with_pairs, bool nccl = false) {
   ASSERT_TRUE(servers[1]->process().Wait(absl::Seconds(10)).has_value());
   std::vector<std::string> restart = flags;
   if (!restart_with_pairs) restart.push_back("--device_pairs=off");
-  restart.push_back("--listen=" + addresses[1]);
   host_id("shard1-again");
-  auto restarted = ServerProcess::Start(1, 2, restart);
+  auto restarted = StartServerAt(addresses[1], 1, 2, restart);
   if (nccl) unsetenv("NCCL_HOSTID");
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   servers[1] = std::move(*restarted);

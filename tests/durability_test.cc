@@ -113,8 +113,7 @@ TEST(DurabilityTest, AModelDirectoryWithoutACommittedCheckpointIsAFreshStart) {
 // directory itself is refused as an on-demand checkpoint's.
 TEST(DurabilityTest, AnExportInTheCheckpointRootDoesNotStopTheRestart) {
   const std::string root = MakeTempDir("export_in_root");
-  const std::vector<std::string> flags = {"--checkpoint_dir=" + root, "--checkpoint_every=2",
-                                          "--restore_from=" + root};
+  const std::vector<std::string> flags = CrashRecoveryFlags(root, 2);
   auto server = ServerProcess::Start(0, 1, flags);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string address = (*server)->address();
@@ -140,9 +139,7 @@ TEST(DurabilityTest, AnExportInTheCheckpointRootDoesNotStopTheRestart) {
   client.reset();
   (*server)->process().Signal(SIGKILL);
   ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
-  std::vector<std::string> restart = flags;
-  restart.push_back("--listen=" + address);
-  auto restarted = ServerProcess::Start(0, 1, restart);
+  auto restarted = StartServerAt(address, 0, 1, flags);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   // (Polled: the process's channel to the address backs off after the kill.)
   AwaitVersion(address, "mlp", 2);
@@ -272,9 +269,7 @@ void KillShardsDuringTraining(double max_grad_norm, int keep, const std::string&
     }
     (*servers)[victim]->process().Signal(SIGKILL);
     ASSERT_TRUE((*servers)[victim]->process().Wait(absl::Seconds(10)).has_value());
-    std::vector<std::string> restart = flags;
-    restart.push_back("--listen=" + addresses[victim]);
-    auto restarted = ServerProcess::Start(victim, kShards, restart, faulty);
+    auto restarted = StartServerAt(addresses[victim], victim, kShards, flags, faulty);
     ASSERT_TRUE(restarted.ok()) << restarted.status();
     (*servers)[victim] = std::move(*restarted);
     bool finished = true;

@@ -178,8 +178,7 @@ TEST(HyperparameterOwnClusterTest, ACancelOfAStepThisTrainerPushedIsRefused) {
 TEST(HyperparameterOwnClusterTest, AChangeThatReachedSomeShardsReachesTheOthers) {
   const std::string ckpt = MakeTempDir("partial_change_ckpt");
   // Only the registration's checkpoint: the restarted shard is at step 0.
-  const std::vector<std::string> flags = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=1000",
-                                          "--restore_from=" + ckpt};
+  const std::vector<std::string> flags = CrashRecoveryFlags(ckpt, 1000);
   auto servers = StartCluster(2, flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> addresses = Addresses(*servers);
@@ -208,9 +207,7 @@ TEST(HyperparameterOwnClusterTest, AChangeThatReachedSomeShardsReachesTheOthers)
   EXPECT_TRUE(absl::StrContains(partial.message(), "shard 0 took it")) << partial;
   EXPECT_EQ(InspectOf(addresses[0], "partial").scheduled_changes_size(), 1);
 
-  std::vector<std::string> restart = flags;
-  restart.push_back("--listen=" + addresses[1]);
-  auto restarted = ServerProcess::Start(1, 2, restart);
+  auto restarted = StartServerAt(addresses[1], 1, 2, flags);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   ASSERT_EQ(InspectOf(addresses[1], "partial").version(), 0);
   for (int64_t k = 3; k <= 6; ++k) step(k);

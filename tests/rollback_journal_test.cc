@@ -282,8 +282,7 @@ TEST(RollbackJournalTest, GoingBackToANamedCheckpointGivesUpTheLaterSteps) {
     ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
     std::vector<std::string> restart_flags = flags;
     restart_flags.push_back("--restore_from=" + restore_from);
-    restart_flags.push_back("--listen=" + address);
-    server = ServerProcess::Start(0, 1, restart_flags);
+    server = StartServerAt(address, 0, 1, restart_flags);
     ASSERT_TRUE(server.ok()) << server.status();
   };
   // SGD, lr 1/2, from 1/4: gradient 1/8 for 8 steps gives -1/4.

@@ -212,7 +212,7 @@ class TransportFaultTest : public ::testing::Test {
   void StartJob(const std::string& prefix, const std::vector<std::string>& trainer_flags) {
     root_ = MakeTempDir(prefix);
     const std::string ckpt = root_ + "/ckpt";
-    flags_ = {"--checkpoint_dir=" + ckpt, "--checkpoint_every=3", "--restore_from=" + ckpt};
+    flags_ = CrashRecoveryFlags(ckpt, 3);
     auto servers = StartCluster(2, flags_);
     ASSERT_TRUE(servers.ok()) << servers.status();
     servers_ = *std::move(servers);
@@ -230,9 +230,7 @@ class TransportFaultTest : public ::testing::Test {
   void KillAndRestartShard() {
     servers_[1]->process().Signal(SIGKILL);
     ASSERT_TRUE(servers_[1]->process().Wait(absl::Seconds(10)).has_value());
-    std::vector<std::string> restart = flags_;
-    restart.push_back("--listen=" + addresses_[1]);
-    auto restarted = ServerProcess::Start(1, 2, restart);
+    auto restarted = StartServerAt(addresses_[1], 1, 2, flags_);
     ASSERT_TRUE(restarted.ok()) << restarted.status();
     servers_[1] = std::move(*restarted);
     ASSERT_NO_FATAL_FAILURE(AwaitVersion(addresses_[1], "adamw", 20));

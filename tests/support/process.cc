@@ -122,6 +122,20 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   return absl::DeadlineExceededError(absl::StrCat(name, " did not report its port in 30 s"));
 }
 
+std::vector<std::string> CrashRecoveryFlags(const std::string& checkpoint_dir, int every) {
+  return {"--checkpoint_dir=" + checkpoint_dir, absl::StrCat("--checkpoint_every=", every),
+          "--restore_from=" + checkpoint_dir};
+}
+
+absl::StatusOr<std::unique_ptr<ServerProcess>> StartServerAt(const std::string& address,
+                                                             uint32_t shard_index,
+                                                             uint32_t shard_count,
+                                                             std::vector<std::string> flags,
+                                                             const ServerPlacement& placement) {
+  flags.push_back("--listen=" + address);  // (After Start's own: the last one counts.)
+  return ServerProcess::Start(shard_index, shard_count, flags, placement);
+}
+
 absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
     uint32_t shard_count, const std::vector<std::string>& extra_flags,
     const ServerPlacement& placement) {

@@ -94,6 +94,18 @@ absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
     const ServerPlacement& placement = {});
 std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProcess>>& servers);
 
+// The README's crash-recovery flags: periodic checkpoints every `every`
+// steps into `checkpoint_dir`, restored from it at every start.
+std::vector<std::string> CrashRecoveryFlags(const std::string& checkpoint_dir, int every);
+
+// Starts shard `shard_index` of `shard_count` again with `flags` on `address`,
+// the one a server that was killed had (trainers look for it there).
+absl::StatusOr<std::unique_ptr<ServerProcess>> StartServerAt(const std::string& address,
+                                                             uint32_t shard_index,
+                                                             uint32_t shard_count,
+                                                             std::vector<std::string> flags,
+                                                             const ServerPlacement& placement = {});
+
 }  // namespace shardopt::testing
 
 #endif  // SHARDOPT_TESTS_SUPPORT_PROCESS_H_
