@@ -87,14 +87,15 @@ absl::Status ShardServiceImpl::RestoreNewestOf(const std::string& model_root) {
   absl::StatusOr<std::vector<StepDirectory>> steps =
       ListStepDirectories(model_root, options_.file_env);
   if (!steps.ok()) return steps.status();
-  if (FileExists(options_.file_env, JoinPath(model_root, kCheckpointManifestFile)) &&
-      !steps->empty()) {
+  const bool one_checkpoint =
+      FileExists(options_.file_env, JoinPath(model_root, kCheckpointManifestFile));
+  if (one_checkpoint && !steps->empty()) {
     // (One written into a model's periodic directory before the Checkpoint
     // RPC refused that: the periodic ones are the model's.)
     LogWarning("%s holds both one checkpoint and periodic step directories: the newest periodic "
                "one is restored",
                model_root);
-  } else if (FileExists(options_.file_env, JoinPath(model_root, kCheckpointManifestFile))) {
+  } else if (one_checkpoint) {
     // A model directory that is itself one checkpoint (the Checkpoint RPC's).
     absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
         OpenVerifiedCheckpoint(model_root, options_.file_env);
