@@ -3,7 +3,9 @@
 # packages (tools/setup.sh), runs `bazel test //...`, and ends with one line
 # "N passed, N failed, N skipped" counting test cases (GoogleTest cases,
 # shell tests; GPU cases skip themselves where there is no GPU), then runs
-# each fuzzer briefly (tools/fuzz/run_fuzzers.sh), one case each.
+# each fuzzer briefly (tools/fuzz/run_fuzzers.sh), one case each, and every
+# C++ test again under AddressSanitizer + UBSan
+# (tools/testing/run_sanitized_tests.sh), one case per test target.
 # Exit status: 0 only when every test target passed.
 set -uo pipefail
 
@@ -13,8 +15,8 @@ bash tools/setup.sh || { echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 log=$(mktemp)
 # The container tests (//tests:compose_test) need a Docker engine: start one
 # if none answers, and stop it at exit if we did (tools/docker_engine.sh).
-fuzz_results=$(mktemp)
-trap 'rm -f "$log" "$fuzz_results"; bash tools/docker_engine.sh stop' EXIT
+extra_results=$(mktemp)
+trap 'rm -f "$log" "$extra_results"; bash tools/docker_engine.sh stop' EXIT
 extra=()
 # The PyPI test tools setup.sh installed: the reference safetensors loader
 # (SHARDOPT_PYTHON), the real grpcurl, prometheus-client, kubernetes-validate
@@ -45,10 +47,15 @@ bazel_rc=${PIPESTATUS[0]}
 
 # A short bounded run of every fuzzer (about a minute in all, plus the
 # clang build), each counted as one test case.
-bash tools/fuzz/run_fuzzers.sh --seconds="${SHARDOPT_FUZZ_SECONDS:-12}" --results="$fuzz_results"
+bash tools/fuzz/run_fuzzers.sh --seconds="${SHARDOPT_FUZZ_SECONDS:-12}" --results="$extra_results"
+# The C++ tests again, sanitized (about 15 minutes on 2 cores, mostly the
+# build). SHARDOPT_SANITIZED_TESTS=0 leaves them out (a quick local run).
+if [ "${SHARDOPT_SANITIZED_TESTS:-1}" != 0 ]; then
+  bash tools/testing/run_sanitized_tests.sh --results="$extra_results" "${extra[@]}" "$@"
+fi
 
 python3 tools/test_summary.py --bazel_log="$log" --testlogs="$(bazel info bazel-testlogs 2>/dev/null)" \
-  --extra="$fuzz_results"
+  --extra="$extra_results"
 summary_rc=$?
 if [ "$bazel_rc" -ne 0 ] || [ "$summary_rc" -ne 0 ]; then
   exit 1

@@ -121,19 +121,19 @@ std::vector<float*> Optimizer::AddPackedSlot(const std::string& name) {
 void Optimizer::ReadSlot(size_t slot, uint64_t offset, uint64_t count, float* out) const {
   const Slot& s = slots_[slot];
   if (!s.packed) {
-    std::memcpy(out, s.values.data() + offset, count * sizeof(float));
+    std::copy_n(s.values.data() + offset, count, out);
     return;
   }
   std::fill(out, out + count, 0.0f);
   s.extents.ForEachOverlap(offset, count, [&](uint64_t begin, uint64_t stop, uint64_t stored) {
-    std::memcpy(out + (begin - offset), s.values.data() + stored, (stop - begin) * sizeof(float));
+    std::copy_n(s.values.data() + stored, stop - begin, out + (begin - offset));
   });
 }
 
 absl::Status Optimizer::WriteSlot(size_t slot, uint64_t offset, uint64_t count, const float* in) {
   Slot& s = slots_[slot];
   if (!s.packed) {
-    std::memcpy(s.values.data() + offset, in, count * sizeof(float));
+    std::copy_n(in, count, s.values.data() + offset);
     return absl::OkStatus();
   }
   // Everything outside the stored elements must be zero, as it reads back.
@@ -142,7 +142,7 @@ absl::Status Optimizer::WriteSlot(size_t slot, uint64_t offset, uint64_t count, 
     return refused;
   }
   s.extents.ForEachOverlap(offset, count, [&](uint64_t begin, uint64_t stop, uint64_t stored) {
-    std::memcpy(s.values.data() + stored, in + (begin - offset), (stop - begin) * sizeof(float));
+    std::copy_n(in + (begin - offset), stop - begin, s.values.data() + stored);
   });
   return absl::OkStatus();
 }
