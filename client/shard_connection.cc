@@ -55,22 +55,30 @@ ShardConnection::ShardConnection(uint32_t index, std::string address,
   channel_args_.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   channel_args_.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
                        std::max(reconnect_ms, Milliseconds(options.max_backoff)));
-  OpenChannel();
+  link_ = OpenLink();
 }
 
-void ShardConnection::OpenChannel() {
-  channel_ = channels_.NewChannel(address_, channel_args_);
-  stub_ = v1::ShardService::NewStub(channel_);
-  push_method_ = std::make_unique<grpc::internal::RpcMethod>(
-      kPushMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_);
-  pull_method_ = std::make_unique<grpc::internal::RpcMethod>(
-      kPullMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_);
+std::shared_ptr<ShardConnection::Link> ShardConnection::OpenLink() const {
+  auto link = std::make_shared<Link>();
+  link->channel = channels_.NewChannel(address_, channel_args_);
+  link->stub = v1::ShardService::NewStub(link->channel);
+  link->push_method = std::make_unique<grpc::internal::RpcMethod>(
+      kPushMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, link->channel);
+  link->pull_method = std::make_unique<grpc::internal::RpcMethod>(
+      kPullMethod, grpc::internal::RpcMethod::SERVER_STREAMING, link->channel);
+  return link;
+}
+
+std::shared_ptr<ShardConnection::Link> ShardConnection::CurrentLink() const {
+  absl::MutexLock lock(&link_mu_);
+  return link_;
 }
 
 void ShardConnection::PrepareAttempt() {
-  if (!reopen_channel_) return;
-  OpenChannel();
-  reopen_channel_ = false;
+  if (!reopen_channel_.exchange(false)) return;
+  std::shared_ptr<Link> fresh = OpenLink();
+  absl::MutexLock lock(&link_mu_);
+  link_.swap(fresh);  // (The old one goes when its last call ends.)
 }
 
 void ShardConnection::RecordAttempt(const absl::Status& status, bool deadline_passed) {
@@ -78,7 +86,7 @@ void ShardConnection::RecordAttempt(const absl::Status& status, bool deadline_pa
     unreachable_attempts_.fetch_add(1, std::memory_order_relaxed);
   }
   if (absl::IsUnavailable(status) &&
-      channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      CurrentLink()->channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
     reopen_channel_ = true;
   }
 }
@@ -93,8 +101,9 @@ absl::Status ShardConnection::Register(grpc::ClientContext& context,
                                        const v1::RegisterHeader& header, const float* values,
                                        uint64_t count, size_t chunk_bytes,
                                        v1::RegisterModelResponse* response) {
+  const std::shared_ptr<Link> link = CurrentLink();
   std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
-      stub_->RegisterModel(&context, response);
+      link->stub->RegisterModel(&context, response);
   v1::RegisterModelRequest request;
   *request.mutable_header() = header;
   bool open = writer->Write(request);
@@ -124,15 +133,16 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
   }
   // A skipped step (asynchronous modes) is its header alone.
   const bool skip = header.header().skip_step();
+  const std::shared_ptr<Link> link = CurrentLink();
   if (ready == nullptr && transport_ != nullptr && !skip) {
-    if (std::optional<absl::Status> s = transport_->Push(PayloadCall{context, *stub_, range_},
+    if (std::optional<absl::Status> s = transport_->Push(PayloadCall{context, *link->stub, range_},
                                                          header, payload, element_size, response)) {
       return *s;
     }
   }
   std::unique_ptr<grpc::ClientWriter<PushFrame>> writer(
-      grpc::internal::ClientWriterFactory<PushFrame>::Create(channel_.get(), *push_method_,
-                                                             &context, response));
+      grpc::internal::ClientWriterFactory<PushFrame>::Create(
+          link->channel.get(), *link->push_method, &context, response));
   PushFrame frame;
   frame.pins = pins;
   frame.element_size = element_size;
@@ -173,15 +183,16 @@ absl::Status ShardConnection::Push(grpc::ClientContext& context,
 absl::Status ShardConnection::Pull(grpc::ClientContext& context,
                                    const v1::PullParametersRequest& request, DType dtype,
                                    float* destination, PulledVersion* pulled) {
+  const std::shared_ptr<Link> link = CurrentLink();
   if (transport_ != nullptr) {
-    if (std::optional<absl::Status> s = transport_->Pull(PayloadCall{context, *stub_, range_},
+    if (std::optional<absl::Status> s = transport_->Pull(PayloadCall{context, *link->stub, range_},
                                                          request, dtype, destination, pulled)) {
       return *s;
     }
   }
   std::unique_ptr<grpc::ClientReader<PullFrame>> reader(
-      grpc::internal::ClientReaderFactory<PullFrame>::Create(channel_.get(), *pull_method_,
-                                                             &context, request));
+      grpc::internal::ClientReaderFactory<PullFrame>::Create(
+          link->channel.get(), *link->pull_method, &context, request));
   PullFrame frame;
   frame.destination = destination;
   frame.capacity = range_.size();
@@ -222,32 +233,32 @@ absl::Status ShardConnection::Pull(grpc::ClientContext& context,
 absl::Status ShardConnection::GetStepStats(grpc::ClientContext& context,
                                            const v1::GetStepStatsRequest& request,
                                            v1::StepStats* stats) {
-  return ToAbslStatus(stub_->GetStepStats(&context, request, stats));
+  return ToAbslStatus(CurrentLink()->stub->GetStepStats(&context, request, stats));
 }
 
 absl::Status ShardConnection::SetHyperparameters(grpc::ClientContext& context,
                                                  const v1::SetHyperparametersRequest& request) {
   v1::SetHyperparametersResponse response;
-  return ToAbslStatus(stub_->SetHyperparameters(&context, request, &response));
+  return ToAbslStatus(CurrentLink()->stub->SetHyperparameters(&context, request, &response));
 }
 
 absl::Status ShardConnection::Checkpoint(grpc::ClientContext& context,
                                          const v1::CheckpointRequest& request,
                                          v1::CheckpointResponse* response) {
-  return ToAbslStatus(stub_->Checkpoint(&context, request, response));
+  return ToAbslStatus(CurrentLink()->stub->Checkpoint(&context, request, response));
 }
 
 absl::Status ShardConnection::Inspect(grpc::ClientContext& context,
                                       const v1::InspectRequest& request,
                                       v1::InspectResponse* response) {
-  return ToAbslStatus(stub_->Inspect(&context, request, response));
+  return ToAbslStatus(CurrentLink()->stub->Inspect(&context, request, response));
 }
 
 absl::Status ShardConnection::Summary(grpc::ClientContext& context, const std::string& model_id,
                                       v1::ModelSummary* summary) {
   v1::ServerInfo info;
   absl::Status s =
-      ToAbslStatus(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info));
+      ToAbslStatus(CurrentLink()->stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info));
   if (!s.ok()) return s;
   for (const v1::ModelSummary& m : info.models()) {
     if (m.model_id() == model_id) {
@@ -261,7 +272,7 @@ absl::Status ShardConnection::Summary(grpc::ClientContext& context, const std::s
 absl::Status ShardConnection::RollBack(grpc::ClientContext& context,
                                        const v1::RollBackRequest& request,
                                        v1::RollBackResponse* response) {
-  return ToAbslStatus(stub_->RollBack(&context, request, response));
+  return ToAbslStatus(CurrentLink()->stub->RollBack(&context, request, response));
 }
 
 }  // namespace shardopt

@@ -6,7 +6,10 @@
 //
 // Payloads travel zero-copy (client/wire_frames.h): a push sends slices of
 // the caller's buffer, which must outlive the `pins`; a pull writes straight
-// into the caller's buffer. One thread at a time uses a connection.
+// into the caller's buffer. Calls of several threads may overlap (a pull's
+// wait check probes every shard from one shard's worker thread while that
+// shard's own worker reopens its channel): each call keeps the channel it
+// started on (Link) until it ends.
 #ifndef SHARDOPT_CLIENT_SHARD_CONNECTION_H_
 #define SHARDOPT_CLIENT_SHARD_CONNECTION_H_
 
@@ -19,7 +22,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/channel_security.h"
 #include "client/payload_transport.h"
@@ -116,17 +121,24 @@ class ShardConnection {
                         v1::RollBackResponse* response);
 
  private:
-  void OpenChannel();
+  // One channel with what calls on it need; replaced whole by a reopen.
+  struct Link {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::ShardService::Stub> stub;
+    std::unique_ptr<grpc::internal::RpcMethod> push_method;
+    std::unique_ptr<grpc::internal::RpcMethod> pull_method;
+  };
+  std::shared_ptr<Link> OpenLink() const;
+  // The channel a call starts on (it holds it until it ends).
+  std::shared_ptr<Link> CurrentLink() const;
 
   const uint32_t index_;
   const std::string address_;
   const ChannelFactory channels_;
   grpc::ChannelArguments channel_args_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::ShardService::Stub> stub_;
-  std::unique_ptr<grpc::internal::RpcMethod> push_method_;
-  std::unique_ptr<grpc::internal::RpcMethod> pull_method_;
-  bool reopen_channel_ = false;
+  mutable absl::Mutex link_mu_;
+  std::shared_ptr<Link> link_ ABSL_GUARDED_BY(link_mu_);
+  std::atomic<bool> reopen_channel_{false};
   std::shared_ptr<PayloadTransport> transport_;
   FlatRange range_;
   std::atomic<int64_t> unreachable_attempts_{0};
