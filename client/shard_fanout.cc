@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -153,6 +154,13 @@ void RunCanceller::Reset() {
 
 absl::Status ShardFanOut::Run(const Call& call, const AttemptFn& attempt,
                               const std::vector<uint32_t>& which) {
+  if (running_.exchange(true)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call.what,
+                     ": another call to the shards is still running on this connection "
+                     "(calls of one TrainerClient overlapped)"));
+  }
+  const absl::Cleanup done = [this] { running_.store(false); };
   const std::vector<uint32_t> targets = Targets(which);
   Operation op(call, attempt);
   if (call.canceller != nullptr) {

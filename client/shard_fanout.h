@@ -16,12 +16,14 @@
 // shard, its address and `what`) is the result.
 //
 // Run() is called by one thread at a time (the trainer's), never from inside
-// an attempt.
+// an attempt; a Run() that overlaps another is refused (FAILED_PRECONDITION)
+// rather than taking its workers (both would wait forever).
 #ifndef SHARDOPT_CLIENT_SHARD_FANOUT_H_
 #define SHARDOPT_CLIENT_SHARD_FANOUT_H_
 
 #include <grpcpp/client_context.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -95,6 +97,7 @@ class ShardFanOut {
 
   std::vector<ShardConnection*> shards_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::atomic<bool> running_{false};
 };
 
 }  // namespace shardopt

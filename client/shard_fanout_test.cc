@@ -6,10 +6,12 @@
 #include "client/shard_fanout.h"
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {
@@ -77,6 +79,41 @@ TEST(ShardFanOutRetryReportTest, AnAttemptThatRanOutItsDeadlineIsLoggedAtOnce) {
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_TRUE(absl::StrContains(lines[0], "attempt failed after 0.3 s (DEADLINE_EXCEEDED"))
       << lines[0];
+}
+
+// A second Run() while one is in flight (calls of one client overlapped,
+// e.g. a streamed push's thread and the trainer's) is refused at once: it
+// would take the workers the first one's attempts wait on, and both would
+// wait forever.
+TEST(ShardFanOutTest, AnOverlappingRunIsRefusedNotQueued) {
+  ShardConnection connection(0, kAddress, ConnectionOptions{});
+  ShardFanOut fanout({&connection});
+  ShardFanOut::Call call;
+  call.what = "PushGradients step 3";
+  call.attempt_timeout = absl::Seconds(30);
+  absl::Notification started, release;
+  absl::Status first;
+  std::thread runner([&] {
+    first = fanout.Run(call, [&](ShardConnection&, grpc::ClientContext&) -> absl::Status {
+      started.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(30));
+      return absl::OkStatus();
+    });
+  });
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ShardFanOut::Call second = call;
+  second.what = "PullParameters version >= 2";
+  const absl::Status refused =
+      fanout.Run(second, [](ShardConnection&, grpc::ClientContext&) { return absl::OkStatus(); });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "PullParameters version >= 2")) << refused;
+  release.Notify();
+  runner.join();
+  EXPECT_TRUE(first.ok()) << first;
+  // Once it ended, the next one runs.
+  EXPECT_TRUE(
+      fanout.Run(second, [](ShardConnection&, grpc::ClientContext&) { return absl::OkStatus(); })
+          .ok());
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 namespace shardopt {
 
 absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_params) {
+  // (Before any call to the shards: the push's thread holds their workers.)
+  CancelStreamedPush();
   if (asynchronous()) return AsyncPullToResume(flat_params);
   // (Pull forgets the rollback.)
   std::optional<int64_t> rolled_back = rolled_back_to_;
