@@ -116,11 +116,19 @@ absl::StatusOr<int64_t> CheckGoingBack(const std::string& model_root, int64_t st
   if (steps->empty() || steps->back().step <= step) return -1;
   const std::string marker = GoingBackMarker(model_root, step);
   if (FileExists(env, marker)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the job went back to step ", step, " already (", marker, ") and has saved step ",
-        steps->back().step, " since: restart with --restore_from=<the --checkpoint_dir> to go "
-        "on, or remove ", marker, " to give those steps up and go back to step ", step,
-        " again"));
+    // Only a committed later step is this timeline's own: an unfinished one
+    // (the job stopped while saving it) is set aside like the old timeline's.
+    absl::StatusOr<std::vector<CommittedCheckpoint>> committed =
+        ListCommittedCheckpoints(model_root, env);
+    if (!committed.ok()) return committed.status();
+    if (!committed->empty() && committed->front().step > step) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the job went back to step ", step, " already (", marker,
+                       ") and has saved step ", committed->front().step,
+                       " since: restart with --restore_from=<the --checkpoint_dir> "
+                       "to go on, or remove ",
+                       marker, " to give those steps up and go back to step ", step, " again"));
+    }
   }
   return steps->back().step;
 }

@@ -58,10 +58,11 @@ absl::Status SetAsideCheckpointsAfter(const std::string& model_root, int64_t ste
 // step directories are given up (set aside) and a marker
 // (".went-back-to-step-N") records it. CheckGoingBack returns the newest
 // later step directory there is (-1: none), or FAILED_PRECONDITION when the
-// marker says the job went back to `step` already and it has saved later
-// steps since: a restart command left naming that checkpoint would give up
-// this timeline's own steps (the restart of a crashed server names the
-// root). RecordGoingBack writes the marker.
+// marker says the job went back to `step` already and it has committed a
+// later checkpoint since: a restart command left naming that checkpoint
+// would give up this timeline's own steps (the restart of a crashed server
+// names the root). Later directories without a manifest (saves the job
+// stopped in) do not count. RecordGoingBack writes the marker.
 absl::StatusOr<int64_t> CheckGoingBack(const std::string& model_root, int64_t step,
                                        FileEnv* env = FileEnv::Default());
 absl::Status RecordGoingBack(const std::string& model_root, int64_t step,

@@ -113,5 +113,27 @@ TEST(CheckpointCatalogTest, ARollbackSetsAsideEveryLaterStepTornOnesToo) {
   EXPECT_TRUE(SetAsideCheckpointsAfter(TempDir("catalog_absent"), 0, "abandoned").ok());
 }
 
+// A restart still naming the checkpoint the job went back to: refused once
+// the new timeline has committed a later step, not while its only later
+// step is a save that never finished (nothing of the new timeline is lost).
+TEST(CheckpointCatalogTest, GoingBackAgainIsRefusedOnlyOverACommittedLaterStep) {
+  const std::string root = TempDir("catalog_going_back");
+  WriteSteps(root, {4, 8});
+  EXPECT_EQ(CheckGoingBack(root, 4).value(), 8);
+  ASSERT_TRUE(SetAsideCheckpointsAfter(root, 4, "abandoned").ok());
+  ASSERT_TRUE(RecordGoingBack(root, 4).ok());
+  EXPECT_EQ(CheckGoingBack(root, 4).value(), -1);
+
+  WriteSteps(root, {6}, /*torn=*/6);  // The new timeline stopped saving step 6.
+  EXPECT_EQ(CheckGoingBack(root, 4).value(), 6);
+  ASSERT_TRUE(SetAsideCheckpointsAfter(root, 4, "abandoned").ok());
+
+  WriteSteps(root, {6});  // It saved step 6 this time.
+  const absl::Status refused = CheckGoingBack(root, 4).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "has saved step 6")) << refused;
+  EXPECT_EQ(CheckGoingBack(root, 6).value(), -1);  // Going back to its own step 6.
+}
+
 }  // namespace
 }  // namespace shardopt
