@@ -308,6 +308,12 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(
   return written;
 }
 
+int64_t CheckpointReader::trainer_step() const {
+  const auto& trainer_steps = manifest_.parts(0).progress().trainer_steps();
+  if (trainer_steps.empty()) return step();
+  return *std::min_element(trainer_steps.begin(), trainer_steps.end());
+}
+
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& directory, FileEnv* env) {
   const std::string path = JoinPath(directory, kCheckpointManifestFile);

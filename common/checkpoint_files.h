@@ -94,7 +94,13 @@ class CheckpointReader {
 
   const std::string& directory() const { return directory_; }
   const v1::CheckpointManifest& manifest() const { return manifest_; }
+  // The model's version (an asynchronous model's counts every trainer's
+  // pushes).
   int64_t step() const { return manifest_.step(); }
+  // The step its periodic directory is named by (step-N): the version of a
+  // synchronous model's checkpoint; the step every trainer had reached of an
+  // asynchronous one's (its cut holds each trainer there).
+  int64_t trainer_step() const;
   // The layout the checkpoint was written with (config.shard_count shards).
   const ModelLayout& layout() const { return *layout_; }
   const OptimizerConfig& optimizer() const { return optimizer_; }

@@ -65,7 +65,7 @@ absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint, 
   if (named) {
     // (Before its saver starts: it would find the old timeline's step
     // directories committed and take them for this one's.)
-    if (absl::Status s = GoBack(**model, checkpoint.step()); !s.ok()) return s;
+    if (absl::Status s = GoBack(**model, checkpoint.trainer_step()); !s.ok()) return s;
   }
   std::shared_ptr<HostedModel> installed = models_.Install(*model);
   if (installed == nullptr) return absl::UnavailableError("the shard server is shutting down");
@@ -211,9 +211,10 @@ absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
       // export next to the periodic ones): a model's only when named after it.
       absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir, env);
       if (reader.ok() && (*reader)->manifest().config().model_id() != BaseName(dir)) {
-        LogWarning("%s holds a checkpoint of model '%s' (step %d), not a model directory of "
-                   "this root: not restored (name it in --restore_from to restore it)",
-                   dir, (*reader)->manifest().config().model_id(), (*reader)->step());
+        LogWarning(
+            "%s holds a checkpoint of model '%s' (step %d), not a model directory of "
+            "this root: not restored (name it in --restore_from to restore it)",
+            dir, (*reader)->manifest().config().model_id(), (*reader)->trainer_step());
         continue;
       }
     }

@@ -314,5 +314,63 @@ TEST(RollbackJournalTest, GoingBackToANamedCheckpointGivesUpTheLaterSteps) {
   EXPECT_EQ(params, std::vector<float>(kElements, -0.5f)) << "restored the abandoned timeline";
 }
 
+// The same with an asynchronous model of two trainers, whose checkpoint's
+// version counts both trainers' pushes (step 4 is version 8) while its
+// directory is named by the trainers' step: going back to step-4 sets aside
+// every later step directory (it set aside only those past step 8, and the
+// new timeline then took the old step 6 and 8 for its own).
+TEST(RollbackJournalTest, GoingBackToAnAsynchronousCheckpointGivesUpEveryLaterStep) {
+  const std::string checkpoints = MakeTempDir("go_back_async");
+  const std::vector<std::string> flags = {"--checkpoint_dir=" + checkpoints,
+                                          "--checkpoint_every=2"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(0, 1, flags);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  ModelSpec spec = SgdSpec("back_async", 2);
+  spec.consistency = Consistency::kAsync;
+  std::vector<std::unique_ptr<TrainerClient>> trainers;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    TrainerClientOptions options;
+    options.trainer_rank = rank;
+    trainers.push_back(TrainerClient::Connect({address}, options).value());
+  }
+  std::vector<float> params(kElements, 0.25f);
+  ASSERT_TRUE(trainers[0]->Register(spec, params).ok());
+  ASSERT_TRUE(trainers[1]->Attach(spec).ok());
+  std::vector<std::thread> threads;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::vector<float> mine(kElements);
+      for (int64_t step = 1; step <= 8; ++step) {
+        const absl::StatusOr<StepResult> r =
+            trainers[rank]->Step(step, std::vector<float>(kElements, 0.125f), absl::MakeSpan(mine));
+        EXPECT_TRUE(r.ok()) << "trainer " << rank << " step " << step << ": " << r.status();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  auto stub = NewStub(address);
+  v1::InspectResponse inspect;
+  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 8; ++i) {
+    ASSERT_TRUE(RawInspect(*stub, "back_async", &inspect).ok());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(inspect.newest_committed_checkpoint(), 8);
+  trainers.clear();
+
+  (*server)->process().Signal(SIGKILL);
+  ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
+  std::vector<std::string> restart_flags = flags;
+  restart_flags.push_back("--restore_from=" + checkpoints + "/back_async/step-00000004");
+  server = StartServerAt(address, 0, 1, restart_flags);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(DirectoryExists(checkpoints + "/back_async/step-00000004"));
+  for (const char* later : {"step-00000006", "step-00000008"}) {
+    EXPECT_FALSE(DirectoryExists(checkpoints + "/back_async/" + later)) << later << " stayed";
+  }
+  struct stat marker;
+  EXPECT_EQ(stat((checkpoints + "/back_async/.went-back-to-step-00000004").c_str(), &marker), 0);
+}
+
 }  // namespace
 }  // namespace shardopt::testing
