@@ -35,6 +35,12 @@ absl::StatusOr<ModelShard::PushStart> ModelShard::BeginAsyncPush(
     uint32_t trainer_rank, int64_t step, DType dtype, double loss_scale,
     const std::vector<StepState::CarriedChange>& changes, bool skip) {
   if (!changes.empty()) return NotInAsyncMode("hyperparameter changes are");
+  if (skip && !options_.loss_scaling) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a skipped step: model '", options_.model_id,
+                     "' was registered without loss scaling (a trainer skips a step only when its "
+                     "loss-scaled gradient overflowed)"));
+  }
   // (A loss scale was checked against the model by BeginPush: each trainer
   // decides its own steps, skips an overflow itself, and pushes its
   // gradient still scaled, as a synchronous one does, for this shard to

@@ -483,6 +483,11 @@ TEST(ModelShardAsyncTest, ASkippedStepChangesNothingButTheRecord) {
       ModelShard::Create(unscaled_options, DyadicStart(options.layout), &pool).value();
   EXPECT_EQ(plain->BeginPush(0, 1, n, DType::kFloat32, 4.0).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Nor a skip (only a loss scaler's overflow skips a step).
+  EXPECT_EQ(
+      plain->BeginPush(0, 1, n, DType::kFloat32, 1.0, {}, false, /*skip=*/true).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plain->version(), 0);
   // A synchronous shard refuses a trainer's skip.
   std::unique_ptr<ModelShard> sync = testing::MakeShard(&pool, 2);
   EXPECT_EQ(
