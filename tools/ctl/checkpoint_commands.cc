@@ -307,6 +307,10 @@ int Import(const CheckpointOptions& options, FILE* out) {
     progress = templ.manifest().parts(0).progress();
   } else {
     progress.set_version(0);
+    if (config.consistency() != v1::CONSISTENCY_SYNC) {
+      // An asynchronous model's record of each trainer's applied step.
+      for (uint32_t t = 0; t < config.num_trainers(); ++t) progress.add_trainer_steps(0);
+    }
     *progress.mutable_current_optimizer() = config.optimizer();
     *progress.mutable_current_lr_schedule() = config.lr_schedule();
   }

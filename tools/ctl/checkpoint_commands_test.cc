@@ -292,6 +292,47 @@ TEST(CheckpointCommandsTest, AdafactorFactorsExportAndImport) {
   }
 }
 
+// Weights alone of an asynchronous model start a new run at step 0 that a
+// server restores: the import records every trainer at step 0 (it recorded
+// none, and the server refused to start: "a record of 0 trainers").
+TEST(CheckpointCommandsTest, AnAsynchronousModelsWeightsImportAndRestore) {
+  ModelSpec spec = SyntheticModelSpec("async_weights", OptimizerConfig::Adam(0.01), 1);
+  spec.consistency = Consistency::kAsync;
+  auto servers = StartCluster(1);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
+  const std::vector<float> initial = SyntheticInitialParams(layout, 5);
+  std::unique_ptr<TrainerClient> trainer =
+      TrainerClient::Connect(Addresses(*servers), TrainerClientOptions()).value();
+  ASSERT_TRUE(trainer->Register(spec, initial).ok());
+  std::vector<float> grad(layout.total_elements()), params = initial;
+  SyntheticGradient(layout, params, 0, 1, 5, absl::MakeSpan(grad));
+  {
+    const absl::StatusOr<StepResult> stepped = trainer->Step(1, grad, absl::MakeSpan(params));
+    ASSERT_TRUE(stepped.ok()) << stepped.status();
+  }
+  const std::string root = MakeTempDir("ctl_async");
+  auto [rc, out] = RunCtl(absl::StrCat("checkpoint --model=async_weights --dir=", root,
+                                       "/ckpt --servers=", Addresses(*servers)[0]));
+  ASSERT_EQ(rc, 0) << out;
+  std::tie(rc, out) =
+      RunCtl(absl::StrCat("export --checkpoint=", root, "/ckpt --out=", root, "/w.safetensors"));
+  ASSERT_EQ(rc, 0) << out;
+  std::tie(rc, out) = RunCtl(absl::StrCat("import --safetensors=", root, "/w.safetensors",
+                                          " --checkpoint=", root, "/ckpt --out=", root, "/new"));
+  ASSERT_EQ(rc, 0) << out;
+
+  auto restored = StartCluster(1, {"--restore_from=" + root + "/new"});
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  std::unique_ptr<TrainerClient> resumer =
+      TrainerClient::Connect(Addresses(*restored), TrainerClientOptions()).value();
+  ASSERT_TRUE(resumer->Attach(spec).ok());
+  std::vector<float> resumed(layout.total_elements());
+  EXPECT_EQ(resumer->PullToResume(absl::MakeSpan(resumed)).value(), 0);
+  EXPECT_EQ(resumed, params);
+  EXPECT_TRUE(resumer->Step(1, grad, absl::MakeSpan(resumed)).ok());
+}
+
 TEST(CheckpointCommandsTest, BadInputsAreRefusedWithTheReason) {
   const std::string root = MakeTempDir("ctl_bad");
   auto [rc, out] = RunCtl(absl::StrCat("export --checkpoint=", root, " --out=", root, "/x"));
