@@ -74,6 +74,7 @@ std::vector<int64_t> HostedModel::committed_checkpoints() const {
 }
 
 void HostedModel::RefreshCheckpointList() {
+  absl::MutexLock refreshing(&refresh_mu_);
   absl::StatusOr<std::vector<CommittedCheckpoint>> listed =
       ListCommittedCheckpoints(checkpoints_.model_root, checkpoints_.env);
   if (!listed.ok()) {

@@ -111,6 +111,9 @@ class HostedModel {
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int64_t> committed_ ABSL_GUARDED_BY(mu_);
+  // Held across one refresh's listing and its stores: a listing taken
+  // before a rollback's set-aside is never stored after the set-aside's own.
+  absl::Mutex refresh_mu_;
   std::atomic<int64_t> recovery_floor_{-1};
   std::thread saver_;
 };
