@@ -291,29 +291,57 @@ class Client {
   }
   uint32_t rank() const { return client_->trainer_rank(); }
   uint32_t shard_count() const { return client_->shard_count(); }
-  int64_t failed_attempts() const { return client_->failed_attempts(); }
-  double loss_scale() const { return client_->loss_scale(); }
-  int64_t replayed_pushes() const { return client_->replayed_pushes(); }
+  int64_t failed_attempts() const {
+    return Serial([&] { return client_->failed_attempts(); });
+  }
+  double loss_scale() const {
+    return Serial([&] { return client_->loss_scale(); });
+  }
+  int64_t replayed_pushes() const {
+    return Serial([&] { return client_->replayed_pushes(); });
+  }
   void WaitForEveryTrainer(int64_t step) {
     CheckedSize();
     Interruptible([&] { ThrowIfError(client_->WaitForEveryTrainer(step)); });
   }
-  int64_t shared_memory_transfers() const { return client_->shared_memory_transfers(); }
-  int64_t socket_transfers() const { return client_->socket_transfers(); }
-  int64_t device_pair_transfers() const { return client_->device_pair_transfers(); }
-  int64_t device_buffer_transfers() const { return client_->device_buffer_transfers(); }
-  std::string device_pair_kind() const { return client_->device_pair_kind(); }
+  // (A registration on another thread rebuilds the transports these read.)
+  int64_t shared_memory_transfers() const {
+    return Serial([&] { return client_->shared_memory_transfers(); });
+  }
+  int64_t socket_transfers() const {
+    return Serial([&] { return client_->socket_transfers(); });
+  }
+  int64_t device_pair_transfers() const {
+    return Serial([&] { return client_->device_pair_transfers(); });
+  }
+  int64_t device_buffer_transfers() const {
+    return Serial([&] { return client_->device_buffer_transfers(); });
+  }
+  std::string device_pair_kind() const {
+    return Serial([&] { return client_->device_pair_kind(); });
+  }
   // One of the client's shared buffers as a Python buffer that keeps the
   // segment mapped (tensors made from it outlive the client), or None.
   py::object SharedBuffer(bool gradients) const {
-    std::shared_ptr<const TrainerSegment> segment = client_->shared_segment();
+    std::shared_ptr<const TrainerSegment> segment =
+        Serial([&] { return client_->shared_segment(); });
     if (segment == nullptr) return py::none();
     return py::cast(
         SharedBufferView{segment, gradients ? segment->gradients() : segment->parameters()});
   }
-  std::optional<int64_t> rolled_back_to() const { return client_->rolled_back_to(); }
+  std::optional<int64_t> rolled_back_to() const {
+    return Serial([&] { return client_->rolled_back_to(); });
+  }
 
  private:
+  // Runs a short read of the client under its lock, without the GIL (the
+  // call it may wait behind can need the GIL to end).
+  template <typename F>
+  auto Serial(F read) const -> decltype(read()) {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
+    return read();
+  }
   // The registered model's layout, read without the client's lock (a call
   // of another thread may hold it); FAILED_PRECONDITION without one.
   std::shared_ptr<const ModelLayout> CheckedLayout() const {
@@ -330,8 +358,10 @@ class Client {
   // the client's destructor has ended the push's thread.
   std::unique_ptr<FloatBuffer> streamed_grads_;
   std::unique_ptr<TrainerClient> client_;
-  // Held (after the GIL is released) by every call into client_.
-  std::mutex mu_;
+  // Held (after the GIL is released) by every call into client_ but
+  // MarkGradientReady (the client locks that one itself) and the fixed
+  // rank() and shard_count().
+  mutable std::mutex mu_;
   // A copy of the registered layout, null without a model (set by the
   // Python thread that registers; read without mu_, std::atomic_load).
   std::shared_ptr<const ModelLayout> layout_;
