@@ -9,7 +9,8 @@
 // into the caller's buffer. Calls of several threads may overlap (a pull's
 // wait check probes every shard from one shard's worker thread while that
 // shard's own worker reopens its channel): each call keeps the channel it
-// started on (Link) until it ends.
+// started on (Link) until it ends. set_range and set_transport are not
+// called while calls run.
 #ifndef SHARDOPT_CLIENT_SHARD_CONNECTION_H_
 #define SHARDOPT_CLIENT_SHARD_CONNECTION_H_
 

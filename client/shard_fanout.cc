@@ -155,7 +155,8 @@ void RunCanceller::Reset() {
 absl::Status ShardFanOut::Run(const Call& call, const AttemptFn& attempt,
                               const std::vector<uint32_t>& which) {
   if (running_.exchange(true)) {
-    return absl::FailedPreconditionError(
+    // (INTERNAL: a caller's bug, which no caller takes for a step's state.)
+    return absl::InternalError(
         absl::StrCat(call.what,
                      ": another call to the shards is still running on this connection "
                      "(calls of one TrainerClient overlapped)"));

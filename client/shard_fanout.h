@@ -15,9 +15,10 @@
 // the attempts in flight to the others, and its error (annotated with the
 // shard, its address and `what`) is the result.
 //
-// Run() is called by one thread at a time (the trainer's), never from inside
-// an attempt; a Run() that overlaps another is refused (FAILED_PRECONDITION)
-// rather than taking its workers (both would wait forever).
+// Run() is called by one thread at a time (the trainer's, or a streamed
+// push's while the trainer's makes no call), never from inside an attempt;
+// a Run() that overlaps another is refused (INTERNAL) rather than taking its
+// workers (both would wait forever).
 #ifndef SHARDOPT_CLIENT_SHARD_FANOUT_H_
 #define SHARDOPT_CLIENT_SHARD_FANOUT_H_
 

@@ -105,7 +105,7 @@ TEST(ShardFanOutTest, AnOverlappingRunIsRefusedNotQueued) {
   second.what = "PullParameters version >= 2";
   const absl::Status refused =
       fanout.Run(second, [](ShardConnection&, grpc::ClientContext&) { return absl::OkStatus(); });
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInternal) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(), "PullParameters version >= 2")) << refused;
   release.Notify();
   runner.join();

@@ -154,8 +154,12 @@ class Client {
     if (streamed_grads_ == nullptr) return;
     CancelStreamedPush();
   }
-  int64_t streamed_pushes() const { return client_->streamed_pushes(); }
-  int64_t streamed_pushes_changed() const { return client_->streamed_pushes_changed(); }
+  int64_t streamed_pushes() const {
+    return Serial([&] { return client_->streamed_pushes(); });
+  }
+  int64_t streamed_pushes_changed() const {
+    return Serial([&] { return client_->streamed_pushes_changed(); });
+  }
   uint64_t streamed_bytes_sent() const { return client_->streamed_bytes_sent(); }
 
   // Runs `call` (under the client's lock) on a thread of its own while this
@@ -291,9 +295,9 @@ class Client {
   }
   uint32_t rank() const { return client_->trainer_rank(); }
   uint32_t shard_count() const { return client_->shard_count(); }
-  int64_t failed_attempts() const {
-    return Serial([&] { return client_->failed_attempts(); });
-  }
+  // (Atomic counters of connections fixed at Connect: no lock, so that a
+  // monitoring thread never waits out a step.)
+  int64_t failed_attempts() const { return client_->failed_attempts(); }
   double loss_scale() const {
     return Serial([&] { return client_->loss_scale(); });
   }
@@ -359,8 +363,9 @@ class Client {
   std::unique_ptr<FloatBuffer> streamed_grads_;
   std::unique_ptr<TrainerClient> client_;
   // Held (after the GIL is released) by every call into client_ but
-  // MarkGradientReady (the client locks that one itself) and the fixed
-  // rank() and shard_count().
+  // MarkGradientReady and streamed_bytes_sent (the client locks those
+  // itself), failed_attempts (atomic counters) and the fixed rank() and
+  // shard_count().
   mutable std::mutex mu_;
   // A copy of the registered layout, null without a model (set by the
   // Python thread that registers; read without mu_, std::atomic_load).

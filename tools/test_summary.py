@@ -5,7 +5,8 @@ Counts test cases from the JUnit XML files Bazel leaves under bazel-testlogs
 (one per GoogleTest case; one per shell test), for the test targets the run
 reported. A target that failed to build, timed out or crashed without XML
 counts as one failed case. --extra names a file of "PASSED NAME" / "FAILED
-NAME" lines for checks run outside Bazel (the fuzzers), one case each.
+NAME" lines for checks run outside this Bazel run (the fuzzers, the
+sanitized tests' targets), one case each.
 Exits 1 when anything failed or nothing ran. The end of each failed
 target's test.log is printed just above the summary line, so that a log that
 keeps only the tail of CI's output still says what a failure or a timeout

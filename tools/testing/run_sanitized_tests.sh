@@ -21,7 +21,7 @@ flags=()
 for arg in "$@"; do
   case "$arg" in
     --results=*) results="${arg#*=}" ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) flags+=("$arg") ;;
   esac
 done
@@ -32,21 +32,32 @@ trap 'rm -f "$log"' EXIT
 echo "asan: building and running the C++ tests with AddressSanitizer and UBSan" >&2
 # --symlink_prefix=/: no bazel-bin / bazel-testlogs links into this output
 # base, which would replace the main build's.
-# (Not the container test: its images would need the sanitizer runtimes.)
+# Each top-level package tree by name: `//...` would descend into the main
+# build's bazel-<workspace> links, foreign to this output base. (Not the
+# container test: its images would need the sanitizer runtimes.)
+patterns=(//:all)
+for dir in $(find . -mindepth 2 -maxdepth 2 -name BUILD -not -path './bazel-*' -not -path './.*' |
+             cut -d/ -f2 | sort -u); do
+  patterns+=("//$dir/...")
+done
 bazel --output_base="$output_base" test --config=asan --symlink_prefix=/ \
   --repo_env=CUDA_PATH=/nonexistent --test_lang_filters=cc --test_output=errors --keep_going \
-  "${flags[@]}" -- //... -//tests:compose_test 2>&1 | tee "$log" | grep -E '^(//|ERROR|Executed)'
+  --build_tests_only \
+  "${flags[@]}" -- "${patterns[@]}" -//tests:compose_test 2>&1 | tee "$log" |
+  grep -E '^(//|ERROR|Executed)'
 rc=${PIPESTATUS[0]}
 bazel --output_base="$output_base" shutdown >/dev/null 2>&1
 # What the failed ones printed (the sanitizer's report among it).
-sed -n '/^==================== Test output for/,/^=\{40,\}$/p' "$log" | tail -300 >&2
+sed -n '/^==================== Test output for/,/^=\{40,\}$/p' "$log" | tail -1000 >&2
 
 # "//target  PASSED in 1.2s" (or FAILED, TIMEOUT, NO STATUS, FAILED TO BUILD).
 results_lines=$(sed -nE 's#^(//[^ ]+) +(\(cached\) +)?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY|FAILED TO BUILD|INCOMPLETE)\b.*#\3 \1#p' "$log" |
   sed -E 's#^(FAILED TO BUILD|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE) #FAILED #')
-if [ -z "$results_lines" ]; then
-  results_lines="FAILED //...:build"  # Nothing ran: the build failed.
-  rc=1
+# 0: all passed; 3: some tests failed (each has its line). Anything else (a
+# target that did not build, an interrupted or failed build) is a failure
+# of its own, whatever the tests that ran said.
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 3 ]; then
+  results_lines+="${results_lines:+$'\n'}FAILED //...:build(bazel exit status $rc)"
 fi
 if [ -n "$results" ]; then
   while read -r result target; do echo "$result asan:$target"; done <<< "$results_lines" >> "$results"
