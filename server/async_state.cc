@@ -106,8 +106,16 @@ std::string AsyncState::DescribeWait(uint32_t rank, int64_t step) const {
         " to push step ", step - options_.staleness));
   }
   if (!holds_.empty() && step > *holds_.begin()) {
-    reasons.push_back(absl::StrCat("the checkpoint of step ", *holds_.begin(),
-                                   " holds every trainer there until it is saved"));
+    const int64_t cut = *holds_.begin();
+    std::vector<std::string> behind;  // (None: the cut is being saved.)
+    for (uint32_t t = 0; t < options_.num_trainers; ++t) {
+      if (applied_[t] < cut) behind.push_back(absl::StrCat(t, " (applied step ", applied_[t], ")"));
+    }
+    reasons.push_back(absl::StrCat(
+        "the checkpoint of step ", cut, " holds every trainer there until it is saved",
+        behind.empty() ? ""
+                       : absl::StrCat(": it waits for trainer(s) ", absl::StrJoin(behind, ", "),
+                                      " to push up to step ", cut)));
   }
   if (reasons.empty()) return "";
   return absl::StrCat("trainer ", rank, "'s step ", step, ": ", absl::StrJoin(reasons, "; "));

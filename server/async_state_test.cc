@@ -134,7 +134,10 @@ TEST(AsyncStateTest, HoldsOfUniformCutsTheLowestCounts) {
   // Trainer 0's step 3 waits at the cut of step 2.
   ASSERT_NO_FATAL_FAILURE(Push(state, 0, 3));
   EXPECT_EQ(ApplyAll(state), Applied{});
-  EXPECT_TRUE(absl::StrContains(state.DescribeWait(0, 3), "checkpoint of step 2"))
+  EXPECT_TRUE(absl::StrContains(state.DescribeWait(0, 3),
+                                "checkpoint of step 2 holds every trainer there until it is "
+                                "saved: it waits for trainer(s) 1 (applied step 0) to push up "
+                                "to step 2"))
       << state.DescribeWait(0, 3);
   EXPECT_FALSE(state.UniformCutReached(2));
   EXPECT_TRUE(state.UniformCutReachable(2));
@@ -250,10 +253,14 @@ TEST(AsyncStateTest, RandomSchedulesApplyEveryPushExactlyOnce) {
               if (staleness > 0) {
                 ASSERT_LE(c->staleness, staleness);
                 for (uint32_t t = 0; t < kTrainers; ++t) {
-                  if (t != c->rank) ASSERT_GE(state.applied()[t], c->step - staleness);
+                  if (t != c->rank) {
+                    ASSERT_GE(state.applied()[t], c->step - staleness);
+                  }
                 }
               }
-              if (hold) ASSERT_LE(c->step, *hold) << "past the held cut";
+              if (hold) {
+                ASSERT_LE(c->step, *hold) << "past the held cut";
+              }
               ++times_applied[{c->rank, c->step}];
               state.FinishApply(*c);
             }
