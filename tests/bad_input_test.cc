@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -125,6 +126,51 @@ TEST_F(BadInputTest, MalformedPushesAreRejectedAndChangeNothing) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_ACCEPTED);
   EXPECT_EQ(response.trainers_pending(), 1u);
+}
+
+// A message of the push stream that does not parse (gRPC's reader reports
+// it as the stream's end): the push is refused as incomplete and nothing
+// of it is used, wherever it comes before the last chunk. (After the last
+// one it cannot be told from the stream's end in gRPC's synchronous API:
+// the push is whole and checked, and is applied as sent.)
+TEST_F(BadInputTest, AnUnparsableMessageInAPushStreamChangesNothing) {
+  const State before = Capture();
+  const std::vector<float> grad = Gradient(1.0f);
+  std::vector<std::string> good;
+  v1::PushGradientsRequest request;
+  *request.mutable_header() = Header(0, 1);
+  good.push_back(request.SerializeAsString());
+  for (const Chunk& c : GoodChunks(grad)) {
+    request.mutable_chunk()->set_offset(c.offset);
+    request.mutable_chunk()->set_data(c.data);
+    good.push_back(request.SerializeAsString());
+  }
+  ASSERT_GT(good.size(), 3u);
+  // Field 1 (the header), 127 bytes long, with 3 there.
+  const std::string unparsable(
+      "\x0a\x7f"
+      "abc",
+      5);
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  const std::string method = "/shardopt.v1.ShardService/PushGradients";
+  for (const size_t at : {size_t{1}, size_t{2}, good.size() - 1}) {
+    std::vector<std::string> messages = good;
+    messages.insert(messages.begin() + at, unparsable);
+    const grpc::Status s = RawClientStream(channel.get(), method, messages, 10000);
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << "at " << at << ": " << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "push ended after"))
+        << "at " << at << ": " << s.error_message();
+    EXPECT_EQ(Capture(), before) << "the unparsable message at " << at;
+  }
+  std::vector<std::string> trailing = good;
+  trailing.push_back(unparsable);
+  EXPECT_TRUE(RawClientStream(channel.get(), method, trailing, 10000).ok());
+  v1::PushGradientsResponse response;
+  const v1::PushHeader header = Header(0, 1);
+  const grpc::Status again = Push(&header, GoodChunks(grad), &response);
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_DUPLICATE)
+      << "the push before the trailing message was not applied";
 }
 
 // The hyperparameter changes a push carries are checked with the rest of

@@ -50,6 +50,26 @@ grpc::Status RawUnaryCall(grpc::ChannelInterface* channel, const std::string& fu
   return status;
 }
 
+grpc::Status RawClientStream(grpc::ChannelInterface* channel, const std::string& full_method,
+                             const std::vector<std::string>& messages, int timeout_ms) {
+  grpc::internal::RpcMethod method(full_method.c_str(),
+                                   grpc::internal::RpcMethod::CLIENT_STREAMING);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  grpc::ByteBuffer reply;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel, method, &context,
+                                                                    &reply));
+  bool open = true;
+  for (const std::string& m : messages) {
+    grpc::Slice slice(m.data(), m.size());
+    grpc::ByteBuffer message(&slice, 1);
+    if (!(open = writer->Write(message))) break;
+  }
+  if (open) writer->WritesDone();
+  return writer->Finish();
+}
+
 grpc::Status RawRegister(v1::ShardService::Stub& stub, const v1::ModelConfig& config,
                          uint32_t shard_index, bool attach_only,
                          const std::vector<RawChunk>& chunks,

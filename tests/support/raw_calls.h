@@ -46,6 +46,12 @@ grpc::Status RawUnaryCall(grpc::ChannelInterface* channel, const std::string& fu
                           std::string* reply_bytes = nullptr,
                           const std::string& authorization = "");
 
+// The client-streaming method `full_method` with `messages` as the
+// stream's messages, whatever they hold (the server parses each), within
+// `timeout_ms`.
+grpc::Status RawClientStream(grpc::ChannelInterface* channel, const std::string& full_method,
+                             const std::vector<std::string>& messages, int timeout_ms);
+
 // PushGradients: the header (unless null), then `chunks`.
 grpc::Status RawPush(v1::ShardService::Stub& stub, const v1::PushHeader* header,
                      const std::vector<RawChunk>& chunks,
