@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -273,6 +274,12 @@ std::string JoinPath(absl::string_view dir, absl::string_view name) {
   return absl::StrCat(dir, "/", name);
 }
 
+std::string NormalPath(const std::string& path) {
+  std::string normal = std::filesystem::absolute(path).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  return normal;
+}
+
 std::string DirectoryOf(absl::string_view path) {
   const size_t slash = path.rfind('/');
   if (slash == absl::string_view::npos) return ".";
@@ -288,6 +295,12 @@ std::string BaseName(absl::string_view path) {
 FileEnv* FileEnv::Default() {
   static FileEnv* const env = new PosixFileEnv();
   return env;
+}
+
+absl::Status CheckDirectoryWritable(FileEnv* env, const std::string& dir) {
+  if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
+  // (Abandoned unwritten: its destructor removes the temporary file.)
+  return env->NewAtomicFile(JoinPath(dir, ".write-probe")).status();
 }
 
 absl::Status WriteFileAtomically(FileEnv* env, const std::string& path, absl::string_view content) {

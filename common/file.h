@@ -44,6 +44,9 @@ std::string JoinPath(absl::string_view dir, absl::string_view name);
 std::string DirectoryOf(absl::string_view path);
 // The last component of `path`.
 std::string BaseName(absl::string_view path);
+// `path` absolute (from the working directory) and lexically normal, without
+// a trailing '/': two spellings of one directory compare equal.
+std::string NormalPath(const std::string& path);
 
 enum class FileType { kRegular, kDirectory, kOther };
 
@@ -188,6 +191,11 @@ class FileEnvWrapper : public FileEnv {
 // killed writer left behind) for a file whose name starts with
 // `target_prefix` (for any file when it is empty).
 bool IsAtomicTempFile(absl::string_view name, absl::string_view target_prefix = "");
+
+// Creates directory `dir` (and its parents) if needed and checks that a
+// file can be made in it (a temporary file, removed at once): a read-only
+// or foreign directory is found at start, not at the first write.
+absl::Status CheckDirectoryWritable(FileEnv* env, const std::string& dir);
 
 // Writes `content` to `path` atomically (NewAtomicFile, Append, Commit).
 absl::Status WriteFileAtomically(FileEnv* env, const std::string& path, absl::string_view content);

@@ -272,12 +272,37 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
   if (!ReadSecurityFlags(env, &options)) return 2;
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.checkpoint_request_root = absl::GetFlag(FLAGS_checkpoint_request_root);
+  if (!options.checkpoint_dir.empty()) {
+    // Else each periodic checkpoint would fail, one log line each, while the
+    // job trained on without a point to come back to.
+    if (absl::Status s = CheckDirectoryWritable(env, options.checkpoint_dir); !s.ok()) {
+      LogError("--checkpoint_dir=%s cannot hold checkpoints: %s", options.checkpoint_dir,
+               s.ToString());
+      return 2;
+    }
+  }
+  // A port file left by an earlier run would read as this one's port until
+  // this one writes its own.
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    if (absl::Status s = env->RemoveFile(port_file); !s.ok() && !absl::IsNotFound(s)) {
+      LogError("cannot replace --port_file: %s", s.ToString());
+      return 2;
+    }
+  }
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(listen, options);
   if (!server.ok()) {
     LogError("%s", server.status().ToString());
     return 1;
+  }
+  if (!port_file.empty()) {
+    if (absl::Status s = WriteFileAtomically(env, port_file, absl::StrCat((*server)->port(), "\n"));
+        !s.ok()) {
+      LogError("cannot write --port_file: %s", s.ToString());
+      return 1;
+    }
   }
   LogInfo(
       "shard %d of %d serving on port %d (%s, %s%s), device %s, %d CPU threads, "
@@ -290,14 +315,6 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
       options.max_state_bytes >> 20,
       (*server)->metrics_port() > 0 ? absl::StrCat(", metrics on port ", (*server)->metrics_port())
                                     : "");
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    if (absl::Status s = WriteFileAtomically(env, port_file, absl::StrCat((*server)->port(), "\n"));
-        !s.ok()) {
-      LogError("cannot write --port_file: %s", s.ToString());
-      return 1;
-    }
-  }
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

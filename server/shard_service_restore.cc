@@ -163,11 +163,21 @@ absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
   FileEnv* env = options_.file_env;
   absl::StatusOr<FileInfo> info = env->Stat(path);
   if (absl::IsNotFound(info.status())) {
-    // The first start of a job whose restarts use the same command line.
+    // The first start of a job whose restarts use the same command line
+    // (--restore_from=ROOT --checkpoint_dir=ROOT). Any other path names
+    // something to load: a typo must not start a fresh model.
+    if (options_.checkpoint_dir.empty() ||
+        NormalPath(path) != NormalPath(options_.checkpoint_dir)) {
+      return absl::NotFoundError(
+          absl::StrCat(path,
+                       " does not exist (only the --checkpoint_dir of a job's first start "
+                       "may be missing)"));
+    }
     LogInfo("%s does not exist yet: nothing to restore", path);
     return absl::OkStatus();
   }
-  if (!info.ok() || info->type != FileType::kDirectory) {
+  if (!info.ok()) return info.status();
+  if (info->type != FileType::kDirectory) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
   }
   if (FileExists(env, JoinPath(path, kCheckpointManifestFile))) {

@@ -37,14 +37,6 @@ int64_t NewestCommittedCheckpoint(HostedModel& model) {
   return committed.empty() ? -1 : committed.front();
 }
 
-// `path` absolute (from the working directory) and lexically normal, without
-// a trailing '/': two spellings of one directory compare equal.
-std::string NormalPath(const std::string& path) {
-  std::string normal = std::filesystem::absolute(path).lexically_normal().string();
-  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
-  return normal;
-}
-
 }  // namespace
 
 grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,

@@ -4,8 +4,11 @@
 #include <google/protobuf/descriptor.pb.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -207,6 +210,72 @@ TEST(ServerLifecycleTest, BadFlagsFailAtStartWithAMessage) {
     ASSERT_TRUE(rc.has_value());
     EXPECT_EQ(*rc, 2) << args[0];
   }
+}
+
+// The exit status of a server started with `args` that should not come up.
+std::optional<int> ExitStatusAtStart(const std::vector<std::string>& args) {
+  std::vector<std::string> full = {"--listen=127.0.0.1:0"};
+  full.insert(full.end(), args.begin(), args.end());
+  auto proc = ChildProcess::Start(Runfile("server/shardopt_server"), full);
+  if (!proc.ok()) return std::nullopt;
+  std::optional<int> rc = (*proc)->Wait(absl::Seconds(20));
+  if (!rc.has_value()) (*proc)->Signal(SIGKILL);
+  return rc;
+}
+
+// --restore_from names something to load: a path that does not exist is
+// refused (a typo started a fresh model), except the --checkpoint_dir of a
+// job's first start, however it is spelled.
+TEST(ServerLifecycleTest, AMissingRestorePathIsRefusedUnlessItIsTheCheckpointDir) {
+  const std::string root = MakeTempDir("restore_missing");
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--restore_from=" + root + "/ckpt/m/step-00000007"},
+           {"--checkpoint_dir=" + root + "/a", "--checkpoint_every=2",
+            "--restore_from=" + root + "/b"}}) {
+    const std::optional<int> rc = ExitStatusAtStart(args);
+    EXPECT_TRUE(rc.has_value() && *rc != 0) << args.back() << ": it started";
+  }
+  auto server = ServerProcess::Start(0, 1,
+                                     {"--checkpoint_dir=" + root + "/c", "--checkpoint_every=2",
+                                      "--restore_from=" + root + "/./c/"});
+  EXPECT_TRUE(server.ok()) << server.status();
+}
+
+// A --checkpoint_dir that cannot hold files is refused at start (it ran,
+// and every periodic checkpoint failed); one that does not exist yet is
+// made.
+TEST(ServerLifecycleTest, ACheckpointDirThatCannotHoldFilesIsRefusedAtStart) {
+  const std::string root = MakeTempDir("unwritable_ckpt");
+  {
+    std::ofstream file(root + "/a_file");
+    file << "not a directory\n";
+  }
+  EXPECT_EQ(
+      ExitStatusAtStart({"--checkpoint_dir=" + root + "/a_file/ckpt", "--checkpoint_every=2"}),
+      std::optional<int>(2));
+  auto server = ServerProcess::Start(
+      0, 1, {"--checkpoint_dir=" + root + "/new/ckpt", "--checkpoint_every=2"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  struct stat info;
+  EXPECT_EQ(stat((root + "/new/ckpt").c_str(), &info), 0);
+  EXPECT_TRUE(S_ISDIR(info.st_mode));
+}
+
+// A port file of an earlier run is removed before this one starts: a
+// server that then fails to start leaves none to be read as its port.
+TEST(ServerLifecycleTest, AStalePortFileIsRemovedAtStart) {
+  const std::string port_file = MakeTempDir("stale_port") + "/port";
+  {
+    std::ofstream file(port_file);
+    file << "12345\n";
+  }
+  std::vector<std::string> args = {"--listen=256.0.0.1:0", "--port_file=" + port_file};
+  auto proc = ChildProcess::Start(Runfile("server/shardopt_server"), args);
+  ASSERT_TRUE(proc.ok());
+  const std::optional<int> rc = (*proc)->Wait(absl::Seconds(20));
+  EXPECT_TRUE(rc.has_value() && *rc != 0);
+  struct stat info;
+  EXPECT_NE(stat(port_file.c_str(), &info), 0) << "the stale port file stayed";
 }
 
 }  // namespace
