@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint_files.h"
+#include "common/file.h"
 #include "common/layout.h"
 #include "common/proto_convert.h"
 #include "common/safetensors.h"
@@ -90,33 +91,39 @@ int Checkpoint(const CheckpointOptions& options, FILE* out) {
     return 2;
   }
   int64_t step = options.step;
-  if (step < 0) {
-    // The latest version any shard has: shards still behind (mid-step)
-    // wait for it, so all save the same step. Asynchronous models: the
-    // highest step any trainer has applied on any shard (a uniform cut the
-    // others wait for; versions count pushes there).
-    for (const std::string& server : options.servers) {
-      absl::StatusOr<v1::ServerInfo> info = Info(options, server, absl::Seconds(10));
-      if (!info.ok()) return Fail("checkpoint", info.status());
-      bool found = false;
-      for (const v1::ModelSummary& m : info->models()) {
-        if (m.model_id() == options.model) {
-          if (m.consistency() == v1::CONSISTENCY_SYNC) {
-            step = std::max(step, m.version());
-          } else {
-            step = std::max<int64_t>(step, 0);
-            for (int64_t applied : m.trainer_steps()) step = std::max(step, applied);
-          }
-          found = true;
-        }
-      }
-      if (!found) {
-        return Fail("checkpoint", absl::NotFoundError(absl::StrCat("model '", options.model,
-                                                                   "' is not on ", server)));
+  const size_t n = options.servers.size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& server = options.servers[i];
+    absl::StatusOr<v1::ServerInfo> info = Info(options, server, absl::Seconds(10));
+    if (!info.ok()) return Fail("checkpoint", info.status());
+    // Every shard, in order: a checkpoint commits only with every part.
+    if (info->shard_count() != n || info->shard_index() != i) {
+      return Fail("checkpoint", absl::InvalidArgumentError(
+                                    absl::StrCat(server, " is shard ", info->shard_index(), " of ",
+                                                 info->shard_count(), ", not shard ", i, " of ", n,
+                                                 ": give --servers every shard, in shard order")));
+    }
+    bool found = false;
+    for (const v1::ModelSummary& m : info->models()) {
+      if (m.model_id() != options.model) continue;
+      found = true;
+      if (options.step >= 0) continue;
+      // The latest version any shard has: shards still behind (mid-step)
+      // wait for it, so all save the same step. Asynchronous models: the
+      // highest step any trainer has applied on any shard (a uniform cut the
+      // others wait for; versions count pushes there).
+      if (m.consistency() == v1::CONSISTENCY_SYNC) {
+        step = std::max(step, m.version());
+      } else {
+        step = std::max<int64_t>(step, 0);
+        for (int64_t applied : m.trainer_steps()) step = std::max(step, applied);
       }
     }
+    if (!found) {
+      return Fail("checkpoint", absl::NotFoundError(absl::StrCat("model '", options.model,
+                                                                 "' is not on ", server)));
+    }
   }
-  const size_t n = options.servers.size();
   std::vector<v1::CheckpointResponse> responses(n);
   std::vector<grpc::Status> statuses(n);
   std::vector<std::thread> threads;
@@ -158,8 +165,19 @@ int Checkpoint(const CheckpointOptions& options, FILE* out) {
   if (all_ok && !manifest.empty()) {
     fprintf(out, "checkpoint of model '%s' at step %lld committed: %s\n", options.model.c_str(),
             static_cast<long long>(step), manifest.c_str());
+    return 0;
   }
-  return all_ok && !manifest.empty() ? 0 : 1;
+  // Say so: the parts written stay in the directory, and a run again (same
+  // step, same directory) writes only the missing ones.
+  fprintf(out,
+          "checkpoint of model '%s' at step %lld NOT committed: %s; the parts written are in "
+          "%s (run the same command again to complete it)\n",
+          options.model.c_str(), static_cast<long long>(step),
+          all_ok ? "every shard wrote its part but none committed the manifest (is --dir one "
+                   "directory every server sees?)"
+                 : "some shards failed (above)",
+          options.directory.c_str());
+  return 1;
 }
 
 int Export(const CheckpointOptions& options, FILE* out) {
@@ -232,6 +250,15 @@ int Import(const CheckpointOptions& options, FILE* out) {
   if (options.directory.empty() || options.safetensors.empty() || options.out.empty()) {
     fprintf(stderr, "shardoptctl import: --safetensors, --checkpoint and --out are required\n");
     return 2;
+  }
+  // A new directory: one that holds a checkpoint already would be kept as
+  // it is (the writer takes the same checkpoint for already written) and
+  // the import reported done with none of the file's values in it.
+  absl::StatusOr<std::vector<std::string>> existing =
+      FileEnv::Default()->ListDirectory(options.out);
+  if (existing.ok() && !existing->empty()) {
+    return Fail("import", absl::AlreadyExistsError(absl::StrCat(
+                              options.out, " is not empty: import into a new directory")));
   }
   absl::StatusOr<std::unique_ptr<CheckpointReader>> checkpoint =
       CheckpointReader::Open(options.directory);

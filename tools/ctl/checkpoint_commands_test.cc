@@ -321,6 +321,12 @@ TEST(CheckpointCommandsTest, AnAsynchronousModelsWeightsImportAndRestore) {
   std::tie(rc, out) = RunCtl(absl::StrCat("import --safetensors=", root, "/w.safetensors",
                                           " --checkpoint=", root, "/ckpt --out=", root, "/new"));
   ASSERT_EQ(rc, 0) << out;
+  // Into a directory that holds a checkpoint already: refused (it reported
+  // done and kept the old values).
+  std::tie(rc, out) = RunCtl(absl::StrCat("import --safetensors=", root, "/w.safetensors",
+                                          " --checkpoint=", root, "/ckpt --out=", root, "/new"));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("is not empty: import into a new directory"), std::string::npos) << out;
 
   auto restored = StartCluster(1, {"--restore_from=" + root + "/new"});
   ASSERT_TRUE(restored.ok()) << restored.status();
@@ -331,6 +337,32 @@ TEST(CheckpointCommandsTest, AnAsynchronousModelsWeightsImportAndRestore) {
   EXPECT_EQ(resumer->PullToResume(absl::MakeSpan(resumed)).value(), 0);
   EXPECT_EQ(resumed, params);
   EXPECT_TRUE(resumer->Step(1, grad, absl::MakeSpan(resumed)).ok());
+}
+
+// A checkpoint that did not commit says so (the command exited 1 with a
+// table of "ok" rows), and --servers must name every shard in order.
+TEST(CheckpointCommandsTest, ACheckpointThatDidNotCommitSaysSo) {
+  const ModelSpec spec = SyntheticModelSpec("uncommitted", OptimizerConfig::Sgd(0.1), 1);
+  auto servers = StartCluster(2);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 2).value();
+  const std::vector<float> initial = SyntheticInitialParams(layout, 5);
+  Trainer trainer = Connect(Addresses(*servers), spec, &initial);
+  const std::string root = MakeTempDir("ctl_uncommitted");
+  const std::vector<std::string> addresses = Addresses(*servers);
+  auto [rc, out] = RunCtl(
+      absl::StrCat("checkpoint --model=uncommitted --dir=", root, "/a --servers=", addresses[1]));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("is shard 1 of 2, not shard 0 of 1: give --servers every shard, in shard "
+                     "order"),
+            std::string::npos)
+      << out;
+  // A step no trainer reaches: each shard gives up waiting for it.
+  std::tie(rc, out) =
+      RunCtl(absl::StrCat("checkpoint --model=uncommitted --step=9 --timeout_s=2 --dir=", root,
+                          "/b --servers=", absl::StrJoin(addresses, ",")));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("at step 9 NOT committed: some shards failed"), std::string::npos) << out;
 }
 
 TEST(CheckpointCommandsTest, BadInputsAreRefusedWithTheReason) {

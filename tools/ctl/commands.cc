@@ -77,7 +77,7 @@ int Status(const CommandOptions& options, FILE* out) {
       {"MODEL", "SHARD", "TRAINER", "LAST_PUSHED_STEP", "APPLIED_STEP", "SECONDS_SINCE"});
   for (const std::string& address : options.servers) {
     std::shared_ptr<grpc::Channel> channel = Channel(options, address);
-    std::string health = "?";
+    std::string health;
     {
       grpc::ClientContext context;
       SetDeadline(&context, options.timeout);
@@ -92,7 +92,10 @@ int Status(const CommandOptions& options, FILE* out) {
     grpc::Status s = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
     if (!s.ok()) {
       rc = 1;
-      servers.AddRow({"?", address, health == "?" ? Failure(s) : health, "", "", "", "", ""});
+      // (A server that answers health checks may still refuse this call:
+      // no token, another version or service.)
+      servers.AddRow({"?", address, absl::StrCat(health, "; GetServerInfo: ", Failure(s)), "", "",
+                      "", "", ""});
       continue;
     }
     servers.AddRow({absl::StrCat(info.shard_index(), "/", info.shard_count()), address, health,
@@ -114,7 +117,12 @@ int Status(const CommandOptions& options, FILE* out) {
       request.set_slice_length(1);
       request.set_tensor_name("");
       v1::InspectResponse inspect;
-      if (stub->Inspect(&inspect_context, request, &inspect).ok()) {
+      const grpc::Status inspected = stub->Inspect(&inspect_context, request, &inspect);
+      if (!inspected.ok()) {
+        rc = 1;
+        fprintf(stderr, "%s: Inspect of model '%s': %s\n", address.c_str(), m.model_id().c_str(),
+                Failure(inspected).c_str());
+      } else {
         pushed = absl::StrCat(inspect.trainers_pushed_size(), "/", m.num_trainers());
         checkpoint = NewestCheckpoint(inspect);
         for (const v1::TrainerActivity& t : inspect.trainers()) {

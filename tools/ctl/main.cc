@@ -34,8 +34,7 @@ ABSL_FLAG(std::string, tensor, "", "Only this tensor's statistics (inspect).");
 ABSL_FLAG(uint64_t, offset, 0, "First range-local element of the value slice (inspect).");
 ABSL_FLAG(uint32_t, length, 8, "Number of values in the slice (inspect).");
 ABSL_FLAG(bool, json, false, "Print the InspectResponse as JSON (inspect).");
-ABSL_FLAG(double, timeout_s, 5,
-          "Deadline of each call, in seconds (checkpoint: 600 unless given).");
+ABSL_FLAG(double, timeout_s, -1, "Deadline of each call, in seconds (default 5; checkpoint: 600).");
 ABSL_FLAG(std::string, dir, "", "Checkpoint directory to write (checkpoint).");
 ABSL_FLAG(int64_t, step, -1, "Version to save (checkpoint); -1: the latest version of any shard.");
 ABSL_FLAG(std::string, checkpoint, "", "Committed checkpoint directory to read (export, import).");
@@ -90,7 +89,9 @@ int main(int argc, char** argv) {
   options.offset = absl::GetFlag(FLAGS_offset);
   options.length = absl::GetFlag(FLAGS_length);
   options.json = absl::GetFlag(FLAGS_json);
-  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  // (-1: not given; checkpoints have a default of their own.)
+  const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  options.timeout = absl::Seconds(timeout_s < 0 ? 5 : timeout_s);
   if (options.servers.empty()) {
     fprintf(stderr, "shardoptctl: --servers is required\n");
     return 2;
@@ -99,7 +100,7 @@ int main(int argc, char** argv) {
   if (command == "health") return shardopt::ctl::Health(options, stdout);
   if (command == "checkpoint") {
     checkpoint.directory = absl::GetFlag(FLAGS_dir);
-    if (absl::GetFlag(FLAGS_timeout_s) != 5) checkpoint.timeout = options.timeout;
+    if (timeout_s >= 0) checkpoint.timeout = options.timeout;
     return shardopt::ctl::Checkpoint(checkpoint, stdout);
   }
   if (command == "inspect") return shardopt::ctl::Inspect(options, stdout);

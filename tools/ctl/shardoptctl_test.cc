@@ -1,6 +1,7 @@
 // shardoptctl against a real 2-shard cluster: the status table shows both
 // shards and the model's version and ranks, inspect shows tensor statistics
 // and JSON, and an unreachable server makes status exit 1.
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -103,6 +104,21 @@ TEST(ShardoptctlTest, StatusAndInspectOfALiveCluster) {
   std::tie(rc, out) = RunCtl("status --timeout_s=1 --servers=" + addresses + ",127.0.0.1:1");
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("127.0.0.1:1"), std::string::npos) << out;
+}
+
+// A server that answers health checks but refuses GetServerInfo (here: no
+// token) is shown with the refusal, not only as SERVING.
+TEST(ShardoptctlTest, StatusSaysWhyAServerThatIsUpDidNotAnswer) {
+  const std::string dir = MakeTempDir("ctl_tokens");
+  {
+    std::ofstream tokens(dir + "/tokens");
+    tokens << "trainer trainer-5f1c0e9a2b7d4c68\n";
+  }
+  auto servers = StartCluster(1, {"--auth_token_file=" + dir + "/tokens"});
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  auto [rc, out] = RunCtl("status --servers=" + Addresses(*servers)[0]);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("GetServerInfo: error: 16 "), std::string::npos) << out;
 }
 
 }  // namespace
