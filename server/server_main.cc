@@ -18,6 +18,7 @@
 #include "server/device_support.h"
 #include "server/malloc_tuning.h"
 #include "server/shard_server.h"
+#include "server/shutdown_signals.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to listen on; port 0 picks a free port (see --port_file).");
@@ -146,25 +147,8 @@ bool ReadSecurityFlags(FileEnv* env, ShardServerOptions* options) {
   return true;
 }
 
-}  // namespace
-
-int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_env) {
-  absl::SetProgramUsageMessage("shardopt optimizer-shard server");
-  absl::ParseCommandLine(argc, argv);
-  SetLogTag(absl::StrCat("shardopt_server[", absl::GetFlag(FLAGS_shard_index), "]"));
-
-  if (!TuneMallocForLargeMessages()) {
-    LogWarning("glibc refused the malloc settings for large messages");
-  }
-
-  // Block the shutdown signals before any thread starts, so that only the
-  // sigwait below receives them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
+// The program from the parsed flags to the end of the shutdown.
+int Serve(const std::function<FileEnv*()>& file_env, ShutdownSignals& shutdown_signals) {
   ShardServerOptions options;
   options.shard_index = absl::GetFlag(FLAGS_shard_index);
   options.shard_count = absl::GetFlag(FLAGS_shard_count);
@@ -316,13 +300,28 @@ int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_
       (*server)->metrics_port() > 0 ? absl::StrCat(", metrics on port ", (*server)->metrics_port())
                                     : "");
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  LogInfo("received %s; shutting down", strsignal(signal_number));
+  shutdown_signals.MarkServing();
+  const int signal_number = shutdown_signals.WaitForFirst();
+  LogInfo("received %s; shutting down (a second signal ends the process at once)",
+          strsignal(signal_number));
   (*server)->Shutdown(absl::Seconds(5));
   (*server)->Wait();
   LogInfo("stopped");
   return 0;
+}
+
+}  // namespace
+
+int RunShardServer(int argc, char** argv, const std::function<FileEnv*()>& file_env) {
+  absl::SetProgramUsageMessage("shardopt optimizer-shard server");
+  absl::ParseCommandLine(argc, argv);
+  SetLogTag(absl::StrCat("shardopt_server[", absl::GetFlag(FLAGS_shard_index), "]"));
+
+  if (!TuneMallocForLargeMessages()) {
+    LogWarning("glibc refused the malloc settings for large messages");
+  }
+  return RunWithShutdownSignals(
+      [&](ShutdownSignals& shutdown_signals) { return Serve(file_env, shutdown_signals); });
 }
 
 }  // namespace shardopt

@@ -6,6 +6,8 @@
 //       (shard-*.bin) N ms after its first write, while it exists only under
 //       its temporary name, so that a test can kill the server mid-checkpoint
 //       (tests/durability_test.cc). 0: no pause.
+//   --pause_checkpoint_data_reads_ms=N  stall every opening of a checkpoint
+//       data file for reading N ms (a restore that takes long). 0: no pause.
 //   --fail_first_set_aside  the first rename of a step directory aside as
 //       abandoned (a rollback's) fails (tests/rollback_journal_test.cc).
 #include <cstdint>
@@ -19,6 +21,8 @@
 
 ABSL_FLAG(int64_t, pause_checkpoint_data_writes_ms, 0,
           "Stall each checkpoint data file (shard-*.bin) this long after its first write.");
+ABSL_FLAG(int64_t, pause_checkpoint_data_reads_ms, 0,
+          "Stall each opening of a checkpoint data file for reading this long.");
 ABSL_FLAG(bool, fail_first_set_aside, false,
           "Fail the first rename of a checkpoint step directory aside as abandoned.");
 
@@ -27,7 +31,8 @@ int main(int argc, char** argv) {
   return shardopt::RunShardServer(argc, argv, []() -> shardopt::FileEnv* {
     shardopt::FileEnv* env = new shardopt::testing::PausingFileEnv(
         shardopt::FileEnv::Default(),
-        absl::Milliseconds(absl::GetFlag(FLAGS_pause_checkpoint_data_writes_ms)));
+        absl::Milliseconds(absl::GetFlag(FLAGS_pause_checkpoint_data_writes_ms)),
+        absl::Milliseconds(absl::GetFlag(FLAGS_pause_checkpoint_data_reads_ms)));
     if (absl::GetFlag(FLAGS_fail_first_set_aside)) {
       env = new shardopt::testing::FailingSetAsideEnv(env);
     }

@@ -47,4 +47,12 @@ absl::StatusOr<std::unique_ptr<AtomicFileWriter>> PausingFileEnv::NewAtomicFile(
   return std::unique_ptr<AtomicFileWriter>(new PausingWriter(std::move(*file), pause_));
 }
 
+absl::StatusOr<std::unique_ptr<RandomAccessFile>> PausingFileEnv::NewRandomAccessFile(
+    const std::string& path) {
+  if (read_pause_ > absl::ZeroDuration() && IsCheckpointDataFile(path)) {
+    absl::SleepFor(read_pause_);
+  }
+  return FileEnvWrapper::NewRandomAccessFile(path);
+}
+
 }  // namespace shardopt::testing
