@@ -1,6 +1,7 @@
 // The commands of shardoptctl, writing human-readable tables to `out`.
 // Each returns the process exit code: 0 when every server answered, 1 when
-// some did not (their rows say why), 2 for bad usage.
+// some did not (their rows say why), 2 for bad usage (an unknown flag or a
+// value of the wrong type ends shardoptctl in Abseil's parser, with 1).
 #ifndef SHARDOPT_TOOLS_CTL_COMMANDS_H_
 #define SHARDOPT_TOOLS_CTL_COMMANDS_H_
 
