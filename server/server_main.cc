@@ -160,7 +160,11 @@ int Serve(const std::function<FileEnv*()>& file_env, ShutdownSignals& shutdown_s
   absl::StatusOr<DeviceSelection> device =
       SelectShardDevice(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_device_fallback_to_cpu));
   if (!device.ok()) {
-    LogError("%s (use --device=cpu, or --device_fallback_to_cpu)", device.status().ToString());
+    // (The hint is for a device that is not usable, not a name that is wrong.)
+    LogError("%s%s", device.status().ToString(),
+             absl::IsInvalidArgument(device.status())
+                 ? ""
+                 : " (use --device=cpu, or --device_fallback_to_cpu)");
     return 2;
   }
   if (!device->note.empty()) {
@@ -169,7 +173,11 @@ int Serve(const std::function<FileEnv*()>& file_env, ShutdownSignals& shutdown_s
   LogInfo("model state and updates on %s", device->description);
   options.gpu_index = device->gpu_index;
   options.threads = absl::GetFlag(FLAGS_threads);
-  if (options.threads <= 0) {
+  if (options.threads < 0) {
+    LogError("--threads=%d: give a count, or 0 for the number of CPUs", options.threads);
+    return 2;
+  }
+  if (options.threads == 0) {
     options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
   const int pull_chunk_kib = absl::GetFlag(FLAGS_pull_chunk_kib);
@@ -207,6 +215,11 @@ int Serve(const std::function<FileEnv*()>& file_env, ShutdownSignals& shutdown_s
   if (options.device_pairs == "loopback" && device->gpu_index >= 0) {
     LogError("--device_pairs=loopback carries host memory; the models are on %s",
              device->description);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_stream_idle_timeout_s) < 0 || absl::GetFlag(FLAGS_max_threads) < 4) {
+    LogError("--stream_idle_timeout_s=%d must be 0 (never) or more, --max_threads=%d at least 4",
+             absl::GetFlag(FLAGS_stream_idle_timeout_s), absl::GetFlag(FLAGS_max_threads));
     return 2;
   }
   options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));

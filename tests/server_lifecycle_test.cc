@@ -197,11 +197,14 @@ TEST(ServerLifecycleTest, DeviceFallbackToCpuOnlyWhenAsked) {
 }
 
 TEST(ServerLifecycleTest, BadFlagsFailAtStartWithAMessage) {
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {"--shard_index=2", "--shard_count=2"},
-           {"--device=cuda:1023"},
-           {"--device=tpu"},
-           {"--restore_partition=rows"}}) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--shard_index=2", "--shard_count=2"},
+                                             {"--device=cuda:1023"},
+                                             {"--device=tpu"},
+                                             {"--restore_partition=rows"},
+                                             {"--threads=-1"},
+                                             {"--stream_idle_timeout_s=-5"},
+                                             {"--max_threads=2"}}) {
     std::vector<std::string> full = {"--listen=127.0.0.1:0"};
     full.insert(full.end(), args.begin(), args.end());
     auto proc = ChildProcess::Start(Runfile("server/shardopt_server"), full);
