@@ -1,6 +1,8 @@
 // shardopt_bench's server, client and model (bench_job.h).
 #include "tools/bench/bench_job.h"
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -58,13 +60,35 @@ absl::StatusOr<std::vector<double>> TimeSteps(TrainerClient& client, absl::Span<
                                               int64_t* steps) {
   absl::Status failed;
   const auto one = [&] {
-    absl::StatusOr<StepResult> r = client.Step(++*steps, grads, params);
+    const int64_t step = ++*steps;
+    absl::StatusOr<StepResult> r = client.Step(step, grads, params);
     if (!r.ok() && failed.ok()) failed = r.status();
+    if (r.ok() && r->version != step && failed.ok()) {
+      failed = absl::InternalError(
+          absl::StrCat("step ", step, " pulled version ", r->version, " instead of its own"));
+    }
   };
   one();
   std::vector<double> times = TimeRepeated(seconds, 3, 1000, one);
   if (!failed.ok()) return failed;
   return times;
+}
+
+absl::Status CheckBenchSgdSteps(absl::Span<const float> params, int64_t steps) {
+  const double lr = BenchSgd().lr;
+  // Each step rounds once in fp32 (at most half an ulp of values below 1);
+  // one step's update is lr * |g| >= 1e-7 where g != 0.
+  const double tolerance = static_cast<double>(steps) * 0x1p-24 + 1e-7;
+  const size_t stride = std::max<size_t>(1, params.size() / 4096);
+  for (size_t i = 0; i < params.size(); i += stride) {
+    const double expected =
+        static_cast<double>(ParamAt(i)) - static_cast<double>(steps) * lr * GradientAt(i);
+    if (std::abs(params[i] - expected) > tolerance) {
+      return absl::InternalError(absl::StrCat("after ", steps, " SGD steps parameter ", i, " is ",
+                                              params[i], ", not ", expected));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shardopt::bench

@@ -48,10 +48,17 @@ absl::StatusOr<BenchJob> StartBenchJob(const std::string& model_id, uint64_t ele
 
 // Seconds per Step of `client` from `grads` into `params`, steps numbered
 // on from `*steps` (which counts them): one untimed warm-up step, then
-// steps for about `seconds` (3 at least); the first failure, if any.
+// steps for about `seconds` (3 at least); the first failure, if any (a step
+// that did not pull its own version is one).
 absl::StatusOr<std::vector<double>> TimeSteps(TrainerClient& client, absl::Span<const float> grads,
                                               absl::Span<float> params, double seconds,
                                               int64_t* steps);
+
+// That `params` (every element, or a sample of a large buffer) is what
+// `steps` steps of BenchSgd from FillParams with FillGradients give, to
+// fp32 rounding: a data plane that skipped the update or the write-back
+// cannot look fast. INTERNAL naming the first element that is not.
+absl::Status CheckBenchSgdSteps(absl::Span<const float> params, int64_t steps);
 
 }  // namespace shardopt::bench
 

@@ -17,7 +17,9 @@ struct ChunkSizes {
   size_t pull;  // the server's pull_chunk_bytes
 };
 
-// Small finite values, the same for every run.
+// Small finite values, the same for every run: element i of each.
+float GradientAt(size_t i);
+float ParamAt(size_t i);
 void FillGradients(std::vector<float>& g);
 void FillParams(std::vector<float>& p);
 
