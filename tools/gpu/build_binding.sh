@@ -26,11 +26,23 @@ command -v "$cxx" >/dev/null || { echo "build_binding: no C++ compiler ($cxx)"; 
 py_include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 [ -f "$py_include/Python.h" ] || { echo "build_binding: no Python.h in $py_include"; exit 1; }
 suffix=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+# pybind11: this Python's package; else the headers torch's wheel ships
+# (a pip-installed torch brings no pybind11 package, and Debian's 2.10 in the
+# kit predates Python 3.12), through a folder of their own (torch's include
+# folder also holds protobuf headers that would hide the kit's); else the
+# kit's.
+torch_include=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))' 2>/dev/null || true)
 if pybind11_include=$("$python" -c 'import pybind11; print(pybind11.get_include())' 2>/dev/null); then
   which_pybind11="this Python's pybind11 $("$python" -c 'import pybind11; print(pybind11.__version__)')"
+elif [ -n "$torch_include" ] && [ -f "$torch_include/pybind11/pybind11.h" ]; then
+  pybind11_include=$kit/torch_pybind11
+  rm -rf "$pybind11_include"
+  mkdir -p "$pybind11_include"
+  ln -s "$torch_include/pybind11" "$pybind11_include/pybind11"
+  which_pybind11="the pybind11 headers of torch's wheel"
 else
   pybind11_include=$kit/pybind11_include
-  which_pybind11="the kit's pybind11 (Debian's)"
+  which_pybind11="the kit's pybind11 (Debian's 2.10: Python 3.11 at most)"
 fi
 # Of the bundle's libraries, those the deps library loads, and not its C++
 # runtime: a module built by this machine's compiler needs this machine's
@@ -47,7 +59,9 @@ if ! loads=$(LD_LIBRARY_PATH="$bundle_lib" libraries_loaded_by "$bundle_lib/libs
 fi
 while IFS= read -r lib; do
   case "$lib" in "$bundle_lib"/*) ;; *) continue ;; esac
-  case "$(basename "$lib")" in libstdc++.so*|libgcc_s.so*) continue ;; esac
+  # (Nor zlib and OpenSSL: every machine with Python has its own, which its
+  # _ssl and zlib modules need; the sonames are the same.)
+  case "$(basename "$lib")" in libstdc++.so*|libgcc_s.so*|libz.so*|libssl.so*|libcrypto.so*) continue ;; esac
   ln -sf "$lib" "$kit/lib/"
 done <<<"$loads"
 out=$kit/shardopt/_shardopt$suffix

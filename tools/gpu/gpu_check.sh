@@ -103,10 +103,16 @@ iters=20
 export SHARDOPT_REQUIRE_GPU=1
 
 # The packed bundle travels (make_gpu_bundle.sh): it replaces any unpacked
-# one (a warm machine may keep an older one).
+# one a warm machine kept, unless that is the same bundle (its MANIFEST
+# equal), whose binding a rerun then need not build again.
 if [ -f "$bundle.tgz" ]; then
-  rm -rf "$bundle"
-  tar -xzf "$bundle.tgz" || { echo "cannot unpack $bundle.tgz"; exit 2; }
+  if [ -f "$bundle/MANIFEST" ] &&
+     tar -xzOf "$bundle.tgz" "$bundle/MANIFEST" 2>/dev/null | cmp -s - "$bundle/MANIFEST"; then
+    echo "(the unpacked $bundle is this $bundle.tgz's: kept)"
+  else
+    rm -rf "$bundle"
+    tar -xzf "$bundle.tgz" || { echo "cannot unpack $bundle.tgz"; exit 2; }
+  fi
 fi
 if [ ! -f "$bundle/run.sh" ]; then
   echo "no $bundle/run.sh: run tools/gpu/make_gpu_bundle.sh on the build machine and carry $bundle.tgz"
@@ -359,7 +365,9 @@ else
       "$torch_py" tools/gpu/torch_device_pairs.py --server="$PWD/$bundle/run.sh shardopt_server" \
       --kind=nccl --device=cuda:0 --server_device=cuda:0
     rc=$?
-    verdict=$(grep -m1 '^torch_device_pairs: ' "$log/torch_pairs.log" | cut -d' ' -f2- | cut -c1-160)
+    # (The verdict line, not the one before it that names torch and NCCL.)
+    verdict=$(grep -E '^torch_device_pairs: (PASS|FAIL|SKIP)' "$log/torch_pairs.log" | tail -1 |
+      cut -d' ' -f2- | cut -c1-160)
     case $rc in
       0) result[torch_pairs]="$verdict" ;;
       125) result[torch_pairs]="not run (budget)"; overall=1 ;;
