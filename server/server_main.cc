@@ -294,6 +294,8 @@ int Serve(const std::function<FileEnv*()>& file_env, ShutdownSignals& shutdown_s
     LogError("%s", server.status().ToString());
     return 1;
   }
+  // (Listening from here: a signal now asks for the graceful shutdown.)
+  shutdown_signals.MarkServing();
   if (!port_file.empty()) {
     if (absl::Status s = WriteFileAtomically(env, port_file, absl::StrCat((*server)->port(), "\n"));
         !s.ok()) {
@@ -313,7 +315,6 @@ int Serve(const std::function<FileEnv*()>& file_env, ShutdownSignals& shutdown_s
       (*server)->metrics_port() > 0 ? absl::StrCat(", metrics on port ", (*server)->metrics_port())
                                     : "");
 
-  shutdown_signals.MarkServing();
   const int signal_number = shutdown_signals.WaitForFirst();
   LogInfo("received %s; shutting down (a second signal ends the process at once)",
           strsignal(signal_number));

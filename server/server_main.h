@@ -17,9 +17,10 @@ namespace shardopt {
 
 // Parses the command line (the server's flags and any other flag linked into
 // the binary), then runs the server; returns the process's exit code (0
-// after a clean shutdown, 1 when it cannot start or a second signal ended
-// the shutdown, 2 for bad flag values; an unknown flag or a value of the
-// wrong type ends the process in Abseil's parser, with 1).
+// after a clean shutdown, 1 when it cannot start, a signal came before it
+// served or a second signal ended the shutdown (server/shutdown_signals.h),
+// 2 for bad flag values; an unknown flag or a value of the wrong type ends
+// the process in Abseil's parser, with 1).
 // `file_env`, when set, is called once after the flags are parsed and gives
 // the FileEnv that checkpoints and the port file are written through (it
 // must live until the process ends); unset, FileEnv::Default().

@@ -228,7 +228,7 @@ std::optional<int> ExitStatusAtStart(const std::vector<std::string>& args) {
 
 // --restore_from names something to load: a path that does not exist is
 // refused (a typo started a fresh model), except the --checkpoint_dir of a
-// job's first start, however it is spelled.
+// job's first start (which the server makes at start, before it restores).
 TEST(ServerLifecycleTest, AMissingRestorePathIsRefusedUnlessItIsTheCheckpointDir) {
   const std::string root = MakeTempDir("restore_missing");
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{

@@ -79,13 +79,27 @@ absl::Status CheckBenchSgdSteps(absl::Span<const float> params, int64_t steps) {
   // Each step rounds once in fp32 (at most half an ulp of values below 1);
   // one step's update is lr * |g| >= 1e-7 where g != 0.
   const double tolerance = static_cast<double>(steps) * 0x1p-24 + 1e-7;
-  const size_t stride = std::max<size_t>(1, params.size() / 4096);
-  for (size_t i = 0; i < params.size(); i += stride) {
+  const auto check = [&](size_t i) -> absl::Status {
     const double expected =
         static_cast<double>(ParamAt(i)) - static_cast<double>(steps) * lr * GradientAt(i);
     if (std::abs(params[i] - expected) > tolerance) {
       return absl::InternalError(absl::StrCat("after ", steps, " SGD steps parameter ", i, " is ",
                                               params[i], ", not ", expected));
+    }
+    return absl::OkStatus();
+  };
+  // A sample through the buffer, and both sides of every 64 KiB boundary
+  // (where chunks and ranges end), the last element included.
+  const size_t stride = std::max<size_t>(1, params.size() / 4096);
+  for (size_t i = 0; i < params.size(); i += stride) {
+    if (absl::Status s = check(i); !s.ok()) return s;
+  }
+  constexpr size_t kBoundary = (64 << 10) / sizeof(float);
+  for (size_t end = kBoundary; end < params.size() + kBoundary; end += kBoundary) {
+    const size_t last = std::min(end, params.size()) - 1;
+    if (absl::Status s = check(last); !s.ok()) return s;
+    if (last + 1 < params.size()) {
+      if (absl::Status s = check(last + 1); !s.ok()) return s;
     }
   }
   return absl::OkStatus();

@@ -94,8 +94,11 @@ int Status(const CommandOptions& options, FILE* out) {
       rc = 1;
       // (A server that answers health checks may still refuse this call:
       // no token, another version or service.)
-      servers.AddRow({"?", address, absl::StrCat(health, "; GetServerInfo: ", Failure(s)), "", "",
-                      "", "", ""});
+      servers.AddRow({"?", address,
+                      health.rfind("error", 0) == 0  // (Down: said once.)
+                          ? health
+                          : absl::StrCat(health, "; GetServerInfo: ", Failure(s)),
+                      "", "", "", "", ""});
       continue;
     }
     servers.AddRow({absl::StrCat(info.shard_index(), "/", info.shard_count()), address, health,

@@ -59,9 +59,13 @@ if ! loads=$(LD_LIBRARY_PATH="$bundle_lib" libraries_loaded_by "$bundle_lib/libs
 fi
 while IFS= read -r lib; do
   case "$lib" in "$bundle_lib"/*) ;; *) continue ;; esac
-  # (Nor zlib and OpenSSL: every machine with Python has its own, which its
-  # _ssl and zlib modules need; the sonames are the same.)
-  case "$(basename "$lib")" in libstdc++.so*|libgcc_s.so*|libz.so*|libssl.so*|libcrypto.so*) continue ;; esac
+  case "$(basename "$lib")" in libstdc++.so*|libgcc_s.so*) continue ;; esac
+  # (Nor zlib and OpenSSL where this machine has the same soname: Python's
+  # _ssl and zlib modules need the machine's own.)
+  case "$(basename "$lib")" in
+    libz.so*|libssl.so*|libcrypto.so*)
+      ldconfig -p 2>/dev/null | grep -q " $(basename "$lib") " && continue ;;
+  esac
   ln -sf "$lib" "$kit/lib/"
 done <<<"$loads"
 out=$kit/shardopt/_shardopt$suffix

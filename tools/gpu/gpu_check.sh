@@ -105,13 +105,19 @@ export SHARDOPT_REQUIRE_GPU=1
 # The packed bundle travels (make_gpu_bundle.sh): it replaces any unpacked
 # one a warm machine kept, unless that is the same bundle (its MANIFEST
 # equal), whose binding a rerun then need not build again.
+# (Unpacked beside it and moved into place: a bundle cut short by a killed
+# run never looks whole.)
+kept_bundle=0
 if [ -f "$bundle.tgz" ]; then
   if [ -f "$bundle/MANIFEST" ] &&
      tar -xzOf "$bundle.tgz" "$bundle/MANIFEST" 2>/dev/null | cmp -s - "$bundle/MANIFEST"; then
     echo "(the unpacked $bundle is this $bundle.tgz's: kept)"
+    kept_bundle=1
   else
-    rm -rf "$bundle"
-    tar -xzf "$bundle.tgz" || { echo "cannot unpack $bundle.tgz"; exit 2; }
+    rm -rf "$bundle" "$bundle.unpacking"
+    mkdir -p "$bundle.unpacking"
+    tar -xzf "$bundle.tgz" -C "$bundle.unpacking" || { echo "cannot unpack $bundle.tgz"; exit 2; }
+    mv "$bundle.unpacking/$bundle" "$bundle" && rm -rf "$bundle.unpacking"
   fi
 fi
 if [ ! -f "$bundle/run.sh" ]; then
@@ -347,9 +353,14 @@ elif [ -z "$torch_py" ]; then
   result[torch_pairs]="not run (no python3)"
   overall=1
 else
-  run_step "build the binding" 150 "$log/build_binding.log" \
-    env PYTHON="$torch_py" bash tools/gpu/build_binding.sh "$bundle"
-  rc=$?
+  if [ "$kept_bundle" -eq 1 ] && compgen -G "$bundle/binding/shardopt/_shardopt*.so" >/dev/null; then
+    echo "== build the binding: built by an earlier run of this bundle (kept)"
+    rc=0
+  else
+    run_step "build the binding" 150 "$log/build_binding.log" \
+      env PYTHON="$torch_py" bash tools/gpu/build_binding.sh "$bundle"
+    rc=$?
+  fi
   if [ $rc -eq 125 ]; then
     result[torch_pairs]="not run (budget)"
     overall=1

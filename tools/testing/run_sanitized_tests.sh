@@ -36,7 +36,7 @@ echo "asan: building and running the C++ tests with AddressSanitizer and UBSan" 
 # build's bazel-<workspace> links, foreign to this output base. (Not the
 # container test: its images would need the sanitizer runtimes.)
 patterns=(//:all)
-for dir in $(find . -mindepth 2 -maxdepth 2 -name BUILD -not -path './bazel-*' -not -path './.*' |
+for dir in $(find . -mindepth 2 -name BUILD -not -path './bazel-*' -not -path './.*' |
              cut -d/ -f2 | sort -u); do
   patterns+=("//$dir/...")
 done
