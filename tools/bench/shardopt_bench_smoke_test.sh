@@ -48,6 +48,7 @@ for plane in grpc socket shm-copy shm; do
   expect "data plane $plane row" "^  4 MiB +$plane +[0-9]+ +$num +$num +$num +${num}x +${num}x +${num}x\$"
 done
 expect "data plane memcpy row" "^  4 MiB +memcpy +[0-9]+ +$num +$num +$num +- +1\.000x +${num}x\$"
+expect "data plane raw TCP row" "^  4 MiB +raw TCP +[0-9]+ +$num +- +$num +- +${num}x +1\.000x\$"
 expect "data plane target line" "^  4 MiB: shm vs memcpy by round: min ${num}x, median ${num}x, max ${num}x; target >= 0\.5x (met|NOT met) \(median\)\$"
 expect "peak RSS" '^  peak RSS: [0-9]+ MiB'
 exit $status
