@@ -316,7 +316,7 @@ int Serve(const std::function<FileEnv*()>& file_env, ShutdownSignals& shutdown_s
                                     : "");
 
   const int signal_number = shutdown_signals.WaitForFirst();
-  LogInfo("received %s; shutting down (a second signal ends the process at once)",
+  LogInfo("received %s; shutting down (another signal 1 s or more later ends the process at once)",
           strsignal(signal_number));
   (*server)->Shutdown(absl::Seconds(5));
   (*server)->Wait();
