@@ -436,6 +436,31 @@ absl::Status TrainerClient::FollowRollBack(absl::Status status) {
   return status;
 }
 
+bool TrainerClient::ModelNeedsDecisions() const {
+  return ModelStepsNeedDecisions(spec_->consistency, spec_->max_grad_norm, spec_->loss_scaling,
+                                 spec_->optimizer.kind, *layout_);
+}
+
+absl::StatusOr<StepDecision> TrainerClient::TakeStepDecision(int64_t step, double scale) {
+  const ModelLayout* trust_layout =
+      StepsNeedTrustNorms(spec_->optimizer.kind, *layout_) ? &*layout_ : nullptr;
+  absl::StatusOr<StepDecision> decided =
+      steps_->TakeDecision(step, step, spec_->max_grad_norm, trust_layout);
+  if (!decided.ok()) return decided.status();
+  // Journaled before any shard sees it: a restarted trainer replays it.
+  if (absl::Status s = history_->RecordDecision(step, *decided); !s.ok()) return s;
+  if (undecided_push_ == step) undecided_push_ = 0;
+  // The shards update their scaler replica as the decision reaches them:
+  // so does this trainer's scaler, once per step, whether or not the pull
+  // succeeds.
+  if (scaler_ && scaler_step_ < step) {
+    scaler_->Update(decided->skip);
+    scaler_step_ = step;
+    scaler_step_scale_ = scale;
+  }
+  return decided;
+}
+
 absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<float> flat_params) {
   CancelStreamedPush();
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
@@ -446,8 +471,18 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
     // so at once instead of waiting for a version that cannot come.
     const int64_t pushed_step =
         min_version > 0 && last_pushed_step_ == min_version ? min_version : 0;
+    // After Push(step) with gradient control, the step waits for a decision
+    // (Step takes it between its push and its pull): this pull takes it.
+    std::optional<StepDecision> decision;
+    if (pushed_step > 0 && undecided_push_ == pushed_step) {
+      absl::StatusOr<PushedStep> mine = history_->Find(pushed_step);
+      absl::StatusOr<StepDecision> decided =
+          TakeStepDecision(pushed_step, mine.ok() ? mine->loss_scale : loss_scale());
+      if (!decided.ok()) return decided.status();
+      decision = *std::move(decided);
+    }
     absl::StatusOr<PulledVersion> pulled =
-        steps_->Pull(min_version, pushed_step, nullptr, flat_params.data());
+        steps_->Pull(min_version, pushed_step, decision ? &*decision : nullptr, flat_params.data());
     if (pulled.ok()) return pulled->version;
     if (!absl::IsOutOfRange(pulled.status()) || pushed_step == 0 || round >= kMaxRecoveries) {
       return pulled.status();
@@ -496,11 +531,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
         !s.ok())
       return s;
   }
-  const bool needs_decision =
-      ModelStepsNeedDecisions(spec_->consistency, spec_->max_grad_norm, spec_->loss_scaling,
-                              spec_->optimizer.kind, *layout_);
-  const ModelLayout* trust_layout =
-      StepsNeedTrustNorms(spec_->optimizer.kind, *layout_) ? &*layout_ : nullptr;
+  const bool needs_decision = ModelNeedsDecisions();
   for (int round = 0;; ++round) {
     // The pull of the version this push makes, opened at once (see
     // EarlyPull); whatever goes wrong with it, the pull below runs as usual.
@@ -513,23 +544,9 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     std::optional<StepDecision> decision;
     absl::Status status;
     if (needs_decision) {
-      absl::StatusOr<StepDecision> decided =
-          steps_->TakeDecision(step, step, spec_->max_grad_norm, trust_layout);
+      absl::StatusOr<StepDecision> decided = TakeStepDecision(step, scale);
       status = decided.status();
-      if (decided.ok()) {
-        decision = *std::move(decided);
-        // Journaled before any shard sees it: a restarted trainer replays it.
-        if (absl::Status s = history_->RecordDecision(step, *decision); !s.ok()) return s;
-        // The shards update their scaler replica as the decision reaches
-        // them: so does this trainer's scaler, once per step, whether or not
-        // the pull below succeeds (a retry of this step must not update it
-        // again).
-        if (scaler_ && scaler_step_ < step) {
-          scaler_->Update(decision->skip);
-          scaler_step_ = step;
-          scaler_step_scale_ = scale;
-        }
-      }
+      if (decided.ok()) decision = *std::move(decided);
     }
     absl::StatusOr<PulledVersion> pulled =
         !status.ok() ? absl::StatusOr<PulledVersion>(status)

@@ -147,7 +147,9 @@ class TrainerClient {
   absl::StatusOr<StepResult> Push(int64_t step, absl::Span<const float> flat_grads);
   // Pulls every shard's parameters at version >= min_version into
   // `flat_params`; returns the version (the same on every shard, else
-  // FAILED_PRECONDITION).
+  // FAILED_PRECONDITION). After Push(min_version) with gradient control it
+  // first takes the step's decision, as Step does between its push and its
+  // pull.
   absl::StatusOr<int64_t> Pull(int64_t min_version, absl::Span<float> flat_params);
   // The loss scale to multiply this step's loss (or gradients) by: 1 without
   // loss scaling. Step() updates it from the step's outcome.
@@ -327,6 +329,12 @@ class TrainerClient {
   // (FAILED_PRECONDITION then).
   absl::Status SendUnlessStarted(v1::SetHyperparametersRequest request);
   absl::Status SendHyperparameters(v1::SetHyperparametersRequest request);
+  // With gradient control: the decision of `step`, pushed with loss scale
+  // `scale`, from every shard's statistics; journaled before any shard sees
+  // it and taken into this trainer's scaler once per step (a retry of the
+  // step does not move it again). Step and Pull after Push take it.
+  bool ModelNeedsDecisions() const;
+  absl::StatusOr<StepDecision> TakeStepDecision(int64_t step, double scale);
   // Pushes `payload` as step `step` (recording it first), recovering shards
   // that are behind.
   // `skip` (asynchronous modes): the step is skipped, `payload` unused.
@@ -421,6 +429,9 @@ class TrainerClient {
   std::unique_ptr<Recovery> recovery_;
   std::unique_ptr<StepCalls> steps_;
   std::optional<int64_t> rolled_back_to_;
+  // The step Push() sent with gradient control whose decision no call has
+  // taken yet (0: none): Pull of that step takes it.
+  int64_t undecided_push_ = 0;
   int64_t latest_inspected_version_ = 0;  // Highest shard version InspectJson saw.
 };
 

@@ -20,7 +20,10 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
                                           scaler_.has_value(), &narrowed, &payload);
       !s.ok())
     return s;
-  return PushPayload(step, payload, loss_scale());
+  absl::StatusOr<StepResult> pushed = PushPayload(step, payload, loss_scale());
+  // (The Pull of the step takes its decision: Step takes it in between.)
+  if (pushed.ok() && ModelNeedsDecisions()) undecided_push_ = step;
+  return pushed;
 }
 
 std::optional<PushedStep> TrainerClient::RecordedPushTheScalerPassed(int64_t step) const {

@@ -67,6 +67,58 @@ TEST_F(ClientSemanticsTest, RepeatedPushIsCountedAsDuplicateAndTheStepStillCompl
   EXPECT_EQ(std::memcmp(params.data(), expected.data(), params.size() * sizeof(float)), 0);
 }
 
+// With gradient control (clipping here) Push() then Pull() is Step(): the
+// pull takes the step's decision. Both trainers with Push + Pull (each
+// waited for a decision that no call sent, until its retry budget ran out),
+// then one with Push + Pull and the other with Step: the same bits as two
+// Steps.
+TEST_F(ClientSemanticsTest, PushThenPullTakesTheDecisionAsStepDoes) {
+  ModelSpec spec = SyntheticModelSpec("push_pull_clip", OptimizerConfig::Adam(0.01), 2);
+  spec.max_grad_norm = 0.01;  // (The synthetic gradients' norm is far above.)
+  auto rank0 = Connect(0), rank1 = Connect(1);
+  const std::vector<float> initial = SyntheticInitialParams(rank0->LayoutFor(spec).value(), 5);
+  std::vector<float> params0 = initial, params1 = initial;
+  ASSERT_TRUE(rank0->Register(spec, params0).ok());
+  ASSERT_TRUE(rank1->Attach(spec).ok());
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<float> grad0(initial.size()), grad1(initial.size());
+    SyntheticGradient(rank0->layout(), params0, 0, step, 5, absl::MakeSpan(grad0));
+    SyntheticGradient(rank1->layout(), params1, 1, step, 5, absl::MakeSpan(grad1));
+    std::thread other([&] {
+      if (step == 1) {  // Push + Pull on both trainers.
+        ASSERT_TRUE(rank1->Push(step, grad1).ok());
+        const absl::StatusOr<int64_t> r = rank1->Pull(step, absl::MakeSpan(params1));
+        EXPECT_TRUE(r.ok()) << r.status();
+      } else {  // Step on this one.
+        const absl::StatusOr<StepResult> r = rank1->Step(step, grad1, absl::MakeSpan(params1));
+        EXPECT_TRUE(r.ok()) << r.status();
+        if (r.ok()) EXPECT_LT(r->clip_coef, 1.0) << "not clipped";
+      }
+    });
+    ASSERT_TRUE(rank0->Push(step, grad0).ok());
+    const absl::StatusOr<int64_t> pulled = rank0->Pull(step, absl::MakeSpan(params0));
+    other.join();
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    EXPECT_EQ(*pulled, step);
+    EXPECT_EQ(params0, params1) << "step " << step;
+  }
+  // The same job with two Steps, on another model of the same servers.
+  spec.model_id = "step_step_clip";
+  auto again0 = Connect(0), again1 = Connect(1);
+  std::vector<float> steps0 = initial, steps1 = initial;
+  ASSERT_TRUE(again0->Register(spec, steps0).ok());
+  ASSERT_TRUE(again1->Attach(spec).ok());
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<float> grad0(initial.size()), grad1(initial.size());
+    SyntheticGradient(again0->layout(), steps0, 0, step, 5, absl::MakeSpan(grad0));
+    SyntheticGradient(again1->layout(), steps1, 1, step, 5, absl::MakeSpan(grad1));
+    std::thread other([&] { EXPECT_TRUE(again1->Step(step, grad1, absl::MakeSpan(steps1)).ok()); });
+    ASSERT_TRUE(again0->Step(step, grad0, absl::MakeSpan(steps0)).ok());
+    other.join();
+  }
+  EXPECT_EQ(params0, steps0);
+}
+
 TEST_F(ClientSemanticsTest, NonFiniteGradientAnywhereReachesNoShard) {
   const ModelSpec spec = SyntheticModelSpec("nan", OptimizerConfig::Sgd(0.1), 1);
   auto client = Connect(0);
