@@ -405,6 +405,7 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
   layout_ = std::move(*layout);
   spec_ = spec;
   registered_version_ = shards[0].version;
+  undecided_push_ = 0;  // (Of the model, or the timeline, before.)
   scaler_step_scale_.reset();
   if (spec.loss_scaling) {
     scaler_.emplace(spec.loss_scaler);
@@ -449,7 +450,6 @@ absl::StatusOr<StepDecision> TrainerClient::TakeStepDecision(int64_t step, doubl
   if (!decided.ok()) return decided.status();
   // Journaled before any shard sees it: a restarted trainer replays it.
   if (absl::Status s = history_->RecordDecision(step, *decided); !s.ok()) return s;
-  if (undecided_push_ == step) undecided_push_ = 0;
   // The shards update their scaler replica as the decision reaches them:
   // so does this trainer's scaler, once per step, whether or not the pull
   // succeeds.
@@ -466,24 +466,34 @@ absl::StatusOr<int64_t> TrainerClient::Pull(int64_t min_version, absl::Span<floa
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   rolled_back_to_.reset();
   if (asynchronous()) return AsyncPull(flat_params);
+  // After Push(step) with gradient control the step waits for a decision
+  // (Step takes it between its push and its pull): this pull takes it, in
+  // every round (a shard that recovered needs it too).
+  const bool decides = min_version > 0 && undecided_push_ == min_version;
   for (int round = 0;; ++round) {
     // A shard that lost this trainer's push of the step (it restarted) says
     // so at once instead of waiting for a version that cannot come.
     const int64_t pushed_step =
         min_version > 0 && last_pushed_step_ == min_version ? min_version : 0;
-    // After Push(step) with gradient control, the step waits for a decision
-    // (Step takes it between its push and its pull): this pull takes it.
     std::optional<StepDecision> decision;
-    if (pushed_step > 0 && undecided_push_ == pushed_step) {
+    absl::Status decided_status;
+    if (decides && pushed_step > 0) {
       absl::StatusOr<PushedStep> mine = history_->Find(pushed_step);
       absl::StatusOr<StepDecision> decided =
           TakeStepDecision(pushed_step, mine.ok() ? mine->loss_scale : loss_scale());
-      if (!decided.ok()) return decided.status();
-      decision = *std::move(decided);
+      decided_status = decided.status();
+      if (decided.ok()) decision = *std::move(decided);
     }
+    // (A decision that failed, e.g. OUT_OF_RANGE from a restarted shard,
+    // goes where a failed pull goes: recovery.)
     absl::StatusOr<PulledVersion> pulled =
-        steps_->Pull(min_version, pushed_step, decision ? &*decision : nullptr, flat_params.data());
-    if (pulled.ok()) return pulled->version;
+        !decided_status.ok() ? absl::StatusOr<PulledVersion>(decided_status)
+                             : steps_->Pull(min_version, pushed_step,
+                                            decision ? &*decision : nullptr, flat_params.data());
+    if (pulled.ok()) {
+      if (decides) undecided_push_ = 0;
+      return pulled->version;
+    }
     if (!absl::IsOutOfRange(pulled.status()) || pushed_step == 0 || round >= kMaxRecoveries) {
       return pulled.status();
     }
@@ -576,6 +586,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     }
     result->version = pulled->version;
     result->bytes_pulled = flat_params.size() * DTypeSize(options_.pull_dtype);
+    if (undecided_push_ == step) undecided_push_ = 0;  // (A Push(step) before.)
     return result;
   }
 }

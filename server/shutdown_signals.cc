@@ -5,17 +5,17 @@
 #include <string.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <thread>
 
-#include "absl/time/clock.h"
 #include "common/logging.h"
 
 namespace shardopt {
 namespace {
 
 // Signals of one request sent twice come closer together than this.
-constexpr absl::Duration kRepeatWindow = absl::Seconds(1);
+constexpr std::chrono::seconds kRepeatWindow(1);
 
 // Whether `signal_number` came into the process ignored.
 bool InheritedIgnored(int signal_number) {
@@ -37,7 +37,7 @@ int ShutdownSignals::WaitForFirst() {
   return first_;
 }
 
-void ShutdownSignals::Received(int signal_number, absl::Time now) {
+void ShutdownSignals::Received(int signal_number, std::chrono::steady_clock::time_point now) {
   absl::MutexLock lock(&mu_);
   if (!serving_) {
     LogWarning("received %s while starting: exiting without serving", strsignal(signal_number));
@@ -77,7 +77,9 @@ int RunWithShutdownSignals(const std::function<int(ShutdownSignals&)>& body) {
       if (done.load()) break;
       continue;  // (Not the body's: someone else's SIGUSR2.)
     }
-    if (signal_number > 0) shutdown_signals.Received(signal_number, absl::Now());
+    if (signal_number > 0) {
+      shutdown_signals.Received(signal_number, std::chrono::steady_clock::now());
+    }
   }
   program.join();
   return rc;

@@ -19,11 +19,11 @@
 #ifndef SHARDOPT_SERVER_SHUTDOWN_SIGNALS_H_
 #define SHARDOPT_SERVER_SHUTDOWN_SIGNALS_H_
 
+#include <chrono>
 #include <functional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 
 namespace shardopt {
 
@@ -37,15 +37,15 @@ class ShutdownSignals {
   // The first signal received while serving (its number).
   int WaitForFirst();
 
-  // What the main thread does with a signal received at `now` (may end the
-  // process).
-  void Received(int signal_number, absl::Time now);
+  // What the main thread does with a signal received at `now` (a steady
+  // clock: a wall clock stepped back would hold the repeat window open).
+  void Received(int signal_number, std::chrono::steady_clock::time_point now);
 
  private:
   absl::Mutex mu_;
   bool serving_ ABSL_GUARDED_BY(mu_) = false;
   int first_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time first_at_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point first_at_ ABSL_GUARDED_BY(mu_);
 };
 
 // Call from the main thread before any other thread of the program starts;
