@@ -520,27 +520,9 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   if (absl::Status s = CheckBuffer(flat_params.size(), "parameter buffer"); !s.ok()) return s;
   if (asynchronous()) return AsyncStep(step, flat_grads, flat_params);
-  // A retry of a step whose decision moved the scaler (its pull failed):
-  // what was pushed goes again, with the scale it was made with, which the
-  // shards' replica of the scaler checks it against, not a gradient scaled
-  // with the next step's (which would also replace it in the history).
-  double scale = loss_scale();
-  std::shared_ptr<const std::vector<char>> pushed_before;
-  if (std::optional<PushedStep> earlier = RecordedPushTheScalerPassed(step);
-      earlier && earlier->dtype == options_.push_dtype) {
-    pushed_before = earlier->payload;
-    scale = earlier->loss_scale;
-  } else if (scaler_step_scale_ && step == scaler_step_) {
-    scale = *scaler_step_scale_;  // (No history: the caller's gradient, as it was.)
-  }
-  std::vector<char> narrowed;
-  const void* payload = pushed_before ? pushed_before->data() : nullptr;
-  if (!pushed_before) {
-    if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype,
-                                            scaler_.has_value(), &narrowed, &payload);
-        !s.ok())
-      return s;
-  }
+  PreparedPush prepared;
+  if (absl::Status s = PreparePush(step, flat_grads, &prepared); !s.ok()) return s;
+  const double scale = prepared.scale;
   const bool needs_decision = ModelNeedsDecisions();
   for (int round = 0;; ++round) {
     // The pull of the version this push makes, opened at once (see
@@ -548,7 +530,7 @@ absl::StatusOr<StepResult> TrainerClient::Step(int64_t step, absl::Span<const fl
     absl::StatusOr<PulledVersion> early_pulled = absl::UnknownError("no early pull");
     const bool early = !needs_decision && early_pull_ && round == 0;
     if (early) early_pull_->Start(step, flat_params);
-    absl::StatusOr<StepResult> result = PushPayload(step, payload, scale);
+    absl::StatusOr<StepResult> result = PushPayload(step, prepared.payload, scale);
     if (early) early_pulled = early_pull_->PushEnded(result.ok());
     if (!result.ok()) return result;
     std::optional<StepDecision> decision;

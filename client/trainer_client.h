@@ -325,6 +325,20 @@ class TrainerClient {
   // goes again as it was, not a gradient scaled with the new scale. nullopt
   // without the scaler's move or a record.
   std::optional<PushedStep> RecordedPushTheScalerPassed(int64_t step) const;
+  // What a synchronous push of `step` (Step, Push) sends: `flat_grads`
+  // narrowed to the push type with the scale now; or, when the step's
+  // decision already moved the scaler (a Step whose pull failed, again),
+  // what was pushed, as it went, with the scale it was made with (the
+  // shards' scaler replica checks it against that, and a gradient scaled
+  // with the next step's scale would also replace it in the history).
+  struct PreparedPush {
+    double scale = 1.0;
+    const void* payload = nullptr;  // Into one of the below, or flat_grads.
+    std::vector<char> narrowed;
+    std::shared_ptr<const std::vector<char>> recorded;
+  };
+  absl::Status PreparePush(int64_t step, absl::Span<const float> flat_grads,
+                           PreparedPush* out) const;
   // SendHyperparameters unless the step may have started on some shard
   // (FAILED_PRECONDITION then).
   absl::Status SendUnlessStarted(v1::SetHyperparametersRequest request);

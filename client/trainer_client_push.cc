@@ -14,29 +14,28 @@ absl::StatusOr<StepResult> TrainerClient::Push(int64_t step, absl::Span<const fl
   CancelStreamedPush();
   if (absl::Status s = CheckBuffer(flat_grads.size(), "gradient buffer"); !s.ok()) return s;
   if (asynchronous()) return AsyncPush(step, flat_grads);
-  // A push of a step whose decision already moved the scaler (a Step whose
-  // pull failed) goes as it went, with its scale, as Step's retry does.
-  double scale = loss_scale();
-  std::shared_ptr<const std::vector<char>> pushed_before;
-  if (std::optional<PushedStep> earlier = RecordedPushTheScalerPassed(step);
-      earlier && earlier->dtype == options_.push_dtype) {
-    pushed_before = earlier->payload;
-    scale = earlier->loss_scale;
-  } else if (scaler_step_scale_ && step == scaler_step_) {
-    scale = *scaler_step_scale_;
-  }
-  std::vector<char> narrowed;
-  const void* payload = pushed_before ? pushed_before->data() : nullptr;
-  if (!pushed_before) {
-    if (absl::Status s = PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype,
-                                            scaler_.has_value(), &narrowed, &payload);
-        !s.ok())
-      return s;
-  }
+  PreparedPush prepared;
+  if (absl::Status s = PreparePush(step, flat_grads, &prepared); !s.ok()) return s;
   // The Pull of the step takes its decision (Step takes it in between), also
   // after a push that failed on some shard (that pull then recovers it).
   if (ModelNeedsDecisions()) undecided_push_ = step;
-  return PushPayload(step, payload, scale);
+  return PushPayload(step, prepared.payload, prepared.scale);
+}
+
+absl::Status TrainerClient::PreparePush(int64_t step, absl::Span<const float> flat_grads,
+                                        PreparedPush* out) const {
+  out->scale = loss_scale();
+  if (std::optional<PushedStep> earlier = RecordedPushTheScalerPassed(step);
+      earlier && earlier->dtype == options_.push_dtype) {
+    out->recorded = earlier->payload;
+    out->scale = earlier->loss_scale;
+    out->payload = out->recorded->data();
+    return absl::OkStatus();
+  }
+  // (No history: the caller's gradient, as it was, with the step's scale.)
+  if (scaler_step_scale_ && step == scaler_step_) out->scale = *scaler_step_scale_;
+  return PreparePushPayload(*layout_, step, flat_grads, options_.push_dtype, scaler_.has_value(),
+                            &out->narrowed, &out->payload);
 }
 
 std::optional<PushedStep> TrainerClient::RecordedPushTheScalerPassed(int64_t step) const {
