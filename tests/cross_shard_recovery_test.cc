@@ -116,5 +116,46 @@ TEST(CrossShardRecoveryTest, APullWaitingOnOneShardNoticesAnotherLostItsPush) {
   EXPECT_EQ(params0, expected);
 }
 
+// With gradient control, Push() then Pull() when a shard restarted in
+// between without the push: the pull's decision finds the push lost
+// (OUT_OF_RANGE), the pull recovers that shard (re-pushing from the
+// history) and takes the decision again; the step completes once.
+TEST(CrossShardRecoveryTest, PushThenPullRecoversAShardThatRestartedInBetween) {
+  const std::string ckpt = MakeTempDir("push_pull_ckpt");
+  const std::vector<std::string> flags = CrashRecoveryFlags(ckpt, 1000);
+  auto servers = StartCluster(2, flags);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> addresses = Addresses(*servers);
+  TrainerClientOptions options;
+  options.rpc_timeout = absl::Seconds(20);
+  options.retry_budget = absl::Seconds(30);
+  options.replay_steps = 8;
+  auto trainer = TrainerClient::Connect(addresses, options).value();
+  ModelSpec spec = SyntheticModelSpec("push_pull", OptimizerConfig::Sgd(0.1), 1);
+  spec.max_grad_norm = 1e6;  // A decision every step (that never clips).
+  const ModelLayout layout = trainer->LayoutFor(spec).value();
+  std::vector<float> params = SyntheticInitialParams(layout, 3);
+  ASSERT_TRUE(trainer->Register(spec, params).ok());
+  const std::vector<float> grad = ConstantGradient(layout, 0.25f);
+  ASSERT_TRUE(trainer->Push(1, grad).ok());
+
+  (*servers)[1]->process().Signal(SIGKILL);
+  ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
+  auto restarted = StartServerAt(addresses[1], 1, 2, flags);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  (*servers)[1] = std::move(*restarted);
+
+  const absl::StatusOr<int64_t> pulled = trainer->Pull(1, absl::MakeSpan(params));
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(*pulled, 1);
+  EXPECT_EQ(InspectOf(addresses[0], "push_pull").version(), 1);
+  EXPECT_EQ(InspectOf(addresses[1], "push_pull").version(), 1);
+  std::vector<float> expected = SyntheticInitialParams(layout, 3);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (grad[i] != 0) expected[i] -= 0.1f * 0.25f;
+  }
+  EXPECT_EQ(params, expected);
+}
+
 }  // namespace
 }  // namespace shardopt::testing
