@@ -1,6 +1,5 @@
 #include "server/server_main.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstring>

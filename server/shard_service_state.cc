@@ -2,7 +2,6 @@
 // whole - Inspect, GetServerInfo, Checkpoint, RollBack - and /metrics (the
 // restore before serving: shard_service_restore.cc).
 #include <algorithm>
-#include <filesystem>
 #include <vector>
 
 #include "absl/strings/match.h"

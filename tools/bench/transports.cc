@@ -111,7 +111,7 @@ absl::Status RunTransportsSection(const std::vector<int>& sizes_mib, int threads
                                                               t.status().message()));
         }
         per_plane[p].insert(per_plane[p].end(), t->begin(), t->end());
-        if (std::string(kPlanes[p].name) == "shm") shm_median = Median(*t);
+        if (kPlanes[p].shared_buffers) shm_median = Median(*t);
       }
       const std::vector<double> m = TimeMemcpy(mib, seconds_per_case / 2);
       copies.insert(copies.end(), m.begin(), m.end());

@@ -78,11 +78,13 @@ int Status(const CommandOptions& options, FILE* out) {
   for (const std::string& address : options.servers) {
     std::shared_ptr<grpc::Channel> channel = Channel(options, address);
     std::string health;
+    bool health_answered = false;
     {
       grpc::ClientContext context;
       SetDeadline(&context, options.timeout);
       HealthCheckResponse response;
       grpc::Status s = Health::NewStub(channel)->Check(&context, HealthCheckRequest(), &response);
+      health_answered = s.ok();
       health = s.ok() ? HealthCheckResponse::ServingStatus_Name(response.status()) : Failure(s);
     }
     auto stub = v1::ShardService::NewStub(channel);
@@ -95,9 +97,8 @@ int Status(const CommandOptions& options, FILE* out) {
       // (A server that answers health checks may still refuse this call:
       // no token, another version or service.)
       servers.AddRow({"?", address,
-                      health.rfind("error", 0) == 0  // (Down: said once.)
-                          ? health
-                          : absl::StrCat(health, "; GetServerInfo: ", Failure(s)),
+                      health_answered ? absl::StrCat(health, "; GetServerInfo: ", Failure(s))
+                                      : health,  // (Down: said once.)
                       "", "", "", "", ""});
       continue;
     }
