@@ -53,6 +53,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_payload_max_length(4096);
+  // httplib's default sets SO_REUSEPORT: a second server on this port would
+  // bind too, and scrapes would reach either.
+  http.set_socket_options([](socket_t socket) {
+    const int one = 1;
+    setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  });
   http.Get("/metrics", [render = std::move(render_metrics)](const httplib::Request&,
                                                             httplib::Response& response) {
     response.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");

@@ -14,6 +14,7 @@
 #include "common/payload_socket.h"
 #include "proto/grpc/health/v1/health.pb.h"
 #include "server/call_interceptor.h"
+#include "server/listen_check.h"
 
 namespace shardopt {
 namespace {
@@ -49,6 +50,20 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
     served.payload_socket_host.clear();
   }
   server->service_ = std::make_unique<ShardServiceImpl>(served);
+  // A start that will be refused is refused before the restore changes
+  // anything (a named restore sets later checkpoints aside): the metrics
+  // port is bound now (its /healthz says NOT_SERVING until the end), the
+  // gRPC port checked free.
+  if (!options.metrics_listen.empty()) {
+    ShardServiceImpl* service = server->service_.get();
+    ShardServer* self = server.get();
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
+        options.metrics_listen, [service] { return service->RenderMetrics(); },
+        [self, service] { return self->serving_.load() && !service->shutting_down(); });
+    if (!http.ok()) return http.status();
+    server->metrics_http_ = *std::move(http);
+  }
+  if (absl::Status s = CheckListenAddressFree(listen_address); !s.ok()) return s;
   // Restored before the port opens: no trainer sees the shard half-loaded.
   if (!options.restore_from.empty()) {
     if (absl::Status s = server->service_->RestoreFrom(options.restore_from); !s.ok()) {
@@ -58,6 +73,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen_address, ServerCredentials(options), &server->port_);
+  // gRPC sets SO_REUSEPORT by default: a second shard server on this port
+  // (an old one still running) would then start too, and the kernel would
+  // split the trainers' connections between the two.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeCallInterceptorFactory(server->service_->metrics()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -79,14 +98,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
   }
-  if (!options.metrics_listen.empty()) {
-    ShardServiceImpl* service = server->service_.get();
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
-        options.metrics_listen, [service] { return service->RenderMetrics(); },
-        [service] { return !service->shutting_down(); });
-    if (!http.ok()) return http.status();
-    server->metrics_http_ = *std::move(http);
-  }
+  server->serving_.store(true);
   return server;
 }
 

@@ -6,7 +6,8 @@
 // /healthz endpoint.
 //
 // Start() binds (port 0 picks a free port, reported by port()) and returns
-// once the server accepts calls. Shutdown() reports NOT_SERVING (health
+// once the server accepts calls; it refuses a port another socket holds
+// (no SO_REUSEPORT sharing), before it restores anything. Shutdown() reports NOT_SERVING (health
 // service and /healthz), wakes blocked pulls, stops accepting calls and
 // waits for the ones in flight, up to a grace period.
 #ifndef SHARDOPT_SERVER_SHARD_SERVER_H_
@@ -14,6 +15,7 @@
 
 #include <grpcpp/server.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -51,6 +53,9 @@ class ShardServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   int port_ = 0;
+  // Set once gRPC serves: /healthz (up since before the restore) says
+  // NOT_SERVING until then.
+  std::atomic<bool> serving_{false};
 };
 
 }  // namespace shardopt

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -370,6 +371,53 @@ TEST(RollbackJournalTest, GoingBackToAnAsynchronousCheckpointGivesUpEveryLaterSt
   }
   struct stat marker;
   EXPECT_EQ(stat((checkpoints + "/back_async/.went-back-to-step-00000004").c_str(), &marker), 0);
+}
+
+// A named restore whose start is refused (its port is taken: an old server
+// still runs there) gives up nothing: the later checkpoints stay where they
+// are, for the restart that does come up. It used to set them aside before
+// it found the port taken.
+TEST(RollbackJournalTest, ANamedRestoreRefusedAtStartGivesUpNoLaterCheckpoint) {
+  const std::string checkpoints = MakeTempDir("refused_go_back");
+  const std::vector<std::string> flags = {"--checkpoint_dir=" + checkpoints,
+                                          "--checkpoint_every=2"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(0, 1, flags);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  {
+    TrainerClientOptions options;
+    std::unique_ptr<TrainerClient> trainer = TrainerClient::Connect({address}, options).value();
+    std::vector<float> params(kElements, 0.25f);
+    ASSERT_TRUE(trainer->Register(SgdSpec("refused", 1), params).ok());
+    for (int64_t step = 1; step <= 4; ++step) {
+      ASSERT_TRUE(
+          trainer->Step(step, std::vector<float>(kElements, 0.125f), absl::MakeSpan(params)).ok());
+    }
+  }
+  auto stub = NewStub(address);
+  v1::InspectResponse inspect;
+  for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 4; ++i) {
+    ASSERT_TRUE(RawInspect(*stub, "refused", &inspect).ok());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(inspect.newest_committed_checkpoint(), 4);
+  (*server)->process().Signal(SIGKILL);
+  ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
+
+  auto squatter = StartServerAt(address, 0, 1, {});
+  ASSERT_TRUE(squatter.ok()) << squatter.status();
+  std::vector<std::string> restart = flags;
+  restart.push_back("--listen=" + address);
+  restart.push_back("--restore_from=" + checkpoints + "/refused/step-00000002");
+  auto refused = ChildProcess::Start(Runfile("server/shardopt_server"), restart);
+  ASSERT_TRUE(refused.ok());
+  const std::optional<int> rc = (*refused)->Wait(absl::Seconds(20));
+  if (!rc.has_value()) (*refused)->Signal(SIGKILL);
+  EXPECT_TRUE(rc.has_value() && *rc != 0) << "it started on a port another server holds";
+  EXPECT_TRUE(DirectoryExists(checkpoints + "/refused/step-00000004"))
+      << "the later checkpoint was set aside by a start that did not come up";
+  struct stat marker;
+  EXPECT_NE(stat((checkpoints + "/refused/.went-back-to-step-00000002").c_str(), &marker), 0);
 }
 
 }  // namespace

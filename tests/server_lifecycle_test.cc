@@ -1,10 +1,14 @@
 // The shard daemon as an operator sees it: health and reflection answer (so
 // grpcurl works), GetServerInfo describes it, bad flags fail at start, and
 // SIGTERM / SIGINT stop it cleanly, waking blocked pulls with UNAVAILABLE.
+#include <arpa/inet.h>
 #include <google/protobuf/descriptor.pb.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -13,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/trainer_client.h"
 #include "gtest/gtest.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
@@ -224,6 +229,50 @@ std::optional<int> ExitStatusAtStart(const std::vector<std::string>& args) {
   std::optional<int> rc = (*proc)->Wait(absl::Seconds(20));
   if (!rc.has_value()) (*proc)->Signal(SIGKILL);
   return rc;
+}
+
+// A free TCP port on 127.0.0.1 (free when asked; nothing holds it after).
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// A second server on the gRPC or metrics port of a running one is refused
+// (both used to start: gRPC and httplib set SO_REUSEPORT, and the kernel
+// split the connections between the two).
+TEST(ServerLifecycleTest, APortAnotherServerHoldsIsRefused) {
+  const int metrics_port = FreeLoopbackPort();
+  ASSERT_GT(metrics_port, 0);
+  const std::string metrics_address = absl::StrCat("127.0.0.1:", metrics_port);
+  auto first = ServerProcess::Start(0, 2, {"--metrics_listen=" + metrics_address});
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--listen=" + (*first)->address(), "--shard_index=1", "--shard_count=2"},
+           {"--listen=127.0.0.1:0", "--metrics_listen=" + metrics_address}}) {
+    auto proc = ChildProcess::Start(Runfile("server/shardopt_server"), args);
+    ASSERT_TRUE(proc.ok());
+    const std::optional<int> rc = (*proc)->Wait(absl::Seconds(20));
+    if (!rc.has_value()) (*proc)->Signal(SIGKILL);
+    EXPECT_TRUE(rc.has_value() && *rc != 0) << args[0] << " " << args.back() << ": it started";
+  }
+  // The first one still serves.
+  grpc::health::v1::HealthCheckResponse health;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  EXPECT_TRUE(grpc::health::v1::Health::NewStub(Channel((*first)->address()))
+                  ->Check(&context, {}, &health)
+                  .ok());
+  EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
 // --restore_from names something to load: a path that does not exist is

@@ -1,0 +1,56 @@
+#include "server/listen_check.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/payload_socket.h"
+
+namespace shardopt {
+
+absl::Status CheckListenAddressFree(const std::string& listen_address) {
+  if (absl::StartsWith(listen_address, "unix")) return absl::OkStatus();
+  const size_t colon = listen_address.rfind(':');
+  const size_t bracket = listen_address.rfind(']');
+  int port = 0;
+  if (colon == std::string::npos || (bracket != std::string::npos && colon < bracket) ||
+      !absl::SimpleAtoi(absl::string_view(listen_address).substr(colon + 1), &port) ||
+      port <= 0 || port > 65535) {
+    return absl::OkStatus();  // Port 0, or not an address this check reads.
+  }
+  const std::string host = HostOfTarget(listen_address);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  if (getaddrinfo(host.empty() || host == "0.0.0.0" || host == "::" ? nullptr : host.c_str(),
+                  service.c_str(), &hints, &found) != 0) {
+    return absl::OkStatus();
+  }
+  absl::Status in_use;
+  for (addrinfo* a = found; a != nullptr && in_use.ok(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    // As the real listeners set it: a closed connection's TIME_WAIT does not
+    // count, only a socket that holds the port.
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
+      in_use = absl::UnavailableError(
+          absl::StrCat("cannot listen on ", listen_address, ": port ", port,
+                       " is in use (another shard server, or an old one still running?)"));
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return in_use;
+}
+
+}  // namespace shardopt

@@ -1,0 +1,27 @@
+// CheckListenAddressFree: whether the TCP address a server is about to listen
+// on is already taken, asked before the server does anything a refused start
+// would have done for nothing (a named restore sets the later checkpoints of
+// its model aside). gRPC binds only when it starts serving, and a model must
+// be restored before any trainer can reach it, so the restore comes first.
+//
+// UNAVAILABLE naming the address when another socket holds its port (a
+// listening one: another shard server, a stale process). OK for port 0, for
+// Unix sockets, and when the bind fails for any other reason: those are left
+// to the real bind, which reports them. The port can still be taken between
+// this check and that bind; this narrows the window, it does not close it.
+#ifndef SHARDOPT_SERVER_LISTEN_CHECK_H_
+#define SHARDOPT_SERVER_LISTEN_CHECK_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace shardopt {
+
+// `listen_address` as --listen and --metrics_listen take it: HOST:PORT,
+// [IPV6]:PORT, :PORT (every interface) or unix:PATH.
+absl::Status CheckListenAddressFree(const std::string& listen_address);
+
+}  // namespace shardopt
+
+#endif  // SHARDOPT_SERVER_LISTEN_CHECK_H_
