@@ -15,6 +15,11 @@
 #include "google/protobuf/util/message_differencer.h"
 
 namespace shardopt {
+
+bool StepCountsPerShard(const v1::ModelConfig& config) {
+  return config.consistency() != v1::CONSISTENCY_SYNC;
+}
+
 namespace {
 
 constexpr char kMagic[8] = {'S', 'H', 'O', 'P', 'T', 'C', 'K', 'P'};
@@ -115,10 +120,23 @@ absl::Status AppendValues(const CheckpointSectionReadFn& read, int section, uint
 // before it wrote its part (trainers send a change while the shards save a
 // step): only two different changes for the same step disagree. A restore
 // takes them all (ScheduledChangesOf).
-bool SameProgress(const v1::CheckpointProgress& a, const v1::CheckpointProgress& b) {
+// Asynchronous modes count each shard's optimizer steps and skips on its
+// own (a skip there changes nothing, the step count included), and the
+// counts can differ between shards: a trainer back without its journal
+// pushes again a step one shard applied before it died, and its recomputed
+// gradient overflows (the shards still missing it skip it). Each part keeps
+// its own shard's counts; versions and trainer steps must still agree.
+bool SameProgress(const v1::CheckpointProgress& a, const v1::CheckpointProgress& b,
+                  const v1::ModelConfig& config) {
   v1::CheckpointProgress x = a, y = b;
   x.clear_shard_last_stats();
   y.clear_shard_last_stats();
+  if (StepCountsPerShard(config)) {
+    for (v1::CheckpointProgress* p : {&x, &y}) {
+      p->clear_optimizer_steps();
+      p->clear_skipped_steps();
+    }
+  }
   x.clear_scheduled();
   y.clear_scheduled();
   if (!google::protobuf::util::MessageDifferencer::Equals(x, y)) return false;
@@ -166,7 +184,7 @@ absl::StatusOr<bool> TryCommit(FileEnv* env, const std::string& dir, const v1::M
       return false;  // A stale record of another checkpoint: its shard will rewrite it.
     }
     if (manifest.parts_size() > 0 &&
-        !SameProgress(part->parts(0).progress(), manifest.parts(0).progress())) {
+        !SameProgress(part->parts(0).progress(), manifest.parts(0).progress(), config)) {
       // Never commit what Open would refuse: the shards disagree on the state.
       return absl::FailedPreconditionError(
           absl::StrCat(record, ": shard ", i, " saved another step protocol state than shard 0 ",
@@ -368,7 +386,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
       return bad(absl::StrCat("part ", i, " has block size ", part.block_bytes()));
     }
     if (part.progress().version() != m.step() ||
-        !SameProgress(part.progress(), m.parts(0).progress())) {
+        !SameProgress(part.progress(), m.parts(0).progress(), m.config())) {
       return bad(absl::StrCat("part ", i, " was saved at another step or state than part 0"));
     }
     if (static_cast<size_t>(part.sections_size()) != reader->section_names_.size()) {

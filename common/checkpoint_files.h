@@ -162,6 +162,12 @@ class CheckpointReader {
   std::vector<std::vector<std::optional<PackedSection>>> packed_;
 };
 
+// Whether each part of `config`'s checkpoints holds its own shard's optimizer
+// step and skip counts (asynchronous and bounded modes, where a shard may
+// have skipped a trainer's step another applied), which may then differ
+// between parts; a restore of that shard's range takes its own.
+bool StepCountsPerShard(const v1::ModelConfig& config);
+
 // The hyperparameter changes scheduled (for steps after the checkpoint's) in
 // any part of `manifest`, by step: a change that reached some shards only
 // before they saved their parts still reaches every shard.

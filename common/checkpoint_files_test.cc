@@ -477,5 +477,49 @@ TEST(CheckpointFilesTest, PartsMayHoldDifferentScheduledChangesButNotConflicting
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
 }
 
+// Asynchronous shards count their optimizer steps and skips on their own
+// (StepCountsPerShard): parts that differ there commit, and each keeps its
+// counts. Synchronous parts must agree; versions must agree in every mode.
+TEST(CheckpointFilesTest, OnlyAsynchronousPartsMayCountTheirStepsDifferently) {
+  for (const v1::Consistency mode : {v1::CONSISTENCY_ASYNC, v1::CONSISTENCY_SYNC}) {
+    v1::ModelConfig config = Config(2);
+    config.set_consistency(mode);
+    const ModelLayout layout = LayoutFromProto(config.layout(), 2).value();
+    auto write = [&](const std::string& dir, uint32_t shard, const v1::CheckpointProgress& p) {
+      const FlatRange range = layout.ShardRange(shard);
+      return WriteCheckpointPart(dir, config, shard, p,
+                                 [&](int section, uint64_t offset, uint64_t count, float* out) {
+                                   for (uint64_t k = 0; k < count; ++k) {
+                                     out[k] = Value(section, range.begin + offset + k);
+                                   }
+                                   return absl::OkStatus();
+                                 });
+    };
+    v1::CheckpointProgress skipped_one = Progress(7);
+    skipped_one.set_optimizer_steps(6);
+    skipped_one.set_skipped_steps(1);
+    const std::string dir = TempDir(absl::StrCat("counts_", mode));
+    ASSERT_TRUE(write(dir, 0, Progress(7)).ok());
+    const absl::StatusOr<CheckpointPartWritten> last = write(dir, 1, skipped_one);
+    if (mode == v1::CONSISTENCY_SYNC) {
+      EXPECT_EQ(last.status().code(), absl::StatusCode::kFailedPrecondition) << last.status();
+      continue;
+    }
+    ASSERT_TRUE(last.ok()) << last.status();
+    EXPECT_TRUE(last->committed);
+    std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(dir).value();
+    EXPECT_EQ(reader->manifest().parts(0).progress().skipped_steps(), 0);
+    EXPECT_EQ(reader->manifest().parts(1).progress().skipped_steps(), 1);
+    EXPECT_EQ(reader->manifest().parts(1).progress().optimizer_steps(), 6);
+
+    v1::CheckpointProgress other_version = Progress(7);
+    other_version.set_version(6);
+    const std::string bad = TempDir("counts_other_version");
+    ASSERT_TRUE(write(bad, 0, Progress(7)).ok());
+    const absl::StatusOr<CheckpointPartWritten> mismatched = write(bad, 1, other_version);
+    EXPECT_TRUE(!mismatched.ok() || !mismatched->committed);
+  }
+}
+
 }  // namespace
 }  // namespace shardopt

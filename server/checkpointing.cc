@@ -218,8 +218,9 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
     *saved.add_scheduled() = c;
   }
   absl::StatusOr<ShardProgress> progress = ProgressFromProto(saved);
-  // A shard's own statistics of the last decided step carry over only to a
-  // shard with the same range.
+  // A shard's own statistics of the last decided step (and in asynchronous
+  // modes its step counts, see StepCountsPerShard) carry over only to a
+  // shard with the same range; a resharded one takes part 0's counts.
   if (progress.ok()) {
     progress->last_stats = StepStats();
     for (const v1::CheckpointPart& part : checkpoint.manifest().parts()) {
@@ -235,6 +236,10 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
               checkpoint.directory(), ": bad saved statistics: ", stats.status().message()));
         }
         progress->last_stats = std::move(*stats);
+        if (StepCountsPerShard(checkpoint.manifest().config())) {
+          progress->optimizer_steps = part.progress().optimizer_steps();
+          progress->skipped_steps = part.progress().skipped_steps();
+        }
       }
     }
   }

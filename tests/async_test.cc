@@ -388,6 +388,91 @@ TEST(AsyncTest, ARestartedTrainerResendsItsJournaledLossScaledPush) {
       << "a shard took the recomputed gradient instead of the journaled push";
 }
 
+// Without a journal, the restarted trainer's recomputed step may overflow
+// where the push a shard already applied did not: that shard keeps the
+// step, the shard that missed it skips it, and their step counts differ for
+// good. The job still checkpoints (each part keeps its shard's counts; it
+// used to be refused at every later step), and a restart restores each
+// shard's own counts.
+TEST(AsyncTest, AStepOneShardAppliedAndAnotherSkippedStillCheckpoints) {
+  const std::string ckpt = MakeTempDir("async_split_skip_ckpt");
+  const std::vector<std::string> flags = CrashRecoveryFlags(ckpt, 2);
+  auto servers = StartCluster(2, flags);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> addresses = Addresses(*servers);
+  TrainerClientOptions options;
+  options.rpc_timeout = absl::Seconds(2);
+  options.retry_budget = absl::Seconds(2);
+  ModelSpec spec;
+  spec.model_id = "split_skip";
+  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
+  spec.optimizer = OptimizerConfig::Adam(0.125);
+  spec.consistency = Consistency::kAsync;
+  spec.loss_scaling = true;
+  spec.loss_scaler.initial_scale = 1024.0;
+  std::vector<float> params(4096, 0.5f);
+  const auto gradient = [](float g) { return std::vector<float>(4096, g); };
+  const auto committed = [&](const std::string& address, int64_t step) {
+    auto stub = NewStub(address);
+    v1::InspectResponse inspect;
+    for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < step; ++i) {
+      if (!RawInspect(*stub, "split_skip", &inspect, 10).ok()) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return inspect.newest_committed_checkpoint();
+  };
+  {
+    auto trainer = TrainerClient::Connect(addresses, options).value();
+    ASSERT_TRUE(trainer->Register(spec, params).ok());
+    for (int64_t step = 1; step <= 2; ++step) {
+      ASSERT_TRUE(trainer->Step(step, gradient(64.0f), absl::MakeSpan(params)).ok());
+    }
+    for (const std::string& address : addresses) ASSERT_EQ(committed(address, 2), 2);
+    // Shard 1 dies; step 3 reaches shard 0 only, then the trainer dies too.
+    (*servers)[1]->process().Signal(SIGKILL);
+    ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
+    EXPECT_FALSE(trainer->Step(3, gradient(64.0f), absl::MakeSpan(params)).ok());
+  }
+  auto restarted = StartServerAt(addresses[1], 1, 2, flags);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  (*servers)[1] = std::move(*restarted);
+  {
+    auto again = TrainerClient::Connect(addresses, options).value();
+    ASSERT_TRUE(again->Attach(spec).ok());
+    EXPECT_EQ(again->PullToResume(absl::MakeSpan(params)).value(), 2);
+    // Recomputed, step 3 overflows: shard 1 skips it, shard 0 has it.
+    const std::vector<float> overflowing(4096, std::numeric_limits<float>::infinity());
+    absl::StatusOr<StepResult> third = again->Step(3, overflowing, absl::MakeSpan(params));
+    ASSERT_TRUE(third.ok()) << third.status();
+    for (int64_t step = 4; step <= 4; ++step) {
+      ASSERT_TRUE(again->Step(step, gradient(64.0f), absl::MakeSpan(params)).ok());
+    }
+  }
+  std::vector<v1::InspectResponse> before(2);
+  for (size_t shard = 0; shard < 2; ++shard) {
+    EXPECT_EQ(committed(addresses[shard], 4), 4) << "shard " << shard << ": step 4 not committed";
+    auto stub = NewStub(addresses[shard]);
+    ASSERT_TRUE(RawInspect(*stub, "split_skip", &before[shard], 10).ok());
+  }
+  ASSERT_EQ(before[0].skipped_steps(), 0);
+  ASSERT_EQ(before[1].skipped_steps(), 1);
+  // Both shards restart from step 4: each takes its own counts (Adam's bias
+  // correction goes by them).
+  for (size_t shard = 0; shard < 2; ++shard) {
+    (*servers)[shard]->process().Signal(SIGKILL);
+    ASSERT_TRUE((*servers)[shard]->process().Wait(absl::Seconds(10)).has_value());
+    auto back = StartServerAt(addresses[shard], shard, 2, flags);
+    ASSERT_TRUE(back.ok()) << back.status();
+    (*servers)[shard] = std::move(*back);
+    auto stub = NewStub(addresses[shard]);
+    v1::InspectResponse after;
+    ASSERT_TRUE(RawInspect(*stub, "split_skip", &after, 10).ok());
+    EXPECT_EQ(after.version(), 4) << "shard " << shard;
+    EXPECT_EQ(after.optimizer_steps(), before[shard].optimizer_steps()) << "shard " << shard;
+    EXPECT_EQ(after.skipped_steps(), before[shard].skipped_steps()) << "shard " << shard;
+  }
+}
+
 // Bad input to an asynchronous model over the wire: each gets its status and
 // leaves the record as it was.
 TEST(AsyncTest, BadCallsGetTheirStatusAndChangeNothing) {
