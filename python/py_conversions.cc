@@ -53,7 +53,9 @@ DType DTypeFromName(const std::string& name) {
   throw py::value_error(absl::StrCat("unknown dtype '", name, "' (float32, bfloat16, float16)"));
 }
 
-OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw) {
+namespace {
+
+OptimizerConfig OptimizerFromKwargsUnchecked(const std::string& name, const py::dict& kw) {
   auto get = [&](const char* key, double fallback) {
     return kw.contains(key) ? kw[key].cast<double>() : fallback;
   };
@@ -146,6 +148,26 @@ OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw)
   return c;
 }
 
+}  // namespace
+
+OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw) {
+  try {
+    return OptimizerFromKwargsUnchecked(name, kw);
+  } catch (const py::cast_error&) {
+    // pybind11's own text names no key ("Unable to cast Python instance").
+    std::string given;
+    for (const auto& [key, value] : kw) {
+      absl::StrAppend(&given, given.empty() ? "" : ", ", std::string(py::str(key)), "=",
+                      std::string(py::repr(value)));
+    }
+    throw py::type_error(
+        absl::StrCat(name,
+                     " hyperparameters must be numbers (betas a pair, eps of adafactor a pair, "
+                     "ns_coefficients three numbers, flags booleans); got ",
+                     given));
+  }
+}
+
 LossScalerOptions LossScalerFromKwargs(const py::dict& kw) {
   LossScalerOptions o;
   for (const auto& [key, value] : kw) {
@@ -218,7 +240,8 @@ ChannelSecurity SecurityFromDict(const py::dict& security) {
                             "' (tls_ca_file, tls_cert_file, tls_key_file, tls_server_name, "
                             "auth_token, auth_token_file)");
     }
-    *field->second = py::str(value);
+    // None is "not set" (os.environ.get of an unset variable), not "None".
+    if (!value.is_none()) *field->second = py::str(value);
   }
   return s;
 }

@@ -262,9 +262,8 @@ class Client {
   }
 
   std::vector<std::string> InspectJson() {
-    py::gil_scoped_release release;
-    std::lock_guard<std::mutex> serial(mu_);
-    return ValueOrThrow(client_->InspectJson());
+    // (Retried while a shard is down: Ctrl-C must reach it, as a step's.)
+    return Interruptible([&] { return ValueOrThrow(client_->InspectJson()); });
   }
 
   void SetHyperparameters(int64_t effective_step, const std::string& optimizer,

@@ -69,7 +69,8 @@ class BackwardStreaming:
             warnings.warn(
                 "shardopt.torch: the gradients changed after parts of them were sent during "
                 "backward() in three steps in a row (clip_grad_norm_ or in-place scaling after "
-                "backward, a second backward() before step(), a replaced .grad), so each was "
+                "backward, a second backward() before step(), a replaced .grad, an lr or "
+                "other hyperparameter changed between backward() and step()), so each was "
                 "pushed twice; pushing during backward is off from now on. Clip on the servers "
                 "with max_grad_norm, or pass overlap_backward=False", RuntimeWarning,
                 stacklevel=4)

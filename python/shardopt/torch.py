@@ -64,6 +64,8 @@ import warnings
 
 import torch
 
+from torch.optim.optimizer import required
+
 from . import AbortedError, Client, FailedPreconditionError
 from ._backward_streaming import BackwardStreaming
 from ._group import Group
@@ -204,6 +206,9 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
             raise ValueError(f"world_size must be a positive int, not {world_size!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank!r} is not in [0, world_size={world_size})")
+        if isinstance(servers, (str, bytes)):
+            raise TypeError(f"servers must be a list of addresses, not one string {servers!r} "
+                            "(write [address] for one shard server)")
         if not servers:
             raise ValueError("no shard servers given")
         self._kind = optimizer
@@ -251,10 +256,15 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
         defaults.update(hyperparameters)
         params = self._take_names(params)
         super().__init__(params, defaults)
-        if self._max_grad_norm > 0 and len(self.param_groups) > 1:
+        # A group of frozen parameters alone has no model on the servers.
+        trained = [i for i, group in enumerate(self.param_groups)
+                   if any(p.requires_grad for p in group["params"])]
+        if not trained:
+            raise ValueError("no parameter requires grad: there is nothing to optimize")
+        if self._max_grad_norm > 0 and len(trained) > 1:
             raise ValueError("max_grad_norm clips one model's global norm: it needs a single "
                              "parameter group (each group is its own model on the servers)")
-        if self._loss_scaler is not None and len(self.param_groups) > 1:
+        if self._loss_scaler is not None and len(trained) > 1:
             raise ValueError("loss scaling skips a step for the whole model: it needs a single "
                              "parameter group (each group is its own model on the servers)")
         seen = set()
@@ -263,7 +273,12 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
                 if id(p) in seen:
                     raise ValueError(f"parameter {self._names.get(id(p), '')!r} appears twice")
                 seen.add(id(p))
-        self._groups = [self._register(i, group) for i, group in enumerate(self.param_groups)]
+        self._groups = [self._register(i, self.param_groups[i]) for i in trained]
+        # (A frozen group's parameters that require grad later are refused
+        # at the step, as a trained group's frozen ones are.)
+        for i, group in enumerate(self.param_groups):
+            if i not in trained:
+                self._groups[0].frozen.extend(group["params"])
         self._registered = True
         # (Not _step_count: torch's lr schedulers use that name on optimizers.)
         # A trainer restarted between its groups' pushes of a step finds the
@@ -309,6 +324,8 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
         if isinstance(params, (set, frozenset)):
             raise TypeError("a parameter group's params must be an ordered collection, not a set")
         params = [params] if isinstance(params, torch.Tensor) else list(params)
+        if params and isinstance(params[0], tuple):  # Named, as torch 2 takes them.
+            params = self._take_names(params)
         param_group = dict(param_group, params=params)
         kind = param_group.get("optimizer")
         if kind is not None:
@@ -318,9 +335,15 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
                                  f"{sorted(_OPTIMIZERS)}")
             for key, value in _OPTIMIZERS[kind].items():
                 param_group.setdefault(key, value)
+            for key, value in param_group.items():
+                if value is required:
+                    raise ValueError(f"parameter group didn't specify a value of required "
+                                     f"optimization parameter {key}")
         for p in params:
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"parameters must be tensors, not {type(p).__name__}")
+            if not p.requires_grad:
+                continue  # Left out of the model: any dtype, device or layout.
             if p.dtype != torch.float32 or p.device != self._param_device(p):
                 raise ValueError(
                     f"parameter {self._names.get(id(p), '')!r} is {p.dtype} on {p.device}; "
@@ -474,7 +497,10 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
             # .grad) sent its bytes for nothing, as a changed gradient does.
             wasted = g.streaming and g.broken
             if self._send_hyperparameters(g, version):
-                streamed = False  # (Changed after backward: that ended the stream.)
+                # Changed after backward (a scheduler stepped before the
+                # optimizer): that ended the stream, sent for nothing.
+                wasted = wasted or streamed
+                streamed = False
             # A failure leaves this step to be tried again (pushes are
             # idempotent per trainer and step). A streamed push that cannot
             # be finished falls back to a whole one by itself.

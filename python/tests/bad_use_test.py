@@ -224,6 +224,44 @@ class BadUseTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "required optimization parameter lr"):
                 torch.optim.SGD(tiny_model().parameters())
 
+    def test_one_address_string_and_hyperparameters_without_values(self):
+        with self.assertRaisesRegex(TypeError, "list of addresses"):
+            self.optimizer(tiny_model(), "one_string", servers=self.servers[0])
+        model = tiny_model()
+        # A group of its own optimizer takes its defaults: SGD has no lr.
+        with self.assertRaisesRegex(ValueError, "required optimization parameter lr"):
+            self.optimizer(model, "group_sgd", optimizer="adamw", lr=1e-3, params=[
+                {"params": model[0].parameters()},
+                {"params": model[2].parameters(), "optimizer": "sgd", "momentum": 0.9}])
+        for bad in ({"lr": None}, {"betas": (0.9,)}):
+            with self.assertRaisesRegex(TypeError, "hyperparameters must be numbers") as caught:
+                self.optimizer(tiny_model(), "bad_values", **bad)
+            self.assertIn(next(iter(bad)), str(caught.exception))
+
+    def test_none_in_the_security_options_means_not_set(self):
+        # (os.environ.get of an unset variable: it was the token or file "None".)
+        model = tiny_model()
+        opt = self.optimizer(model, "security_none",
+                             security={"tls_ca_file": None, "auth_token": None})
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        self.assertEqual(opt.last_results[0]["version"], 1)
+
+    def test_ctrl_c_ends_an_inspect_that_waits_on_a_server_down(self):
+        with Cluster(1) as down:
+            opt = shardopt.torch.DistributedOptimizer(
+                tiny_model().parameters(), servers=down.addresses, rank=0, world_size=1,
+                optimizer="sgd", lr=0.1, model_id="inspected", retry_budget=60.0,
+                rpc_timeout=60.0)
+            down.stop()
+            timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            started = time.monotonic()
+            with self.assertRaises(KeyboardInterrupt):
+                opt.inspect()
+            self.assertLess(time.monotonic() - started, 10)
+            timer.join()
+
     def test_state_dict_of_another_step(self):
         model = tiny_model()
         opt = self.optimizer(model, "states", checkpoint_dir=tempfile.mkdtemp())

@@ -309,6 +309,37 @@ class OptimizerApiTest(unittest.TestCase):
         for a, b in zip(model.parameters(), reference.parameters()):
             self.assertTrue(torch.equal(a, b), (a - b).abs().max())
 
+    def test_frozen_parameters_of_any_kind_and_named_groups(self):
+        # Frozen parameters are left out whatever their dtype, device or
+        # layout (a half-precision frozen base), a group of frozen ones alone
+        # included; groups may hold (name, parameter) pairs, as in torch 2.
+        reference = net()
+        ref_opt = torch.optim.AdamW([{"params": reference[0].parameters()},
+                                     {"params": reference[2].parameters(), "lr": 0.05}],
+                                    lr=0.02)
+        train(reference, ref_opt, 1, 4)
+        model = net()
+        base = torch.nn.Parameter(torch.ones(4, 6, dtype=torch.float16).t(),
+                                  requires_grad=False)
+        with Cluster(1) as cluster:
+            opt = shardopt.torch.DistributedOptimizer(
+                [{"params": list(model[0].named_parameters())},
+                 {"params": [base], "weight_decay": 0.0},
+                 {"params": list(model[2].named_parameters()), "lr": 0.05}],
+                servers=cluster.addresses, rank=0, world_size=1, optimizer="adamw", lr=0.02,
+                model_id="frozen_kinds")
+            self.assertEqual([g.index for g in opt._groups], [0, 2])
+            self.assertEqual(sorted(opt._groups[0].names), ["bias", "weight"])
+            train(model, opt, 1, 4)
+            base.requires_grad_(True)
+            x, y = data(5)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            with self.assertRaisesRegex(shardopt.FailedPreconditionError, "requires grad now"):
+                opt.step()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b), (a - b).abs().max())
+
     def test_a_restored_model_takes_the_constructors_hyperparameters(self):
         # As with torch.optim: a new optimizer runs with the hyperparameters
         # it is given (load_state_dict brings the saved ones back).

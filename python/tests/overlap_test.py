@@ -4,8 +4,9 @@ torch.optim with one trainer; a second backward before the step
 (accumulation) pushes that step whole, still exact; gradients changed between
 backward() and step() (clip_grad_norm_, one element) are noticed by the
 sent chunks' digests and pushed whole, exactly, and a loop that does it every
-step stops streaming with a warning; an lr scheduler's change every step
-still streams; overlap_backward=False keeps the parameters' own order and
+step stops streaming with a warning, as does an lr changed between
+backward() and step() every step; an lr scheduler's change every step (after
+step()) still streams; overlap_backward=False keeps the parameters' own order and
 never streams; the hooks neither keep the optimizer alive nor need grad mode.
 """
 
@@ -198,6 +199,34 @@ class OverlapTest(unittest.TestCase):
             (model, opt), (reference_model, _) = results
             self.assertEqual(opt._groups[0].client.streamed_pushes, STEPS)
             self.assert_exact(model, [p.detach() for p in reference_model.parameters()])
+
+    def test_an_lr_changed_between_backward_and_step_stops_streaming_with_a_warning(self):
+        # The change takes effect at this step, as in torch.optim, but it
+        # ends the stream already sent: three steps in a row say so.
+        with Cluster(1) as cluster:
+            results = []
+            for kind in ("shardopt", "torch"):
+                model = net()
+                if kind == "shardopt":
+                    opt = shardopt.torch.DistributedOptimizer(
+                        model.named_parameters(), servers=cluster.addresses, rank=0,
+                        world_size=1, optimizer="adam", lr=0.01, model_id="late_lr")
+                else:
+                    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    for step in range(1, 6):
+                        opt.zero_grad()
+                        loss_of(model, *data(step)).backward()
+                        for group in opt.param_groups:
+                            group["lr"] = 0.01 / (1 + step)
+                        opt.step()
+                results.append((model, opt, caught))
+            (model, opt, caught), (reference_model, _, _) = results
+            self.assert_exact(model, [p.detach() for p in reference_model.parameters()])
+            late = [w for w in caught if "between backward() and step()" in str(w.message)]
+            self.assertEqual(len(late), 1, [str(w.message) for w in caught])
+            self.assertFalse(opt._overlap_backward)
 
     def test_hooks_need_no_grad_mode_and_do_not_keep_the_optimizer(self):
         with Cluster(1) as cluster:
