@@ -221,9 +221,11 @@ absl::Status Recovery::SendLastWords(const std::vector<v1::ModelSummary>& shards
         const int64_t version = shards[shard.index()].version();
         for (v1::SetHyperparametersRequest change : history_->LastWordsAfter(version)) {
           change.set_model_id(context_.calls.model_id);
-          // Each on a context of its own: one attempt sends several.
+          // Each on a context of its own (one attempt sends several), which
+          // Ctrl-C and another shard's failure cancel as they do the attempt.
           auto send = [&](const v1::SetHyperparametersRequest& r) {
-            return shard.SetHyperparameters(*ContextWithTimeout(context_.calls.rpc_timeout), r);
+            ShardFanOut::FollowUpContext follow_up(context_.calls.rpc_timeout);
+            return shard.SetHyperparameters(follow_up.get(), r);
           };
           absl::Status s = send(change);
           if (absl::IsFailedPrecondition(s) && !change.cancel()) {

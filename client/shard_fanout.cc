@@ -89,6 +89,26 @@ class ShardFanOutOperation {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+namespace {
+// The operation whose attempts this thread runs (a worker inside
+// RunOnShard): what a FollowUpContext joins.
+thread_local ShardFanOutOperation* current_operation = nullptr;
+}  // namespace
+
+ShardFanOut::FollowUpContext::FollowUpContext(absl::Duration timeout) {
+  context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (current_operation == nullptr) return;
+  if (current_operation->Begin(&context_)) {
+    op_ = current_operation;
+  } else {
+    context_.TryCancel();  // (The run already failed: its call ends CANCELLED.)
+  }
+}
+
+ShardFanOut::FollowUpContext::~FollowUpContext() {
+  if (op_ != nullptr) op_->End(&context_);
+}
+
 struct ShardFanOut::Worker {
   ShardConnection* shard = nullptr;
   absl::Mutex mu;
@@ -184,6 +204,8 @@ absl::Status ShardFanOut::Run(const Call& call, const AttemptFn& attempt,
 }
 
 absl::Status ShardFanOut::RunOnShard(Operation& op, ShardConnection& shard) {
+  current_operation = &op;
+  const absl::Cleanup left = [] { current_operation = nullptr; };
   const Call& call = op.call;
   thread_local absl::BitGen random;
   absl::Duration backoff = std::max(call.policy.initial_backoff, absl::Milliseconds(1));

@@ -81,6 +81,24 @@ class ShardFanOut {
   ShardFanOut(const ShardFanOut&) = delete;
   ShardFanOut& operator=(const ShardFanOut&) = delete;
 
+  // A context for a call an attempt makes besides its own (an attempt that
+  // sends several requests, a check between attempts): a deadline of
+  // `timeout`, and cancelled with the attempt's own (the run's canceller,
+  // another shard's failure). On a thread that runs no attempt it is a
+  // plain context with that deadline.
+  class FollowUpContext {
+   public:
+    explicit FollowUpContext(absl::Duration timeout);
+    ~FollowUpContext();
+    FollowUpContext(const FollowUpContext&) = delete;
+    FollowUpContext& operator=(const FollowUpContext&) = delete;
+    grpc::ClientContext& get() { return context_; }
+
+   private:
+    grpc::ClientContext context_;
+    ShardFanOutOperation* op_ = nullptr;
+  };
+
   // Runs `attempt` against the shards in `which` (all when empty).
   absl::Status Run(const Call& call, const AttemptFn& attempt,
                    const std::vector<uint32_t>& which = {});

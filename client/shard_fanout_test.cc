@@ -5,11 +5,17 @@
 // server): only the fan-out's retry loop is under test.
 #include "client/shard_fanout.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -114,6 +120,51 @@ TEST(ShardFanOutTest, AnOverlappingRunIsRefusedNotQueued) {
   EXPECT_TRUE(
       fanout.Run(second, [](ShardConnection&, grpc::ClientContext&) { return absl::OkStatus(); })
           .ok());
+}
+
+// A call an attempt makes on a FollowUpContext (one attempt that sends
+// several requests) ends when the run is cancelled (Ctrl-C), as the
+// attempt's own call does, not at its own deadline. The shard here accepts
+// TCP connections and never answers.
+TEST(ShardFanOutTest, AFollowUpCallIsCancelledWithTheRun) {
+  const int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(silent, 16), 0);
+  ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ShardConnection connection(0, absl::StrCat("127.0.0.1:", ntohs(address.sin_port)),
+                             ConnectionOptions{});
+  ShardFanOut fanout({&connection});
+  RunCanceller canceller;
+  ShardFanOut::Call call;
+  call.what = "re-sending hyperparameter changes";
+  call.attempt_timeout = absl::Seconds(60);
+  call.retryable = [](const absl::Status&) { return false; };
+  call.canceller = &canceller;
+  absl::Notification sending, ended;
+  absl::Status result;
+  std::thread runner([&] {
+    result = fanout.Run(call, [&](ShardConnection& shard, grpc::ClientContext&) {
+      ShardFanOut::FollowUpContext follow_up(absl::Seconds(60));
+      sending.Notify();
+      return shard.SetHyperparameters(follow_up.get(), v1::SetHyperparametersRequest());
+    });
+    ended.Notify();
+  });
+  ASSERT_TRUE(sending.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(500)))
+      << "the call did not wait (" << result << "): the test needs one that does";
+  const absl::Time cancelled = absl::Now();
+  canceller.Cancel();
+  EXPECT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  runner.join();
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(2));
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled) << result;
+  close(silent);
 }
 
 }  // namespace

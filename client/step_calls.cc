@@ -178,10 +178,11 @@ absl::Status StepCalls::CheckShardsHoldPush(int64_t pushed_step) const {
     request.set_trainer_rank(context_.trainer_rank);
     request.set_pushed_step(pushed_step);
     request.set_wait_only(true);
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + kHoldsPushProbeTimeout));
+    // (Run between a pull's attempts: cancelled with them.)
+    ShardFanOut::FollowUpContext probe(kHoldsPushProbeTimeout);
     PulledVersion ignored;
-    const absl::Status s = shard->Pull(context, request, context_.pull_dtype, nullptr, &ignored);
+    const absl::Status s =
+        shard->Pull(probe.get(), request, context_.pull_dtype, nullptr, &ignored);
     // (Only a shard's word that it lacks the push counts: one that is down
     // or slow is its own pull's business.)
     if (absl::IsOutOfRange(s)) {
