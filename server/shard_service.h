@@ -219,6 +219,14 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // restored one when it holds a later one or one of another run.
   absl::Status CheckCheckpointRoot(const std::string& model_id, int64_t version,
                                    const std::string& run_id);
+  // With periodic checkpoints: FAILED_PRECONDITION for a Checkpoint RPC's
+  // `directory` of `model_id` at `step` that a restart from --checkpoint_dir
+  // would take for periodic checkpoints (RestoreFrom's walk of the root):
+  // the root, anything in a model's directory but that model's own
+  // step directory of this very step, a step or part name at the top, and
+  // step directories in any other directory of the root.
+  absl::Status CheckRequestedCheckpointPlace(const std::string& directory,
+                                             const std::string& model_id, int64_t step) const;
 
   // `bytes` bytes at the place `where` names in an attached segment, with
   // the segment held: FAILED_PRECONDITION without shared memory or when the

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/checkpoint_catalog.h"
 #include "common/logging.h"
 #include "common/names.h"
@@ -156,6 +157,44 @@ absl::Status ShardServiceImpl::CheckCheckpointRoot(const std::string& model_id, 
     }
     break;
   }
+  return absl::OkStatus();
+}
+
+absl::Status ShardServiceImpl::CheckRequestedCheckpointPlace(const std::string& directory,
+                                                             const std::string& model_id,
+                                                             int64_t step) const {
+  if (options_.checkpoint_dir.empty() || options_.checkpoint_every <= 0) return absl::OkStatus();
+  const std::string dir = NormalPath(directory);
+  const std::string root = NormalPath(options_.checkpoint_dir);
+  auto refused = [&](absl::string_view what) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        directory, " is ", what, ", which a restart from --checkpoint_dir ", root,
+        " would take for periodic checkpoints: name a directory of its own (outside it, or "
+        "ROOT/NAME for a NAME that is no model's)"));
+  };
+  if (dir == root) return refused("--checkpoint_dir itself");
+  const std::string prefix = root == "/" ? root : root + "/";
+  if (!absl::StartsWith(dir, prefix)) return absl::OkStatus();
+  const std::vector<std::string> parts =
+      absl::StrSplit(dir.substr(prefix.size()), '/', absl::SkipEmpty());
+  const std::string& top = parts[0];
+  const bool model_directory = top == model_id || models_.Find(top).ok();
+  if (parts.size() == 1) {
+    if (model_directory) return refused("the directory of a model's periodic checkpoints");
+    if (absl::StartsWith(top, "step-") || absl::StartsWith(top, "shard-")) {
+      return refused("a step or part name at the top of the root");
+    }
+    return absl::OkStatus();
+  }
+  if (parts.size() == 2 && top == model_id && parts[1] == CheckpointStepDirName(step)) {
+    return absl::OkStatus();  // The periodic checkpoint of this very step.
+  }
+  if (model_directory) {
+    return refused(absl::StrCat("inside the directory of model '", top,
+                                "''s periodic checkpoints (only its step directory of step ", step,
+                                ", ", CheckpointStepDirName(step), ", may be named)"));
+  }
+  if (absl::StartsWith(parts[1], "step-")) return refused("a step directory");
   return absl::OkStatus();
 }
 

@@ -205,18 +205,6 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
     return Error(absl::InvalidArgumentError(
         absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));
   }
-  // A checkpoint there would be taken, at every restart from the root, for
-  // the periodic ones of a model (or the root for one checkpoint).
-  if (!options_.checkpoint_dir.empty() && options_.checkpoint_every > 0) {
-    const std::string dir = NormalPath(request->directory());
-    const std::string root = NormalPath(options_.checkpoint_dir);
-    if (dir == root || (DirectoryOf(dir) == root && models_.Find(BaseName(dir)).ok())) {
-      return Error(absl::FailedPreconditionError(absl::StrCat(
-          request->directory(), " is ",
-          dir == root ? "--checkpoint_dir" : "the directory of a model's periodic checkpoints",
-          ": name a directory of its own")));
-    }
-  }
   ModelShard& shard = (*model)->shard();
   if (request->step() == -1 && shard.asynchronous()) {
     // Each shard's own newest would differ: the parts must be of one cut.
@@ -226,6 +214,11 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
         "the highest step any shard applied)")));
   }
   const int64_t step = request->step() == -1 ? shard.version() : request->step();
+  if (absl::Status s =
+          CheckRequestedCheckpointPlace(request->directory(), request->model_id(), step);
+      !s.ok()) {
+    return Error(s);
+  }
   absl::Duration write_time;
   absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
       shard, (*model)->config(), request->directory(), step,

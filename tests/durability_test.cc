@@ -4,6 +4,7 @@
 // must end with the parameters of an uninterrupted single-process run, bit
 // for bit (the CPU path's arithmetic does not depend on the shard count).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <iostream>
@@ -109,8 +110,9 @@ TEST(DurabilityTest, AModelDirectoryWithoutACommittedCheckpointIsAFreshStart) {
 // An on-demand checkpoint written into the --checkpoint_dir root (as the k8s
 // deployment's --checkpoint_request_root allows) is not taken for a model
 // directory at the next restart from the root: the server starts and the
-// model comes back from its periodic checkpoints. The model's periodic
-// directory itself is refused as an on-demand checkpoint's.
+// model comes back from its periodic checkpoints. Every place a restart
+// would take for periodic checkpoints is refused (a mislabelled step
+// directory in the model's directory used to be accepted and restored).
 TEST(DurabilityTest, AnExportInTheCheckpointRootDoesNotStopTheRestart) {
   const std::string root = MakeTempDir("export_in_root");
   const std::vector<std::string> flags = CrashRecoveryFlags(root, 2);
@@ -127,8 +129,6 @@ TEST(DurabilityTest, AnExportInTheCheckpointRootDoesNotStopTheRestart) {
   }
   AwaitVersion(address, "mlp", 2);
   ASSERT_TRUE(client->Checkpoint(root + "/export1", 2).ok());
-  const absl::StatusOr<std::string> into_periodic = client->Checkpoint(root + "/mlp/", 2);
-  EXPECT_TRUE(absl::IsFailedPrecondition(into_periodic.status())) << into_periodic.status();
   auto stub = NewStub(address);
   v1::InspectResponse inspect;
   for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < 2; ++i) {
@@ -136,6 +136,23 @@ TEST(DurabilityTest, AnExportInTheCheckpointRootDoesNotStopTheRestart) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   ASSERT_EQ(inspect.newest_committed_checkpoint(), 2);
+  // Places a restart would take for periodic checkpoints: step 2 saved as
+  // step 1, something else in the model's directory, step directories of a
+  // directory of the root, the root's own top level.
+  for (const std::string& place : {root + "/mlp/", root + "/", root + "/mlp/step-00000001",
+                                   root + "/mlp/extra", root + "/mlp/step-00000002/inner",
+                                   root + "/export2/step-00000002", root + "/step-00000002"}) {
+    const absl::StatusOr<std::string> refused = client->Checkpoint(place, 2);
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << place << ": " << refused.status();
+  }
+  for (const char* never_made :
+       {"/mlp/step-00000001", "/mlp/extra", "/export2", "/step-00000002"}) {
+    struct stat info;
+    EXPECT_NE(stat((root + never_made).c_str(), &info), 0) << never_made << " was made";
+  }
+  // The model's own step directory of that very step is its periodic
+  // checkpoint (shardopt.torch's state_dict() names it so).
+  EXPECT_TRUE(client->Checkpoint(root + "/mlp/step-00000002", 2).ok());
   client.reset();
   (*server)->process().Signal(SIGKILL);
   ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
