@@ -6,7 +6,8 @@
 //   - a `trainer` token may call everything;
 //   - a `readonly` token may call only what reads (Inspect, GetServerInfo;
 //     gRPC's health and reflection services never need a token, so that
-//     probes and `grpcurl list` work);
+//     probes and `grpcurl list` work; server/reflection_limits.h bounds
+//     the threads reflection's streams can hold);
 //   - no token, or one not in the file: UNAUTHENTICATED; a read-only token
 //     calling a write: PERMISSION_DENIED. Refused calls change nothing.
 // The token file holds one `ROLE TOKEN` pair per line (ROLE `trainer` or

@@ -15,6 +15,7 @@
 #include "proto/grpc/health/v1/health.pb.h"
 #include "server/call_interceptor.h"
 #include "server/listen_check.h"
+#include "server/reflection_limits.h"
 
 namespace shardopt {
 namespace {
@@ -79,6 +80,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeCallInterceptorFactory(server->service_->metrics()));
+  interceptors.push_back(MakeReflectionLimitsFactory(server->service_->stream_watchdog()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);

@@ -160,6 +160,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
 
   // What every call's interceptor and the checkpoints count.
   ServerMetrics* metrics() { return &metrics_; }
+  // Cancels streams idle past --stream_idle_timeout_s (also reflection's).
+  StreamWatchdog* stream_watchdog() { return &watchdog_; }
   // The /metrics page: the counters and each model's gauges, read now.
   std::string RenderMetrics() const;
 

@@ -37,7 +37,7 @@ void StreamWatchdog::Loop() {
   }
 }
 
-StreamWatchdog::Watch::Watch(StreamWatchdog* watchdog, grpc::ServerContext* context)
+StreamWatchdog::Watch::Watch(StreamWatchdog* watchdog, grpc::ServerContextBase* context)
     : watchdog_(watchdog) {
   absl::MutexLock lock(&watchdog_->mu_);
   id_ = watchdog_->next_id_++;

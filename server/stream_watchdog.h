@@ -32,7 +32,7 @@ class StreamWatchdog {
   // Watches one stream from construction to destruction.
   class Watch {
    public:
-    Watch(StreamWatchdog* watchdog, grpc::ServerContext* context);
+    Watch(StreamWatchdog* watchdog, grpc::ServerContextBase* context);
     ~Watch();
     Watch(const Watch&) = delete;
     Watch& operator=(const Watch&) = delete;
@@ -46,7 +46,7 @@ class StreamWatchdog {
 
  private:
   struct Entry {
-    grpc::ServerContext* context;
+    grpc::ServerContextBase* context;
     absl::Time last_activity;
   };
 

@@ -82,6 +82,61 @@ TEST(ServerLifecycleTest, ReflectionListsServicesAndServesTheContract) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+// Reflection needs no token, and each of its streams holds a server thread
+// while open: more than kMaxOpenReflectionStreams (16) at once are cancelled
+// at their start, and idle ones at --stream_idle_timeout_s, so that streams
+// nobody uses cannot take every thread (they did: 40 idle streams left a
+// server of 32 threads answering RESOURCE_EXHAUSTED).
+TEST(ServerLifecycleTest, IdleReflectionStreamsCannotTakeEveryThread) {
+  auto server = ServerProcess::Start(0, 1, {"--max_threads=32", "--stream_idle_timeout_s=3"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  constexpr int kStreams = 40;
+  struct Held {
+    grpc::ClientContext context;
+    std::unique_ptr<
+        grpc::ClientReaderWriter<refl::ServerReflectionRequest, refl::ServerReflectionResponse>>
+        stream;
+    absl::Duration lasted;
+    grpc::Status status;
+  };
+  std::vector<Held> held(kStreams);
+  std::vector<std::thread> readers;
+  const absl::Time opened = absl::Now();
+  // One channel each: streams of one connection would share its limits.
+  std::vector<std::unique_ptr<refl::ServerReflection::Stub>> stubs;
+  for (Held& h : held) {
+    grpc::ChannelArguments args;
+    args.SetInt("shardopt.test_channel", static_cast<int>(stubs.size()));
+    stubs.push_back(refl::ServerReflection::NewStub(
+        grpc::CreateCustomChannel((*server)->address(), grpc::InsecureChannelCredentials(), args)));
+    h.context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    h.stream = stubs.back()->ServerReflectionInfo(&h.context);
+    readers.emplace_back([&h, opened] {
+      refl::ServerReflectionResponse unused;
+      while (h.stream->Read(&unused)) {
+      }
+      h.status = h.stream->Finish();
+      h.lasted = absl::Now() - opened;
+    });
+  }
+  absl::SleepFor(absl::Seconds(1));
+  // The shard still serves its own calls.
+  auto stub = v1::ShardService::NewStub(Channel((*server)->address()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ServerInfo info;
+  const grpc::Status served = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+  EXPECT_TRUE(served.ok()) << served.error_code() << ": " << served.error_message();
+  for (std::thread& t : readers) t.join();
+  int cancelled_at_once = 0;
+  for (const Held& h : held) {
+    EXPECT_EQ(h.status.error_code(), grpc::StatusCode::CANCELLED) << h.status.error_message();
+    if (h.lasted < absl::Seconds(2)) ++cancelled_at_once;
+    EXPECT_LT(h.lasted, absl::Seconds(15)) << "an idle reflection stream stayed open";
+  }
+  EXPECT_GE(cancelled_at_once, kStreams - 16);
+}
+
 TEST(ServerLifecycleTest, ServerInfoDescribesShardAndModels) {
   auto servers = StartCluster(2);
   ASSERT_TRUE(servers.ok()) << servers.status();
