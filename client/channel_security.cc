@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth_metadata.h"
 #include "common/file.h"
+#include "common/secret_files.h"
 
 namespace shardopt {
 namespace {
@@ -75,6 +76,7 @@ absl::StatusOr<ChannelFactory> ChannelFactory::Create(const ChannelSecurity& sec
       if (!cert.ok()) return cert.status();
       absl::StatusOr<std::string> key = ReadPem("TLS key file", security.tls_key_file);
       if (!key.ok()) return key.status();
+      WarnIfSecretReadableByOthers(FileEnv::Default(), "TLS key file", security.tls_key_file);
       tls.pem_cert_chain = *std::move(cert);
       tls.pem_private_key = *std::move(key);
     }
@@ -90,6 +92,7 @@ absl::StatusOr<ChannelFactory> ChannelFactory::Create(const ChannelSecurity& sec
       return absl::Status(token.status().code(),
                           absl::StrCat("token file: ", token.status().message()));
     }
+    WarnIfSecretReadableByOthers(FileEnv::Default(), "token file", security.auth_token_file);
     factory.auth_token_ = std::string(absl::StripAsciiWhitespace(*token));
     if (factory.auth_token_.empty()) {
       return absl::InvalidArgumentError(

@@ -25,6 +25,7 @@ FileInfo InfoOf(const struct stat& st) {
               : S_ISDIR(st.st_mode) ? FileType::kDirectory
                                     : FileType::kOther;
   info.size = static_cast<uint64_t>(st.st_size);
+  info.readable_by_others = (st.st_mode & (S_IRGRP | S_IROTH)) != 0;
   return info;
 }
 

@@ -53,6 +53,9 @@ enum class FileType { kRegular, kDirectory, kOther };
 struct FileInfo {
   FileType type = FileType::kOther;
   uint64_t size = 0;  // Bytes (for a regular file).
+  // Whether users other than the owner may read it (group or other read
+  // bit): a secret (token, private key) should not be.
+  bool readable_by_others = false;
 };
 
 // A file being written under a temporary name beside `path()`, which

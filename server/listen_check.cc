@@ -53,4 +53,10 @@ absl::Status CheckListenAddressFree(const std::string& listen_address) {
   return in_use;
 }
 
+bool OnlyThisMachineReaches(const std::string& listen_address) {
+  if (absl::StartsWith(listen_address, "unix")) return true;
+  const std::string host = HostOfTarget(listen_address);
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
 }  // namespace shardopt

@@ -22,6 +22,11 @@ namespace shardopt {
 // [IPV6]:PORT, :PORT (every interface) or unix:PATH.
 absl::Status CheckListenAddressFree(const std::string& listen_address);
 
+// Whether only this machine can reach `listen_address`: a Unix socket, or a
+// loopback host (127.0.0.0/8, ::1, localhost). A server listening elsewhere
+// without tokens lets anyone who reaches it train and write files.
+bool OnlyThisMachineReaches(const std::string& listen_address);
+
 }  // namespace shardopt
 
 #endif  // SHARDOPT_SERVER_LISTEN_CHECK_H_

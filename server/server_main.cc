@@ -13,8 +13,10 @@
 #include "common/file.h"
 #include "common/layout.h"
 #include "common/logging.h"
+#include "common/secret_files.h"
 #include "server/access_control.h"
 #include "server/device_support.h"
+#include "server/listen_check.h"
 #include "server/malloc_tuning.h"
 #include "server/shard_server.h"
 #include "server/shutdown_signals.h"
@@ -126,6 +128,7 @@ bool ReadSecurityFlags(FileEnv* env, ShardServerOptions* options) {
     }
     *pem = *std::move(contents);
   }
+  if (!key.empty()) WarnIfSecretReadableByOthers(env, "--tls_key_file", key);
   const std::string tokens = absl::GetFlag(FLAGS_auth_token_file);
   if (!tokens.empty()) {
     absl::StatusOr<std::string> contents = ReadFileToString(env, tokens);
@@ -137,6 +140,7 @@ bool ReadSecurityFlags(FileEnv* env, ShardServerOptions* options) {
       return false;
     }
     options->access = *std::move(access);
+    WarnIfSecretReadableByOthers(env, "--auth_token_file", tokens);
     if (options->tls_cert_pem.empty()) {
       LogWarning(
           "--auth_token_file without --tls_cert_file: tokens travel in plaintext; use TLS "
@@ -313,6 +317,16 @@ int Serve(const std::function<FileEnv*()>& file_env, ShutdownSignals& shutdown_s
       options.max_state_bytes >> 20,
       (*server)->metrics_port() > 0 ? absl::StrCat(", metrics on port ", (*server)->metrics_port())
                                     : "");
+
+  if (!options.access.enabled() && !OnlyThisMachineReaches(listen)) {
+    LogWarning(
+        "listening on %s without --auth_token_file: anyone who reaches it may train, "
+        "roll back and write checkpoints%s",
+        listen,
+        options.checkpoint_request_root.empty()
+            ? " anywhere this user can write (no --checkpoint_request_root)"
+            : "");
+  }
 
   const int signal_number = shutdown_signals.WaitForFirst();
   LogInfo("received %s; shutting down (another signal 1 s or more later ends the process at once)",

@@ -319,6 +319,25 @@ TEST(SecurityTest, CheckpointRequestsStayInsideTheirRoot) {
   EXPECT_NE(rc, 0) << "created /etc/shardopt-should-not-exist";
 }
 
+// A token file other users may read is used, with a warning naming it (as
+// ssh warns of a key); after chmod 600 there is none.
+TEST(SecurityTest, ATokenFileOthersMayReadIsWarnedAbout) {
+  const std::string tokens = MakeTempDir("token_mode") + "/tokens";
+  {
+    std::ofstream file(tokens);
+    file << "trainer trainer-token-0123456789\n";
+  }
+  const std::string run = "timeout -s INT 2 " + Runfile("server/shardopt_server") +
+                          " --listen=127.0.0.1:0 --auth_token_file=" + tokens + " 2>&1";
+  const std::string warning = "--auth_token_file " + tokens + " is readable by other users";
+  auto [rc, output] = RunShell("chmod 644 " + tokens + " && " + run);
+  EXPECT_NE(output.find(warning), std::string::npos) << output;
+  EXPECT_NE(output.find("serving on port"), std::string::npos) << output;
+  std::tie(rc, output) = RunShell("chmod 600 " + tokens + " && " + run);
+  EXPECT_EQ(output.find(warning), std::string::npos) << output;
+  EXPECT_NE(output.find("serving on port"), std::string::npos) << output;
+}
+
 // The README's grpcurl lines for a secured server, with the real grpcurl.
 TEST(SecurityTest, RealGrpcurlWithTlsAndToken) {
   const char* venv = std::getenv("SHARDOPT_VENV");
