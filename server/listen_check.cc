@@ -30,27 +30,42 @@ absl::Status CheckListenAddressFree(const std::string& listen_address) {
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string service = absl::StrCat(port);
-  if (getaddrinfo(host.empty() || host == "0.0.0.0" || host == "::" ? nullptr : host.c_str(),
-                  service.c_str(), &hints, &found) != 0) {
-    return absl::OkStatus();
+  if (const int e =
+          getaddrinfo(host.empty() || host == "0.0.0.0" || host == "::" ? nullptr : host.c_str(),
+                      service.c_str(), &hints, &found);
+      e != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen_address, ": ", gai_strerror(e)));
   }
-  absl::Status in_use;
+  // Refused when any address's port is taken, or when no address binds at
+  // all (one not on this host, a privileged port): gRPC would not listen
+  // either. An address family the machine lacks is not tried.
+  absl::Status in_use, last_failure;
+  int tried = 0, bound = 0;
   for (addrinfo* a = found; a != nullptr && in_use.ok(); a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
+    ++tried;
     // As the real listeners set it: a closed connection's TIME_WAIT does not
     // count, only a socket that holds the port.
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      ++bound;
+    } else if (errno == EADDRINUSE) {
       in_use = absl::UnavailableError(
           absl::StrCat("cannot listen on ", listen_address, ": port ", port,
                        " is in use (another shard server, or an old one still running?)"));
+    } else {
+      last_failure = absl::UnavailableError(
+          absl::StrCat("cannot listen on ", listen_address, ": ", strerror(errno)));
     }
     close(fd);
   }
   freeaddrinfo(found);
-  return in_use;
+  if (!in_use.ok()) return in_use;
+  if (tried > 0 && bound == 0) return last_failure;
+  return absl::OkStatus();
 }
 
 bool OnlyThisMachineReaches(const std::string& listen_address) {

@@ -5,10 +5,12 @@
 // be restored before any trainer can reach it, so the restore comes first.
 //
 // UNAVAILABLE naming the address when another socket holds its port (a
-// listening one: another shard server, a stale process). OK for port 0, for
-// Unix sockets, and when the bind fails for any other reason: those are left
-// to the real bind, which reports them. The port can still be taken between
-// this check and that bind; this narrows the window, it does not close it.
+// listening one: another shard server, a stale process), when the host does
+// not resolve, or when none of its addresses binds (not on this machine, a
+// privileged port). OK for port 0 and Unix sockets. The port can still be
+// taken between this check and that bind, and a TLS key that does not match
+// its certificate is found only then: this narrows the window, it does not
+// close it.
 #ifndef SHARDOPT_SERVER_LISTEN_CHECK_H_
 #define SHARDOPT_SERVER_LISTEN_CHECK_H_
 

@@ -35,6 +35,10 @@ TEST(ListenCheckTest, APortAListeningSocketHoldsIsInUse) {
   EXPECT_TRUE(CheckListenAddressFree("127.0.0.1:" + port).ok());
   EXPECT_TRUE(CheckListenAddressFree("127.0.0.1:0").ok());
   EXPECT_TRUE(CheckListenAddressFree("unix:/tmp/no-such-dir/socket").ok());
+  // An address of no interface here (TEST-NET-1), a host that does not
+  // resolve: gRPC could not listen there either.
+  EXPECT_FALSE(CheckListenAddressFree("192.0.2.1:" + port).ok());
+  EXPECT_FALSE(CheckListenAddressFree("no-such-host.invalid:" + port).ok());
 }
 
 TEST(ListenCheckTest, OnlyLoopbackAndUnixAddressesStayOnThisMachine) {
