@@ -1,10 +1,13 @@
 #include "server/reflection_limits.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 
 namespace shardopt {
@@ -32,8 +35,7 @@ class ReflectionLimits : public grpc::experimental::Interceptor {
         watch_.emplace(watchdog_, context_);
       } else {
         open_->fetch_sub(1);
-        LogWarning("refused a reflection stream from %s: %d are open already",
-                   context_->peer(), max_open_);
+        LogRefusal();
         context_->TryCancel();
       }
     }
@@ -41,10 +43,27 @@ class ReflectionLimits : public grpc::experimental::Interceptor {
         watch_.has_value()) {
       watch_->Touch();
     }
+    // The handler is done: the watchdog lets go of the context here, not in
+    // the interceptor's destructor, which runs while gRPC destroys the
+    // context (a TryCancel then would reach interceptors already gone).
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      watch_.reset();
+    }
     methods->Proceed();
   }
 
  private:
+  // One line per second at most: refusals come in floods.
+  void LogRefusal() {
+    static std::atomic<int64_t> last_logged_ms{0};
+    const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+    int64_t last = last_logged_ms.load();
+    if (now_ms - last >= 1000 && last_logged_ms.compare_exchange_strong(last, now_ms)) {
+      LogWarning("refused a reflection stream from %s: %d are open already (logged once a second)",
+                 context_->peer(), max_open_);
+    }
+  }
+
   grpc::ServerContextBase* const context_;
   StreamWatchdog* const watchdog_;
   std::atomic<int>* const open_;
@@ -73,6 +92,8 @@ class ReflectionLimitsFactory : public grpc::experimental::ServerInterceptorFact
 };
 
 }  // namespace
+
+int MaxOpenReflectionStreams(int max_threads) { return std::clamp(max_threads / 4, 1, 16); }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
 MakeReflectionLimitsFactory(StreamWatchdog* watchdog, int max_open) {

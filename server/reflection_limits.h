@@ -6,8 +6,10 @@
 // RESOURCE_EXHAUSTED.
 //
 // A reflection stream beyond `max_open` open at once is cancelled at its
-// start; an open one is watched by `watchdog` (cancelled once idle for its
-// timeout, as a push stream is). Other calls are not intercepted.
+// start (so that the trainers keep most threads however long the admitted
+// ones stay); an open one is watched by `watchdog` (cancelled once idle for
+// its timeout, as a push stream is) until its status is sent. Other calls
+// are not intercepted.
 #ifndef SHARDOPT_SERVER_REFLECTION_LIMITS_H_
 #define SHARDOPT_SERVER_REFLECTION_LIMITS_H_
 
@@ -19,12 +21,14 @@
 
 namespace shardopt {
 
-// More than grpcurl's one per command, run by a few people at once.
-inline constexpr int kMaxOpenReflectionStreams = 16;
+// How many reflection streams may be open at once on a server of
+// `max_threads` call threads: a quarter of them, at most 16 (more than
+// grpcurl's one per command, run by a few people at once), at least 1.
+int MaxOpenReflectionStreams(int max_threads);
 
 // `watchdog` must outlive the server.
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-MakeReflectionLimitsFactory(StreamWatchdog* watchdog, int max_open = kMaxOpenReflectionStreams);
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeReflectionLimitsFactory(
+    StreamWatchdog* watchdog, int max_open);
 
 }  // namespace shardopt
 

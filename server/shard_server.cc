@@ -80,7 +80,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeCallInterceptorFactory(server->service_->metrics()));
-  interceptors.push_back(MakeReflectionLimitsFactory(server->service_->stream_watchdog()));
+  interceptors.push_back(
+      MakeReflectionLimitsFactory(server->service_->stream_watchdog(),
+                                  MaxOpenReflectionStreams(std::max(options.max_threads, 4))));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
