@@ -20,6 +20,17 @@ bool StepCountsPerShard(const v1::ModelConfig& config) {
   return config.consistency() != v1::CONSISTENCY_SYNC;
 }
 
+bool PartsCountStepsAlike(const v1::CheckpointManifest& manifest) {
+  for (const v1::CheckpointPart& part : manifest.parts()) {
+    const v1::CheckpointProgress& first = manifest.parts(0).progress();
+    if (part.progress().optimizer_steps() != first.optimizer_steps() ||
+        part.progress().skipped_steps() != first.skipped_steps()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 namespace {
 
 constexpr char kMagic[8] = {'S', 'H', 'O', 'P', 'T', 'C', 'K', 'P'};

@@ -167,6 +167,10 @@ class CheckpointReader {
 // have skipped a trainer's step another applied), which may then differ
 // between parts; a restore of that shard's range takes its own.
 bool StepCountsPerShard(const v1::ModelConfig& config);
+// Whether every part of `manifest` counts the same optimizer steps and skips
+// (always so in synchronous mode). When not, anything that merges the parts
+// (a restore onto other ranges, an export) takes part 0's counts.
+bool PartsCountStepsAlike(const v1::CheckpointManifest& manifest);
 
 // The hyperparameter changes scheduled (for steps after the checkpoint's) in
 // any part of `manifest`, by step: a change that reached some shards only

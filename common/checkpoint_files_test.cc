@@ -512,12 +512,17 @@ TEST(CheckpointFilesTest, OnlyAsynchronousPartsMayCountTheirStepsDifferently) {
     EXPECT_EQ(reader->manifest().parts(1).progress().skipped_steps(), 1);
     EXPECT_EQ(reader->manifest().parts(1).progress().optimizer_steps(), 6);
 
-    v1::CheckpointProgress other_version = Progress(7);
-    other_version.set_version(6);
-    const std::string bad = TempDir("counts_other_version");
-    ASSERT_TRUE(write(bad, 0, Progress(7)).ok());
-    const absl::StatusOr<CheckpointPartWritten> mismatched = write(bad, 1, other_version);
-    EXPECT_TRUE(!mismatched.ok() || !mismatched->committed);
+    EXPECT_FALSE(PartsCountStepsAlike(reader->manifest()));
+
+    // Per-trainer steps (whose sum is the version) must still agree.
+    v1::CheckpointProgress mine = Progress(7), other = Progress(7);
+    for (const int64_t step : {3, 4}) mine.add_trainer_steps(step);
+    for (const int64_t step : {4, 3}) other.add_trainer_steps(step);
+    const std::string bad = TempDir("counts_other_trainer_steps");
+    ASSERT_TRUE(write(bad, 0, mine).ok());
+    const absl::StatusOr<CheckpointPartWritten> mismatched = write(bad, 1, other);
+    EXPECT_EQ(mismatched.status().code(), absl::StatusCode::kFailedPrecondition)
+        << mismatched.status();
   }
 }
 

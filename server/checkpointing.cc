@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/names.h"
 #include "common/proto_convert.h"
 #include "common/step_protocol.h"
@@ -223,6 +224,7 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
   // shard with the same range; a resharded one takes part 0's counts.
   if (progress.ok()) {
     progress->last_stats = StepStats();
+    bool own_part = false;
     for (const v1::CheckpointPart& part : checkpoint.manifest().parts()) {
       // (With whole tensors, equal ranges of another shard count can hold
       // other tensors.)
@@ -236,11 +238,20 @@ absl::StatusOr<std::unique_ptr<ModelShard>> RestoreShard(
               checkpoint.directory(), ": bad saved statistics: ", stats.status().message()));
         }
         progress->last_stats = std::move(*stats);
+        own_part = true;
         if (StepCountsPerShard(checkpoint.manifest().config())) {
           progress->optimizer_steps = part.progress().optimizer_steps();
           progress->skipped_steps = part.progress().skipped_steps();
         }
       }
+    }
+    if (!own_part && !PartsCountStepsAlike(checkpoint.manifest())) {
+      LogWarning(
+          "%s: its parts count their optimizer steps differently (a step some shards skipped "
+          "and others applied); range [%d, %d), none of them, goes on with part 0's count (%d "
+          "steps, %d skipped), which changes bias corrections on the elements of other parts",
+          checkpoint.directory(), range.begin, range.end, progress->optimizer_steps,
+          progress->skipped_steps);
     }
   }
   if (!progress.ok()) {

@@ -208,6 +208,13 @@ int Export(const CheckpointOptions& options, FILE* out) {
   }
   const v1::ModelConfig& config = ckpt.manifest().config();
   const v1::CheckpointProgress& progress = ckpt.manifest().parts(0).progress();
+  if (!PartsCountStepsAlike(ckpt.manifest())) {
+    fprintf(stderr,
+            "shardoptctl export: warning: the checkpoint's parts count their optimizer steps "
+            "differently (a step some shards skipped and others applied); "
+            "shardopt.optimizer_steps is part 0's (%lld)\n",
+            static_cast<long long>(progress.optimizer_steps()));
+  }
   std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"shardopt.model_id", config.model_id()},
