@@ -38,11 +38,13 @@ class ServerState:
         checkpoints = None
         if self._checkpoint_dir:
             checkpoints = [
-                # (Asynchronous: the cut at the highest step any rank has
-                # applied, which the others reach; this rank's own may be behind.)
+                # (Asynchronous: the cut at this rank's step, which every rank
+                # reaches when each calls state_dict() at the same step, as
+                # torch users do; a rank already past it is refused at once.
+                # The highest step any rank applied, as before, named the
+                # directory wrongly, and a rank behind waited for itself.)
                 g.client.checkpoint(os.path.join(self._checkpoint_dir, g.model_id,
-                                                 f"step-{self._version:08d}"),
-                                    self._version if self._consistency == "sync" else -1)
+                                                 f"step-{self._version:08d}"), self._version)
                 for g in self._groups]
         groups = []
         index = 0

@@ -39,7 +39,9 @@ How it works:
   the next step on every shard.
 * ``state_dict()`` saves a checkpoint on the servers (with
   ``checkpoint_dir``) and returns where; the optimizer state itself stays on
-  the servers. ``load_state_dict()`` accepts a state dict of the step the
+  the servers. Asynchronous and bounded: the cut at this rank's step, so
+  every rank calls it at the same step (a rank already past it makes the
+  call fail with FAILED_PRECONDITION). ``load_state_dict()`` accepts a state dict of the step the
   servers are at (restart the servers with ``--restore_from`` to go back to
   an older one).
 

@@ -309,6 +309,42 @@ class OptimizerApiTest(unittest.TestCase):
         for a, b in zip(model.parameters(), reference.parameters()):
             self.assertTrue(torch.equal(a, b), (a - b).abs().max())
 
+    def test_asynchronous_state_dict_is_the_cut_at_the_callers_step(self):
+        # Each rank calls state_dict() at the same step: the checkpoint is the
+        # cut where every rank pushed it, named after it, here in the servers'
+        # own periodic root. A rank already past the caller's step makes the
+        # call fail at once (it used to ask for the highest step any rank had
+        # applied: a rank behind waited for itself until its budget ran out,
+        # and the directory was named after another step).
+        root = tempfile.mkdtemp()
+        with Cluster(2, [f"--checkpoint_dir={root}", "--checkpoint_every=1000"]) as cluster:
+            models = [net(), net()]
+            opts = [shardopt.torch.DistributedOptimizer(
+                models[rank].parameters(), servers=cluster.addresses, rank=rank, world_size=2,
+                optimizer="adam", lr=0.01, model_id="async_cut", consistency="async",
+                checkpoint_dir=root, retry_budget=20.0) for rank in (0, 1)]
+            for step in range(1, 4):
+                for rank in (0, 1):
+                    x, y = data(10 * rank + step)
+                    opts[rank].zero_grad()
+                    torch.nn.functional.cross_entropy(models[rank](x), y).backward()
+                    opts[rank].step()
+            states = [opts[rank].state_dict() for rank in (0, 1)]
+            for state in states:
+                self.assertEqual(state["shardopt"]["step"], 3)
+                self.assertEqual(os.path.dirname(state["shardopt"]["checkpoints"][0]),
+                                 os.path.join(root, "async_cut", "step-00000003"))
+            self.assertTrue(os.path.exists(states[0]["shardopt"]["checkpoints"][0]))
+            for step in (4, 5):
+                x, y = data(10 + step)
+                opts[1].zero_grad()
+                torch.nn.functional.cross_entropy(models[1](x), y).backward()
+                opts[1].step()
+            started = time.monotonic()
+            with self.assertRaisesRegex(shardopt.FailedPreconditionError, "checkpoint a later step"):
+                opts[0].state_dict()
+            self.assertLess(time.monotonic() - started, 10)
+
     def test_frozen_parameters_of_any_kind_and_named_groups(self):
         # Frozen parameters are left out whatever their dtype, device or
         # layout (a half-precision frozen base), a group of frozen ones alone
