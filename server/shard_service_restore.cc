@@ -190,9 +190,9 @@ absl::Status ShardServiceImpl::CheckRequestedCheckpointPlace(const std::string& 
     return absl::OkStatus();  // The periodic checkpoint of this very step.
   }
   if (model_directory) {
-    return refused(absl::StrCat("inside the directory of model '", top,
-                                "''s periodic checkpoints (only its step directory of step ", step,
-                                ", ", CheckpointStepDirName(step), ", may be named)"));
+    return refused(absl::StrCat("inside the directory of the periodic checkpoints of model '", top,
+                                "' (only its step directory of step ", step, ", ",
+                                CheckpointStepDirName(step), ", may be named)"));
   }
   if (absl::StartsWith(parts[1], "step-")) return refused("a step directory");
   return absl::OkStatus();
