@@ -31,6 +31,26 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const ShardServerOpti
   return grpc::SslServerCredentials(tls);
 }
 
+// gRPC binds, and reads the TLS key and certificate, only when it starts
+// serving, after the restore: a server started and stopped at once on the
+// address, with the credentials, finds a key that does not match its
+// certificate (or any other refusal) before the restore changes anything.
+absl::Status TryListening(const std::string& listen_address, const ShardServerOptions& options) {
+  grpc::ServerBuilder trial;
+  int port = 0;
+  trial.AddListeningPort(listen_address, ServerCredentials(options), &port);
+  trial.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::unique_ptr<grpc::Server> server = trial.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", listen_address,
+        options.tls_cert_pem.empty() ? "" : " (do --tls_key_file and --tls_cert_file match?)",
+        "; gRPC's log above says why"));
+  }
+  server->Shutdown(std::chrono::system_clock::now());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::string& listen_address,
@@ -54,7 +74,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   // A start that will be refused is refused before the restore changes
   // anything (a named restore sets later checkpoints aside): the metrics
   // port is bound now (its /healthz says NOT_SERVING until the end), the
-  // gRPC port checked free.
+  // gRPC port checked free and tried with the credentials.
   if (!options.metrics_listen.empty()) {
     ShardServiceImpl* service = server->service_.get();
     ShardServer* self = server.get();
@@ -65,6 +85,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
     server->metrics_http_ = *std::move(http);
   }
   if (absl::Status s = CheckListenAddressFree(listen_address); !s.ok()) return s;
+  if (absl::Status s = TryListening(listen_address, options); !s.ok()) return s;
   // Restored before the port opens: no trainer sees the shard half-loaded.
   if (!options.restore_from.empty()) {
     if (absl::Status s = server->service_->RestoreFrom(options.restore_from); !s.ok()) {

@@ -319,6 +319,23 @@ TEST(SecurityTest, CheckpointRequestsStayInsideTheirRoot) {
   EXPECT_NE(rc, 0) << "created /etc/shardopt-should-not-exist";
 }
 
+// A TLS key that is not the certificate's is refused at start, before the
+// restore (which may set checkpoints aside): here the restore path does not
+// exist, and the TLS refusal is what the server says.
+TEST(SecurityTest, AKeyThatIsNotTheCertificatesIsRefusedBeforeTheRestore) {
+  const Pki pki = MakePki();
+  const std::string run = "timeout -s KILL 20 " + Runfile("server/shardopt_server") +
+                          " --listen=127.0.0.1:0 --tls_cert_file=" + pki.path("server.pem") +
+                          " --tls_key_file=" + pki.path("client.key") +
+                          " --restore_from=" + pki.path("no-such-checkpoint") + " 2>&1";
+  auto [rc, output] = RunShell(run);
+  EXPECT_EQ(rc, 1) << output;
+  EXPECT_NE(output.find("do --tls_key_file and --tls_cert_file match?"), std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("no-such-checkpoint"), std::string::npos)
+      << "it restored first: " << output;
+}
+
 // A token file other users may read is used, with a warning naming it (as
 // ssh warns of a key); after chmod 600 there is none.
 TEST(SecurityTest, ATokenFileOthersMayReadIsWarnedAbout) {
