@@ -199,7 +199,7 @@ absl::Status TrainerClient::PrepareModel(const ModelSpec& spec, const ModelLayou
   calls.rpc_timeout = options_.rpc_timeout;
   calls.streamed_push_timeout = options_.streamed_push_timeout;
   calls.policy = RetryPolicyOf(options_);
-  calls.wait_report_interval = options_.wait_report_interval;
+  calls.wait_report_interval = WaitReportInterval();
   calls.on_wait = options_.on_wait;
   calls.canceller = &interrupt_;
   calls.chunk_bytes = options_.chunk_bytes;

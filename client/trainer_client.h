@@ -45,6 +45,7 @@
 #ifndef SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 #define SHARDOPT_CLIENT_TRAINER_CLIENT_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -308,6 +309,13 @@ class TrainerClient {
   std::string device_pair_kind() const { return pair_kind_ ? pair_kind_->name() : ""; }
 
  private:
+  // How long a shard waits before it reports what a call waits for: the
+  // options' interval, but within half an attempt's deadline, so that a
+  // call that runs out of budget ends with the shard's report (which
+  // trainer, which step) and not a bare DEADLINE_EXCEEDED.
+  absl::Duration WaitReportInterval() const {
+    return std::min(options_.wait_report_interval, options_.rpc_timeout / 2);
+  }
   TrainerClient(const TrainerClientOptions& options,
                 std::vector<std::unique_ptr<ShardConnection>> shards,
                 std::unique_ptr<EarlyPull> early_pull);

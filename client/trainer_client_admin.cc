@@ -34,7 +34,7 @@ absl::StatusOr<std::string> TrainerClient::Checkpoint(const std::string& directo
         request.set_step(step);
         request.set_shard_index(shard.index());
         // (Its "still waiting" report names the trainers it waits for.)
-        request.set_max_wait_ms(absl::ToInt64Milliseconds(options_.wait_report_interval));
+        request.set_max_wait_ms(absl::ToInt64Milliseconds(WaitReportInterval()));
         v1::CheckpointResponse response;
         absl::Status s = shard.Checkpoint(context, request, &response);
         manifests[shard.index()] = response.manifest();

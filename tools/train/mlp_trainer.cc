@@ -71,6 +71,10 @@ ABSL_FLAG(double, max_loss_ratio, 0.5,
 ABSL_FLAG(int, rpc_timeout_s, 30,
           "Deadline of one RPC attempt, and the retry budget of a call (so a dead peer or "
           "server surfaces as an error within about twice this), and of attaching to the model.");
+ABSL_FLAG(int, retry_budget_s, 0,
+          "How long a call keeps retrying without progress (a shard or a peer trainer away) "
+          "before the trainer gives up; 0: --rpc_timeout_s. A supervisor that replaces a dead "
+          "peer only after a delay (a Kubernetes Job's pod backoff, up to 6 min) needs more.");
 ABSL_FLAG(std::string, journal_dir, "",
           "Keep this trainer's pushes in DIR/rank<R> (TrainerClientOptions::journal_path), so "
           "that it can be restarted into the running job and shards restarted from older "
@@ -120,6 +124,9 @@ absl::StatusOr<JobConfig> ConfigFromFlags(const Dataset& data) {
     return absl::InvalidArgumentError(
         absl::StrCat("--batch=", job.batch,
                      " must be a positive multiple of --num_trainers=", job.num_trainers));
+  }
+  if (absl::GetFlag(FLAGS_retry_budget_s) < 0) {
+    return absl::InvalidArgumentError("--retry_budget_s must not be negative");
   }
   if (absl::GetFlag(FLAGS_log_every) < 1 || absl::GetFlag(FLAGS_eval_every) < 1) {
     return absl::InvalidArgumentError("--log_every and --eval_every must be at least 1");
@@ -232,8 +239,10 @@ int Train(const Dataset& data, const JobConfig& job) {
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   options.security = ChannelSecurityFromFlags();
   // The library's default retry budget (60 s) would keep a trainer whose
-  // peer died retrying its blocked pull long after the job is lost.
-  options.retry_budget = options.rpc_timeout;
+  // peer died retrying its blocked pull long after the job is lost, unless
+  // a supervisor brings the peer back (then --retry_budget_s).
+  const int retry_budget_s = absl::GetFlag(FLAGS_retry_budget_s);
+  options.retry_budget = retry_budget_s > 0 ? absl::Seconds(retry_budget_s) : options.rpc_timeout;
   options.attach_timeout = options.rpc_timeout;
   options.replay_steps = absl::GetFlag(FLAGS_replay_steps);
   if (const std::string journal = absl::GetFlag(FLAGS_journal_dir); !journal.empty()) {
