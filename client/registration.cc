@@ -103,4 +103,35 @@ absl::StatusOr<std::vector<ShardRegistration>> RegisterOnEveryShard(
   return out;
 }
 
+absl::StatusOr<std::optional<std::string>> RunOfHeldModel(ShardFanOut& fanout,
+                                                          const ShardFanOut::Call& call,
+                                                          const v1::ModelConfig& config,
+                                                          const ModelLayout& layout) {
+  std::vector<std::string> runs(fanout.size());
+  absl::Status status =
+      fanout.Run(call, [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        v1::RegisterHeader header;
+        *header.mutable_config() = config;
+        header.set_shard_index(shard.index());
+        header.set_attach_only(true);
+        v1::RegisterModelResponse response;
+        absl::Status s = shard.Register(context, header, nullptr, 0, 0, &response);
+        if (absl::IsNotFound(s)) return absl::OkStatus();  // Not held there.
+        // (Any other refusal, a different config say, is the registration's
+        // to report.)
+        if (!s.ok() && !IsRetryable(s)) return absl::OkStatus();
+        if (!s.ok()) return s;
+        const FlatRange range = layout.ShardRange(shard.index());
+        if (response.range().begin() == range.begin && response.range().end() == range.end) {
+          runs[shard.index()] = response.run_id();
+        }
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  for (const std::string& run : runs) {
+    if (!run.empty()) return run;
+  }
+  return std::nullopt;
+}
+
 }  // namespace shardopt

@@ -41,6 +41,16 @@ absl::StatusOr<std::vector<ShardRegistration>> RegisterOnEveryShard(
     const ModelLayout& layout, const float* initial_params, const std::string& run_id,
     size_t chunk_bytes);
 
+// The run of the model `config` names on the shards that hold it already
+// (attach-only registrations: nothing changes on any shard); nullopt when
+// none does. A registration that must create the model on some shards (one
+// came back empty before the model's first checkpoint was committed) gives
+// them this run, so that the shards hold one run, not two.
+absl::StatusOr<std::optional<std::string>> RunOfHeldModel(ShardFanOut& fanout,
+                                                          const ShardFanOut::Call& call,
+                                                          const v1::ModelConfig& config,
+                                                          const ModelLayout& layout);
+
 }  // namespace shardopt
 
 #endif  // SHARDOPT_CLIENT_REGISTRATION_H_

@@ -330,8 +330,15 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
     call.policy.budget = options_.attach_timeout;
     call.retryable = [](const absl::Status& s) { return IsRetryable(s) || absl::IsNotFound(s); };
   }
-  // Names this run in the model's checkpoints (used only if the model is new).
-  const std::string run_id = NewRunId();
+  // Names this run in the model's checkpoints (used only if the model is
+  // new): the run of the shards that hold the model already, if any.
+  std::string run_id = NewRunId();
+  if (initial_params) {
+    absl::StatusOr<std::optional<std::string>> held = RunOfHeldModel(
+        *fanout_, CallFor("RegisterModel (run of the held model)"), *config, *layout);
+    if (!held.ok()) return held.status();
+    if (*held) run_id = **held;
+  }
   std::vector<ShardRegistration> shards;
   for (int round = 0;; ++round) {
     absl::StatusOr<std::vector<ShardRegistration>> registered = RegisterOnEveryShard(

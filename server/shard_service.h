@@ -221,6 +221,15 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // restored one when it holds a later one or one of another run.
   absl::Status CheckCheckpointRoot(const std::string& model_id, int64_t version,
                                    const std::string& run_id);
+  // A registration that would create `model_id` for run `run_id` on a
+  // server started to restore from its --checkpoint_dir, whose directory of
+  // the model now holds a committed checkpoint of that run (committed by the
+  // other shards after this one came back empty, before the model's first
+  // checkpoint was whole): restores the newest, as the start would have, and
+  // returns true. False when there is none of that run (the registration
+  // goes on, and CheckCheckpointRoot judges).
+  absl::StatusOr<bool> RestoreCommittedOfRun(const std::string& model_id,
+                                             const std::string& run_id);
   // With periodic checkpoints: FAILED_PRECONDITION for a Checkpoint RPC's
   // `directory` of `model_id` at `step` that a restart from --checkpoint_dir
   // would take for periodic checkpoints (RestoreFrom's walk of the root):

@@ -153,6 +153,13 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
                                                   options_.shard_index, " yet")));
   }
 
+  absl::StatusOr<bool> restored = RestoreCommittedOfRun(config.model_id(), header.run_id());
+  if (!restored.ok()) return Error(restored.status());
+  if (*restored) {
+    absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(config.model_id());
+    if (!model.ok()) return Error(model.status());
+    return answer_existing(**model);
+  }
   plan->options.run_id = header.run_id();
   if (absl::Status s = CheckCheckpointRoot(config.model_id(), -1, header.run_id()); !s.ok()) {
     return Error(s);

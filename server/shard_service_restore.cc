@@ -160,6 +160,31 @@ absl::Status ShardServiceImpl::CheckCheckpointRoot(const std::string& model_id, 
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> ShardServiceImpl::RestoreCommittedOfRun(const std::string& model_id,
+                                                             const std::string& run_id) {
+  if (options_.checkpoint_dir.empty() || options_.checkpoint_every <= 0 || run_id.empty() ||
+      options_.restore_from.empty() ||
+      NormalPath(options_.restore_from) != NormalPath(options_.checkpoint_dir)) {
+    return false;
+  }
+  const std::string root = JoinPath(options_.checkpoint_dir, model_id);
+  absl::StatusOr<std::vector<CommittedCheckpoint>> committed =
+      ListCommittedCheckpoints(root, options_.file_env);
+  if (!committed.ok() || committed->empty()) return false;
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> newest =
+      CheckpointReader::Open(committed->front().directory, options_.file_env);
+  if (!newest.ok() || (*newest)->manifest().parts(0).progress().run_id() != run_id) return false;
+  LogWarning(
+      "model '%s': registered for run '%s', whose checkpoint %s was committed after this "
+      "server started (it came back before the model's first checkpoint was whole): "
+      "restoring it",
+      model_id, run_id, committed->front().directory);
+  absl::Status restored = RestoreNewestOf(root);
+  if (absl::IsAlreadyExists(restored)) return true;  // Another registration restored it.
+  if (!restored.ok()) return restored;
+  return true;
+}
+
 absl::Status ShardServiceImpl::CheckRequestedCheckpointPlace(const std::string& directory,
                                                              const std::string& model_id,
                                                              int64_t step) const {

@@ -163,6 +163,62 @@ TEST(DurabilityTest, AnExportInTheCheckpointRootDoesNotStopTheRestart) {
   EXPECT_EQ(VersionOn(address, "mlp"), 2);
 }
 
+// Rank 0 registers, restarted, a model whose shard 1 came back empty (it
+// died before the model's first checkpoint was whole): shard 1 joins the run
+// the others hold, and the job trains on. Without periodic checkpoints it
+// is created for that run (it got a new run, and the shards refused to
+// train as one model for good); with them, when the others committed the
+// run's step 0 after shard 1 restarted, shard 1 restores it at the
+// registration (it refused: the directory holds checkpoints).
+TEST(DurabilityTest, AShardBackEmptyBeforeTheFirstCheckpointRejoinsTheRun) {
+  for (const bool periodic : {false, true}) {
+    SCOPED_TRACE(periodic ? "periodic checkpoints" : "no checkpoints");
+    const std::string root = MakeTempDir("back_empty");
+    const std::vector<std::string> flags =
+        periodic ? CrashRecoveryFlags(root, 2) : std::vector<std::string>{};
+    auto servers = StartCluster(2, flags);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    const std::vector<std::string> addresses = Addresses(*servers);
+    const ModelSpec spec = SyntheticModelSpec("early", OptimizerConfig::Sgd(0.5), 1);
+    std::vector<float> params;
+    {
+      auto first = TrainerClient::Connect(addresses, TrainerClientOptions()).value();
+      params = SyntheticInitialParams(first->LayoutFor(spec).value(), 4);
+      ASSERT_TRUE(first->Register(spec, params).ok());
+    }
+    const std::string model_dir = root + "/early";
+    if (periodic) {
+      struct stat info;
+      for (int i = 0;
+           i < 500 && stat((model_dir + "/step-00000000/manifest.json").c_str(), &info) != 0; ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      ASSERT_EQ(stat((model_dir + "/step-00000000/manifest.json").c_str(), &info), 0);
+    }
+    (*servers)[1]->process().Signal(SIGKILL);
+    ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
+    // (Moved away while it restarts: as if the commit came after its start.)
+    const std::string hidden = MakeTempDir("hidden_model") + "/early";
+    if (periodic) ASSERT_EQ(rename(model_dir.c_str(), hidden.c_str()), 0);
+    auto restarted = StartServerAt(addresses[1], 1, 2, flags);
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+    if (periodic) ASSERT_EQ(rename(hidden.c_str(), model_dir.c_str()), 0);
+
+    TrainerClientOptions options;
+    options.retry_budget = absl::Seconds(10);
+    auto again = TrainerClient::Connect(addresses, options).value();
+    const absl::Status registered = again->Register(spec, params);
+    ASSERT_TRUE(registered.ok()) << registered;
+    const std::vector<float> grad = ConstantGradient(again->LayoutFor(spec).value(), 0.25f);
+    for (int64_t step = 1; step <= 2; ++step) {
+      absl::StatusOr<StepResult> r = again->Step(step, grad, absl::MakeSpan(params));
+      ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status();
+    }
+    EXPECT_EQ(VersionOn(addresses[0], "early"), 2);
+    EXPECT_EQ(VersionOn(addresses[1], "early"), 2);
+  }
+}
+
 // The partition is part of the checkpoint, and a restore may change it
 // (--restore_partition) along with the shard count: AdamW trained flat on 3
 // shards goes on as whole tensors on 2 and flat again on 5; LAMB (whole
