@@ -5,11 +5,6 @@
 // server): only the fan-out's retry loop is under test.
 #include "client/shard_fanout.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "common/loopback_listener_testing.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {
@@ -127,17 +123,8 @@ TEST(ShardFanOutTest, AnOverlappingRunIsRefusedNotQueued) {
 // attempt's own call does, not at its own deadline. The shard here accepts
 // TCP connections and never answers.
 TEST(ShardFanOutTest, AFollowUpCallIsCancelledWithTheRun) {
-  const int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(silent, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(listen(silent, 16), 0);
-  ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  ShardConnection connection(0, absl::StrCat("127.0.0.1:", ntohs(address.sin_port)),
-                             ConnectionOptions{});
+  LoopbackListener silent;
+  ShardConnection connection(0, silent.address(), ConnectionOptions{});
   ShardFanOut fanout({&connection});
   RunCanceller canceller;
   ShardFanOut::Call call;
@@ -164,7 +151,6 @@ TEST(ShardFanOutTest, AFollowUpCallIsCancelledWithTheRun) {
   runner.join();
   EXPECT_LT(absl::Now() - cancelled, absl::Seconds(2));
   EXPECT_EQ(result.code(), absl::StatusCode::kCancelled) << result;
-  close(silent);
 }
 
 }  // namespace

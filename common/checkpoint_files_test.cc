@@ -33,6 +33,21 @@ using checkpoint_testing::WritePart;
 
 using ::testing::HasSubstr;
 
+// Shard `shard`'s part of `config` (values Value()) with `progress`.
+absl::StatusOr<CheckpointPartWritten> WritePartWith(const std::string& dir,
+                                                    const v1::ModelConfig& config, uint32_t shard,
+                                                    const v1::CheckpointProgress& progress) {
+  const FlatRange range =
+      LayoutFromProto(config.layout(), config.shard_count()).value().ShardRange(shard);
+  return WriteCheckpointPart(dir, config, shard, progress,
+                             [&](int section, uint64_t offset, uint64_t count, float* out) {
+                               for (uint64_t k = 0; k < count; ++k) {
+                                 out[k] = Value(section, range.begin + offset + k);
+                               }
+                               return absl::OkStatus();
+                             });
+}
+
 TEST(CheckpointFilesTest, TheLastPartCommitsTheManifest) {
   const std::string dir = TempDir("commit");
   const v1::ModelConfig config = Config(3);
@@ -441,16 +456,8 @@ TEST(CheckpointFilesTest, PruningAfterAReshardRemovesEveryOldPart) {
 // one step are a real disagreement.
 TEST(CheckpointFilesTest, PartsMayHoldDifferentScheduledChangesButNotConflictingOnes) {
   const v1::ModelConfig config = Config(2);
-  const ModelLayout layout = LayoutFromProto(config.layout(), 2).value();
   auto write = [&](const std::string& dir, uint32_t shard, const v1::CheckpointProgress& p) {
-    const FlatRange range = layout.ShardRange(shard);
-    return WriteCheckpointPart(dir, config, shard, p,
-                               [&](int section, uint64_t offset, uint64_t count, float* out) {
-                                 for (uint64_t k = 0; k < count; ++k) {
-                                   out[k] = Value(section, range.begin + offset + k);
-                                 }
-                                 return absl::OkStatus();
-                               });
+    return WritePartWith(dir, config, shard, p);
   };
   v1::HyperparameterChange change;
   change.set_step(9);
@@ -484,16 +491,8 @@ TEST(CheckpointFilesTest, OnlyAsynchronousPartsMayCountTheirStepsDifferently) {
   for (const v1::Consistency mode : {v1::CONSISTENCY_ASYNC, v1::CONSISTENCY_SYNC}) {
     v1::ModelConfig config = Config(2);
     config.set_consistency(mode);
-    const ModelLayout layout = LayoutFromProto(config.layout(), 2).value();
     auto write = [&](const std::string& dir, uint32_t shard, const v1::CheckpointProgress& p) {
-      const FlatRange range = layout.ShardRange(shard);
-      return WriteCheckpointPart(dir, config, shard, p,
-                                 [&](int section, uint64_t offset, uint64_t count, float* out) {
-                                   for (uint64_t k = 0; k < count; ++k) {
-                                     out[k] = Value(section, range.begin + offset + k);
-                                   }
-                                   return absl::OkStatus();
-                                 });
+      return WritePartWith(dir, config, shard, p);
     };
     v1::CheckpointProgress skipped_one = Progress(7);
     skipped_one.set_optimizer_steps(6);

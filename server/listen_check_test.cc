@@ -3,35 +3,25 @@
 // loopback and Unix addresses from the others.
 #include "server/listen_check.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+#include <optional>
 #include <string>
 
+#include "common/loopback_listener_testing.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {
 namespace {
 
 TEST(ListenCheckTest, APortAListeningSocketHoldsIsInUse) {
-  const int held = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(held, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(listen(held, 4), 0);
-  ASSERT_EQ(getsockname(held, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  const std::string port = std::to_string(ntohs(address.sin_port));
+  std::optional<LoopbackListener> held;
+  held.emplace();
+  const std::string port = std::to_string(held->port());
   const absl::Status in_use = CheckListenAddressFree("127.0.0.1:" + port);
   EXPECT_EQ(in_use.code(), absl::StatusCode::kUnavailable) << in_use;
   EXPECT_NE(in_use.message().find("port " + port + " is in use"), std::string::npos) << in_use;
   // The wildcard address covers the held one.
   EXPECT_FALSE(CheckListenAddressFree("0.0.0.0:" + port).ok());
-  close(held);
+  held.reset();
   EXPECT_TRUE(CheckListenAddressFree("127.0.0.1:" + port).ok());
   EXPECT_TRUE(CheckListenAddressFree("127.0.0.1:0").ok());
   EXPECT_TRUE(CheckListenAddressFree("unix:/tmp/no-such-dir/socket").ok());

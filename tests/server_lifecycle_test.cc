@@ -8,7 +8,6 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -19,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/trainer_client.h"
+#include "common/loopback_listener_testing.h"
 #include "gtest/gtest.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/grpc/reflection/v1alpha/reflection.grpc.pb.h"
@@ -287,20 +287,7 @@ std::optional<int> ExitStatusAtStart(const std::vector<std::string>& args) {
 }
 
 // A free TCP port on 127.0.0.1 (free when asked; nothing holds it after).
-int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
+int FreeLoopbackPort() { return LoopbackListener().port(); }
 
 // A second server on the gRPC or metrics port of a running one is refused
 // (both used to start: gRPC and httplib set SO_REUSEPORT, and the kernel
