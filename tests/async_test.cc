@@ -322,6 +322,28 @@ TEST(AsyncTest, ALossScaledSixteenBitPushKeepsSmallGradients) {
   EXPECT_EQ(params, std::vector<float>(64, 0x1p-20f - 0x1p-26f));
 }
 
+// A trainer that gives up 2 s into an outage (a shard killed under it).
+TrainerClientOptions FailingSoon() {
+  TrainerClientOptions options;
+  options.rpc_timeout = absl::Seconds(2);
+  options.retry_budget = absl::Seconds(2);
+  return options;
+}
+
+// An asynchronous model of one 4096-element tensor with loss scaling from
+// `initial_scale`.
+ModelSpec LossScaledAsync(const std::string& model_id, const OptimizerConfig& optimizer,
+                          double initial_scale) {
+  ModelSpec spec;
+  spec.model_id = model_id;
+  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
+  spec.optimizer = optimizer;
+  spec.consistency = Consistency::kAsync;
+  spec.loss_scaling = true;
+  spec.loss_scaler.initial_scale = initial_scale;
+  return spec;
+}
+
 // A trainer restarted on its journal re-sends the push a shard missed as it
 // journaled it, with the scale it was made with, even though its scaler
 // starts afresh (another scale) and its recomputed gradient differs: the
@@ -332,17 +354,9 @@ TEST(AsyncTest, ARestartedTrainerResendsItsJournaledLossScaledPush) {
   auto servers = StartCluster(2, flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> addresses = Addresses(*servers);
-  TrainerClientOptions options;
+  TrainerClientOptions options = FailingSoon();
   options.journal_path = MakeTempDir("async_journal");
-  options.rpc_timeout = absl::Seconds(2);
-  options.retry_budget = absl::Seconds(2);
-  ModelSpec spec;
-  spec.model_id = "journaled";
-  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Sgd(1.0);
-  spec.consistency = Consistency::kAsync;
-  spec.loss_scaling = true;
-  spec.loss_scaler.initial_scale = 65536.0;
+  ModelSpec spec = LossScaledAsync("journaled", OptimizerConfig::Sgd(1.0), 65536.0);
   spec.loss_scaler.growth_interval = 1;  // Each step's scale doubles: 2^16, 2^17, 2^18.
   std::vector<float> params(4096, 0.5f);
   const auto scaled = [&](float g, double scale) {
@@ -400,16 +414,8 @@ TEST(AsyncTest, AStepOneShardAppliedAndAnotherSkippedStillCheckpoints) {
   auto servers = StartCluster(2, flags);
   ASSERT_TRUE(servers.ok()) << servers.status();
   const std::vector<std::string> addresses = Addresses(*servers);
-  TrainerClientOptions options;
-  options.rpc_timeout = absl::Seconds(2);
-  options.retry_budget = absl::Seconds(2);
-  ModelSpec spec;
-  spec.model_id = "split_skip";
-  spec.tensors = {TensorSpec{"w", {4096}, DType::kFloat32}};
-  spec.optimizer = OptimizerConfig::Adam(0.125);
-  spec.consistency = Consistency::kAsync;
-  spec.loss_scaling = true;
-  spec.loss_scaler.initial_scale = 1024.0;
+  const TrainerClientOptions options = FailingSoon();
+  const ModelSpec spec = LossScaledAsync("split_skip", OptimizerConfig::Adam(0.125), 1024.0);
   std::vector<float> params(4096, 0.5f);
   const auto gradient = [](float g) { return std::vector<float>(4096, g); };
   const auto committed = [&](const std::string& address, int64_t step) {
