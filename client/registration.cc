@@ -1,7 +1,10 @@
 #include "client/registration.h"
 
+#include <cstring>
+
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/dtype_convert.h"
 #include "common/proto_convert.h"
 #include "common/step_protocol.h"
 
@@ -132,6 +135,46 @@ absl::StatusOr<std::optional<std::string>> RunOfHeldModel(ShardFanOut& fanout,
     if (!run.empty()) return run;
   }
   return std::nullopt;
+}
+
+absl::Status CheckHeldInitialValues(StepCalls& steps, const std::vector<ShardRegistration>& shards,
+                                    const ModelLayout& layout, const float* initial_params,
+                                    DType pull_dtype, const std::string& model_id) {
+  // (Every held shard, not only next to one created now: a shard created by
+  // an earlier such registration that failed here holds the model too.)
+  std::vector<uint32_t> held;
+  for (uint32_t i = 0; i < shards.size(); ++i) {
+    if (shards[i].version != 0) return absl::OkStatus();  // Trained: the steps tell.
+    if (!shards[i].created) held.push_back(i);
+  }
+  if (held.empty()) return absl::OkStatus();
+  const uint64_t elements = layout.ShardRange(static_cast<uint32_t>(shards.size()) - 1).end;
+  std::vector<float> pulled(elements);
+  absl::StatusOr<std::vector<PulledVersion>> each = steps.PullEach(pulled.data(), held);
+  if (!each.ok()) return each.status();
+  std::vector<float> expected;
+  std::vector<char> wire;
+  for (uint32_t i : held) {
+    const FlatRange range = layout.ShardRange(i);
+    // The initial values as the pull carries them (rounded to a 16-bit type).
+    expected.assign(initial_params + range.begin, initial_params + range.end);
+    if (pull_dtype != DType::kFloat32) {
+      wire.resize(range.size() * DTypeSize(pull_dtype));
+      ConvertFromFloat(expected.data(), expected.size(), pull_dtype, wire.data());
+      ConvertToFloatAndFindNonFinite(wire.data(), expected.size(), pull_dtype, expected.data());
+    }
+    for (uint64_t k = 0; k < range.size(); ++k) {
+      if (std::memcmp(&expected[k], &pulled[range.begin + k], sizeof(float)) != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "model '", model_id, "': shard ", i, " holds it (this run, version 0) with element ",
+            range.begin + k, " = ", pulled[range.begin + k], ", and this trainer registers ",
+            initial_params[range.begin + k],
+            " there: a restarted rank 0 that initialized the model otherwise (seed it), or "
+            "remove the model from the servers to start over"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shardopt

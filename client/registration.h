@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/shard_fanout.h"
+#include "client/step_calls.h"
 #include "client/trainer_options.h"
 #include "common/layout.h"
 #include "common/loss_scaler.h"
@@ -50,6 +51,17 @@ absl::StatusOr<std::optional<std::string>> RunOfHeldModel(ShardFanOut& fanout,
                                                           const ShardFanOut::Call& call,
                                                           const v1::ModelConfig& config,
                                                           const ModelLayout& layout);
+
+// After a registration that found the model held at version 0 (a restarted
+// rank 0 before the first step; some shards may have come back empty and
+// been created now, RunOfHeldModel): OK when the held shards' values are
+// `initial_params` (pulled through `steps`, in `pull_dtype`),
+// FAILED_PRECONDITION naming the first that differs otherwise (a rank 0
+// that initialized otherwise: the shards would train one model made of two
+// initializations). OK when some shard is past version 0 or none held it.
+absl::Status CheckHeldInitialValues(StepCalls& steps, const std::vector<ShardRegistration>& shards,
+                                    const ModelLayout& layout, const float* initial_params,
+                                    DType pull_dtype, const std::string& model_id);
 
 }  // namespace shardopt
 

@@ -396,6 +396,13 @@ absl::Status TrainerClient::RegisterOrAttach(const ModelSpec& spec, const float*
       return brought;
     }
   }
+  if (initial_params) {
+    if (absl::Status s = CheckHeldInitialValues(*steps_, shards, *layout, initial_params,
+                                                options_.pull_dtype, spec.model_id);
+        !s.ok()) {
+      return s;
+    }
+  }
   for (size_t i = 1; i < shards.size(); ++i) {
     if (shards[i].run_id != shards[0].run_id) {
       // Two registrations raced (one interrupted and repeated): their

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -35,7 +36,13 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const ShardServerOpti
 // serving, after the restore: a server started and stopped at once on the
 // address, with the credentials, finds a key that does not match its
 // certificate (or any other refusal) before the restore changes anything.
+// (Not for a Unix socket: gRPC unlinks the path it binds, which would take
+// it from a server running there. Without a health service: a probe in the
+// trial's moment must not read SERVING.)
 absl::Status TryListening(const std::string& listen_address, const ShardServerOptions& options) {
+  if (absl::StartsWith(listen_address, "unix")) return absl::OkStatus();
+  grpc::EnableDefaultHealthCheckService(false);
+  const absl::Cleanup health_again = [] { grpc::EnableDefaultHealthCheckService(true); };
   grpc::ServerBuilder trial;
   int port = 0;
   trial.AddListeningPort(listen_address, ServerCredentials(options), &port);

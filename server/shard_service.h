@@ -324,6 +324,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Held by RestoreCommittedOfRun while it restores (see there).
+  absl::Mutex registration_restore_mu_;
 };
 
 }  // namespace shardopt

@@ -162,6 +162,13 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   }
   plan->options.run_id = header.run_id();
   if (absl::Status s = CheckCheckpointRoot(config.model_id(), -1, header.run_id()); !s.ok()) {
+    // (The other shards may have committed this run's checkpoint since the
+    // look above.)
+    if (absl::StatusOr<bool> now = RestoreCommittedOfRun(config.model_id(), header.run_id());
+        now.ok() && *now) {
+      absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(config.model_id());
+      if (model.ok()) return answer_existing(**model);
+    }
     return Error(s);
   }
 

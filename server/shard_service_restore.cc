@@ -167,6 +167,11 @@ absl::StatusOr<bool> ShardServiceImpl::RestoreCommittedOfRun(const std::string& 
       NormalPath(options_.restore_from) != NormalPath(options_.checkpoint_dir)) {
     return false;
   }
+  // One at a time: a registration retried while the first one's restore
+  // still loads finds the model restored instead of loading it again (and
+  // reserving its state twice).
+  absl::MutexLock restoring(&registration_restore_mu_);
+  if (models_.Find(model_id).ok()) return true;
   const std::string root = JoinPath(options_.checkpoint_dir, model_id);
   absl::StatusOr<std::vector<CommittedCheckpoint>> committed =
       ListCommittedCheckpoints(root, options_.file_env);

@@ -219,6 +219,35 @@ TEST(DurabilityTest, AShardBackEmptyBeforeTheFirstCheckpointRejoinsTheRun) {
   }
 }
 
+// A restarted rank 0 that initializes the model otherwise than the shards
+// holding it at version 0 (unseeded) is refused, naming the element: the
+// shard that came back empty would otherwise train its part from other
+// values than the rest (it used to be refused for its other run).
+TEST(DurabilityTest, ARestartedRankZeroWithOtherInitialValuesIsRefused) {
+  auto servers = StartCluster(2);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> addresses = Addresses(*servers);
+  const ModelSpec spec = SyntheticModelSpec("reinit", OptimizerConfig::Sgd(0.5), 1);
+  std::vector<float> params;
+  {
+    auto first = TrainerClient::Connect(addresses, TrainerClientOptions()).value();
+    params = SyntheticInitialParams(first->LayoutFor(spec).value(), 4);
+    ASSERT_TRUE(first->Register(spec, params).ok());
+  }
+  (*servers)[1]->process().Signal(SIGKILL);
+  ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
+  auto restarted = StartServerAt(addresses[1], 1, 2, {});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  auto again = TrainerClient::Connect(addresses, TrainerClientOptions()).value();
+  const std::vector<float> other = SyntheticInitialParams(again->LayoutFor(spec).value(), 5);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // (The second finds shard 1 held too.)
+    const absl::Status refused = again->Register(spec, other);
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+    EXPECT_NE(refused.message().find("initialized the model otherwise"), std::string::npos)
+        << refused;
+  }
+}
+
 // The partition is part of the checkpoint, and a restore may change it
 // (--restore_partition) along with the shard count: AdamW trained flat on 3
 // shards goes on as whole tensors on 2 and flat again on 5; LAMB (whole

@@ -72,8 +72,9 @@ ABSL_FLAG(int, rpc_timeout_s, 30,
           "Deadline of one RPC attempt, and the retry budget of a call (so a dead peer or "
           "server surfaces as an error within about twice this), and of attaching to the model.");
 ABSL_FLAG(int, retry_budget_s, 0,
-          "How long a call keeps retrying without progress (a shard or a peer trainer away) "
-          "before the trainer gives up; 0: --rpc_timeout_s. A supervisor that replaces a dead "
+          "How long a call keeps retrying without progress (a shard or a peer trainer away, "
+          "the model not registered yet) before the trainer gives up; 0: --rpc_timeout_s. A "
+          "supervisor that replaces a dead "
           "peer only after a delay (a Kubernetes Job's pod backoff, up to 6 min) needs more.");
 ABSL_FLAG(std::string, journal_dir, "",
           "Keep this trainer's pushes in DIR/rank<R> (TrainerClientOptions::journal_path), so "
@@ -243,7 +244,9 @@ int Train(const Dataset& data, const JobConfig& job) {
   // a supervisor brings the peer back (then --retry_budget_s).
   const int retry_budget_s = absl::GetFlag(FLAGS_retry_budget_s);
   options.retry_budget = retry_budget_s > 0 ? absl::Seconds(retry_budget_s) : options.rpc_timeout;
-  options.attach_timeout = options.rpc_timeout;
+  // (Ranks other than 0 wait this long for the model: shards restoring,
+  // rank 0 replaced late.)
+  options.attach_timeout = options.retry_budget;
   options.replay_steps = absl::GetFlag(FLAGS_replay_steps);
   if (const std::string journal = absl::GetFlag(FLAGS_journal_dir); !journal.empty()) {
     options.journal_path = absl::StrCat(journal, "/rank", job.rank);

@@ -24,8 +24,9 @@ await_line() {
   done
 }
 
-# One job: rank 1 is killed at step 10 and started again 6 s later. Prints
-# rank 0's exit status.
+# One job: rank 1 is killed at step 10 and started again $ABSENCE_S s
+# later; rank 0's exit status goes to $work/NAME/rank0.rc. (Not run in a
+# command substitution: its processes must be this shell's, for cleanup.)
 run_job() {
   local name=$1; shift
   local dir=$work/$name
@@ -55,16 +56,18 @@ run_job() {
   pids+=($!)
   local rc=0
   wait "$rank0" || rc=$?
-  echo "$rc"
+  echo "$rc" >"$dir/rank0.rc"
 }
 
-waited=$(run_job waited --retry_budget_s=40)
+run_job waited --retry_budget_s=40
+waited=$(cat "$work/waited/rank0.rc")
 if [[ $waited != 0 ]]; then
   echo "FAIL: with --retry_budget_s=40, rank 0 exited $waited while its peer was away ${ABSENCE_S} s" >&2
   cat "$work/waited/rank0.log" >&2
   exit 1
 fi
-gave_up=$(run_job gave_up)
+run_job gave_up
+gave_up=$(cat "$work/gave_up/rank0.rc")
 if [[ $gave_up == 0 ]]; then
   echo "FAIL: without --retry_budget_s, rank 0 waited out a ${ABSENCE_S} s absence on a 2 s budget" >&2
   exit 1
