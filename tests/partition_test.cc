@@ -223,7 +223,8 @@ TEST_F(PartitionTest, ShardCutOffMidTrainingRejoinsAndEveryStepIsAppliedOnce) {
 
 // Each trainer on a host of its own (the shards in the test's namespace, on
 // trainer 0's gateway address); trainer 1 is cut off. While it is away the
-// other trainer waits (its pulls time out and are retried); a push of
+// other trainer waits (the shards report, every second, that they wait for
+// trainer 1); a push of
 // trainer 1 caught half-sent would be dropped by the shards after 2 s of
 // silence.
 TEST_F(PartitionTest, TrainerCutOffMidTrainingRejoinsAndEveryStepIsAppliedOnce) {
@@ -250,7 +251,9 @@ TEST_F(PartitionTest, TrainerCutOffMidTrainingRejoinsAndEveryStepIsAppliedOnce) 
   CheckExactlyOnce(trainers, servers, out_dirs);
   const std::vector<std::vector<float>> failed = FailedAttempts(out_dirs);
   EXPECT_GT(failed[1][0] + failed[1][1], 0) << "no call of the cut-off trainer timed out";
-  EXPECT_GT(failed[0][0] + failed[0][1], 0) << "the other trainer never waited past a deadline";
+  // (The other trainer's pulls do not time out: the shards report what they
+  // wait for within half its 2 s deadline, and it waits on. CutTwice checks
+  // that the job did not go on without trainer 1.)
 }
 
 // A trainer's host that vanishes without a word (cut off the network, and
