@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/checkpoint_agreement.h"
 #include "common/checkpoint_packing.h"
 #include "common/file.h"
 #include "common/layout.h"
@@ -161,16 +162,6 @@ class CheckpointReader {
   // the others (and for format 1's full-size slots).
   std::vector<std::vector<std::optional<PackedSection>>> packed_;
 };
-
-// Whether each part of `config`'s checkpoints holds its own shard's optimizer
-// step and skip counts (asynchronous and bounded modes, where a shard may
-// have skipped a trainer's step another applied), which may then differ
-// between parts; a restore of that shard's range takes its own.
-bool StepCountsPerShard(const v1::ModelConfig& config);
-// Whether every part of `manifest` counts the same optimizer steps and skips
-// (always so in synchronous mode). When not, anything that merges the parts
-// (a restore onto other ranges, an export) takes part 0's counts.
-bool PartsCountStepsAlike(const v1::CheckpointManifest& manifest);
 
 // The hyperparameter changes scheduled (for steps after the checkpoint's) in
 // any part of `manifest`, by step: a change that reached some shards only
