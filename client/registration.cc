@@ -68,38 +68,57 @@ std::string NewRunId() {
                       absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16));
 }
 
+namespace {
+
+// One shard's registration (attach-only without `initial_params`), its
+// range checked against `layout`.
+absl::StatusOr<ShardRegistration> RegisterOnShard(ShardConnection& shard,
+                                                  grpc::ClientContext& context,
+                                                  const v1::ModelConfig& config,
+                                                  const ModelLayout& layout,
+                                                  const float* initial_params,
+                                                  const std::string& run_id, size_t chunk_bytes) {
+  const FlatRange range = layout.ShardRange(shard.index());
+  v1::RegisterHeader header;
+  *header.mutable_config() = config;
+  header.set_shard_index(shard.index());
+  header.set_attach_only(initial_params == nullptr);
+  header.set_run_id(run_id);
+  v1::RegisterModelResponse response;
+  absl::Status s =
+      shard.Register(context, header, initial_params ? initial_params + range.begin : nullptr,
+                     initial_params ? range.size() : 0, chunk_bytes, &response);
+  if (!s.ok()) return s;
+  if (response.range().begin() != range.begin || response.range().end() != range.end) {
+    return absl::InternalError(absl::StrCat(
+        "server reports range [", response.range().begin(), ", ", response.range().end(),
+        ") but the layout gives [", range.begin, ", ", range.end, ")"));
+  }
+  ShardRegistration r;
+  r.version = response.version();
+  r.created = response.created();
+  if (response.has_loss_scaler()) {
+    r.loss_scaler =
+        LossScaler::State{response.loss_scaler().scale(), response.loss_scaler().growth_tracker(),
+                          response.loss_scaler().hysteresis_tracker()};
+  }
+  r.run_id = response.run_id();
+  return r;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<ShardRegistration>> RegisterOnEveryShard(
     ShardFanOut& fanout, const ShardFanOut::Call& call, const v1::ModelConfig& config,
     const ModelLayout& layout, const float* initial_params, const std::string& run_id,
     size_t chunk_bytes) {
   std::vector<ShardRegistration> out(fanout.size());
-  absl::Status status = fanout.Run(
-      call, [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-        const FlatRange range = layout.ShardRange(shard.index());
-        v1::RegisterHeader header;
-        *header.mutable_config() = config;
-        header.set_shard_index(shard.index());
-        header.set_attach_only(initial_params == nullptr);
-        header.set_run_id(run_id);
-        v1::RegisterModelResponse response;
-        absl::Status s = shard.Register(
-            context, header, initial_params ? initial_params + range.begin : nullptr,
-            initial_params ? range.size() : 0, chunk_bytes, &response);
-        if (!s.ok()) return s;
-        if (response.range().begin() != range.begin || response.range().end() != range.end) {
-          return absl::InternalError(absl::StrCat(
-              "server reports range [", response.range().begin(), ", ", response.range().end(),
-              ") but the layout gives [", range.begin, ", ", range.end, ")"));
-        }
-        ShardRegistration& r = out[shard.index()];
-        r.version = response.version();
-        r.created = response.created();
-        if (response.has_loss_scaler()) {
-          r.loss_scaler = LossScaler::State{response.loss_scaler().scale(),
-                                            response.loss_scaler().growth_tracker(),
-                                            response.loss_scaler().hysteresis_tracker()};
-        }
-        r.run_id = response.run_id();
+  absl::Status status =
+      fanout.Run(call, [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
+        absl::StatusOr<ShardRegistration> r =
+            RegisterOnShard(shard, context, config, layout, initial_params, run_id, chunk_bytes);
+        if (!r.ok()) return r.status();
+        out[shard.index()] = *std::move(r);
         return absl::OkStatus();
       });
   if (!status.ok()) return status;
@@ -113,21 +132,12 @@ absl::StatusOr<std::optional<std::string>> RunOfHeldModel(ShardFanOut& fanout,
   std::vector<std::string> runs(fanout.size());
   absl::Status status =
       fanout.Run(call, [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
-        v1::RegisterHeader header;
-        *header.mutable_config() = config;
-        header.set_shard_index(shard.index());
-        header.set_attach_only(true);
-        v1::RegisterModelResponse response;
-        absl::Status s = shard.Register(context, header, nullptr, 0, 0, &response);
-        if (absl::IsNotFound(s)) return absl::OkStatus();  // Not held there.
-        // (Any other refusal, a different config say, is the registration's
-        // to report.)
-        if (!s.ok() && !IsRetryable(s)) return absl::OkStatus();
-        if (!s.ok()) return s;
-        const FlatRange range = layout.ShardRange(shard.index());
-        if (response.range().begin() == range.begin && response.range().end() == range.end) {
-          runs[shard.index()] = response.run_id();
-        }
+        absl::StatusOr<ShardRegistration> held =
+            RegisterOnShard(shard, context, config, layout, nullptr, "", 0);
+        // Not held there, or any other refusal (a different config, another
+        // range): the registration's to report. A shard that is down is retried.
+        if (!held.ok()) return IsRetryable(held.status()) ? held.status() : absl::OkStatus();
+        runs[shard.index()] = held->run_id;
         return absl::OkStatus();
       });
   if (!status.ok()) return status;

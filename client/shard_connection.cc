@@ -25,12 +25,6 @@ int Milliseconds(absl::Duration d) {
 
 }  // namespace
 
-std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return context;
-}
-
 ShardConnection::ShardConnection(uint32_t index, std::string address,
                                  const ConnectionOptions& options)
     : index_(index), address_(std::move(address)), channels_(options.channels) {

@@ -145,9 +145,6 @@ class ShardConnection {
   std::atomic<int64_t> unreachable_attempts_{0};
 };
 
-// A fresh context whose deadline is `timeout` from now.
-std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);
-
 }  // namespace shardopt
 
 #endif  // SHARDOPT_CLIENT_SHARD_CONNECTION_H_

@@ -108,9 +108,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeCallInterceptorFactory(server->service_->metrics()));
-  interceptors.push_back(
-      MakeReflectionLimitsFactory(server->service_->stream_watchdog(),
-                                  MaxOpenReflectionStreams(std::max(options.max_threads, 4))));
+  const int max_threads = std::max(options.max_threads, 4);
+  interceptors.push_back(MakeReflectionLimitsFactory(server->service_->stream_watchdog(),
+                                                     MaxOpenReflectionStreams(max_threads)));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -124,7 +124,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   grpc::ResourceQuota quota("shardopt_server");
-  quota.SetMaxThreads(std::max(options.max_threads, 4));
+  quota.SetMaxThreads(max_threads);
   builder.SetResourceQuota(quota);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

@@ -226,8 +226,8 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // the model now holds a committed checkpoint of that run (committed by the
   // other shards after this one came back empty, before the model's first
   // checkpoint was whole): restores the newest, as the start would have, and
-  // returns true. False when there is none of that run (the registration
-  // goes on, and CheckCheckpointRoot judges).
+  // returns true. False when there is none of that run (CheckCheckpointRoot's
+  // refusal of the registration stands). Asked once that refused it.
   absl::StatusOr<bool> RestoreCommittedOfRun(const std::string& model_id,
                                              const std::string& run_id);
   // With periodic checkpoints: FAILED_PRECONDITION for a Checkpoint RPC's

@@ -153,23 +153,16 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
                                                   options_.shard_index, " yet")));
   }
 
-  absl::StatusOr<bool> restored = RestoreCommittedOfRun(config.model_id(), header.run_id());
-  if (!restored.ok()) return Error(restored.status());
-  if (*restored) {
+  plan->options.run_id = header.run_id();
+  if (absl::Status s = CheckCheckpointRoot(config.model_id(), -1, header.run_id()); !s.ok()) {
+    // Checkpoints of this very run, committed by the other shards after this
+    // one came back empty, are restored (see RestoreCommittedOfRun).
+    absl::StatusOr<bool> restored = RestoreCommittedOfRun(config.model_id(), header.run_id());
+    if (!restored.ok()) return Error(restored.status());
+    if (!*restored) return Error(s);
     absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(config.model_id());
     if (!model.ok()) return Error(model.status());
     return answer_existing(**model);
-  }
-  plan->options.run_id = header.run_id();
-  if (absl::Status s = CheckCheckpointRoot(config.model_id(), -1, header.run_id()); !s.ok()) {
-    // (The other shards may have committed this run's checkpoint since the
-    // look above.)
-    if (absl::StatusOr<bool> now = RestoreCommittedOfRun(config.model_id(), header.run_id());
-        now.ok() && *now) {
-      absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(config.model_id());
-      if (model.ok()) return answer_existing(**model);
-    }
-    return Error(s);
   }
 
   const uint64_t size = layout.ShardSize(options_.shard_index);

@@ -163,6 +163,15 @@ TEST(DurabilityTest, AnExportInTheCheckpointRootDoesNotStopTheRestart) {
   EXPECT_EQ(VersionOn(address, "mlp"), 2);
 }
 
+// Registers `spec` (initial values *params, seed 4) from a rank 0 client
+// that is gone when this returns (as a killed trainer's).
+void RegisterFromAClientGone(const std::vector<std::string>& addresses, const ModelSpec& spec,
+                             std::vector<float>* params) {
+  auto first = TrainerClient::Connect(addresses, TrainerClientOptions()).value();
+  *params = SyntheticInitialParams(first->LayoutFor(spec).value(), 4);
+  ASSERT_TRUE(first->Register(spec, *params).ok());
+}
+
 // Rank 0 registers, restarted, a model whose shard 1 came back empty (it
 // died before the model's first checkpoint was whole): shard 1 joins the run
 // the others hold, and the job trains on. Without periodic checkpoints it
@@ -181,11 +190,7 @@ TEST(DurabilityTest, AShardBackEmptyBeforeTheFirstCheckpointRejoinsTheRun) {
     const std::vector<std::string> addresses = Addresses(*servers);
     const ModelSpec spec = SyntheticModelSpec("early", OptimizerConfig::Sgd(0.5), 1);
     std::vector<float> params;
-    {
-      auto first = TrainerClient::Connect(addresses, TrainerClientOptions()).value();
-      params = SyntheticInitialParams(first->LayoutFor(spec).value(), 4);
-      ASSERT_TRUE(first->Register(spec, params).ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(RegisterFromAClientGone(addresses, spec, &params));
     const std::string model_dir = root + "/early";
     if (periodic) {
       struct stat info;
@@ -229,11 +234,7 @@ TEST(DurabilityTest, ARestartedRankZeroWithOtherInitialValuesIsRefused) {
   const std::vector<std::string> addresses = Addresses(*servers);
   const ModelSpec spec = SyntheticModelSpec("reinit", OptimizerConfig::Sgd(0.5), 1);
   std::vector<float> params;
-  {
-    auto first = TrainerClient::Connect(addresses, TrainerClientOptions()).value();
-    params = SyntheticInitialParams(first->LayoutFor(spec).value(), 4);
-    ASSERT_TRUE(first->Register(spec, params).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(RegisterFromAClientGone(addresses, spec, &params));
   (*servers)[1]->process().Signal(SIGKILL);
   ASSERT_TRUE((*servers)[1]->process().Wait(absl::Seconds(10)).has_value());
   auto restarted = StartServerAt(addresses[1], 1, 2, {});

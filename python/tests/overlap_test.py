@@ -56,6 +56,19 @@ def reference(accumulate):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def adam_twins(cluster, model_id, **kwargs):
+    """Adam (lr 0.01) on a net() of its own from shardopt.torch, then the same
+    from torch.optim: (model, optimizer) pairs, built one after the other."""
+    for kind in ("shardopt", "torch"):
+        model = net()
+        if kind == "shardopt":
+            yield model, shardopt.torch.DistributedOptimizer(
+                model.named_parameters(), servers=cluster.addresses, rank=0, world_size=1,
+                optimizer="adam", lr=0.01, model_id=model_id, **kwargs)
+        else:
+            yield model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
 def wait_until_sent(opt):
     group = opt._groups[0]
     total = group.flat_grads.numel() * 4
@@ -180,15 +193,7 @@ class OverlapTest(unittest.TestCase):
     def test_an_lr_schedule_still_streams_every_step(self):
         with Cluster(2) as cluster:
             results = []
-            for kind in ("shardopt", "torch"):
-                model = net()
-                if kind == "shardopt":
-                    opt = shardopt.torch.DistributedOptimizer(
-                        model.named_parameters(), servers=cluster.addresses, rank=0,
-                        world_size=1, optimizer="adam", lr=0.01, model_id="scheduled",
-                        bucket_cap_mb=0.005)
-                else:
-                    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            for model, opt in adam_twins(cluster, "scheduled", bucket_cap_mb=0.005):
                 schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0 / (1 + e))
                 for step in range(1, STEPS + 1):
                     opt.zero_grad()
@@ -205,14 +210,7 @@ class OverlapTest(unittest.TestCase):
         # ends the stream already sent: three steps in a row say so.
         with Cluster(1) as cluster:
             results = []
-            for kind in ("shardopt", "torch"):
-                model = net()
-                if kind == "shardopt":
-                    opt = shardopt.torch.DistributedOptimizer(
-                        model.named_parameters(), servers=cluster.addresses, rank=0,
-                        world_size=1, optimizer="adam", lr=0.01, model_id="late_lr")
-                else:
-                    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            for model, opt in adam_twins(cluster, "late_lr"):
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     for step in range(1, 6):

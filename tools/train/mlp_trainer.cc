@@ -69,8 +69,9 @@ ABSL_FLAG(int, eval_every, 25,
 ABSL_FLAG(double, max_loss_ratio, 0.5,
           "Rank 0 fails unless final loss < max_loss_ratio * initial loss.");
 ABSL_FLAG(int, rpc_timeout_s, 30,
-          "Deadline of one RPC attempt, and the retry budget of a call (so a dead peer or "
-          "server surfaces as an error within about twice this), and of attaching to the model.");
+          "Deadline of one RPC attempt, and, unless --retry_budget_s, the retry budget of a "
+          "call (so a dead peer or server surfaces as an error within about twice this) and of "
+          "attaching to the model.");
 ABSL_FLAG(int, retry_budget_s, 0,
           "How long a call keeps retrying without progress (a shard or a peer trainer away, "
           "the model not registered yet) before the trainer gives up; 0: --rpc_timeout_s. A "
