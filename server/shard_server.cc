@@ -8,7 +8,6 @@
 
 #include <algorithm>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -32,20 +31,27 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const ShardServerOpti
   return grpc::SslServerCredentials(tls);
 }
 
+// The address a trial listener takes: the same host, a port the kernel picks.
+// Never the served port itself: a trial server there for a moment answered
+// UNIMPLEMENTED (it has no services) to a trainer retrying through a
+// restart, which ended it. CheckListenAddressFree has checked that port.
+std::string TrialAddress(const std::string& listen_address) {
+  const size_t colon = listen_address.rfind(':');
+  if (colon == std::string::npos) return listen_address;
+  return listen_address.substr(0, colon + 1) + "0";
+}
+
 // gRPC binds, and reads the TLS key and certificate, only when it starts
 // serving, after the restore: a server started and stopped at once on the
-// address, with the credentials, finds a key that does not match its
-// certificate (or any other refusal) before the restore changes anything.
-// (Not for a Unix socket: gRPC unlinks the path it binds, which would take
-// it from a server running there. Without a health service: a probe in the
-// trial's moment must not read SERVING.)
+// served host, with the credentials, finds a key that does not match its
+// certificate (or a host gRPC cannot listen on) before the restore changes
+// anything. (Not for a Unix socket: gRPC unlinks the path it binds, which
+// would take it from a server running there.)
 absl::Status TryListening(const std::string& listen_address, const ShardServerOptions& options) {
   if (absl::StartsWith(listen_address, "unix")) return absl::OkStatus();
-  grpc::EnableDefaultHealthCheckService(false);
-  const absl::Cleanup health_again = [] { grpc::EnableDefaultHealthCheckService(true); };
   grpc::ServerBuilder trial;
   int port = 0;
-  trial.AddListeningPort(listen_address, ServerCredentials(options), &port);
+  trial.AddListeningPort(TrialAddress(listen_address), ServerCredentials(options), &port);
   trial.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::unique_ptr<grpc::Server> server = trial.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -10,13 +10,17 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/trainer_client.h"
 #include "common/loopback_listener_testing.h"
 #include "gtest/gtest.h"
@@ -315,6 +319,60 @@ TEST(ServerLifecycleTest, APortAnotherServerHoldsIsRefused) {
                   ->Check(&context, {}, &health)
                   .ok());
   EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+// A shard restarted on its port answers nothing but retryable statuses
+// until it serves: a trainer retrying through the restart must never read one
+// that ends it. (The start-up's trial gRPC listener, which tries the TLS
+// credentials before the restore, stood on the port itself for a moment and
+// answered UNIMPLEMENTED; a trainer that reached it then failed.)
+TEST(ServerLifecycleTest, ARestartOnThePortAnswersOnlyRetryableStatusesUntilItServes) {
+  auto server = ServerProcess::Start(0, 1);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::mutex mu;
+  std::vector<std::string> ending;  // Guarded by mu.
+  auto call_until_stopped = [&] {
+    while (!stop.load()) {
+      // A channel of its own each time (no shared subchannel): every call
+      // connects afresh, as a trainer's does when its backoff ends.
+      grpc::ChannelArguments arguments;
+      arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      auto stub = v1::ShardService::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+      v1::ServerInfo info;
+      const grpc::Status s = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+      if (s.ok()) {
+        ++answered;
+      } else if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                 s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        std::lock_guard<std::mutex> lock(mu);
+        ending.push_back(absl::StrCat(s.error_code(), ": ", s.error_message()));
+      }
+    }
+  };
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 2; ++i) callers.emplace_back(call_until_stopped);
+  absl::Cleanup join_callers = [&] {
+    stop = true;
+    for (std::thread& t : callers) t.join();
+  };
+  for (int restart = 0; restart < 5; ++restart) {
+    (*server)->process().Signal(SIGKILL);
+    ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
+    server = StartServerAt(address, 0, 1, {});
+    ASSERT_TRUE(server.ok()) << server.status();
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  std::move(join_callers).Invoke();
+  EXPECT_GT(answered.load(), 0);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(ending.empty()) << ending.size() << " calls ended with a status trainers do not "
+                              << "retry, the first: " << ending.front();
 }
 
 // --restore_from names something to load: a path that does not exist is

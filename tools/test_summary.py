@@ -10,7 +10,8 @@ sanitized tests' targets), one case each.
 Exits 1 when anything failed or nothing ran. The end of each failed
 target's test.log is printed just above the summary line, so that a log that
 keeps only the tail of CI's output still says what a failure or a timeout
-was doing.
+was doing, and below them every failed case's own failure messages (from
+the XML; a long test's log tail may hold only what came after them).
 """
 import argparse
 import os
@@ -22,13 +23,22 @@ RESULT = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STA
                     r"FAILED TO BUILD|INCOMPLETE|SKIPPED)\b")
 
 
-def count_xml(path):
-    """Returns (passed, failed, skipped) test cases in one JUnit XML file."""
+FAILURE_TEXT_CHARS = 2000
+
+
+def count_xml(path, failures=None):
+    """Returns (passed, failed, skipped) test cases in one JUnit XML file;
+    appends (case name, failure text) of each failed case to `failures`."""
     root = ET.parse(path).getroot()
     passed = failed = skipped = 0
     for case in root.iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
+        problems = case.findall("failure") + case.findall("error")
+        if problems:
             failed += 1
+            if failures is not None:
+                name = f"{case.get('classname', '')}.{case.get('name', '')}".strip(".")
+                text = "\n".join((p.text or p.get("message") or "").strip() for p in problems)
+                failures.append((name, text[:FAILURE_TEXT_CHARS]))
         elif (case.get("result") in ("suppressed", "skipped") or
               case.find("skipped") is not None):
             skipped += 1
@@ -62,6 +72,7 @@ def main():
     passed = failed = skipped = 0
     targets = {}
     failed_logs = []
+    failed_cases = []
     with open(args.bazel_log, errors="replace") as log:
         for line in log:
             m = RESULT.match(line.strip())
@@ -76,7 +87,7 @@ def main():
         p = f = k = 0
         if status in ("PASSED", "FAILED", "FLAKY") and os.path.exists(xml):
             try:
-                p, f, k = count_xml(xml)
+                p, f, k = count_xml(xml, failed_cases)
             except ET.ParseError:
                 p, f, k = 0, 0, 0
         if status not in ("PASSED", "FLAKY") and f == 0:
@@ -104,6 +115,10 @@ def main():
                     failed += 1
     for target, path in failed_logs:
         print_log_tail(target, path)
+    for name, text in failed_cases:
+        print(f"--- failed case {name}:")
+        for line in text.splitlines():
+            print(f"  ! {line}")
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
