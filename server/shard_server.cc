@@ -5,9 +5,11 @@
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <unistd.h>
 
 #include <algorithm>
 
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -31,34 +33,32 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const ShardServerOpti
   return grpc::SslServerCredentials(tls);
 }
 
-// The address a trial listener takes: the same host, a port the kernel picks.
-// Never the served port itself: a trial server there for a moment answered
-// UNIMPLEMENTED (it has no services) to a trainer retrying through a
-// restart, which ended it. CheckListenAddressFree has checked that port.
-std::string TrialAddress(const std::string& listen_address) {
-  const size_t colon = listen_address.rfind(':');
-  if (colon == std::string::npos) return listen_address;
-  return listen_address.substr(0, colon + 1) + "0";
+// The address a trial listener takes: an abstract Unix socket of a random
+// name, which no trainer dials and which holds no TCP port. Never the served
+// port itself: a trial server there for a moment answered UNIMPLEMENTED (it
+// has no services) to a trainer retrying through a restart, which ended it;
+// and a kernel-picked port could have been that one. CheckListenAddressFree
+// has checked the served port; the trial checks the credentials.
+std::string TrialAddress() {
+  absl::BitGen random;
+  return absl::StrCat("unix-abstract:shardopt-trial-", getpid(), "-",
+                      absl::Hex(absl::Uniform<uint64_t>(random), absl::kZeroPad16));
 }
 
-// gRPC binds, and reads the TLS key and certificate, only when it starts
-// serving, after the restore: a server started and stopped at once on the
-// served host, with the credentials, finds a key that does not match its
-// certificate (or a host gRPC cannot listen on) before the restore changes
-// anything. (Not for a Unix socket: gRPC unlinks the path it binds, which
-// would take it from a server running there.)
-absl::Status TryListening(const std::string& listen_address, const ShardServerOptions& options) {
-  if (absl::StartsWith(listen_address, "unix")) return absl::OkStatus();
+// gRPC reads the TLS key and certificate only when it starts serving, after
+// the restore: a server started and stopped at once with the credentials
+// finds a key that does not match its certificate before the restore changes
+// anything. (Plaintext has nothing to find.)
+absl::Status TryCredentials(const ShardServerOptions& options) {
+  if (options.tls_cert_pem.empty()) return absl::OkStatus();
   grpc::ServerBuilder trial;
   int port = 0;
-  trial.AddListeningPort(TrialAddress(listen_address), ServerCredentials(options), &port);
-  trial.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  trial.AddListeningPort(TrialAddress(), ServerCredentials(options), &port);
   std::unique_ptr<grpc::Server> server = trial.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", listen_address,
-        options.tls_cert_pem.empty() ? "" : " (do --tls_key_file and --tls_cert_file match?)",
-        "; gRPC's log above says why"));
+    return absl::UnavailableError(
+        "cannot serve TLS with these credentials (do --tls_key_file and --tls_cert_file "
+        "match?); gRPC's log above says why");
   }
   server->Shutdown(std::chrono::system_clock::now());
   return absl::OkStatus();
@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   // A start that will be refused is refused before the restore changes
   // anything (a named restore sets later checkpoints aside): the metrics
   // port is bound now (its /healthz says NOT_SERVING until the end), the
-  // gRPC port checked free and tried with the credentials.
+  // gRPC port checked free and the TLS credentials tried.
   if (!options.metrics_listen.empty()) {
     ShardServiceImpl* service = server->service_.get();
     ShardServer* self = server.get();
@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
     server->metrics_http_ = *std::move(http);
   }
   if (absl::Status s = CheckListenAddressFree(listen_address); !s.ok()) return s;
-  if (absl::Status s = TryListening(listen_address, options); !s.ok()) return s;
+  if (absl::Status s = TryCredentials(options); !s.ok()) return s;
   // Restored before the port opens: no trainer sees the shard half-loaded.
   if (!options.restore_from.empty()) {
     if (absl::Status s = server->service_->RestoreFrom(options.restore_from); !s.ok()) {
