@@ -17,12 +17,17 @@ absl::Status CheckListenAddressFree(const std::string& listen_address) {
   if (absl::StartsWith(listen_address, "unix")) return absl::OkStatus();
   const size_t colon = listen_address.rfind(':');
   const size_t bracket = listen_address.rfind(']');
-  int port = 0;
+  int port = -1;
   if (colon == std::string::npos || (bracket != std::string::npos && colon < bracket) ||
-      !absl::SimpleAtoi(absl::string_view(listen_address).substr(colon + 1), &port) ||
-      port <= 0 || port > 65535) {
-    return absl::OkStatus();  // Port 0, or not an address this check reads.
+      !absl::SimpleAtoi(absl::string_view(listen_address).substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    // (gRPC would take a default port, or a service name, and fail, if at
+    // all, only after the restore.)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot listen on '", listen_address,
+        "': give HOST:PORT, [IPV6]:PORT, :PORT or unix:PATH (port 0 picks a free one)"));
   }
+  if (port == 0) return absl::OkStatus();
   const std::string host = HostOfTarget(listen_address);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

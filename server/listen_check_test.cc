@@ -1,6 +1,6 @@
 // CheckListenAddressFree finds a port a listening socket holds (and lets
-// ports 0, free ports and Unix sockets by); OnlyThisMachineReaches tells
-// loopback and Unix addresses from the others.
+// ports 0, free ports and Unix sockets by, but no address without a port); OnlyThisMachineReaches
+// tells loopback and Unix addresses from the others.
 #include "server/listen_check.h"
 
 #include <optional>
@@ -29,6 +29,19 @@ TEST(ListenCheckTest, APortAListeningSocketHoldsIsInUse) {
   // resolve: gRPC could not listen there either.
   EXPECT_FALSE(CheckListenAddressFree("192.0.2.1:" + port).ok());
   EXPECT_FALSE(CheckListenAddressFree("no-such-host.invalid:" + port).ok());
+}
+
+// Without a numeric port gRPC would pick a default one or a service's, and
+// fail, if at all, only after the restore: refused here.
+TEST(ListenCheckTest, AnAddressWithoutANumericPortIsRefused) {
+  for (const char* bad :
+       {"localhost", "[::1]", "127.0.0.1:https", "127.0.0.1:", "127.0.0.1:-1", "127.0.0.1:65536"}) {
+    const absl::Status refused = CheckListenAddressFree(bad);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << refused;
+    EXPECT_NE(refused.message().find("give HOST:PORT"), std::string::npos) << refused;
+  }
+  EXPECT_TRUE(CheckListenAddressFree("[::1]:0").ok());
+  EXPECT_TRUE(CheckListenAddressFree(":0").ok());
 }
 
 TEST(ListenCheckTest, OnlyLoopbackAndUnixAddressesStayOnThisMachine) {

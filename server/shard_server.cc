@@ -58,7 +58,8 @@ absl::Status TryCredentials(const ShardServerOptions& options) {
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(
         "cannot serve TLS with these credentials (do --tls_key_file and --tls_cert_file "
-        "match?); gRPC's log above says why");
+        "match?), or the trial listener on an abstract Unix socket could not start; gRPC's log "
+        "above says why");
   }
   server->Shutdown(std::chrono::system_clock::now());
   return absl::OkStatus();

@@ -349,9 +349,12 @@ TEST(ServerLifecycleTest, ARestartOnThePortAnswersOnlyRetryableStatusesUntilItSe
       if (s.ok()) {
         ++answered;
       } else if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
-                 s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+                 s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+                 s.error_code() != grpc::StatusCode::ABORTED) {  // (As IsRetryable.)
         std::lock_guard<std::mutex> lock(mu);
         ending.push_back(absl::StrCat(s.error_code(), ": ", s.error_message()));
+      } else {
+        absl::SleepFor(absl::Milliseconds(1));
       }
     }
   };
@@ -367,7 +370,12 @@ TEST(ServerLifecycleTest, ARestartOnThePortAnswersOnlyRetryableStatusesUntilItSe
     server = StartServerAt(address, 0, 1, {});
     ASSERT_TRUE(server.ok()) << server.status();
   }
-  absl::SleepFor(absl::Milliseconds(200));
+  // Until the last one has answered (bounded: a loaded machine is slow).
+  const int before = answered.load();
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(20);
+       answered.load() <= before && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   std::move(join_callers).Invoke();
   EXPECT_GT(answered.load(), 0);
   std::lock_guard<std::mutex> lock(mu);

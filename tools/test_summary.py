@@ -24,6 +24,7 @@ RESULT = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STA
 
 
 FAILURE_TEXT_CHARS = 2000
+MAX_FAILED_CASES_SHOWN = 10
 
 
 def count_xml(path, failures=None):
@@ -68,6 +69,7 @@ def main():
     parser.add_argument("--testlogs", required=True)
     parser.add_argument("--extra", default="")
     args = parser.parse_args()
+    sys.stdout.reconfigure(errors="replace")  # (Test output in any encoding.)
 
     passed = failed = skipped = 0
     targets = {}
@@ -115,7 +117,10 @@ def main():
                     failed += 1
     for target, path in failed_logs:
         print_log_tail(target, path)
-    for name, text in failed_cases:
+    if len(failed_cases) > MAX_FAILED_CASES_SHOWN:
+        print(f"--- {len(failed_cases)} failed cases; the messages of the first "
+              f"{MAX_FAILED_CASES_SHOWN}:")
+    for name, text in failed_cases[:MAX_FAILED_CASES_SHOWN]:
         print(f"--- failed case {name}:")
         for line in text.splitlines():
             print(f"  ! {line}")
