@@ -8,8 +8,8 @@
 // listening one: another shard server, a stale process), when the host does
 // not resolve, or when none of its addresses binds (not on this machine, a
 // privileged port); INVALID_ARGUMENT without a numeric port. OK for port 0
-// and Unix sockets. The port can still be
-// taken between this check and the real bind.
+// and Unix sockets. The port can still be taken between this check and the
+// real bind.
 #ifndef SHARDOPT_SERVER_LISTEN_CHECK_H_
 #define SHARDOPT_SERVER_LISTEN_CHECK_H_
 
