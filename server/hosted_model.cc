@@ -49,9 +49,16 @@ void HostedModel::Renew() { incarnation_.store(NewIncarnation()); }
 
 void HostedModel::StartCheckpoints() {
   if (!periodic_checkpoints() || checkpoints_.every <= 0) return;
+  // The first multiple of `every` not yet applied (the current version
+  // counts: a restored shard finds that checkpoint already there), held
+  // now: the thread may first run after pushes that would pass it.
+  const int64_t every = checkpoints_.every;
+  const int64_t first = (shard_->checkpoint_step() + every - 1) / every * every;
+  ModelShard::StepHold hold = shard_->HoldStep(first);
   absl::MutexLock lock(&mu_);
   if (stop_ || saver_.joinable()) return;
-  saver_ = std::thread([this] { SaveLoop(); });
+  saver_ = std::thread(
+      [this, first, hold = std::move(hold)]() mutable { SaveLoop(first, std::move(hold)); });
 }
 
 void HostedModel::Stop() {
@@ -96,17 +103,14 @@ absl::Status HostedModel::AbandonCheckpointsAfter(int64_t step) {
   return set_aside;
 }
 
-void HostedModel::SaveLoop() {
+void HostedModel::SaveLoop(int64_t first, ModelShard::StepHold hold) {
   ModelShard& shard = *shard_;
   const int64_t every = checkpoints_.every;
   const std::string& model_id = config_.model_id();
   auto stop = [this] { return stopping(); };
-  // The first multiple of `every` not yet applied (the current version
-  // counts: a restored shard finds that checkpoint already there). Each
-  // checkpoint takes the next one's hold before releasing its own, so that
-  // no step boundary slips past between two of them.
-  int64_t next = (shard.checkpoint_step() + every - 1) / every * every;
-  ModelShard::StepHold hold = shard.HoldStep(next);
+  // Each checkpoint takes the next one's hold before releasing its own, so
+  // that no step boundary slips past between two of them.
+  int64_t next = first;
   while (!stopping()) {
     const std::string dir = JoinPath(checkpoints_.model_root, CheckpointStepDirName(next));
     ModelShard::StepHold next_hold = shard.HoldStep(next + every);

@@ -94,7 +94,8 @@ class HostedModel {
   void TakeOverAppliedSteps(HostedModel& replaced);
 
  private:
-  void SaveLoop();
+  // Saves checkpoints of `first`, first + every, ... (`hold`: first's).
+  void SaveLoop(int64_t first, ModelShard::StepHold hold);
   bool stopping() const;
 
   const v1::ModelConfig config_;

@@ -3,11 +3,15 @@
 // And the steps this server applied to a model, which /metrics counts.
 #include "server/hosted_model.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/checkpoint_testing.h"
+#include "common/proto_convert.h"
 #include "gtest/gtest.h"
 #include "server/model_shard_testing.h"
 
@@ -72,6 +76,52 @@ TEST(HostedModelTest, AppliedStepsCountWhatThisServerAppliedAcrossReplacements) 
   ASSERT_TRUE(testing::PushAll(second.shard(), 0, 1).ok());
   EXPECT_EQ(second.AppliedHere(snapshot(second)).applied, 4);
   EXPECT_EQ(second.AppliedHere(snapshot(second)).skipped, 0);
+}
+
+// The configuration of testing::MakeShard's shard (its checkpoints' manifest).
+v1::ModelConfig ShardConfig() {
+  v1::ModelConfig config;
+  config.set_model_id("m");
+  *config.mutable_layout() = LayoutToProto(testing::TestLayout());
+  *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::AdamW(0.01));
+  config.set_num_trainers(1);
+  config.set_shard_count(testing::kShards);
+  return config;
+}
+
+// The first checkpoint's step is held before StartCheckpoints returns, not
+// when the saving thread first runs: the pushes that come at once (a
+// restored shard's trainers catching up) cannot pass it first, which made
+// the shard skip that checkpoint (asynchronous: its cut then never
+// committed, the other shards' parts waiting alone).
+TEST(HostedModelTest, TheFirstCheckpointIsHeldBeforeStartCheckpointsReturns) {
+  for (int round = 0; round < 20; ++round) {
+    const std::string root = TempDir(absl::StrCat("hosted_first_hold", round));
+    ThreadPool pool(1);
+    StateBudget budget(uint64_t{1} << 30, 0);
+    PeriodicCheckpointOptions checkpoints;
+    checkpoints.model_root = root;
+    checkpoints.every = 2;
+    HostedModel model(ShardConfig(), testing::MakeShard(&pool, 1), budget.Reserve("m", 1).value(),
+                      checkpoints);
+    model.StartCheckpoints();
+    for (int64_t step = 1; step <= 2; ++step) {
+      ASSERT_TRUE(testing::PushAll(model.shard(), 0, step).ok());
+    }
+    testing::ReadAll(model.shard(), 2);
+    // (Written after the hold's release, which came with its snapshot.)
+    const std::string step0 = JoinPath(root, CheckpointStepDirName(0));
+    bool written = false;
+    for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
+         !written && absl::Now() < give_up; absl::SleepFor(absl::Milliseconds(5))) {
+      const absl::StatusOr<std::vector<std::string>> names =
+          FileEnv::Default()->ListDirectory(step0);
+      const std::string record = CheckpointPartRecordName(testing::kShard, testing::kShards);
+      written = names.ok() && std::find(names->begin(), names->end(), record) != names->end();
+    }
+    EXPECT_TRUE(written) << "round " << round << ": no checkpoint of step 0 in " << step0;
+    model.Stop();
+  }
 }
 
 }  // namespace
