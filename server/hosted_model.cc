@@ -26,6 +26,16 @@ HostedModel::HostedModel(v1::ModelConfig config, std::unique_ptr<ModelShard> sha
       checkpoints_(std::move(checkpoints)),
       incarnation_(NewIncarnation()) {
   if (periodic_checkpoints()) RefreshCheckpointList();
+  if (periodic_checkpoints() && checkpoints_.every > 0) {
+    // The first multiple of `every` not yet applied (the current version
+    // counts: a restored shard finds that checkpoint already there), held
+    // from before anyone can find the model: a trainer that pushes at once
+    // (catching up after a restore) cannot pass it before the saving thread
+    // runs, which made the shard skip it.
+    const int64_t every = checkpoints_.every;
+    first_checkpoint_ = (shard_->checkpoint_step() + every - 1) / every * every;
+    first_hold_ = shard_->HoldStep(first_checkpoint_);
+  }
   if (absl::StatusOr<ShardSnapshot> made = shard_->Snapshot("", 0, 0, /*with_tensor_stats=*/false);
       made.ok()) {
     made_with_ = AppliedSteps{made->optimizer_steps, made->skipped_steps};
@@ -49,22 +59,18 @@ void HostedModel::Renew() { incarnation_.store(NewIncarnation()); }
 
 void HostedModel::StartCheckpoints() {
   if (!periodic_checkpoints() || checkpoints_.every <= 0) return;
-  // The first multiple of `every` not yet applied (the current version
-  // counts: a restored shard finds that checkpoint already there), held
-  // now: the thread may first run after pushes that would pass it.
-  const int64_t every = checkpoints_.every;
-  const int64_t first = (shard_->checkpoint_step() + every - 1) / every * every;
-  ModelShard::StepHold hold = shard_->HoldStep(first);
   absl::MutexLock lock(&mu_);
   if (stop_ || saver_.joinable()) return;
-  saver_ = std::thread(
-      [this, first, hold = std::move(hold)]() mutable { SaveLoop(first, std::move(hold)); });
+  saver_ = std::thread([this, first = first_checkpoint_, hold = std::move(first_hold_)]() mutable {
+    SaveLoop(first, std::move(hold));
+  });
 }
 
 void HostedModel::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    first_hold_.Release();  // (Of a model never started.)
   }
   shard_->Shutdown();
   if (saver_.joinable()) saver_.join();

@@ -62,7 +62,9 @@ class HostedModel {
   const PeriodicCheckpointOptions& checkpoint_options() const { return checkpoints_; }
 
   // Starts saving every checkpoint_every steps (no-op without periodic
-  // checkpoints). Once.
+  // checkpoints). Once. (The first checkpoint's step is held from the
+  // model's making: a model with periodic checkpoints is started or stopped,
+  // or its pushes wait at that step.)
   void StartCheckpoints();
   // Wakes every waiter on the shard with UNAVAILABLE and stops saving;
   // returns once the saving thread has finished. Idempotent.
@@ -111,6 +113,10 @@ class HostedModel {
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The first periodic checkpoint's step and its hold, taken when the model
+  // is made and handed to the saving thread (see the constructor).
+  int64_t first_checkpoint_ = 0;
+  ModelShard::StepHold first_hold_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> committed_ ABSL_GUARDED_BY(mu_);
   // Held across one refresh's listing and its stores: a listing taken
   // before a rollback's set-aside is never stored after the set-aside's own.
