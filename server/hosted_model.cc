@@ -33,8 +33,7 @@ HostedModel::HostedModel(v1::ModelConfig config, std::unique_ptr<ModelShard> sha
     // (catching up after a restore) cannot pass it before the saving thread
     // runs, which made the shard skip it.
     const int64_t every = checkpoints_.every;
-    first_checkpoint_ = (shard_->checkpoint_step() + every - 1) / every * every;
-    first_hold_ = shard_->HoldStep(first_checkpoint_);
+    first_hold_ = shard_->HoldStep((shard_->checkpoint_step() + every - 1) / every * every);
   }
   if (absl::StatusOr<ShardSnapshot> made = shard_->Snapshot("", 0, 0, /*with_tensor_stats=*/false);
       made.ok()) {
@@ -58,12 +57,11 @@ HostedModel::~HostedModel() { Stop(); }
 void HostedModel::Renew() { incarnation_.store(NewIncarnation()); }
 
 void HostedModel::StartCheckpoints() {
-  if (!periodic_checkpoints() || checkpoints_.every <= 0) return;
   absl::MutexLock lock(&mu_);
-  if (stop_ || saver_.joinable()) return;
-  saver_ = std::thread([this, first = first_checkpoint_, hold = std::move(first_hold_)]() mutable {
-    SaveLoop(first, std::move(hold));
-  });
+  // (No first hold: no periodic checkpoints, or started or stopped already.)
+  if (!first_hold_.held()) return;
+  saver_ =
+      std::thread([this, hold = std::move(first_hold_)]() mutable { SaveLoop(std::move(hold)); });
 }
 
 void HostedModel::Stop() {
@@ -109,14 +107,14 @@ absl::Status HostedModel::AbandonCheckpointsAfter(int64_t step) {
   return set_aside;
 }
 
-void HostedModel::SaveLoop(int64_t first, ModelShard::StepHold hold) {
+void HostedModel::SaveLoop(ModelShard::StepHold hold) {
   ModelShard& shard = *shard_;
   const int64_t every = checkpoints_.every;
   const std::string& model_id = config_.model_id();
   auto stop = [this] { return stopping(); };
   // Each checkpoint takes the next one's hold before releasing its own, so
   // that no step boundary slips past between two of them.
-  int64_t next = first;
+  int64_t next = hold.step();
   while (!stopping()) {
     const std::string dir = JoinPath(checkpoints_.model_root, CheckpointStepDirName(next));
     ModelShard::StepHold next_hold = shard.HoldStep(next + every);

@@ -96,8 +96,8 @@ class HostedModel {
   void TakeOverAppliedSteps(HostedModel& replaced);
 
  private:
-  // Saves checkpoints of `first`, first + every, ... (`hold`: first's).
-  void SaveLoop(int64_t first, ModelShard::StepHold hold);
+  // Saves checkpoints of the held step, and every `every` steps after it.
+  void SaveLoop(ModelShard::StepHold hold);
   bool stopping() const;
 
   const v1::ModelConfig config_;
@@ -113,9 +113,8 @@ class HostedModel {
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  // The first periodic checkpoint's step and its hold, taken when the model
-  // is made and handed to the saving thread (see the constructor).
-  int64_t first_checkpoint_ = 0;
+  // The first periodic checkpoint's hold, taken when the model is made and
+  // handed to the saving thread (see the constructor).
   ModelShard::StepHold first_hold_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> committed_ ABSL_GUARDED_BY(mu_);
   // Held across one refresh's listing and its stores: a listing taken

@@ -21,7 +21,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/retry.h"
 #include "client/trainer_client.h"
+#include "common/grpc_status.h"
 #include "common/loopback_listener_testing.h"
 #include "gtest/gtest.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
@@ -348,9 +350,7 @@ TEST(ServerLifecycleTest, ARestartOnThePortAnswersOnlyRetryableStatusesUntilItSe
       const grpc::Status s = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
       if (s.ok()) {
         ++answered;
-      } else if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
-                 s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
-                 s.error_code() != grpc::StatusCode::ABORTED) {  // (As IsRetryable.)
+      } else if (!IsRetryable(ToAbslStatus(s))) {
         std::lock_guard<std::mutex> lock(mu);
         ending.push_back(absl::StrCat(s.error_code(), ": ", s.error_message()));
       } else {
