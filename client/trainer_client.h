@@ -215,6 +215,21 @@ class TrainerClient {
   // trainers and shards waited for. OK at once in synchronous mode.
   absl::Status WaitForEveryTrainer(int64_t step);
 
+  // At the end of a job, after this trainer's last step `step` (every
+  // trainer calls it, with the same step): returns once every shard holds
+  // every trainer's steps up to `step` (bringing back a shard that restarted
+  // meanwhile, as Step does) and, where the shards keep periodic checkpoints
+  // (--checkpoint_dir), a committed periodic checkpoint of `step` exists
+  // (CheckpointRequest.periodic; the shards' own if `step` is one of their
+  // multiples). From then on no trainer is needed to recover any shard: a
+  // shard that restarts comes back at `step`, so a trainer may exit. Without
+  // periodic checkpoints it only waits. ABORTED with rolled_back_to() set
+  // when the job had to roll back (PullToResume, train on, Finish again);
+  // FAILED_PRECONDITION when a shard is already past `step` or only some
+  // shards keep periodic checkpoints (naming them); DEADLINE_EXCEEDED after
+  // retry_budget without progress, naming what it waited for.
+  absl::Status Finish(int64_t step);
+
   // After a call failed because the job rolled back (see the class
   // comment): the version every shard went back to. Pull it and continue
   // with step rolled_back_to() + 1. nullopt when the last call did not roll
@@ -369,6 +384,15 @@ class TrainerClient {
   // history, step count and registration follow, and rolled_back_to() is
   // set; returns `status`. Any other status is returned as it is.
   absl::Status FollowRollBack(absl::Status status);
+  // The Checkpoint RPC of `step` on every shard, into `directory`, or into
+  // the shards' periodic checkpoints when it is empty; the manifest any
+  // shard reports ("" when none does). `end_on_wait_report`: a shard's
+  // report that it still waits for `step` ends the call (its error).
+  absl::StatusOr<std::string> CheckpointEveryShard(int64_t step, const std::string& directory,
+                                                   bool end_on_wait_report);
+  // Finish's checkpoint: every shard saves its part of the periodic
+  // checkpoint of `step`; OK once one reports it committed.
+  absl::Status SaveLastStep(int64_t step);
   // A (re)attaching trainer whose journal holds pushes past `version`, the
   // shards' (synchronous): those of steps the job gave up while this
   // trainer was away (a rollback to `version`: all after `version` + 1,

@@ -174,7 +174,46 @@ absl::StatusOr<bool> TryCommit(FileEnv* env, const std::string& dir, const v1::M
   return true;
 }
 
+// Whether `directory` holds this committed checkpoint already;
+// FAILED_PRECONDITION when it holds another one.
+absl::StatusOr<bool> HoldsCommitted(FileEnv* env, const std::string& directory,
+                                    const v1::ModelConfig& config, int64_t step,
+                                    const std::string& run_id) {
+  const std::string manifest_path = JoinPath(directory, kCheckpointManifestFile);
+  if (!FileExists(env, manifest_path)) return false;
+  absl::StatusOr<v1::CheckpointManifest> existing = ReadManifestFile(env, manifest_path);
+  if (!existing.ok()) return existing.status();
+  if (!SameCheckpoint(*existing, config, step, run_id)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        directory, " already holds the checkpoint of model '", existing->config().model_id(),
+        "' at step ", existing->step(), existing->step() == step ? " of another training run" : "",
+        ": write step ", step, " to a new directory"));
+  }
+  return true;
+}
+
 }  // namespace
+
+absl::StatusOr<CheckpointPartWritten> CommitCheckpointPart(const std::string& directory,
+                                                           const v1::ModelConfig& config,
+                                                           uint32_t shard_index, int64_t step,
+                                                           const std::string& run_id,
+                                                           FileEnv* env) {
+  CheckpointPartWritten written;
+  written.data_file =
+      JoinPath(directory, CheckpointDataFileName(shard_index, config.shard_count()));
+  const std::string manifest_path = JoinPath(directory, kCheckpointManifestFile);
+  absl::StatusOr<bool> held = HoldsCommitted(env, directory, config, step, run_id);
+  if (!held.ok()) return held.status();
+  if (!*held) {
+    absl::StatusOr<bool> committed = TryCommit(env, directory, config, step, run_id);
+    if (!committed.ok()) return committed.status();
+    written.committed = *committed;
+    if (!*committed) return written;
+  }
+  written.manifest = manifest_path;
+  return written;
+}
 
 std::string CheckpointDataFileName(uint32_t shard_index, uint32_t shard_count) {
   return absl::StrFormat("shard-%05u-of-%05u.bin", shard_index, shard_count);
@@ -204,16 +243,9 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(
   written.data_file =
       JoinPath(directory, CheckpointDataFileName(shard_index, config.shard_count()));
   const std::string manifest_path = JoinPath(directory, kCheckpointManifestFile);
-  if (FileExists(env, manifest_path)) {
-    absl::StatusOr<v1::CheckpointManifest> existing = ReadManifestFile(env, manifest_path);
-    if (!existing.ok()) return existing.status();
-    if (!SameCheckpoint(*existing, config, step, progress.run_id())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(directory, " already holds the checkpoint of model '",
-                       existing->config().model_id(), "' at step ", existing->step(),
-                       existing->step() == step ? " of another training run" : "", ": write step ",
-                       step, " to a new directory"));
-    }
+  if (absl::StatusOr<bool> held = HoldsCommitted(env, directory, config, step, progress.run_id());
+      !held.ok() || *held) {
+    if (!held.ok()) return held.status();
     written.manifest = manifest_path;
     return written;
   }

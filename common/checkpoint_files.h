@@ -82,6 +82,17 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(const std::string& dir
                                                           const CheckpointSectionReadFn& read,
                                                           FileEnv* env = FileEnv::Default());
 
+// What WriteCheckpointPart does after writing, alone: for a shard whose part
+// of the checkpoint of `config` at `step` (run `run_id`) is in `directory`
+// already, commits the manifest if every part is there. Writes no data
+// (bytes 0); the same FAILED_PRECONDITION for a directory that holds
+// another committed checkpoint.
+absl::StatusOr<CheckpointPartWritten> CommitCheckpointPart(const std::string& directory,
+                                                           const v1::ModelConfig& config,
+                                                           uint32_t shard_index, int64_t step,
+                                                           const std::string& run_id,
+                                                           FileEnv* env = FileEnv::Default());
+
 // A committed checkpoint, validated, open for reading through the FileEnv it
 // was opened with (which must outlive it). Thread-compatible.
 class CheckpointReader {

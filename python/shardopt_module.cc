@@ -307,6 +307,10 @@ class Client {
     CheckedSize();
     Interruptible([&] { ThrowIfError(client_->WaitForEveryTrainer(step)); });
   }
+  void Finish(int64_t step) {
+    CheckedSize();
+    Interruptible([&] { ThrowIfError(client_->Finish(step)); });
+  }
   // (A registration on another thread rebuilds the transports these read.)
   int64_t shared_memory_transfers() const {
     return Serial([&] { return client_->shared_memory_transfers(); });
@@ -459,6 +463,13 @@ PYBIND11_MODULE(_shardopt, m) {
            "Asynchronous modes, at the end of a job: returns once every shard holds every "
            "trainer's steps up to `step` (re-pushing this trainer's own that a restarted shard "
            "lacks).")
+      .def("finish", &Client::Finish, py::arg("step"),
+           "At the end of a job, after this trainer's last step `step` (every trainer calls "
+           "it): returns once every shard holds every trainer's steps up to `step` and, where "
+           "the shard servers keep periodic checkpoints (--checkpoint_dir), `step` is a "
+           "committed one, so that a shard restarting afterwards comes back there and no "
+           "trainer is needed any more. AbortedError with rolled_back_to set when the job had "
+           "to roll back (pull_to_resume, train on, finish again).")
       .def("layout", &Client::Layout, "[(name, shape, offset, size)] of the flat layout.")
       .def("layout_for", &Client::LayoutFor, py::arg("tensors"), py::arg("partition") = "flat",
            "The layout `tensors` would get: [(name, shape, offset, size)], then ('', [], "

@@ -99,6 +99,19 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
   return p;
 }
 
+absl::StatusOr<CheckpointPartWritten> WriteShardPart(const ModelShard& shard,
+                                                     const v1::ModelConfig& config,
+                                                     const std::string& directory,
+                                                     const ShardProgress& progress,
+                                                     const ShardStateReadFn& read, FileEnv* env) {
+  return WriteCheckpointPart(
+      directory, config, shard.options().shard_index, ProgressToProto(progress),
+      [&](int section, uint64_t offset, uint64_t count, float* out) {
+        return read(section - 1, offset, count, out);
+      },
+      env);
+}
+
 absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
     ModelShard& shard, const v1::ModelConfig& config, const std::string& directory, int64_t step,
     absl::Time deadline, const std::function<bool()>& cancelled, ModelShard::StepHold held,
@@ -108,12 +121,7 @@ absl::StatusOr<CheckpointPartWritten> SaveCheckpoint(
       step, deadline, cancelled,
       [&](const ShardProgress& progress, const ShardStateReadFn& read) -> absl::Status {
         const absl::Time start = absl::Now();
-        result = WriteCheckpointPart(
-            directory, config, shard.options().shard_index, ProgressToProto(progress),
-            [&](int section, uint64_t offset, uint64_t count, float* out) {
-              return read(section - 1, offset, count, out);
-            },
-            env);
+        result = WriteShardPart(shard, config, directory, progress, read, env);
         if (write_time != nullptr) *write_time = absl::Now() - start;
         return result.status();
       },

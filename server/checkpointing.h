@@ -22,6 +22,15 @@ absl::StatusOr<ShardProgress> ProgressFromProto(const v1::CheckpointProgress& pr
 absl::StatusOr<Hyperparameters> HyperparametersFromProto(const v1::OptimizerConfig& optimizer,
                                                          const v1::LrSchedule& schedule);
 
+// Writes `shard`'s part of the checkpoint of `config` at `progress` into
+// `directory` through `env`, reading its state through `read` (what
+// ModelShard::CheckpointAt hands its writer).
+absl::StatusOr<CheckpointPartWritten> WriteShardPart(const ModelShard& shard,
+                                                     const v1::ModelConfig& config,
+                                                     const std::string& directory,
+                                                     const ShardProgress& progress,
+                                                     const ShardStateReadFn& read, FileEnv* env);
+
 // Writes `shard`'s part of the checkpoint of `config` (the registered
 // config) at version `step` into `directory` (see ModelShard::CheckpointAt
 // for the waiting and `held` and WriteCheckpointPart for the files),

@@ -1,6 +1,10 @@
 #include "server/hosted_model.h"
 
+#include <algorithm>
+
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
 #include "common/checkpoint_catalog.h"
 #include "common/logging.h"
 #include "server/checkpointing.h"
@@ -72,6 +76,9 @@ void HostedModel::Stop() {
   }
   shard_->Shutdown();
   if (saver_.joinable()) saver_.join();
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](bool* writing) { return !*writing; }, &writing_));
 }
 
 bool HostedModel::stopping() const {
@@ -101,10 +108,114 @@ void HostedModel::RefreshCheckpointList() {
 }
 
 absl::Status HostedModel::AbandonCheckpointsAfter(int64_t step) {
+  {
+    absl::MutexLock lock(&mu_);
+    // (A part set aside is written again when the job gets there again.)
+    if (written_step_ > step) written_step_ = -1;
+  }
   absl::Status set_aside =
       SetAsideCheckpointsAfter(checkpoints_.model_root, step, "abandoned", checkpoints_.env);
   RefreshCheckpointList();  // Also after a partial set-aside.
   return set_aside;
+}
+
+absl::StatusOr<CheckpointPartWritten> HostedModel::SaveStep(int64_t step, absl::Time deadline,
+                                                            const std::function<bool()>& cancelled,
+                                                            absl::Duration* write_time) {
+  if (!periodic_checkpoints()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", checkpoints_.shard_index, " keeps no periodic checkpoints of model '",
+        config_.model_id(), "' (--checkpoint_dir, --checkpoint_every)"));
+  }
+  absl::StatusOr<CheckpointPartWritten> written =
+      WriteStep(step, deadline, cancelled, ModelShard::StepHold(), write_time);
+  if (written.ok()) AfterWrite(step);
+  return written;
+}
+
+absl::StatusOr<CheckpointPartWritten> HostedModel::WriteStep(int64_t step, absl::Time deadline,
+                                                             const std::function<bool()>& cancelled,
+                                                             ModelShard::StepHold hold,
+                                                             absl::Duration* write_time) {
+  const std::string dir = JoinPath(checkpoints_.model_root, CheckpointStepDirName(step));
+  const std::string record =
+      JoinPath(dir, CheckpointPartRecordName(shard_->options().shard_index, config_.shard_count()));
+  if (write_time != nullptr) *write_time = absl::ZeroDuration();
+  absl::StatusOr<CheckpointPartWritten> result = absl::InternalError("checkpoint not written");
+  absl::Status status = shard_->CheckpointAt(
+      step, deadline, cancelled,
+      [&](const ShardProgress& progress, const ShardStateReadFn& read) -> absl::Status {
+        if (absl::Status s = AcquireWriting(deadline, cancelled); !s.ok()) return s;
+        absl::Cleanup release = [this] { ReleaseWriting(); };
+        bool written_here = false;
+        {
+          absl::MutexLock lock(&mu_);
+          written_here = written_step_ == step;
+        }
+        if (written_here && FileExists(checkpoints_.env, record)) {
+          // The same state at the same step (held): only the commit is left.
+          // (Named by the model's version: an asynchronous one's differs.)
+          result = CommitCheckpointPart(dir, config_, shard_->options().shard_index,
+                                        progress.version, progress.run_id, checkpoints_.env);
+          return result.status();
+        }
+        const absl::Time start = absl::Now();
+        result = WriteShardPart(*shard_, config_, dir, progress, read, checkpoints_.env);
+        if (write_time != nullptr) *write_time = absl::Now() - start;
+        if (result.ok()) {
+          absl::MutexLock lock(&mu_);
+          written_step_ = step;
+        }
+        return result.status();
+      },
+      std::move(hold));
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::Status HostedModel::AcquireWriting(absl::Time deadline,
+                                         const std::function<bool()>& cancelled) {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      // (Woken at least every 50 ms to ask `cancelled`, which may lock mu_.)
+      mu_.AwaitWithDeadline(absl::Condition(
+                                +[](HostedModel* m) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                  return !m->writing_ || m->stop_;
+                                },
+                                this),
+                            std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+      if (stop_) return absl::UnavailableError("the shard server is shutting down");
+      if (!writing_) {
+        writing_ = true;
+        return absl::OkStatus();
+      }
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("another checkpoint of model '", config_.model_id(),
+                       "' was still being written on this shard at the deadline"));
+    }
+    if (cancelled()) return absl::CancelledError("the checkpoint was cancelled");
+  }
+}
+
+void HostedModel::ReleaseWriting() {
+  absl::MutexLock lock(&mu_);
+  writing_ = false;
+}
+
+void HostedModel::AfterWrite(int64_t step) {
+  if (checkpoints_.keep > 0) {
+    absl::StatusOr<int> pruned = PruneCheckpoints(checkpoints_.model_root, checkpoints_.shard_index,
+                                                  checkpoints_.shard_count, checkpoints_.keep,
+                                                  /*newest_step=*/step, checkpoints_.env);
+    if (!pruned.ok()) {
+      LogError("model '%s': removing old checkpoints: %s", config_.model_id(),
+               pruned.status().ToString());
+    }
+  }
+  RefreshCheckpointList();
 }
 
 void HostedModel::SaveLoop(ModelShard::StepHold hold) {
@@ -116,12 +227,10 @@ void HostedModel::SaveLoop(ModelShard::StepHold hold) {
   // that no step boundary slips past between two of them.
   int64_t next = hold.step();
   while (!stopping()) {
-    const std::string dir = JoinPath(checkpoints_.model_root, CheckpointStepDirName(next));
     ModelShard::StepHold next_hold = shard.HoldStep(next + every);
     absl::Duration write_time;
     absl::StatusOr<CheckpointPartWritten> written =
-        SaveCheckpoint(shard, config_, dir, next, absl::InfiniteFuture(), stop, std::move(hold),
-                       checkpoints_.env, &write_time);
+        WriteStep(next, absl::InfiniteFuture(), stop, std::move(hold), &write_time);
     hold = std::move(next_hold);
     const bool stopped = !written.ok() && (stopping() || absl::IsUnavailable(written.status()) ||
                                            absl::IsCancelled(written.status()));
@@ -134,17 +243,7 @@ void HostedModel::SaveLoop(ModelShard::StepHold hold) {
         LogInfo("model '%s': saved step %d to %s (%d bytes)%s", model_id, next, written->data_file,
                 written->bytes, written->committed ? "; checkpoint committed" : "");
       }
-      if (checkpoints_.keep > 0) {
-        absl::StatusOr<int> pruned =
-            PruneCheckpoints(checkpoints_.model_root, checkpoints_.shard_index,
-                             checkpoints_.shard_count, checkpoints_.keep,
-                             /*newest_step=*/next, checkpoints_.env);
-        if (!pruned.ok()) {
-          LogError("model '%s': removing old checkpoints: %s", model_id,
-                   pruned.status().ToString());
-        }
-      }
-      RefreshCheckpointList();
+      AfterWrite(next);
     } else if (stopped) {
       return;
     } else {

@@ -13,12 +13,16 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/checkpoint_files.h"
 #include "common/file.h"
 #include "proto/shardopt/v1/shard_service.pb.h"
 #include "server/metrics.h"
@@ -67,8 +71,21 @@ class HostedModel {
   // or its pushes wait at that step.)
   void StartCheckpoints();
   // Wakes every waiter on the shard with UNAVAILABLE and stops saving;
-  // returns once the saving thread has finished. Idempotent.
+  // returns once the saving thread and any part being written (SaveStep)
+  // have finished. Idempotent.
   void Stop();
+
+  // Saves this shard's part of the periodic checkpoint of `step` now, any
+  // step (see CheckpointRequest.periodic), waiting for it as
+  // ModelShard::CheckpointAt does (up to `deadline`, or until `cancelled()`),
+  // then prunes and lists as the saving thread does. One writer at a time
+  // with the saving thread, and a part this model wrote already (the saving
+  // thread's step, or an earlier call's) is not written again: only the
+  // commit is tried. `write_time` receives the files' time (zero when
+  // nothing was written). FAILED_PRECONDITION without periodic checkpoints.
+  absl::StatusOr<CheckpointPartWritten> SaveStep(int64_t step, absl::Time deadline,
+                                                 const std::function<bool()>& cancelled,
+                                                 absl::Duration* write_time);
 
   // The committed periodic checkpoints as last listed, newest first (the
   // list is refreshed after each of this shard's writes and by Refresh).
@@ -98,6 +115,19 @@ class HostedModel {
  private:
   // Saves checkpoints of the held step, and every `every` steps after it.
   void SaveLoop(ModelShard::StepHold hold);
+  // This shard's part of the periodic checkpoint of `step` (see SaveStep),
+  // under `hold` when it holds `step`.
+  absl::StatusOr<CheckpointPartWritten> WriteStep(int64_t step, absl::Time deadline,
+                                                  const std::function<bool()>& cancelled,
+                                                  ModelShard::StepHold hold,
+                                                  absl::Duration* write_time);
+  // After a part of `step` was written: prunes (--checkpoint_keep) and lists.
+  void AfterWrite(int64_t step);
+  // Waits (up to `deadline`, or until `cancelled()`) until no other part is
+  // being written, then marks one as being written; UNAVAILABLE once
+  // stopping. ReleaseWriting ends it.
+  absl::Status AcquireWriting(absl::Time deadline, const std::function<bool()>& cancelled);
+  void ReleaseWriting();
   bool stopping() const;
 
   const v1::ModelConfig config_;
@@ -121,6 +151,14 @@ class HostedModel {
   // before a rollback's set-aside is never stored after the set-aside's own.
   absl::Mutex refresh_mu_;
   std::atomic<int64_t> recovery_floor_{-1};
+  // One part written at a time (the saving thread and SaveStep may be asked
+  // for the same step), and none once stopping: Stop waits for the one under
+  // way, so that a replaced model writes nothing after its replacement set
+  // the later steps aside.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // The step of the last part this model wrote (-1: none), cleared when a
+  // rollback sets later steps aside.
+  int64_t written_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::thread saver_;
 };
 

@@ -238,6 +238,17 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // step directories in any other directory of the root.
   absl::Status CheckRequestedCheckpointPlace(const std::string& directory,
                                              const std::string& model_id, int64_t step) const;
+  // The Checkpoint RPC into the model's periodic checkpoints
+  // (CheckpointRequest.periodic, or its step directory named).
+  grpc::Status SavePeriodicCheckpoint(const grpc::ServerContext& context, HostedModel& model,
+                                      int64_t step, int64_t max_wait_ms,
+                                      v1::CheckpointResponse* response);
+  // A Checkpoint RPC's answer for `written` (counted and logged when files
+  // were written; `kind` "" or "periodic ").
+  grpc::Status AnswerCheckpoint(const grpc::ServerContext& context, const std::string& model_id,
+                                int64_t step, absl::Duration write_time,
+                                const absl::StatusOr<CheckpointPartWritten>& written,
+                                const char* kind, v1::CheckpointResponse* response);
 
   // `bytes` bytes at the place `where` names in an attached segment, with
   // the segment held: FAILED_PRECONDITION without shared memory or when the

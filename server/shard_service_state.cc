@@ -180,6 +180,7 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
     }
     summary->set_recovery_floor(model->recovery_floor());
     summary->set_rolled_back_to(model->rolled_back_to());
+    summary->set_periodic_checkpoints(model->periodic_checkpoints());
   }
   return grpc::Status::OK;
 }
@@ -193,14 +194,6 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
   absl::StatusOr<std::shared_ptr<HostedModel>> model = models_.Find(request->model_id());
   if (!model.ok()) return Error(model.status());
   if (absl::Status s = CheckShardIndex(request->shard_index()); !s.ok()) return Error(s);
-  // Before anything is created: the system would cut a name at a NUL byte.
-  if (absl::Status s = options_.checkpoint_request_root.empty()
-                           ? CheckPath("directory", request->directory())
-                           : CheckPathInside("directory", request->directory(),
-                                             options_.checkpoint_request_root);
-      !s.ok()) {
-    return Error(s);
-  }
   if (request->step() < -1) {
     return Error(absl::InvalidArgumentError(
         absl::StrCat("step ", request->step(), ": give a version, or -1 for the current one")));
@@ -214,24 +207,69 @@ grpc::Status ShardServiceImpl::Checkpoint(grpc::ServerContext* context,
         "the highest step any shard applied)")));
   }
   const int64_t step = request->step() == -1 ? shard.version() : request->step();
+  if (request->periodic()) {
+    if (!request->directory().empty()) {
+      return Error(absl::InvalidArgumentError(
+          absl::StrCat("a periodic checkpoint goes to the server's --checkpoint_dir: leave "
+                       "directory empty (it is '",
+                       request->directory(), "')")));
+    }
+    return SavePeriodicCheckpoint(*context, **model, step, request->max_wait_ms(), response);
+  }
+  // Before anything is created: the system would cut a name at a NUL byte.
+  if (absl::Status s = options_.checkpoint_request_root.empty()
+                           ? CheckPath("directory", request->directory())
+                           : CheckPathInside("directory", request->directory(),
+                                             options_.checkpoint_request_root);
+      !s.ok()) {
+    return Error(s);
+  }
   if (absl::Status s =
           CheckRequestedCheckpointPlace(request->directory(), request->model_id(), step);
       !s.ok()) {
     return Error(s);
+  }
+  if ((*model)->periodic_checkpoints() &&
+      NormalPath(request->directory()) ==
+          NormalPath(
+              JoinPath((*model)->checkpoint_options().model_root, CheckpointStepDirName(step)))) {
+    // Named by its path: the same as asking for it (one writer with the
+    // saving thread).
+    return SavePeriodicCheckpoint(*context, **model, step, request->max_wait_ms(), response);
   }
   absl::Duration write_time;
   absl::StatusOr<CheckpointPartWritten> written = SaveCheckpoint(
       shard, (*model)->config(), request->directory(), step,
       WaitDeadline(*context, request->max_wait_ms()), [context] { return context->IsCancelled(); },
       ModelShard::StepHold(), options_.file_env, &write_time);
+  return AnswerCheckpoint(*context, request->model_id(), step, write_time, written, "", response);
+}
+
+grpc::Status ShardServiceImpl::SavePeriodicCheckpoint(const grpc::ServerContext& context,
+                                                      HostedModel& model, int64_t step,
+                                                      int64_t max_wait_ms,
+                                                      v1::CheckpointResponse* response) {
+  absl::Duration write_time;
+  absl::StatusOr<CheckpointPartWritten> written = model.SaveStep(
+      step, WaitDeadline(context, max_wait_ms), [&context] { return context.IsCancelled(); },
+      &write_time);
+  return AnswerCheckpoint(context, model.config().model_id(), step, write_time, written,
+                          "periodic ", response);
+}
+
+grpc::Status ShardServiceImpl::AnswerCheckpoint(
+    const grpc::ServerContext& context, const std::string& model_id, int64_t step,
+    absl::Duration write_time, const absl::StatusOr<CheckpointPartWritten>& written,
+    const char* kind, v1::CheckpointResponse* response) {
   // Only what wrote (or failed writing) files: not a refused request, nor a
-  // repeat of a committed checkpoint.
-  if (!context->IsCancelled() && write_time > absl::ZeroDuration() &&
+  // repeat of a part or checkpoint written already.
+  if (!context.IsCancelled() && write_time > absl::ZeroDuration() &&
       (!written.ok() || written->bytes > 0)) {
-    metrics_.RecordCheckpoint(request->model_id(), written.ok(), absl::ToDoubleSeconds(write_time));
+    metrics_.RecordCheckpoint(model_id, written.ok(), absl::ToDoubleSeconds(write_time));
   }
   if (!written.ok()) return Error(written.status());
-  LogInfo("model '%s': checkpoint of step %d: %s%s", request->model_id(), step, written->data_file,
+  LogInfo("model '%s': %scheckpoint of step %d: %s%s%s", model_id, kind, step, written->data_file,
+          written->bytes == 0 ? " (written already)" : "",
           written->committed ? " (committed the manifest)" : "");
   response->set_step(step);
   response->set_part_file(written->data_file);

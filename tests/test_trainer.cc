@@ -85,6 +85,10 @@ ABSL_FLAG(bool, dyadic, false,
           "Exact numbers (tests/support/synthetic.h DyadicInitialParams, DyadicGradient): "
           "gradients that do not depend on the parameters.");
 ABSL_FLAG(double, lr, 0, "> 0: the optimizer's lr instead of the named config's.");
+ABSL_FLAG(bool, finish, false,
+          "End with TrainerClient::Finish (the last step saved as a periodic checkpoint).");
+ABSL_FLAG(std::string, finish_after_file, "",
+          "With --finish: wait (up to 120 s) for this file to exist before calling Finish.");
 ABSL_FLAG(std::string, partition, "",
           "flat or whole_tensors instead of the named config's (SyntheticModelSpec).");
 
@@ -255,110 +259,146 @@ int Train(const std::string& name) {
   }
   int rollbacks = 0;
   DeviceBuffers device_buffers;  // With --device_buffers.
-  for (int64_t step = start + 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
-    const absl::Time step_start = absl::Now();
-    absl::Cleanup pace = [step_start] {
-      absl::SleepFor(absl::GetFlag(FLAGS_min_step_time) - (absl::Now() - step_start));
-    };
-    if (dyadic) {
-      DyadicGradient((*client)->layout(), options.trainer_rank, step, seed, grad_view);
-    } else {
-      SyntheticGradient((*client)->layout(), params_view, options.trainer_rank, step, seed,
-                        grad_view);
-    }
-    if (spec.loss_scaling) {
-      const float scale = static_cast<float>((*client)->loss_scale());
-      for (float& v : grad_view) v *= scale;
-    }
-    if (options.trainer_rank == 0 && plant.count(step) > 0) {
-      grad_view[PlantedElement((*client)->layout())] = PlantedValue(step);
-    }
-    if (const std::string change = absl::GetFlag(FLAGS_lr_change); !change.empty()) {
-      const std::vector<std::string> parts = absl::StrSplit(change, ':');
-      if (std::stoll(parts[0]) == step) {
-        OptimizerConfig next = *optimizer;
-        next.lr = std::stod(parts[1]);
-        if (absl::Status s = (*client)->SetHyperparameters(step, next, LrSchedule()); !s.ok()) {
-          fprintf(stderr, "rank %u: %s\n", options.trainer_rank, s.ToString().c_str());
-          return 1;
+  // (Again from where a rollback during Finish left the job.)
+  for (bool ended = false; !ended;) {
+    ended = true;
+    for (int64_t step = start + 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
+      const absl::Time step_start = absl::Now();
+      absl::Cleanup pace = [step_start] {
+        absl::SleepFor(absl::GetFlag(FLAGS_min_step_time) - (absl::Now() - step_start));
+      };
+      if (dyadic) {
+        DyadicGradient((*client)->layout(), options.trainer_rank, step, seed, grad_view);
+      } else {
+        SyntheticGradient((*client)->layout(), params_view, options.trainer_rank, step, seed,
+                          grad_view);
+      }
+      if (spec.loss_scaling) {
+        const float scale = static_cast<float>((*client)->loss_scale());
+        for (float& v : grad_view) v *= scale;
+      }
+      if (options.trainer_rank == 0 && plant.count(step) > 0) {
+        grad_view[PlantedElement((*client)->layout())] = PlantedValue(step);
+      }
+      if (const std::string change = absl::GetFlag(FLAGS_lr_change); !change.empty()) {
+        const std::vector<std::string> parts = absl::StrSplit(change, ':');
+        if (std::stoll(parts[0]) == step) {
+          OptimizerConfig next = *optimizer;
+          next.lr = std::stod(parts[1]);
+          if (absl::Status s = (*client)->SetHyperparameters(step, next, LrSchedule()); !s.ok()) {
+            fprintf(stderr, "rank %u: %s\n", options.trainer_rank, s.ToString().c_str());
+            return 1;
+          }
         }
       }
-    }
-    if (step == absl::GetFlag(FLAGS_fork_child_at_step)) {
-      const pid_t child = fork();
-      if (child == 0) {
-        sleep(300);
-        _exit(0);
+      if (step == absl::GetFlag(FLAGS_fork_child_at_step)) {
+        const pid_t child = fork();
+        if (child == 0) {
+          sleep(300);
+          _exit(0);
+        }
+        std::ofstream(absl::GetFlag(FLAGS_out_dir) + "/forked_child.pid") << child << "\n";
       }
-      std::ofstream(absl::GetFlag(FLAGS_out_dir) + "/forked_child.pid") << child << "\n";
-    }
-    if (step == absl::GetFlag(FLAGS_die_mid_push_at_step)) {
-      // What TrainerClient::Push does up to its first shard, then death.
-      absl::StatusOr<std::unique_ptr<PushHistory>> journal =
-          PushHistory::Open({name, options.trainer_rank, 0, options.journal_path});
-      if (!journal.ok() || !(*journal)
-                                ->Record(step, DType::kFloat32, 1.0, grad_view.data(),
-                                         grad_view.size() * sizeof(float))
-                                .ok()) {
+      if (step == absl::GetFlag(FLAGS_die_mid_push_at_step)) {
+        // What TrainerClient::Push does up to its first shard, then death.
+        absl::StatusOr<std::unique_ptr<PushHistory>> journal =
+            PushHistory::Open({name, options.trainer_rank, 0, options.journal_path});
+        if (!journal.ok() || !(*journal)
+                                  ->Record(step, DType::kFloat32, 1.0, grad_view.data(),
+                                           grad_view.size() * sizeof(float))
+                                  .ok()) {
+          return 1;
+        }
+        const FlatRange range = (*client)->layout().ShardRange(0);
+        v1::PushHeader header;
+        header.set_model_id(name);
+        header.set_trainer_rank(options.trainer_rank);
+        header.set_step(step);
+        header.set_num_elements(range.size());
+        auto stub = NewStub(servers[0]);
+        const grpc::Status pushed = RawPush(
+            *stub, &header, {{0, FloatBytes(grad_view.data() + range.begin, range.size())}});
+        fprintf(stderr, "rank %u: pushed step %ld to shard 0 only (%s); dying\n",
+                options.trainer_rank, static_cast<long>(step), pushed.error_message().c_str());
+        _exit(3);
+      }
+      absl::StatusOr<StepResult> result;
+      if (absl::GetFlag(FLAGS_device_buffers)) {
+        result = StepOnDevice(**client, options, step, grad_view, params_view, device_buffers);
+      } else {
+        result = (*client)->Step(step, grad_view, params_view);
+      }
+      if (std::optional<int64_t> back = (*client)->rolled_back_to(); !result.ok() && back) {
+        // The job went back to a checkpoint: continue from its version.
+        fprintf(stderr, "rank %u: %s\n", options.trainer_rank, result.status().ToString().c_str());
+        std::ofstream(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".rollback_reason")
+            << result.status().message();
+        absl::StatusOr<int64_t> pulled = (*client)->PullToResume(params_view);
+        if (!pulled.ok()) {
+          fprintf(stderr, "rank %u: after the rollback: %s\n", options.trainer_rank,
+                  pulled.status().ToString().c_str());
+          return 1;
+        }
+        ++rollbacks;
+        step = *pulled;  // The loop goes on with step back + 1.
+        continue;
+      }
+      if (!result.ok()) {
+        fprintf(stderr, "rank %u step %ld: %s\n", options.trainer_rank, static_cast<long>(step),
+                result.status().ToString().c_str());
         return 1;
       }
-      const FlatRange range = (*client)->layout().ShardRange(0);
-      v1::PushHeader header;
-      header.set_model_id(name);
-      header.set_trainer_rank(options.trainer_rank);
-      header.set_step(step);
-      header.set_num_elements(range.size());
-      auto stub = NewStub(servers[0]);
-      const grpc::Status pushed =
-          RawPush(*stub, &header, {{0, FloatBytes(grad_view.data() + range.begin, range.size())}});
-      fprintf(stderr, "rank %u: pushed step %ld to shard 0 only (%s); dying\n",
-              options.trainer_rank, static_cast<long>(step), pushed.error_message().c_str());
-      _exit(3);
-    }
-    absl::StatusOr<StepResult> result;
-    if (absl::GetFlag(FLAGS_device_buffers)) {
-      result = StepOnDevice(**client, options, step, grad_view, params_view, device_buffers);
-    } else {
-      result = (*client)->Step(step, grad_view, params_view);
-    }
-    if (std::optional<int64_t> back = (*client)->rolled_back_to(); !result.ok() && back) {
-      // The job went back to a checkpoint: continue from its version.
-      fprintf(stderr, "rank %u: %s\n", options.trainer_rank, result.status().ToString().c_str());
-      std::ofstream(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".rollback_reason")
-          << result.status().message();
-      absl::StatusOr<int64_t> pulled = (*client)->PullToResume(params_view);
-      if (!pulled.ok()) {
-        fprintf(stderr, "rank %u: after the rollback: %s\n", options.trainer_rank,
-                pulled.status().ToString().c_str());
+      // (Synchronous: rank 0's overflow skips the step for everyone;
+      // asynchronous: only rank 0 skips its own.)
+      const bool planted =
+          plant.count(step) > 0 && (!IsAsynchronous(spec.consistency) || options.trainer_rank == 0);
+      if (spec.loss_scaling && result->skipped != planted) {
+        fprintf(stderr, "rank %u step %ld: skipped=%d, planted=%d\n", options.trainer_rank,
+                static_cast<long>(step), result->skipped, static_cast<int>(planted));
         return 1;
       }
-      ++rollbacks;
-      step = *pulled;  // The loop goes on with step back + 1.
-      continue;
+      if (IsAsynchronous(spec.consistency)) {
+        staleness_by_step.resize(step + 1, -1);
+        staleness_by_step[step] = static_cast<float>(result->staleness);
+        continue;
+      }
+      if (result->version != step) {
+        fprintf(stderr, "rank %u pulled version %ld after step %ld\n", options.trainer_rank,
+                static_cast<long>(result->version), static_cast<long>(step));
+        return 1;
+      }
     }
-    if (!result.ok()) {
-      fprintf(stderr, "rank %u step %ld: %s\n", options.trainer_rank, static_cast<long>(step),
-              result.status().ToString().c_str());
-      return 1;
-    }
-    // (Synchronous: rank 0's overflow skips the step for everyone;
-    // asynchronous: only rank 0 skips its own.)
-    const bool planted =
-        plant.count(step) > 0 && (!IsAsynchronous(spec.consistency) || options.trainer_rank == 0);
-    if (spec.loss_scaling && result->skipped != planted) {
-      fprintf(stderr, "rank %u step %ld: skipped=%d, planted=%d\n", options.trainer_rank,
-              static_cast<long>(step), result->skipped, static_cast<int>(planted));
-      return 1;
-    }
-    if (IsAsynchronous(spec.consistency)) {
-      staleness_by_step.resize(step + 1, -1);
-      staleness_by_step[step] = static_cast<float>(result->staleness);
-      continue;
-    }
-    if (result->version != step) {
-      fprintf(stderr, "rank %u pulled version %ld after step %ld\n", options.trainer_rank,
-              static_cast<long>(result->version), static_cast<long>(step));
-      return 1;
+    if (absl::GetFlag(FLAGS_finish)) {
+      const std::string go = absl::GetFlag(FLAGS_finish_after_file);
+      for (int i = 0; !go.empty() && access(go.c_str(), F_OK) != 0; ++i) {
+        if (i == 12000) {
+          fprintf(stderr, "rank %u: %s did not appear in 120 s\n", options.trainer_rank,
+                  go.c_str());
+          return 1;
+        }
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      absl::Status finished = (*client)->Finish(absl::GetFlag(FLAGS_steps));
+      if (!finished.ok() && (*client)->rolled_back_to()) {
+        fprintf(stderr, "rank %u: Finish: %s\n", options.trainer_rank, finished.ToString().c_str());
+        absl::StatusOr<int64_t> pulled = (*client)->PullToResume(params_view);
+        if (!pulled.ok()) {
+          fprintf(stderr, "rank %u: after the rollback: %s\n", options.trainer_rank,
+                  pulled.status().ToString().c_str());
+          return 1;
+        }
+        ++rollbacks;
+        start = *pulled;
+        ended = false;
+        continue;
+      }
+      if (!finished.ok()) {
+        fprintf(stderr, "rank %u: Finish: %s\n", options.trainer_rank, finished.ToString().c_str());
+        return 1;
+      }
+      printf("rank %u model %s finished at step %d\n", options.trainer_rank, name.c_str(),
+             absl::GetFlag(FLAGS_steps));
+      fflush(stdout);
     }
   }
   if (IsAsynchronous(spec.consistency)) {

@@ -57,6 +57,7 @@ def train(args):
                 accuracy = (logits.argmax(1) == y).float().mean().item()
             print(f"step {step:4d}  loss {loss:.4f}  accuracy {accuracy:.2f}  "
                   f"lr {opt.last_results[0]['lr']:.4g}", flush=True)
+    opt.finish()  # Every rank, at the end (saved where the servers keep checkpoints).
     if args.rank == 0 and not losses[-1] < losses[0]:
         print(f"the loss did not go down: {losses[0]:.4f} -> {losses[-1]:.4f}")
         return 1

@@ -71,13 +71,14 @@ from torch.optim.optimizer import required
 from . import AbortedError, Client, FailedPreconditionError
 from ._backward_streaming import BackwardStreaming
 from ._group import Group
+from ._job_end import JobEnd
 from ._optimizers import OPTIMIZERS as _OPTIMIZERS
 from ._optimizers import WHOLE_TENSOR_OPTIMIZERS as _WHOLE_TENSOR_OPTIMIZERS
 from ._server_state import ServerState
 
 
 
-class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer):
+class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.Optimizer):
     """A torch.optim-style optimizer backed by shardopt shard servers.
 
     Args:
@@ -603,17 +604,3 @@ class DistributedOptimizer(BackwardStreaming, ServerState, torch.optim.Optimizer
     def step_count(self):
         """The version the servers' model is at, as this trainer knows it."""
         return self._version
-
-    def wait_for_every_trainer(self):
-        """At the end of an asynchronous job: waits until every shard holds every
-        rank's steps up to this rank's last one (re-sending this rank's own that a
-        restarted shard lacks), then pulls the final parameters into the model.
-        Returns at once in synchronous mode, where every rank is there already."""
-        if self._consistency == "sync":
-            return
-        for g in self._groups:
-            g.client.wait_for_every_trainer(self._version)
-            try:
-                g.pull_with(lambda params, g=g: g.client.pull(0, params))
-            finally:
-                g.take_what_servers_wrote()

@@ -86,10 +86,12 @@ std::string OptimizerStateTensorName(const std::string& slot, const std::string&
 }
 
 int Checkpoint(const CheckpointOptions& options, FILE* out) {
-  if (options.model.empty() || options.directory.empty()) {
-    fprintf(stderr, "shardoptctl checkpoint: --model and --dir are required\n");
+  if (options.model.empty() || options.directory.empty() == !options.periodic) {
+    fprintf(stderr,
+            "shardoptctl checkpoint: --model and one of --dir and --periodic are required\n");
     return 2;
   }
+  const std::string where = options.periodic ? "the servers' --checkpoint_dir" : options.directory;
   int64_t step = options.step;
   const size_t n = options.servers.size();
   for (size_t i = 0; i < n; ++i) {
@@ -136,6 +138,7 @@ int Checkpoint(const CheckpointOptions& options, FILE* out) {
       v1::CheckpointRequest request;
       request.set_model_id(options.model);
       request.set_directory(options.directory);
+      request.set_periodic(options.periodic);
       request.set_step(step);
       request.set_shard_index(static_cast<uint32_t>(i));
       // The shard answers before the deadline with what it still waits for.
@@ -173,10 +176,12 @@ int Checkpoint(const CheckpointOptions& options, FILE* out) {
           "checkpoint of model '%s' at step %lld NOT committed: %s; the parts written are in "
           "%s (run the same command again to complete it)\n",
           options.model.c_str(), static_cast<long long>(step),
-          all_ok ? "every shard wrote its part but none committed the manifest (is --dir one "
-                   "directory every server sees?)"
-                 : "some shards failed (above)",
-          options.directory.c_str());
+          !all_ok            ? "some shards failed (above)"
+          : options.periodic ? "every shard wrote its part but none committed the manifest (do "
+                               "the servers share one --checkpoint_dir?)"
+                             : "every shard wrote its part but none committed the manifest (is "
+                               "--dir one directory every server sees?)",
+          where.c_str());
   return 1;
 }
 

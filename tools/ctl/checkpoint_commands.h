@@ -26,6 +26,9 @@ struct CheckpointOptions {
   std::string model;                 // checkpoint
   std::string directory;             // checkpoint: where; export/import: the checkpoint read.
   int64_t step = -1;                 // checkpoint: -1 = the shards' latest version.
+  // checkpoint: into the servers' periodic checkpoints (CheckpointRequest.
+  // periodic) instead of `directory`.
+  bool periodic = false;
   std::string safetensors;           // export: written; import: read.
   std::string out;                   // import: the checkpoint directory written.
   bool optimizer_state = false;      // export: include the optimizer slots.

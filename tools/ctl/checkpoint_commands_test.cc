@@ -2,6 +2,8 @@
 // model is checkpointed by every shard, exported to safetensors (checked by
 // our reader and by PyTorch), imported back into a checkpoint and restored
 // on another shard count, where it trains on exactly like the original.
+#include <signal.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -363,6 +365,55 @@ TEST(CheckpointCommandsTest, ACheckpointThatDidNotCommitSaysSo) {
                           "/b --servers=", absl::StrJoin(addresses, ",")));
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("at step 9 NOT committed: some shards failed"), std::string::npos) << out;
+}
+
+// --periodic: into the servers' own --checkpoint_dir, the checkpoint a
+// restart restores (a step no multiple of --checkpoint_every); servers that
+// keep none refuse it.
+TEST(CheckpointCommandsTest, APeriodicCheckpointIsWhatARestartRestores) {
+  const ModelSpec spec = SyntheticModelSpec("periodic", OptimizerConfig::AdamW(0.01), 1);
+  const std::string root = MakeTempDir("ctl_periodic");
+  const std::vector<std::string> flags = CrashRecoveryFlags(root + "/ckpt", 10);
+  auto servers = StartCluster(2, flags);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> addresses = Addresses(*servers);
+  const ModelLayout layout = ModelLayout::Create(spec.tensors, spec.alignment, 2).value();
+  const std::vector<float> initial = SyntheticInitialParams(layout, 5);
+  std::vector<float> params;
+  {
+    Trainer trainer = Connect(addresses, spec, &initial);
+    ASSERT_NO_FATAL_FAILURE(Train(trainer, 1, 3));
+    params = trainer.params;
+  }
+  auto [rc, out] = RunCtl(absl::StrCat("checkpoint --model=periodic --periodic --dir=", root,
+                                       "/x --servers=", absl::StrJoin(addresses, ",")));
+  EXPECT_EQ(rc, 2) << out;  // Both: which?
+  std::tie(rc, out) = RunCtl(absl::StrCat("checkpoint --model=periodic --periodic --servers=",
+                                          absl::StrJoin(addresses, ",")));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(absl::StrCat("at step 3 committed: ", root, "/ckpt/periodic/step-00000003/")),
+            std::string::npos)
+      << out;
+  for (uint32_t i = 0; i < 2; ++i) {
+    (*servers)[i]->process().Signal(SIGKILL);
+    ASSERT_TRUE((*servers)[i]->process().Wait(absl::Seconds(10)).has_value());
+    auto restarted = StartServerAt(addresses[i], i, 2, flags);
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+    (*servers)[i] = std::move(*restarted);
+  }
+  Trainer resumed = Connect(addresses, spec, nullptr);
+  EXPECT_EQ(resumed.client->registered_version(), 3);
+  EXPECT_EQ(resumed.params, params);
+
+  auto plain = StartCluster(1);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const ModelLayout layout1 = ModelLayout::Create(spec.tensors, spec.alignment, 1).value();
+  const std::vector<float> initial1 = SyntheticInitialParams(layout1, 5);
+  Trainer other = Connect(Addresses(*plain), spec, &initial1);
+  std::tie(rc, out) = RunCtl(
+      absl::StrCat("checkpoint --model=periodic --periodic --servers=", Addresses(*plain)[0]));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("keeps no periodic checkpoints"), std::string::npos) << out;
 }
 
 TEST(CheckpointCommandsTest, BadInputsAreRefusedWithTheReason) {

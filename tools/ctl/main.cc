@@ -10,7 +10,7 @@
 // each given shard: per-tensor statistics and a slice of values (or the raw
 // InspectResponse as JSON with --json, as grpcurl would).
 //
-//   shardoptctl checkpoint --servers=a,b,c --model=ID --dir=DIR [--step=N]
+//   shardoptctl checkpoint --servers=a,b,c --model=ID (--dir=DIR | --periodic) [--step=N]
 //   shardoptctl export --checkpoint=DIR --out=FILE.safetensors [--optimizer_state]
 //   shardoptctl import --safetensors=FILE --checkpoint=TEMPLATE_DIR --out=NEW_DIR
 //
@@ -37,6 +37,9 @@ ABSL_FLAG(bool, json, false, "Print the InspectResponse as JSON (inspect).");
 ABSL_FLAG(double, timeout_s, -1, "Deadline of each call, in seconds (default 5; checkpoint: 600).");
 ABSL_FLAG(std::string, dir, "", "Checkpoint directory to write (checkpoint).");
 ABSL_FLAG(int64_t, step, -1, "Version to save (checkpoint); -1: the latest version of any shard.");
+ABSL_FLAG(bool, periodic, false,
+          "Save into the servers' own periodic checkpoints (their --checkpoint_dir, the ones a "
+          "restart restores) instead of --dir (checkpoint).");
 ABSL_FLAG(std::string, checkpoint, "", "Committed checkpoint directory to read (export, import).");
 ABSL_FLAG(std::string, out, "",
           "Safetensors file to write (export) or checkpoint directory to write (import).");
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
   if (command == "health") return shardopt::ctl::Health(options, stdout);
   if (command == "checkpoint") {
     checkpoint.directory = absl::GetFlag(FLAGS_dir);
+    checkpoint.periodic = absl::GetFlag(FLAGS_periodic);
     if (timeout_s >= 0) checkpoint.timeout = options.timeout;
     return shardopt::ctl::Checkpoint(checkpoint, stdout);
   }

@@ -102,7 +102,10 @@ def run_trainer(args):
                           "shm": opt.shared_memory_transfers,
                           "staleness": result.get("staleness", 0)}), flush=True)
     own_s = time.perf_counter() - began
-    opt.wait_for_every_trainer()  # (Asynchronous: the others' last pushes too.)
+    # The end (asynchronous: the others' last pushes too; saved where the
+    # servers keep checkpoints).
+    if not opt.finish():
+        raise RuntimeError("the job rolled back at its end; this job does not train again")
     print(json.dumps({"steps_per_s": args.steps / own_s,
                       "eval_loss": held_out_loss(model, args) if args.rank == 0 else None}),
           flush=True)

@@ -302,7 +302,30 @@ int Train(const Dataset& data, const JobConfig& job) {
   const int log_every = absl::GetFlag(FLAGS_log_every);
   const int eval_every = absl::GetFlag(FLAGS_eval_every);
   const absl::Duration min_step = absl::Milliseconds(absl::GetFlag(FLAGS_min_step_ms));
-  for (int64_t step = start_version + 1; step <= job.steps; ++step) {
+  for (int64_t step = start_version + 1;; ++step) {
+    if (step > job.steps) {
+      // The end, saved (TrainerClient::Finish): a shard that restarts from
+      // now on comes back at the last step, so no trainer is needed any more.
+      absl::Status finished = trainer.Finish(job.steps);
+      if (std::optional<int64_t> back = trainer.rolled_back_to(); !finished.ok() && back) {
+        fprintf(stderr, "mlp_trainer rank %u: at the end: %s\n", job.rank,
+                finished.ToString().c_str());
+        absl::StatusOr<int64_t> pulled = trainer.PullToResume(absl::MakeSpan(params));
+        if (!pulled.ok()) {
+          fprintf(stderr, "mlp_trainer rank %u: after the rollback: %s\n", job.rank,
+                  pulled.status().ToString().c_str());
+          return kExitError;
+        }
+        step = *pulled;  // The loop goes on with step back + 1.
+        continue;
+      }
+      if (!finished.ok()) {
+        fprintf(stderr, "mlp_trainer rank %u: at the end: %s\n", job.rank,
+                finished.ToString().c_str());
+        return kExitError;
+      }
+      break;
+    }
     const absl::Time step_start = absl::Now();
     absl::Cleanup pace = [&] { absl::SleepFor(min_step - (absl::Now() - step_start)); };
     const std::vector<int> batch = schedule.GlobalBatch(step);

@@ -16,7 +16,9 @@
 # any server or trainer can be killed and started again with the same command.
 # --chaos does exactly that during the run: it kills (SIGKILL) one, two or
 # all shard servers at once, or a trainer, or a trainer and then a shard, at
-# seeded random moments, restarts them, and the job must still end with PASS.
+# seeded random moments, restarts them, and the job must still end with PASS;
+# after the end it kills every shard server once more and restarts them and the
+# trainers: the end was saved (TrainerClient::Finish), so they find it there.
 #
 # Usage: run_local_cluster.sh [options] [-- extra mlp_trainer flags]
 #   --shards=N          shard servers (env SHARDS, default 2)
@@ -313,32 +315,49 @@ next_chaos=$(($(now_ms) + 1000))
 
 # Waits for the trainers, failing fast: a trainer or server that dies leaves
 # the others blocked in a pull until their RPC deadline, so don't wait for it.
-deadline=$((SECONDS + train_timeout_s))
-while ((${#trainer_rc[@]} < trainers)); do
-  for ((r = 0; r < trainers; r++)); do
-    [[ -n ${trainer_rc[$r]:-} ]] && continue
-    kill -0 "${trainer_pids[r]}" 2>/dev/null && continue
-    rc=0
-    wait "${trainer_pids[r]}" || rc=$?
-    trainer_rc[$r]=$rc
-    if ((rc != 0)); then
-      if ((r == 0)); then fail_rc=$rc; fi
-      fail "trainer rank $r exited with status $rc"
+# (The job's end, below, runs the trainers again: no chaos then.)
+await_trainers() {
+  local deadline=$((SECONDS + train_timeout_s))
+  while ((${#trainer_rc[@]} < trainers)); do
+    for ((r = 0; r < trainers; r++)); do
+      [[ -n ${trainer_rc[$r]:-} ]] && continue
+      kill -0 "${trainer_pids[r]}" 2>/dev/null && continue
+      rc=0
+      wait "${trainer_pids[r]}" || rc=$?
+      trainer_rc[$r]=$rc
+      if ((rc != 0)); then
+        if ((r == 0)); then fail_rc=$rc; fi
+        fail "trainer rank $r exited with status $rc"
+      fi
+    done
+    for ((i = 0; i < shards; i++)); do
+      kill -0 "${server_pids[i]}" 2>/dev/null || fail "shard server $i exited during training"
+    done
+    ((SECONDS < deadline)) || fail "training did not finish within ${train_timeout_s}s (--timeout)"
+    if ((chaos == 1 && chaos_done < chaos_events && ${#trainer_rc[@]} == 0 && !ended)) &&
+      (($(now_ms) >= next_chaos)); then
+      chaos_event
+      next_chaos=$(($(now_ms) + 500 + RANDOM % 1000))
     fi
+    if ((${#trainer_rc[@]} < trainers)); then sleep 0.1; fi
   done
-  for ((i = 0; i < shards; i++)); do
-    kill -0 "${server_pids[i]}" 2>/dev/null || fail "shard server $i exited during training"
-  done
-  ((SECONDS < deadline)) || fail "training did not finish within ${train_timeout_s}s (--timeout)"
-  if ((chaos == 1 && chaos_done < chaos_events && ${#trainer_rc[@]} == 0)) &&
-    (($(now_ms) >= next_chaos)); then
-    chaos_event
-    next_chaos=$(($(now_ms) + 500 + RANDOM % 1000))
-  fi
-  if ((${#trainer_rc[@]} < trainers)); then sleep 0.1; fi
-done
+}
+ended=0
+await_trainers
 if ((chaos == 1)); then
   echo "run_local_cluster: chaos: $chaos_done kill events (seed $chaos_seed), the job still finished"
+  # The trainers saved the end (TrainerClient::Finish): shard servers killed
+  # now come back at the last step, and the trainers, started again with the
+  # same command, find nothing left to train.
+  ended=1
+  echo "run_local_cluster: chaos: after the end, kill -9 every shard server, restart them and the trainers" >&2
+  for ((i = 0; i < shards; i++)); do kill_hard "${server_pids[i]}"; done
+  for ((i = 0; i < shards; i++)); do start_server "$i"; done
+  for ((i = 0; i < shards; i++)); do await_server "$i"; done
+  trainer_rc=()
+  for ((r = 0; r < trainers; r++)); do start_trainer "$r"; done
+  await_trainers
+  echo "run_local_cluster: chaos: the restarted job found its end saved"
 fi
 
 # A clean shutdown is part of the job: a server that hangs or crashes on

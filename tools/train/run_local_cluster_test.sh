@@ -39,8 +39,10 @@ echo "OK: initial loss $initial -> final loss $final"
 chaos_out=$TEST_TMPDIR/launcher_chaos.out
 rc=0
 # Paced (80 ms a step: 12 s) so that all 5 kills land before the job ends.
+# Checkpoints every 7 steps: the last one before the end is step 147, so only
+# the end Finish saved brings restarted shards back at step 150.
 CHAOS_STEP_MS=80 bash "$launcher" --server_bin="$server" --trainer_bin="$trainer" --steps=150 --timeout=90 \
-  --chaos --chaos_events=5 --chaos_seed=3 --checkpoint_every=10 \
+  --chaos --chaos_events=5 --chaos_seed=3 --checkpoint_every=7 \
   -- --micro_batches=2 2>&1 | tee "$chaos_out" || rc=${PIPESTATUS[0]}
 if ((rc != 0)); then
   echo "FAIL: the launcher under --chaos exited with status $rc" >&2
@@ -49,6 +51,12 @@ fi
 grep -q '^PASS: ' "$chaos_out" || { echo "FAIL: no PASS line under --chaos" >&2; exit 1; }
 events=$(sed -nE 's/.*chaos: ([0-9]+) kill events.*/\1/p' "$chaos_out")
 [[ $events == 5 ]] || { echo "FAIL: expected 5 chaos events, saw '${events}'" >&2; exit 1; }
+# After the end every shard server was killed and restarted, and the trainers
+# started again: the end was saved, so they joined at the last step.
+grep -q 'joined the running job at version 150$' "$chaos_out" ||
+  { echo "FAIL: the trainers restarted after the end did not find it at step 150" >&2; exit 1; }
+grep -q 'the restarted job found its end saved' "$chaos_out" ||
+  { echo "FAIL: no restart after the end under --chaos" >&2; exit 1; }
 chaos_final=$(grep '^summary: ' "$chaos_out" | tail -n 1 | sed -E 's/.*final loss ([0-9.]+).*/\1/')
 if [[ $chaos_final != "$final" ]]; then
   echo "FAIL: under --chaos the final loss is $chaos_final, uninterrupted it is $final" >&2
