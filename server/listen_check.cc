@@ -2,8 +2,10 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "absl/strings/match.h"
@@ -13,8 +15,55 @@
 
 namespace shardopt {
 
+namespace {
+
+// A Unix socket address (unix:PATH, unix://PATH, unix-abstract:NAME): gRPC
+// unlinks a socket file at PATH and binds anew, so a live server there would
+// lose its name to this one without a word. In use when a connect succeeds
+// (a stale file, refused, is fine: gRPC replaces it).
+absl::Status CheckUnixAddressFree(const std::string& listen_address) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::string name;
+  bool abstract = false;
+  if (absl::StartsWith(listen_address, "unix-abstract:")) {
+    name = listen_address.substr(strlen("unix-abstract:"));
+    abstract = true;
+  } else if (absl::StartsWith(listen_address, "unix://")) {
+    name = listen_address.substr(strlen("unix://"));
+  } else if (absl::StartsWith(listen_address, "unix:")) {
+    name = listen_address.substr(strlen("unix:"));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("cannot listen on '", listen_address,
+                                                   "': give unix:PATH or unix-abstract:NAME"));
+  }
+  // (A path's terminating NUL, or an abstract name's leading one.)
+  const size_t room = sizeof(address.sun_path) - 1;
+  if (name.empty() || name.size() > room) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot listen on '", listen_address,
+                                                   "': the socket name must have 1 to ", room,
+                                                   " bytes"));
+  }
+  memcpy(address.sun_path + (abstract ? 1 : 0), name.data(), name.size());
+  const socklen_t length =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + (abstract ? 1 : 0) + name.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::OkStatus();  // (gRPC will say what is wrong.)
+  const bool live = connect(fd, reinterpret_cast<const sockaddr*>(&address), length) == 0;
+  close(fd);
+  if (live) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen_address,
+                     ": a server is listening there (another shard server, or an old one still "
+                     "running?)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CheckListenAddressFree(const std::string& listen_address) {
-  if (absl::StartsWith(listen_address, "unix")) return absl::OkStatus();
+  if (absl::StartsWith(listen_address, "unix")) return CheckUnixAddressFree(listen_address);
   const size_t colon = listen_address.rfind(':');
   const size_t bracket = listen_address.rfind(']');
   int port = -1;

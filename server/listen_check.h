@@ -7,8 +7,10 @@
 // UNAVAILABLE naming the address when another socket holds its port (a
 // listening one: another shard server, a stale process), when the host does
 // not resolve, or when none of its addresses binds (not on this machine, a
-// privileged port); INVALID_ARGUMENT without a numeric port. OK for port 0
-// and Unix sockets. The port can still be taken between this check and the
+// privileged port); INVALID_ARGUMENT without a numeric port. OK for port 0.
+// A Unix socket (unix:PATH, unix://PATH, unix-abstract:NAME) is in use when
+// a connect to it succeeds: gRPC would unlink a live server's socket file
+// and take its name. The port can still be taken between this check and the
 // real bind.
 #ifndef SHARDOPT_SERVER_LISTEN_CHECK_H_
 #define SHARDOPT_SERVER_LISTEN_CHECK_H_

@@ -1,7 +1,15 @@
-// CheckListenAddressFree finds a port a listening socket holds (and lets
-// ports 0, free ports and Unix sockets by, but no address without a port); OnlyThisMachineReaches
+// CheckListenAddressFree finds a port a listening socket holds, and a Unix
+// socket a server listens on (and lets ports 0, free ports and unused Unix
+// sockets by, but no address without a port); OnlyThisMachineReaches
 // tells loopback and Unix addresses from the others.
 #include "server/listen_check.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <optional>
 #include <string>
@@ -29,6 +37,42 @@ TEST(ListenCheckTest, APortAListeningSocketHoldsIsInUse) {
   // resolve: gRPC could not listen there either.
   EXPECT_FALSE(CheckListenAddressFree("192.0.2.1:" + port).ok());
   EXPECT_FALSE(CheckListenAddressFree("no-such-host.invalid:" + port).ok());
+}
+
+// A Unix socket a server listens on is in use (gRPC would unlink its file
+// and take the name); a stale file nobody listens on is not, nor a path with
+// nothing there; a name too long for a socket address is refused.
+TEST(ListenCheckTest, AUnixSocketALiveServerListensOnIsInUse) {
+  // (Short: a socket path has room for 107 bytes, less than a test's TempDir.)
+  const std::string path = "/tmp/shardopt_listen_check_" + std::to_string(getpid()) + ".sock";
+  unlink(path.c_str());
+  const std::string abstract_name = "shardopt-listen-check-" + std::to_string(getpid());
+  for (bool abstract : {false, true}) {
+    const std::string address = abstract ? "unix-abstract:" + abstract_name : "unix:" + path;
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::string name = abstract ? abstract_name : path;
+    memcpy(a.sun_path + (abstract ? 1 : 0), name.data(), name.size());
+    const socklen_t length =
+        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + (abstract ? 1 : 0) + name.size());
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&a), length), 0) << strerror(errno);
+    ASSERT_EQ(listen(fd, 4), 0);
+    const absl::Status in_use = CheckListenAddressFree(address);
+    EXPECT_EQ(in_use.code(), absl::StatusCode::kUnavailable) << address << ": " << in_use;
+    EXPECT_NE(in_use.message().find("a server is listening there"), std::string::npos) << in_use;
+    if (!abstract) {
+      EXPECT_FALSE(CheckListenAddressFree("unix://" + path).ok());
+    }
+    close(fd);  // A path's file stays: stale, fine to take.
+    EXPECT_TRUE(CheckListenAddressFree(address).ok()) << address;
+  }
+  unlink(path.c_str());
+  EXPECT_TRUE(CheckListenAddressFree("unix:" + path).ok());
+  const absl::Status too_long = CheckListenAddressFree("unix:/" + std::string(200, 'x'));
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument) << too_long;
+  EXPECT_EQ(CheckListenAddressFree("unix:").code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Without a numeric port gRPC would pick a default one or a service's, and

@@ -1,10 +1,14 @@
 #include "server/payload_socket_host.h"
 
+#include <sched.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -122,6 +126,40 @@ TEST(PayloadSocketHostTest, LinksNoCallNamesAreClosed) {
   EXPECT_TRUE((*host)->Acquire(named).ok());
   close(stranger);
   close(trainer);
+}
+
+// A free payload port is never the server's gRPC port, which gRPC binds
+// only after the restore (a restarted server's predecessor just freed it).
+// In a network namespace of its own (a child process) whose ephemeral range
+// is two ports, the kernel's first pick is known; told to avoid it, the host
+// takes the other.
+TEST(PayloadSocketHostTest, AFreePortIsNeverTheOneToAvoid) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (unshare(CLONE_NEWNET) != 0) _exit(77);
+    std::ofstream("/proc/sys/net/ipv4/ip_local_port_range") << "40000 40001\n";
+    for (int round = 0; round < 10; ++round) {
+      absl::StatusOr<TcpListener> probe = ListenTcp("", 0);
+      if (!probe.ok()) _exit(2);
+      const uint16_t picked = probe->port;
+      close(probe->fd);
+      absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host =
+          PayloadSocketHost::Start("", 0, /*avoid_port=*/picked);
+      if (!host.ok()) _exit(3);
+      const uint16_t port = (*host)->port();
+      if (port == picked || port < 40000 || port > 40001) _exit(4);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) {
+    GTEST_SKIP() << "no network namespace for this user (CAP_SYS_ADMIN): " << strerror(EPERM);
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "2: no probe listener, 3: the host did not start, 4: it took the port to avoid";
 }
 
 TEST(PayloadSocketHostTest, ClosingTheHostEndsItsLinks) {

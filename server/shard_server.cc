@@ -11,6 +11,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/payload_socket.h"
@@ -83,6 +84,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   served.payload_socket_host = HostOfTarget(listen_address);
   if (served.payload_socket_host == "0.0.0.0" || served.payload_socket_host == "::") {
     served.payload_socket_host.clear();
+  }
+  if (int port = 0;
+      absl::SimpleAtoi(absl::string_view(listen_address).substr(listen_address.rfind(':') + 1),
+                       &port) &&
+      port > 0 && port <= 65535) {
+    served.grpc_port = static_cast<uint16_t>(port);
   }
   server->service_ = std::make_unique<ShardServiceImpl>(served);
   // A start that will be refused is refused before the restore changes

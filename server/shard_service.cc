@@ -67,8 +67,8 @@ ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
     }
   }
   if (options.payload_socket && options.tls_cert_pem.empty()) {
-    absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host =
-        PayloadSocketHost::Start(options.payload_socket_host, options.payload_socket_port);
+    absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start(
+        options.payload_socket_host, options.payload_socket_port, options.grpc_port);
     if (host.ok()) {
       payload_sockets_ = *std::move(host);
     } else {
