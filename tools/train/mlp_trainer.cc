@@ -401,17 +401,19 @@ int Train(const Dataset& data, const JobConfig& job) {
   const double steps_per_s = progress.TotalStepsPerSecond(end);
   const double mb_per_s = progress.TotalMegabytesPerSecond(end);
   if (!leader) {
-    printf("mlp_trainer rank %u: done, %d steps in %.2f s (%.1f steps/s, %.2f MB/s)\n", job.rank,
-           job.steps, absl::ToDoubleSeconds(end - start), steps_per_s, mb_per_s);
+    printf("mlp_trainer rank %u: done, %ld steps here in %.2f s (%.1f steps/s, %.2f MB/s)\n",
+           job.rank, static_cast<long>(progress.total_steps()), absl::ToDoubleSeconds(end - start),
+           steps_per_s, mb_per_s);
     return 0;
   }
   const MlpMetrics final_metrics = Evaluate(job, layout, params, data);
   const double ratio = final_metrics.loss / initial.loss;
   printf(
       "summary: initial loss %.4f acc %.1f%% -> final loss %.4f acc %.1f%% "
-      "(%.3fx initial); %d steps in %.2f s, %.1f steps/s, %.2f MB/s pushed+pulled\n",
+      "(%.3fx initial); %ld steps here in %.2f s, %.1f steps/s, %.2f MB/s pushed+pulled\n",
       initial.loss, 100 * initial.accuracy, final_metrics.loss, 100 * final_metrics.accuracy, ratio,
-      job.steps, absl::ToDoubleSeconds(end - start), steps_per_s, mb_per_s);
+      static_cast<long>(progress.total_steps()), absl::ToDoubleSeconds(end - start), steps_per_s,
+      mb_per_s);
   fflush(stdout);  // The summary must precede a verdict on stderr in a shared log.
   const double max_ratio = absl::GetFlag(FLAGS_max_loss_ratio);
   if (!(ratio < max_ratio)) {  // Also catches NaN.

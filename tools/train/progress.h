@@ -33,7 +33,9 @@ class ProgressReport {
   void PrintStep(int64_t step, double train_loss, const std::optional<MlpMetrics>& eval,
                  absl::Time now);
 
-  // Steps/s and MB/s over the whole run so far.
+  // Steps this process ran so far (a trainer restarted into a running job
+  // runs only the rest), and steps/s and MB/s over them.
+  int64_t total_steps() const { return total_steps_; }
   double TotalStepsPerSecond(absl::Time now) const;
   double TotalMegabytesPerSecond(absl::Time now) const;
 
