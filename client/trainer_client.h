@@ -225,8 +225,9 @@ class TrainerClient {
   // shard that restarts comes back at `step`, so a trainer may exit. Without
   // periodic checkpoints it only waits. ABORTED with rolled_back_to() set
   // when the job had to roll back (PullToResume, train on, Finish again);
-  // FAILED_PRECONDITION when a shard is already past `step` or only some
-  // shards keep periodic checkpoints (naming them); DEADLINE_EXCEEDED after
+  // FAILED_PRECONDITION when `step` is past this trainer's last step, a
+  // shard is already past `step`, or only some shards keep periodic
+  // checkpoints (naming them); DEADLINE_EXCEEDED after
   // retry_budget without progress, naming what it waited for.
   absl::Status Finish(int64_t step);
 

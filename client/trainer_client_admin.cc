@@ -85,8 +85,19 @@ absl::Status TrainerClient::Finish(int64_t step) {
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
   }
+  if (step > std::max(last_pushed_step_, registered_version_)) {
+    // (Recovery would take the steps this trainer never pushed for lost
+    // ones, and roll the job back.)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Finish(", step, "): this trainer's last step is ",
+        std::max(last_pushed_step_, registered_version_), "; finish the step it ended with"));
+  }
   rolled_back_to_.reset();
-  for (int round = 0;; ++round) {
+  // Saves that every shard is there for but that wait (another caller's
+  // write holds a shard: its saving thread, another trainer's save) go on
+  // within the retry budget; shards that went back count as rounds.
+  absl::Time busy_until = absl::InfiniteFuture();
+  for (int went_back = 0;;) {
     // Every trainer's steps up to `step` everywhere: a shard that came back
     // from an older checkpoint gets them again from the trainers' histories
     // (each trainer is still here: none returns before it saw the end saved
@@ -116,11 +127,15 @@ absl::Status TrainerClient::Finish(int64_t step) {
     if (!shards.ok()) return shards.status();
     if (EveryShardAt(*shards, step)) {
       if (saved.ok()) return saved;
-      if (round >= kMaxRecoveries) return saved;  // (Waited for nothing a survey shows.)
-    } else if (round >= kMaxRecoveries) {
+      if (busy_until == absl::InfiniteFuture()) busy_until = absl::Now() + options_.retry_budget;
+      if (absl::Now() >= busy_until) return saved;
+      continue;
+    }
+    busy_until = absl::InfiniteFuture();
+    if (++went_back > kMaxRecoveries) {
       return absl::DeadlineExceededError(
           absl::StrCat("model '", spec_->model_id, "': shards went back below step ", step,
-                       " in each of ", round + 1, " rounds of saving the end of the job"));
+                       " in each of ", went_back, " rounds of saving the end of the job"));
     }
   }
 }

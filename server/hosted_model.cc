@@ -69,11 +69,15 @@ void HostedModel::StartCheckpoints() {
 }
 
 void HostedModel::Stop() {
+  ModelShard::StepHold never_started;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    first_hold_.Release();  // (Of a model never started.)
+    never_started = std::move(first_hold_);
   }
+  // (Released outside mu_: it takes the shard's lock, and a writer holding
+  // the shard's locks takes mu_.)
+  never_started.Release();
   shard_->Shutdown();
   if (saver_.joinable()) saver_.join();
   absl::MutexLock lock(&mu_);

@@ -73,7 +73,7 @@ class HostedModel {
   // Wakes every waiter on the shard with UNAVAILABLE and stops saving;
   // returns once the saving thread and any part being written (SaveStep)
   // have finished. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Saves this shard's part of the periodic checkpoint of `step` now, any
   // step (see CheckpointRequest.periodic), waiting for it as
@@ -85,7 +85,8 @@ class HostedModel {
   // nothing was written). FAILED_PRECONDITION without periodic checkpoints.
   absl::StatusOr<CheckpointPartWritten> SaveStep(int64_t step, absl::Time deadline,
                                                  const std::function<bool()>& cancelled,
-                                                 absl::Duration* write_time);
+                                                 absl::Duration* write_time)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The committed periodic checkpoints as last listed, newest first (the
   // list is refreshed after each of this shard's writes and by Refresh).
@@ -97,7 +98,7 @@ class HostedModel {
   // A rollback to `step` gives up the later steps: sets their directories
   // aside as "abandoned" (SetAsideCheckpointsAfter), then lists again, so
   // that they count neither as checkpoints nor for the recovery floor.
-  absl::Status AbandonCheckpointsAfter(int64_t step);
+  absl::Status AbandonCheckpointsAfter(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Optimizer updates and skipped steps this server applied to the model,
   // for /metrics' counters: the model's own counts (`now`'s, Inspect's)
@@ -120,14 +121,16 @@ class HostedModel {
   absl::StatusOr<CheckpointPartWritten> WriteStep(int64_t step, absl::Time deadline,
                                                   const std::function<bool()>& cancelled,
                                                   ModelShard::StepHold hold,
-                                                  absl::Duration* write_time);
+                                                  absl::Duration* write_time)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // After a part of `step` was written: prunes (--checkpoint_keep) and lists.
   void AfterWrite(int64_t step);
   // Waits (up to `deadline`, or until `cancelled()`) until no other part is
   // being written, then marks one as being written; UNAVAILABLE once
   // stopping. ReleaseWriting ends it.
-  absl::Status AcquireWriting(absl::Time deadline, const std::function<bool()>& cancelled);
-  void ReleaseWriting();
+  absl::Status AcquireWriting(absl::Time deadline, const std::function<bool()>& cancelled)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseWriting() ABSL_LOCKS_EXCLUDED(mu_);
   bool stopping() const;
 
   const v1::ModelConfig config_;

@@ -47,9 +47,12 @@ absl::Status CheckUnixAddressFree(const std::string& listen_address) {
   memcpy(address.sun_path + (abstract ? 1 : 0), name.data(), name.size());
   const socklen_t length =
       static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + (abstract ? 1 : 0) + name.size());
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: a hung server's full backlog answers EAGAIN at once
+  // instead of holding this start forever; it is live too.
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::OkStatus();  // (gRPC will say what is wrong.)
-  const bool live = connect(fd, reinterpret_cast<const sockaddr*>(&address), length) == 0;
+  const bool live = connect(fd, reinterpret_cast<const sockaddr*>(&address), length) == 0 ||
+                    errno == EAGAIN || errno == EINPROGRESS;
   close(fd);
   if (live) {
     return absl::UnavailableError(
@@ -62,8 +65,13 @@ absl::Status CheckUnixAddressFree(const std::string& listen_address) {
 
 }  // namespace
 
+bool IsUnixSocketAddress(const std::string& listen_address) {
+  return absl::StartsWith(listen_address, "unix:") ||
+         absl::StartsWith(listen_address, "unix-abstract:");
+}
+
 absl::Status CheckListenAddressFree(const std::string& listen_address) {
-  if (absl::StartsWith(listen_address, "unix")) return CheckUnixAddressFree(listen_address);
+  if (IsUnixSocketAddress(listen_address)) return CheckUnixAddressFree(listen_address);
   const size_t colon = listen_address.rfind(':');
   const size_t bracket = listen_address.rfind(']');
   int port = -1;
@@ -123,7 +131,7 @@ absl::Status CheckListenAddressFree(const std::string& listen_address) {
 }
 
 bool OnlyThisMachineReaches(const std::string& listen_address) {
-  if (absl::StartsWith(listen_address, "unix")) return true;
+  if (IsUnixSocketAddress(listen_address)) return true;
   const std::string host = HostOfTarget(listen_address);
   return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }

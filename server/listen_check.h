@@ -21,6 +21,10 @@
 
 namespace shardopt {
 
+// Whether `listen_address` names a Unix socket (unix:PATH, unix://PATH,
+// unix-abstract:NAME), not a TCP host that happens to start with "unix".
+bool IsUnixSocketAddress(const std::string& listen_address);
+
 // `listen_address` as --listen and --metrics_listen take it: HOST:PORT,
 // [IPV6]:PORT, :PORT (every interface) or unix:PATH.
 absl::Status CheckListenAddressFree(const std::string& listen_address);

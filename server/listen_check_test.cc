@@ -13,7 +13,9 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/time/clock.h"
 #include "common/loopback_listener_testing.h"
 #include "gtest/gtest.h"
 
@@ -73,6 +75,37 @@ TEST(ListenCheckTest, AUnixSocketALiveServerListensOnIsInUse) {
   const absl::Status too_long = CheckListenAddressFree("unix:/" + std::string(200, 'x'));
   EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument) << too_long;
   EXPECT_EQ(CheckListenAddressFree("unix:").code(), absl::StatusCode::kInvalidArgument);
+  // A TCP host whose name starts with "unix" is a TCP host.
+  EXPECT_FALSE(IsUnixSocketAddress("unix01.cluster:50051"));
+  EXPECT_TRUE(IsUnixSocketAddress("unix-abstract:x"));
+  EXPECT_EQ(CheckListenAddressFree("unix01.invalid:50051").code(), absl::StatusCode::kUnavailable);
+}
+
+// A server that stopped accepting (its backlog full) still holds its
+// socket: the check says so at once instead of hanging the start.
+TEST(ListenCheckTest, AUnixSocketWithAFullBacklogIsInUseAndAnsweredAtOnce) {
+  const std::string name = "shardopt-listen-full-" + std::to_string(getpid());
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  memcpy(a.sun_path + 1, name.data(), name.size());
+  const socklen_t length =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&a), length), 0) << strerror(errno);
+  ASSERT_EQ(listen(fd, 0), 0);
+  std::vector<int> queued;  // Never accepted: they fill the backlog.
+  for (int i = 0; i < 8; ++i) {
+    const int c = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    connect(c, reinterpret_cast<const sockaddr*>(&a), length);
+    queued.push_back(c);
+  }
+  const absl::Time start = absl::Now();
+  const absl::Status in_use = CheckListenAddressFree("unix-abstract:" + name);
+  EXPECT_EQ(in_use.code(), absl::StatusCode::kUnavailable) << in_use;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  for (int c : queued) close(c);
+  close(fd);
 }
 
 // Without a numeric port gRPC would pick a default one or a service's, and

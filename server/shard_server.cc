@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   // The payload socket listens where gRPC does (every interface for a
   // wildcard address); a server on a Unix socket opens no TCP port.
   ShardServerOptions served = options;
-  if (absl::StartsWith(listen_address, "unix")) served.payload_socket = false;
+  if (IsUnixSocketAddress(listen_address)) served.payload_socket = false;
   served.payload_socket_host = HostOfTarget(listen_address);
   if (served.payload_socket_host == "0.0.0.0" || served.payload_socket_host == "::") {
     served.payload_socket_host.clear();

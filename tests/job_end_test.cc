@@ -209,6 +209,10 @@ TEST(JobEndTest, FinishRefusesShardsThatDoNotAllKeepCheckpoints) {
     SyntheticGradient(layout, params, 0, step, 5, absl::MakeSpan(grad));
     ASSERT_TRUE(client->Step(step, grad, absl::MakeSpan(params)).ok());
   }
+  // A step this trainer never pushed: refused before anything is asked.
+  const absl::Status ahead = client->Finish(4);
+  EXPECT_TRUE(absl::IsFailedPrecondition(ahead)) << ahead;
+  EXPECT_NE(ahead.message().find("this trainer's last step is 3"), std::string::npos) << ahead;
   const absl::Status finished = client->Finish(3);
   EXPECT_TRUE(absl::IsFailedPrecondition(finished)) << finished;
   EXPECT_NE(finished.message().find("shard(s) 1 keep no periodic checkpoints"), std::string::npos)

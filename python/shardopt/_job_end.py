@@ -18,7 +18,8 @@ class JobEnd:
         exit). Asynchronous: then pulls the final parameters into the model.
         True when done; False when the job had to roll back meanwhile (a
         RuntimeWarning says so): the model then holds the parameters of
-        step_count, from which to train on and call finish() again."""
+        step_count, from which to train on and call finish() again. (Should
+        that pull fail, its error is raised; the next call pulls first.)"""
         for g in self._groups:
             g.abandon_stream()
             if g.resume_pending:  # (A pull after a rollback failed: that first.)
@@ -29,7 +30,7 @@ class JobEnd:
             except AbortedError:
                 if g.client.rolled_back_to is None or len(self._groups) > 1:
                     raise
-                self._follow_rollback(g)
+                self._follow_rollback(g, stacklevel=3)  # (The warning names the caller.)
                 return False
         if self._consistency != "sync":
             for g in self._groups:

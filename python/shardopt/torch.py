@@ -539,7 +539,7 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
         self.last_results = results
         return loss
 
-    def _follow_rollback(self, g):
+    def _follow_rollback(self, g, stacklevel=4):
         """The job rolled back to a checkpoint (a shard came back without
         steps no trainer could send again): goes on from there, as every
         other trainer does."""
@@ -551,7 +551,7 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
         g.resume_pending = True
         warnings.warn(f"shardopt.torch: the job rolled back to step {back} (see the shard "
                       "servers' logs for why); training goes on from there", RuntimeWarning,
-                      stacklevel=4)
+                      stacklevel=stacklevel)
         self._resume(g)
 
     def _resume(self, g):

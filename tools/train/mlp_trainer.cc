@@ -304,6 +304,8 @@ int Train(const Dataset& data, const JobConfig& job) {
   const absl::Duration min_step = absl::Milliseconds(absl::GetFlag(FLAGS_min_step_ms));
   for (int64_t step = start_version + 1;; ++step) {
     if (step > job.steps) {
+      // (A job already past --steps, joined late: nothing of it to finish.)
+      if (start_version > job.steps) break;
       // The end, saved (TrainerClient::Finish): a shard that restarts from
       // now on comes back at the last step, so no trainer is needed any more.
       absl::Status finished = trainer.Finish(job.steps);

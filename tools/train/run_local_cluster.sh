@@ -357,7 +357,7 @@ if ((chaos == 1)); then
   trainer_rc=()
   for ((r = 0; r < trainers; r++)); do start_trainer "$r"; done
   await_trainers
-  echo "run_local_cluster: chaos: the restarted job found its end saved"
+  echo "run_local_cluster: chaos: the trainers started again after the end finished (rank 0 says at which version it joined)"
 fi
 
 # A clean shutdown is part of the job: a server that hangs or crashes on
