@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -259,6 +260,20 @@ int Train(const std::string& name) {
   }
   int rollbacks = 0;
   DeviceBuffers device_buffers;  // With --device_buffers.
+  // After a call that failed because the job rolled back to a checkpoint:
+  // pulls its parameters; the version to go on from (nullopt when the pull
+  // failed, said on stderr).
+  const auto resume_after_rollback = [&](const absl::Status& why) -> std::optional<int64_t> {
+    fprintf(stderr, "rank %u: %s\n", options.trainer_rank, why.ToString().c_str());
+    absl::StatusOr<int64_t> pulled = (*client)->PullToResume(params_view);
+    if (!pulled.ok()) {
+      fprintf(stderr, "rank %u: after the rollback: %s\n", options.trainer_rank,
+              pulled.status().ToString().c_str());
+      return std::nullopt;
+    }
+    ++rollbacks;
+    return *pulled;
+  };
   // (Again from where a rollback during Finish left the job.)
   for (bool ended = false; !ended;) {
     ended = true;
@@ -328,19 +343,13 @@ int Train(const std::string& name) {
       } else {
         result = (*client)->Step(step, grad_view, params_view);
       }
-      if (std::optional<int64_t> back = (*client)->rolled_back_to(); !result.ok() && back) {
+      if (!result.ok() && (*client)->rolled_back_to()) {
         // The job went back to a checkpoint: continue from its version.
-        fprintf(stderr, "rank %u: %s\n", options.trainer_rank, result.status().ToString().c_str());
         std::ofstream(absl::GetFlag(FLAGS_out_dir) + "/" + name + ".rollback_reason")
             << result.status().message();
-        absl::StatusOr<int64_t> pulled = (*client)->PullToResume(params_view);
-        if (!pulled.ok()) {
-          fprintf(stderr, "rank %u: after the rollback: %s\n", options.trainer_rank,
-                  pulled.status().ToString().c_str());
-          return 1;
-        }
-        ++rollbacks;
-        step = *pulled;  // The loop goes on with step back + 1.
+        std::optional<int64_t> back = resume_after_rollback(result.status());
+        if (!back) return 1;
+        step = *back;  // The loop goes on with step back + 1.
         continue;
       }
       if (!result.ok()) {
@@ -380,15 +389,9 @@ int Train(const std::string& name) {
       }
       absl::Status finished = (*client)->Finish(absl::GetFlag(FLAGS_steps));
       if (!finished.ok() && (*client)->rolled_back_to()) {
-        fprintf(stderr, "rank %u: Finish: %s\n", options.trainer_rank, finished.ToString().c_str());
-        absl::StatusOr<int64_t> pulled = (*client)->PullToResume(params_view);
-        if (!pulled.ok()) {
-          fprintf(stderr, "rank %u: after the rollback: %s\n", options.trainer_rank,
-                  pulled.status().ToString().c_str());
-          return 1;
-        }
-        ++rollbacks;
-        start = *pulled;
+        std::optional<int64_t> back = resume_after_rollback(finished);
+        if (!back) return 1;
+        start = *back;
         ended = false;
         continue;
       }

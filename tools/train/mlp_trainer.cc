@@ -302,6 +302,19 @@ int Train(const Dataset& data, const JobConfig& job) {
   const int log_every = absl::GetFlag(FLAGS_log_every);
   const int eval_every = absl::GetFlag(FLAGS_eval_every);
   const absl::Duration min_step = absl::Milliseconds(absl::GetFlag(FLAGS_min_step_ms));
+  // After a call that failed because the job rolled back to a checkpoint
+  // every shard holds: pulls its parameters; the version to go on from
+  // (nullopt when the pull failed, said on stderr).
+  const auto resume_after_rollback = [&](const absl::Status& why) -> std::optional<int64_t> {
+    fprintf(stderr, "mlp_trainer rank %u: %s\n", job.rank, why.ToString().c_str());
+    absl::StatusOr<int64_t> pulled = trainer.PullToResume(absl::MakeSpan(params));
+    if (!pulled.ok()) {
+      fprintf(stderr, "mlp_trainer rank %u: after the rollback: %s\n", job.rank,
+              pulled.status().ToString().c_str());
+      return std::nullopt;
+    }
+    return *pulled;
+  };
   for (int64_t step = start_version + 1;; ++step) {
     if (step > job.steps) {
       // (A job already past --steps, joined late: nothing of it to finish.)
@@ -309,16 +322,10 @@ int Train(const Dataset& data, const JobConfig& job) {
       // The end, saved (TrainerClient::Finish): a shard that restarts from
       // now on comes back at the last step, so no trainer is needed any more.
       absl::Status finished = trainer.Finish(job.steps);
-      if (std::optional<int64_t> back = trainer.rolled_back_to(); !finished.ok() && back) {
-        fprintf(stderr, "mlp_trainer rank %u: at the end: %s\n", job.rank,
-                finished.ToString().c_str());
-        absl::StatusOr<int64_t> pulled = trainer.PullToResume(absl::MakeSpan(params));
-        if (!pulled.ok()) {
-          fprintf(stderr, "mlp_trainer rank %u: after the rollback: %s\n", job.rank,
-                  pulled.status().ToString().c_str());
-          return kExitError;
-        }
-        step = *pulled;  // The loop goes on with step back + 1.
+      if (!finished.ok() && trainer.rolled_back_to()) {
+        std::optional<int64_t> back = resume_after_rollback(finished);
+        if (!back) return kExitError;
+        step = *back;  // The loop goes on with step back + 1.
         continue;
       }
       if (!finished.ok()) {
@@ -362,16 +369,11 @@ int Train(const Dataset& data, const JobConfig& job) {
       return kExitError;
     }
     absl::StatusOr<StepResult> result = trainer.Step(step, grads, absl::MakeSpan(params));
-    if (std::optional<int64_t> back = trainer.rolled_back_to(); !result.ok() && back) {
+    if (!result.ok() && trainer.rolled_back_to()) {
       // The job went back to a checkpoint every shard holds: go on from there.
-      fprintf(stderr, "mlp_trainer rank %u: %s\n", job.rank, result.status().ToString().c_str());
-      absl::StatusOr<int64_t> pulled = trainer.PullToResume(absl::MakeSpan(params));
-      if (!pulled.ok()) {
-        fprintf(stderr, "mlp_trainer rank %u: after the rollback: %s\n", job.rank,
-                pulled.status().ToString().c_str());
-        return kExitError;
-      }
-      step = *pulled;  // The loop goes on with step back + 1.
+      std::optional<int64_t> back = resume_after_rollback(result.status());
+      if (!back) return kExitError;
+      step = *back;  // The loop goes on with step back + 1.
       continue;
     }
     if (!result.ok()) {
