@@ -4,7 +4,9 @@
 // the end (not at the last multiple of --checkpoint_every, which no trainer
 // is left to replay), and trainers started again with the same flags find
 // the job done. A shard that restarts after the last step but before the
-// end is saved is brought back by the trainers' Finish first. Finish refuses
+// end is saved is brought back by the trainers' Finish first, also one whose
+// part of the end (written before it restarted) completed the commit while
+// it sat behind. Finish refuses
 // a job whose shards do not all keep checkpoints. Bad requests for a periodic
 // checkpoint get their status and change nothing.
 #include <signal.h>
@@ -150,6 +152,57 @@ TEST(JobEndTest, AShardThatRestartsBeforeTheEndIsSavedIsBroughtBackFirst) {
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out");
   ASSERT_NO_FATAL_FAILURE(KillAndRestartAll(*servers, flags));
   ExpectEveryShardAt(addresses, model, kSteps);
+}
+
+// Shard 1 writes its part of the end (step 15) and restarts (from step 10)
+// while shard 0's part is still being written (a 5 s stall); shard 0 then
+// commits the end with shard 1's part from before its restart. Every save
+// answered, one with the manifest, yet shard 1 sits at step 10: Finish looks
+// at every shard again after saving, brings shard 1 back from the trainers'
+// histories, and only then lets the trainers go.
+TEST(JobEndTest, AShardBehindAnEndItsOldPartCommittedIsBroughtBackBeforeTheTrainersLeave) {
+  constexpr int kSteps = 15;
+  const std::string model = "adamw";
+  const std::string root = MakeTempDir("job_end_old_part");
+  const std::string ckpt = root + "/ckpt";
+  const std::string step_dir = JoinPath(ckpt + "/" + model, CheckpointStepDirName(kSteps));
+  const std::vector<std::string> flags = CrashRecoveryFlags(ckpt, kEvery);
+  ServerPlacement slow;
+  slow.binary = "tests/fault_injecting_server";
+  std::vector<std::string> slow_flags = flags;
+  slow_flags.push_back("--pause_checkpoint_data_writes_ms=5000");
+  std::vector<std::unique_ptr<ServerProcess>> servers(kShards);
+  auto started = ServerProcess::Start(0, kShards, slow_flags, slow);
+  ASSERT_TRUE(started.ok()) << started.status();
+  servers[0] = std::move(*started);
+  started = ServerProcess::Start(1, kShards, flags);
+  ASSERT_TRUE(started.ok()) << started.status();
+  servers[1] = std::move(*started);
+  const std::vector<std::string> addresses = Addresses(servers);
+  std::vector<std::unique_ptr<ChildProcess>> trainers;
+  ASSERT_NO_FATAL_FAILURE(StartTrainers(addresses, kTrainers, model, kSteps, root + "/out",
+                                        {"--finish", "--replay_steps=20", "--retry_budget=120s"},
+                                        &trainers));
+  // Shard 1's part of the end is written; shard 0's is not (stalled).
+  const std::string part1 = JoinPath(step_dir, CheckpointPartRecordName(1, kShards));
+  const absl::Time until = absl::Now() + absl::Seconds(90);
+  while (!FileExists(FileEnv::Default(), part1) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_TRUE(FileExists(FileEnv::Default(), part1)) << part1;
+  servers[1]->process().Signal(SIGKILL);
+  ASSERT_TRUE(servers[1]->process().Wait(absl::Seconds(10)).has_value());
+  started = StartServerAt(addresses[1], 1, kShards, flags);
+  ASSERT_TRUE(started.ok()) << started.status();
+  servers[1] = std::move(*started);
+  // (Otherwise the stall was too short for this machine: not the case meant.)
+  ASSERT_FALSE(FileExists(FileEnv::Default(), JoinPath(step_dir, kCheckpointManifestFile)))
+      << "shard 0 committed before shard 1 restarted";
+  ASSERT_EQ(VersionOn(addresses[1], model), kEvery);
+  ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
+  EXPECT_TRUE(FileExists(FileEnv::Default(), JoinPath(step_dir, kCheckpointManifestFile)));
+  ExpectEveryShardAt(addresses, model, kSteps);
+  ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out");
 }
 
 // Asynchronous: the end is every trainer's step 15 on every shard (Finish
