@@ -243,9 +243,9 @@ absl::StatusOr<CheckpointPartWritten> WriteCheckpointPart(
   written.data_file =
       JoinPath(directory, CheckpointDataFileName(shard_index, config.shard_count()));
   const std::string manifest_path = JoinPath(directory, kCheckpointManifestFile);
-  if (absl::StatusOr<bool> held = HoldsCommitted(env, directory, config, step, progress.run_id());
-      !held.ok() || *held) {
-    if (!held.ok()) return held.status();
+  absl::StatusOr<bool> held = HoldsCommitted(env, directory, config, step, progress.run_id());
+  if (!held.ok()) return held.status();
+  if (*held) {
     written.manifest = manifest_path;
     return written;
   }

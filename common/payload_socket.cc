@@ -306,8 +306,12 @@ absl::StatusOr<int> OpenLink(const std::string& host, uint16_t port, absl::strin
   return *socket;
 }
 
+bool IsUnixSocketAddress(absl::string_view target) {
+  return absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:");
+}
+
 std::string HostOfTarget(absl::string_view target) {
-  if (absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:")) return "";
+  if (IsUnixSocketAddress(target)) return "";
   for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
     if (absl::ConsumePrefix(&target, scheme)) break;
   }

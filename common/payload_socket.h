@@ -134,8 +134,12 @@ absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Dur
 // (MarkForkPrivate, common/fork_private.h): close it with CloseForkPrivate.
 absl::StatusOr<int> OpenLink(const std::string& host, uint16_t port, absl::string_view token,
                              absl::Duration timeout);
+// Whether a gRPC target or listen address names a Unix socket (unix:PATH,
+// unix://PATH, unix-abstract:NAME), not a TCP host whose name starts with
+// "unix".
+bool IsUnixSocketAddress(absl::string_view target);
 // The host part of a gRPC target "host:port" / "[v6]:port" (scheme prefixes
-// such as "ipv4:" dropped); empty when it has none.
+// such as "ipv4:" dropped); empty when it has none (a Unix socket).
 std::string HostOfTarget(absl::string_view target);
 
 }  // namespace shardopt

@@ -65,11 +65,6 @@ absl::Status CheckUnixAddressFree(const std::string& listen_address) {
 
 }  // namespace
 
-bool IsUnixSocketAddress(const std::string& listen_address) {
-  return absl::StartsWith(listen_address, "unix:") ||
-         absl::StartsWith(listen_address, "unix-abstract:");
-}
-
 absl::Status CheckListenAddressFree(const std::string& listen_address) {
   if (IsUnixSocketAddress(listen_address)) return CheckUnixAddressFree(listen_address);
   const size_t colon = listen_address.rfind(':');

@@ -8,7 +8,7 @@
 // listening one: another shard server, a stale process), when the host does
 // not resolve, or when none of its addresses binds (not on this machine, a
 // privileged port); INVALID_ARGUMENT without a numeric port. OK for port 0.
-// A Unix socket (unix:PATH, unix://PATH, unix-abstract:NAME) is in use when
+// A Unix socket (IsUnixSocketAddress, common/payload_socket.h) is in use when
 // a connect to it succeeds: gRPC would unlink a live server's socket file
 // and take its name. The port can still be taken between this check and the
 // real bind.
@@ -20,10 +20,6 @@
 #include "absl/status/status.h"
 
 namespace shardopt {
-
-// Whether `listen_address` names a Unix socket (unix:PATH, unix://PATH,
-// unix-abstract:NAME), not a TCP host that happens to start with "unix".
-bool IsUnixSocketAddress(const std::string& listen_address);
 
 // `listen_address` as --listen and --metrics_listen take it: HOST:PORT,
 // [IPV6]:PORT, :PORT (every interface) or unix:PATH.

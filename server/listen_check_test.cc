@@ -17,6 +17,7 @@
 
 #include "absl/time/clock.h"
 #include "common/loopback_listener_testing.h"
+#include "common/payload_socket.h"
 #include "gtest/gtest.h"
 
 namespace shardopt {

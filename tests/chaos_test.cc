@@ -205,17 +205,6 @@ bool HasSetAside(const std::string& model_root, const std::string& prefix) {
   return false;
 }
 
-// Every shard applied each of the `steps` steps exactly once.
-void ExpectEveryStepAppliedOnce(const std::vector<std::string>& addresses,
-                                const std::string& model, int steps) {
-  for (uint32_t i = 0; i < addresses.size(); ++i) {
-    v1::InspectResponse info;
-    ASSERT_TRUE(RawInspect(*NewStub(addresses[i]), model, &info).ok()) << "shard " << i;
-    EXPECT_EQ(info.version(), steps) << "shard " << i;
-    EXPECT_EQ(info.optimizer_steps() + info.skipped_steps(), steps) << "shard " << i;
-  }
-}
-
 TEST(ChaosTest, KillsOfShardsAndTrainersNeverStopTheJob) {
   constexpr int kSteps = 300, kChangeAt = 151;
   constexpr double kMaxGradNorm = 0.5;  // Clips every step: each replay needs its decision.

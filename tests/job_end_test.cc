@@ -66,16 +66,6 @@ void KillAndRestartAll(std::vector<std::unique_ptr<ServerProcess>>& servers,
   }
 }
 
-void ExpectEveryShardAt(const std::vector<std::string>& addresses, const std::string& model,
-                        int64_t steps) {
-  for (uint32_t i = 0; i < addresses.size(); ++i) {
-    v1::InspectResponse info;
-    ASSERT_TRUE(RawInspect(*NewStub(addresses[i]), model, &info).ok()) << "shard " << i;
-    EXPECT_EQ(info.version(), steps) << "shard " << i;
-    EXPECT_EQ(info.optimizer_steps() + info.skipped_steps(), steps) << "shard " << i;
-  }
-}
-
 // 15 steps, checkpoints every 10: without the end saved, a restart after the
 // trainers exited would come back at step 10 with nobody to replay 11-15.
 TEST(JobEndTest, TheEndIsSavedSoShardsRestartedAfterTheTrainersExitComeBackThere) {
@@ -93,13 +83,13 @@ TEST(JobEndTest, TheEndIsSavedSoShardsRestartedAfterTheTrainersExitComeBackThere
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out");
 
   ASSERT_NO_FATAL_FAILURE(KillAndRestartAll(*servers, flags));
-  ExpectEveryShardAt(addresses, model, kSteps);
+  ExpectEveryStepAppliedOnce(addresses, model, kSteps);
   // The same trainers started again (the documented restart) find the job
   // done: nothing is pushed, they end with the same parameters.
   ASSERT_NO_FATAL_FAILURE(
       RunTrainers(addresses, kTrainers, model, kSteps, root + "/again", {"--finish"}));
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/again");
-  ExpectEveryShardAt(addresses, model, kSteps);
+  ExpectEveryStepAppliedOnce(addresses, model, kSteps);
 }
 
 // The last step is one the shards' saving threads save too: both ask for
@@ -117,7 +107,7 @@ TEST(JobEndTest, ALastStepTheShardsSaveThemselvesEndsTheSame) {
       RunTrainers(addresses, kTrainers, model, kSteps, root + "/out", {"--finish"}));
   EXPECT_TRUE(FileExists(FileEnv::Default(), ManifestOf(ckpt + "/" + model, kSteps)));
   ASSERT_NO_FATAL_FAILURE(KillAndRestartAll(*servers, flags));
-  ExpectEveryShardAt(addresses, model, kSteps);
+  ExpectEveryStepAppliedOnce(addresses, model, kSteps);
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out");
 }
 
@@ -148,10 +138,10 @@ TEST(JobEndTest, AShardThatRestartsBeforeTheEndIsSavedIsBroughtBackFirst) {
   std::ofstream(go) << "go";
   ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
   EXPECT_TRUE(FileExists(FileEnv::Default(), ManifestOf(ckpt + "/" + model, kSteps)));
-  ExpectEveryShardAt(addresses, model, kSteps);
+  ExpectEveryStepAppliedOnce(addresses, model, kSteps);
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out");
   ASSERT_NO_FATAL_FAILURE(KillAndRestartAll(*servers, flags));
-  ExpectEveryShardAt(addresses, model, kSteps);
+  ExpectEveryStepAppliedOnce(addresses, model, kSteps);
 }
 
 // Shard 1 writes its part of the end (step 15) and restarts (from step 10)
@@ -201,7 +191,7 @@ TEST(JobEndTest, AShardBehindAnEndItsOldPartCommittedIsBroughtBackBeforeTheTrain
   ASSERT_EQ(VersionOn(addresses[1], model), kEvery);
   ASSERT_NO_FATAL_FAILURE(AwaitTrainers(trainers));
   EXPECT_TRUE(FileExists(FileEnv::Default(), JoinPath(step_dir, kCheckpointManifestFile)));
-  ExpectEveryShardAt(addresses, model, kSteps);
+  ExpectEveryStepAppliedOnce(addresses, model, kSteps);
   ExpectMatchesReference(model, kShards, kTrainers, kSteps, root + "/out");
 }
 
@@ -327,7 +317,7 @@ TEST(JobEndTest, BadPeriodicCheckpointRequestsChangeNothing) {
                             JoinPath(ckpt + "/" + model, CheckpointStepDirName(step))))
         << step;
   }
-  ExpectEveryShardAt({kept_address}, model, kSteps);
+  ExpectEveryStepAppliedOnce({kept_address}, model, kSteps);
 
   // And a good one, twice: written once, committed (one shard).
   v1::CheckpointResponse first, second;
@@ -344,7 +334,7 @@ TEST(JobEndTest, BadPeriodicCheckpointRequestsChangeNothing) {
   const v1::ModelSummary summary = SummaryOn(kept_address, model);
   ASSERT_GT(summary.committed_checkpoints_size(), 0);
   EXPECT_EQ(summary.committed_checkpoints(0), kSteps);
-  ExpectEveryShardAt({kept_address}, model, kSteps);
+  ExpectEveryStepAppliedOnce({kept_address}, model, kSteps);
 }
 
 }  // namespace

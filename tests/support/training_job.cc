@@ -110,6 +110,16 @@ void ExpectMatchesReference(const std::string& name, uint32_t shards, uint32_t t
   ExpectMatchesReference(spec, shards, steps, out_root, options);
 }
 
+void ExpectEveryStepAppliedOnce(const std::vector<std::string>& addresses, const std::string& model,
+                                int64_t steps) {
+  for (uint32_t i = 0; i < addresses.size(); ++i) {
+    v1::InspectResponse info;
+    ASSERT_TRUE(RawInspect(*NewStub(addresses[i]), model, &info).ok()) << "shard " << i;
+    EXPECT_EQ(info.version(), steps) << "shard " << i;
+    EXPECT_EQ(info.optimizer_steps() + info.skipped_steps(), steps) << "shard " << i;
+  }
+}
+
 // The model's version on the shard at `address` (-1 when unreachable or not
 // there yet).
 int64_t VersionOn(const std::string& address, const std::string& model) {

@@ -56,6 +56,11 @@ void ExpectMatchesReference(const std::string& name, uint32_t shards, uint32_t t
                             const std::string& out_root, double max_grad_norm = 0,
                             const ReferenceOptions& options = {});
 
+// Every shard is at version `steps` and applied (or skipped) each step once.
+// (gtest assertions: call under ASSERT_NO_FATAL_FAILURE where it matters.)
+void ExpectEveryStepAppliedOnce(const std::vector<std::string>& addresses, const std::string& model,
+                                int64_t steps);
+
 // The model's version on the shard at `address` (-1 when unreachable or not
 // there yet).
 int64_t VersionOn(const std::string& address, const std::string& model);
