@@ -272,7 +272,7 @@ def main():
     parser.add_argument("--slowdown", type=float, default=1.0,
                         help="trainer 1 computes this many times as long")
     parser.add_argument("--optimizer", choices=sorted(DEFAULT_LR), default="adamw",
-                        help="lion, lamb and adafactor have no torch.optim curve to compare")
+                        help="lion, lamb, adafactor and muon have no torch.optim curve to compare")
     parser.add_argument("--shards", type=int, default=2, help="shard servers")
     parser.add_argument("--step_timeout", type=float, default=600,
                         help="seconds a trainer may take for one step before the job fails "

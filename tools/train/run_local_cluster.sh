@@ -26,7 +26,7 @@
 #   --steps=N           training steps (env STEPS, default 300)
 #   --batch=N           global batch, a multiple of --trainers (env BATCH,
 #                       default 256 rounded down to one)
-#   --optimizer=NAME    adamw|adam|sgd|adagrad (env OPTIMIZER, default adamw)
+#   --optimizer=NAME    adamw|adam|sgd|adagrad|lion (env OPTIMIZER, default adamw)
 #   --lr=X              learning rate (env LR, default: the trainer's per-optimizer one)
 #   --server_bin=PATH   prebuilt shardopt_server (env SHARDOPT_SERVER_BIN)
 #   --trainer_bin=PATH  prebuilt mlp_trainer (env MLP_TRAINER_BIN)
