@@ -141,6 +141,10 @@ class TrainerClient {
   // The version every shard was at after the last Register/Attach (in the
   // asynchronous modes: shard 0's).
   int64_t registered_version() const { return registered_version_; }
+  // The highest step Push() was called with (a change for it or an earlier
+  // step may already be in force on some shard: SetHyperparameters refuses
+  // it).
+  int64_t last_pushed_step() const { return last_pushed_step_; }
   // The model's mode is asynchronous or bounded (after Register/Attach).
   bool asynchronous() const { return spec_ && IsAsynchronous(spec_->consistency); }
 

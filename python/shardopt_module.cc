@@ -274,11 +274,20 @@ class Client {
     });
   }
 
+  void CancelHyperparameters(int64_t effective_step) {
+    Interruptible([&] { ThrowIfError(client_->CancelHyperparameters(effective_step)); });
+  }
+
   int64_t registered_version() {
     CheckedSize();
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> serial(mu_);
     return client_->registered_version();
+  }
+  int64_t last_pushed_step() {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> serial(mu_);
+    return client_->last_pushed_step();
   }
   // Also answers before register(): the layout the model will get.
   std::vector<py::tuple> LayoutFor(
@@ -386,6 +395,9 @@ PYBIND11_MODULE(_shardopt, m) {
   ex.base = py::reinterpret_borrow<py::object>(
       PyErr_NewException("shardopt._shardopt.ShardoptError", PyExc_RuntimeError, nullptr));
   m.attr("ShardoptError") = ex.base;
+  // As a class attribute too: errors raised from Python (shardopt.torch's
+  // own checks) carry their code as those from C++ do.
+  ex.base.attr("code") = "UNKNOWN";
   // Subclasses per status code, each also a fitting builtin exception.
   const std::vector<std::tuple<absl::StatusCode, const char*, PyObject*>> kinds = {
       {absl::StatusCode::kInvalidArgument, "InvalidArgumentError", PyExc_ValueError},
@@ -410,6 +422,7 @@ PYBIND11_MODULE(_shardopt, m) {
                               : py::tuple(py::make_tuple(ex.base));
     py::object cls = py::reinterpret_steal<py::object>(PyErr_NewException(
         absl::StrCat("shardopt._shardopt.", name).c_str(), bases.ptr(), nullptr));
+    cls.attr("code") = absl::StatusCodeToString(code);
     m.attr(name) = cls;
     ex.by_code[code] = cls;
   }
@@ -502,7 +515,11 @@ PYBIND11_MODULE(_shardopt, m) {
       .def("inspect_json", &Client::InspectJson)
       .def("set_hyperparameters", &Client::SetHyperparameters, py::arg("effective_step"),
            py::arg("optimizer"), py::arg("hyperparameters"))
+      .def("cancel_hyperparameters", &Client::CancelHyperparameters, py::arg("effective_step"),
+           "Takes back the change this trainer sent for a step it has not pushed yet.")
       .def_property_readonly("registered_version", &Client::registered_version)
+      .def_property_readonly("last_pushed_step", &Client::last_pushed_step,
+                             "The highest step this trainer pushed (or began to push).")
       .def_property_readonly("rank", &Client::rank)
       .def_property_readonly("shard_count", &Client::shard_count)
       .def_property_readonly("loss_scale", &Client::loss_scale,

@@ -76,10 +76,12 @@ size_t HyperparameterSchedule::WouldAdopt(const std::vector<int64_t>& effective_
   return added.size();
 }
 
-void HyperparameterSchedule::Adopt(int64_t effective_step, const Hyperparameters& next,
+bool HyperparameterSchedule::Adopt(int64_t effective_step, const Hyperparameters& next,
                                    int64_t version, bool next_started) {
   // (Never replaces what is there.)
-  if (Adopts(effective_step, version, next_started)) scheduled_.emplace(effective_step, next);
+  if (!Adopts(effective_step, version, next_started)) return false;
+  scheduled_.emplace(effective_step, next);
+  return true;
 }
 
 OptimizerConfig HyperparameterSchedule::TakeEffect(int64_t step) {

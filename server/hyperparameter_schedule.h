@@ -53,8 +53,13 @@ class HyperparameterSchedule {
   // come here, and this shard has not seen it cancelled. Never replaces or
   // removes anything: trainers disagreeing would otherwise make the shards'
   // schedules depend on arrival order. `next` has been validated.
-  void Adopt(int64_t effective_step, const Hyperparameters& next, int64_t version,
+  // True when it scheduled the change.
+  bool Adopt(int64_t effective_step, const Hyperparameters& next, int64_t version,
              bool next_started);
+  // Takes back a change Adopt scheduled (nothing else relies on it: the
+  // push that carried it was refused before its step started), leaving the
+  // schedule as it was before; nothing when none is scheduled there.
+  void Withdraw(int64_t effective_step) { scheduled_.erase(effective_step); }
   // How many new entries Adopt of changes for `effective_steps` would add.
   size_t WouldAdopt(const std::vector<int64_t>& effective_steps, int64_t version,
                     bool next_started) const;

@@ -8,6 +8,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <utility>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -65,8 +67,32 @@ absl::Status CheckUnixAddressFree(const std::string& listen_address) {
 
 }  // namespace
 
-absl::Status CheckListenAddressFree(const std::string& listen_address) {
-  if (IsUnixSocketAddress(listen_address)) return CheckUnixAddressFree(listen_address);
+ListenAddressHold::~ListenAddressHold() { Close(); }
+
+ListenAddressHold::ListenAddressHold(ListenAddressHold&& other) noexcept
+    : sockets_(std::move(other.sockets_)) {
+  other.sockets_.clear();
+}
+
+ListenAddressHold& ListenAddressHold::operator=(ListenAddressHold&& other) noexcept {
+  if (this != &other) {
+    Close();
+    sockets_ = std::move(other.sockets_);
+    other.sockets_.clear();
+  }
+  return *this;
+}
+
+void ListenAddressHold::Close() {
+  for (const int fd : sockets_) close(fd);
+  sockets_.clear();
+}
+
+absl::StatusOr<ListenAddressHold> HoldListenAddress(const std::string& listen_address) {
+  if (IsUnixSocketAddress(listen_address)) {
+    if (absl::Status s = CheckUnixAddressFree(listen_address); !s.ok()) return s;
+    return ListenAddressHold();
+  }
   const size_t colon = listen_address.rfind(':');
   const size_t bracket = listen_address.rfind(']');
   int port = -1;
@@ -79,7 +105,7 @@ absl::Status CheckListenAddressFree(const std::string& listen_address) {
         "cannot listen on '", listen_address,
         "': give HOST:PORT, [IPV6]:PORT, :PORT or unix:PATH (port 0 picks a free one)"));
   }
-  if (port == 0) return absl::OkStatus();
+  if (port == 0) return ListenAddressHold();
   const std::string host = HostOfTarget(listen_address);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -98,18 +124,22 @@ absl::Status CheckListenAddressFree(const std::string& listen_address) {
   // all (one not on this host, a privileged port): gRPC would not listen
   // either. An address family the machine lacks is not tried.
   absl::Status in_use, last_failure;
-  int tried = 0, bound = 0;
+  int tried = 0;
+  ListenAddressHold hold;
   for (addrinfo* a = found; a != nullptr && in_use.ok(); a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     ++tried;
     // As the real listeners set it: a closed connection's TIME_WAIT does not
-    // count, only a socket that holds the port.
+    // count, only a socket that holds the port; and gRPC's listener binds
+    // beside the ones held, which do not listen.
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      ++bound;
-    } else if (errno == EADDRINUSE) {
+      hold.sockets_.push_back(fd);
+      continue;
+    }
+    if (errno == EADDRINUSE) {
       in_use = absl::UnavailableError(
           absl::StrCat("cannot listen on ", listen_address, ": port ", port,
                        " is in use (another shard server, or an old one still running?)"));
@@ -121,8 +151,8 @@ absl::Status CheckListenAddressFree(const std::string& listen_address) {
   }
   freeaddrinfo(found);
   if (!in_use.ok()) return in_use;
-  if (tried > 0 && bound == 0) return last_failure;
-  return absl::OkStatus();
+  if (tried > 0 && hold.sockets() == 0) return last_failure;
+  return hold;
 }
 
 bool OnlyThisMachineReaches(const std::string& listen_address) {

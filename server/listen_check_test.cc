@@ -1,20 +1,31 @@
 // CheckListenAddressFree finds a port a listening socket holds, and a Unix
 // socket a server listens on (and lets ports 0, free ports and unused Unix
-// sockets by, but no address without a port); OnlyThisMachineReaches
-// tells loopback and Unix addresses from the others.
+// sockets by, but no address without a port); HoldListenAddress's hold keeps
+// the port from sockets asking for a free one while gRPC can listen there;
+// OnlyThisMachineReaches tells loopback and Unix addresses from the others.
 #include "server/listen_check.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sched.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/loopback_listener_testing.h"
 #include "common/payload_socket.h"
@@ -120,6 +131,99 @@ TEST(ListenCheckTest, AnAddressWithoutANumericPortIsRefused) {
   }
   EXPECT_TRUE(CheckListenAddressFree("[::1]:0").ok());
   EXPECT_TRUE(CheckListenAddressFree(":0").ok());
+}
+
+// A held port is no free port for any socket that asks for one (a payload
+// socket's listener, an outgoing connection), and gRPC's listener binds it
+// while it is held. In a network namespace of its own (a child process)
+// whose ephemeral range is two ports, the kernel's picks are known: a
+// listener's free port is the one it picks first unless that is held, and
+// a connection's is the other (the kernel prefers the other parity for
+// connections) unless that is held.
+TEST(ListenCheckTest, AHeldPortIsNoFreePortAndGrpcListensThere) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (unshare(CLONE_NEWNET) != 0) _exit(77);
+    std::ofstream("/proc/sys/net/ipv4/ip_local_port_range") << "40000 40001\n";
+    std::string range;
+    std::getline(std::ifstream("/proc/sys/net/ipv4/ip_local_port_range"), range);
+    if (range != "40000\t40001") _exit(78);
+    const int control = socket(AF_INET, SOCK_DGRAM, 0);
+    ifreq lo{};
+    strcpy(lo.ifr_name, "lo");
+    if (ioctl(control, SIOCGIFFLAGS, &lo) != 0) _exit(79);
+    lo.ifr_flags |= IFF_UP;
+    if (ioctl(control, SIOCSIFFLAGS, &lo) != 0) _exit(79);
+    close(control);
+
+    absl::StatusOr<TcpListener> probe = ListenTcp("127.0.0.1", 0);
+    if (!probe.ok()) _exit(2);
+    const uint16_t first = probe->port;
+    const uint16_t other = first == 40000 ? 40001 : 40000;
+    close(probe->fd);
+    {
+      absl::StatusOr<ListenAddressHold> hold = HoldListenAddress(absl::StrCat("127.0.0.1:", first));
+      if (!hold.ok() || hold->sockets() != 1) _exit(3);
+      for (int round = 0; round < 10; ++round) {
+        for (const char* host : {"127.0.0.1", ""}) {
+          absl::StatusOr<TcpListener> listener = ListenTcp(host, 0);
+          if (!listener.ok()) _exit(4);
+          close(listener->fd);
+          if (listener->port != other) _exit(5);
+        }
+      }
+    }
+    {
+      absl::StatusOr<ListenAddressHold> hold = HoldListenAddress(absl::StrCat("127.0.0.1:", other));
+      if (!hold.ok()) _exit(3);
+      absl::StatusOr<TcpListener> target = ListenTcp("127.0.0.1", 5000);
+      if (!target.ok()) _exit(6);
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(5000);
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const int out = socket(AF_INET, SOCK_STREAM, 0);
+      if (connect(out, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) != 0) _exit(6);
+      sockaddr_in local{};
+      socklen_t length = sizeof(local);
+      getsockname(out, reinterpret_cast<sockaddr*>(&local), &length);
+      if (ntohs(local.sin_port) != first) _exit(7);
+      close(out);
+      close(target->fd);
+    }
+    {
+      const std::string address = absl::StrCat("127.0.0.1:", first);
+      absl::StatusOr<ListenAddressHold> hold = HoldListenAddress(address);
+      if (!hold.ok()) _exit(3);
+      int port = 0;
+      grpc::CallbackGenericService service;  // (A server needs one.)
+      grpc::ServerBuilder builder;
+      builder.RegisterCallbackGenericService(&service);
+      builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+      builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+      std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+      if (server == nullptr || port != first) _exit(8);
+      *hold = ListenAddressHold();
+      if (CheckListenAddressFree(address).code() != absl::StatusCode::kUnavailable) _exit(9);
+      server->Shutdown();
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) >= 77 && WEXITSTATUS(status) <= 79) {
+    GTEST_SKIP() << (WEXITSTATUS(status) == 77
+                         ? "no network namespace for this user (unshare needs CAP_SYS_ADMIN)"
+                     : WEXITSTATUS(status) == 78
+                         ? "the namespace's ip_local_port_range cannot be set"
+                         : "the namespace's loopback interface cannot be brought up");
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "2: no probe listener, 3: no hold, 4: no listener, 5: a listener took the held port, "
+         "6: no connection, 7: a connection took the held port, 8: gRPC did not listen on the "
+         "held port, 9: the port gRPC listens on was not found in use";
 }
 
 TEST(ListenCheckTest, OnlyLoopbackAndUnixAddressesStayOnThisMachine) {

@@ -506,11 +506,17 @@ class ModelShard::PushWriter {
   PushWriter(const PushWriter&) = delete;
   PushWriter& operator=(const PushWriter&) = delete;
 
+  // Where Write's bytes lie: the shard's own (a message it received), or
+  // memory the trainer can still write while they are read (its shared
+  // segment), whose padding is checked on the staged copy instead, so that
+  // what is staged is what was checked.
+  enum class Source { kShardOwned, kTrainerWritable };
   // `bytes` of little-endian elements of the push's dtype starting at
   // range-local element `offset`, which must be where the previous chunk
   // ended. INVALID_ARGUMENT otherwise, or when the chunk overruns the range,
   // holds a NaN/inf, or anything but +0/-0 on a padding element.
-  absl::Status Write(uint64_t offset, const void* data, size_t bytes);
+  absl::Status Write(uint64_t offset, const void* data, size_t bytes,
+                     Source source = Source::kShardOwned);
 
   // The next `count` elements received in place, without Write's copy: an
   // fp32 push whose elements from received() on are neither consumed
@@ -536,9 +542,15 @@ class ModelShard::PushWriter {
 
  private:
   friend class ModelShard;
-  // Write's checks of chunk [offset, offset + count) before staging
-  // (order, size, padding), on `data` in the push's dtype.
-  absl::Status CheckChunk(uint64_t offset, const void* data, uint64_t count) const;
+  // Write's checks of chunk [offset, offset + count) before staging: order
+  // and size.
+  absl::Status CheckChunk(uint64_t offset, uint64_t count) const;
+  // The padding spans among range-local [offset, offset + count), range-local.
+  std::vector<FlatRange> PaddingSpans(uint64_t offset, uint64_t count) const;
+  // The first padding element (flat index) among rank's staged range-local
+  // [offset, offset + count) holding anything but +0/-0, read where the copy
+  // landed.
+  absl::StatusOr<std::optional<uint64_t>> FindStagedPadding(uint64_t offset, uint64_t count) const;
   // The refusal of a push with `value` on padding element `flat_index`.
   absl::Status PaddingRefused(uint64_t flat_index, float value) const;
   bool CanReceiveInPlace(uint64_t count) const;

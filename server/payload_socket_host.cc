@@ -47,23 +47,8 @@ struct PayloadSocketHost::Link {
 };
 
 absl::StatusOr<std::unique_ptr<PayloadSocketHost>> PayloadSocketHost::Start(const std::string& host,
-                                                                            uint16_t port,
-                                                                            uint16_t avoid_port) {
+                                                                            uint16_t port) {
   absl::StatusOr<TcpListener> listener = ListenTcp(host, port);
-  // A free port is never `avoid_port`: kept bound while binding again, so
-  // that the kernel picks another.
-  std::vector<TcpListener> avoided;
-  while (port == 0 && avoid_port != 0 && listener.ok() && listener->port == avoid_port &&
-         avoided.size() < 8) {
-    avoided.push_back(*listener);
-    listener = ListenTcp(host, 0);
-  }
-  for (const TcpListener& a : avoided) close(a.fd);
-  if (listener.ok() && port == 0 && avoid_port != 0 && listener->port == avoid_port) {
-    close(listener->fd);
-    return absl::UnavailableError(
-        absl::StrCat("the kernel kept picking port ", avoid_port, " (the server's own)"));
-  }
   if (!listener.ok()) return listener.status();
   const int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd < 0) {

@@ -37,12 +37,9 @@ class PayloadSocketHost {
   static constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
 
   // Listens on `host` (an address; empty: every interface) at `port` (0: a
-  // free one, never `avoid_port`: the port the server's gRPC listener is
-  // about to bind, which a restarted server's predecessor just freed) and
-  // starts serving links.
+  // free one) and starts serving links.
   static absl::StatusOr<std::unique_ptr<PayloadSocketHost>> Start(const std::string& host,
-                                                                  uint16_t port = 0,
-                                                                  uint16_t avoid_port = 0);
+                                                                  uint16_t port = 0);
   // Stops serving and closes every link (transfers holding one end with it).
   ~PayloadSocketHost();
 

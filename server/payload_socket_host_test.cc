@@ -1,14 +1,11 @@
 #include "server/payload_socket_host.h"
 
-#include <sched.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -126,45 +123,6 @@ TEST(PayloadSocketHostTest, LinksNoCallNamesAreClosed) {
   EXPECT_TRUE((*host)->Acquire(named).ok());
   close(stranger);
   close(trainer);
-}
-
-// A free payload port is never the server's gRPC port, which gRPC binds
-// only after the restore (a restarted server's predecessor just freed it).
-// In a network namespace of its own (a child process) whose ephemeral range
-// is two ports, the kernel's first pick is known; told to avoid it, the host
-// takes the other.
-TEST(PayloadSocketHostTest, AFreePortIsNeverTheOneToAvoid) {
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    if (unshare(CLONE_NEWNET) != 0) _exit(77);
-    std::ofstream("/proc/sys/net/ipv4/ip_local_port_range") << "40000 40001\n";
-    std::string range;
-    std::getline(std::ifstream("/proc/sys/net/ipv4/ip_local_port_range"), range);
-    if (range != "40000\t40001") _exit(78);
-    for (int round = 0; round < 10; ++round) {
-      absl::StatusOr<TcpListener> probe = ListenTcp("", 0);
-      if (!probe.ok()) _exit(2);
-      const uint16_t picked = probe->port;
-      close(probe->fd);
-      absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host =
-          PayloadSocketHost::Start("", 0, /*avoid_port=*/picked);
-      if (!host.ok()) _exit(3);
-      const uint16_t port = (*host)->port();
-      if (port == picked || port < 40000 || port > 40001) _exit(4);
-    }
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 77 || WEXITSTATUS(status) == 78) {
-    GTEST_SKIP() << (WEXITSTATUS(status) == 77
-                         ? "no network namespace for this user (unshare needs CAP_SYS_ADMIN)"
-                         : "the namespace's ip_local_port_range cannot be set");
-  }
-  EXPECT_EQ(WEXITSTATUS(status), 0)
-      << "2: no probe listener, 3: the host did not start, 4: it took the port to avoid";
 }
 
 TEST(PayloadSocketHostTest, ClosingTheHostEndsItsLinks) {

@@ -11,7 +11,6 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/payload_socket.h"
@@ -38,7 +37,7 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const ShardServerOpti
 // name, which no trainer dials and which holds no TCP port. Never the served
 // port itself: a trial server there for a moment answered UNIMPLEMENTED (it
 // has no services) to a trainer retrying through a restart, which ended it;
-// and a kernel-picked port could have been that one. CheckListenAddressFree
+// and a kernel-picked port could have been that one. HoldListenAddress
 // has checked the served port; the trial checks the credentials.
 std::string TrialAddress() {
   absl::BitGen random;
@@ -85,17 +84,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   if (served.payload_socket_host == "0.0.0.0" || served.payload_socket_host == "::") {
     served.payload_socket_host.clear();
   }
-  if (int port = 0;
-      absl::SimpleAtoi(absl::string_view(listen_address).substr(listen_address.rfind(':') + 1),
-                       &port) &&
-      port > 0 && port <= 65535) {
-    served.grpc_port = static_cast<uint16_t>(port);
-  }
-  server->service_ = std::make_unique<ShardServiceImpl>(served);
   // A start that will be refused is refused before the restore changes
-  // anything (a named restore sets later checkpoints aside): the metrics
-  // port is bound now (its /healthz says NOT_SERVING until the end), the
-  // gRPC port checked free and the TLS credentials tried.
+  // anything (a named restore sets later checkpoints aside): the gRPC port
+  // is checked free and held until gRPC listens (before the payload socket
+  // takes a free port: never this one), the metrics port bound (its
+  // /healthz says NOT_SERVING until the end) and the TLS credentials tried.
+  absl::StatusOr<ListenAddressHold> held_port = HoldListenAddress(listen_address);
+  if (!held_port.ok()) return held_port.status();
+  server->service_ = std::make_unique<ShardServiceImpl>(served);
   if (!options.metrics_listen.empty()) {
     ShardServiceImpl* service = server->service_.get();
     ShardServer* self = server.get();
@@ -105,7 +101,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
     if (!http.ok()) return http.status();
     server->metrics_http_ = *std::move(http);
   }
-  if (absl::Status s = CheckListenAddressFree(listen_address); !s.ok()) return s;
+  // The hold is no listener: this server's own --metrics_listen or
+  // --payload_socket_port naming its gRPC port bound and listens beside it.
+  if (absl::Status s = CheckListenAddressFree(listen_address); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), "; or is it this server's own ",
+                                               "--metrics_listen or --payload_socket_port?"));
+  }
   if (absl::Status s = TryCredentials(options); !s.ok()) return s;
   // Restored before the port opens: no trainer sees the shard half-loaded.
   if (!options.restore_from.empty()) {
@@ -141,6 +142,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const std::strin
   quota.SetMaxThreads(max_threads);
   builder.SetResourceQuota(quota);
   server->server_ = builder.BuildAndStart();
+  *held_port = ListenAddressHold();  // (gRPC listens there now, or could not.)
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
   }

@@ -67,8 +67,8 @@ ShardServiceImpl::ShardServiceImpl(const ShardServerOptions& options)
     }
   }
   if (options.payload_socket && options.tls_cert_pem.empty()) {
-    absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host = PayloadSocketHost::Start(
-        options.payload_socket_host, options.payload_socket_port, options.grpc_port);
+    absl::StatusOr<std::unique_ptr<PayloadSocketHost>> host =
+        PayloadSocketHost::Start(options.payload_socket_host, options.payload_socket_port);
     if (host.ok()) {
       payload_sockets_ = *std::move(host);
     } else {
@@ -285,8 +285,11 @@ grpc::Status ShardServiceImpl::ReceivePush(grpc::ServerContext* context,
     // (What pipelined ranges already consumed stays; the rest is dropped.)
     return grpc::Status(grpc::CANCELLED, "push cancelled by the client before it ended");
   }
-  // (In the asynchronous modes the push waits to be applied: the call's
-  // deadline bounds that.)
+  // The push waits to be applied (asynchronous modes: behind other
+  // trainers or a checkpoint's cut, until the call's deadline; synchronous:
+  // while a checkpoint holds the step): no stall of the client's, which the
+  // idle watchdog is for.
+  watch.Stop();
   absl::StatusOr<PushResult> result = writer.Commit(WaitDeadline(*context, header.max_wait_ms()),
                                                     [context] { return context->IsCancelled(); });
   if (!result.ok()) return Error(result.status());

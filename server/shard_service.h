@@ -103,9 +103,6 @@ struct ShardServerOptions {
   bool payload_socket = true;
   std::string payload_socket_host = "127.0.0.1";
   uint16_t payload_socket_port = 0;  // 0: a free port (--payload_socket_port).
-  // The gRPC port (ShardServer::Start sets it): a free payload port is
-  // never this one, which gRPC binds only after the restore.
-  uint16_t grpc_port = 0;
   // The kind of device pair trainers may open (OpenDevicePair): "nccl"
   // (GPU memory; a server on a GPU), "loopback" (host memory, the same
   // protocol for a server on the CPU), or "off".

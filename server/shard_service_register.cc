@@ -156,7 +156,9 @@ grpc::Status ShardServiceImpl::RegisterModel(grpc::ServerContext* context,
   plan->options.run_id = header.run_id();
   if (absl::Status s = CheckCheckpointRoot(config.model_id(), -1, header.run_id()); !s.ok()) {
     // Checkpoints of this very run, committed by the other shards after this
-    // one came back empty, are restored (see RestoreCommittedOfRun).
+    // one came back empty, are restored (see RestoreCommittedOfRun). The
+    // stream is not read again: a long restore is no stalled client.
+    watch.Stop();
     absl::StatusOr<bool> restored = RestoreCommittedOfRun(config.model_id(), header.run_id());
     if (!restored.ok()) return Error(restored.status());
     if (!*restored) return Error(s);

@@ -55,7 +55,9 @@ absl::Status ShardServiceImpl::ReceiveSharedPayload(
     }
     watch.Touch();
     const uint64_t count = std::min(piece, header.num_elements() - done);
-    if (absl::Status s = writer.Write(done, data + done * element, count * element); !s.ok()) {
+    if (absl::Status s = writer.Write(done, data + done * element, count * element,
+                                      ModelShard::PushWriter::Source::kTrainerWritable);
+        !s.ok()) {
       return s;
     }
   }

@@ -102,6 +102,20 @@ void StepState::AbortPush(uint32_t rank, int64_t step) {
     pending_loss_scale_.reset();
     pending_stats_.loss_scale = 1;
   }
+  WithdrawChangesOf(rank);
+}
+
+void StepState::WithdrawChangesOf(uint32_t rank) {
+  if (StepStarted() || ConsumedElements() > 0) return;  // (What it carried may be in use.)
+  for (auto it = adopted_by_.begin(); it != adopted_by_.end();) {
+    it->second.erase(rank);
+    if (it->second.empty()) {
+      schedule_.Withdraw(it->first);
+      it = adopted_by_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void StepState::RecordDelivered(uint32_t rank, int64_t step, uint64_t delivered,
@@ -262,6 +276,7 @@ absl::StatusOr<uint32_t> StepState::CommitPush(uint32_t rank, int64_t step, bool
   assert(step == version_ + 1 && slots_[rank] == Slot::kReceiving);
   if (pending_loss_scale_ && loss_scale != *pending_loss_scale_) {
     slots_[rank] = Slot::kEmpty;
+    WithdrawChangesOf(rank);
     return absl::FailedPreconditionError(
         absl::StrCat("trainer ", rank, " pushed step ", step, " with loss scale ", loss_scale,
                      " but another trainer used ", *pending_loss_scale_));
@@ -378,6 +393,7 @@ void StepState::FinishStep(const Ending& ending) {
 }
 
 void StepState::ClearStep() {
+  adopted_by_.clear();
   std::fill(slots_.begin(), slots_.end(), Slot::kEmpty);
   pending_loss_scale_.reset();
   pending_stats_ = StepStats();
@@ -482,11 +498,15 @@ void StepState::ReleaseHold(int64_t step) {
 
 absl::Status StepState::ScheduleChange(int64_t effective_step, const Hyperparameters& next) {
   if (failed()) return failure_;
-  return schedule_.Schedule(effective_step, next, version_, StepStarted());
+  absl::Status s = schedule_.Schedule(effective_step, next, version_, StepStarted());
+  if (s.ok()) adopted_by_.erase(effective_step);  // Asked for: no push takes it back.
+  return s;
 }
 
 absl::Status StepState::CancelChange(int64_t effective_step) {
-  return schedule_.Cancel(effective_step, version_, StepStarted());
+  absl::Status s = schedule_.Cancel(effective_step, version_, StepStarted());
+  if (s.ok()) adopted_by_.erase(effective_step);
+  return s;
 }
 
 absl::Status StepState::CheckCanAdopt(const std::vector<CarriedChange>& changes) const {
@@ -502,9 +522,17 @@ absl::Status StepState::CheckCanAdopt(const std::vector<CarriedChange>& changes)
   return absl::OkStatus();
 }
 
-void StepState::AdoptChanges(const std::vector<CarriedChange>& changes) {
+void StepState::AdoptChanges(std::optional<uint32_t> pushing_rank,
+                             const std::vector<CarriedChange>& changes) {
   for (const CarriedChange& c : changes) {
-    schedule_.Adopt(c.effective_step, c.next, version_, StepStarted());
+    const bool scheduled = schedule_.Adopt(c.effective_step, c.next, version_, StepStarted());
+    if (!pushing_rank) {
+      adopted_by_.erase(c.effective_step);
+    } else if (scheduled) {
+      adopted_by_[c.effective_step] = {*pushing_rank};
+    } else if (auto carried = adopted_by_.find(c.effective_step); carried != adopted_by_.end()) {
+      carried->second.insert(*pushing_rank);
+    }
   }
 }
 

@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -326,7 +327,13 @@ class StepState {
   // RESOURCE_EXHAUSTED when adopting `changes` would schedule more than
   // kMaxPendingHyperparameterChanges (nothing is adopted then).
   absl::Status CheckCanAdopt(const std::vector<CarriedChange>& changes) const;
-  void AdoptChanges(const std::vector<CarriedChange>& changes);
+  // Adopted for `pushing_rank`'s push of the step collected, which just
+  // began. What it scheduled is taken back when that push is aborted before
+  // the step started and no other push carried it, nor a SetHyperparameters
+  // asked for it: a refused push schedules nothing. Without a rank (a push
+  // answered at once, accepted), what it carried stays.
+  void AdoptChanges(std::optional<uint32_t> pushing_rank,
+                    const std::vector<CarriedChange>& changes);
   const HyperparameterSchedule& schedule() const { return schedule_; }
 
   // ---- Saving and restoring.
@@ -362,6 +369,9 @@ class StepState {
   // no norms) matches on SameClip, anything else on ==.
   bool Repeats(const StepDecision& taken, const StepDecision& decision) const;
   void ClearStep();
+  // A push of `rank` refused after its admission: what only it scheduled
+  // (AdoptChanges) is taken back while nothing of the step has run.
+  void WithdrawChangesOf(uint32_t rank);
   // Stage one of a started step: ranges applied (no gradient control) or
   // reduced, from pushes that may still be streaming.
   bool InStageOne() const {
@@ -387,6 +397,10 @@ class StepState {
   double last_lr_ = 0;
   double version_lr_ = 0;
   HyperparameterSchedule schedule_;
+  // Changes pushes of the step collected scheduled (AdoptChanges), by
+  // effective step: the ranks whose pushes carried them. Cleared with the
+  // step; an entry goes when SetHyperparameters asks for it too.
+  std::map<int64_t, std::set<uint32_t>> adopted_by_;
   std::map<int64_t, int> holds_;
   bool pushed_ = false;  // Some push has begun.
   std::string run_id_;

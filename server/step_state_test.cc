@@ -301,24 +301,78 @@ TEST(StepStateTest, CarriedChangesOnlyFillWhatIsMissing) {
   const Hyperparameters x{OptimizerConfig::Sgd(0.5), LrSchedule()};
   const Hyperparameters y{OptimizerConfig::Sgd(0.7), LrSchedule()};
   // Missing (a restarted shard lost it): adopted.
-  s.AdoptChanges({{3, x}});
+  s.AdoptChanges(std::nullopt, {{3, x}});
   EXPECT_EQ(s.schedule().ScheduledSteps(), std::vector<int64_t>{3});
   // Never replaced by a carried one.
-  s.AdoptChanges({{3, y}});
+  s.AdoptChanges(std::nullopt, {{3, y}});
   EXPECT_EQ(s.schedule().scheduled().at(3), x);
   // A cancel seen here is not undone by a trainer that still carries it.
   ASSERT_TRUE(s.CancelChange(3).ok());
-  s.AdoptChanges({{3, x}});
+  s.AdoptChanges(std::nullopt, {{3, x}});
   EXPECT_TRUE(s.schedule().ScheduledSteps().empty());
   // Scheduling it again explicitly lifts that.
   ASSERT_TRUE(s.ScheduleChange(3, y).ok());
-  s.AdoptChanges({{4, x}});
+  s.AdoptChanges(std::nullopt, {{4, x}});
   EXPECT_EQ(s.schedule().ScheduledSteps(), (std::vector<int64_t>{3, 4}));
   // Steps applied or started are left alone.
   PushWhole(s, 0, 1);
   s.StartStep();
-  s.AdoptChanges({{1, x}});
+  s.AdoptChanges(std::nullopt, {{1, x}});
   EXPECT_EQ(s.schedule().ScheduledSteps(), (std::vector<int64_t>{3, 4}));
+}
+
+// A push refused after its admission (NaN, bad padding, a broken stream)
+// takes back the changes only it scheduled, before its step started; what
+// another push of the step carried, what SetHyperparameters asked for, and
+// what a push answered at once carried stay.
+TEST(StepStateTest, ARefusedPushTakesBackWhatOnlyItScheduled) {
+  StepState s(Options(2, false));
+  const Hyperparameters x{OptimizerConfig::Sgd(0.5), LrSchedule()};
+  const Hyperparameters y{OptimizerConfig::Sgd(0.7), LrSchedule()};
+  ASSERT_EQ(s.BeginPush(0, 1, 1.0).value(), Admission::kStart);
+  s.AdoptChanges(0, {{3, x}, {5, y}});
+  ASSERT_EQ(s.BeginPush(1, 1, 1.0).value(), Admission::kStart);
+  s.AdoptChanges(1, {{5, y}});
+  ASSERT_EQ(s.schedule().ScheduledSteps(), (std::vector<int64_t>{3, 5}));
+  s.AbortPush(0, 1);
+  EXPECT_EQ(s.schedule().ScheduledSteps(), std::vector<int64_t>{5});
+  s.AbortPush(1, 1);
+  EXPECT_TRUE(s.schedule().ScheduledSteps().empty());
+
+  // Asked for by SetHyperparameters meanwhile: it stays.
+  ASSERT_EQ(s.BeginPush(0, 1, 1.0).value(), Admission::kStart);
+  s.AdoptChanges(0, {{4, x}});
+  ASSERT_TRUE(s.ScheduleChange(4, x).ok());
+  s.AbortPush(0, 1);
+  EXPECT_EQ(s.schedule().ScheduledSteps(), std::vector<int64_t>{4});
+
+  // Carried by a push that completed: it stays when a later carrier fails.
+  ASSERT_EQ(s.BeginPush(1, 1, 1.0).value(), Admission::kStart);
+  s.AdoptChanges(1, {{6, y}});
+  ASSERT_TRUE(s.CommitPush(1, 1, false, 1.0, kT0).ok());
+  ASSERT_EQ(s.BeginPush(0, 1, 1.0).value(), Admission::kStart);
+  s.AdoptChanges(0, {{6, y}, {7, x}});
+  s.AbortPush(0, 1);
+  EXPECT_EQ(s.schedule().ScheduledSteps(), (std::vector<int64_t>{4, 6}));
+
+  // Carried by a push answered at once (a duplicate): it stays.
+  ASSERT_EQ(s.BeginPush(1, 1, 1.0).value(), Admission::kDuplicate);
+  s.AdoptChanges(std::nullopt, {{8, x}});
+  ASSERT_EQ(s.BeginPush(0, 1, 1.0).value(), Admission::kStart);
+  s.AdoptChanges(0, {{8, x}});
+  s.AbortPush(0, 1);
+  EXPECT_EQ(s.schedule().ScheduledSteps(), (std::vector<int64_t>{4, 6, 8}));
+
+  // Once the step completes, what its pushes carried is the schedule's.
+  ASSERT_EQ(s.BeginPush(0, 1, 1.0).value(), Admission::kStart);
+  s.AdoptChanges(0, {{9, y}});
+  ASSERT_EQ(s.CommitPush(0, 1, false, 1.0, kT0).value(), 0u);
+  s.StartStep();
+  s.FinishStep(StepState::Ending{});
+  ASSERT_EQ(s.version(), 1);
+  ASSERT_EQ(s.BeginPush(0, 2, 1.0).value(), Admission::kStart);
+  s.AbortPush(0, 2);
+  EXPECT_EQ(s.schedule().ScheduledSteps(), (std::vector<int64_t>{4, 6, 8, 9}));
 }
 
 TEST(StepStateTest, ARollbackToThisVersionDropsThePushesOfTheNextStep) {

@@ -49,6 +49,11 @@ StreamWatchdog::Watch::~Watch() {
   watchdog_->streams_.erase(id_);
 }
 
+void StreamWatchdog::Watch::Stop() {
+  absl::MutexLock lock(&watchdog_->mu_);
+  watchdog_->streams_.erase(id_);
+}
+
 void StreamWatchdog::Watch::Touch() {
   absl::MutexLock lock(&watchdog_->mu_);
   auto it = watchdog_->streams_.find(id_);

@@ -6,7 +6,9 @@
 // long as its connection lives, blocking that trainer's retries. Handlers
 // register each stream with Watch() and Touch() it after every message; a
 // background thread TryCancel()s streams idle for longer than the timeout, so
-// their blocked Read() returns and the handler releases what it held.
+// their blocked Read() returns and the handler releases what it held. A
+// handler Stop()s the watch once it reads no more of the stream: its own
+// waits after that are no stall of the client's.
 #ifndef SHARDOPT_SERVER_STREAM_WATCHDOG_H_
 #define SHARDOPT_SERVER_STREAM_WATCHDOG_H_
 
@@ -38,6 +40,11 @@ class StreamWatchdog {
     Watch& operator=(const Watch&) = delete;
     // Records activity: a message arrived.
     void Touch();
+    // Ends the watch early: the handler reads no more of the stream, and
+    // what it does next (a push waiting to be applied behind a checkpoint or
+    // a slow trainer, a restore) waits on the server's own progress, or on
+    // the call's deadline where it takes one, not on the client's sending.
+    void Stop();
 
    private:
     StreamWatchdog* const watchdog_;

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -174,8 +175,9 @@ TEST_F(BadInputTest, AnUnparsableMessageInAPushStreamChangesNothing) {
 }
 
 // The hyperparameter changes a push carries are checked with the rest of
-// the push, and taken only with a push the shard admits: a refused push
-// schedules nothing.
+// the push, and taken only with a push the shard admits and keeps: a
+// refused push schedules nothing, also one refused for its payload after
+// its admission.
 TEST_F(BadInputTest, CarriedHyperparameterChangesComeOnlyWithAnAdmittedPush) {
   const State before = Capture();
   const std::vector<Chunk> good = GoodChunks(Gradient(1.0f));
@@ -199,6 +201,18 @@ TEST_F(BadInputTest, CarriedHyperparameterChangesComeOnlyWithAnAdmittedPush) {
   *h.add_hyperparameter_changes() = change;
   h.mutable_hyperparameter_changes(0)->set_effective_step(2);
   ExpectRejected(Push(&h, good), grpc::INVALID_ARGUMENT, "change for step 2", before);
+
+  // Admitted, then refused for its payload: a NaN, a stream that ends short.
+  std::vector<float> nan = Gradient(1.0f);
+  nan[3] = std::numeric_limits<float>::quiet_NaN();
+  h = Header(0, 1);
+  *h.add_hyperparameter_changes() = change;
+  ExpectRejected(Push(&h, GoodChunks(nan)), grpc::INVALID_ARGUMENT, "is nan", before);
+  EXPECT_EQ(scheduled(), 0) << "a push refused for a NaN scheduled its change";
+  std::vector<Chunk> short_stream = good;
+  short_stream.pop_back();
+  ExpectRejected(Push(&h, short_stream), grpc::INVALID_ARGUMENT, "push ended after", before);
+  EXPECT_EQ(scheduled(), 0) << "a push that ended short scheduled its change";
 
   h = Header(0, 1);
   for (size_t i = 0; i <= kMaxPendingHyperparameterChanges; ++i) {
@@ -496,6 +510,57 @@ TEST(StreamWatchdogTest, StalledPushIsCancelledAndTheSlotFreed) {
   EXPECT_GT(aborted, 0);                             // The slot was busy at first...
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // ...and freed after ~1 s.
   EXPECT_EQ(stalled->Finish().error_code(), grpc::CANCELLED);
+}
+
+// The watchdog watches the client's sending only: a push whose stream has
+// ended and which waits to be applied (here: bounded staleness, trainer 0's
+// step 2 behind trainer 1's step 1) for longer than
+// --stream_idle_timeout_s is applied and answered, not cancelled.
+TEST(StreamWatchdogTest, APushWaitingToBeAppliedIsNotCancelled) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(0, 1, {"--stream_idle_timeout_s=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = NewStub((*server)->address());
+  const ModelLayout layout = ModelLayout::Create({{"w", {112}, DType::kFloat32}}, 16, 1).value();
+  const std::vector<float> values(layout.ShardSize(0), 0.5f);
+  v1::ModelConfig config;
+  config.set_model_id("m");
+  *config.mutable_layout() = LayoutToProto(layout);
+  *config.mutable_optimizer() = OptimizerConfigToProto(OptimizerConfig::Sgd(0.1));
+  config.set_num_trainers(2);
+  config.set_shard_count(1);
+  config.set_consistency(v1::CONSISTENCY_BOUNDED);
+  config.set_staleness(1);
+  ASSERT_TRUE(
+      RawRegister(*stub, config, 0, false, {{0, FloatBytes(values.data(), values.size())}}).ok());
+  const std::vector<float> gradient(values.size(), 0.25f);
+  const auto push = [&](uint32_t rank, int64_t step, v1::PushGradientsResponse* response) {
+    v1::PushHeader header;
+    header.set_model_id("m");
+    header.set_trainer_rank(rank);
+    header.set_step(step);
+    header.set_num_elements(gradient.size());
+    return RawPush(*stub, &header, {{0, FloatBytes(gradient.data(), gradient.size())}}, response);
+  };
+  v1::PushGradientsResponse first;
+  ASSERT_TRUE(push(0, 1, &first).ok());
+  // No deadline, no max_wait_ms: it waits as long as trainer 1 takes.
+  grpc::Status waited;
+  v1::PushGradientsResponse waited_response;
+  absl::Time answered;
+  std::thread waiting([&] {
+    waited = push(0, 2, &waited_response);
+    answered = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(2500));  // Twice the idle timeout, and its check period.
+  const absl::Time released = absl::Now();
+  v1::PushGradientsResponse second;
+  const grpc::Status released_status = push(1, 1, &second);
+  waiting.join();
+  ASSERT_TRUE(released_status.ok()) << released_status.error_message();
+  ASSERT_TRUE(waited.ok()) << waited.error_message() << " (" << waited.error_code() << ")";
+  EXPECT_EQ(waited_response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
+  EXPECT_GE(answered, released) << "trainer 0's step 2 was answered before trainer 1 pushed";
 }
 
 }  // namespace

@@ -19,7 +19,10 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "client/retry.h"
 #include "client/trainer_client.h"
@@ -321,6 +324,62 @@ TEST(ServerLifecycleTest, APortAnotherServerHoldsIsRefused) {
                   ->Check(&context, {}, &health)
                   .ok());
   EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+// The server's own metrics or payload port on its gRPC port (which it holds
+// without listening until gRPC serves) is refused before the restore: here
+// the restore path does not exist, and the port is what the server names.
+TEST(ServerLifecycleTest, ItsOwnOtherPortsOnItsGrpcPortAreRefusedBeforeTheRestore) {
+  const int port = FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  for (const std::string& other :
+       {"--metrics_listen=" + address, absl::StrCat("--payload_socket_port=", port)}) {
+    const std::string run = absl::StrCat(
+        "timeout -s KILL 20 ", Runfile("server/shardopt_server"), " --listen=", address, " ", other,
+        " --restore_from=", MakeTempDir("own_port"), "/no-such-checkpoint 2>&1");
+    auto [rc, output] = RunShell(run);
+    EXPECT_EQ(rc, 1) << other << ": " << output;
+    EXPECT_NE(output.find(absl::StrCat("port ", port, " is in use")), std::string::npos)
+        << other << ": " << output;
+    EXPECT_EQ(output.find("no-such-checkpoint"), std::string::npos)
+        << other << ": it restored first: " << output;
+  }
+}
+
+// A server's payload socket, which takes a free port before the restore,
+// never takes the server's gRPC port (held from the start until gRPC
+// listens): in a network namespace of its own whose ephemeral range is two
+// ports, the server listens on the one the kernel gives a listener first,
+// and still serves (without the hold its payload socket took that port and
+// gRPC could not listen).
+TEST(ServerLifecycleTest, ItsPayloadSocketNeverTakesItsGrpcPort) {
+  if (RunShell("unshare -n true 2>&1").first != 0) {
+    GTEST_SKIP() << "no network namespace here (unshare -n needs CAP_SYS_ADMIN)";
+  }
+  const std::string port_file = MakeTempDir("own_port_ns") + "/port";
+  // The kernel's first pick for a listener as ListenTcp makes it.
+  const std::string probe =
+      "import socket; s = socket.socket(); "
+      "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+      "s.bind((\"127.0.0.1\", 0)); s.listen(); print(s.getsockname()[1])";
+  const std::string script = absl::StrCat(
+      "echo '40000 40001' > /proc/sys/net/ipv4/ip_local_port_range && ip link set lo up && "
+      "port=$(/usr/bin/python3 -c '",
+      probe, "') && echo picked $port && ", Runfile("server/shardopt_server"),
+      " --listen=127.0.0.1:$port --shard_index=0 --shard_count=1 --port_file=", port_file,
+      " & pid=$!; for i in $(seq 200); do [ -s ", port_file,
+      " ] && break; sleep 0.1; done; kill $pid; wait $pid; cat ", port_file);
+  std::string quoted = script;
+  absl::StrReplaceAll({{"\"", "\\\""}, {"$", "\\$"}}, &quoted);
+  auto [rc, output] = RunShell("timeout -s KILL 60 unshare -n sh -c \"" + quoted + "\" 2>&1");
+  const size_t picked = output.find("picked ");
+  ASSERT_NE(picked, std::string::npos) << output;
+  const std::string port = output.substr(picked + 7, 5);
+  EXPECT_TRUE(port == "40000" || port == "40001") << output;
+  EXPECT_EQ(rc, 0) << output;
+  EXPECT_TRUE(absl::EndsWith(absl::StripTrailingAsciiWhitespace(output), port))
+      << "the server did not serve on " << port << ": " << output;
 }
 
 // A shard restarted on its port answers nothing but retryable statuses

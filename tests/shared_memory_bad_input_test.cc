@@ -140,6 +140,15 @@ TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
   PutGradient(bad);
   v1::PushHeader nan = SharedHeader(0, 1);
   ExpectRejected(Push(&nan, {}), grpc::INVALID_ARGUMENT, "is nan", before);
+  // Padding in shared memory, checked where the shard copied it.
+  const std::vector<FlatRange> padding = layout_->PaddingIn(range_);
+  ASSERT_FALSE(padding.empty());
+  std::vector<float> padded = Gradient(1.0f);
+  padded[padding.front().begin - range_.begin] = 0.75f;
+  PutGradient(padded);
+  v1::PushHeader on_padding = SharedHeader(0, 1);
+  ExpectRejected(Push(&on_padding, {}), grpc::INVALID_ARGUMENT,
+                 "is 0.75: padding gets zero gradients", before);
 
   int64_t version = -1;
   ExpectRejected(SharedPull(0, segment_.size() - 4, &version), grpc::INVALID_ARGUMENT, "overrun",

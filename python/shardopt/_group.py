@@ -21,6 +21,7 @@ class Group:
         self.flat_grads = None
         self.slices = []  # (offset, size) of each parameter in the flat buffers
         self.sent_hyperparameters = None
+        self.sent_for_step = None  # The step sent_hyperparameters take effect at, if sent.
         self.version = 0         # The last version pulled.
         self.last_result = None
         self.pulled = None       # With check_parameters: the values last pulled.

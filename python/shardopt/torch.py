@@ -438,6 +438,7 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
                 "which cannot run in this process (see the log: NCCL did not load?)")
         g.sent_hyperparameters = hyper if client.registered_version == 0 or \
             self._consistency != "sync" else None
+        g.sent_for_step = None
         if not g.device_buffers:
             g.use_shared_buffers()  # (Before any view of the flat buffers is handed out.)
         # Everyone starts from the servers' values (rank 0's, or where a
@@ -548,6 +549,7 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
         # The shards went back to that checkpoint's hyperparameters: the
         # next step sends the current ones again.
         g.sent_hyperparameters = None
+        g.sent_for_step = None
         g.resume_pending = True
         warnings.warn(f"shardopt.torch: the job rolled back to step {back} (see the shard "
                       "servers' logs for why); training goes on from there", RuntimeWarning,
@@ -582,8 +584,26 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
         hyper = self._hyperparameters(self.param_groups[g.index])
         if hyper == g.sent_hyperparameters:
             return False
+        # (A push streamed during backward counts as pushed until it ends:
+        # a change ends it, as its step must carry the change.)
+        g.client.cancel_streamed_push()
+        if version <= g.client.last_pushed_step:
+            # This step's push went out (a step that failed after it, tried
+            # again) with the change sent before: its step runs with that
+            # one everywhere, and this one takes effect at the next.
+            warnings.warn(f"shardopt.torch: hyperparameters changed after step {version}'s push "
+                          f"went out take effect at step {g.client.last_pushed_step + 1}",
+                          RuntimeWarning, stacklevel=4)
+            version = g.client.last_pushed_step + 1
+        elif g.sent_for_step == version:
+            # Changed again before the step (a scheduler stepped between
+            # backward and step, or twice): the shards take one change per
+            # step, so the one sent for it is taken back first, as
+            # torch.optim reads the values when the step runs.
+            g.client.cancel_hyperparameters(version)
         g.client.set_hyperparameters(version, self._kind_of(self.param_groups[g.index]), hyper)
         g.sent_hyperparameters = hyper
+        g.sent_for_step = version
         return True
 
     def _gather(self, g):

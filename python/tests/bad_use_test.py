@@ -54,8 +54,10 @@ class BadUseTest(unittest.TestCase):
 
     def test_parameter_added_after_registration(self):
         opt = self.optimizer(tiny_model(), "added")
-        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "cannot be added"):
+        with self.assertRaisesRegex(shardopt.FailedPreconditionError, "cannot be added") as raised:
             opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+        # Raised from Python, it carries its code as one from C++ does.
+        self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
         # Another trainer declaring one more tensor for the same model id is refused too.
         bigger = tiny_model()
         bigger.add_module("extra", torch.nn.Linear(2, 2))
@@ -188,6 +190,55 @@ class BadUseTest(unittest.TestCase):
         self.assertEqual(rank0.step(1, grads, params0)["version"], 1)
         other.join(timeout=60)
         self.assertTrue(numpy.all(params0[:64] == -0.125))
+
+    def test_an_lr_changed_after_a_step_pushed_and_failed_takes_effect_at_the_next(self):
+        # Rank 0's step 1 pushed, then waited on rank 1 and was interrupted;
+        # its lr changed before it was tried again. Step 1 runs with the lr
+        # its push went out under (refused forever before: a change for a step
+        # already pushed), the change from step 2 on, with a warning.
+        models = [tiny_model(), tiny_model()]
+        opts = [self.optimizer(models[rank], "late_change", rank=rank, world_size=2,
+                               optimizer="sgd", lr=0.5, retry_budget=60.0,
+                               overlap_backward=False) for rank in (0, 1)]
+        x, y = torch.randn(8, 3, generator=torch.Generator().manual_seed(1)), \
+            torch.tensor([0, 1] * 4)
+
+        def backward(rank):
+            opts[rank].zero_grad()
+            torch.nn.functional.cross_entropy(models[rank](x), y).backward()
+
+        backward(0)
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with self.assertRaises(KeyboardInterrupt):
+            opts[0].step()
+        timer.join()
+        opts[0].param_groups[0]["lr"] = 0.25
+        backward(1)
+        other = threading.Thread(target=opts[1].step)
+        other.start()
+        with self.assertWarnsRegex(RuntimeWarning, "take effect at step 2"):
+            opts[0].step()
+        other.join(timeout=60)
+        self.assertEqual(opts[0].step_count, 1)
+        opts[1].param_groups[0]["lr"] = 0.25
+        for rank in (0, 1):
+            backward(rank)
+        other = threading.Thread(target=opts[1].step)
+        other.start()
+        opts[0].step()
+        other.join(timeout=60)
+        # torch.optim.SGD with lr 0.5, then 0.25, on the same gradient (both
+        # ranks computed the same one: their mean is it).
+        reference = tiny_model()
+        sgd = torch.optim.SGD(reference.parameters(), lr=0.5)
+        for lr in (0.5, 0.25):
+            sgd.param_groups[0]["lr"] = lr
+            sgd.zero_grad()
+            torch.nn.functional.cross_entropy(reference(x), y).backward()
+            sgd.step()
+        for p, q in zip(models[0].parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(p.detach(), q.detach()))
 
     def test_a_streamed_push_holds_its_gradient_buffer(self):
         client = shardopt.Client(self.servers, 0, retry_budget_s=2.0)

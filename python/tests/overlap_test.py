@@ -226,6 +226,28 @@ class OverlapTest(unittest.TestCase):
             self.assertEqual(len(late), 1, [str(w.message) for w in caught])
             self.assertFalse(opt._overlap_backward)
 
+    def test_an_lr_changed_before_and_after_backward_runs_with_the_last_value(self):
+        # The change before backward goes out with the streamed push; the one
+        # after it replaces that for the same step (the servers take one
+        # change per step: it was refused before), as torch.optim reads lr
+        # in step().
+        with Cluster(1) as cluster:
+            results = []
+            for model, opt in adam_twins(cluster, "twice_lr"):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    for step in range(1, 6):
+                        opt.zero_grad()
+                        for group in opt.param_groups:
+                            group["lr"] = 0.02 / (1 + step)
+                        loss_of(model, *data(step)).backward()
+                        for group in opt.param_groups:
+                            group["lr"] = 0.01 / (1 + step)
+                        opt.step()
+                results.append((model, opt))
+            (model, opt), (reference_model, _) = results
+            self.assert_exact(model, [p.detach() for p in reference_model.parameters()])
+
     def test_hooks_need_no_grad_mode_and_do_not_keep_the_optimizer(self):
         with Cluster(1) as cluster:
             model = net()
