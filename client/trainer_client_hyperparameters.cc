@@ -43,6 +43,7 @@ absl::Status TrainerClient::CancelHyperparameters(int64_t effective_step) {
 }
 
 absl::Status TrainerClient::SendUnlessStarted(v1::SetHyperparametersRequest request) {
+  if (!layout_ || !history_) return absl::FailedPreconditionError("call Register or Attach first");
   // A step starts on a shard once every trainer's push of it is in there:
   // not before this trainer pushed it, and then on some shards only, where
   // a change or cancel would be refused while the others took it. An

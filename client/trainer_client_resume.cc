@@ -44,6 +44,17 @@ absl::StatusOr<int64_t> TrainerClient::PullToResume(absl::Span<float> flat_param
         "pulled version ", *version,
         rolled_back ? " after the job rolled back to " : " after attaching at ", from));
   }
+  if (*version == from + 1 && scaler_ && scaler_step_ < *version) {
+    // The step this trainer's earlier process pushed was decided and
+    // applied meanwhile, without this process taking its decision: the
+    // scaler replica is taken from the shards again (the step after it
+    // needs this trainer's push, so they stay at this version).
+    if (absl::Status s = RegisterOrAttach(*spec_, nullptr); !s.ok()) return s;
+    if (registered_version_ != *version) {
+      return absl::InternalError(absl::StrCat("attached again at version ", registered_version_,
+                                              " after pulling version ", *version));
+    }
+  }
   return *version;
 }
 

@@ -532,5 +532,56 @@ TEST_F(ClientSemanticsTest, ACheckpointThatCannotHappenSaysWhatItWaitsFor) {
   EXPECT_TRUE(absl::StrContains(saved.status().message(), "trainer 1")) << saved.status();
 }
 
+// A trainer that died after pushing step 3 comes back (attached at version
+// 2) after the other trainer completed step 3 with its decision: its loss
+// scaler takes that step's update from the shards, so that its step 4
+// carries the scale the shards expect (it lagged one update behind, and
+// with growth every step its push of step 4 was refused).
+TEST_F(ClientSemanticsTest, ATrainerBackAfterItsStepWasDecidedKeepsTheLossScale) {
+  ModelSpec spec = SyntheticModelSpec("scaled_resume", OptimizerConfig::Adam(0.01), 2);
+  spec.loss_scaling = true;
+  spec.loss_scaler.initial_scale = 1024;
+  spec.loss_scaler.growth_interval = 1;
+  auto rank0 = Connect(0), rank1 = Connect(1);
+  const ModelLayout layout = rank0->LayoutFor(spec).value();
+  std::vector<float> params0 = SyntheticInitialParams(layout, 6);
+  ASSERT_TRUE(rank0->Register(spec, params0).ok());
+  ASSERT_TRUE(rank1->Attach(spec).ok());
+  std::vector<float> params1 = params0, grad0(params0.size()), grad1(params0.size());
+  for (int64_t k = 1; k <= 2; ++k) {
+    SyntheticGradient(layout, params0, 0, k, 6, absl::MakeSpan(grad0));
+    SyntheticGradient(layout, params1, 1, k, 6, absl::MakeSpan(grad1));
+    ASSERT_TRUE(rank0->Push(k, grad0).ok());
+    ASSERT_TRUE(rank1->Push(k, grad1).ok());
+    ASSERT_EQ(*rank0->Pull(k, absl::MakeSpan(params0)), k);
+    ASSERT_EQ(*rank1->Pull(k, absl::MakeSpan(params1)), k);
+  }
+  SyntheticGradient(layout, params1, 1, 3, 6, absl::MakeSpan(grad1));
+  ASSERT_TRUE(rank1->Push(3, grad1).ok());
+  rank1.reset();  // Dead after its push of step 3.
+
+  auto restarted = Connect(1);
+  ASSERT_TRUE(restarted->Attach(spec).ok());
+  ASSERT_EQ(restarted->registered_version(), 2);
+  SyntheticGradient(layout, params0, 0, 3, 6, absl::MakeSpan(grad0));
+  ASSERT_TRUE(rank0->Push(3, grad0).ok());
+  ASSERT_EQ(*rank0->Pull(3, absl::MakeSpan(params0)), 3);
+  absl::StatusOr<int64_t> resumed = restarted->PullToResume(absl::MakeSpan(params1));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_EQ(*resumed, 3);
+  EXPECT_EQ(restarted->loss_scale(), rank0->loss_scale());
+  for (int64_t k = 4; k <= 5; ++k) {
+    SyntheticGradient(layout, params0, 0, k, 6, absl::MakeSpan(grad0));
+    SyntheticGradient(layout, params1, 1, k, 6, absl::MakeSpan(grad1));
+    ASSERT_TRUE(rank0->Push(k, grad0).ok());
+    const absl::StatusOr<StepResult> pushed = restarted->Push(k, grad1);
+    ASSERT_TRUE(pushed.ok()) << "step " << k << ": " << pushed.status();
+    ASSERT_EQ(*rank0->Pull(k, absl::MakeSpan(params0)), k);
+    ASSERT_EQ(*restarted->Pull(k, absl::MakeSpan(params1)), k);
+  }
+  EXPECT_EQ(restarted->loss_scale(), rank0->loss_scale());
+  EXPECT_EQ(std::memcmp(params0.data(), params1.data(), params0.size() * sizeof(float)), 0);
+}
+
 }  // namespace
 }  // namespace shardopt::testing

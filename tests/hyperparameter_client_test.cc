@@ -257,6 +257,18 @@ TEST(HyperparameterOwnClusterTest, ATrainerKeepsItsPendingChangesWithinWhatAShar
 // it, and that shard would refuse the pushes too. (Whether the other shard's
 // answer comes before the refusal cancels it is a race: the rule itself is
 // //client:partial_change_test's.)
+// Before Register or Attach there is no model to change: said, not a crash
+// (a change used to read the push history, which only a model has).
+TEST_F(HyperparameterClientTest, AChangeBeforeRegisteringIsRefused) {
+  auto rank0 = Connect(0);
+  for (const absl::Status& s :
+       {rank0->SetHyperparameters(5, OptimizerConfig::AdamW(0.01), LrSchedule()),
+        rank0->CancelHyperparameters(5)}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("call Register or Attach first"), std::string::npos) << s;
+  }
+}
+
 TEST_F(HyperparameterClientTest, AChangeAShardRefusedIsNotCarried) {
   const ModelSpec spec = SyntheticModelSpec("full", OptimizerConfig::Sgd(0.5), 1);
   auto client = Connect(0);

@@ -55,7 +55,10 @@ parameter groups (each its own model) it raises AbortedError instead.
 Differences from torch.optim: every trainable parameter is updated at every
 step, so a parameter without a gradient (after ``zero_grad(set_to_none=True)``)
 is refused rather than skipped; with the default ``zero_grad()`` an unused
-parameter has a zero gradient, as in torch.optim. Parameters cannot be added
+parameter has a zero gradient, as in torch.optim before 2.0 (torch 2's
+``zero_grad()`` sets gradients to None and its ``step()`` skips such a
+parameter; here the zero gradient is applied, so weight decay, momentum and
+Adam's moments still move it). Parameters cannot be added
 after construction (the model is registered then), nor frozen or unfrozen
 (``requires_grad`` is read then; the next ``step()`` refuses a change), and
 ``max_grad_norm`` and ``loss_scaler`` need a single parameter group (each
