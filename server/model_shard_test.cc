@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/dtype_convert.h"
 #include "gtest/gtest.h"
+#include "server/forwarding_backend_testing.h"
 #include "server/model_shard_testing.h"
 #include "server/optim/optimizer.h"
 
@@ -279,50 +280,23 @@ class FailingBackend final : public UpdateBackend {
 // A CPU backend that also keeps its own bf16 copy, as the GPU backend does
 // (there the fused kernel writes it): ModelShard must use it for bf16 pulls,
 // give the same bits as its own conversion, and refuse non-finite values.
-class Bf16CopyBackend final : public UpdateBackend {
+class Bf16CopyBackend final : public testing::ForwardingBackend {
  public:
-  explicit Bf16CopyBackend(std::unique_ptr<UpdateBackend> cpu) : cpu_(std::move(cpu)) {}
+  explicit Bf16CopyBackend(std::unique_ptr<UpdateBackend> cpu)
+      : ForwardingBackend(std::move(cpu)) {}
   std::string device() const override { return "cpu+bf16"; }
-  absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
-                               size_t count) override {
-    return cpu_->Stage(rank, offset, data, dtype, count);
-  }
-  absl::Status FinishStaging(uint32_t rank) override { return cpu_->FinishStaging(rank); }
-  absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) override {
-    return cpu_->Apply(step, mean, config);
-  }
-  absl::Status Reduce(bool mean) override { return cpu_->Reduce(mean); }
-  absl::StatusOr<double> SumOfSquares(float scale) override { return cpu_->SumOfSquares(scale); }
-  absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override {
-    return cpu_->Update(step, config, multiplier);
-  }
-  absl::Status Read(uint64_t offset, uint64_t count, float* out) override {
-    return cpu_->Read(offset, count, out);
-  }
   absl::StatusOr<bool> ReadBFloat16(uint64_t offset, uint64_t count, void* out) override {
     ++bf16_reads;
     std::vector<float> wide(count);
-    if (absl::Status s = cpu_->Read(offset, count, wide.data()); !s.ok()) return s;
+    if (absl::Status s = inner().Read(offset, count, wide.data()); !s.ok()) return s;
     for (uint64_t i = 0; i < count; ++i) {
       const uint16_t bits = FloatToBFloat16Bits(wide[i]);
       std::memcpy(static_cast<char*>(out) + 2 * i, &bits, 2);
     }
     return true;
   }
-  absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override {
-    return cpu_->ReadSlot(slot, offset, count, out);
-  }
-  absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) override {
-    return cpu_->WriteSlot(slot, offset, count, in);
-  }
-  uint64_t parameter_bytes() const override { return cpu_->parameter_bytes(); }
-  uint64_t optimizer_state_bytes() const override { return cpu_->optimizer_state_bytes(); }
-  uint64_t staging_bytes() const override { return cpu_->staging_bytes(); }
 
   std::atomic<int> bf16_reads{0};
-
- private:
-  std::unique_ptr<UpdateBackend> cpu_;
 };
 
 TEST(ModelShardTest, BFloat16PullsUseTheBackendsOwnCopy) {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/cpu_backend.h"
+#include "server/forwarding_backend_testing.h"
 #include "server/model_shard.h"
 #include "server/model_shard_testing.h"
 #include "server/optim/optimizer.h"
@@ -28,57 +28,34 @@ using testing::TestLayout;
 // `at` of the chunk holding it: the trainer writing its segment while the
 // shard reads it. Without `host_staging`, its staging is not in host memory
 // to the shard (as a GPU backend's is not): the shard asks ScanStaged.
-class SourceWritingBackend final : public UpdateBackend {
+class SourceWritingBackend final : public testing::ForwardingBackend {
  public:
   SourceWritingBackend(std::unique_ptr<UpdateBackend> cpu, uint64_t at, float value,
                        bool host_staging)
-      : cpu_(std::move(cpu)), at_(at), value_(value), host_staging_(host_staging) {}
-  std::string device() const override { return cpu_->device(); }
+      : ForwardingBackend(std::move(cpu)), at_(at), value_(value), host_staging_(host_staging) {}
   absl::StatusOr<size_t> Stage(uint32_t rank, uint64_t offset, const void* data, DType dtype,
                                size_t count) override {
     if (dtype == DType::kFloat32 && at_ >= offset && at_ < offset + count) {
       // (The test's own buffer: writable, as a trainer's segment is.)
       std::memcpy(static_cast<float*>(const_cast<void*>(data)) + (at_ - offset), &value_, 4);
     }
-    return cpu_->Stage(rank, offset, data, dtype, count);
+    return inner().Stage(rank, offset, data, dtype, count);
   }
   float* HostStaging(uint32_t rank, uint64_t offset, uint64_t count) override {
-    return host_staging_ ? cpu_->HostStaging(rank, offset, count) : nullptr;
+    return host_staging_ ? inner().HostStaging(rank, offset, count) : nullptr;
   }
   absl::StatusOr<StagedScan> ScanStaged(uint32_t rank, uint64_t offset, uint64_t count,
                                         absl::Span<const FlatRange> must_be_zero) override {
     ++scans;
-    return cpu_->ScanStaged(rank, offset, count, must_be_zero);
+    return inner().ScanStaged(rank, offset, count, must_be_zero);
   }
   absl::Status ReadStaged(uint32_t rank, uint64_t offset, uint64_t count, float* out) override {
-    return cpu_->ReadStaged(rank, offset, count, out);
+    return inner().ReadStaged(rank, offset, count, out);
   }
-  absl::Status FinishStaging(uint32_t rank) override { return cpu_->FinishStaging(rank); }
-  absl::Status Apply(int64_t step, bool mean, const OptimizerConfig& config) override {
-    return cpu_->Apply(step, mean, config);
-  }
-  absl::Status Reduce(bool mean) override { return cpu_->Reduce(mean); }
-  absl::StatusOr<double> SumOfSquares(float scale) override { return cpu_->SumOfSquares(scale); }
-  absl::Status Update(int64_t step, const OptimizerConfig& config, float multiplier) override {
-    return cpu_->Update(step, config, multiplier);
-  }
-  absl::Status Read(uint64_t offset, uint64_t count, float* out) override {
-    return cpu_->Read(offset, count, out);
-  }
-  absl::Status ReadSlot(int slot, uint64_t offset, uint64_t count, float* out) override {
-    return cpu_->ReadSlot(slot, offset, count, out);
-  }
-  absl::Status WriteSlot(int slot, uint64_t offset, uint64_t count, const float* in) override {
-    return cpu_->WriteSlot(slot, offset, count, in);
-  }
-  uint64_t parameter_bytes() const override { return cpu_->parameter_bytes(); }
-  uint64_t optimizer_state_bytes() const override { return cpu_->optimizer_state_bytes(); }
-  uint64_t staging_bytes() const override { return cpu_->staging_bytes(); }
 
   int scans = 0;
 
  private:
-  std::unique_ptr<UpdateBackend> cpu_;
   const uint64_t at_;
   const float value_;
   const bool host_staging_;
