@@ -37,6 +37,8 @@ class BackwardStreaming:
         if j in g.fired or not in_buffer:
             # A second backward before the step (accumulation), or a gradient
             # outside the buffer: the streamed data would not be final.
+            if not in_buffer and not g.fired:
+                g.grads_outside = True  # (Set to None before backward: see below.)
             g.broken = True
             return
         g.fired.add(j)
@@ -59,6 +61,21 @@ class BackwardStreaming:
         g.pending[b] -= 1
         if g.pending[b] == 0:
             g.client.mark_gradient_ready(*g.buckets[b])
+
+    def _note_gradients_outside(self, g):
+        """Says once why nothing is pushed during backward() when the
+        gradients keep being set to None before it (torch 2's
+        ``model.zero_grad()``): autograd then makes new gradient tensors,
+        outside the buffer the pushes read, and each step goes whole."""
+        g.outside_in_a_row = g.outside_in_a_row + 1 if g.grads_outside else 0
+        if g.outside_in_a_row == 3 and self._overlap_backward:
+            warnings.warn(
+                "shardopt.torch: the gradients were set to None before backward() in three "
+                "steps in a row (model.zero_grad() or zero_grad(set_to_none=True); torch 2 "
+                "sets them to None by default), so autograd made new tensors and nothing "
+                "could be pushed during backward(): each step pushed its gradient whole. "
+                "Call the optimizer's zero_grad() instead, which zeroes them in place",
+                RuntimeWarning, stacklevel=4)
 
     def _note_changed_gradient(self, g, changed):
         """Stops streaming for a loop that changes its gradients after

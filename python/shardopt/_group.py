@@ -32,6 +32,7 @@ class Group:
         self.buckets = []        # (begin, end) per bucket, covering the buffer.
         self.accumulators = []   # Autograd's gradient accumulators (kept alive).
         self.changed_in_a_row = 0  # Streamed steps whose gradient changed after sending.
+        self.outside_in_a_row = 0  # Steps whose backward made gradients outside the buffer.
         self.resume_pending = False  # A rollback's pull failed: pull first.
         self.no_stream = False   # Never streamed (LAMB on the flat partition).
         # The flat buffers live in the device pairs' memory (a GPU's for
@@ -134,6 +135,7 @@ class Group:
         self.pending = None      # Per bucket: parameters still to come.
         self.streaming = False
         self.broken = False      # Something the stream cannot follow happened.
+        self.grads_outside = False  # Backward made gradients outside the buffer.
 
 
 def hook_buckets(g, total, bucket_elements, on_final):

@@ -508,6 +508,7 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
                 # optimizer): that ended the stream, sent for nothing.
                 wasted = wasted or streamed
                 streamed = False
+            self._note_gradients_outside(g)
             # A failure leaves this step to be tried again (pushes are
             # idempotent per trainer and step). A streamed push that cannot
             # be finished falls back to a whole one by itself.

@@ -248,6 +248,26 @@ class OverlapTest(unittest.TestCase):
             (model, opt), (reference_model, _) = results
             self.assert_exact(model, [p.detach() for p in reference_model.parameters()])
 
+    def test_gradients_set_to_none_before_backward_are_named_once(self):
+        # model.zero_grad() (torch 2's default sets None) makes autograd put
+        # new tensors outside the pushed buffer: nothing streams, each step
+        # goes whole and exact, and one warning says why.
+        with Cluster(1) as cluster:
+            results = []
+            for model, opt in adam_twins(cluster, "set_to_none"):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    for step in range(1, STEPS + 1):
+                        model.zero_grad(set_to_none=True)
+                        loss_of(model, *data(step)).backward()
+                        opt.step()
+                results.append((model, opt, caught))
+            (model, opt, caught), (reference_model, _, _) = results
+            self.assert_exact(model, [p.detach() for p in reference_model.parameters()])
+            self.assertEqual(opt._groups[0].client.streamed_pushes, 0)
+            named = [w for w in caught if "set to None before backward()" in str(w.message)]
+            self.assertEqual(len(named), 1, [str(w.message) for w in caught])
+
     def test_hooks_need_no_grad_mode_and_do_not_keep_the_optimizer(self):
         with Cluster(1) as cluster:
             model = net()
