@@ -7,10 +7,11 @@
 namespace shardopt {
 namespace {
 
-void Observe(ServerMetrics::Histograms& histograms, const std::string& labels, double value) {
+void Observe(ServerMetrics::Histograms& histograms, const std::string& labels, double value,
+             std::vector<double> (*buckets)() = LatencyBuckets) {
   auto [it, inserted] = histograms.try_emplace(labels);
   if (inserted) {
-    it->second.upper_bounds = LatencyBuckets();
+    it->second.upper_bounds = buckets();
     it->second.counts.assign(it->second.upper_bounds.size() + 1, 0);
   }
   it->second.Observe(value);
@@ -45,6 +46,10 @@ void HistogramData::Observe(double value) {
 std::vector<double> LatencyBuckets() {
   return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
           0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60};
+}
+
+std::vector<double> CheckpointWriteBuckets() {
+  return {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800};
 }
 
 std::string Label(absl::string_view name, absl::string_view value) {
@@ -100,7 +105,7 @@ void ServerMetrics::RecordCheckpoint(absl::string_view model, bool ok, double se
   const std::string labels = Label("model", model);
   absl::MutexLock lock(&mu_);
   ++values_.checkpoints[absl::StrCat(labels, ",", Label("result", ok ? "ok" : "failed"))];
-  if (ok) Observe(values_.checkpoint_seconds, labels, seconds);
+  if (ok) Observe(values_.checkpoint_seconds, labels, seconds, CheckpointWriteBuckets);
 }
 
 ServerMetrics::Values ServerMetrics::Read() const {

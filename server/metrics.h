@@ -37,6 +37,9 @@ inline constexpr uint32_t kMaxTrainerSeries = 256;
 
 // Latency buckets in seconds: 100 us to 60 s.
 std::vector<double> LatencyBuckets();
+// A checkpoint part's write, in seconds: 0.1 s to 30 min (a few GiB to a
+// shared filesystem; the shutdown grace period is sized from it).
+std::vector<double> CheckpointWriteBuckets();
 
 class ServerMetrics {
  public:

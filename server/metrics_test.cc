@@ -35,6 +35,25 @@ TEST(MetricsTest, CallsAreCountedByServiceMethodAndCodeWithLatency) {
   EXPECT_TRUE(HasLine(page, "shardopt_rpc_duration_seconds_count{" + method + "} 3"));
 }
 
+// A checkpoint part of a few GiB to a shared filesystem takes minutes: its
+// buckets reach 30 min (the shutdown grace period is sized from them),
+// where the calls' latency buckets stop at 60 s.
+TEST(MetricsTest, CheckpointWritesHaveBucketsOfMinutes) {
+  ServerMetrics metrics;
+  metrics.RecordCheckpoint("m", true, 0.05);
+  metrics.RecordCheckpoint("m", true, 95);
+  metrics.RecordCheckpoint("m", true, 1500);
+  metrics.RecordCheckpoint("m", false, 3);
+  const std::string page = RenderMetricsPage(metrics.Read(), ServerGauges{}, {});
+  const std::string bucket = R"(shardopt_checkpoint_write_seconds_bucket{model="m",le=)";
+  EXPECT_TRUE(HasLine(page, bucket + R"("0.1"} 1)")) << page;
+  EXPECT_TRUE(HasLine(page, bucket + R"("60"} 1)")) << page;
+  EXPECT_TRUE(HasLine(page, bucket + R"("120"} 2)")) << page;
+  EXPECT_TRUE(HasLine(page, bucket + R"("1800"} 3)")) << page;
+  EXPECT_TRUE(HasLine(page, bucket + R"("+Inf"} 3)")) << page;
+  EXPECT_TRUE(HasLine(page, R"(shardopt_checkpoints_total{model="m",result="failed"} 1)")) << page;
+}
+
 TEST(MetricsTest, PushesRefusedAndAbandonedArePerTrainer) {
   ServerMetrics metrics;
   metrics.RecordPush("mlp", 0, "accepted");

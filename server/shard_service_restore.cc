@@ -262,8 +262,12 @@ absl::Status ShardServiceImpl::RestoreFrom(const std::string& path) {
   for (const std::string& name : *names) {
     has_parts = has_parts || absl::StartsWith(name, "shard-");
     has_steps = has_steps || absl::StartsWith(name, "step-");
+    // A model's directory is named after its id; anything else at the top
+    // of a shared filesystem (a root-owned lost+found this user may not
+    // list) is not a model's.
     absl::StatusOr<FileInfo> entry = env->Stat(JoinPath(path, name));
-    if (entry.ok() && entry->type == FileType::kDirectory && name[0] != '.') {
+    if (entry.ok() && entry->type == FileType::kDirectory && name[0] != '.' &&
+        CheckId("model_id", name).ok()) {
       model_dirs.push_back(JoinPath(path, name));
     }
   }

@@ -460,6 +460,29 @@ TEST(ServerLifecycleTest, AMissingRestorePathIsRefusedUnlessItIsTheCheckpointDir
   EXPECT_TRUE(server.ok()) << server.status();
 }
 
+// A restore root on a shared filesystem may hold a directory this user
+// cannot list (a root-owned lost+found): it is no model's (a model id has
+// no '+'), so it is passed over, not a failed start. A model's directory
+// that cannot be listed still fails the start, naming it.
+TEST(ServerLifecycleTest, ARestoreRootsDirectoryThatIsNoModelsIsPassedOver) {
+  const std::string root = MakeTempDir("lost_found_root");
+  ASSERT_EQ(mkdir((root + "/lost+found").c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((root + "/mlp").c_str(), 0700), 0);
+  ServerPlacement placement;
+  placement.binary = "tests/fault_injecting_server";
+  auto server = ServerProcess::Start(
+      0, 1, {"--restore_from=" + root, "--unlistable_directory=lost+found"}, placement);
+  EXPECT_TRUE(server.ok()) << server.status();
+  server->reset();
+  const std::string run = absl::StrCat(
+      "timeout -s KILL 20 ", Runfile("tests/fault_injecting_server"),
+      " --listen=127.0.0.1:0 --shard_index=0 --shard_count=1 --restore_from=", root,
+      " --unlistable_directory=mlp 2>&1");
+  auto [rc, output] = RunShell(run);
+  EXPECT_EQ(rc, 1) << output;
+  EXPECT_NE(output.find(root + "/mlp"), std::string::npos) << output;
+}
+
 // A --checkpoint_dir that cannot hold files is refused at start (it ran,
 // and every periodic checkpoint failed); one that does not exist yet is
 // made.
