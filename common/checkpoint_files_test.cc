@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/checkpoint_testing.h"
 #include "common/proto_convert.h"
 #include "gmock/gmock.h"
@@ -46,6 +48,47 @@ absl::StatusOr<CheckpointPartWritten> WritePartWith(const std::string& dir,
                                }
                                return absl::OkStatus();
                              });
+}
+
+// The step directory's entry in its parent is synced before the manifest
+// that commits it, also when another shard made the directory (and may have
+// died before syncing the parent).
+TEST(CheckpointFilesTest, TheDirectorysEntryIsSyncedBeforeTheManifest) {
+  class RecordingEnv : public FileEnvWrapper {
+   public:
+    RecordingEnv() : FileEnvWrapper(FileEnv::Default()) {}
+    absl::Status SyncDirectory(const std::string& dir) override {
+      events.push_back("sync " + dir);
+      return FileEnvWrapper::SyncDirectory(dir);
+    }
+    absl::StatusOr<std::unique_ptr<AtomicFileWriter>> NewAtomicFile(
+        const std::string& path) override {
+      events.push_back("write " + BaseName(path));
+      return FileEnvWrapper::NewAtomicFile(path);
+    }
+    std::vector<std::string> events;
+  };
+  const std::string root = TempDir("entry_synced");
+  const std::string dir = root + "/step-00000007";
+  ASSERT_TRUE(FileEnv::Default()->CreateDirs(dir).ok());  // By a shard that died then.
+  const v1::ModelConfig config = Config(2);
+  ASSERT_TRUE(WritePart(dir, config, 0).ok());
+  RecordingEnv env;
+  const FlatRange range = LayoutFromProto(config.layout(), 2).value().ShardRange(1);
+  absl::StatusOr<CheckpointPartWritten> last = WriteCheckpointPart(
+      dir, config, 1, Progress(7),
+      [&](int section, uint64_t offset, uint64_t count, float* out) {
+        for (uint64_t k = 0; k < count; ++k) out[k] = Value(section, range.begin + offset + k);
+        return absl::OkStatus();
+      },
+      &env);
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_TRUE(last->committed);
+  const auto manifest = std::find(env.events.begin(), env.events.end(),
+                                  std::string("write ") + kCheckpointManifestFile);
+  ASSERT_NE(manifest, env.events.end()) << absl::StrJoin(env.events, "; ");
+  EXPECT_NE(std::find(env.events.begin(), manifest, "sync " + root), manifest)
+      << absl::StrJoin(env.events, "; ");
 }
 
 TEST(CheckpointFilesTest, TheLastPartCommitsTheManifest) {
