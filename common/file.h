@@ -53,8 +53,10 @@ enum class FileType { kRegular, kDirectory, kOther };
 struct FileInfo {
   FileType type = FileType::kOther;
   uint64_t size = 0;  // Bytes (for a regular file).
-  // Whether users other than the owner may read it (group or other read
-  // bit): a secret (token, private key) should not be.
+  // Whether users other than the owner may read it: the other-read bit, or
+  // the group-read bit of a group this process is not in (a Kubernetes
+  // Secret, mode 0440 in the pod's fsGroup, is the process's own): a secret
+  // (token, private key) should not be.
   bool readable_by_others = false;
 };
 
