@@ -97,6 +97,16 @@ std::vector<int64_t> HostedModel::committed_checkpoints() const {
 
 void HostedModel::RefreshCheckpointList() {
   absl::MutexLock refreshing(&refresh_mu_);
+  ListCheckpoints();
+}
+
+void HostedModel::RefreshCheckpointListUnlessBusy() {
+  if (!refresh_mu_.TryLock()) return;
+  ListCheckpoints();
+  refresh_mu_.Unlock();
+}
+
+void HostedModel::ListCheckpoints() {
   absl::StatusOr<std::vector<CommittedCheckpoint>> listed =
       ListCommittedCheckpoints(checkpoints_.model_root, checkpoints_.env);
   if (!listed.ok()) {

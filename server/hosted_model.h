@@ -95,6 +95,11 @@ class HostedModel {
   int64_t recovery_floor() const { return recovery_floor_.load(); }
   // Lists the checkpoint directory again.
   void RefreshCheckpointList();
+  // The same unless another refresh is listing now (the list it stores will
+  // do): a metrics scrape never queues behind a listing that a stalled
+  // shared filesystem holds, so the endpoint's few threads stay free for
+  // /healthz.
+  void RefreshCheckpointListUnlessBusy();
   // A rollback to `step` gives up the later steps: sets their directories
   // aside as "abandoned" (SetAsideCheckpointsAfter), then lists again, so
   // that they count neither as checkpoints nor for the recovery floor.
@@ -154,6 +159,8 @@ class HostedModel {
   // before a rollback's set-aside is never stored after the set-aside's own.
   absl::Mutex refresh_mu_;
   std::atomic<int64_t> recovery_floor_{-1};
+  // RefreshCheckpointList's listing and stores, under refresh_mu_.
+  void ListCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(refresh_mu_);
   // One part written at a time (the saving thread and SaveStep may be asked
   // for the same step), and none once stopping: Stop waits for the one under
   // way, so that a replaced model writes nothing after its replacement set

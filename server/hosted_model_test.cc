@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint_testing.h"
@@ -162,6 +163,50 @@ class CountingFileEnv : public FileEnvWrapper {
   std::atomic<int> data_files_{0};
   std::atomic<bool> failed_{false};
 };
+
+// A listing of the checkpoint root that hangs (a stalled shared
+// filesystem) holds up the refresh that made it, but not a metrics scrape's
+// (RefreshCheckpointListUnlessBusy), which takes the list as it was.
+TEST(HostedModelTest, AScrapesRefreshDoesNotWaitForAHangingListing) {
+  class HangingListEnv : public FileEnvWrapper {
+   public:
+    explicit HangingListEnv(FileEnv* target) : FileEnvWrapper(target) {}
+    absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir) override {
+      if (hang.load()) {
+        entered.Notify();
+        released.WaitForNotification();
+      }
+      return FileEnvWrapper::ListDirectory(dir);
+    }
+    std::atomic<bool> hang{false};
+    absl::Notification entered, released;
+  };
+  const std::string root = TempDir("hosted_hanging_list");
+  ThreadPool pool(1);
+  StateBudget budget(uint64_t{1} << 30, 0);
+  HangingListEnv env(FileEnv::Default());
+  PeriodicCheckpointOptions checkpoints;
+  checkpoints.model_root = root;
+  checkpoints.every = 2;
+  checkpoints.env = &env;
+  HostedModel model(ShardConfig(), testing::MakeShard(&pool, 1), budget.Reserve("m", 1).value(),
+                    checkpoints);
+  env.hang.store(true);
+  std::thread inspect([&] { model.RefreshCheckpointList(); });
+  ASSERT_TRUE(env.entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::Notification scraped;
+  std::thread scrape([&] {
+    model.RefreshCheckpointListUnlessBusy();
+    scraped.Notify();
+  });
+  EXPECT_TRUE(scraped.WaitForNotificationWithTimeout(absl::Seconds(5)))
+      << "the scrape's refresh waited for the hanging listing";
+  env.hang.store(false);
+  env.released.Notify();
+  scrape.join();
+  inspect.join();
+  model.Stop();
+}
 
 // A step asked for by SaveStep (a trainer's Finish) and by the saving
 // thread, in either order, or twice, is written once; one a rollback set

@@ -29,9 +29,16 @@ double SecondsSincePush(const TrainerActivity& activity, absl::Time now) {
 }
 
 // The newest committed checkpoint of `model`, listed afresh (another shard
-// may have committed one), -1 when there is none.
-int64_t NewestCommittedCheckpoint(HostedModel& model) {
-  if (model.periodic_checkpoints()) model.RefreshCheckpointList();
+// may have committed one), -1 when there is none. `wait`: false for a
+// metrics scrape, which takes the list as it is while another caller lists.
+int64_t NewestCommittedCheckpoint(HostedModel& model, bool wait = true) {
+  if (model.periodic_checkpoints()) {
+    if (wait) {
+      model.RefreshCheckpointList();
+    } else {
+      model.RefreshCheckpointListUnlessBusy();
+    }
+  }
   const std::vector<int64_t> committed = model.committed_checkpoints();
   return committed.empty() ? -1 : committed.front();
 }
@@ -418,7 +425,7 @@ std::string ShardServiceImpl::RenderMetrics() const {
     m.loss_scale = snap->last_step.loss_scale;
     m.grad_norm = snap->last_step.decision.grad_norm;
     m.last_lr = snap->last_lr;
-    m.newest_committed_checkpoint = NewestCommittedCheckpoint(*model);
+    m.newest_committed_checkpoint = NewestCommittedCheckpoint(*model, /*wait=*/false);
     for (const TrainerActivity& a : snap->trainers) {
       m.trainers.push_back(TrainerGauges{a.last_pushed_step, SecondsSincePush(a, now)});
     }
