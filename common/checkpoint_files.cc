@@ -170,7 +170,7 @@ absl::StatusOr<bool> TryCommit(FileEnv* env, const std::string& dir, const v1::M
   // The directory's own entry survives a power loss with the manifest that
   // commits it: the shard that made the directory may have died before it
   // synced the parent, and the others found it made.
-  if (absl::Status s = env->SyncDirectory(DirectoryOf(dir)); !s.ok()) return s;
+  if (absl::Status s = env->SyncDirectory(DirectoryOf(NormalPath(dir))); !s.ok()) return s;
   if (absl::Status s = WriteFileAtomically(env, JoinPath(dir, kCheckpointManifestFile), *json);
       !s.ok()) {
     return s;

@@ -95,10 +95,10 @@ class HostedModel {
   int64_t recovery_floor() const { return recovery_floor_.load(); }
   // Lists the checkpoint directory again.
   void RefreshCheckpointList();
-  // The same unless another refresh is listing now (the list it stores will
-  // do): a metrics scrape never queues behind a listing that a stalled
-  // shared filesystem holds, so the endpoint's few threads stay free for
-  // /healthz.
+  // The same unless another refresh of this model is listing now (the list
+  // it stores will do): a metrics scrape does not queue behind a listing
+  // that a stalled shared filesystem holds. (The scrape that lists still
+  // waits for it: one thread per model with periodic checkpoints.)
   void RefreshCheckpointListUnlessBusy();
   // A rollback to `step` gives up the later steps: sets their directories
   // aside as "abandoned" (SetAsideCheckpointsAfter), then lists again, so

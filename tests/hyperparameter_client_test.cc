@@ -252,11 +252,6 @@ TEST(HyperparameterOwnClusterTest, ATrainerKeepsItsPendingChangesWithinWhatAShar
   EXPECT_TRUE(client->SetHyperparameters(5000, OptimizerConfig::Sgd(0.25), LrSchedule{}).ok());
 }
 
-// A change one shard refused (its schedule is full) while another took it is
-// not recorded: every later push would carry it to the shard that refuses
-// it, and that shard would refuse the pushes too. (Whether the other shard's
-// answer comes before the refusal cancels it is a race: the rule itself is
-// //client:partial_change_test's.)
 // Before Register or Attach there is no model to change: said, not a crash
 // (a change used to read the push history, which only a model has).
 TEST_F(HyperparameterClientTest, AChangeBeforeRegisteringIsRefused) {
@@ -269,6 +264,11 @@ TEST_F(HyperparameterClientTest, AChangeBeforeRegisteringIsRefused) {
   }
 }
 
+// A change one shard refused (its schedule is full) while another took it is
+// not recorded: every later push would carry it to the shard that refuses
+// it, and that shard would refuse the pushes too. (Whether the other shard's
+// answer comes before the refusal cancels it is a race: the rule itself is
+// //client:partial_change_test's.)
 TEST_F(HyperparameterClientTest, AChangeAShardRefusedIsNotCarried) {
   const ModelSpec spec = SyntheticModelSpec("full", OptimizerConfig::Sgd(0.5), 1);
   auto client = Connect(0);

@@ -599,11 +599,12 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
                           f"went out take effect at step {g.client.last_pushed_step + 1}",
                           RuntimeWarning, stacklevel=4)
             version = g.client.last_pushed_step + 1
-        elif g.sent_for_step == version:
+        if g.sent_for_step == version:
             # Changed again before the step (a scheduler stepped between
-            # backward and step, or twice): the shards take one change per
-            # step, so the one sent for it is taken back first, as
-            # torch.optim reads the values when the step runs.
+            # backward and step, or twice; or after a redirect above): the
+            # shards take one change per step, so the one sent for it is
+            # taken back first, as torch.optim reads the values when the
+            # step runs.
             g.client.cancel_hyperparameters(version)
         g.client.set_hyperparameters(version, self._kind_of(self.param_groups[g.index]), hyper)
         g.sent_hyperparameters = hyper

@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 import unittest
+import warnings
 
 import numpy
 import torch
@@ -208,11 +209,21 @@ class BadUseTest(unittest.TestCase):
             torch.nn.functional.cross_entropy(models[rank](x), y).backward()
 
         backward(0)
-        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        with self.assertRaises(KeyboardInterrupt):
-            opts[0].step()
-        timer.join()
+
+        def interrupted_step():
+            timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            with self.assertRaises(KeyboardInterrupt):
+                opts[0].step()
+            timer.join()
+
+        interrupted_step()
+        # Changed, and a try that sent it (to step 2) failed again: the next
+        # change replaces it there. (What a retry does first, then fails.)
+        opts[0].param_groups[0]["lr"] = 0.3
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.assertTrue(opts[0]._send_hyperparameters(opts[0]._groups[0], 1))
         opts[0].param_groups[0]["lr"] = 0.25
         backward(1)
         other = threading.Thread(target=opts[1].step)
