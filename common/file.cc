@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <utility>
-#include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
@@ -20,26 +19,15 @@
 namespace shardopt {
 namespace {
 
-// Whether this process is in group `gid` (effective or supplementary): a
-// file only its own group may read is how a Kubernetes Secret reaches a
-// non-root container (mode 0440, the pod's fsGroup).
-bool InOwnGroups(gid_t gid) {
-  if (gid == ::getegid()) return true;
-  const int count = ::getgroups(0, nullptr);
-  if (count <= 0) return false;
-  std::vector<gid_t> groups(static_cast<size_t>(count));
-  const int got = ::getgroups(count, groups.data());
-  return got > 0 && std::find(groups.begin(), groups.begin() + got, gid) != groups.begin() + got;
-}
-
 FileInfo InfoOf(const struct stat& st) {
   FileInfo info;
   info.type = S_ISREG(st.st_mode)   ? FileType::kRegular
               : S_ISDIR(st.st_mode) ? FileType::kDirectory
                                     : FileType::kOther;
   info.size = static_cast<uint64_t>(st.st_size);
-  info.readable_by_others =
-      (st.st_mode & S_IROTH) != 0 || ((st.st_mode & S_IRGRP) != 0 && !InOwnGroups(st.st_gid));
+  info.group_readable = (st.st_mode & S_IRGRP) != 0;
+  info.other_readable = (st.st_mode & S_IROTH) != 0;
+  info.group = static_cast<uint32_t>(st.st_gid);
   return info;
 }
 

@@ -53,11 +53,11 @@ enum class FileType { kRegular, kDirectory, kOther };
 struct FileInfo {
   FileType type = FileType::kOther;
   uint64_t size = 0;  // Bytes (for a regular file).
-  // Whether users other than the owner may read it: the other-read bit, or
-  // the group-read bit of a group this process is not in (a Kubernetes
-  // Secret, mode 0440 in the pod's fsGroup, is the process's own): a secret
-  // (token, private key) should not be.
-  bool readable_by_others = false;
+  // Who besides its owner may read it: the members of its group `group`,
+  // everyone else (see WarnIfSecretReadableByOthers).
+  bool group_readable = false;
+  bool other_readable = false;
+  uint32_t group = 0;
 };
 
 // A file being written under a temporary name beside `path()`, which

@@ -13,7 +13,9 @@
 namespace shardopt {
 
 // Logs a warning naming `what` (a flag, "token file") and `path` when users
-// other than its owner may read it; nothing when it cannot be stat'ed.
+// other than its owner may read it: everyone, or a group this process is not
+// in (its own group may: a Kubernetes Secret, mode 0440 in the pod's
+// fsGroup); nothing when it cannot be stat'ed.
 void WarnIfSecretReadableByOthers(FileEnv* env, absl::string_view what, const std::string& path);
 
 }  // namespace shardopt
