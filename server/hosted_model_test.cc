@@ -29,6 +29,17 @@ using checkpoint_testing::Config;
 using checkpoint_testing::TempDir;
 using checkpoint_testing::WritePart;
 
+// Periodic checkpoints of a model into `root` every `every` steps (0: no
+// saving thread), through `env`.
+PeriodicCheckpointOptions CheckpointsInto(const std::string& root, int64_t every,
+                                          FileEnv* env = FileEnv::Default()) {
+  PeriodicCheckpointOptions checkpoints;
+  checkpoints.model_root = root;
+  checkpoints.every = every;
+  checkpoints.env = env;
+  return checkpoints;
+}
+
 TEST(HostedModelTest, AbandonedCheckpointsLeaveTheListAndTheRecoveryFloorAtOnce) {
   const std::string root = TempDir("hosted_abandon");
   for (int64_t step : {4, 8, 12}) {
@@ -38,8 +49,7 @@ TEST(HostedModelTest, AbandonedCheckpointsLeaveTheListAndTheRecoveryFloorAtOnce)
   }
   ThreadPool pool(1);
   StateBudget budget(uint64_t{1} << 30, 0);
-  PeriodicCheckpointOptions checkpoints;
-  checkpoints.model_root = root;  // every = 0: no saving thread.
+  const PeriodicCheckpointOptions checkpoints = CheckpointsInto(root, 0);  // No saving thread.
   HostedModel model(v1::ModelConfig(), testing::MakeShard(&pool, 1),
                     budget.Reserve("m", 1).value(), checkpoints);
   EXPECT_EQ(model.committed_checkpoints(), (std::vector<int64_t>{12, 8, 4}));
@@ -106,9 +116,7 @@ TEST(HostedModelTest, TheFirstCheckpointIsHeldFromTheModelsMaking) {
     const std::string root = TempDir(absl::StrCat("hosted_first_hold", round));
     ThreadPool pool(1);
     StateBudget budget(uint64_t{1} << 30, 0);
-    PeriodicCheckpointOptions checkpoints;
-    checkpoints.model_root = root;
-    checkpoints.every = 2;
+    const PeriodicCheckpointOptions checkpoints = CheckpointsInto(root, 2);
     HostedModel model(ShardConfig(), testing::MakeShard(&pool, 1), budget.Reserve("m", 1).value(),
                       checkpoints);
     // Pushes from before the saving thread starts (a trainer that finds the
@@ -185,10 +193,7 @@ TEST(HostedModelTest, AScrapesRefreshDoesNotWaitForAHangingListing) {
   ThreadPool pool(1);
   StateBudget budget(uint64_t{1} << 30, 0);
   HangingListEnv env(FileEnv::Default());
-  PeriodicCheckpointOptions checkpoints;
-  checkpoints.model_root = root;
-  checkpoints.every = 2;
-  checkpoints.env = &env;
+  const PeriodicCheckpointOptions checkpoints = CheckpointsInto(root, 2, &env);
   HostedModel model(ShardConfig(), testing::MakeShard(&pool, 1), budget.Reserve("m", 1).value(),
                     checkpoints);
   env.hang.store(true);
@@ -217,10 +222,7 @@ TEST(HostedModelTest, AStepAskedForTwiceIsWrittenOnce) {
     ThreadPool pool(1);
     StateBudget budget(uint64_t{1} << 30, 0);
     CountingFileEnv env(FileEnv::Default());
-    PeriodicCheckpointOptions checkpoints;
-    checkpoints.model_root = root;
-    checkpoints.every = 2;
-    checkpoints.env = &env;
+    const PeriodicCheckpointOptions checkpoints = CheckpointsInto(root, 2, &env);
     HostedModel model(ShardConfig(), testing::MakeShard(&pool, 1), budget.Reserve("m", 1).value(),
                       checkpoints);
     model.StartCheckpoints();
@@ -271,9 +273,8 @@ TEST(HostedModelTest, APartLeftByAFailedSetAsideIsWrittenAgain) {
   ThreadPool pool(1);
   StateBudget budget(uint64_t{1} << 30, 0);
   CountingFileEnv env(FileEnv::Default(), /*fail_set_aside=*/true);
-  PeriodicCheckpointOptions checkpoints;
-  checkpoints.model_root = root;  // every = 0: no saving thread.
-  checkpoints.env = &env;
+  // (No saving thread.)
+  const PeriodicCheckpointOptions checkpoints = CheckpointsInto(root, 0, &env);
   HostedModel model(ShardConfig(), testing::MakeShard(&pool, 1), budget.Reserve("m", 1).value(),
                     checkpoints);
   ASSERT_TRUE(testing::PushAll(model.shard(), 0, 1).ok());
@@ -297,9 +298,7 @@ TEST(HostedModelTest, StopWaitsForAPartBeingWrittenAndRefusesLaterOnes) {
   ThreadPool pool(1);
   StateBudget budget(uint64_t{1} << 30, 0);
   CountingFileEnv env(FileEnv::Default(), false, absl::Milliseconds(300));
-  PeriodicCheckpointOptions checkpoints;
-  checkpoints.model_root = root;
-  checkpoints.env = &env;
+  const PeriodicCheckpointOptions checkpoints = CheckpointsInto(root, 0, &env);
   HostedModel model(ShardConfig(), testing::MakeShard(&pool, 1), budget.Reserve("m", 1).value(),
                     checkpoints);
   ASSERT_TRUE(testing::PushAll(model.shard(), 0, 1).ok());
