@@ -10,7 +10,6 @@
 #include <cassert>
 
 #include "absl/strings/str_cat.h"
-#include "common/dtype_convert.h"
 #include "common/finite.h"
 #include "common/logging.h"
 #include "server/cpu_backend.h"
