@@ -13,11 +13,15 @@ namespace {
 
 bool IsSixteenBit(DType dtype) { return DTypeSize(dtype) == 2; }
 
+// A fence word per cache line: the shards of a trainer touch theirs at once.
+constexpr uint64_t kFenceSpacing = 64;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainerSegment>> TrainerSegment::Create(uint64_t total_elements,
                                                                        DType push_dtype,
-                                                                       DType pull_dtype) {
+                                                                       DType pull_dtype,
+                                                                       uint32_t shards) {
   if (total_elements == 0) return absl::InvalidArgumentError("no elements to share");
   const size_t staging_element = DTypeSize(push_dtype);
   // Gradients, parameters, staging, then the 16-bit pull region.
@@ -27,10 +31,19 @@ absl::StatusOr<std::unique_ptr<TrainerSegment>> TrainerSegment::Create(uint64_t 
     pull16 = static_cast<int64_t>(bytes);
     bytes += total_elements * 2;
   }
+  bytes = (bytes + kFenceSpacing - 1) / kFenceSpacing * kFenceSpacing;
+  const int64_t fences = static_cast<int64_t>(bytes);
+  bytes += uint64_t{2} * shards * kFenceSpacing;
   absl::StatusOr<SharedSegment> segment = SharedSegment::Create(bytes);
   if (!segment.ok()) return segment.status();
-  return std::unique_ptr<TrainerSegment>(
-      new TrainerSegment(*std::move(segment), total_elements, staging_element, pull16));
+  return std::unique_ptr<TrainerSegment>(new TrainerSegment(
+      *std::move(segment), total_elements, staging_element, pull16, fences, shards));
+}
+
+int64_t TrainerSegment::FenceOffset(uint32_t shard, FenceUse use) const {
+  if (shard >= shards_) return -1;
+  return fences_ + static_cast<int64_t>((2 * uint64_t{shard} + static_cast<uint64_t>(use)) *
+                                        kFenceSpacing);
 }
 
 std::optional<TrainerSegment::PushPlace> TrainerSegment::PlacePush(uint64_t begin,

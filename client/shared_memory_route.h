@@ -8,7 +8,9 @@
 // from anywhere else (another buffer, a converted 16-bit payload, a replayed
 // earlier step: they never overwrite the shared gradients), and, for a 16-bit
 // pull type, a region the shards write the 16-bit values to. A pull into
-// another buffer goes through the shared parameters.
+// another buffer goes through the shared parameters. Last, two fence words
+// per shard (common/segment_fence.h; one for its pushes, one for its
+// pulls, which may overlap), each on a cache line of its own.
 //
 // SharedMemoryRoute is one shard's way into it, shared by that shard's
 // connections (lanes): Link() attaches the segment to the shard
@@ -40,9 +42,10 @@ namespace shardopt {
 class TrainerSegment {
  public:
   // Buffers for `total_elements` flat elements; the 16-bit regions exist
-  // when push or pull use a 16-bit type.
+  // when push or pull use a 16-bit type. Fences for `shards` shards.
   static absl::StatusOr<std::unique_ptr<TrainerSegment>> Create(uint64_t total_elements,
-                                                                DType push_dtype, DType pull_dtype);
+                                                                DType push_dtype, DType pull_dtype,
+                                                                uint32_t shards);
 
   const SharedSegment& segment() const { return segment_; }
   float* gradients() const { return reinterpret_cast<float*>(segment_.data()); }
@@ -61,18 +64,27 @@ class TrainerSegment {
   // Where a shard writes its pull of flat elements from `begin` as `dtype`;
   // -1 when there is no region for that type.
   int64_t PullOffset(uint64_t begin, DType dtype) const;
+  // The byte offset of shard `shard`'s fence word for its pushes or its
+  // pulls; -1 for a shard outside those it was made for.
+  enum class FenceUse { kPush = 0, kPull = 1 };
+  int64_t FenceOffset(uint32_t shard, FenceUse use) const;
 
  private:
-  TrainerSegment(SharedSegment segment, uint64_t total, size_t staging_element, int64_t pull16)
+  TrainerSegment(SharedSegment segment, uint64_t total, size_t staging_element, int64_t pull16,
+                 int64_t fences, uint32_t shards)
       : segment_(std::move(segment)),
         total_(total),
         staging_element_(staging_element),
-        pull16_(pull16) {}
+        pull16_(pull16),
+        fences_(fences),
+        shards_(shards) {}
 
   SharedSegment segment_;
   uint64_t total_;
   size_t staging_element_;  // Bytes per element of the staging region.
   int64_t pull16_;          // Byte offset of the 16-bit pull region, -1: none.
+  int64_t fences_;          // Byte offset of the fence words.
+  uint32_t shards_;
 };
 
 // The segment attached to one shard: the socket that keeps the attachment.

@@ -92,15 +92,20 @@ class StandInShard {
 
 std::shared_ptr<const TrainerSegment> NewSegment() {
   absl::StatusOr<std::unique_ptr<TrainerSegment>> s =
-      TrainerSegment::Create(1000, DType::kBFloat16, DType::kFloat16);
+      TrainerSegment::Create(1000, DType::kBFloat16, DType::kFloat16, 3);
   EXPECT_TRUE(s.ok()) << s.status();
   return std::shared_ptr<const TrainerSegment>(std::move(*s));
 }
 
 TEST(TrainerSegmentTest, RegionsDoNotOverlap) {
   auto segment = NewSegment();
-  // Gradients, parameters, a bf16 staging region, the fp16 pull region.
-  EXPECT_EQ(segment->segment().size(), 1000u * (4 + 4 + 2 + 2));
+  // Gradients, parameters, a bf16 staging region, the fp16 pull region,
+  // then (from the next 64-byte line) a fence line per shard and use.
+  EXPECT_EQ(segment->segment().size(), 12032u + 3 * 2 * 64);
+  EXPECT_EQ(segment->FenceOffset(0, TrainerSegment::FenceUse::kPush), 12032);
+  EXPECT_EQ(segment->FenceOffset(0, TrainerSegment::FenceUse::kPull), 12032 + 64);
+  EXPECT_EQ(segment->FenceOffset(2, TrainerSegment::FenceUse::kPull), 12032 + 5 * 64);
+  EXPECT_EQ(segment->FenceOffset(3, TrainerSegment::FenceUse::kPush), -1);
   EXPECT_EQ(reinterpret_cast<char*>(segment->parameters()), segment->segment().data() + 4000);
   // In place only for an fp32 payload that is the shared gradients there.
   auto in_place =
@@ -120,9 +125,9 @@ TEST(TrainerSegmentTest, RegionsDoNotOverlap) {
   EXPECT_EQ(segment->PullOffset(10, DType::kBFloat16), 10000 + 20);
 
   absl::StatusOr<std::unique_ptr<TrainerSegment>> fp32 =
-      TrainerSegment::Create(1000, DType::kFloat32, DType::kFloat32);
+      TrainerSegment::Create(1000, DType::kFloat32, DType::kFloat32, 1);
   ASSERT_TRUE(fp32.ok());
-  EXPECT_EQ((*fp32)->segment().size(), 12000u);
+  EXPECT_EQ((*fp32)->segment().size(), 12032u + 2 * 64);
   EXPECT_EQ((*fp32)->PullOffset(0, DType::kBFloat16), -1);
 }
 

@@ -8,6 +8,8 @@
 #include "absl/time/clock.h"
 #include "common/dtype_convert.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/segment_fence.h"
 
 namespace shardopt {
 
@@ -39,6 +41,29 @@ absl::Status SharedMemoryTransport::Failed(const std::shared_ptr<SharedMemoryLin
   return status;
 }
 
+bool SharedMemoryTransport::OpenFence(TrainerSegment::FenceUse use,
+                                      v1::SharedMemoryPayload* where) {
+  const int64_t offset = route_.segment().FenceOffset(shard_index_, use);
+  if (offset < 0) return false;
+  const uint64_t ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
+  if (!SegmentFence(route_.segment().segment().data() + offset).TryOpen(ticket)) return false;
+  where->set_fence_offset(static_cast<uint64_t>(offset));
+  where->set_fence_ticket(ticket);
+  return true;
+}
+
+absl::Status SharedMemoryTransport::CloseFence(const v1::SharedMemoryPayload& where,
+                                               const std::shared_ptr<SharedMemoryLink>& link,
+                                               absl::Status status) {
+  SegmentFence fence(route_.segment().segment().data() + where.fence_offset());
+  const absl::Status closed = fence.Revoke(where.fence_ticket(), kFenceCloseTimeout,
+                                           [&link] { return !link->alive(); });
+  if (closed.ok()) return status;
+  LogError("shard %d: %s", shard_index_, closed.message());
+  if (status.ok()) return closed;  // (Cannot be: an answered call's pieces are done.)
+  return absl::Status(status.code(), absl::StrCat(status.message(), "; and ", closed.message()));
+}
+
 std::optional<absl::Status> SharedMemoryTransport::Push(const PayloadCall& call,
                                                         const v1::PushGradientsRequest& header,
                                                         const char* payload, size_t element_size,
@@ -57,10 +82,11 @@ std::optional<absl::Status> SharedMemoryTransport::Push(const PayloadCall& call,
   v1::SharedMemoryPayload* where = shared.mutable_header()->mutable_shared_memory();
   where->set_attachment(link->attachment());
   where->set_byte_offset(static_cast<uint64_t>(place->offset));
+  if (!OpenFence(TrainerSegment::FenceUse::kPush, where)) return std::nullopt;
   std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
       call.stub.PushGradients(&call.context, response);
   if (writer->Write(shared)) writer->WritesDone();
-  absl::Status s = ToAbslStatus(writer->Finish());
+  absl::Status s = CloseFence(*where, link, ToAbslStatus(writer->Finish()));
   if (!s.ok()) return Failed(link, s);
   transfers_.fetch_add(1, std::memory_order_relaxed);
   return s;
@@ -76,8 +102,10 @@ std::optional<absl::Status> SharedMemoryTransport::Pull(const PayloadCall& call,
   const int64_t place = route_.segment().PullOffset(call.range.begin, dtype);
   if (place < 0) return std::nullopt;
   v1::PullParametersRequest shared = request;
-  shared.mutable_shared_memory()->set_attachment(link->attachment());
-  shared.mutable_shared_memory()->set_byte_offset(static_cast<uint64_t>(place));
+  v1::SharedMemoryPayload* where = shared.mutable_shared_memory();
+  where->set_attachment(link->attachment());
+  where->set_byte_offset(static_cast<uint64_t>(place));
+  if (!OpenFence(TrainerSegment::FenceUse::kPull, where)) return std::nullopt;
   std::unique_ptr<grpc::ClientReader<v1::PullParametersResponse>> reader =
       call.stub.PullParameters(&call.context, shared);
   v1::PullParametersResponse response;
@@ -89,7 +117,7 @@ std::optional<absl::Status> SharedMemoryTransport::Pull(const PayloadCall& call,
     version = response.version();
     lr = response.lr();
   }
-  absl::Status s = ToAbslStatus(reader->Finish());
+  absl::Status s = CloseFence(*where, link, ToAbslStatus(reader->Finish()));
   if (!s.ok()) return Failed(link, s);
   if (messages != 1 || version < 0 || response.has_chunk()) {
     return absl::InternalError(absl::StrCat("a pull through shared memory ended after ", messages,

@@ -6,6 +6,12 @@
 // a pull names where the shard writes (then widened or copied into the
 // caller's buffer unless that is the shared parameters). It declines while
 // the shard has no attachment and for a payload it has no region for.
+// Each attempt opens the segment's fence word for the shard's pushes (or
+// pulls) with a new ticket and closes it when the call has ended, waiting
+// out a piece the shard is still reading or writing
+// (common/segment_fence.h): when Push or Pull returns, however the call
+// ended (Ctrl-C, a deadline), the shard touches the trainer's memory no
+// more for it. One push and one pull at a time per shard.
 // Thread-safe (the lanes of a shard share it).
 #ifndef SHARDOPT_CLIENT_SHARED_MEMORY_TRANSPORT_H_
 #define SHARDOPT_CLIENT_SHARED_MEMORY_TRANSPORT_H_
@@ -20,8 +26,12 @@ namespace shardopt {
 
 class SharedMemoryTransport final : public PayloadTransport {
  public:
+  // How long closing a fence waits for the shard's piece in progress (a
+  // copy of a few MB) before it says so.
+  static constexpr absl::Duration kFenceCloseTimeout = absl::Seconds(10);
+
   SharedMemoryTransport(std::shared_ptr<const TrainerSegment> segment, uint32_t shard_index)
-      : route_(std::move(segment), shard_index) {}
+      : route_(std::move(segment), shard_index), shard_index_(shard_index) {}
 
   const char* name() const override { return "shared memory"; }
   std::optional<absl::Status> Push(const PayloadCall& call, const v1::PushGradientsRequest& header,
@@ -39,8 +49,18 @@ class SharedMemoryTransport final : public PayloadTransport {
   // over a new link) when the shard's end closed or it lost the
   // attachment, else `status`.
   absl::Status Failed(const std::shared_ptr<SharedMemoryLink>& link, absl::Status status);
+  // Opens the shard's fence word for `use` with a new ticket, named in
+  // `where`; false (decline) while a piece of an earlier attempt the shard
+  // never finished still holds it.
+  bool OpenFence(TrainerSegment::FenceUse use, v1::SharedMemoryPayload* where);
+  // Closes it after the attempt: `status` as it was, or, when the shard
+  // outlasted kFenceCloseTimeout still touching the memory, that said too.
+  absl::Status CloseFence(const v1::SharedMemoryPayload& where,
+                          const std::shared_ptr<SharedMemoryLink>& link, absl::Status status);
 
   SharedMemoryRoute route_;
+  const uint32_t shard_index_;
+  std::atomic<uint64_t> next_ticket_{1};
   std::atomic<int64_t> transfers_{0};
 };
 

@@ -244,7 +244,8 @@ void TrainerClient::PrepareTransports(const ModelLayout& layout) {
   segment_.reset();
   if (options_.shared_memory) {
     absl::StatusOr<std::unique_ptr<TrainerSegment>> segment =
-        TrainerSegment::Create(layout.total_elements(), options_.push_dtype, options_.pull_dtype);
+        TrainerSegment::Create(layout.total_elements(), options_.push_dtype, options_.pull_dtype,
+                               static_cast<uint32_t>(shards_.size()));
     if (segment.ok()) {
       segment_ = *std::move(segment);
     } else {

@@ -360,9 +360,18 @@ grpc::Status ShardServiceImpl::PullParameters(
   }
   const absl::Time deadline = WaitDeadline(*context, request->max_wait_ms());
   const auto cancelled = [context] { return context->IsCancelled(); };
-  // OK, or ABORTED once a newer pull has taken this one's place; the waits
-  // below end then too.
-  const auto superseded = [&claim] { return claim ? claim->Current() : absl::OkStatus(); };
+  // OK, or ABORTED once a newer pull has taken this one's place or the
+  // trainer closed its fence to this one; the waits below end then too.
+  const auto superseded = [&claim, &shared]() -> absl::Status {
+    if (claim) {
+      if (absl::Status s = claim->Current(); !s.ok()) return s;
+    }
+    if (shared && !shared->Open()) {
+      return absl::AbortedError(
+          "the trainer gave up on this pull (it closed its shared-memory fence to it)");
+    }
+    return absl::OkStatus();
+  };
   const auto given_up = [&] { return cancelled() || !superseded().ok(); };
   if (request->has_decision()) {
     // Taken here; the update runs range by range as the frames below (and
@@ -431,7 +440,8 @@ grpc::Status ShardServiceImpl::PullParameters(
     const auto read_piece = [&] {
       return shard.ReadParameters(*version, offset, count, *dtype, out);
     };
-    absl::Status read = claim ? claim->Write(read_piece) : read_piece();
+    const auto write_piece = [&] { return shared ? shared->Touch(read_piece) : read_piece(); };
+    absl::Status read = claim ? claim->Write(write_piece) : write_piece();
     if (!read.ok()) return Error(read);
     if (read_first) {
       read_messages.push_back(std::move(response));

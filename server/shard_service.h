@@ -16,6 +16,7 @@
 #ifndef SHARDOPT_SERVER_SHARD_SERVICE_H_
 #define SHARDOPT_SERVER_SHARD_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/file.h"
+#include "common/segment_fence.h"
 #include "proto/shardopt/v1/shard_service.grpc.pb.h"
 #include "server/access_control.h"
 #include "server/checkpointing.h"
@@ -253,10 +255,21 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // `bytes` bytes at the place `where` names in an attached segment, with
   // the segment held: FAILED_PRECONDITION without shared memory or when the
   // attachment is not open, INVALID_ARGUMENT when the bytes overrun it.
+  // The trainer's fence word (SharedMemoryPayload.fence_ticket), when it
+  // named one: every touch of `data` goes through Touch.
   struct SharedPlace {
     std::shared_ptr<const SharedSegment> segment;
     char* data = nullptr;
     PullPlace place;  // The same bytes through any attachment of the segment.
+    std::optional<SegmentFence> fence;
+    uint64_t ticket = 0;
+    // Runs `touch` (one piece of reading or writing `data`), under the fence
+    // when there is one.
+    absl::Status Touch(const std::function<absl::Status()>& touch) {
+      return fence ? fence->Access(ticket, touch) : touch();
+    }
+    // False once the trainer closed the fence to this call.
+    bool Open() const { return !fence || fence->Open(ticket); }
   };
   absl::StatusOr<SharedPlace> LocateShared(const v1::SharedMemoryPayload& where, uint64_t bytes,
                                            const char* what) const;

@@ -25,7 +25,18 @@ absl::StatusOr<ShardServiceImpl::SharedPlace> ShardServiceImpl::LocateShared(
   }
   char* data = (*segment)->data() + where.byte_offset();
   const PullPlace place{(*segment)->file_id(), where.byte_offset()};
-  return SharedPlace{*std::move(segment), data, place};
+  SharedPlace shared{*std::move(segment), data, place};
+  if (where.fence_ticket() != 0) {
+    if (absl::Status s = SegmentFence::CheckTicket(where.fence_ticket()); !s.ok()) return s;
+    if (absl::Status s = SegmentFence::CheckPlace(where.fence_offset(), shared.segment->size(),
+                                                  where.byte_offset(), bytes);
+        !s.ok()) {
+      return s;
+    }
+    shared.fence.emplace(shared.segment->data() + where.fence_offset());
+    shared.ticket = where.fence_ticket();
+  }
+  return shared;
 }
 
 absl::Status ShardServiceImpl::ReceiveSharedPayload(
@@ -55,8 +66,12 @@ absl::Status ShardServiceImpl::ReceiveSharedPayload(
     }
     watch.Touch();
     const uint64_t count = std::min(piece, header.num_elements() - done);
-    if (absl::Status s = writer.Write(done, data + done * element, count * element,
-                                      ModelShard::PushWriter::Source::kTrainerWritable);
+    // (Write reads the piece, and again for a refusal's message: all of
+    // it inside the fence.)
+    if (absl::Status s = payload->Touch([&] {
+          return writer.Write(done, data + done * element, count * element,
+                              ModelShard::PushWriter::Source::kTrainerWritable);
+        });
         !s.ok()) {
       return s;
     }

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -18,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/segment_fence.h"
 #include "common/shared_memory.h"
 #include "tests/bad_input_fixture.h"
 
@@ -33,8 +36,9 @@ class SharedMemoryBadInputTest : public BadInputTest {
     grpc::ClientContext context;
     ASSERT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
     ASSERT_FALSE(info.shared_memory_socket().empty());
-    // Room for the range's gradient and, after it, its parameters.
-    absl::StatusOr<SharedSegment> segment = SharedSegment::Create(2 * range_.size() * 4);
+    // Room for the range's gradient and, after it, its parameters, then a
+    // fence word.
+    absl::StatusOr<SharedSegment> segment = SharedSegment::Create(2 * range_.size() * 4 + 64);
     ASSERT_TRUE(segment.ok()) << segment.status();
     segment_ = *std::move(segment);
     shared_memory_socket_ = info.shared_memory_socket();
@@ -67,15 +71,25 @@ class SharedMemoryBadInputTest : public BadInputTest {
     header.mutable_shared_memory()->set_byte_offset(byte_offset);
     return header;
   }
-  // A pull through the segment: its one message's version.
+  // The fence word's place: after the parameters.
+  uint64_t FenceOffset() const { return 2 * range_.size() * 4; }
+  SegmentFence Fence() { return SegmentFence(segment_.data() + FenceOffset()); }
+  static void SetFence(v1::SharedMemoryPayload* where, uint64_t offset, uint64_t ticket) {
+    where->set_fence_offset(offset);
+    where->set_fence_ticket(ticket);
+  }
+  // A pull through the segment: its one message's version. `fence`: its
+  // fence word's offset and ticket, when it names one.
   grpc::Status SharedPull(int64_t min_version, uint64_t byte_offset, int64_t* version,
-                          const std::string& attachment = "") {
+                          const std::string& attachment = "",
+                          std::optional<std::pair<uint64_t, uint64_t>> fence = std::nullopt) {
     v1::PullParametersRequest request;
     request.set_model_id(kModel);
     request.set_shard_index(kShardIndex);
     request.set_min_version(min_version);
     request.mutable_shared_memory()->set_attachment(attachment.empty() ? attachment_ : attachment);
     request.mutable_shared_memory()->set_byte_offset(byte_offset);
+    if (fence) SetFence(request.mutable_shared_memory(), fence->first, fence->second);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     auto reader = stub_->PullParameters(&context, request);
@@ -126,7 +140,7 @@ TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
   v1::PushHeader unknown = SharedHeader(0, 1, 0, "00112233445566778899aabbccddeeff");
   ExpectRejected(Push(&unknown, {}), grpc::FAILED_PRECONDITION, "is not open on this shard",
                  before);
-  v1::PushHeader overrun = SharedHeader(0, 1, bytes + 4);
+  v1::PushHeader overrun = SharedHeader(0, 1, segment_.size() - bytes + 4);
   ExpectRejected(Push(&overrun, {}), grpc::INVALID_ARGUMENT, "overrun", before);
   v1::PushHeader huge = SharedHeader(0, 1, ~uint64_t{0} - 2);
   ExpectRejected(Push(&huge, {}), grpc::INVALID_ARGUMENT, "overrun", before);
@@ -185,6 +199,89 @@ TEST_F(SharedMemoryBadInputTest, RefusedPushesAndPullsLeaveTheShardAsItWas) {
   const State after = Capture();
   v1::PushHeader late = SharedHeader(0, 2);
   ExpectRejected(Push(&late, {}), grpc::FAILED_PRECONDITION, "is not open on this shard", after);
+}
+
+// The fence (SharedMemoryPayload.fence_ticket): a bad one is refused with
+// the shard unchanged; a push or pull whose trainer closed it touches the
+// segment no more, even when what it waited for comes right after (a
+// trainer's Ctrl-C, then another trainer's push completing the step).
+TEST_F(SharedMemoryBadInputTest, ACallTouchesNothingOnceItsTrainerClosedItsFence) {
+  const State before = Capture();
+  const uint64_t bytes = range_.size() * 4;
+  PutGradient(Gradient(1.0f));
+  ASSERT_TRUE(Fence().TryOpen(5));
+  v1::PushHeader misaligned = SharedHeader(0, 1);
+  SetFence(misaligned.mutable_shared_memory(), FenceOffset() + 4, 5);
+  ExpectRejected(Push(&misaligned, {}), grpc::INVALID_ARGUMENT, "not 8-byte aligned", before);
+  v1::PushHeader in_payload = SharedHeader(0, 1);
+  SetFence(in_payload.mutable_shared_memory(), 8, 5);
+  ExpectRejected(Push(&in_payload, {}), grpc::INVALID_ARGUMENT, "lies in the payload", before);
+  v1::PushHeader outside = SharedHeader(0, 1);
+  SetFence(outside.mutable_shared_memory(), segment_.size(), 5);
+  ExpectRejected(Push(&outside, {}), grpc::INVALID_ARGUMENT, "overruns", before);
+  v1::PushHeader busy_ticket = SharedHeader(0, 1);
+  SetFence(busy_ticket.mutable_shared_memory(), FenceOffset(), SegmentFence::kBusy | 5);
+  ExpectRejected(Push(&busy_ticket, {}), grpc::INVALID_ARGUMENT, "is not in [1, 2^63)", before);
+  int64_t version = -1;
+  ExpectRejected(SharedPull(0, bytes, &version, "", std::make_pair(bytes + 8, 5)),
+                 grpc::INVALID_ARGUMENT, "lies in the payload", before);
+
+  // Closed (or moved on to another attempt): the push reads nothing.
+  ASSERT_TRUE(Fence().Revoke(5, absl::Seconds(10)).ok());
+  v1::PushHeader closed = SharedHeader(0, 1);
+  SetFence(closed.mutable_shared_memory(), FenceOffset(), 5);
+  ExpectRejected(Push(&closed, {}), grpc::ABORTED, "gave up on this call", before);
+
+  // A pull waiting for step 1 with its fence open; its trainer closes it,
+  // then step 1 is applied at once.
+  const std::string sentinel(bytes, '\x5a');
+  std::memcpy(segment_.data() + bytes, sentinel.data(), bytes);
+  ASSERT_TRUE(Fence().TryOpen(6));
+  grpc::Status abandoned_status;
+  std::thread abandoned([&, attachment = attachment_] {
+    int64_t abandoned_version = -1;
+    abandoned_status = SharedPull(1, bytes, &abandoned_version, attachment,
+                                  std::make_pair(FenceOffset(), uint64_t{6}));
+  });
+  const absl::Cleanup join = [&abandoned] {
+    if (abandoned.joinable()) abandoned.join();
+  };
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (Info().shared_memory_pull_places() != 1 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(Info().shared_memory_pull_places(), 1u) << "the pull did not reach the shard";
+  ASSERT_TRUE(Fence().Revoke(6, absl::Seconds(10)).ok());
+  v1::PushHeader push0 = SharedHeader(0, 1);
+  v1::PushHeader push1 = SharedHeader(1, 1);
+  v1::PushGradientsResponse response;
+  ASSERT_TRUE(Push(&push0, {}, &response).ok());
+  ASSERT_TRUE(Push(&push1, {}, &response).ok());
+  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
+  abandoned.join();
+  EXPECT_EQ(abandoned_status.error_code(), grpc::ABORTED) << abandoned_status.error_message();
+  EXPECT_TRUE(absl::StrContains(abandoned_status.error_message(), "gave up on this"))
+      << abandoned_status.error_message();
+  EXPECT_EQ(std::string(segment_.data() + bytes, bytes), sentinel)
+      << "the pull wrote into the trainer's memory after its fence closed";
+
+  // With the fence open (a new attempt's ticket), push and pull work, and
+  // leave the word as they found it.
+  ASSERT_TRUE(Fence().TryOpen(7));
+  ASSERT_TRUE(
+      SharedPull(1, bytes, &version, "", std::make_pair(FenceOffset(), uint64_t{7})).ok());
+  EXPECT_EQ(version, 1);
+  std::vector<float> streamed;
+  ASSERT_TRUE(Pull(1, &streamed, &version).ok());
+  EXPECT_EQ(std::memcmp(streamed.data(), segment_.data() + bytes, bytes), 0);
+  EXPECT_TRUE(Fence().Open(7));
+  ASSERT_TRUE(Fence().Revoke(7, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(Fence().TryOpen(8));
+  v1::PushHeader fenced = SharedHeader(0, 2);
+  SetFence(fenced.mutable_shared_memory(), FenceOffset(), 8);
+  ASSERT_TRUE(Push(&fenced, {}, &response).ok());
+  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_ACCEPTED);
+  EXPECT_TRUE(Fence().Revoke(8, absl::ZeroDuration()).ok());
 }
 
 // A pull its trainer gave up on, still waiting on the shard when the
