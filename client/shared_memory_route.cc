@@ -140,7 +140,9 @@ std::shared_ptr<SharedMemoryLink> SharedMemoryRoute::Link(const SocketLookup& lo
     last_refusal_ = why;
   }
   // A shard that did not answer is asked again soon (it may be restarting).
-  if (!socket_name.ok()) retry_after_ = now + absl::Milliseconds(250);
+  if (!socket_name.ok() && !absl::IsFailedPrecondition(socket_name.status())) {
+    retry_after_ = now + absl::Milliseconds(250);
+  }
   return nullptr;
 }
 

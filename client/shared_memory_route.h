@@ -112,7 +112,10 @@ class SharedMemoryRoute {
 
   SharedMemoryRoute(std::shared_ptr<const TrainerSegment> segment, uint32_t shard_index);
 
-  // The shard's socket name from its ServerInfo (empty: shared memory off).
+  // The shard's socket name from its ServerInfo (empty: shared memory off;
+  // FAILED_PRECONDITION: the shard's shared memory is not to be used, asked
+  // again after kRetryInterval; another error: it did not answer, asked
+  // again soon).
   using SocketLookup = std::function<absl::StatusOr<std::string>()>;
   // The live link to the shard, attaching first when there is none (and the
   // last failed attempt is not recent): null means "use gRPC".

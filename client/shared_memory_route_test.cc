@@ -200,6 +200,20 @@ TEST(SharedMemoryRouteTest, FallsBackWhenTheShardCannotTakeIt) {
     const auto lookup = [&]() -> absl::StatusOr<std::string> { return refusing.name(); };
     EXPECT_EQ(route.Link(lookup), nullptr);
   }
+  // A shard whose shared memory is not to be used (an older server, without
+  // fences): asked once, then not before the retry interval.
+  {
+    SharedMemoryRoute route(segment, 5);
+    int lookups = 0;
+    const auto unfenced = [&]() -> absl::StatusOr<std::string> {
+      ++lookups;
+      return absl::FailedPreconditionError("no fences");
+    };
+    EXPECT_EQ(route.Link(unfenced), nullptr);
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_EQ(route.Link(unfenced), nullptr);
+    EXPECT_EQ(lookups, 1);
+  }
   // An unreachable shard (its ServerInfo failed) is asked again soon.
   {
     SharedMemoryRoute route(segment, 4);

@@ -22,6 +22,11 @@ std::shared_ptr<SharedMemoryLink> SharedMemoryTransport::Link(const PayloadCall&
     absl::Status s =
         ToAbslStatus(call.stub.GetServerInfo(&context, v1::GetServerInfoRequest(), &info));
     if (!s.ok()) return s;
+    if (!info.shared_memory_socket().empty() && !info.shared_memory_fences()) {
+      return absl::FailedPreconditionError(
+          "the shard's shared memory has no fences (an older server: a call this trainer gave "
+          "up on could still write into its memory)");
+    }
     return info.shared_memory_socket();
   });
 }
@@ -45,21 +50,40 @@ bool SharedMemoryTransport::OpenFence(TrainerSegment::FenceUse use,
                                       v1::SharedMemoryPayload* where) {
   const int64_t offset = route_.segment().FenceOffset(shard_index_, use);
   if (offset < 0) return false;
+  SegmentFence fence(route_.segment().segment().data() + offset);
   const uint64_t ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
-  if (!SegmentFence(route_.segment().segment().data() + offset).TryOpen(ticket)) return false;
+  if (!fence.TryOpen(ticket)) {
+    absl::MutexLock lock(&fence_mu_);
+    UnfinishedPiece& unfinished = unfinished_[static_cast<int>(use)];
+    // (A shard killed in the middle of a piece never closes the word.)
+    if (unfinished.link == nullptr || unfinished.link->alive() ||
+        !fence.ClearAbandoned(unfinished.ticket) || !fence.TryOpen(ticket)) {
+      return false;
+    }
+  }
+  {
+    absl::MutexLock lock(&fence_mu_);
+    unfinished_[static_cast<int>(use)] = UnfinishedPiece();
+  }
   where->set_fence_offset(static_cast<uint64_t>(offset));
   where->set_fence_ticket(ticket);
   return true;
 }
 
-absl::Status SharedMemoryTransport::CloseFence(const v1::SharedMemoryPayload& where,
+absl::Status SharedMemoryTransport::CloseFence(TrainerSegment::FenceUse use,
+                                               const v1::SharedMemoryPayload& where,
                                                const std::shared_ptr<SharedMemoryLink>& link,
                                                absl::Status status) {
   SegmentFence fence(route_.segment().segment().data() + where.fence_offset());
   const absl::Status closed = fence.Revoke(where.fence_ticket(), kFenceCloseTimeout,
                                            [&link] { return !link->alive(); });
   if (closed.ok()) return status;
-  LogError("shard %d: %s", shard_index_, closed.message());
+  LogError("shard %d: %s; its payloads go another way until it ends", shard_index_,
+           closed.message());
+  {
+    absl::MutexLock lock(&fence_mu_);
+    unfinished_[static_cast<int>(use)] = UnfinishedPiece{where.fence_ticket(), link};
+  }
   if (status.ok()) return closed;  // (Cannot be: an answered call's pieces are done.)
   return absl::Status(status.code(), absl::StrCat(status.message(), "; and ", closed.message()));
 }
@@ -74,19 +98,22 @@ std::optional<absl::Status> SharedMemoryTransport::Push(const PayloadCall& call,
   const std::optional<TrainerSegment::PushPlace> place =
       segment.PlacePush(call.range.begin, payload, element_size);
   if (!place) return std::nullopt;
-  if (place->copy) {
-    std::memcpy(segment.segment().data() + place->offset, payload,
-                header.header().num_elements() * element_size);
-  }
   v1::PushGradientsRequest shared = header;
   v1::SharedMemoryPayload* where = shared.mutable_header()->mutable_shared_memory();
   where->set_attachment(link->attachment());
   where->set_byte_offset(static_cast<uint64_t>(place->offset));
+  // (Copied once the fence is open: a piece an earlier attempt's shard
+  // still reads is never torn.)
   if (!OpenFence(TrainerSegment::FenceUse::kPush, where)) return std::nullopt;
+  if (place->copy) {
+    std::memcpy(segment.segment().data() + place->offset, payload,
+                header.header().num_elements() * element_size);
+  }
   std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
       call.stub.PushGradients(&call.context, response);
   if (writer->Write(shared)) writer->WritesDone();
-  absl::Status s = CloseFence(*where, link, ToAbslStatus(writer->Finish()));
+  absl::Status s =
+      CloseFence(TrainerSegment::FenceUse::kPush, *where, link, ToAbslStatus(writer->Finish()));
   if (!s.ok()) return Failed(link, s);
   transfers_.fetch_add(1, std::memory_order_relaxed);
   return s;
@@ -117,7 +144,8 @@ std::optional<absl::Status> SharedMemoryTransport::Pull(const PayloadCall& call,
     version = response.version();
     lr = response.lr();
   }
-  absl::Status s = CloseFence(*where, link, ToAbslStatus(reader->Finish()));
+  absl::Status s =
+      CloseFence(TrainerSegment::FenceUse::kPull, *where, link, ToAbslStatus(reader->Finish()));
   if (!s.ok()) return Failed(link, s);
   if (messages != 1 || version < 0 || response.has_chunk()) {
     return absl::InternalError(absl::StrCat("a pull through shared memory ended after ", messages,

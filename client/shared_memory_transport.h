@@ -20,6 +20,7 @@
 #include <memory>
 
 #include "client/payload_transport.h"
+#include "absl/synchronization/mutex.h"
 #include "client/shared_memory_route.h"
 
 namespace shardopt {
@@ -50,17 +51,26 @@ class SharedMemoryTransport final : public PayloadTransport {
   // attachment, else `status`.
   absl::Status Failed(const std::shared_ptr<SharedMemoryLink>& link, absl::Status status);
   // Opens the shard's fence word for `use` with a new ticket, named in
-  // `where`; false (decline) while a piece of an earlier attempt the shard
-  // never finished still holds it.
+  // `where`; false (decline) while the last piece of an earlier attempt is
+  // still in progress (its close gave up waiting), unless the shard process
+  // that was in it has gone since.
   bool OpenFence(TrainerSegment::FenceUse use, v1::SharedMemoryPayload* where);
   // Closes it after the attempt: `status` as it was, or, when the shard
   // outlasted kFenceCloseTimeout still touching the memory, that said too.
-  absl::Status CloseFence(const v1::SharedMemoryPayload& where,
+  absl::Status CloseFence(TrainerSegment::FenceUse use, const v1::SharedMemoryPayload& where,
                           const std::shared_ptr<SharedMemoryLink>& link, absl::Status status);
 
   SharedMemoryRoute route_;
   const uint32_t shard_index_;
   std::atomic<uint64_t> next_ticket_{1};
+  // Per use: an attempt whose close gave up waiting for its last piece,
+  // and the link it went over (whose end closes if that shard exits).
+  struct UnfinishedPiece {
+    uint64_t ticket = 0;
+    std::shared_ptr<SharedMemoryLink> link;
+  };
+  absl::Mutex fence_mu_;
+  UnfinishedPiece unfinished_[2] ABSL_GUARDED_BY(fence_mu_);
   std::atomic<int64_t> transfers_{0};
 };
 

@@ -19,9 +19,10 @@
 // trainer attached again) maps it anew, and still takes the place of the
 // pull it retries. A retry by another way (a device pair, the payload
 // socket or the stream, when the trainer could not attach again or one of
-// those came first) is not ordered against an abandoned pull: that one
-// stops at its next piece once it sees its call cancelled (the trainer's
-// deadline reaches the shard with the call).
+// those came first) is not ordered against an abandoned pull here: the
+// trainer's fence (common/segment_fence.h) stops that one, and without a
+// fence it stops at its next piece once it sees its call cancelled (the
+// trainer's deadline reaches the shard with the call).
 // Thread-safe; pulls into different places never wait for each other.
 #ifndef SHARDOPT_SERVER_PULL_PLACE_CLAIMS_H_
 #define SHARDOPT_SERVER_PULL_PLACE_CLAIMS_H_

@@ -147,6 +147,7 @@ grpc::Status ShardServiceImpl::GetServerInfo(grpc::ServerContext* context,
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
   if (shared_memory_ != nullptr) {
     response->set_shared_memory_socket(shared_memory_->socket_name());
+    response->set_shared_memory_fences(true);
     response->set_shared_memory_attachments(static_cast<uint32_t>(shared_memory_->attachments()));
     response->set_shared_memory_pull_places(static_cast<uint32_t>(pull_claims_.places()));
   }

@@ -36,6 +36,7 @@ class SharedMemoryBadInputTest : public BadInputTest {
     grpc::ClientContext context;
     ASSERT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
     ASSERT_FALSE(info.shared_memory_socket().empty());
+    EXPECT_TRUE(info.shared_memory_fences());
     // Room for the range's gradient and, after it, its parameters, then a
     // fence word.
     absl::StatusOr<SharedSegment> segment = SharedSegment::Create(2 * range_.size() * 4 + 64);
@@ -221,7 +222,7 @@ TEST_F(SharedMemoryBadInputTest, ACallTouchesNothingOnceItsTrainerClosedItsFence
   ExpectRejected(Push(&outside, {}), grpc::INVALID_ARGUMENT, "overruns", before);
   v1::PushHeader busy_ticket = SharedHeader(0, 1);
   SetFence(busy_ticket.mutable_shared_memory(), FenceOffset(), SegmentFence::kBusy | 5);
-  ExpectRejected(Push(&busy_ticket, {}), grpc::INVALID_ARGUMENT, "is not in [1, 2^63)", before);
+  ExpectRejected(Push(&busy_ticket, {}), grpc::INVALID_ARGUMENT, "is not in [1, 2^62)", before);
   int64_t version = -1;
   ExpectRejected(SharedPull(0, bytes, &version, "", std::make_pair(bytes + 8, 5)),
                  grpc::INVALID_ARGUMENT, "lies in the payload", before);

@@ -50,9 +50,17 @@ TEST_F(SharedMemoryFenceTest, AnInterruptedStepLeavesTheSegmentToItsTrainer) {
   // Rank 0's step pushes, then its pull waits on the shards for rank 1.
   absl::StatusOr<StepResult> interrupted = absl::UnknownError("not run");
   std::thread stepping([&] { interrupted = rank0->Step(1, grad0, params); });
-  absl::SleepFor(absl::Milliseconds(500));
+  // Its push reached both shards (through the segment); then a moment for
+  // the pull to start waiting.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (rank0->shared_memory_transfers() < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const bool pushed = rank0->shared_memory_transfers() >= 2;
+  absl::SleepFor(absl::Milliseconds(100));
   rank0->Interrupt();
   stepping.join();
+  ASSERT_TRUE(pushed) << "rank 0's push did not go through the segment to both shards";
   EXPECT_EQ(interrupted.status().code(), absl::StatusCode::kCancelled) << interrupted.status();
   for (uint32_t shard = 0; shard < 2; ++shard) {
     EXPECT_EQ(FenceWord(segment, shard, TrainerSegment::FenceUse::kPush), 0u) << shard;
