@@ -12,7 +12,9 @@
 //     restores from the shared checkpoint volume, trainers re-push;
 //   - a shard's network disconnected for 5 s mid-run and reconnected at the
 //     same address: the job holds still, then goes on;
-//   - a rolling restart (SIGTERM, exit 0, start) of every shard in turn.
+//   - a rolling restart (SIGTERM, exit 0, start) of every shard in turn;
+//   - none, watched by docker-compose.monitoring.yml's Prometheus, whose
+//     query API then shows both shards scraped and the job's last step.
 // And `stop`/`down` of a running job take seconds: every container ends on
 // SIGTERM rather than at the end of its grace period.
 // The test reaches the shards from the host over the network's bridge
@@ -22,12 +24,15 @@
 // Needs a Docker engine (tools/docker_engine.sh; tools/run_tests.sh starts
 // one and says so with SHARDOPT_DOCKER=1); skips, saying why, only when no
 // engine answers.
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -115,7 +120,8 @@ class ComposeTest : public ::testing::Test {
   static void TearDownTestSuite() {
     if (suite->skip_reason.empty()) {
       (void)RunBounded(absl::StrCat(FindSystemTool("docker"), " rmi shardopt-server:", kTag,
-                                    " shardopt-trainer:", kTag, " shardopt-runtime:", kTag),
+                                    " shardopt-trainer:", kTag, " shardopt-prometheus:", kTag,
+                                    " shardopt-runtime:", kTag),
                        absl::Seconds(60));
     }
     delete suite;
@@ -142,17 +148,22 @@ class ComposeTest : public ::testing::Test {
   // mid-run; periodic checkpoints every `checkpoint_every` steps. Calls whose attempt takes 2 s are
   // retried for a minute; push streams silent for 2 s are dropped by the shard (so a stream cut off
   // by a network disconnect does not hold the trainer's slot).
+  // With `monitored`, docker-compose.monitoring.yml's Prometheus comes up
+  // with it.
   void StartJob(const std::string& name, int subnet, int steps, absl::Duration step_time,
-                int checkpoint_every = 10) {
+                int checkpoint_every = 10, bool monitored = false) {
     job_.net_prefix = absl::StrCat("172.29.", subnet);
     job_.out_root = MakeTempDir(name);
     job_.steps = steps;
     for (uint32_t r = 0; r < kTrainers; ++r) {
       ASSERT_EQ(system(absl::StrCat("mkdir -p ", job_.out_root, "/rank", r).c_str()), 0);
     }
+    std::vector<std::string> files = {Runfile("deploy/docker-compose.yml")};
+    if (monitored) files.push_back(Runfile("deploy/docker-compose.monitoring.yml"));
     job_.project = std::make_unique<ComposeProject>(
-        "shardopt_compose_" + name, Runfile("deploy/docker-compose.yml"),
+        "shardopt_compose_" + name, files,
         std::map<std::string, std::string>{
+            {"SHARDOPT_PROMETHEUS_IMAGE", absl::StrCat("shardopt-prometheus:", kTag)},
             {"SHARDOPT_SERVER_IMAGE", absl::StrCat("shardopt-server:", kTag)},
             {"SHARDOPT_TRAINER_IMAGE", absl::StrCat("shardopt-trainer:", kTag)},
             {"SHARDOPT_NET_PREFIX", job_.net_prefix},
@@ -252,6 +263,57 @@ class ComposeTest : public ::testing::Test {
 
   Job job_;
 };
+
+// What docker-compose.monitoring.yml's Prometheus answers to `query` (its
+// HTTP API, from this host over the network's bridge): the first result's
+// value, "none" when there is none yet, or the error.
+absl::StatusOr<std::string> PrometheusQuery(const std::string& net_prefix,
+                                            const std::string& query) {
+  static const char kScript[] =
+      "import json, sys, urllib.parse, urllib.request\n"
+      "url = sys.argv[1] + urllib.parse.quote(sys.argv[2])\n"
+      "result = json.load(urllib.request.urlopen(url, timeout=5))['data']['result']\n"
+      "print(result[0]['value'][1] if result else 'none', end='')\n";
+  return RunBounded(absl::StrCat("/usr/bin/python3 -c ", ShellQuote(kScript), " ",
+                                 ShellQuote(absl::StrCat("http://", net_prefix,
+                                                         ".30:9090/api/v1/query?query=")),
+                                 " ", ShellQuote(query)),
+                    absl::Seconds(15));
+}
+
+// The shards serve metrics, and the Prometheus of
+// deploy/docker-compose.monitoring.yml (Debian's, in a container of the
+// job's network, deploy/prometheus.yml's scrape configuration) scrapes
+// both by service name: it has both targets up and, once the job ended,
+// each shard's model at the last step, with the steps each applied.
+TEST_F(ComposeTest, PrometheusWatchesTheJob) {
+  ASSERT_EQ(access("/usr/bin/prometheus", X_OK), 0)
+      << "no /usr/bin/prometheus to build the shardopt-prometheus image from: apt-get install "
+         "prometheus (tools/setup.sh does)";
+  ASSERT_NO_FATAL_FAILURE(
+      StartJob("monitored", 16, 40, absl::Milliseconds(10), 10, /*monitored=*/true));
+  ExpectExactlyOnceAndReference();
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"count(up{job=\"shardopt\"} == 1)", "2"},
+      {absl::StrCat("min(shardopt_model_version{model=\"", kModel, "\"})"),
+       absl::StrCat(job_.steps)},
+      {absl::StrCat("sum(shardopt_steps_applied_total{model=\"", kModel, "\"})"),
+       absl::StrCat(kShards * job_.steps)},
+  };
+  // (It scrapes every 5 s.)
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  for (const auto& [query, value] : expected) {
+    absl::StatusOr<std::string> answer = PrometheusQuery(job_.net_prefix, query);
+    while ((!answer.ok() || *answer != value) && absl::Now() < give_up) {
+      absl::SleepFor(absl::Seconds(1));
+      answer = PrometheusQuery(job_.net_prefix, query);
+    }
+    ASSERT_TRUE(answer.ok()) << "asking Prometheus for " << query << ": " << answer.status()
+                             << "\n" << job_.project->Logs("prometheus");
+    EXPECT_EQ(*answer, value) << "Prometheus's " << query << " after 60 s\n"
+                              << job_.project->Logs("prometheus");
+  }
+}
 
 TEST_F(ComposeTest, JobAcrossContainersMatchesTheReference) {
   ASSERT_NO_FATAL_FAILURE(StartJob("job", 11, 60, absl::Milliseconds(10)));

@@ -34,6 +34,7 @@ packages=(
   libcpp-httplib-dev
   docker.io
   docker-compose
+  prometheus
   clang-14
   libclang-rt-14-dev
 )
@@ -53,6 +54,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # Installing prometheus starts its system service (port 9090, scraping
+  # this host) where systemd runs: the tests want the binary only.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+    echo "setup: the prometheus package's own service is disabled (its binary is used by the compose tests)" >&2
+  fi
 else
   echo "setup: all packages present" >&2
 fi

@@ -47,10 +47,10 @@ std::string DockerEngineUnavailable() {
   return "";
 }
 
-ComposeProject::ComposeProject(std::string name, std::string compose_file,
+ComposeProject::ComposeProject(std::string name, std::vector<std::string> compose_files,
                                std::map<std::string, std::string> env)
     : name_(std::move(name)),
-      compose_file_(std::move(compose_file)),
+      compose_files_(std::move(compose_files)),
       env_(std::move(env)),
       docker_(FindSystemTool("docker")),
       compose_(FindSystemTool("docker-compose")) {
@@ -68,9 +68,10 @@ ComposeProject::~ComposeProject() {
 std::string ComposeProject::Prefix() const {
   std::string prefix = "env";
   for (const auto& [key, value] : env_) absl::StrAppend(&prefix, " ", key, "=", ShellQuote(value));
-  // The compose file is a Bazel runfile: a symlink into the source tree.
-  absl::StrAppend(&prefix, " ", compose_.empty() ? "docker-compose" : compose_, " --ansi never -f ",
-                  ShellQuote(compose_file_), " -p ", name_);
+  // The compose files are Bazel runfiles: symlinks into the source tree.
+  absl::StrAppend(&prefix, " ", compose_.empty() ? "docker-compose" : compose_, " --ansi never");
+  for (const std::string& file : compose_files_) absl::StrAppend(&prefix, " -f ", ShellQuote(file));
+  absl::StrAppend(&prefix, " -p ", name_);
   return prefix;
 }
 

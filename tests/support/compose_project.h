@@ -33,7 +33,8 @@ std::string ShellQuote(const std::string& s);
 
 class ComposeProject {
  public:
-  ComposeProject(std::string name, std::string compose_file,
+  // `compose_files`: the first, then the ones that add to it (-f each).
+  ComposeProject(std::string name, std::vector<std::string> compose_files,
                  std::map<std::string, std::string> env);
   ~ComposeProject();
   ComposeProject(const ComposeProject&) = delete;
@@ -73,10 +74,10 @@ class ComposeProject {
   std::string Network() const { return name_ + "_shardnet"; }
 
  private:
-  std::string Prefix() const;  // env ... docker-compose -f FILE -p NAME
+  std::string Prefix() const;  // env ... docker-compose -f FILE... -p NAME
 
   std::string name_;
-  std::string compose_file_;
+  std::vector<std::string> compose_files_;
   std::map<std::string, std::string> env_;
   std::string docker_;
   std::string compose_;
