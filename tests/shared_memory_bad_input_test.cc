@@ -122,6 +122,30 @@ class SharedMemoryBadInputTest : public BadInputTest {
     EXPECT_EQ(std::memcmp(streamed.data(), segment_.data() + bytes, bytes), 0);
   }
 
+  // Waits (bounded) until one pull through the segment waits on the shard.
+  void AwaitOneWaitingPull() {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (Info().shared_memory_pull_places() != 1 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(Info().shared_memory_pull_places(), 1u) << "the pull did not reach the shard";
+  }
+  // Both trainers push step 1 through the segment (it is applied) while the
+  // pull on `abandoned` waits for it; that pull then ends ABORTED, saying
+  // `why`.
+  void ApplyStepOneAndExpectAborted(std::thread& abandoned, const grpc::Status& status,
+                                    const std::string& why) {
+    v1::PushHeader push0 = SharedHeader(0, 1);
+    v1::PushHeader push1 = SharedHeader(1, 1);
+    v1::PushGradientsResponse response;
+    ASSERT_TRUE(Push(&push0, {}, &response).ok());
+    ASSERT_TRUE(Push(&push1, {}, &response).ok());
+    EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
+    abandoned.join();
+    EXPECT_EQ(status.error_code(), grpc::ABORTED) << status.error_message();
+    EXPECT_TRUE(absl::StrContains(status.error_message(), why)) << status.error_message();
+  }
+
   // A pull waiting for version 1 (its trainer gave up on it) is overtaken
   // by a retry of version 0 into the same place (after `before_retry`, when
   // given); then step 1 is applied. The place keeps the retry's version.
@@ -247,22 +271,10 @@ TEST_F(SharedMemoryBadInputTest, ACallTouchesNothingOnceItsTrainerClosedItsFence
   const absl::Cleanup join = [&abandoned] {
     if (abandoned.joinable()) abandoned.join();
   };
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (Info().shared_memory_pull_places() != 1 && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(Info().shared_memory_pull_places(), 1u) << "the pull did not reach the shard";
+  ASSERT_NO_FATAL_FAILURE(AwaitOneWaitingPull());
   ASSERT_TRUE(Fence().Revoke(6, absl::Seconds(10)).ok());
-  v1::PushHeader push0 = SharedHeader(0, 1);
-  v1::PushHeader push1 = SharedHeader(1, 1);
-  v1::PushGradientsResponse response;
-  ASSERT_TRUE(Push(&push0, {}, &response).ok());
-  ASSERT_TRUE(Push(&push1, {}, &response).ok());
-  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
-  abandoned.join();
-  EXPECT_EQ(abandoned_status.error_code(), grpc::ABORTED) << abandoned_status.error_message();
-  EXPECT_TRUE(absl::StrContains(abandoned_status.error_message(), "gave up on this"))
-      << abandoned_status.error_message();
+  ASSERT_NO_FATAL_FAILURE(
+      ApplyStepOneAndExpectAborted(abandoned, abandoned_status, "gave up on this"));
   EXPECT_EQ(std::string(segment_.data() + bytes, bytes), sentinel)
       << "the pull wrote into the trainer's memory after its fence closed";
 
@@ -280,6 +292,7 @@ TEST_F(SharedMemoryBadInputTest, ACallTouchesNothingOnceItsTrainerClosedItsFence
   ASSERT_TRUE(Fence().TryOpen(8));
   v1::PushHeader fenced = SharedHeader(0, 2);
   SetFence(fenced.mutable_shared_memory(), FenceOffset(), 8);
+  v1::PushGradientsResponse response;
   ASSERT_TRUE(Push(&fenced, {}, &response).ok());
   EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_ACCEPTED);
   EXPECT_TRUE(Fence().Revoke(8, absl::ZeroDuration()).ok());
@@ -303,9 +316,7 @@ void SharedMemoryBadInputTest::ExpectTheRetryKeepsItsPlace(
   const absl::Cleanup join = [&abandoned] {
     if (abandoned.joinable()) abandoned.join();
   };
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (pull_places() != 1 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_EQ(pull_places(), 1u) << "the first pull did not reach the shard";
+  ASSERT_NO_FATAL_FAILURE(AwaitOneWaitingPull());
   if (before_retry) {
     ASSERT_NO_FATAL_FAILURE(before_retry());
   }
@@ -318,16 +329,7 @@ void SharedMemoryBadInputTest::ExpectTheRetryKeepsItsPlace(
   // Step 1, which the first pull waited for, is applied while it may still
   // wait: it writes nothing of it into the place.
   PutGradient(Gradient(1.0f));
-  v1::PushHeader push0 = SharedHeader(0, 1);
-  v1::PushHeader push1 = SharedHeader(1, 1);
-  v1::PushGradientsResponse response;
-  ASSERT_TRUE(Push(&push0, {}, &response).ok());
-  ASSERT_TRUE(Push(&push1, {}, &response).ok());
-  EXPECT_EQ(response.outcome(), v1::PushGradientsResponse::OUTCOME_APPLIED);
-  abandoned.join();
-  EXPECT_EQ(abandoned_status.error_code(), grpc::ABORTED) << abandoned_status.error_message();
-  EXPECT_TRUE(absl::StrContains(abandoned_status.error_message(), "newer pull"))
-      << abandoned_status.error_message();
+  ASSERT_NO_FATAL_FAILURE(ApplyStepOneAndExpectAborted(abandoned, abandoned_status, "newer pull"));
   EXPECT_EQ(std::memcmp(segment_.data() + bytes, initial_.data(), bytes), 0)
       << "the abandoned pull wrote version 1 over its retry's version 0";
   EXPECT_EQ(pull_places(), 0u);
