@@ -206,15 +206,22 @@ class ShardServiceImpl final : public v1::ShardService::Service {
                                                          std::optional<Partition> partition);
   // Logs a damaged checkpoint that is set aside (restores and rollbacks).
   static void LogDamagedCheckpoint(const std::string& directory, const absl::Status& why);
-  // `named`: the operator named this checkpoint (--restore_from=DIR/step-N):
-  // the job goes back to it (GoBack) before the model is installed.
+  // `named`: the operator named this checkpoint (--restore_from=DIR/step-N).
+  // The job goes back to it (GoBack) before the model is installed when it
+  // was named, and whenever it comes from outside the model's periodic
+  // checkpoint directory (an export, a copy of the root, another root):
+  // the directory's steps from then on are another timeline's.
   absl::Status RestoreModel(const CheckpointReader& checkpoint, bool named);
   // With periodic checkpoints: sets aside, as a rollback does, the step
-  // directories of `model` (not installed yet) after `step`, so that neither
-  // this timeline's saves of those steps nor a later restart take them for
-  // its own; refused when a restart command left naming the checkpoint
-  // would give up this timeline's own steps (see CheckGoingBack).
-  absl::Status GoBack(HostedModel& model, int64_t step);
+  // directories of `model` (not installed yet) after `step`, and its step
+  // directory of `step` itself unless that is `restored` (the checkpoint
+  // restored), so that neither this timeline's saves of those steps nor a
+  // later restart take them for its own; then (synchronous models) saves
+  // step `step` there, so that a restart from the directory before the
+  // next save comes back here. Refused when a restart command left naming
+  // the checkpoint would give up this timeline's own steps (see
+  // CheckGoingBack).
+  absl::Status GoBack(HostedModel& model, int64_t step, const std::string& restored);
   // A model's directory of periodic checkpoints (the newest that verifies),
   // or a model directory that is one checkpoint.
   absl::Status RestoreNewestOf(const std::string& model_root);

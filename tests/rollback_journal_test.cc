@@ -239,83 +239,8 @@ TEST(RollbackJournalTest, ARollbackToAStepWithoutACheckpointChangesNothing) {
   EXPECT_EQ(last->version, 4);
 }
 
-// The operator takes the job back to an older checkpoint by naming it
-// (--restore_from=ROOT/m/step-N, as a state dict's message says) while
-// --checkpoint_dir=ROOT holds the later steps: those are set aside, so that
-// the new timeline's saves of the same steps are written (not taken as
-// already there) and a later restart from ROOT loads the new timeline, not
-// the old one's newest step.
-TEST(RollbackJournalTest, GoingBackToANamedCheckpointGivesUpTheLaterSteps) {
-  const std::string checkpoints = MakeTempDir("go_back");
-  const std::vector<std::string> flags = {"--checkpoint_dir=" + checkpoints,
-                                          "--checkpoint_every=2", "--checkpoint_keep=3"};
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(0, 1, flags);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string address = (*server)->address();
-  const ModelSpec spec = SgdSpec("back", 1);
-  const auto committed_through = [&](int64_t step) {
-    auto stub = NewStub(address);
-    v1::InspectResponse inspect;
-    for (int i = 0; i < 500 && inspect.newest_committed_checkpoint() < step; ++i) {
-      EXPECT_TRUE(RawInspect(*stub, "back", &inspect).ok());
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return inspect.newest_committed_checkpoint() >= step;
-  };
-  // `steps` steps of gradient `grad` from where the model is; its parameters.
-  const auto train = [&](int64_t from, int64_t to, float grad) {
-    std::unique_ptr<TrainerClient> t =
-        TrainerClient::Connect({address}, TrainerClientOptions()).value();
-    std::vector<float> params(kElements, 0.25f);
-    if (from == 1) {
-      EXPECT_TRUE(t->Register(spec, params).ok());
-    } else {
-      EXPECT_TRUE(t->Attach(spec).ok());
-      EXPECT_EQ(t->PullToResume(absl::MakeSpan(params)).value(), from - 1);
-    }
-    for (int64_t step = from; step <= to; ++step) {
-      EXPECT_TRUE(t->Step(step, std::vector<float>(kElements, grad), absl::MakeSpan(params)).ok());
-    }
-    return params;
-  };
-  const auto restart = [&](const std::string& restore_from) {
-    (*server)->process().Signal(SIGKILL);
-    ASSERT_TRUE((*server)->process().Wait(absl::Seconds(10)).has_value());
-    std::vector<std::string> restart_flags = flags;
-    restart_flags.push_back("--restore_from=" + restore_from);
-    server = StartServerAt(address, 0, 1, restart_flags);
-    ASSERT_TRUE(server.ok()) << server.status();
-  };
-  // SGD, lr 1/2, from 1/4: gradient 1/8 for 8 steps gives -1/4.
-  EXPECT_EQ(train(1, 8, 0.125f), std::vector<float>(kElements, -0.25f));
-  ASSERT_TRUE(committed_through(8));
-
-  ASSERT_NO_FATAL_FAILURE(restart(checkpoints + "/back/step-00000004"));
-  EXPECT_FALSE(DirectoryExists(checkpoints + "/back/step-00000006"));
-  EXPECT_FALSE(DirectoryExists(checkpoints + "/back/step-00000008"));
-  // Another timeline from step 4 (0): gradient 1/4 gives -1/2 at step 8.
-  EXPECT_EQ(train(5, 8, 0.25f), std::vector<float>(kElements, -0.5f));
-  ASSERT_TRUE(committed_through(8));
-  EXPECT_TRUE(DirectoryExists(checkpoints + "/back/step-00000004")) << "pruned below the kept";
-
-  // A restart command left naming step 4 would give the new steps up: the
-  // server refuses to start, and they stay.
-  {
-    std::vector<std::string> stale = flags;
-    stale.push_back("--restore_from=" + checkpoints + "/back/step-00000004");
-    const std::optional<int> refused = ServerExitsAtStart(stale);
-    EXPECT_TRUE(refused.has_value() && *refused != 0) << "it started (or was killed)";
-    EXPECT_TRUE(DirectoryExists(checkpoints + "/back/step-00000008"));
-  }
-  ASSERT_NO_FATAL_FAILURE(restart(checkpoints));
-  auto t = TrainerClient::Connect({address}, TrainerClientOptions()).value();
-  ASSERT_TRUE(t->Attach(spec).ok());
-  std::vector<float> params(kElements);
-  EXPECT_EQ(t->PullToResume(absl::MakeSpan(params)).value(), 8);
-  EXPECT_EQ(params, std::vector<float>(kElements, -0.5f)) << "restored the abandoned timeline";
-}
-
-// The same with an asynchronous model of two trainers, whose checkpoint's
+// Going back (tests/going_back_test.cc) with an asynchronous model of two
+// trainers, whose checkpoint's
 // version counts both trainers' pushes (step 4 is version 8) while its
 // directory is named by the trainers' step: going back to step-4 sets aside
 // every later step directory (it set aside only those past step 8, and the
