@@ -283,6 +283,17 @@ class TrainerClient {
   // Every shard's InspectResponse for the model, as JSON (protobuf's
   // mapping, field names as in the proto), in shard order.
   absl::StatusOr<std::vector<std::string>> InspectJson();
+  // What the model's next step (version + 1) runs with, as the shards say
+  // (InspectResponse.next_optimizer): for a trainer that joins a running
+  // job, whose hyperparameters may have changed since registration.
+  // `scheduled`: a change was scheduled for that step (it is in `optimizer`).
+  // UNAVAILABLE when the shards disagree (a step in flight: ask again).
+  struct NextHyperparameters {
+    int64_t version = 0;
+    OptimizerConfig optimizer;
+    bool scheduled = false;
+  };
+  absl::StatusOr<NextHyperparameters> NextStepHyperparameters();
 
   // Earlier steps re-pushed to restarted shards so far (see replay_steps),
   // and journaled pushes PullToResume sent again.
@@ -336,6 +347,8 @@ class TrainerClient {
   absl::Duration WaitReportInterval() const {
     return std::min(options_.wait_report_interval, options_.rpc_timeout / 2);
   }
+  // Every shard's InspectResponse for the model, in shard order.
+  absl::StatusOr<std::vector<v1::InspectResponse>> InspectEveryShard();
   TrainerClient(const TrainerClientOptions& options,
                 std::vector<std::unique_ptr<ShardConnection>> shards,
                 std::unique_ptr<EarlyPull> early_pull);
@@ -483,7 +496,7 @@ class TrainerClient {
   // The step Push() sent with gradient control whose decision no call has
   // taken yet (0: none): Pull of that step takes it.
   int64_t undecided_push_ = 0;
-  int64_t latest_inspected_version_ = 0;  // Highest shard version InspectJson saw.
+  int64_t latest_inspected_version_ = 0;  // Highest shard version an Inspect saw.
 };
 
 }  // namespace shardopt

@@ -11,6 +11,7 @@
 #include "client/shard_fanout.h"
 #include "client/streamed_push.h"
 #include "client/trainer_client.h"
+#include "common/proto_convert.h"
 
 namespace shardopt {
 
@@ -152,31 +153,57 @@ absl::Status TrainerClient::SaveLastStep(int64_t step) {
                                           " twice but none reports the checkpoint committed"));
 }
 
-absl::StatusOr<std::vector<std::string>> TrainerClient::InspectJson() {
+absl::StatusOr<std::vector<v1::InspectResponse>> TrainerClient::InspectEveryShard() {
   CancelStreamedPush();
   if (!layout_) return absl::FailedPreconditionError("call Register or Attach first");
-  std::vector<std::string> out(shards_.size());
-  std::vector<int64_t> versions(shards_.size(), 0);
+  std::vector<v1::InspectResponse> out(shards_.size());
   absl::Status status = fanout_->Run(
       CallFor("Inspect"),
       [&](ShardConnection& shard, grpc::ClientContext& context) -> absl::Status {
         v1::InspectRequest request;
         request.set_model_id(spec_->model_id);
-        v1::InspectResponse response;
-        absl::Status s = shard.Inspect(context, request, &response);
-        if (!s.ok()) return s;
-        versions[shard.index()] = response.version();
-        google::protobuf::util::JsonPrintOptions options;
-        options.preserve_proto_field_names = true;
-        if (!google::protobuf::util::MessageToJsonString(response, &out[shard.index()], options)
-                 .ok()) {
-          return absl::InternalError("cannot print the InspectResponse as JSON");
-        }
-        return absl::OkStatus();
+        return shard.Inspect(context, request, &out[shard.index()]);
       });
   if (!status.ok()) return status;
-  latest_inspected_version_ = *std::max_element(versions.begin(), versions.end());
+  for (const v1::InspectResponse& r : out) {
+    latest_inspected_version_ = std::max(latest_inspected_version_, r.version());
+  }
   return out;
+}
+
+absl::StatusOr<std::vector<std::string>> TrainerClient::InspectJson() {
+  absl::StatusOr<std::vector<v1::InspectResponse>> responses = InspectEveryShard();
+  if (!responses.ok()) return responses.status();
+  std::vector<std::string> out(responses->size());
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!google::protobuf::util::MessageToJsonString((*responses)[i], &out[i], options).ok()) {
+      return absl::InternalError("cannot print the InspectResponse as JSON");
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<TrainerClient::NextHyperparameters> TrainerClient::NextStepHyperparameters() {
+  absl::StatusOr<std::vector<v1::InspectResponse>> responses = InspectEveryShard();
+  if (!responses.ok()) return responses.status();
+  const v1::InspectResponse& first = responses->front();
+  for (const v1::InspectResponse& r : *responses) {
+    if (r.version() != first.version() ||
+        r.next_optimizer().SerializeAsString() != first.next_optimizer().SerializeAsString()) {
+      return absl::UnavailableError(absl::StrCat(
+          "the shards of model '", spec_->model_id, "' are at versions ", first.version(), " and ",
+          r.version(), " or disagree on the next step's hyperparameters (a step in flight)"));
+    }
+  }
+  absl::StatusOr<OptimizerConfig> optimizer = OptimizerConfigFromProto(first.next_optimizer());
+  if (!optimizer.ok()) return optimizer.status();
+  NextHyperparameters next;
+  next.version = first.version();
+  next.optimizer = *optimizer;
+  for (int64_t step : first.scheduled_changes()) next.scheduled |= step == first.version() + 1;
+  return next;
 }
 
 }  // namespace shardopt

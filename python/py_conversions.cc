@@ -150,6 +150,59 @@ OptimizerConfig OptimizerFromKwargsUnchecked(const std::string& name, const py::
 
 }  // namespace
 
+py::dict OptimizerToKwargs(const OptimizerConfig& c) {
+  py::dict kw;
+  kw["lr"] = c.lr;
+  kw["weight_decay"] = c.weight_decay;
+  const auto betas = [&] { kw["betas"] = py::make_tuple(c.beta1, c.beta2); };
+  switch (c.kind) {
+    case OptimizerKind::kSgd:
+      kw["momentum"] = c.momentum;
+      kw["dampening"] = c.dampening;
+      kw["nesterov"] = c.nesterov;
+      break;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      betas();
+      kw["eps"] = c.eps;
+      kw["amsgrad"] = c.amsgrad;
+      break;
+    case OptimizerKind::kAdagrad:
+      kw["lr_decay"] = c.lr_decay;
+      kw["initial_accumulator_value"] = c.initial_accumulator_value;
+      kw["eps"] = c.eps;
+      break;
+    case OptimizerKind::kLion:
+      betas();
+      break;
+    case OptimizerKind::kLamb:
+      betas();
+      kw["eps"] = c.eps;
+      kw["min_trust_ratio"] = c.min_trust_ratio;
+      kw["max_trust_ratio"] = c.max_trust_ratio;
+      kw["bias_correction"] = c.bias_correction;
+      break;
+    case OptimizerKind::kAdafactor:
+      kw["beta2_decay"] = c.beta2_decay;
+      kw["eps"] = py::make_tuple(c.eps1 < 0 ? py::object(py::none()) : py::float_(c.eps1), c.eps2);
+      kw["d"] = c.clip_threshold;
+      break;
+    case OptimizerKind::kMuon:
+      kw["momentum"] = c.momentum;
+      kw["nesterov"] = c.nesterov;
+      kw["ns_coefficients"] = py::make_tuple(c.ns_a, c.ns_b, c.ns_c);
+      kw["eps"] = c.eps;
+      kw["ns_steps"] = c.ns_steps;
+      kw["adjust_lr_fn"] = c.adjust_lr == MuonAdjustLr::kMatchRmsAdamW
+                               ? py::object(py::str("match_rms_adamw"))
+                               : py::object(py::none());
+      break;
+  }
+  // (Muon has no maximize in torch.optim.)
+  if (c.kind != OptimizerKind::kMuon) kw["maximize"] = c.maximize;
+  return kw;
+}
+
 OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw) {
   try {
     return OptimizerFromKwargsUnchecked(name, kw);

@@ -62,6 +62,10 @@ DType DTypeFromName(const std::string& name);
 
 // The optimizer from keyword arguments in torch.optim's names.
 OptimizerConfig OptimizerFromKwargs(const std::string& name, const py::dict& kw);
+// The inverse: `config`'s hyperparameters as shardopt.torch's keyword
+// arguments for its kind (torch.optim's names; Adafactor's eps1 < 0 as
+// None, Muon's adjust_lr as None or "match_rms_adamw").
+py::dict OptimizerToKwargs(const OptimizerConfig& config);
 
 // Dynamic loss scaling from keyword arguments in LossScalerOptions' names;
 // ValueError for a name it does not have.

@@ -274,6 +274,19 @@ class Client {
     });
   }
 
+  // {"version": V, "optimizer": name, "hyperparameters": kwargs, "scheduled": bool}:
+  // what step V + 1 runs with (TrainerClient::NextStepHyperparameters).
+  py::dict NextHyperparameters() {
+    const TrainerClient::NextHyperparameters next =
+        Interruptible([&] { return ValueOrThrow(client_->NextStepHyperparameters()); });
+    py::dict out;
+    out["version"] = next.version;
+    out["optimizer"] = OptimizerKindName(next.optimizer.kind);
+    out["hyperparameters"] = OptimizerToKwargs(next.optimizer);
+    out["scheduled"] = next.scheduled;
+    return out;
+  }
+
   void CancelHyperparameters(int64_t effective_step) {
     Interruptible([&] { ThrowIfError(client_->CancelHyperparameters(effective_step)); });
   }
@@ -513,6 +526,9 @@ PYBIND11_MODULE(_shardopt, m) {
            "this trainer's lost push (see TrainerClient::PullToResume).")
       .def("checkpoint", &Client::Checkpoint, py::arg("directory"), py::arg("step") = -1)
       .def("inspect_json", &Client::InspectJson)
+      .def("next_hyperparameters", &Client::NextHyperparameters,
+           "What the model's next step runs with, as the shards say: {'version', 'optimizer', "
+           "'hyperparameters' (torch.optim's names), 'scheduled' (a change for that step)}.")
       .def("set_hyperparameters", &Client::SetHyperparameters, py::arg("effective_step"),
            py::arg("optimizer"), py::arg("hyperparameters"))
       .def("cancel_hyperparameters", &Client::CancelHyperparameters, py::arg("effective_step"),

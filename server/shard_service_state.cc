@@ -106,6 +106,8 @@ grpc::Status ShardServiceImpl::Inspect(grpc::ServerContext* context,
   *response->mutable_lr_schedule() = LrScheduleToProto(snap->current.lr_schedule);
   response->set_last_lr(snap->last_lr);
   for (int64_t step : snap->scheduled_changes) response->add_scheduled_changes(step);
+  *response->mutable_next_optimizer() = OptimizerConfigToProto(snap->next.optimizer);
+  *response->mutable_next_lr_schedule() = LrScheduleToProto(snap->next.lr_schedule);
   *response->mutable_gradient_control() = config.gradient_control();
   response->set_last_decided_step(snap->last_step.step);
   *response->mutable_last_decision() = StepDecisionToProto(snap->last_step.decision);

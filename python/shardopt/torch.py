@@ -431,10 +431,10 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
                         g.flat_params.cpu().numpy() if self._rank == 0 else None,
                         loss_scaler=self._loss_scaler, consistency=self._consistency,
                         staleness=self._staleness, partition=partition)
-        # A model that existed already (restored, or running) keeps the
-        # hyperparameters it has; this group's are sent with the next step.
-        # (Asynchronous models take no changes: only a real one is sent, and
-        # refused.)
+        # A synchronous model that existed already (restored, or running)
+        # keeps the hyperparameters it has: this group takes them once the
+        # version is known (below). (Asynchronous models take no changes:
+        # only a real one is sent, and refused.)
         if g.device_buffers and client.device_pair_kind != self._client_args["device_pairs"]:
             raise RuntimeError(
                 f"parameters on {device} need {self._client_args['device_pairs']} device pairs, "
@@ -448,6 +448,8 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
         # restored or running job is; a step this rank's earlier process
         # left half-used in a pipelined step rolls the job back here).
         g.version = g.pull_with(client.pull_to_resume)
+        if g.sent_hyperparameters is None:
+            self._take_the_models_hyperparameters(g, group)
         g.pulled = g.flat_params.clone() if self._check_parameters else None
         for p, view, grad_view in self._views(g):
             p.data = view
@@ -455,6 +457,40 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
         if self._overlap_backward:
             self._hook_buckets(g, total)
         return g
+
+    def _take_the_models_hyperparameters(self, g, group):
+        """A synchronous model past step 0 (restored, or running with the
+        other ranks: this one restarted) runs with its own hyperparameters,
+        maybe changed since it was registered: the group takes them, with a
+        warning where the constructor said otherwise. Sending the
+        constructor's would change them for every rank, or be refused for
+        good where a change is scheduled for the next step (one this rank's
+        earlier process sent). Changes made from now on are sent as usual."""
+        nxt = g.client.next_hyperparameters()
+        theirs = nxt["hyperparameters"]
+        mine = self._hyperparameters(group)
+
+        def normal(key, value):
+            if key == "adjust_lr_fn" and value == "original":
+                return None  # (The same adjustment.)
+            return tuple(value) if isinstance(value, list) else value
+
+        differing = [k for k in mine if normal(k, mine[k]) != normal(k, theirs.get(k))]
+        if differing:
+            warnings.warn(
+                f"shardopt.torch: model {g.model_id!r} runs with "
+                + ", ".join(f"{k}={theirs[k]!r}" for k in differing)
+                + f" from step {nxt['version'] + 1} (the constructor said "
+                + ", ".join(f"{k}={mine[k]!r}" for k in differing)
+                + f"): parameter group {g.index} takes the model's; set param_groups after "
+                "construction (or load_state_dict) to change them for every rank",
+                RuntimeWarning, stacklevel=4)
+            for k in differing:
+                group[k] = theirs[k]
+        g.sent_hyperparameters = self._hyperparameters(group)
+        # (A change scheduled for that step is this rank's too: one made now
+        # takes its place.)
+        g.sent_for_step = nxt["version"] + 1 if nxt["scheduled"] else None
 
     def _views(self, g):
         for p, (offset, size) in zip(g.params, g.slices):

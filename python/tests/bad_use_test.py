@@ -251,6 +251,37 @@ class BadUseTest(unittest.TestCase):
         for p, q in zip(models[0].parameters(), reference.parameters()):
             self.assertTrue(torch.equal(p.detach(), q.detach()))
 
+    def test_a_restarted_rank_takes_the_change_its_earlier_process_scheduled(self):
+        # Its earlier process sent a change for step 2 (lr 0.3) and ended
+        # before pushing: the shards hold it. The new process, built with the
+        # constructor's lr 0.5, takes it and steps; its constructor's lr sent
+        # instead was refused at every try ("a different hyperparameter
+        # change is already scheduled"), and the job stood still.
+        model = tiny_model()
+        x, y = torch.randn(8, 3, generator=torch.Generator().manual_seed(2)), \
+            torch.tensor([0, 1] * 4)
+
+        def step(opt):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        make = lambda: self.optimizer(model, "restarted_change", optimizer="sgd", lr=0.5,
+                                      overlap_backward=False)
+        opt = make()
+        step(opt)
+        opt.param_groups[0]["lr"] = 0.3
+        self.assertTrue(opt._send_hyperparameters(opt._groups[0], 2))
+        del opt
+        with self.assertWarnsRegex(RuntimeWarning, r"runs with lr=0\.3 from step 2"):
+            opt = make()
+        step(opt)
+        self.assertEqual(opt.last_results[0]["lr"], 0.3)
+        # A change made now takes the scheduled one's place as usual.
+        opt.param_groups[0]["lr"] = 0.2
+        step(opt)
+        self.assertEqual(opt.last_results[0]["lr"], 0.2)
+
     def test_a_streamed_push_holds_its_gradient_buffer(self):
         client = shardopt.Client(self.servers, 0, retry_budget_s=2.0)
         n = client.layout_for([("w", [4096])])[-1][2]

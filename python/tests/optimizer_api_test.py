@@ -376,31 +376,46 @@ class OptimizerApiTest(unittest.TestCase):
         for a, b in zip(model.parameters(), reference.parameters()):
             self.assertTrue(torch.equal(a, b), (a - b).abs().max())
 
-    def test_a_restored_model_takes_the_constructors_hyperparameters(self):
-        # As with torch.optim: a new optimizer runs with the hyperparameters
-        # it is given (load_state_dict brings the saved ones back).
+    def test_a_restored_or_running_model_keeps_its_hyperparameters(self):
+        # The servers hold the optimizer, its hyperparameters included: a new
+        # optimizer on a running model (a rank restarted while the others
+        # train: sending its constructor's lr would change every rank's) or
+        # a restored one takes the model's, saying so when its constructor
+        # said otherwise. A change after construction (or load_state_dict)
+        # is sent as usual.
         root = tempfile.mkdtemp()
         model = net()
+        make = lambda params, servers, **extra: shardopt.torch.DistributedOptimizer(
+            params, servers=servers, rank=0, world_size=1, optimizer="sgd", lr=0.001,
+            model_id="relr", **extra)
         with Cluster(1) as cluster:
-            opt = shardopt.torch.DistributedOptimizer(
-                model.parameters(), servers=cluster.addresses, rank=0, world_size=1,
-                optimizer="sgd", lr=0.001, model_id="relr", checkpoint_dir=root)
+            opt = make(model.parameters(), cluster.addresses, checkpoint_dir=root)
             train(model, opt, 1, 2)
             opt.param_groups[0]["lr"] = 0.05  # on the servers from step 3
             train(model, opt, 3, 3)
             self.assertEqual(opt.last_results[0]["lr"], 0.05)
             state = opt.state_dict()
+            del opt
+            with self.assertWarnsRegex(RuntimeWarning, r"runs with lr=0\.05 from step 4 "
+                                       r"\(the constructor said lr=0\.001\)"):
+                again = make(model.parameters(), cluster.addresses)
+            self.assertEqual(again.param_groups[0]["lr"], 0.05)
+            train(model, again, 4, 4)
+            self.assertEqual(again.last_results[0]["lr"], 0.05)
+            again.param_groups[0]["lr"] = 0.02
+            train(model, again, 5, 5)
+            self.assertEqual(again.last_results[0]["lr"], 0.02)
+            del again
         checkpoint = os.path.dirname(state["shardopt"]["checkpoints"][0])
-        for load, want in ((False, 0.001), (True, 0.05)):
+        for load in (False, True):
             with Cluster(1, [f"--restore_from={checkpoint}"]) as cluster:
                 resumed = net()
-                opt = shardopt.torch.DistributedOptimizer(
-                    resumed.parameters(), servers=cluster.addresses, rank=0, world_size=1,
-                    optimizer="sgd", lr=0.001, model_id="relr")
+                with self.assertWarnsRegex(RuntimeWarning, r"runs with lr=0\.05 from step 4"):
+                    opt = make(resumed.parameters(), cluster.addresses)
                 if load:
                     opt.load_state_dict(state)
                 train(resumed, opt, 4, 4)
-                self.assertEqual(opt.last_results[0]["lr"], want)
+                self.assertEqual(opt.last_results[0]["lr"], 0.05)
 
 
 if __name__ == "__main__":
