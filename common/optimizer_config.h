@@ -20,7 +20,7 @@ enum class OptimizerKind {
   kAdamW,      // torch.optim.AdamW (decoupled weight decay)
   kAdagrad,    // torch.optim.Adagrad
   kLion,       // Lion (Chen et al. 2023; the reference lion-pytorch update)
-  kLamb,       // LAMB (You et al. 2019; DeepSpeed's FusedLamb update)
+  kLamb,       // LAMB (You et al. 2019; apex FusedLAMB's update, DeepSpeed's clamp)
   kAdafactor,  // torch.optim.Adafactor (PyTorch 2.5+)
   kMuon,       // torch.optim.Muon (PyTorch 2.9+), Newton-Schulz in fp32
 };
@@ -103,7 +103,7 @@ struct OptimizerConfig {
   static OptimizerConfig Adagrad(double lr = 1e-2);
   // Lion's published defaults: lr 1e-4, betas (0.9, 0.99), no weight decay.
   static OptimizerConfig Lion(double lr = 1e-4);
-  // DeepSpeed FusedLamb's defaults: betas (0.9, 0.999), eps 1e-6, weight
+  // apex FusedLAMB's defaults: betas (0.9, 0.999), eps 1e-6, weight
   // decay 0.01, trust ratio clamped to [0.01, 10].
   static OptimizerConfig Lamb(double lr = 1e-3);
   // torch.optim.Adafactor's defaults: beta2_decay -0.8, eps (None, 1e-3),

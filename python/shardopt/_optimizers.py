@@ -16,7 +16,8 @@ OPTIMIZERS = {
                 "initial_accumulator_value": 0.0, "eps": 1e-10, "maximize": False},
     # Lion (Chen et al. 2023; not in torch.optim): lion-pytorch's defaults.
     "lion": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0, "maximize": False},
-    # LAMB (not in torch.optim): DeepSpeed FusedLamb's defaults.
+    # LAMB (not in torch.optim): apex FusedLAMB's update and defaults (eps
+    # 1e-6, weight decay 0.01), DeepSpeed FusedLamb's trust-ratio clamp.
     "lamb": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01,
              "min_trust_ratio": 0.01, "max_trust_ratio": 10.0, "bias_correction": True,
              "maximize": False},

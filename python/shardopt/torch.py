@@ -93,8 +93,9 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
       optimizer: "sgd", "adam", "adamw", "adagrad", "lion", "lamb" or
         "adafactor"; the other keyword arguments are its hyperparameters,
         named as in torch.optim (Lion's as in lion-pytorch: lr, betas,
-        weight_decay; LAMB's as DeepSpeed's FusedLamb: lr, betas, eps,
-        weight_decay, min_trust_ratio, max_trust_ratio, bias_correction;
+        weight_decay; LAMB's as apex's FusedLAMB: lr, betas, eps,
+        weight_decay, bias_correction, and the trust ratio's clamp
+        min_trust_ratio, max_trust_ratio (DeepSpeed's min/max_coeff);
         Adafactor's as torch.optim.Adafactor: lr, beta2_decay, eps, d,
         weight_decay).
         "muon" is torch.optim.Muon's (lr, weight_decay, momentum, nesterov,

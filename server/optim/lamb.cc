@@ -1,6 +1,9 @@
-// LAMB (You et al. 2019) as DeepSpeed's FusedLamb computes it (apex's
-// FusedLAMB in adam_w_mode, with DeepSpeed's clamp of the trust ratio), per
-// tensor (see LambConfig in the proto):
+// LAMB (You et al. 2019) as apex's FusedLAMB computes it in adam_w_mode
+// (the trust ratio always applied, as with its use_nvlamb), with the trust
+// ratio clamped as DeepSpeed's FusedLamb clamps it (its min_coeff,
+// max_coeff), per tensor (see LambConfig in the proto). DeepSpeed's own
+// update places the bias correction and eps otherwise: the two agree only
+// without bias correction.
 //   m = beta1 * m + (1 - beta1) * g
 //   v = beta2 * v + (1 - beta2) * g * g
 //   u = (m / c1) / (sqrt(v / c2) + eps) + weight_decay * p
