@@ -104,7 +104,7 @@ struct OptimizerConfig {
   // Lion's published defaults: lr 1e-4, betas (0.9, 0.99), no weight decay.
   static OptimizerConfig Lion(double lr = 1e-4);
   // apex FusedLAMB's defaults: betas (0.9, 0.999), eps 1e-6, weight
-  // decay 0.01, trust ratio clamped to [0.01, 10].
+  // decay 0.01; DeepSpeed's trust ratio clamp, [0.01, 10].
   static OptimizerConfig Lamb(double lr = 1e-3);
   // torch.optim.Adafactor's defaults: beta2_decay -0.8, eps (None, 1e-3),
   // d 1, no weight decay.
