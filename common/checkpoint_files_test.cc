@@ -452,6 +452,35 @@ TEST(CheckpointFilesTest, PruningKeepsTheNewestCommittedAndEachShardRemovesItsOw
   EXPECT_EQ(PruneCheckpoints(root, 0, 2, 2, kNoLimit).value(), 0);  // nothing more to do
 }
 
+// A manifest the prune cannot remove (a shared directory another user's
+// shard committed into, a transient error) keeps the checkpoint whole: the
+// shard's own part stays with it (a committed manifest without its part was
+// set aside as damaged at the next restore), and a later prune finishes.
+TEST(CheckpointFilesTest, PruningLeavesTheRestWhenTheManifestStays) {
+  const std::string root = TempDir("prune_stuck");
+  const v1::ModelConfig config = Config(2);
+  for (int64_t step : {4, 8, 12}) {
+    for (uint32_t i = 0; i < 2; ++i) {
+      ASSERT_TRUE(WritePart(root + "/" + CheckpointStepDirName(step), config, i, step).ok());
+    }
+  }
+  class ManifestsStay : public FileEnvWrapper {
+   public:
+    using FileEnvWrapper::FileEnvWrapper;
+    absl::Status RemoveFile(const std::string& path) override {
+      if (absl::EndsWith(path, "/manifest.json")) return absl::PermissionDeniedError(path);
+      return FileEnvWrapper::RemoveFile(path);
+    }
+  } stuck(FileEnv::Default());
+  EXPECT_EQ(PruneCheckpoints(root, 0, 2, 2, kNoLimit, &stuck).value(), 0);
+  const std::string step4 = root + "/" + CheckpointStepDirName(4);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> kept = CheckpointReader::Open(step4);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE((*kept)->VerifyEveryBlock().ok()) << "the part under a manifest was removed";
+  EXPECT_EQ(PruneCheckpoints(root, 0, 2, 2, kNoLimit).value(), 1);
+  EXPECT_FALSE(CheckpointReader::Open(step4).ok());
+}
+
 // Step directories above the step the saver has just saved (a timeline's
 // future that a rollback or a restore gives up, before they are set aside)
 // neither count among the newest kept nor are touched.

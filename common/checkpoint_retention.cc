@@ -78,6 +78,10 @@ absl::StatusOr<int> PruneCheckpoints(const std::string& directory, uint32_t shar
         env->RemoveFile(JoinPath(dir, name)).IgnoreError();
       }
     }
+    // A manifest that stays (it could not be removed) still makes the
+    // directory a checkpoint: without this shard's part it would be a
+    // damaged one. Its parts stay too, for a later prune.
+    if (FileExists(env, JoinPath(dir, kCheckpointManifestFile))) continue;
     for (const std::string& name : names) {
       if (mine(name)) {
         env->RemoveFile(JoinPath(dir, name)).IgnoreError();

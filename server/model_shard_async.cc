@@ -142,10 +142,15 @@ absl::StatusOr<PushResult> ModelShard::CommitAsyncPush(uint32_t rank, int64_t st
     const std::string why = async_->DescribeWait(rank, step);
     if (async_->WithdrawQueued(rank, step)) {
       if (absl::IsDeadlineExceeded(waited)) {
+        // (Nothing it waited for by rule: what held it up in passing.)
+        const std::string busy =
+            read_pins_ > 0 ? absl::StrCat(read_pins_, " pull(s) were reading the parameters")
+                           : "other pushes were being applied";
         return absl::DeadlineExceededError(
             absl::StrCat("shard ", options_.shard_index, " of model '", options_.model_id,
                          "' did not apply the push before its deadline: ",
-                         why.empty() ? "other pushes were being applied" : why));
+                         why.empty() ? absl::StrCat("trainer ", rank, "'s step ", step, ": ", busy)
+                                     : why));
       }
       return waited;
     }

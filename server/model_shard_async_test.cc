@@ -298,6 +298,30 @@ TEST(ModelShardAsyncTest, BoundedStalenessHoldsTheFastTrainerAndNamesTheLaggard)
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
+// A push that a reading pull held up past its deadline says whose push it
+// was and what held it up; it is withdrawn, and goes through when retried.
+TEST(ModelShardAsyncTest, APushHeldUpPastItsDeadlineSaysWhoseAndWhy) {
+  ThreadPool pool(2);
+  std::unique_ptr<ModelShard> shard =
+      MakeAsyncShard(&pool, 1, Consistency::kAsync, 0, OptimizerConfig::Sgd(kLr));
+  const std::vector<float> g = DyadicGradient(shard->layout(), 0, 1);
+  {
+    ReadPin pin;
+    ASSERT_TRUE(shard->PullTarget(0, absl::InfiniteFuture(), nullptr, {}, &pin).ok());
+    absl::StatusOr<ModelShard::PushStart> start =
+        shard->BeginPush(0, 1, shard->size(), DType::kFloat32, 1.0, {}, false);
+    ASSERT_TRUE(start.ok() && start->writer);
+    ASSERT_TRUE(start->writer->Write(0, g.data(), g.size() * sizeof(float)).ok());
+    const absl::Status held = start->writer->Commit(absl::Now() + absl::Milliseconds(100)).status();
+    EXPECT_EQ(held.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_TRUE(absl::StrContains(held.message(), "trainer 0's step 1: 1 pull(s) were reading"))
+        << held;
+  }
+  EXPECT_EQ(shard->version(), 0);
+  ASSERT_TRUE(PushInChunks(*shard, 0, 1, g, 999).ok());
+  EXPECT_EQ(shard->version(), 1);
+}
+
 TEST(ModelShardAsyncTest, ACheckpointIsAConsistentCutAndARestoreContinuesExactly) {
   ThreadPool pool(2);
   constexpr uint32_t kTrainers = 2;
@@ -358,6 +382,16 @@ TEST(ModelShardAsyncTest, ACheckpointIsAConsistentCutAndARestoreContinuesExactly
   EXPECT_EQ(fresh->Restore(wrong, [](int, uint64_t, uint64_t, float*) { return absl::OkStatus(); })
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // So is one whose updates and skips do not add up to its version (it
+  // would count version - skipped updates, and Adam's bias correction with
+  // them).
+  ShardProgress miscounted = saved;
+  miscounted.optimizer_steps -= 1;
+  const absl::Status refused =
+      fresh->Restore(miscounted, [](int, uint64_t, uint64_t, float*) { return absl::OkStatus(); });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "add up")) << refused;
+  EXPECT_EQ(fresh->version(), 0);
 }
 
 TEST(ModelShardAsyncTest, PinnedPullsReadWholeVersions) {

@@ -149,6 +149,14 @@ absl::Status ModelShard::CheckRestoreLocked(const ShardProgress& progress) const
     if (async_->version() != 0) {
       return absl::FailedPreconditionError("a shard that has taken pushes cannot be restored");
     }
+    // (Every push applied is an update or a skip: a shard restored so
+    // counts version - skipped updates.)
+    if (progress.optimizer_steps + progress.skipped_steps != progress.version) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the saved asynchronous progress has ", progress.optimizer_steps, " updates and ",
+          progress.skipped_steps, " skipped pushes at version ", progress.version,
+          ": they must add up to it"));
+    }
     return async_->CheckRestore(AsyncProgress{progress.trainer_steps, progress.version});
   }
   if (!progress.trainer_steps.empty()) {

@@ -74,6 +74,7 @@ from torch.optim.optimizer import required
 from . import AbortedError, Client, FailedPreconditionError
 from ._backward_streaming import BackwardStreaming
 from ._group import Group
+from ._hyperparameter_sync import HyperparameterSync
 from ._job_end import JobEnd
 from ._optimizers import OPTIMIZERS as _OPTIMIZERS
 from ._optimizers import WHOLE_TENSOR_OPTIMIZERS as _WHOLE_TENSOR_OPTIMIZERS
@@ -81,7 +82,8 @@ from ._server_state import ServerState
 
 
 
-class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.Optimizer):
+class DistributedOptimizer(BackwardStreaming, HyperparameterSync, ServerState, JobEnd,
+                           torch.optim.Optimizer):
     """A torch.optim-style optimizer backed by shardopt shard servers.
 
     Args:
@@ -373,19 +375,6 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
         """The optimizer of a parameter group (its own "optimizer", or the main one)."""
         return group.get("optimizer", self._kind)
 
-    def _hyperparameters(self, group):
-        # Values, not the group's tensors: torch 2's schedulers change a
-        # tensor lr in place, which a kept reference would never tell apart.
-        h = {k: float(group[k]) if isinstance(group[k], torch.Tensor) else group[k]
-             for k in _OPTIMIZERS[self._kind_of(group)]}
-        if "ns_coefficients" in h:
-            h["ns_coefficients"] = tuple(float(c) for c in h["ns_coefficients"])
-        if "betas" in h:
-            h["betas"] = tuple(float(b) for b in h["betas"])
-        if "eps" in h and isinstance(h["eps"], (tuple, list)):
-            h["eps"] = (None if h["eps"][0] is None else float(h["eps"][0]), float(h["eps"][1]))
-        return h
-
     def _register(self, index, group):
         model_id = self._model_id if len(self.param_groups) == 1 else f"{self._model_id}.g{index}"
         journal = f"{self._journal_path}.g{index}" if self._journal_path else ""
@@ -458,40 +447,6 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
         if self._overlap_backward:
             self._hook_buckets(g, total)
         return g
-
-    def _take_the_models_hyperparameters(self, g, group):
-        """A synchronous model past step 0 (restored, or running with the
-        other ranks: this one restarted) runs with its own hyperparameters,
-        maybe changed since it was registered: the group takes them, with a
-        warning where the constructor said otherwise. Sending the
-        constructor's would change them for every rank, or be refused for
-        good where a change is scheduled for the next step (one this rank's
-        earlier process sent). Changes made from now on are sent as usual."""
-        nxt = g.client.next_hyperparameters()
-        theirs = nxt["hyperparameters"]
-        mine = self._hyperparameters(group)
-
-        def normal(key, value):
-            if key == "adjust_lr_fn" and value == "original":
-                return None  # (The same adjustment.)
-            return tuple(value) if isinstance(value, list) else value
-
-        differing = [k for k in mine if normal(k, mine[k]) != normal(k, theirs.get(k))]
-        if differing:
-            warnings.warn(
-                f"shardopt.torch: model {g.model_id!r} runs with "
-                + ", ".join(f"{k}={theirs[k]!r}" for k in differing)
-                + f" from step {nxt['version'] + 1} (the constructor said "
-                + ", ".join(f"{k}={mine[k]!r}" for k in differing)
-                + f"): parameter group {g.index} takes the model's; set param_groups after "
-                "construction (or load_state_dict) to change them for every rank",
-                RuntimeWarning, stacklevel=4)
-            for k in differing:
-                group[k] = theirs[k]
-        g.sent_hyperparameters = self._hyperparameters(group)
-        # (A change scheduled for that step is this rank's too: one made now
-        # takes its place.)
-        g.sent_for_step = nxt["version"] + 1 if nxt["scheduled"] else None
 
     def _views(self, g):
         for p, (offset, size) in zip(g.params, g.slices):
@@ -618,35 +573,6 @@ class DistributedOptimizer(BackwardStreaming, ServerState, JobEnd, torch.optim.O
                       bytes_pushed=0, bytes_pushed_early=0, duplicate_pushes=0, replayed_pushes=0,
                       lr=float(self.param_groups[g.index]["lr"]), **marks)
         return result
-
-    def _send_hyperparameters(self, g, version):
-        """Sends the group's hyperparameters if they changed since last sent
-        (they take effect at `version`); True if it sent them."""
-        hyper = self._hyperparameters(self.param_groups[g.index])
-        if hyper == g.sent_hyperparameters:
-            return False
-        # (A push streamed during backward counts as pushed until it ends:
-        # a change ends it, as its step must carry the change.)
-        g.client.cancel_streamed_push()
-        if version <= g.client.last_pushed_step:
-            # This step's push went out (a step that failed after it, tried
-            # again) with the change sent before: its step runs with that
-            # one everywhere, and this one takes effect at the next.
-            warnings.warn(f"shardopt.torch: hyperparameters changed after step {version}'s push "
-                          f"went out take effect at step {g.client.last_pushed_step + 1}",
-                          RuntimeWarning, stacklevel=4)
-            version = g.client.last_pushed_step + 1
-        if g.sent_for_step == version:
-            # Changed again before the step (a scheduler stepped between
-            # backward and step, or twice; or after a redirect above): the
-            # shards take one change per step, so the one sent for it is
-            # taken back first, as torch.optim reads the values when the
-            # step runs.
-            g.client.cancel_hyperparameters(version)
-        g.client.set_hyperparameters(version, self._kind_of(self.param_groups[g.index]), hyper)
-        g.sent_hyperparameters = hyper
-        g.sent_for_step = version
-        return True
 
     def _gather(self, g):
         """See Group.gather."""
