@@ -2,7 +2,9 @@
 // (--restore_from, every form), a model made from a checkpoint (also a
 // rollback's), and the operator's going back to a named checkpoint.
 #include <algorithm>
+#include <filesystem>
 #include <memory>
+#include <system_error>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,18 @@
 #include "server/shard_service.h"
 
 namespace shardopt {
+namespace {
+
+// Whether two paths name one directory: as spelled, or through links (a
+// --restore_from that reaches --checkpoint_dir through a symlink is a
+// restart from it, not a going back).
+bool SameDirectory(const std::string& a, const std::string& b) {
+  if (NormalPath(a) == NormalPath(b)) return true;
+  std::error_code error;
+  return std::filesystem::equivalent(a, b, error) && !error;
+}
+
+}  // namespace
 
 void ShardServiceImpl::LogDamagedCheckpoint(const std::string& directory, const absl::Status& why) {
   LogWarning(
@@ -68,7 +82,7 @@ absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint, 
   // directories committed and take them for this one's.)
   const std::string own_root = (*model)->checkpoint_options().model_root;
   const bool from_own_root = (*model)->periodic_checkpoints() &&
-                             DirectoryOf(NormalPath(checkpoint.directory())) == NormalPath(own_root);
+                             SameDirectory(DirectoryOf(NormalPath(checkpoint.directory())), own_root);
   if (named || !from_own_root) {
     if (absl::Status s = GoBack(**model, checkpoint.trainer_step(), checkpoint.directory());
         !s.ok()) {
@@ -125,7 +139,7 @@ absl::Status ShardServiceImpl::GoBack(HostedModel& model, int64_t step,
   // The directory's own step `step` is another timeline's too (an export
   // of this one's was restored, or a copy) unless it is what was restored.
   const std::string own = JoinPath(root, CheckpointStepDirName(step));
-  const bool restored_own = NormalPath(own) == NormalPath(restored);
+  const bool restored_own = SameDirectory(own, restored);
   const bool replace_own = !restored_own && FileExists(options_.file_env, own);
   if (*later >= 0 || replace_own) {
     LogWarning("model '%s': goes back to step %d (%s): the step directories %s in %s (up to "
@@ -191,7 +205,7 @@ absl::StatusOr<bool> ShardServiceImpl::RestoreCommittedOfRun(const std::string& 
                                                              const std::string& run_id) {
   if (options_.checkpoint_dir.empty() || options_.checkpoint_every <= 0 || run_id.empty() ||
       options_.restore_from.empty() ||
-      NormalPath(options_.restore_from) != NormalPath(options_.checkpoint_dir)) {
+      !SameDirectory(options_.restore_from, options_.checkpoint_dir)) {
     return false;
   }
   // One at a time: a registration retried while the first one's restore

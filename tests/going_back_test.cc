@@ -10,6 +10,7 @@
 // an export of it (the Checkpoint RPC), or a copy of the whole root.
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <memory>
@@ -191,6 +192,24 @@ TEST_F(GoingBackTest, ToACopyOfTheRootGivesUpTheRootsLaterSteps) {
   ExpectAStaleRestartRefused(backup, StepDir(root_, 8));
   ASSERT_NO_FATAL_FAILURE(Restart(root_));
   EXPECT_EQ(Resume(), std::make_pair(int64_t{8}, -0.5f)) << "restored the abandoned timeline";
+}
+
+// A restart whose --restore_from reaches --checkpoint_dir through a symlink
+// is a restart from the root, not a going back: nothing is set aside (it
+// set the newest step aside and saved it again at every restart).
+TEST_F(GoingBackTest, TheRootThroughASymlinkIsNoGoingBack) {
+  const std::string link = MakeTempDir("go_back_link") + "/root";
+  ASSERT_EQ(symlink(root_.c_str(), link.c_str()), 0);
+  EXPECT_EQ(Train(1, 4, 0.125f), 0.0f);
+  ASSERT_TRUE(CommittedThrough(4));
+  ASSERT_NO_FATAL_FAILURE(Restart(link));
+  EXPECT_EQ(Resume(), std::make_pair(int64_t{4}, 0.0f));
+  struct stat marker;
+  EXPECT_NE(stat(absl::StrCat(root_, "/", kModel, "/.went-back-to-step-00000004").c_str(), &marker),
+            0)
+      << "taken for a going back";
+  EXPECT_EQ(system(absl::StrCat("ls -a ", root_, "/", kModel, " | grep -q abandoned").c_str()), 256)
+      << "a step directory was set aside";
 }
 
 }  // namespace
