@@ -287,7 +287,8 @@ class TrainerClient {
   // (InspectResponse.next_optimizer): for a trainer that joins a running
   // job, whose hyperparameters may have changed since registration.
   // `scheduled`: a change was scheduled for that step (it is in `optimizer`).
-  // UNAVAILABLE when the shards disagree (a step in flight: ask again).
+  // UNAVAILABLE when the shards disagree (a step in flight: ask again);
+  // UNIMPLEMENTED when they do not say (older servers).
   struct NextHyperparameters {
     int64_t version = 0;
     OptimizerConfig optimizer;

@@ -190,6 +190,12 @@ absl::StatusOr<TrainerClient::NextHyperparameters> TrainerClient::NextStepHyperp
   if (!responses.ok()) return responses.status();
   const v1::InspectResponse& first = responses->front();
   for (const v1::InspectResponse& r : *responses) {
+    if (r.next_optimizer().kind_case() == v1::OptimizerConfig::KIND_NOT_SET) {
+      return absl::UnimplementedError(absl::StrCat(
+          "the shards of model '", spec_->model_id,
+          "' do not say what the next step runs with (InspectResponse.next_optimizer: an older "
+          "server)"));
+    }
     if (r.version() != first.version() ||
         r.next_optimizer().SerializeAsString() != first.next_optimizer().SerializeAsString()) {
       return absl::UnavailableError(absl::StrCat(

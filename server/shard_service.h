@@ -213,15 +213,12 @@ class ShardServiceImpl final : public v1::ShardService::Service {
   // the directory's steps from then on are another timeline's.
   absl::Status RestoreModel(const CheckpointReader& checkpoint, bool named);
   // With periodic checkpoints: sets aside, as a rollback does, the step
-  // directories of `model` (not installed yet) after `step`, and its step
-  // directory of `step` itself unless that is `restored` (the checkpoint
-  // restored), so that neither this timeline's saves of those steps nor a
-  // later restart take them for its own; then (synchronous models) saves
-  // step `step` there, so that a restart from the directory before the
-  // next save comes back here. Refused when a restart command left naming
-  // the checkpoint would give up this timeline's own steps (see
-  // CheckGoingBack).
-  absl::Status GoBack(HostedModel& model, int64_t step, const std::string& restored);
+  // directories of `model` (not installed yet) after `step`, so that neither
+  // this timeline's saves of those steps nor a later restart take them for
+  // its own; refused when a restart command left naming the checkpoint
+  // would give up this timeline's own steps (see CheckGoingBack). (Every
+  // shard does it on its own: nothing writes those steps meanwhile.)
+  absl::Status GoBack(HostedModel& model, int64_t step);
   // A model's directory of periodic checkpoints (the newest that verifies),
   // or a model directory that is one checkpoint.
   absl::Status RestoreNewestOf(const std::string& model_root);

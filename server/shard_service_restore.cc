@@ -1,7 +1,6 @@
 // ShardServiceImpl's restore of models from checkpoints: before serving
 // (--restore_from, every form), a model made from a checkpoint (also a
 // rollback's), and the operator's going back to a named checkpoint.
-#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <system_error>
@@ -84,10 +83,7 @@ absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint, 
   const bool from_own_root = (*model)->periodic_checkpoints() &&
                              SameDirectory(DirectoryOf(NormalPath(checkpoint.directory())), own_root);
   if (named || !from_own_root) {
-    if (absl::Status s = GoBack(**model, checkpoint.trainer_step(), checkpoint.directory());
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = GoBack(**model, checkpoint.trainer_step()); !s.ok()) return s;
   }
   std::shared_ptr<HostedModel> installed = models_.Install(*model);
   if (installed == nullptr) return absl::UnavailableError("the shard server is shutting down");
@@ -130,38 +126,18 @@ absl::Status ShardServiceImpl::RestoreNewestOf(const std::string& model_root) {
   return RestoreModel(**newest, /*named=*/false);
 }
 
-absl::Status ShardServiceImpl::GoBack(HostedModel& model, int64_t step,
-                                      const std::string& restored) {
+absl::Status ShardServiceImpl::GoBack(HostedModel& model, int64_t step) {
   if (!model.periodic_checkpoints()) return absl::OkStatus();
   const std::string& root = model.checkpoint_options().model_root;
   absl::StatusOr<int64_t> later = CheckGoingBack(root, step, options_.file_env);
   if (!later.ok()) return later.status();
-  // The directory's own step `step` is another timeline's too (an export
-  // of this one's was restored, or a copy) unless it is what was restored.
-  const std::string own = JoinPath(root, CheckpointStepDirName(step));
-  const bool restored_own = SameDirectory(own, restored);
-  const bool replace_own = !restored_own && FileExists(options_.file_env, own);
-  if (*later >= 0 || replace_own) {
-    LogWarning("model '%s': goes back to step %d (%s): the step directories %s in %s (up to "
+  if (*later >= 0) {
+    LogWarning("model '%s': goes back to step %d: the step directories after it in %s (up to "
                "step %d) are set aside as abandoned",
-               model.config().model_id(), step, restored, replace_own ? "from it on" : "after it",
-               root, std::max(*later, step));
-    if (absl::Status s = model.AbandonCheckpointsAfter(replace_own ? step - 1 : step); !s.ok()) {
-      return s;
-    }
+               model.config().model_id(), step, root, *later);
+    if (absl::Status s = model.AbandonCheckpointsAfter(step); !s.ok()) return s;
   }
-  if (absl::Status s = RecordGoingBack(root, step, options_.file_env); !s.ok()) return s;
-  if (restored_own || model.shard().asynchronous()) return absl::OkStatus();
-  // (An asynchronous model's cut at a trainer step is what its periodic
-  // saves take; going back, it is left to them.)
-  absl::StatusOr<CheckpointPartWritten> saved =
-      model.SaveStep(step, absl::Now() + absl::Minutes(10), [] { return false; }, nullptr);
-  if (!saved.ok()) {
-    LogWarning("model '%s': went back to step %d but could not save it in %s: %s (a restart "
-               "from there before the next periodic checkpoint comes back to an older step)",
-               model.config().model_id(), step, root, saved.status().ToString());
-  }
-  return absl::OkStatus();
+  return RecordGoingBack(root, step, options_.file_env);
 }
 
 absl::Status ShardServiceImpl::CheckCheckpointRoot(const std::string& model_id, int64_t version,

@@ -4,10 +4,9 @@
 // ROOT's step directories from there on belong to the one given up. They
 // are set aside, so that neither the new timeline's saves of those steps
 // (which would find them committed and write nothing) nor a later restart
-// from ROOT take them for its own; and the step gone back to is saved in
-// ROOT again, so that a restart from ROOT before the next save comes back
-// to it. Whichever way the checkpoint is named: ROOT's own step directory,
-// an export of it (the Checkpoint RPC), or a copy of the whole root.
+// from ROOT take them for its own. Whichever way the checkpoint is named:
+// ROOT's own step directory, or a copy of the whole root (a backup); the
+// root reached through a symlink is no going back.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -143,34 +142,6 @@ TEST_F(GoingBackTest, ToANamedStepOfTheRootGivesUpTheLaterSteps) {
   ExpectAStaleRestartRefused(StepDir(root_, 4), StepDir(root_, 8));
   ASSERT_NO_FATAL_FAILURE(Restart(root_));
   EXPECT_EQ(Resume(), std::make_pair(int64_t{8}, -0.5f)) << "restored the abandoned timeline";
-}
-
-// By an export of timeline 1's step 4 (the Checkpoint RPC, outside ROOT),
-// after the job went back to step 2 and ran timeline 2 through step 8:
-// ROOT's step 4 is timeline 2's. Going back to the export sets it aside and
-// saves timeline 1's there, so that a restart from ROOT right after (a
-// crash before the next save) comes back to timeline 1's step 4.
-TEST_F(GoingBackTest, ToAnExportReplacesTheRootsSameStepOfAnotherTimeline) {
-  const std::string exported = MakeTempDir("go_back_export") + "/t1_step4";
-  EXPECT_EQ(Train(1, 4, 0.125f), 0.0f);
-  {
-    std::unique_ptr<TrainerClient> t = Trainer();
-    ASSERT_TRUE(t->Attach(spec_).ok());
-    const absl::StatusOr<std::string> saved = t->Checkpoint(exported, 4);
-    ASSERT_TRUE(saved.ok()) << saved.status();
-  }
-  EXPECT_EQ(Train(5, 8, 0.125f), -0.25f);
-  ASSERT_TRUE(CommittedThrough(8));
-  ASSERT_NO_FATAL_FAILURE(Restart(StepDir(root_, 2)));
-  // Timeline 2 from step 2 (1/8): gradient 1/4 gives -1/8 at step 4.
-  EXPECT_EQ(Train(3, 8, 0.25f), -0.625f);
-  ASSERT_TRUE(CommittedThrough(8));
-
-  ASSERT_NO_FATAL_FAILURE(Restart(exported));
-  for (int64_t later : {6, 8}) EXPECT_FALSE(DirectoryExists(StepDir(root_, later))) << later;
-  ASSERT_NO_FATAL_FAILURE(Restart(root_));
-  EXPECT_EQ(Resume(), std::make_pair(int64_t{4}, 0.0f))
-      << "a restart from the root took another timeline's step 4";
 }
 
 // By a copy of the whole root (a backup) given as --restore_from while

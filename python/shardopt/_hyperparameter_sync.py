@@ -2,10 +2,12 @@
 servers take them, sent when they change (they take effect at a step), and
 taken from the model when the optimizer joins one already past step 0."""
 
+import time
 import warnings
 
 import torch
 
+from . import UnavailableError, UnimplementedError
 from ._optimizers import OPTIMIZERS as _OPTIMIZERS
 
 
@@ -33,7 +35,20 @@ class HyperparameterSync:
         constructor's would change them for every rank, or be refused for
         good where a change is scheduled for the next step (one this rank's
         earlier process sent). Changes made from now on are sent as usual."""
-        nxt = g.client.next_hyperparameters()
+        # (The shards disagree while a change or a step is in flight
+        # somewhere: asked again for a while. Older servers do not say: the
+        # constructor's values are sent, as before.)
+        give_up = time.monotonic() + 5.0
+        while True:
+            try:
+                nxt = g.client.next_hyperparameters()
+                break
+            except UnimplementedError:
+                return
+            except UnavailableError:
+                if time.monotonic() >= give_up:
+                    raise
+                time.sleep(0.1)
         theirs = nxt["hyperparameters"]
         mine = self._hyperparameters(group)
 
@@ -55,9 +70,9 @@ class HyperparameterSync:
             for k in differing:
                 group[k] = theirs[k]
         g.sent_hyperparameters = self._hyperparameters(group)
-        # (A change scheduled for that step is this rank's too: one made now
-        # takes its place.)
-        g.sent_for_step = nxt["version"] + 1 if nxt["scheduled"] else None
+        # (sent_for_step stays None: a change scheduled for that step may be
+        # the other ranks', and one this rank makes now is refused rather
+        # than cancel theirs for every rank.)
 
     def _send_hyperparameters(self, g, version):
         """Sends the group's hyperparameters if they changed since last sent

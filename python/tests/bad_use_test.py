@@ -277,7 +277,7 @@ class BadUseTest(unittest.TestCase):
             opt = make()
         step(opt)
         self.assertEqual(opt.last_results[0]["lr"], 0.3)
-        # A change made now takes the scheduled one's place as usual.
+        # A change from now on is sent as usual.
         opt.param_groups[0]["lr"] = 0.2
         step(opt)
         self.assertEqual(opt.last_results[0]["lr"], 0.2)
