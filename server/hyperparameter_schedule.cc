@@ -95,14 +95,19 @@ OptimizerConfig HyperparameterSchedule::TakeEffect(int64_t step) {
   return config;
 }
 
-OptimizerConfig HyperparameterSchedule::ConfigFor(int64_t step) const {
+const Hyperparameters& HyperparameterSchedule::InForceAt(int64_t step) const {
   const Hyperparameters* in_force = &current_;
   for (const auto& [effective, change] : scheduled_) {
     if (effective > step) break;
     in_force = &change;
   }
-  OptimizerConfig config = in_force->optimizer;
-  config.lr = in_force->lr_schedule.LearningRate(in_force->optimizer.lr, step);
+  return *in_force;
+}
+
+OptimizerConfig HyperparameterSchedule::ConfigFor(int64_t step) const {
+  const Hyperparameters& in_force = InForceAt(step);
+  OptimizerConfig config = in_force.optimizer;
+  config.lr = in_force.lr_schedule.LearningRate(in_force.optimizer.lr, step);
   return config;
 }
 

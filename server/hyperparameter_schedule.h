@@ -70,6 +70,9 @@ class HyperparameterSchedule {
   // What TakeEffect(step) would return, changing nothing (a step whose
   // first half runs before its changes take effect: trust norms).
   OptimizerConfig ConfigFor(int64_t step) const;
+  // The hyperparameters step `step` runs with: the last change scheduled up
+  // to it, else the current ones.
+  const Hyperparameters& InForceAt(int64_t step) const;
 
   const Hyperparameters& current() const { return current_; }  // For the next step.
   const std::map<int64_t, Hyperparameters>& scheduled() const { return scheduled_; }

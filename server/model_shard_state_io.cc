@@ -338,11 +338,7 @@ absl::StatusOr<ShardSnapshot> ModelShard::Snapshot(const std::string& tensor_nam
     snap.trainers_pushed = state_.TrainersPushed();
     snap.partly_run = state_.PartlyRun();
     snap.current = state_.schedule().current();
-    {
-      const auto& scheduled = state_.schedule().scheduled();
-      const auto next = scheduled.find(state_.version() + 1);
-      snap.next = next != scheduled.end() ? next->second : snap.current;
-    }
+    snap.next = state_.schedule().InForceAt(state_.version() + 1);
     snap.last_lr = state_.last_lr();
     snap.last_step = state_.last_step();
     snap.optimizer_steps = state_.optimizer_steps();

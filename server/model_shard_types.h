@@ -105,9 +105,7 @@ struct ShardSnapshot {
   uint64_t gradient_bytes_received = 0;
   uint64_t parameter_bytes_sent = 0;
   Hyperparameters current;                 // In force for the next step.
-  // What step version + 1 runs with: `current`, or the change scheduled
-  // for that step.
-  Hyperparameters next;
+  Hyperparameters next;                    // What step version + 1 runs with.
   double last_lr = 0;                      // Of the last applied step.
   std::vector<int64_t> scheduled_changes;  // Steps where a change takes effect.
   StepRecord last_step;                    // With gradient control.
