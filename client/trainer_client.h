@@ -285,14 +285,13 @@ class TrainerClient {
   absl::StatusOr<std::vector<std::string>> InspectJson();
   // What the model's next step (version + 1) runs with, as the shards say
   // (InspectResponse.next_optimizer): for a trainer that joins a running
-  // job, whose hyperparameters may have changed since registration.
-  // `scheduled`: a change was scheduled for that step (it is in `optimizer`).
+  // job, whose hyperparameters may have changed since registration (a
+  // change scheduled for that step included).
   // UNAVAILABLE when the shards disagree (a step in flight: ask again);
   // UNIMPLEMENTED when they do not say (older servers).
   struct NextHyperparameters {
     int64_t version = 0;
     OptimizerConfig optimizer;
-    bool scheduled = false;
   };
   absl::StatusOr<NextHyperparameters> NextStepHyperparameters();
 

@@ -208,7 +208,6 @@ absl::StatusOr<TrainerClient::NextHyperparameters> TrainerClient::NextStepHyperp
   NextHyperparameters next;
   next.version = first.version();
   next.optimizer = *optimizer;
-  for (int64_t step : first.scheduled_changes()) next.scheduled |= step == first.version() + 1;
   return next;
 }
 

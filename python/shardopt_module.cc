@@ -274,8 +274,8 @@ class Client {
     });
   }
 
-  // {"version": V, "optimizer": name, "hyperparameters": kwargs, "scheduled": bool}:
-  // what step V + 1 runs with (TrainerClient::NextStepHyperparameters).
+  // {"version": V, "optimizer": name, "hyperparameters": kwargs}: what step
+  // V + 1 runs with (TrainerClient::NextStepHyperparameters).
   py::dict NextHyperparameters() {
     const TrainerClient::NextHyperparameters next =
         Interruptible([&] { return ValueOrThrow(client_->NextStepHyperparameters()); });
@@ -283,7 +283,6 @@ class Client {
     out["version"] = next.version;
     out["optimizer"] = OptimizerKindName(next.optimizer.kind);
     out["hyperparameters"] = OptimizerToKwargs(next.optimizer);
-    out["scheduled"] = next.scheduled;
     return out;
   }
 
@@ -527,8 +526,8 @@ PYBIND11_MODULE(_shardopt, m) {
       .def("checkpoint", &Client::Checkpoint, py::arg("directory"), py::arg("step") = -1)
       .def("inspect_json", &Client::InspectJson)
       .def("next_hyperparameters", &Client::NextHyperparameters,
-           "What the model's next step runs with, as the shards say: {'version', 'optimizer', "
-           "'hyperparameters' (torch.optim's names), 'scheduled' (a change for that step)}.")
+           "What the model's next step runs with, as the shards say (a change scheduled for it "
+           "included): {'version', 'optimizer', 'hyperparameters' (torch.optim's names)}.")
       .def("set_hyperparameters", &Client::SetHyperparameters, py::arg("effective_step"),
            py::arg("optimizer"), py::arg("hyperparameters"))
       .def("cancel_hyperparameters", &Client::CancelHyperparameters, py::arg("effective_step"),

@@ -3,8 +3,8 @@
 // rollback's), and the operator's going back to a named checkpoint.
 #include <filesystem>
 #include <memory>
-#include <system_error>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -80,8 +80,9 @@ absl::Status ShardServiceImpl::RestoreModel(const CheckpointReader& checkpoint, 
   // (Before its saver starts: it would find the old timeline's step
   // directories committed and take them for this one's.)
   const std::string own_root = (*model)->checkpoint_options().model_root;
-  const bool from_own_root = (*model)->periodic_checkpoints() &&
-                             SameDirectory(DirectoryOf(NormalPath(checkpoint.directory())), own_root);
+  const bool from_own_root =
+      (*model)->periodic_checkpoints() &&
+      SameDirectory(DirectoryOf(NormalPath(checkpoint.directory())), own_root);
   if (named || !from_own_root) {
     if (absl::Status s = GoBack(**model, checkpoint.trainer_step()); !s.ok()) return s;
   }
